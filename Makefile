@@ -1,0 +1,33 @@
+# Two entry points (see README): `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+UNAME := $(shell uname -s)
+ifeq ($(UNAME),Linux)
+EXTRAS := cpu,lm,bench,test
+else
+EXTRAS := lm,bench,test
+endif
+
+.PHONY: venv demo test lint lora-demo clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/chunkscan repro
+
+lora-demo: venv
+	$(VENV)/bin/chunkscan lora --demo
+
+test: venv
+	$(VENV)/bin/ruff check src tests bench
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) repro-out

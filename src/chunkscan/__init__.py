@@ -1,0 +1,29 @@
+"""chunkscan: chunked scans for MLX whose backward memory does not grow with T.
+
+Public API:
+
+- :func:`scan`: a chunked scan with a checkpointed, ordered backward.
+- :func:`stepwise`: write the scanned function per step instead of per chunk.
+- :func:`checkpoint`: a drop-in for ``mx.checkpoint`` in hand-written chunk loops.
+- :func:`split`: chunking whose gradient is one concatenate.
+- :func:`gated_delta_rule`: the Gated DeltaNet recurrence, chunkwise, with a
+  hand-written backward (see :mod:`chunkscan.ops.gated_delta`).
+"""
+
+from ._version import check_mlx as _check_mlx
+from .checkpoint import checkpoint
+from .scan import ClosureCaptureWarning, scan
+from .split import split
+from .stepwise import stepwise
+
+_check_mlx()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosureCaptureWarning",
+    "checkpoint",
+    "scan",
+    "split",
+    "stepwise",
+]

@@ -1,0 +1,78 @@
+"""Every scheduling edge chunkscan adds to the graph, explained in one place.
+
+MLX evaluates a graph from a tape built breadth-first from the outputs (``eval_impl``
+in ``mlx/transforms.cpp``): a node joins the tape once its last consumer has been
+visited, the tape runs from the back, and a buffer is freed when its last consumer has
+run. For a chain ``c0 -> c1 -> ...`` where each ``c_t`` also feeds a side branch that
+rejoins the graph only near the outputs, the whole chain runs first and every side
+branch afterwards, so every ``c_t`` is alive at once. In a recurrence the chain is the
+carry (forward) or the carry cotangent (backward), and the side branches are the
+per-step outputs or the per-step input gradients. ``mx.checkpoint`` does not change
+that: it recomputes from ``depends(primals, outputs)``, so the recompute waits for the
+forward outputs but not for the incoming cotangent, and nothing orders the chunks.
+
+``mx.depends(inputs, deps)`` returns ``inputs`` unchanged but makes them wait for
+``deps``; it survives ``mx.compile`` and its vjp passes the cotangent through. chunkscan
+uses it for exactly four rules, each a function below:
+
+1. :func:`carry_after_outputs` (forward): a chunk's (or a step's) outgoing carry
+   waits for that chunk's outputs, so each output branch runs, and frees what it
+   needs, before the chain moves on.
+2. :func:`recompute_after_cotangent` (backward): the recomputation of chunk ``i``
+   waits for the cotangent flowing into chunk ``i``, so chunks are recomputed one at
+   a time, last to first, instead of all at once up front.
+3. :func:`cotangent_after_gradients` (backward): the cotangent leaving chunk ``i``
+   waits for all of chunk ``i``'s input and parameter gradients, so chunk ``i``'s
+   recomputed intermediates are consumed and freed before chunk ``i - 1`` starts.
+4. Gradients of chunked inputs are assembled with one concatenate per input (see
+   :mod:`chunkscan.split`), never by summing zero-padded full-length buffers; that
+   rule needs no edge, only the right primitive.
+
+All helpers accept and return flat lists of arrays. Empty dependency lists are a
+no-op, so callers never special-case them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+
+def _after(arrays: Sequence[mx.array], deps: Sequence[mx.array]) -> list[mx.array]:
+    arrays, deps = list(arrays), list(deps)
+    if not arrays or not deps:
+        return arrays
+    return list(mx.depends(arrays, deps))
+
+
+def carry_after_outputs(carry: Sequence[mx.array], outputs: Sequence[mx.array]) -> list[mx.array]:
+    """Rule 1: the outgoing carry leaves only after ``outputs`` are computed."""
+    return _after(carry, outputs)
+
+
+def recompute_after_cotangent(
+    primals: Sequence[mx.array], cotangents: Sequence[mx.array]
+) -> list[mx.array]:
+    """Rule 2: recompute a chunk only once the cotangent flowing into it exists."""
+    return _after(primals, cotangents)
+
+
+def cotangent_after_gradients(
+    cotangent: Sequence[mx.array], gradients: Sequence[mx.array]
+) -> list[mx.array]:
+    """Rule 3: pass the carry cotangent on only after the chunk's other gradients."""
+    return _after(cotangent, gradients)
+
+
+def all_together(arrays: Sequence[mx.array]) -> list[mx.array]:
+    """Rules 1 and 3 when a function does not say which output is the carry.
+
+    Every returned array waits for all of ``arrays``. Used by
+    :func:`chunkscan.checkpoint`, whose outputs (forward) and input gradients
+    (backward) are opaque tuples.
+    """
+    arrays = list(arrays)
+    if len(arrays) < 2:
+        return arrays
+    return list(mx.depends(arrays, arrays))

@@ -1,0 +1,81 @@
+"""``checkpoint``: ``mx.checkpoint`` with the ordering edges that bound its memory.
+
+For users who write the chunk loop themselves. Each call is one custom function whose
+forward makes every output wait for all outputs (rule 1), whose backward recomputes
+only once the incoming cotangents exist (rule 2) and hands on its input gradients only
+together (rule 3). Pair it with :func:`chunkscan.split` for the chunk inputs (rule 4).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import mlx.core as mx
+
+from . import _ordering, _tree
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checkpoint(fun: F) -> F:
+    """Checkpoint ``fun`` like ``mx.checkpoint``, keeping backward memory bounded.
+
+    A drop-in for ``mx.checkpoint``: same call signature, same values and gradients.
+    Only the inputs are kept for the backward pass; ``fun`` is recomputed there. Unlike
+    ``mx.checkpoint``, the recomputation of one call waits for the cotangent flowing
+    into it and the gradients it returns leave together, so in a chunk loop the
+    backward recomputes one chunk at a time and frees it before the next.
+
+    Args:
+        fun (callable): Takes arrays or pytrees of arrays (positional or keyword) and
+            returns an array or a pytree of arrays. Non-array leaves of the arguments
+            (ints, floats, strings) are passed through unchanged as constants.
+
+    Returns:
+        callable: With the signature of ``fun``.
+
+    Note:
+        As with ``mx.checkpoint``, arrays that ``fun`` captures by closure are
+        constants: they get no gradient. Pass everything you differentiate (weights
+        included) as arguments.
+
+    Example:
+        >>> step = chunkscan.checkpoint(run_chunk)    # run_chunk(s, q, k, v) -> (s, y)
+        >>> for qc, kc, vc in zip(*(chunkscan.split(a, 32) for a in (q, k, v))):
+        ...     s, y = step(s, qc, kc, vc)
+    """
+    if not callable(fun):
+        raise TypeError(f"[checkpoint] fun must be callable but got {type(fun).__name__}.")
+
+    @functools.wraps(fun)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        leaves, treedef = _tree.flatten((args, kwargs))
+        slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
+        out_defs: list[tuple] = []
+
+        def call(arrays: list[mx.array]) -> list[mx.array]:
+            full = list(leaves)
+            for i, a in zip(slots, arrays):
+                full[i] = a
+            a_args, a_kwargs = _tree.unflatten(treedef, full)
+            out_leaves, out_def = _tree.require_arrays("checkpoint", "the output", fun(*a_args, **a_kwargs))
+            out_defs.append(out_def)
+            return _ordering.all_together(out_leaves)
+
+        @mx.custom_function
+        def forward(*arrays):
+            return call(list(arrays))
+
+        @forward.vjp
+        def backward(primals, cotangents, outputs):
+            cotangents = _tree.as_list(cotangents)
+            primals = _ordering.recompute_after_cotangent(_tree.as_list(primals), cotangents)
+            _, grads = mx.vjp(lambda *a: call(list(a)), primals, cotangents)
+            return _ordering.all_together(grads)
+
+        outs = forward(*[leaves[i] for i in slots])
+        return _tree.unflatten(out_defs[0], _tree.as_list(outs))
+
+    return checkpointed  # type: ignore[return-value]

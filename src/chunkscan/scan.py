@@ -1,0 +1,331 @@
+"""``scan``: a chunked scan whose backward keeps T/C carries plus one chunk.
+
+The whole sequence is one ``mx.custom_function``. Its forward runs the chunks in order
+and returns, besides the final carry and the outputs, the carry entering every chunk
+(the only values kept for the backward pass). Its backward walks the chunks in
+reverse, recomputes each from its saved carry with ``mx.vjp`` and applies the ordering
+rules of :mod:`chunkscan._ordering` so that the scheduler really finishes, and frees,
+one chunk before it starts the next.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import _ordering, _tree
+from .split import check_chunk_size, chunk_bounds, normalize_axis
+
+
+class ClosureCaptureWarning(UserWarning):
+    """``f`` closes over trainable parameters that ``scan`` cannot differentiate."""
+
+
+def scan(
+    f: Callable[..., tuple[Any, Any]],
+    init: Any,
+    xs: Any,
+    *,
+    chunk_size: int = 32,
+    params: Any = None,
+    axis: int = 0,
+    xs_grad: bool | Any = True,
+) -> tuple[Any, Any]:
+    """Scan ``f`` over chunks of ``xs``, keeping only the carries between chunks and
+    recomputing each chunk in the backward pass.
+
+    ``f(carry, xs_chunk) -> (carry, ys_chunk)``, or ``f(carry, xs_chunk, params)`` when
+    ``params`` is given. ``xs_chunk`` is ``xs`` cut to at most ``chunk_size`` steps along
+    ``axis``; ``ys_chunk`` must have the same length on ``axis``. Values and gradients
+    match, to float tolerance, this loop::
+
+        carry, ys = init, []
+        for lo in range(0, T, chunk_size):
+            carry, y = f(carry, take(xs, slice(lo, lo + chunk_size), axis), params)
+            ys.append(y)
+        return carry, concatenate(ys, axis)
+
+    Unlike the loop (with or without ``mx.checkpoint``), backward memory is
+    ``T / chunk_size`` carries plus one chunk's recomputation plus the gradients
+    themselves, whichever of ``init``, ``xs`` and ``params`` the gradient is taken
+    with respect to. Works eagerly, under ``mx.compile`` and under
+    ``nn.value_and_grad``. Use :func:`chunkscan.stepwise` to write ``f`` per step.
+
+    Args:
+        f (callable): The chunk function.
+        init (tree of array): Initial carry, e.g. ``[H, Dv, Dk]``.
+        xs (tree of array): Length ``T`` on ``axis`` for every leaf, e.g. ``[T, H, D]``.
+        chunk_size (int, optional): Steps per chunk; need not divide ``T``.
+            Default: ``32``.
+        params (tree of array or nn.Module, optional): Arrays ``f`` differentiates,
+            passed as its third argument. Arrays ``f`` captures by closure are
+            constants and get **no gradient**; pass them here. An ``nn.Module`` is
+            passed to ``f`` as itself, with its trainable parameters differentiated
+            (what ``nn.value_and_grad`` needs). Default: ``None``.
+        axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf.
+            Default: ``0``.
+        xs_grad (bool or tree of bool, optional): ``False`` (for all of ``xs``, or per
+            leaf as a tree like ``xs``) declares that no gradient is needed for those
+            inputs: they are treated as constants (``mx.stop_gradient``), which saves
+            their gradient computation in the backward pass. Default: ``True``.
+
+    Returns:
+        tuple: ``(carry, ys)``; ``ys`` concatenated on ``axis``, e.g. ``[T, H, Dv]``.
+
+    Example:
+        >>> def run(s, x):                 # s: [H, D, D]; x = (q, k, v), each [C, H, D]
+        ...     ...                        # the per-step loop over the chunk
+        ...     return s, y                # y: [C, H, D]
+        >>> s, y = chunkscan.scan(run, s0, (q, k, v), chunk_size=32)
+    """
+    if not callable(f):
+        raise TypeError(f"[scan] f must be callable but got {type(f).__name__}.")
+    chunk_size = check_chunk_size("scan", chunk_size)
+    init_leaves, init_def = _tree.require_arrays("scan", "init", init)
+    xs_leaves, xs_def = _tree.require_arrays("scan", "xs", xs)
+    axes, length = _check_xs(xs_leaves, xs_def, axis)
+    grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def)
+
+    module = params if isinstance(params, nn.Module) else None
+    if module is not None:
+        p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
+    else:
+        p_leaves, p_def = _tree.require_arrays("scan", "params", params)
+    _warn_on_captured_modules(f, module)
+
+    bounds = chunk_bounds(length, chunk_size)
+    n_init, n_p = len(init_leaves), len(p_leaves)
+    diff_ids = [i for i, g in enumerate(grad_mask) if g]
+    const_xs = {i: mx.stop_gradient(x) for i, x in enumerate(xs_leaves) if not grad_mask[i]}
+    ys_spec = _YsSpec()
+
+    def call_chunk(i: int, carry: list, xs_chunk: list, p: list) -> tuple[list, list]:
+        """Run f on chunk ``i``; check and flatten what it returns."""
+        carry_tree = _tree.unflatten(init_def, carry)
+        xs_tree = _tree.unflatten(xs_def, xs_chunk)
+        if params is None:
+            out = f(carry_tree, xs_tree)
+        elif module is not None:
+            out = _call_with_module(f, module, p_def, p, carry_tree, xs_tree)
+        else:
+            out = f(carry_tree, xs_tree, _tree.unflatten(p_def, p))
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(
+                f"[scan] f must return a pair (carry, ys) but returned {_tree.describe(out)}. "
+                "Return a tuple of two: the new carry and this chunk's outputs."
+            )
+        new_carry = _tree.check_carry("scan", init_leaves, init_def, out[0])
+        ys_leaves = _check_ys(out[1], ys_spec, bounds[i][1] - bounds[i][0], axis)
+        return new_carry, ys_leaves
+
+    def chunked(leaves: list[mx.array]) -> list[list[mx.array]]:
+        """Per xs leaf, its chunks (views in the forward, no gradient needed here)."""
+        cuts = [lo for lo, _ in bounds[1:]]
+        return [list(mx.split(x, cuts, axis=ax)) if cuts else [x] for x, ax in zip(leaves, axes)]
+
+    def xs_for_chunk(i: int, diff_chunks: list[list[mx.array]], const_chunks: dict) -> list:
+        out, it = [], iter(diff_chunks)
+        for j in range(len(xs_leaves)):
+            out.append(next(it)[i] if grad_mask[j] else const_chunks[j][i])
+        return out
+
+    const_chunks = dict(zip(const_xs, chunked(list(const_xs.values()))))
+
+    @mx.custom_function
+    def whole(*primals):
+        carry = list(primals[:n_init])
+        diff_xs = list(primals[n_init : n_init + len(diff_ids)])
+        p = list(primals[n_init + len(diff_ids) :])
+        diff_chunks = chunked(diff_xs) if diff_xs else []
+        ys_per_chunk, saved = [], []
+        for i in range(len(bounds)):
+            if i > 0:
+                saved.extend(carry)
+            carry, ys = call_chunk(i, carry, xs_for_chunk(i, diff_chunks, const_chunks), p)
+            carry = _ordering.carry_after_outputs(carry, ys)
+            ys_per_chunk.append(ys)
+        ys = [
+            mx.concatenate(list(parts), axis=ax) if len(parts) > 1 else parts[0]
+            for parts, ax in zip(zip(*ys_per_chunk), _ys_axes(ys_per_chunk[0], axis))
+        ]
+        return carry + ys + saved
+
+    @whole.vjp
+    def whole_vjp(primals, cotangents, outputs):
+        primals, cotangents = _tree.as_list(primals), _tree.as_list(cotangents)
+        outputs = _tree.as_list(outputs)
+        n_ys = len(cotangents) - n_init - n_init * (len(bounds) - 1)
+        ct_carry = list(cotangents[:n_init])
+        ct_ys = list(cotangents[n_init : n_init + n_ys])
+        saved = list(outputs[n_init + n_ys :])
+        carries_in = [list(primals[:n_init])] + [
+            saved[k * n_init : (k + 1) * n_init] for k in range(len(bounds) - 1)
+        ]
+        diff_xs = list(primals[n_init : n_init + len(diff_ids)])
+        p = list(primals[n_init + len(diff_ids) :])
+        diff_chunks = chunked(diff_xs) if diff_xs else []
+        ys_axes = _ys_axes(ct_ys, axis)
+        cuts = [lo for lo, _ in bounds[1:]]
+        ct_ys_chunks = [list(mx.split(c, cuts, axis=ax)) if cuts else [c] for c, ax in zip(ct_ys, ys_axes)]
+        n_dx = len(diff_ids)
+
+        d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
+        d_p: list[mx.array] | None = None
+        for i in reversed(range(len(bounds))):
+            carry_in = _ordering.recompute_after_cotangent(carries_in[i], ct_carry)
+
+            def chunk_fn(*args, i=i):
+                c = list(args[:n_init])
+                dx = list(args[n_init : n_init + n_dx])
+                pp = list(args[n_init + n_dx :])
+                xs_chunk, it = [], iter(dx)
+                for j in range(len(xs_leaves)):
+                    xs_chunk.append(next(it) if grad_mask[j] else const_chunks[j][i])
+                new_c, ys = call_chunk(i, c, xs_chunk, pp)
+                return _ordering.carry_after_outputs(new_c, ys) + ys
+
+            chunk_primals = carry_in + [diff_chunks[j][i] for j in range(n_dx)] + p
+            chunk_cts = ct_carry + [c[i] for c in ct_ys_chunks]
+            _, grads = mx.vjp(chunk_fn, chunk_primals, chunk_cts)
+            d_carry = grads[:n_init]
+            d_x = grads[n_init : n_init + n_dx]
+            d_p_i = grads[n_init + n_dx :]
+            d_p = d_p_i if d_p is None else [a + b for a, b in zip(d_p, d_p_i)]
+            ct_carry = _ordering.cotangent_after_gradients(d_carry, d_x + d_p)
+            for j, g in enumerate(d_x):
+                d_xs_chunks[j].append(g)
+
+        d_xs = [
+            mx.concatenate(parts[::-1], axis=axes[diff_ids[j]]) if len(parts) > 1 else parts[0]
+            for j, parts in enumerate(d_xs_chunks)
+        ]
+        return ct_carry + d_xs + (d_p or [])
+
+    diff_inputs = [xs_leaves[i] for i in diff_ids]
+    outs = _tree.as_list(whole(*init_leaves, *diff_inputs, *p_leaves))
+    carry_out = _tree.unflatten(init_def, list(outs[:n_init]))
+    n_ys = len(outs) - n_init - n_init * (len(bounds) - 1)
+    ys_out = _tree.unflatten(ys_spec.treedef, list(outs[n_init : n_init + n_ys]))
+    return carry_out, ys_out
+
+
+def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:
+    if not leaves:
+        raise ValueError("[scan] xs must have at least one array leaf; its length gives T.")
+    names = _tree.paths(treedef, "xs")
+    axes = [normalize_axis("scan", axis, x.ndim, name) for x, name in zip(leaves, names)]
+    lengths = [x.shape[ax] for x, ax in zip(leaves, axes)]
+    if len(set(lengths)) > 1:
+        listing = ";\n".join(
+            f"  * {n} has length {t} (shape {tuple(x.shape)})"
+            for n, t, x in zip(names, lengths, leaves)
+        )
+        raise ValueError(
+            f"[scan] every leaf of xs must have the same length along axis {axis}, "
+            f"but they differ:\n{listing}.\nPass inputs of one sequence length T."
+        )
+    if lengths[0] == 0:
+        raise ValueError(f"[scan] xs has length 0 along axis {axis}; there is nothing to scan.")
+    return axes, lengths[0]
+
+
+def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple) -> list[bool]:
+    if isinstance(xs_grad, bool):
+        return [xs_grad] * len(leaves)
+    mask, mask_def = _tree.flatten(xs_grad)
+    if not _tree.same_structure(mask_def, treedef) or not all(isinstance(m, bool) for m in mask):
+        raise TypeError(
+            "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
+            f"but got {xs_grad!r}. Use e.g. xs_grad=False, or (True, False, True) for "
+            "xs=(q, k, v)."
+        )
+    return mask
+
+
+class _YsSpec:
+    """What the first chunk's ys looked like: structure, and per leaf shape and dtype."""
+
+    def __init__(self) -> None:
+        self.treedef: tuple | None = None
+        self.leaves: list[tuple[tuple[int, ...], mx.Dtype]] = []
+
+
+def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.array]:
+    leaves, ys_def = _tree.require_arrays("scan", "ys", ys)
+    if spec.treedef is None:
+        spec.treedef = ys_def
+        spec.leaves = [(tuple(y.shape), y.dtype) for y in leaves]
+    elif not _tree.same_structure(spec.treedef, ys_def):
+        raise TypeError(
+            "[scan] f must return ys with the same structure for every chunk, but the "
+            "structure changed between chunks. Return the same tree of outputs each time."
+        )
+    problems = []
+    for name, y, (ref_shape, ref_dtype) in zip(_tree.paths(ys_def, "ys"), leaves, spec.leaves):
+        if not -y.ndim <= axis < y.ndim or y.shape[axis] != chunk_len:
+            problems.append(
+                f"{name} has shape {tuple(y.shape)} but the chunk has {chunk_len} steps "
+                f"on axis {axis}"
+            )
+            continue
+        ax = axis % y.ndim
+        others = tuple(d for k, d in enumerate(y.shape) if k != ax)
+        ref_others = tuple(d for k, d in enumerate(ref_shape) if k != ax)
+        if len(ref_shape) != y.ndim or others != ref_others or y.dtype != ref_dtype:
+            problems.append(
+                f"{name} has {_tree.describe(y)} in this chunk but shape {ref_shape} and "
+                f"dtype {ref_dtype} in the first"
+            )
+    if problems:
+        raise ValueError(
+            "[scan] the ys of every chunk must stack along the scanned axis, but they do not:\n"
+            + ";\n".join(f"  * {p}" for p in problems)
+            + f".\nReturn outputs with the chunk's length on axis {axis} and the same other "
+            "dimensions and dtype in every chunk."
+        )
+    return leaves
+
+
+def _ys_axes(ys_leaves: list[mx.array], axis: int) -> list[int]:
+    return [axis % y.ndim for y in ys_leaves]
+
+
+def _call_with_module(f, module: nn.Module, p_def, p, carry, xs):
+    """Call ``f(carry, xs, module)`` with the module's trainable parameters set to ``p``."""
+    previous = module.trainable_parameters()
+    module.update(_tree.unflatten(p_def, p))
+    try:
+        return f(carry, xs, module)
+    finally:
+        module.update(previous)
+
+
+def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
+    """Warn when ``f`` closes over an ``nn.Module`` with trainable parameters."""
+    found = []
+    target = getattr(f, "func", f)  # functools.partial
+    owner = getattr(target, "__self__", None)
+    if isinstance(owner, nn.Module):
+        found.append(("self", owner))
+    for name, value in inspect.getclosurevars(target).nonlocals.items() if inspect.isfunction(
+        target
+    ) else []:
+        if isinstance(value, nn.Module):
+            found.append((name, value))
+    for name, value in found:
+        if value is module or not value.trainable_parameters():
+            continue
+        if not _tree.flatten(value.trainable_parameters())[0]:
+            continue
+        warnings.warn(
+            f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) by closure; "
+            "its parameters are constants inside scan and get no gradient. Pass it as "
+            f"params={name} and use the third argument of f instead.",
+            ClosureCaptureWarning,
+            stacklevel=3,
+        )

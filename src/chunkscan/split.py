@@ -1,0 +1,83 @@
+"""``split``: cut an array into chunks whose gradient is one concatenate.
+
+MLX's slice ``x[lo:hi]`` has the vjp ``slice_update(zeros_like(x), g)``: each chunk's
+gradient is a zero-padded buffer as large as ``x``, and a chunk loop sums T/C of them.
+``mx.split`` builds a single ``Split`` primitive only for fewer than 10 pieces. The
+split here is one custom function for any number of pieces: forward slices (views),
+backward concatenates the piece cotangents once (ordering rule 4 in
+:mod:`chunkscan._ordering`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from . import _tree
+
+
+def chunk_bounds(length: int, chunk_size: int) -> list[tuple[int, int]]:
+    """``[(lo, hi), ...]`` covering ``range(length)``; the last chunk may be short."""
+    return [(lo, min(lo + chunk_size, length)) for lo in range(0, length, chunk_size)]
+
+
+def check_chunk_size(fn: str, chunk_size: object) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"[{fn}] chunk_size must be an int but got {chunk_size!r}.")
+    if chunk_size < 1:
+        raise ValueError(f"[{fn}] chunk_size must be at least 1 but got {chunk_size}.")
+    return chunk_size
+
+
+def normalize_axis(fn: str, axis: int, ndim: int, what: str) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"[{fn}] axis {axis} is out of range for {what} with {ndim} dimensions."
+        )
+    return axis % ndim
+
+
+def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
+    """Split ``x`` along ``axis`` into pieces of ``chunk_size`` (the last may be shorter).
+
+    Unlike slicing in a loop, the gradient is assembled with one concatenate, whatever
+    the number of pieces, so backward memory for the input gradient is one array the
+    size of ``x``.
+
+    Args:
+        x (array): The array to split, e.g. ``[T, H, D]``.
+        chunk_size (int): Length of each piece along ``axis``; need not divide it.
+        axis (int, optional): The axis to split. Default: ``0``.
+
+    Returns:
+        list(array): ``ceil(x.shape[axis] / chunk_size)`` arrays.
+
+    Example:
+        >>> qs = chunkscan.split(q, 32)          # q: [T, H, D]
+        >>> len(qs) == -(-q.shape[0] // 32)
+        True
+    """
+    if not isinstance(x, mx.array):
+        raise TypeError(f"[split] x must be an mx.array but got {type(x).__name__}.")
+    check_chunk_size("split", chunk_size)
+    axis = normalize_axis("split", axis, x.ndim, "x")
+    length = x.shape[axis]
+    if length == 0:
+        raise ValueError("[split] x has length 0 along the split axis; nothing to split.")
+    bounds = chunk_bounds(length, chunk_size)
+    if len(bounds) == 1:
+        return [x]
+    return split_at(x, [lo for lo, _ in bounds[1:]], axis)
+
+
+def split_at(x: mx.array, indices: list[int], axis: int) -> list[mx.array]:
+    """Split at sorted ``indices`` with a concatenate as the gradient (no checks)."""
+
+    @mx.custom_function
+    def _split(a):
+        return list(mx.split(a, indices, axis=axis))
+
+    @_split.vjp
+    def _split_vjp(primals, cotangents, outputs):
+        return mx.concatenate(_tree.as_list(cotangents), axis=axis)
+
+    return list(_split(x))

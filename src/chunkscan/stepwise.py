@@ -1,0 +1,59 @@
+"""``stepwise``: turn a per-step function into the chunk function ``scan`` takes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from . import _ordering, _tree
+from .split import split_at
+
+
+def stepwise(
+    step: Callable[..., tuple[Any, Any]], *, axis: int = 0
+) -> Callable[..., tuple[Any, Any]]:
+    """Lift ``step(carry, x[, params]) -> (carry, y)`` to a chunk function for ``scan``.
+
+    The returned ``f(carry, xs_chunk[, params])`` runs ``step`` once per step of the
+    chunk, ``x`` being ``xs_chunk`` at one index of ``axis`` (that axis removed), and
+    stacks the ``y`` along ``axis``. Each step's carry waits for that step's output
+    (ordering rule 1), which keeps the forward's memory at one carry, and the step
+    inputs are cut with a split whose gradient is one concatenate.
+
+    Args:
+        step (callable): The step function.
+        axis (int, optional): The time axis, as given to ``scan``. Default: ``0``.
+
+    Returns:
+        callable: ``f(carry, xs_chunk[, params]) -> (carry, ys_chunk)``.
+
+    Example:
+        >>> def rnn(h, x, w):
+        ...     h = mx.tanh(x + h @ w)
+        ...     return h, h
+        >>> h, ys = chunkscan.scan(chunkscan.stepwise(rnn), h0, xs, params=w)
+    """
+    if not callable(step):
+        raise TypeError(f"[stepwise] step must be callable but got {type(step).__name__}.")
+
+    def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
+        leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
+        steps = leaves[0].shape[axis]
+        per_leaf = [
+            split_at(x, list(range(1, steps)), axis) if steps > 1 else [x] for x in leaves
+        ]
+        ys: list[list[mx.array]] = []
+        ys_def = None
+        for t in range(steps):
+            x_t = _tree.unflatten(xs_def, [mx.squeeze(p[t], axis) for p in per_leaf])
+            carry, y = step(carry, x_t, *params)
+            y_leaves, ys_def = _tree.require_arrays("stepwise", "y", y)
+            c_leaves, c_def = _tree.flatten(carry)
+            carry = _tree.unflatten(c_def, _ordering.carry_after_outputs(c_leaves, y_leaves))
+            ys.append(y_leaves)
+        stacked = [mx.stack(list(parts), axis=axis) for parts in zip(*ys)]
+        return carry, _tree.unflatten(ys_def, stacked)
+
+    return chunk_fn
