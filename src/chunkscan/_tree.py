@@ -133,7 +133,9 @@ def _structure_differences(td_a: tuple, name_a: str, td_b: tuple, name_b: str) -
                     diffs.append(f"{pb} has key {k!r} but {pa} does not")
             for k in keys_a:
                 if k in keys_b:
-                    walk(a[2][keys_a.index(k)], f"{pa}[{k!r}]", b[2][keys_b.index(k)], f"{pb}[{k!r}]")
+                    walk(
+                        a[2][keys_a.index(k)], f"{pa}[{k!r}]", b[2][keys_b.index(k)], f"{pb}[{k!r}]"
+                    )
         elif a[0] == "seq":
             if len(a[2]) != len(b[2]):
                 diffs.append(f"{pa} has {len(a[2])} entries but {pb} has {len(b[2])}")
@@ -155,7 +157,11 @@ def _sort_for_dict_order(td: tuple) -> tuple:
     """Dicts compare equal whatever their key order; compare sorted."""
     if td[0] == "dict":
         pairs = sorted(zip(td[1], td[2]), key=lambda kv: repr(kv[0]))
-        return ("dict", tuple(k for k, _ in pairs), tuple(_sort_for_dict_order(c) for _, c in pairs))
+        return (
+            "dict",
+            tuple(k for k, _ in pairs),
+            tuple(_sort_for_dict_order(c) for _, c in pairs),
+        )
     if td[0] == "seq":
         return ("seq", td[1], tuple(_sort_for_dict_order(c) for c in td[2]))
     return td
@@ -187,7 +193,9 @@ def check_carry(
             if not isinstance(b, mx.array):
                 diffs.append(f"{p_in} has {describe(a)} but {p_out} is a {type(b).__name__}")
             elif a.shape != b.shape:
-                diffs.append(f"{p_in} has shape {tuple(a.shape)} but {p_out} has shape {tuple(b.shape)}")
+                diffs.append(
+                    f"{p_in} has shape {tuple(a.shape)} but {p_out} has shape {tuple(b.shape)}"
+                )
             elif a.dtype != b.dtype:
                 diffs.append(f"{p_in} has dtype {a.dtype} but {p_out} has dtype {b.dtype}")
     if diffs:

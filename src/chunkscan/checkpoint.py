@@ -60,7 +60,9 @@ def checkpoint(fun: F) -> F:
             for i, a in zip(slots, arrays):
                 full[i] = a
             a_args, a_kwargs = _tree.unflatten(treedef, full)
-            out_leaves, out_def = _tree.require_arrays("checkpoint", "the output", fun(*a_args, **a_kwargs))
+            out_leaves, out_def = _tree.require_arrays(
+                "checkpoint", "the output", fun(*a_args, **a_kwargs)
+            )
             out_defs.append(out_def)
             return _ordering.all_together(out_leaves)
 

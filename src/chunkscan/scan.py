@@ -99,7 +99,7 @@ def scan(
     _warn_on_captured_modules(f, module)
 
     bounds = chunk_bounds(length, chunk_size)
-    n_init, n_p = len(init_leaves), len(p_leaves)
+    n_init = len(init_leaves)
     diff_ids = [i for i, g in enumerate(grad_mask) if g]
     const_xs = {i: mx.stop_gradient(x) for i, x in enumerate(xs_leaves) if not grad_mask[i]}
     ys_spec = _YsSpec()
@@ -171,7 +171,9 @@ def scan(
         diff_chunks = chunked(diff_xs) if diff_xs else []
         ys_axes = _ys_axes(ct_ys, axis)
         cuts = [lo for lo, _ in bounds[1:]]
-        ct_ys_chunks = [list(mx.split(c, cuts, axis=ax)) if cuts else [c] for c, ax in zip(ct_ys, ys_axes)]
+        ct_ys_chunks = [
+            list(mx.split(c, cuts, axis=ax)) if cuts else [c] for c, ax in zip(ct_ys, ys_axes)
+        ]
         n_dx = len(diff_ids)
 
         d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
@@ -312,9 +314,9 @@ def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
     owner = getattr(target, "__self__", None)
     if isinstance(owner, nn.Module):
         found.append(("self", owner))
-    for name, value in inspect.getclosurevars(target).nonlocals.items() if inspect.isfunction(
-        target
-    ) else []:
+    for name, value in (
+        inspect.getclosurevars(target).nonlocals.items() if inspect.isfunction(target) else []
+    ):
         if isinstance(value, nn.Module):
             found.append((name, value))
     for name, value in found:

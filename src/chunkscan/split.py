@@ -30,9 +30,7 @@ def check_chunk_size(fn: str, chunk_size: object) -> int:
 
 def normalize_axis(fn: str, axis: int, ndim: int, what: str) -> int:
     if not -ndim <= axis < ndim:
-        raise ValueError(
-            f"[{fn}] axis {axis} is out of range for {what} with {ndim} dimensions."
-        )
+        raise ValueError(f"[{fn}] axis {axis} is out of range for {what} with {ndim} dimensions.")
     return axis % ndim
 
 

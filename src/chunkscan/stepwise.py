@@ -41,9 +41,7 @@ def stepwise(
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         steps = leaves[0].shape[axis]
-        per_leaf = [
-            split_at(x, list(range(1, steps)), axis) if steps > 1 else [x] for x in leaves
-        ]
+        per_leaf = [split_at(x, list(range(1, steps)), axis) if steps > 1 else [x] for x in leaves]
         ys: list[list[mx.array]] = []
         ys_def = None
         for t in range(steps):

@@ -1,0 +1,90 @@
+"""Memory and time measurement, each configuration in a fresh process.
+
+A memory figure is ``mx.get_peak_memory()`` above the active memory before the call,
+after ``mx.clear_cache()`` and ``mx.reset_peak_memory()``. Peak memory and the buffer
+cache leak between runs in one process, so every configuration runs in its own
+subprocess (:func:`run_isolated`), which calls ``module:function(**config)`` and sends
+back the dict it returns as JSON.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+MiB = 1024.0 * 1024.0
+_MARK = "@@chunkscan-result@@"
+
+
+def peak_above_active(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Run ``fn`` (evaluating what it returns); return ``(result, peak bytes)``."""
+    mx.synchronize()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = fn()
+    mx.eval(out)
+    mx.synchronize()
+    return out, float(mx.get_peak_memory() - before)
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` (evaluated) over ``repeats`` runs after ``warmup``."""
+    for _ in range(warmup):
+        mx.eval(fn())
+    times = []
+    for _ in range(repeats):
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_isolated(
+    target: str,
+    config: dict[str, Any],
+    *,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``target`` (``"package.module:function"``) with ``config`` in a new process.
+
+    Returns the function's dict, or ``{"error": ...}`` when the process failed, ran
+    out of memory or timed out.
+    """
+    cmd = [sys.executable, "-m", "chunkscan._measure", target, json.dumps(config)]
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in proc.stdout.splitlines()[::-1]:
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK) :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    reason = "killed (out of memory?)" if proc.returncode in (-9, 137) else " | ".join(tail)
+    return {"error": f"exit {proc.returncode}: {reason}"}
+
+
+def _main(argv: list[str]) -> None:
+    target, config = argv[0], json.loads(argv[1])
+    module_name, func_name = target.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    result = func(**config)
+    print(_MARK + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

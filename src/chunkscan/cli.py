@@ -1,0 +1,36 @@
+"""``chunkscan <command>``: dispatch to the sub-commands.
+
+- ``chunkscan repro``: reproduce the memory growth and show the fix (:mod:`chunkscan.repro`).
+- ``chunkscan lora``: ``mlx_lm.lora`` with the Gated DeltaNet patch (:mod:`chunkscan.lora`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "repro": ("chunkscan.repro", "reproduce MLX issue #4837 and show the fix"),
+    "lora": ("chunkscan.lora", "mlx_lm.lora with the chunked Gated DeltaNet backward"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        lines = [f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()]
+        print("usage: chunkscan <command> [options]\n\ncommands:\n" + "\n".join(lines))
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(
+            f"chunkscan: unknown command {name!r}; choose one of {', '.join(COMMANDS)}.",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
