@@ -1,0 +1,443 @@
+"""Train mlx-lm's Gated DeltaNet models with :func:`chunkscan.gated_delta_rule`.
+
+``patch()`` swaps the training path of every mlx-lm model family that runs the gated
+delta rule (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, and any other family the installed
+mlx-lm has) for the chunked op, whose backward memory does not grow with the sequence
+length. Inference is left alone::
+
+    import chunkscan.mlx_lm
+
+    with chunkscan.mlx_lm.patch():        # or: handle = patch(); ...; handle.undo()
+        model, tokenizer = mlx_lm.load(path)
+        ...                               # train as usual (model.train())
+
+The seam
+--------
+Each family's module imports ``gated_delta_update`` by name from
+``mlx_lm.models.gated_delta`` and calls it from its ``GatedDeltaNet.__call__`` as::
+
+    gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask,
+                       use_kernel=not self.training, [lower_bound=..., allow_neg_eigval=...])
+
+with ``q`` and ``k`` already L2-normalized and ``q`` already scaled by ``Dk**-0.5``
+(``normalize_qk``); the decay is ``exp(-exp(A_log) * softplus(a + dt_bias))`` (or
+``exp(lower_bound * sigmoid(exp(A_log) * (a + dt_bias)))``), ``beta = sigmoid(b)``
+(times 2 with ``allow_neg_eigval``), the state is ``[B, Hv, Dv, Dk]`` float32.
+
+``patch()`` rebinds that module-level name in each family's module (patching
+``gated_delta.gated_delta_update`` itself would not reach the by-name imports) to a
+function that:
+
+* with ``use_kernel=True`` (inference: ``model.eval()``), or a per-channel gate
+  (``a`` of rank 4, Kimi-style), calls mlx-lm's own function unchanged;
+* with ``use_kernel=False`` (training: ``model.train()``) and a per-head gate,
+  computes the log-decay directly, ``-exp(A_log) * softplus(a + dt_bias)`` (no
+  ``log(exp(.))``, so no ``log(0)``), and calls
+  ``chunkscan.gated_delta_rule(q, k, v, log_decay, beta, scale=1.0,
+  initial_state=state, chunk_size=...)``. Padding steps (``mask`` False) keep the
+  state and output zero, as mlx-lm's kernels do; mlx-lm's training loss passes no
+  mask (right padding, masked in the loss).
+
+``undo()`` (or leaving the ``with`` block) puts mlx-lm's functions back. Patches nest:
+the names are restored when the last handle is undone, and the innermost live
+handle's ``chunk_size`` applies.
+
+The seam is checked when patching, against the installed mlx-lm: the module, the
+signature of ``gated_delta_update`` (via ``inspect.signature``), the by-name imports
+of each family, and a numerical probe of the patched against the stock training
+path. Any mismatch raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import pathlib
+import threading
+import warnings
+from types import ModuleType
+from typing import Any
+
+import mlx.core as mx
+
+__all__ = ["IncompatibleMlxLmError", "Patch", "patch", "patched_families"]
+
+#: Families that must be covered (the issue's targets).
+REQUIRED_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+_NAME = "gated_delta_update"
+_POSITIONAL = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "mask")
+# Keyword-only options this module understands, with the defaults it expects.
+_KNOWN_OPTIONS = {"use_kernel": True, "lower_bound": None, "allow_neg_eigval": False}
+
+
+class IncompatibleMlxLmError(RuntimeError):
+    """The installed mlx-lm does not have the seam :func:`patch` relies on."""
+
+
+# --------------------------------------------------------------------------- state
+
+_lock = threading.RLock()
+_stack: list[Patch] = []  # live handles, innermost last
+_saved: dict[str, Any] = {}  # module name -> stock function, while patched
+_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update, "options" -> kw-only
+
+
+def _mlx_lm_version() -> str:
+    try:
+        import mlx_lm
+
+        return str(getattr(mlx_lm, "__version__", "unknown"))
+    except Exception:  # noqa: BLE001 - only for the message
+        return "not importable"
+
+
+def _fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
+    bullets = "\n".join(f"  * {p};" for p in problems)
+    return IncompatibleMlxLmError(
+        f"[chunkscan.mlx_lm.patch] the installed mlx-lm {_mlx_lm_version()} does not "
+        f"match the seam this patch was written for (mlx-lm 0.32.x: "
+        f"mlx_lm.models.gated_delta.{_NAME}(q, k, v, a, b, A_log, dt_bias, state=None, "
+        f"mask=None, *, use_kernel=True, ...), imported by name into each family's "
+        f"module), but they differ:\n{bullets}\n{fix}"
+    )
+
+
+# ------------------------------------------------------------------ the replacement
+
+
+def _op():
+    import chunkscan
+
+    op = getattr(chunkscan, "gated_delta_rule", None)
+    if op is None:  # TEMPORARY until the op lands
+        return _tmp_loop_op
+    if op is None:
+        raise IncompatibleMlxLmError(
+            "[chunkscan.mlx_lm] chunkscan.gated_delta_rule is missing from this "
+            "chunkscan build; reinstall chunkscan."
+        )
+    return op
+
+
+def _tmp_loop_op(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64):
+    """TEMPORARY per-token loop with the op's signature (until the op lands)."""
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    r = Hv // Hk
+    if r > 1:
+        q, k = mx.repeat(q, r, -2), mx.repeat(k, r, -2)
+    scale = Dk**-0.5 if scale is None else scale
+    s = mx.zeros((B, Hv, Dv, Dk), mx.float32) if initial_state is None else initial_state
+    ys = []
+    for t in range(T):
+        s = s * mx.exp(g[:, t])[..., None, None]
+        kt = k[:, t].astype(mx.float32)
+        d = (v[:, t] - (s * kt[..., None, :]).sum(-1)) * beta[:, t][..., None]
+        s = s + d[..., None] * kt[..., None, :]
+        ys.append((s * (scale * q[:, t])[..., None, :]).sum(-1).astype(q.dtype))
+    return mx.stack(ys, 1), s
+
+
+def _log_decay(a, A_log, dt_bias, lower_bound):
+    """``log`` of mlx-lm's ``compute_g`` / ``compute_lower_bound_g``, computed directly."""
+    if lower_bound is None:
+        sp = mx.logaddexp(a + dt_bias, mx.array(0.0, dtype=a.dtype))  # nn.softplus
+        return -mx.exp(A_log.astype(mx.float32)) * sp
+    x = mx.exp(A_log.astype(mx.float32)) * (a.astype(mx.float32) + dt_bias)
+    return lower_bound * mx.sigmoid(x)
+
+
+def _chunked_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, options):
+    lower_bound = options.get("lower_bound")
+    beta = mx.sigmoid(b)
+    if options.get("allow_neg_eigval", False):
+        beta = beta * 2.0
+    log_g = _log_decay(a, A_log, dt_bias, lower_bound)
+    if mask is not None:
+        # A padding step leaves the state as it is: decay 1 (log 0), no write.
+        keep = mask.astype(mx.bool_)
+        log_g = mx.where(keep[..., None], log_g, 0.0)
+        beta = mx.where(keep[..., None], beta, 0.0)
+    kwargs = {}
+    chunk_size = _stack[-1].chunk_size if _stack else None
+    if chunk_size is not None:
+        kwargs["chunk_size"] = chunk_size
+    out, state = _op()(
+        q,
+        k,
+        v,
+        log_g.astype(mx.float32),
+        beta.astype(mx.float32),
+        scale=1.0,  # normalize_qk already folded Dk**-0.5 into q
+        initial_state=None if state is None else state.astype(mx.float32),
+        **kwargs,
+    )
+    if mask is not None:
+        out = mx.where(mask.astype(mx.bool_)[..., None, None], out, 0).astype(out.dtype)
+    return out, state
+
+
+def gated_delta_update(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    a: mx.array,
+    b: mx.array,
+    A_log: mx.array,
+    dt_bias: mx.array,
+    state: mx.array | None = None,
+    mask: mx.array | None = None,
+    *,
+    use_kernel: bool = True,
+    **options: Any,
+) -> tuple[mx.array, mx.array]:
+    """Drop-in for mlx-lm's ``gated_delta_update`` (what :func:`patch` installs).
+
+    ``use_kernel=True`` (inference) and per-channel gates go to mlx-lm's function;
+    the training path (``use_kernel=False``, gate ``a`` of shape ``[B, T, Hv]``) runs
+    :func:`chunkscan.gated_delta_rule`.
+    """
+    stock = _stock["fn"]
+    if use_kernel or a.ndim != 3:
+        if not use_kernel:
+            _warn_vector_gate()
+        return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
+    return _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_vector_gate() -> None:
+    warnings.warn(
+        "[chunkscan.mlx_lm] a per-channel (Kimi-style) gate is not supported by "
+        "chunkscan.gated_delta_rule; this layer trains through mlx-lm's per-token loop.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+# -------------------------------------------------------------------- seam checks
+
+
+def _load_seam() -> tuple[Any, dict[str, Any]]:
+    try:
+        gd = importlib.import_module("mlx_lm.models.gated_delta")
+    except ImportError as e:
+        raise _fail(
+            [f"'mlx_lm.models.gated_delta' cannot be imported ({e})"],
+            "Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33').",
+        ) from e
+    fn = _stock.get("fn") if _saved else getattr(gd, _NAME, None)
+    if fn is None or not callable(fn):
+        raise _fail(
+            [f"'mlx_lm.models.gated_delta' has no function {_NAME!r}"],
+            "Use an mlx-lm whose Gated DeltaNet layers call gated_delta_update.",
+        )
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    problems = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if tuple(positional) != _POSITIONAL:
+        problems.append(
+            f"its positional parameters are ({', '.join(positional)}) but "
+            f"({', '.join(_POSITIONAL)}) were expected"
+        )
+    options = {p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY}
+    if "use_kernel" not in options:
+        problems.append("it has no keyword-only parameter 'use_kernel'")
+    for name, default in options.items():
+        if name not in _KNOWN_OPTIONS:
+            problems.append(f"it has an unknown keyword-only parameter {name!r}")
+        elif default != _KNOWN_OPTIONS[name]:
+            problems.append(
+                f"its parameter {name!r} defaults to {default!r}, not {_KNOWN_OPTIONS[name]!r}"
+            )
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        problems.append("it takes *args or **kwargs")
+    if problems:
+        raise _fail(
+            [f"{_NAME}{sig}: " + p for p in problems],
+            "Pin mlx-lm to a version with this seam, or update chunkscan.mlx_lm.",
+        )
+    return gd, options
+
+
+def _family_modules(gd: ModuleType) -> dict[str, ModuleType]:
+    """Every module of ``mlx_lm.models`` that imports ``gated_delta_update`` by name."""
+    models_dir = pathlib.Path(gd.__file__).parent
+    found = {}
+    for path in sorted(models_dir.glob("*.py")):
+        if path.stem == "gated_delta" or _NAME not in path.read_text(encoding="utf-8"):
+            continue
+        name = f"mlx_lm.models.{path.stem}"
+        try:
+            found[name] = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - an optional family that cannot load
+            warnings.warn(
+                f"[chunkscan.mlx_lm] skipping {name}: it cannot be imported ({e}).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return found
+
+
+def _covered(family: str, patched: dict[str, ModuleType]) -> bool:
+    """Whether ``mlx_lm.models.<family>``'s model runs a patched module's layers."""
+    name = f"mlx_lm.models.{family}"
+    if name in patched:
+        return True
+    module = importlib.import_module(name)
+    model = getattr(module, "Model", None)
+    return model is not None and any(c.__module__ in patched for c in model.__mro__)
+
+
+def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
+    modules = _family_modules(gd)
+    problems = []
+    usable = {}
+    for name, module in modules.items():
+        bound = getattr(module, _NAME, None)
+        if bound is stock or bound is gated_delta_update:
+            usable[name] = module
+        else:
+            problems.append(f"{name}.{_NAME} is {bound!r}, not mlx_lm.models.gated_delta.{_NAME}")
+    for family in REQUIRED_FAMILIES:
+        try:
+            ok = _covered(family, usable)
+        except ImportError as e:
+            problems.append(f"mlx_lm.models.{family} cannot be imported ({e})")
+            continue
+        if not ok:
+            problems.append(
+                f"mlx_lm.models.{family} neither imports {_NAME} by name nor builds "
+                "on a module that does"
+            )
+    if problems:
+        raise _fail(problems, "Pin mlx-lm to a version with this seam.")
+    return usable
+
+
+def _probe(stock: Any, options: dict[str, Any]) -> None:
+    """Compare the patched and stock training paths on a tiny random input."""
+    B, T, Hk, Hv, Dk, Dv = 2, 5, 1, 2, 8, 4
+    keys = mx.random.split(mx.random.key(7), 8)
+    q = mx.random.normal((B, T, Hk, Dk), key=keys[0]) * 0.3
+    k = mx.random.normal((B, T, Hk, Dk), key=keys[1])
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    v = mx.random.normal((B, T, Hv, Dv), key=keys[2])
+    a = mx.random.normal((B, T, Hv), key=keys[3])
+    b = mx.random.normal((B, T, Hv), key=keys[4])
+    A_log = mx.random.uniform(-1.0, 1.0, (Hv,), key=keys[5])
+    dt_bias = mx.random.normal((Hv,), key=keys[6])
+    s0 = mx.random.normal((B, Hv, Dv, Dk), key=keys[7]) * 0.1
+    variants = [{}]
+    if "allow_neg_eigval" in options:
+        variants.append({"allow_neg_eigval": True})
+    if "lower_bound" in options:
+        variants.append({"lower_bound": -5.0})
+    problems = []
+    for extra in variants:
+        args = (q, k, v, a, b, A_log, dt_bias, s0, None)
+        y0, s_0 = stock(*args, use_kernel=False, **extra)
+        y1, s_1 = _chunked_update(*args, options=extra)
+        for what, x0, x1 in (("output", y0, y1), ("state", s_0, s_1)):
+            err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
+            if not err <= 1e-4:
+                problems.append(f"with {extra or 'defaults'} the {what} differs by {err:.2e}")
+    if problems:
+        raise _fail(
+            ["the patched training path does not reproduce the stock one: " + p for p in problems],
+            "mlx-lm's gate, scale or state convention changed; update chunkscan.mlx_lm.",
+        )
+
+
+# ------------------------------------------------------------------------- handle
+
+
+class Patch:
+    """A live :func:`patch`; also a context manager. ``undo()`` is idempotent."""
+
+    def __init__(self, chunk_size: int | None, families: tuple[str, ...]):
+        self.chunk_size = chunk_size
+        self.families = families
+
+    @property
+    def active(self) -> bool:
+        return self in _stack
+
+    def undo(self) -> None:
+        """Remove this handle; restore mlx-lm's functions when none is left."""
+        with _lock:
+            if self not in _stack:
+                return
+            _stack.remove(self)
+            if not _stack:
+                for name, fn in _saved.items():
+                    module = importlib.import_module(name)
+                    if getattr(module, _NAME, None) is gated_delta_update:
+                        setattr(module, _NAME, fn)
+                _saved.clear()
+
+    def __enter__(self) -> Patch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "undone"
+        return (
+            f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
+            f"families={self.families}>"
+        )
+
+
+def patch(*, chunk_size: int | None = None, verify: bool = True) -> Patch:
+    """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`.
+
+    Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
+    name (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, ...). Only calls with
+    ``use_kernel=False`` (modules in training mode) change; inference is untouched.
+    Models already loaded are covered too (the name is looked up at call time).
+
+    Args:
+        chunk_size (int, optional): Steps per chunk for the op; ``None`` keeps the
+            op's default. Default: ``None``.
+        verify (bool, optional): Compare patched and stock paths numerically on a
+            tiny input before patching. Default: ``True``.
+
+    Returns:
+        Patch: a handle; ``handle.undo()`` or ``with patch(): ...`` restores mlx-lm.
+
+    Raises:
+        IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
+        ValueError: ``chunk_size`` is not a positive integer.
+    """
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(
+            f"[chunkscan.mlx_lm.patch] chunk_size must be a positive int or None but got "
+            f"{chunk_size!r}."
+        )
+    with _lock:
+        gd, options = _load_seam()
+        stock = _stock["fn"] if _saved else getattr(gd, _NAME)
+        modules = _check_families(gd, stock)
+        _op()
+        if not _saved:
+            _stock["fn"], _stock["options"] = stock, options
+            if verify:
+                _probe(stock, options)
+            for name, module in modules.items():
+                _saved[name] = getattr(module, _NAME)
+                setattr(module, _NAME, gated_delta_update)
+        names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
+        handle = Patch(chunk_size, tuple(sorted(names)))
+        _stack.append(handle)
+        return handle
+
+
+def patched_families() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules currently patched (empty when none)."""
+    return tuple(sorted(n.rsplit(".", 1)[1] for n in _saved))
