@@ -23,46 +23,49 @@ _NONE = ("none",)
 def flatten(tree: Any) -> tuple[list[Any], tuple]:
     """Return ``(leaves, treedef)``; dict keys keep their insertion order."""
     leaves: list[Any] = []
+    return leaves, _flatten_into(tree, leaves)
 
-    def visit(node: Any) -> tuple:
-        if node is None:
-            return _NONE
-        if isinstance(node, dict):
-            keys = tuple(node.keys())
-            return ("dict", keys, tuple(visit(node[k]) for k in keys))
-        if isinstance(node, (list, tuple)):
-            return ("seq", type(node), tuple(visit(child) for child in node))
-        leaves.append(node)
-        return _LEAF
 
-    return leaves, visit(tree)
+# The recursions below are module-level functions on purpose: a nested function that
+# calls itself is a reference cycle, and a cycle that holds arrays keeps their whole
+# graph alive until Python's cyclic garbage collector happens to run.
+def _flatten_into(node: Any, leaves: list[Any]) -> tuple:
+    if node is None:
+        return _NONE
+    if isinstance(node, dict):
+        keys = tuple(node.keys())
+        return ("dict", keys, tuple(_flatten_into(node[k], leaves) for k in keys))
+    if isinstance(node, (list, tuple)):
+        return ("seq", type(node), tuple(_flatten_into(child, leaves) for child in node))
+    leaves.append(node)
+    return _LEAF
 
 
 def unflatten(treedef: tuple, leaves: list[Any]) -> Any:
     """Inverse of :func:`flatten`."""
     it = iter(leaves)
-
-    def build(td: tuple) -> Any:
-        kind = td[0]
-        if kind == "leaf":
-            return next(it)
-        if kind == "none":
-            return None
-        if kind == "dict":
-            return {k: build(c) for k, c in zip(td[1], td[2])}
-        children = [build(c) for c in td[2]]
-        seq_type = td[1]
-        if seq_type in (list, tuple):
-            return seq_type(children)
-        if hasattr(seq_type, "_fields"):  # namedtuple
-            return seq_type(*children)
-        return seq_type(children)
-
-    out = build(treedef)
-    rest = list(it)
+    out = _build(treedef, it)
+    rest = sum(1 for _ in it)
     if rest:
-        raise ValueError(f"unflatten got {len(rest)} leaves more than the tree holds.")
+        raise ValueError(f"unflatten got {rest} leaves more than the tree holds.")
     return out
+
+
+def _build(td: tuple, it: Any) -> Any:
+    kind = td[0]
+    if kind == "leaf":
+        return next(it)
+    if kind == "none":
+        return None
+    if kind == "dict":
+        return {k: _build(c, it) for k, c in zip(td[1], td[2])}
+    children = [_build(c, it) for c in td[2]]
+    seq_type = td[1]
+    if seq_type in (list, tuple):
+        return seq_type(children)
+    if hasattr(seq_type, "_fields"):  # namedtuple
+        return seq_type(*children)
+    return seq_type(children)
 
 
 def as_list(values: Any) -> list[Any]:
@@ -77,20 +80,20 @@ def as_list(values: Any) -> list[Any]:
 def paths(treedef: tuple, name: str) -> list[str]:
     """The subscript path of each leaf, in :func:`flatten` order."""
     out: list[str] = []
-
-    def walk(td: tuple, prefix: str) -> None:
-        kind = td[0]
-        if kind == "leaf":
-            out.append(prefix)
-        elif kind == "dict":
-            for k, c in zip(td[1], td[2]):
-                walk(c, f"{prefix}[{k!r}]")
-        elif kind == "seq":
-            for i, c in enumerate(td[2]):
-                walk(c, f"{prefix}[{i}]")
-
-    walk(treedef, name)
+    _paths_into(treedef, name, out)
     return out
+
+
+def _paths_into(td: tuple, prefix: str, out: list[str]) -> None:
+    kind = td[0]
+    if kind == "leaf":
+        out.append(prefix)
+    elif kind == "dict":
+        for k, c in zip(td[1], td[2]):
+            _paths_into(c, f"{prefix}[{k!r}]", out)
+    elif kind == "seq":
+        for i, c in enumerate(td[2]):
+            _paths_into(c, f"{prefix}[{i}]", out)
 
 
 def describe(leaf: Any) -> str:
@@ -211,16 +214,16 @@ def check_carry(
 def _reorder_like(treedef: tuple, tree: Any) -> list[Any]:
     """Leaves of ``tree`` in the order ``treedef`` visits them (dict key order)."""
     out: list[Any] = []
-
-    def walk(td: tuple, node: Any) -> None:
-        if td[0] == "leaf":
-            out.append(node)
-        elif td[0] == "dict":
-            for k, c in zip(td[1], td[2]):
-                walk(c, node[k])
-        elif td[0] == "seq":
-            for c, child in zip(td[2], node):
-                walk(c, child)
-
-    walk(treedef, tree)
+    _reorder_into(treedef, tree, out)
     return out
+
+
+def _reorder_into(td: tuple, node: Any, out: list[Any]) -> None:
+    if td[0] == "leaf":
+        out.append(node)
+    elif td[0] == "dict":
+        for k, c in zip(td[1], td[2]):
+            _reorder_into(c, node[k], out)
+    elif td[0] == "seq":
+        for c, child in zip(td[2], node):
+            _reorder_into(c, child, out)

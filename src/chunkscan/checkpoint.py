@@ -53,11 +53,17 @@ def checkpoint(fun: F) -> F:
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = _tree.flatten((args, kwargs))
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
+        arrays = [leaves[i] for i in slots]
+        # The closures below outlive this call (the vjp runs later), so they keep only
+        # the non-array leaves: a reference to an argument array would keep the graph
+        # that produced it alive, one chunk's worth per call.
+        template = [None if isinstance(leaf, mx.array) else leaf for leaf in leaves]
+        del leaves, args, kwargs
         out_defs: list[tuple] = []
 
-        def call(arrays: list[mx.array]) -> list[mx.array]:
-            full = list(leaves)
-            for i, a in zip(slots, arrays):
+        def call(values: list[mx.array]) -> list[mx.array]:
+            full = list(template)
+            for i, a in zip(slots, values):
                 full[i] = a
             a_args, a_kwargs = _tree.unflatten(treedef, full)
             out_leaves, out_def = _tree.require_arrays(
@@ -67,8 +73,8 @@ def checkpoint(fun: F) -> F:
             return _ordering.all_together(out_leaves)
 
         @mx.custom_function
-        def forward(*arrays):
-            return call(list(arrays))
+        def forward(*primals):
+            return call(list(primals))
 
         @forward.vjp
         def backward(primals, cotangents, outputs):
@@ -77,7 +83,7 @@ def checkpoint(fun: F) -> F:
             _, grads = mx.vjp(lambda *a: call(list(a)), primals, cotangents)
             return _ordering.all_together(grads)
 
-        outs = forward(*[leaves[i] for i in slots])
+        outs = forward(*arrays)
         return _tree.unflatten(out_defs[0], _tree.as_list(outs))
 
     return checkpointed  # type: ignore[return-value]

@@ -1,0 +1,299 @@
+"""``chunkscan repro``: reproduce MLX issue #4837 and show the fix.
+
+The reporter's recurrence, a decayed delta rule over ``T`` steps with state ``(H, D, D)``
+and inputs ``q, k, v`` of shape ``(T, H, D)`` (``k`` scaled by 0.05, decay 0.95), cut
+into chunks of ``C`` steps, differentiated in two ways: with respect to the initial
+state only, and with respect to ``q, k, v``. Every (mode, gradient case, T) runs in a
+fresh process; the table shows the backward peak above the inputs, the median time
+and the largest gradient difference against plain autograd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import mlx.core as mx
+
+from . import _measure
+from .checkpoint import checkpoint as cs_checkpoint
+from .scan import scan
+from .split import split
+from .stepwise import stepwise
+
+MODES = {
+    "plain": "plain autograd, no checkpointing",
+    "mx.checkpoint": "the reporter's loop: mx.checkpoint per chunk, slicing",
+    "cs.checkpoint": "only mx.checkpoint swapped for chunkscan.checkpoint, slicing kept",
+    "cs.checkpoint+split": "chunkscan.checkpoint per chunk, chunkscan.split",
+    "cs.scan": "chunkscan.scan(stepwise(step))",
+}
+GRADS = {"state": "initial state only", "qkv": "q, k and v"}
+DECAY = 0.95
+
+
+def step(s: mx.array, x: tuple[mx.array, mx.array, mx.array]) -> tuple[mx.array, mx.array]:
+    """One step of the reporter's recurrence; ``s``: ``[H, D, D]``, ``q, k, v``: ``[H, D]``."""
+    q, k, v = x
+    s = DECAY * s
+    delta = v - (s * k[:, None, :]).sum(-1)
+    s = s + delta[:, :, None] * k[:, None, :]
+    y = (s * q[:, None, :]).sum(-1)
+    return s, y
+
+
+def run_chunk(s, q, k, v):
+    """The reporter's chunk function: a plain loop over the chunk's steps."""
+    ys = []
+    for t in range(q.shape[0]):
+        s, y = step(s, (q[t], k[t], v[t]))
+        ys.append(y)
+    return s, mx.stack(ys)
+
+
+def forward(mode: str, s0, q, k, v, chunk: int, state_only: bool):
+    """Final state and outputs ``[T, H, D]`` of the recurrence in ``mode``."""
+    T = q.shape[0]
+    if mode == "plain":
+        return run_chunk(s0, q, k, v)
+    if mode == "cs.scan":
+        return scan(stepwise(step), s0, (q, k, v), chunk_size=chunk, xs_grad=not state_only)
+    if mode == "cs.checkpoint+split":
+        pieces = zip(*(split(a, chunk) for a in (q, k, v)))
+    else:
+        pieces = (
+            (q[lo : lo + chunk], k[lo : lo + chunk], v[lo : lo + chunk])
+            for lo in range(0, T, chunk)
+        )
+    wrapped = mx.checkpoint(run_chunk) if mode == "mx.checkpoint" else cs_checkpoint(run_chunk)
+    s, ys = s0, []
+    for qc, kc, vc in pieces:
+        s, y = wrapped(s, qc, kc, vc)
+        ys.append(y)
+    return s, mx.concatenate(ys)
+
+
+def make_inputs(T: int, H: int, D: int, seed: int = 0):
+    key = mx.random.key(seed)
+    ks = mx.random.split(key, 4)
+    s0 = mx.random.normal((H, D, D), key=ks[0]) * 0.1
+    q, k, v = (mx.random.normal((T, H, D), key=kk) for kk in ks[1:])
+    return s0, q, 0.05 * k, v
+
+
+def gradient_fn(mode: str, grads: str, chunk: int, compiled: bool):
+    argnums = (0,) if grads == "state" else (1, 2, 3)
+    state_only = grads == "state"
+
+    def loss(s0, q, k, v):
+        s, y = forward(mode, s0, q, k, v, chunk, state_only)
+        return y.sum() + s.sum()
+
+    fn = mx.value_and_grad(loss, argnums=argnums)
+    return mx.compile(fn) if compiled else fn
+
+
+def measure(
+    mode: str,
+    grads: str,
+    T: int,
+    H: int = 8,
+    D: int = 128,
+    chunk: int = 32,
+    repeats: int = 1,
+    compiled: bool = False,
+    check_max_T: int = 1024,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One configuration (run by :func:`chunkscan._measure.run_isolated`)."""
+    s0, q, k, v = make_inputs(T, H, D, seed)
+    mx.eval(s0, q, k, v)
+    fn = gradient_fn(mode, grads, chunk, compiled)
+    (value, got), peak = _measure.peak_above_active(lambda: fn(s0, q, k, v))
+    seconds = _measure.median_seconds(lambda: fn(s0, q, k, v), repeats=repeats, warmup=0)
+    out: dict[str, Any] = {"peak_mib": peak / _measure.MiB, "seconds": seconds}
+    if mode != "plain" and T <= check_max_T:
+        _, ref = gradient_fn("plain", grads, chunk, False)(s0, q, k, v)
+        out["max_grad_diff"] = max(
+            (mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-30)).item()
+            for a, b in zip(got, ref)
+        )
+    elif mode == "plain":
+        out["max_grad_diff"] = 0.0
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="chunkscan repro",
+        description="Reproduce MLX issue #4837 (mx.checkpoint does not bound backward "
+        "memory when per-step inputs need gradients) and show chunkscan's fix. Every "
+        "configuration runs in a fresh process.",
+    )
+    p.add_argument(
+        "--T",
+        type=int,
+        nargs="+",
+        default=[256, 512, 1024],
+        help="sequence lengths (default: 256 512 1024)",
+    )
+    p.add_argument("--H", type=int, default=8, help="heads; the reporter used 32 (default: 8)")
+    p.add_argument("--D", type=int, default=128, help="head dimension (default: 128)")
+    p.add_argument("--chunk", type=int, default=32, help="steps per chunk (default: 32)")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        default=list(MODES),
+        help="modes to run (default: all)",
+    )
+    p.add_argument(
+        "--grads",
+        nargs="+",
+        choices=list(GRADS),
+        default=list(GRADS),
+        help="gradient cases (default: state qkv)",
+    )
+    p.add_argument("--compile", action="store_true", help="mx.compile the value-and-grad step")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per configuration")
+    p.add_argument(
+        "--check-max-T",
+        type=int,
+        default=1024,
+        help="compare gradients with plain autograd up to this T (default: 1024)",
+    )
+    p.add_argument("--out", default="repro-out", help="folder for repro.json and repro.png")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configs = [(m, g, T) for g in args.grads for m in args.modes for T in sorted(args.T)]
+    print(
+        f"chunkscan repro: mlx {mx.__version__} on {mx.default_device()}, H={args.H} "
+        f"D={args.D} C={args.chunk}{' compiled' if args.compile else ''}; "
+        f"{len(configs)} configurations, each in a fresh process",
+        flush=True,
+    )
+    rows = []
+    started = time.perf_counter()
+    for n, (mode, grads, T) in enumerate(configs, 1):
+        res = _measure.run_isolated(
+            "chunkscan.repro:measure",
+            dict(
+                mode=mode,
+                grads=grads,
+                T=T,
+                H=args.H,
+                D=args.D,
+                chunk=args.chunk,
+                repeats=args.repeats,
+                compiled=args.compile,
+                check_max_T=args.check_max_T,
+            ),
+            timeout=args.timeout,
+        )
+        rows.append({"mode": mode, "grads": grads, "T": T, **res})
+        status = res.get("error") or f"{res['peak_mib']:8.1f} MiB {res['seconds']:7.3f} s"
+        print(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}", flush=True)
+    print(f"done in {time.perf_counter() - started:.0f} s\n")
+    print(format_table(rows, sorted(args.T)))
+    os.makedirs(args.out, exist_ok=True)
+    meta = {
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "H": args.H,
+        "D": args.D,
+        "chunk": args.chunk,
+        "compiled": args.compile,
+        "modes": MODES,
+        "grads": GRADS,
+    }
+    with open(os.path.join(args.out, "repro.json"), "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    print(f"\nwrote {os.path.join(args.out, 'repro.json')}")
+    if not args.no_plot:
+        path = plot(rows, meta, os.path.join(args.out, "repro.png"))
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
+def format_table(rows: list[dict], Ts: list[int]) -> str:
+    """Markdown table: one line per (gradients, mode); memory, time, gradient error."""
+    head = (
+        "| grads | mode | "
+        + " | ".join(f"T={T} MiB" for T in Ts)
+        + " | "
+        + " | ".join(f"T={T} s" for T in Ts)
+        + " | max grad diff |"
+    )
+    lines = [head, "|" + "---|" * (3 + 2 * len(Ts))]
+    keys = dict.fromkeys((r["grads"], r["mode"]) for r in rows)
+    for grads, mode in keys:
+        by_T = {r["T"]: r for r in rows if r["grads"] == grads and r["mode"] == mode}
+        mem = [_cell(by_T.get(T), "peak_mib", "{:.0f}") for T in Ts]
+        sec = [_cell(by_T.get(T), "seconds", "{:.2f}") for T in Ts]
+        diffs = [r.get("max_grad_diff") for r in by_T.values() if "max_grad_diff" in r]
+        diff = f"{max(diffs):.1e}" if diffs else "n/a"
+        lines.append(f"| {grads} | {mode} | " + " | ".join(mem + sec) + f" | {diff} |")
+    return "\n".join(lines)
+
+
+def _cell(row: dict | None, key: str, fmt: str) -> str:
+    if row is None:
+        return "-"
+    if "error" in row:
+        return "fail"
+    return fmt.format(row[key])
+
+
+def plot(rows: list[dict], meta: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(
+            "matplotlib is not installed: skipping the plot (pip install 'chunkscan[bench]')",
+            file=sys.stderr,
+        )
+        return None
+    grads_cases = list(dict.fromkeys(r["grads"] for r in rows))
+    fig, axes = plt.subplots(
+        1, len(grads_cases), figsize=(6 * len(grads_cases), 4.5), squeeze=False
+    )
+    for ax, grads in zip(axes[0], grads_cases):
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            pts = sorted(
+                (r["T"], r["peak_mib"])
+                for r in rows
+                if r["grads"] == grads and r["mode"] == mode and "peak_mib" in r
+            )
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=mode)
+        ax.set_title(f"gradient w.r.t. {GRADS[grads]}")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel("backward peak above inputs (MiB)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"decayed delta rule, H={meta['H']} D={meta['D']} C={meta['chunk']}, "
+        f"mlx {meta['mlx']} {meta['device']}{' (compiled)' if meta['compiled'] else ''}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
