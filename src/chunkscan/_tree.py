@@ -7,7 +7,7 @@ subscripts: ``init['S']``, ``carry[1]``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
@@ -96,8 +96,16 @@ def _paths_into(td: tuple, prefix: str, out: list[str]) -> None:
             _paths_into(c, f"{prefix}[{i}]", out)
 
 
+class Spec(NamedTuple):
+    """Shape and dtype of an array, kept where holding the array itself would keep its
+    graph alive."""
+
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+
+
 def describe(leaf: Any) -> str:
-    if isinstance(leaf, mx.array):
+    if isinstance(leaf, (mx.array, Spec)):
         return f"shape {tuple(leaf.shape)} and dtype {leaf.dtype}"
     return f"type {type(leaf).__name__}"
 
@@ -176,7 +184,7 @@ def same_structure(td_a: tuple, td_b: tuple) -> bool:
 
 def check_carry(
     fn: str,
-    init_leaves: list[mx.array],
+    init_specs: list[Spec],
     init_def: tuple,
     out_tree: Any,
 ) -> list[mx.array]:
@@ -191,11 +199,11 @@ def check_carry(
         if out_def != init_def:  # same keys in another order: take init's order
             out_leaves = _reorder_like(init_def, unflatten(out_def, out_leaves))
         for p_in, p_out, a, b in zip(
-            paths(init_def, "init"), paths(init_def, "the returned carry"), init_leaves, out_leaves
+            paths(init_def, "init"), paths(init_def, "the returned carry"), init_specs, out_leaves
         ):
             if not isinstance(b, mx.array):
                 diffs.append(f"{p_in} has {describe(a)} but {p_out} is a {type(b).__name__}")
-            elif a.shape != b.shape:
+            elif tuple(a.shape) != tuple(b.shape):
                 diffs.append(
                     f"{p_in} has shape {tuple(a.shape)} but {p_out} has shape {tuple(b.shape)}"
                 )

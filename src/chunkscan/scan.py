@@ -98,122 +98,166 @@ def scan(
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
     _warn_on_captured_modules(f, module)
 
-    bounds = chunk_bounds(length, chunk_size)
-    n_init = len(init_leaves)
-    diff_ids = [i for i, g in enumerate(grad_mask) if g]
-    const_xs = {i: mx.stop_gradient(x) for i, x in enumerate(xs_leaves) if not grad_mask[i]}
-    ys_spec = _YsSpec()
+    plan = _Plan(
+        f=f,
+        params=params,
+        module=module,
+        init_def=init_def,
+        init_specs=[_tree.Spec(a.shape, a.dtype) for a in init_leaves],
+        xs_def=xs_def,
+        axes=axes,
+        grad_mask=grad_mask,
+        bounds=chunk_bounds(length, chunk_size),
+        p_def=p_def,
+        axis=axis,
+        constants=[mx.stop_gradient(x) for x, g in zip(xs_leaves, grad_mask) if not g],
+    )
+    whole = mx.custom_function(plan.forward)
+    whole.vjp(plan.backward)
+    diff_xs = [x for x, g in zip(xs_leaves, grad_mask) if g]
+    outs = _tree.as_list(whole(*init_leaves, *diff_xs, *p_leaves))
+    n_init, n_ys = len(init_leaves), plan.n_ys(len(outs))
+    carry_out = _tree.unflatten(init_def, outs[:n_init])
+    ys_out = _tree.unflatten(plan.ys_spec.treedef, outs[n_init : n_init + n_ys])
+    return carry_out, ys_out
 
-    def call_chunk(i: int, carry: list, xs_chunk: list, p: list) -> tuple[list, list]:
-        """Run f on chunk ``i``; check and flatten what it returns."""
-        carry_tree = _tree.unflatten(init_def, carry)
-        xs_tree = _tree.unflatten(xs_def, xs_chunk)
-        if params is None:
-            out = f(carry_tree, xs_tree)
-        elif module is not None:
-            out = _call_with_module(f, module, p_def, p, carry_tree, xs_tree)
+
+class _Plan:
+    """Everything about one ``scan`` call except the arrays it differentiates.
+
+    ``forward`` and ``backward`` are the custom function and its vjp over the flat
+    primals ``init leaves + differentiable xs leaves + params leaves``. The forward
+    returns ``final carry + ys + the carries entering chunks 1..n-1``. The plan holds
+    no reference to a primal: the vjp outlives the call, and a held array would keep
+    the graph that produced it alive.
+    """
+
+    def __init__(
+        self,
+        *,
+        f,
+        params,
+        module,
+        init_def,
+        init_specs,
+        xs_def,
+        axes,
+        grad_mask,
+        bounds,
+        p_def,
+        axis,
+        constants,
+    ):
+        self.f, self.params, self.module = f, params, module
+        self.init_def, self.init_specs = init_def, init_specs
+        self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
+        self.bounds, self.p_def, self.axis = bounds, p_def, axis
+        self.cuts = [lo for lo, _ in bounds[1:]]
+        self.n_init, self.n_dx = len(init_specs), sum(grad_mask)
+        diff_axes = [ax for ax, g in zip(axes, grad_mask) if g]
+        const_axes = [ax for ax, g in zip(axes, grad_mask) if not g]
+        self.diff_axes = diff_axes
+        self.const_chunks = self.chunked(constants, const_axes)
+        self.ys_spec = _YsSpec()
+
+    def n_ys(self, n_outputs: int) -> int:
+        return n_outputs - self.n_init * len(self.bounds)
+
+    def chunked(self, leaves: list[mx.array], axes: list[int]) -> list[list[mx.array]]:
+        """Per leaf, its chunks (views; inside the custom function no vjp is built)."""
+        if not self.cuts:
+            return [[x] for x in leaves]
+        return [list(mx.split(x, self.cuts, axis=ax)) for x, ax in zip(leaves, axes)]
+
+    def split_primals(self, primals: list) -> tuple[list, list, list]:
+        n0, n1 = self.n_init, self.n_init + self.n_dx
+        return primals[:n0], primals[n0:n1], primals[n1:]
+
+    def xs_chunk(self, i: int, diff_chunk: list[mx.array]) -> list[mx.array]:
+        """The xs leaves of chunk ``i``, differentiable ones from ``diff_chunk``."""
+        diff, const = iter(diff_chunk), iter(self.const_chunks)
+        return [next(diff) if g else next(const)[i] for g in self.grad_mask]
+
+    def call_chunk(self, i: int, carry: list, xs_chunk: list, p: list) -> tuple[list, list]:
+        """Run ``f`` on chunk ``i``; check and flatten what it returns."""
+        carry_tree = _tree.unflatten(self.init_def, carry)
+        xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
+        if self.params is None:
+            out = self.f(carry_tree, xs_tree)
+        elif self.module is not None:
+            out = _call_with_module(self.f, self.module, self.p_def, p, carry_tree, xs_tree)
         else:
-            out = f(carry_tree, xs_tree, _tree.unflatten(p_def, p))
+            out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 f"[scan] f must return a pair (carry, ys) but returned {_tree.describe(out)}. "
                 "Return a tuple of two: the new carry and this chunk's outputs."
             )
-        new_carry = _tree.check_carry("scan", init_leaves, init_def, out[0])
-        ys_leaves = _check_ys(out[1], ys_spec, bounds[i][1] - bounds[i][0], axis)
-        return new_carry, ys_leaves
+        new_carry = _tree.check_carry("scan", self.init_specs, self.init_def, out[0])
+        lo, hi = self.bounds[i]
+        ys = _check_ys(out[1], self.ys_spec, hi - lo, self.axis)
+        # Rule 1: the carry leaves the chunk only after the chunk's outputs exist.
+        return _ordering.carry_after_outputs(new_carry, ys), ys
 
-    def chunked(leaves: list[mx.array]) -> list[list[mx.array]]:
-        """Per xs leaf, its chunks (views in the forward, no gradient needed here)."""
-        cuts = [lo for lo, _ in bounds[1:]]
-        return [list(mx.split(x, cuts, axis=ax)) if cuts else [x] for x, ax in zip(leaves, axes)]
-
-    def xs_for_chunk(i: int, diff_chunks: list[list[mx.array]], const_chunks: dict) -> list:
-        out, it = [], iter(diff_chunks)
-        for j in range(len(xs_leaves)):
-            out.append(next(it)[i] if grad_mask[j] else const_chunks[j][i])
-        return out
-
-    const_chunks = dict(zip(const_xs, chunked(list(const_xs.values()))))
-
-    @mx.custom_function
-    def whole(*primals):
-        carry = list(primals[:n_init])
-        diff_xs = list(primals[n_init : n_init + len(diff_ids)])
-        p = list(primals[n_init + len(diff_ids) :])
-        diff_chunks = chunked(diff_xs) if diff_xs else []
+    def forward(self, *primals: mx.array) -> list[mx.array]:
+        carry, diff_xs, p = self.split_primals(list(primals))
+        diff_chunks = self.chunked(diff_xs, self.diff_axes)
         ys_per_chunk, saved = [], []
-        for i in range(len(bounds)):
+        for i in range(len(self.bounds)):
             if i > 0:
                 saved.extend(carry)
-            carry, ys = call_chunk(i, carry, xs_for_chunk(i, diff_chunks, const_chunks), p)
-            carry = _ordering.carry_after_outputs(carry, ys)
+            carry, ys = self.call_chunk(i, carry, self.xs_chunk(i, [c[i] for c in diff_chunks]), p)
             ys_per_chunk.append(ys)
         ys = [
-            mx.concatenate(list(parts), axis=ax) if len(parts) > 1 else parts[0]
-            for parts, ax in zip(zip(*ys_per_chunk), _ys_axes(ys_per_chunk[0], axis))
+            mx.concatenate(list(parts), axis=self.axis % parts[0].ndim)
+            if len(parts) > 1
+            else parts[0]
+            for parts in zip(*ys_per_chunk)
         ]
         return carry + ys + saved
 
-    @whole.vjp
-    def whole_vjp(primals, cotangents, outputs):
+    def backward(self, primals, cotangents, outputs) -> list[mx.array]:
         primals, cotangents = _tree.as_list(primals), _tree.as_list(cotangents)
         outputs = _tree.as_list(outputs)
-        n_ys = len(cotangents) - n_init - n_init * (len(bounds) - 1)
-        ct_carry = list(cotangents[:n_init])
-        ct_ys = list(cotangents[n_init : n_init + n_ys])
-        saved = list(outputs[n_init + n_ys :])
-        carries_in = [list(primals[:n_init])] + [
-            saved[k * n_init : (k + 1) * n_init] for k in range(len(bounds) - 1)
-        ]
-        diff_xs = list(primals[n_init : n_init + len(diff_ids)])
-        p = list(primals[n_init + len(diff_ids) :])
-        diff_chunks = chunked(diff_xs) if diff_xs else []
-        ys_axes = _ys_axes(ct_ys, axis)
-        cuts = [lo for lo, _ in bounds[1:]]
-        ct_ys_chunks = [
-            list(mx.split(c, cuts, axis=ax)) if cuts else [c] for c, ax in zip(ct_ys, ys_axes)
-        ]
-        n_dx = len(diff_ids)
+        n_init, n_dx, n_chunks = self.n_init, self.n_dx, len(self.bounds)
+        n_ys = self.n_ys(len(outputs))
+        init, diff_xs, p = self.split_primals(primals)
+        saved = outputs[n_init + n_ys :]
+        carries_in = [init] + [saved[k * n_init : (k + 1) * n_init] for k in range(n_chunks - 1)]
+        ct_carry = cotangents[:n_init]
+        ct_ys = cotangents[n_init : n_init + n_ys]
+        ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys])
+        diff_chunks = self.chunked(diff_xs, self.diff_axes)
 
         d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
-        d_p: list[mx.array] | None = None
-        for i in reversed(range(len(bounds))):
+        d_p: list[mx.array] = []
+        for i in reversed(range(n_chunks)):
+            # Rule 2: recompute chunk i only once the cotangent flowing into it exists.
             carry_in = _ordering.recompute_after_cotangent(carries_in[i], ct_carry)
 
-            def chunk_fn(*args, i=i):
-                c = list(args[:n_init])
-                dx = list(args[n_init : n_init + n_dx])
-                pp = list(args[n_init + n_dx :])
-                xs_chunk, it = [], iter(dx)
-                for j in range(len(xs_leaves)):
-                    xs_chunk.append(next(it) if grad_mask[j] else const_chunks[j][i])
-                new_c, ys = call_chunk(i, c, xs_chunk, pp)
-                return _ordering.carry_after_outputs(new_c, ys) + ys
+            def chunk_fn(*args: mx.array, i: int = i) -> list[mx.array]:
+                c, dx, pp = self.split_primals(list(args))
+                new_c, ys = self.call_chunk(i, c, self.xs_chunk(i, dx), pp)
+                return new_c + ys
 
-            chunk_primals = carry_in + [diff_chunks[j][i] for j in range(n_dx)] + p
-            chunk_cts = ct_carry + [c[i] for c in ct_ys_chunks]
-            _, grads = mx.vjp(chunk_fn, chunk_primals, chunk_cts)
-            d_carry = grads[:n_init]
-            d_x = grads[n_init : n_init + n_dx]
-            d_p_i = grads[n_init + n_dx :]
-            d_p = d_p_i if d_p is None else [a + b for a, b in zip(d_p, d_p_i)]
+            _, grads = mx.vjp(
+                chunk_fn,
+                carry_in + [c[i] for c in diff_chunks] + p,
+                ct_carry + [c[i] for c in ct_ys_chunks],
+            )
+            d_carry, d_x, d_p_i = self.split_primals(list(grads))
+            d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
+            # Rule 3: the carry cotangent moves on only after this chunk's gradients.
             ct_carry = _ordering.cotangent_after_gradients(d_carry, d_x + d_p)
-            for j, g in enumerate(d_x):
-                d_xs_chunks[j].append(g)
+            for parts, g in zip(d_xs_chunks, d_x):
+                parts.append(g)
 
+        # Rule 4: one concatenate per input, no zero-padded per-chunk buffers.
         d_xs = [
-            mx.concatenate(parts[::-1], axis=axes[diff_ids[j]]) if len(parts) > 1 else parts[0]
-            for j, parts in enumerate(d_xs_chunks)
+            mx.concatenate(parts[::-1], axis=ax) if len(parts) > 1 else parts[0]
+            for parts, ax in zip(d_xs_chunks, self.diff_axes)
         ]
-        return ct_carry + d_xs + (d_p or [])
-
-    diff_inputs = [xs_leaves[i] for i in diff_ids]
-    outs = _tree.as_list(whole(*init_leaves, *diff_inputs, *p_leaves))
-    carry_out = _tree.unflatten(init_def, list(outs[:n_init]))
-    n_ys = len(outs) - n_init - n_init * (len(bounds) - 1)
-    ys_out = _tree.unflatten(ys_spec.treedef, list(outs[n_init : n_init + n_ys]))
-    return carry_out, ys_out
+        return ct_carry + d_xs + d_p
 
 
 def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:
@@ -291,10 +335,6 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
             "dimensions and dtype in every chunk."
         )
     return leaves
-
-
-def _ys_axes(ys_leaves: list[mx.array], axis: int) -> list[int]:
-    return [axis % y.ndim for y in ys_leaves]
 
 
 def _call_with_module(f, module: nn.Module, p_def, p, carry, xs):
