@@ -1,0 +1,338 @@
+"""chunkscan.mlx_lm: the patched training path matches mlx-lm's, inference is unchanged,
+and an mlx-lm without the expected seam fails loudly."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import mlx_lm  # noqa: E402
+import mlx_lm.models.gated_delta as gd  # noqa: E402
+import mlx_lm.models.qwen3_next as qwen3_next  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+from mlx_lm.tuner import trainer  # noqa: E402
+from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
+
+import chunkscan  # noqa: E402
+import chunkscan.mlx_lm as cmlx  # noqa: E402
+from chunkscan._demo_model import build_model, tiny_config  # noqa: E402
+
+STOCK = gd.gated_delta_update
+CHUNK = 16
+RTOL = 1e-4
+
+
+def small_config(model_type: str = "qwen3_next", **kw):
+    """2 layers (GDN, attention), Hk=1 < Hv=2, Dk=32 != Dv=48."""
+    cfg = tiny_config(
+        model_type=model_type,
+        hidden_size=64,
+        num_hidden_layers=2,
+        full_attention_interval=2,
+        intermediate_size=96,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=32,
+        linear_value_head_dim=48,
+        vocab_size=64,
+    )
+    cfg.update(kw)
+    return cfg
+
+
+def lora_model(config, seed=0):
+    model = build_model(config, seed)
+    model.freeze()
+    linear_to_lora_layers(model, len(model.layers), {"rank": 4, "dropout": 0.0, "scale": 10.0})
+    # lora_b starts at zero, which zeroes lora_a's gradient: make both non-trivial.
+    params = tree_flatten(model.trainable_parameters())
+    keys = mx.random.split(mx.random.key(seed + 1), len(params))
+    new = [
+        (k, 0.05 * mx.random.normal(v.shape, key=kk) if k.endswith("lora_b") else v)
+        for (k, v), kk in zip(params, keys)
+    ]
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+    model.train()
+    return model
+
+
+def padded_batch(vocab, lengths=(46, 31), seed=0):
+    """Right-padded batch as mlx-lm's iterate_batches builds it: T-1 = 45, 45 % 16 != 0."""
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    arr = np.zeros((len(lengths), width), np.int32)
+    for i, n in enumerate(lengths):
+        arr[i, :n] = rng.integers(3, vocab, n)
+    return mx.array(arr), mx.array([[0, n] for n in lengths])
+
+
+def loss_and_grads(model, batch, lengths, compiled=True):
+    """One step as mlx-lm's trainer does it: nn.value_and_grad under mx.compile."""
+    loss_value_and_grad = nn.value_and_grad(model, trainer.default_loss)
+    state = [model.state, mx.random.state]
+
+    def step(batch, lengths):
+        (loss, _), grad = loss_value_and_grad(model, batch, lengths)
+        return loss, grad
+
+    if compiled:
+        step = mx.compile(step, inputs=state, outputs=state)
+    loss, grad = step(batch, lengths)
+    mx.eval(loss, grad)
+    return loss.item(), dict(tree_flatten(grad))
+
+
+def rel(a, b):
+    return (mx.linalg.norm((a - b).flatten()) / (mx.linalg.norm(b.flatten()) + 1e-30)).item()
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    assert cmlx.patched_families() == ()
+    yield
+    assert cmlx.patched_families() == (), "a test left the patch applied"
+    assert qwen3_next.gated_delta_update is STOCK
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Record the chunk_size of each call of the op (proves the patched path runs)."""
+    calls = []
+    op = cmlx._op()
+
+    def wrapped(*args, **kwargs):
+        calls.append(kwargs.get("chunk_size"))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(cmlx, "_op", lambda: wrapped)
+    return calls
+
+
+@pytest.mark.skipif(not hasattr(chunkscan, "gated_delta_rule"), reason="TEMPORARY: op not landed")
+def test_op_is_chunkscans():
+    assert cmlx._op() is chunkscan.gated_delta_rule
+
+
+@pytest.fixture
+def restore_layer_classes(monkeypatch):
+    """mlx-lm's grad_checkpoint rebinds type(layer).__call__ for good; undo it."""
+
+    def save(model):
+        for cls in {type(layer) for layer in model.layers}:
+            monkeypatch.setattr(cls, "__call__", cls.__call__)
+
+    return save
+
+
+@pytest.mark.parametrize("grad_checkpoint", [False, True], ids=["plain", "grad-ckpt"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+def test_lora_grads_match_stock(model_type, grad_checkpoint, spy, restore_layer_classes):
+    extra = {}
+    if model_type == "qwen3_5_moe":
+        extra = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=32)  # fmt: skip
+    model = lora_model(small_config(model_type, **extra))
+    if grad_checkpoint:
+        restore_layer_classes(model)
+        trainer.grad_checkpoint(model.layers[0])
+    batch, lengths = padded_batch(64)
+    loss0, g0 = loss_and_grads(model, batch, lengths)
+    with cmlx.patch(chunk_size=CHUNK):
+        loss1, g1 = loss_and_grads(model, batch, lengths)
+    assert CHUNK in spy and set(spy) <= {None, CHUNK}  # None: the probe in patch()
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("linear_attn" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def test_trainer_losses_match_stock(tmp_path, restore_layer_classes):
+    """mlx-lm's own train() (compiled step, padding, grad checkpoint), 3 steps."""
+    rng = np.random.default_rng(1)
+    data = [(rng.integers(3, 64, int(n)).tolist(), 0) for n in rng.integers(20, 60, 8)]
+
+    class Losses(trainer.TrainingCallback):
+        def __init__(self):
+            self.losses = []
+
+        def on_train_loss_report(self, info):
+            self.losses.append(info["train_loss"])
+
+    def run(patched):
+        model = lora_model(small_config())
+        restore_layer_classes(model)
+        args = trainer.TrainingArgs(
+            batch_size=2,
+            iters=3,
+            steps_per_report=1,
+            steps_per_eval=1000,
+            max_seq_length=128,
+            grad_checkpoint=True,
+            adapter_file=str(tmp_path / f"a{int(patched)}.safetensors"),
+        )
+        cb = Losses()
+        opt = optim.Adam(learning_rate=1e-2)
+        mx.random.seed(0)
+        np.random.seed(0)  # iterate_batches shuffles with the global numpy state
+        with cmlx.patch(chunk_size=CHUNK) if patched else _null():
+            trainer.train(model, opt, data, None, args=args, training_callback=cb)
+        return cb.losses
+
+    stock, patched = run(False), run(True)
+    assert len(stock) == 3
+    np.testing.assert_allclose(patched, stock, rtol=RTOL)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return None
+
+
+def test_inference_unchanged():
+    model = build_model(small_config(), seed=3)
+    model.eval()
+    prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
+
+    def greedy():
+        cache = model.make_cache()
+        logits = model(prompt, cache=cache)[:, -1]
+        out = []
+        for _ in range(5):
+            tok = mx.argmax(logits, axis=-1)
+            out.append(tok.item())
+            logits = model(tok[:, None], cache=cache)[:, -1]
+        return out, logits
+
+    toks0, last0 = greedy()
+    with cmlx.patch():
+        toks1, last1 = greedy()
+        # Training mode (no cache) agrees with inference too.
+        model.train()
+        train_logits = model(prompt)
+        model.eval()
+        eval_logits = model(prompt)
+    assert toks1 == toks0
+    assert mx.array_equal(last1, last0).item()
+    assert rel(train_logits, eval_logits) <= RTOL
+
+
+def test_mask_keeps_state():
+    """A right-padding mask leaves the state as the stock path does."""
+    B, T, Hk, Hv, Dk, Dv = 2, 21, 1, 2, 32, 16
+    ks = mx.random.split(mx.random.key(0), 7)
+    q = mx.random.normal((B, T, Hk, Dk), key=ks[0]) * Dk**-0.5
+    k = mx.random.normal((B, T, Hk, Dk), key=ks[1])
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    v = mx.random.normal((B, T, Hv, Dv), key=ks[2])
+    a = mx.random.normal((B, T, Hv), key=ks[3])
+    b = mx.random.normal((B, T, Hv), key=ks[4])
+    A_log = mx.random.uniform(0, 1, (Hv,), key=ks[5])
+    dt_bias = mx.ones((Hv,))
+    mask = mx.arange(T)[None] < mx.array([[T], [13]])
+    y0, s0 = STOCK(q, k, v, a, b, A_log, dt_bias, None, mask, use_kernel=False)
+    with cmlx.patch(chunk_size=8):
+        y1, s1 = qwen3_next.gated_delta_update(
+            q, k, v, a, b, A_log, dt_bias, None, mask, use_kernel=False
+        )
+    assert rel(s1, s0) <= RTOL
+    keep = mask[..., None, None]
+    assert rel(mx.where(keep, y1, 0), mx.where(keep, y0, 0)) <= RTOL
+    assert mx.all(mx.where(keep, 0, y1) == 0).item()
+
+
+def test_patch_handle_nested_and_idempotent():
+    h1 = cmlx.patch(chunk_size=32)
+    assert qwen3_next.gated_delta_update is cmlx.gated_delta_update
+    assert {"qwen3_next", "qwen3_5"} <= set(cmlx.patched_families())
+    assert {"qwen3_next", "qwen3_5", "qwen3_5_moe"} <= set(h1.families)
+    with cmlx.patch(chunk_size=8) as h2:
+        assert h2.active and h1.active
+    assert not h2.active
+    assert qwen3_next.gated_delta_update is cmlx.gated_delta_update  # h1 still live
+    h1.undo()
+    h1.undo()
+    assert not h1.active
+    assert qwen3_next.gated_delta_update is STOCK
+
+
+def test_bad_chunk_size():
+    with pytest.raises(ValueError, match=re.escape("chunk_size must be a positive int")):
+        cmlx.patch(chunk_size=0)
+
+
+def _expect_incompatible(*needles):
+    version = re.escape(mlx_lm.__version__)
+    with pytest.raises(cmlx.IncompatibleMlxLmError, match=version) as info:
+        cmlx.patch()
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_loud_failure_changed_signature(monkeypatch):
+    def changed(q, k, v, g, beta, state=None, mask=None, *, use_kernel=True):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(gd, "gated_delta_update", changed)
+    _expect_incompatible("positional parameters are (q, k, v, g, beta, state, mask)")
+    assert qwen3_next.gated_delta_update is STOCK
+
+
+def test_loud_failure_unknown_option(monkeypatch):
+    def changed(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True,
+                new_knob=False):  # fmt: skip
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(gd, "gated_delta_update", changed)
+    _expect_incompatible("unknown keyword-only parameter 'new_knob'")
+
+
+def test_loud_failure_missing_module(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mlx_lm.models.gated_delta", None)
+    _expect_incompatible("cannot be imported")
+
+
+def test_loud_failure_name_not_imported(monkeypatch):
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", lambda *a, **k: None)
+    _expect_incompatible("mlx_lm.models.qwen3_next.gated_delta_update is")
+
+
+def test_loud_failure_changed_semantics(monkeypatch):
+    """Same signature, different convention (no folded q scale): the probe catches it."""
+    sig = inspect.signature(STOCK)
+
+    def rescaled(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.arguments["q"] = bound.arguments["q"] * 2.0
+        return STOCK(*bound.args, **bound.kwargs)
+
+    rescaled.__signature__ = sig
+    monkeypatch.setattr(gd, "gated_delta_update", rescaled)
+    # The family modules hold the stock function by name: point them at it as well.
+    import importlib
+
+    for mod in ("qwen3_next", "qwen3_5", "kimi_linear", "kimi_k3", "bailing_moe_v3",
+                "olmo_hybrid"):  # fmt: skip
+        try:
+            m = importlib.import_module(f"mlx_lm.models.{mod}")
+        except ImportError:
+            continue
+        if getattr(m, "gated_delta_update", None) is STOCK:
+            monkeypatch.setattr(m, "gated_delta_update", rescaled)
+    _expect_incompatible("does not reproduce the stock one")
