@@ -1,0 +1,198 @@
+"""Argument checks shared by the chunked op and the naive oracle.
+
+Every message names the function in brackets, the rule, the value it got and a fix.
+Nothing here uses ``assert``: user input is always checked with an explicit raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+_DTYPE_NAMES = "float32, bfloat16 or float16"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Checked shapes of one call."""
+
+    B: int
+    T: int
+    Hk: int
+    Hv: int
+    Dk: int
+    Dv: int
+    scale: float
+    chunk_size: int
+    seqs: tuple[tuple[int, int], ...] | None  # (start, end) per packed sequence
+
+    @property
+    def G(self) -> int:
+        return self.Hv // self.Hk
+
+    @property
+    def n_states(self) -> int:
+        """How many initial/final states: one per batch row or per packed sequence."""
+        return self.B if self.seqs is None else len(self.seqs)
+
+
+def _shape(x: mx.array) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def check_inputs(
+    fn: str,
+    q: object,
+    k: object,
+    v: object,
+    g: object,
+    beta: object,
+    scale: object,
+    initial_state: object,
+    chunk_size: object,
+    cu_seqlens: object,
+) -> Spec:
+    """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``."""
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, x in named.items():
+        if not isinstance(x, mx.array):
+            raise TypeError(
+                f"[{fn}] {name} must be an mx.array but got {type(x).__name__}. "
+                f"Wrap it with mx.array(...)."
+            )
+    for name, ndim, layout in (
+        ("q", 4, "[B, T, Hk, Dk]"),
+        ("k", 4, "[B, T, Hk, Dk]"),
+        ("v", 4, "[B, T, Hv, Dv]"),
+        ("g", 3, "[B, T, Hv]"),
+        ("beta", 3, "[B, T, Hv]"),
+    ):
+        x = named[name]
+        if x.ndim != ndim:
+            raise ValueError(
+                f"[{fn}] {name} must have {ndim} dimensions {layout} but got shape "
+                f"{_shape(x)}. Reshape {name} to {layout}."
+            )
+    for name, x in named.items():
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"[{fn}] {name} must have dtype {_DTYPE_NAMES} but got {x.dtype}. "
+                f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
+            )
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"[{fn}] q, k and v must share one dtype but got q {q.dtype}, k {k.dtype} and "
+            f"v {v.dtype}. Cast them to one dtype; the output has that dtype."
+        )
+    B, T, Hk, Dk = _shape(q)
+    if _shape(k) != _shape(q):
+        raise ValueError(
+            f"[{fn}] k must have the shape of q [B, T, Hk, Dk] but q has shape {_shape(q)} "
+            f"and k has shape {_shape(k)}. Pass q and k with the same shape."
+        )
+    Bv, Tv, Hv, Dv = _shape(v)
+    if (Bv, Tv) != (B, T):
+        raise ValueError(
+            f"[{fn}] v must have the batch size and length of q (B={B}, T={T}) but got "
+            f"shape {_shape(v)}. Pass v as [B, T, Hv, Dv] with B={B} and T={T}."
+        )
+    if T < 1:
+        raise ValueError(f"[{fn}] the sequence length T must be at least 1 but got {T}.")
+    if Hv % Hk != 0:
+        raise ValueError(
+            f"[{fn}] the number of value heads Hv must be a multiple of the number of key "
+            f"heads Hk but got Hv={Hv} (v shape {_shape(v)}) and Hk={Hk} (q shape "
+            f"{_shape(q)}). Value head h uses key head h // (Hv // Hk); pass Hv = m * Hk."
+        )
+    for name in ("g", "beta"):
+        x = named[name]
+        if _shape(x) != (B, T, Hv):
+            raise ValueError(
+                f"[{fn}] {name} must have shape [B, T, Hv] = {(B, T, Hv)} but got "
+                f"{_shape(x)}. Pass one {name} value per token and value head."
+            )
+    if scale is None:
+        scale = Dk**-0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(
+            f"[{fn}] scale must be a Python float or None but got {type(scale).__name__}. "
+            f"Pass e.g. scale={Dk**-0.5:.6g} (the default, Dk ** -0.5)."
+        )
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(
+            f"[{fn}] chunk_size must be an int but got {chunk_size!r}. Pass e.g. chunk_size=64."
+        )
+    if chunk_size < 1:
+        raise ValueError(
+            f"[{fn}] chunk_size must be at least 1 but got {chunk_size}. "
+            f"Pass a positive int such as 64."
+        )
+    seqs = _check_cu_seqlens(fn, cu_seqlens, B, T)
+    n_states = B if seqs is None else len(seqs)
+    if initial_state is not None:
+        if not isinstance(initial_state, mx.array):
+            raise TypeError(
+                f"[{fn}] initial_state must be an mx.array or None but got "
+                f"{type(initial_state).__name__}."
+            )
+        want = (n_states, Hv, Dv, Dk)
+        if _shape(initial_state) != want:
+            per = "batch row" if seqs is None else "packed sequence"
+            raise ValueError(
+                f"[{fn}] initial_state must have shape [N, Hv, Dv, Dk] = {want} (one state "
+                f"per {per}) but got {_shape(initial_state)}. Note the layout: value dim "
+                f"before key dim, as in mlx-lm."
+            )
+        if initial_state.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"[{fn}] initial_state must have dtype {_DTYPE_NAMES} but got "
+                f"{initial_state.dtype}. Pass initial_state.astype(mx.float32)."
+            )
+    return Spec(B, T, Hk, Hv, Dk, Dv, float(scale), chunk_size, seqs)
+
+
+def _check_cu_seqlens(
+    fn: str, cu_seqlens: object, B: int, T: int
+) -> tuple[tuple[int, int], ...] | None:
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, mx.array):
+        if cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (
+            mx.int32,
+            mx.int64,
+            mx.uint32,
+            mx.uint64,
+        ):
+            raise ValueError(
+                f"[{fn}] cu_seqlens must be a 1-D integer array or a list of ints but got "
+                f"shape {_shape(cu_seqlens)} and dtype {cu_seqlens.dtype}."
+            )
+        offsets = [int(x) for x in cu_seqlens.tolist()]
+    elif isinstance(cu_seqlens, (list, tuple)) and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in cu_seqlens
+    ):
+        offsets = list(cu_seqlens)
+    else:
+        raise TypeError(
+            f"[{fn}] cu_seqlens must be a list of ints, a 1-D integer mx.array or None but "
+            f"got {cu_seqlens!r}."
+        )
+    if B != 1:
+        raise ValueError(
+            f"[{fn}] packed sequences (cu_seqlens) need batch size B = 1 but got B={B}. "
+            f"Concatenate the sequences along T into one row."
+        )
+    ok = (
+        len(offsets) >= 2
+        and offsets[0] == 0
+        and offsets[-1] == T
+        and all(a < b for a, b in zip(offsets, offsets[1:]))
+    )
+    if not ok:
+        raise ValueError(
+            f"[{fn}] cu_seqlens must be strictly increasing offsets from 0 to T={T}, like "
+            f"[0, 5, {T}], but got {offsets}. Each sequence must hold at least one token."
+        )
+    return tuple((a, b) for a, b in zip(offsets, offsets[1:]))

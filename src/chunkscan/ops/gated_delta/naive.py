@@ -1,0 +1,89 @@
+"""``naive_recurrent_gated_delta_rule``: the per-step float32 loop, the test oracle."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ._checks import check_inputs
+
+L2_EPS = 1e-6
+
+
+def l2_normalize(x: mx.array) -> mx.array:
+    """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32."""
+    x = x.astype(mx.float32)
+    return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+
+
+def naive_recurrent_gated_delta_rule(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    *,
+    scale: float | None = None,
+    initial_state: mx.array | None = None,
+    chunk_size: int = 64,
+    normalize_qk: bool = False,
+    cu_seqlens: list[int] | mx.array | None = None,
+) -> tuple[mx.array, mx.array]:
+    """The Gated DeltaNet recurrence, one token at a time, in float32.
+
+    Same signature, shapes and conventions as :func:`chunkscan.gated_delta_rule`
+    (``chunk_size`` is checked and otherwise ignored). Per value head, with the state
+    ``S`` of shape ``[Dv, Dk]``::
+
+        S = exp(g_t) * S
+        S = S + beta_t * (v_t - S @ k_t) k_t^T
+        o_t = scale * S @ q_t
+
+    Slow (``T`` sequential steps, autograd through every step); meant as the oracle.
+    """
+    spec = check_inputs(
+        "naive_recurrent_gated_delta_rule",
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        chunk_size,
+        cu_seqlens,
+    )
+    out_dtype = q.dtype
+    qf, kf = q.astype(mx.float32), k.astype(mx.float32)
+    if normalize_qk:
+        qf, kf = l2_normalize(qf), l2_normalize(kf)
+    if spec.G > 1:
+        qf = mx.repeat(qf, spec.G, axis=2)
+        kf = mx.repeat(kf, spec.G, axis=2)
+    vf, gf, bf = v.astype(mx.float32), g.astype(mx.float32), beta.astype(mx.float32)
+    if initial_state is None:
+        h0 = mx.zeros((spec.n_states, spec.Hv, spec.Dv, spec.Dk), dtype=mx.float32)
+    else:
+        h0 = initial_state.astype(mx.float32)
+
+    def run(rows: slice, lo: int, hi: int, state: mx.array) -> tuple[mx.array, mx.array]:
+        outs = []
+        for t in range(lo, hi):
+            q_t, k_t, v_t = qf[rows, t], kf[rows, t], vf[rows, t]  # [b, Hv, D]
+            decay = mx.exp(gf[rows, t])[..., None, None]
+            state = state * decay
+            pred = (state @ k_t[..., None])[..., 0]  # [b, Hv, Dv]
+            delta = bf[rows, t][..., None] * (v_t - pred)
+            state = state + delta[..., :, None] * k_t[..., None, :]
+            outs.append(spec.scale * (state @ q_t[..., None])[..., 0])
+        return mx.stack(outs, axis=1), state
+
+    if spec.seqs is None:
+        o, final = run(slice(None), 0, spec.T, h0)
+    else:
+        os, finals = [], []
+        for n, (lo, hi) in enumerate(spec.seqs):
+            o_n, s_n = run(slice(0, 1), lo, hi, h0[n : n + 1])
+            os.append(o_n)
+            finals.append(s_n)
+        o, final = mx.concatenate(os, axis=1), mx.concatenate(finals, axis=0)
+    return o.astype(out_dtype), final
