@@ -120,9 +120,11 @@ def spy(monkeypatch):
     return calls
 
 
-@pytest.mark.skipif(not hasattr(chunkscan, "gated_delta_rule"), reason="TEMPORARY: op not landed")
 def test_op_is_chunkscans():
-    assert cmlx._op() is chunkscan.gated_delta_rule
+    from chunkscan.ops.gated_delta import gated_delta_rule
+
+    assert cmlx._op() is gated_delta_rule
+    assert getattr(chunkscan, "gated_delta_rule", gated_delta_rule) is gated_delta_rule
 
 
 @pytest.fixture

@@ -107,36 +107,13 @@ def _fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
 
 
 def _op():
+    """:func:`chunkscan.gated_delta_rule` (looked up at call time, so tests can spy)."""
     import chunkscan
 
     op = getattr(chunkscan, "gated_delta_rule", None)
-    if op is None:  # TEMPORARY until the op lands
-        return _tmp_loop_op
-    if op is None:
-        raise IncompatibleMlxLmError(
-            "[chunkscan.mlx_lm] chunkscan.gated_delta_rule is missing from this "
-            "chunkscan build; reinstall chunkscan."
-        )
+    if op is None:  # not yet re-exported at the top level
+        from .ops.gated_delta import gated_delta_rule as op
     return op
-
-
-def _tmp_loop_op(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64):
-    """TEMPORARY per-token loop with the op's signature (until the op lands)."""
-    B, T, Hk, Dk = q.shape
-    Hv, Dv = v.shape[-2:]
-    r = Hv // Hk
-    if r > 1:
-        q, k = mx.repeat(q, r, -2), mx.repeat(k, r, -2)
-    scale = Dk**-0.5 if scale is None else scale
-    s = mx.zeros((B, Hv, Dv, Dk), mx.float32) if initial_state is None else initial_state
-    ys = []
-    for t in range(T):
-        s = s * mx.exp(g[:, t])[..., None, None]
-        kt = k[:, t].astype(mx.float32)
-        d = (v[:, t] - (s * kt[..., None, :]).sum(-1)) * beta[:, t][..., None]
-        s = s + d[..., None] * kt[..., None, :]
-        ys.append((s * (scale * q[:, t])[..., None, :]).sum(-1).astype(q.dtype))
-    return mx.stack(ys, 1), s
 
 
 def _log_decay(a, A_log, dt_bias, lower_bound):

@@ -1,0 +1,249 @@
+"""Peak memory and time of one LoRA training step of a tiny Qwen3-Next model.
+
+Three ways to run the Gated DeltaNet layers, each configuration in a fresh process
+(:func:`chunkscan._measure.run_isolated`):
+
+- ``stock``: mlx-lm's training path (its per-token loop, ``gated_delta_ops``);
+- ``patched``: :func:`chunkscan.mlx_lm.patch`, i.e. :func:`chunkscan.gated_delta_rule`;
+- ``stub``: no recurrence at all (``o = v * sigmoid(b)``), the memory of everything
+  else in the model; ``patched - stub`` is the recurrence's share.
+
+The step is mlx-lm's trainer step: ``nn.value_and_grad`` of ``default_loss`` and an
+Adam update of the LoRA parameters (rank 8, all layers), under
+``mx.compile(inputs=state, outputs=state)``. Memory is ``mx.get_peak_memory()`` above
+the active memory before the (already compiled) step.
+
+    python bench/lora.py                      # T = 512 ... 8192, all three modes
+    python bench/lora.py --T 1024 --modes patched stub --json /tmp/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+MiB = 1024.0 * 1024.0
+
+
+def _stub_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **_):
+    import mlx.core as mx
+
+    B, _, Hk, Dk = k.shape
+    Hv, Dv = v.shape[-2:]
+    out = (v * mx.sigmoid(b)[..., None]).astype(q.dtype)
+    return out, mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
+
+
+def measure(
+    mode: str,
+    T: int,
+    batch: int = 1,
+    chunk_size: int | None = None,
+    repeats: int = 2,
+    seed: int = 0,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One configuration (run in its own process by :func:`main`)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    import mlx_lm.models.qwen3_next as qwen3_next
+    from mlx_lm.tuner.trainer import default_loss
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    import chunkscan.mlx_lm as cmlx
+    from chunkscan._demo_model import build_model, tiny_config
+    from chunkscan._measure import peak_above_active
+
+    config = tiny_config(**(config or {}))
+    model = build_model(config, seed)
+    model.freeze()
+    linear_to_lora_layers(model, len(model.layers), {"rank": 8, "dropout": 0.0, "scale": 20.0})
+    model.train()
+    optimizer = optim.Adam(learning_rate=1e-5)
+
+    if mode == "patched":
+        handle = cmlx.patch(chunk_size=chunk_size)
+    elif mode == "stub":
+        qwen3_next.gated_delta_update = _stub_update
+    elif mode != "stock":
+        raise ValueError(f"[bench.lora] mode must be stock, patched or stub but got {mode!r}.")
+
+    tokens = mx.random.randint(3, config["vocab_size"], (batch, T + 1), key=mx.random.key(seed))
+    lengths = mx.array([[0, T + 1]] * batch)
+    loss_value_and_grad = nn.value_and_grad(model, default_loss)
+    state = [model.state, optimizer.state, mx.random.state]
+
+    def step(tokens, lengths):
+        (loss, ntoks), grad = loss_value_and_grad(model, tokens, lengths)
+        optimizer.update(model, grad)
+        return loss, ntoks
+
+    step = mx.compile(step, inputs=state, outputs=state)
+
+    def run():
+        out = step(tokens, lengths)
+        mx.eval(state, out)
+        return out
+
+    t0 = time.perf_counter()
+    loss, _ = run()  # trace, compile and run once
+    first = time.perf_counter() - t0
+    _, peak = peak_above_active(lambda: run()[0])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    if mode == "patched":
+        handle.undo()
+    return {
+        "mode": mode,
+        "T": T,
+        "batch": batch,
+        "chunk_size": chunk_size,
+        "loss": loss.item(),
+        "peak_mib": peak / MiB,
+        "mib_per_token": peak / MiB / (batch * T),
+        "seconds_per_step": sorted(times)[len(times) // 2],
+        "first_step_seconds": first,
+        "device": str(mx.default_device()),
+    }
+
+
+def _ratio(x: dict[str, Any], y: dict[str, Any]) -> str:
+    if "peak_mib" in x and "peak_mib" in y:
+        return f"{x['peak_mib'] / y['peak_mib']:.3f}"
+    return ""
+
+
+def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
+    by = {(r["mode"], r["T"]): r for r in rows}
+    head = (
+        "| T | "
+        + " | ".join(f"{m} MiB | {m} MiB/tok | {m} s/step" for m in modes)
+        + " | patched/stock | patched/stub | (patched-stub) MiB/tok |"
+    )
+    sep = "|" + "---|" * (1 + 3 * len(modes) + 3)
+    lines = [head, sep]
+    for T in Ts:
+        cells = [str(T)]
+        for m in modes:
+            r = by.get((m, T), {})
+            if "peak_mib" in r:
+                cells += [f"{r['peak_mib']:.0f}", f"{r['mib_per_token']:.3f}",
+                          f"{r['seconds_per_step']:.2f}"]  # fmt: skip
+            else:
+                cells += [r.get("error", "skipped")[:40], "", ""]
+        p, s, st = by.get(("patched", T), {}), by.get(("stock", T), {}), by.get(("stub", T), {})
+        cells += [_ratio(p, s), _ratio(p, st)]
+        if "peak_mib" in p and "peak_mib" in st:
+            cells.append(f"{(p['peak_mib'] - st['peak_mib']) / T:.4f}")
+        else:
+            cells.append("")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for m in modes:
+        pts = sorted((r["T"], r) for r in rows if r.get("mode") == m and "peak_mib" in r)
+        if not pts:
+            continue
+        Ts = [t for t, _ in pts]
+        ax0.plot(Ts, [r["mib_per_token"] for _, r in pts], "o-", label=m)
+        ax1.plot(Ts, [r["seconds_per_step"] for _, r in pts], "o-", label=m)
+    for ax, title in ((ax0, "peak memory per token (MiB)"), (ax1, "seconds per step")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle("One LoRA step, tiny Qwen3-Next (3 GDN + 1 attention layers), CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--modes", nargs="+", default=["stock", "patched", "stub"])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-stock-gib", type=float, default=20.0,
+                        help="skip stock once its predicted peak exceeds this")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--json", type=pathlib.Path, default=RESULTS / "lora_cpu.json")
+    args = parser.parse_args(argv)
+
+    from chunkscan._measure import run_isolated
+
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    rows: list[dict[str, Any]] = []
+    stock_per_token = None
+    for T in sorted(args.T):
+        for mode in args.modes:
+            cfg = {"mode": mode, "T": T, "batch": args.batch, "chunk_size": args.chunk_size,
+                   "repeats": args.repeats}  # fmt: skip
+            if mode == "stock" and stock_per_token is not None:
+                predicted = stock_per_token * T * args.batch / 1024
+                if predicted > args.max_stock_gib:
+                    row = dict(cfg, error=f"skipped (predicted {predicted:.0f} GiB)")
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
+            t0 = time.perf_counter()
+            row = run_isolated("bench.lora:measure", cfg, timeout=args.timeout, env=env)
+            row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0)
+            if mode == "stock" and "mib_per_token" in row:
+                stock_per_token = row["mib_per_token"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    import platform
+
+    import mlx.core as mx
+    import mlx_lm
+
+    from chunkscan._demo_model import tiny_config
+
+    meta = {
+        "command": "python bench/lora.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "model": tiny_config(),
+        "lora": {"rank": 8, "layers": "all"},
+    }
+    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    table = _table(rows, args.modes, sorted(args.T))
+    args.json.with_suffix(".md").write_text(
+        f"# One LoRA step, tiny Qwen3-Next, CPU\n\n`{meta['command']}`\n\n{table}\n"
+    )
+    _plot(rows, args.modes, args.json.with_suffix(".png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
