@@ -141,7 +141,7 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
                 cells += [f"{r['peak_mib']:.0f}", f"{r['mib_per_token']:.3f}",
                           f"{r['seconds_per_step']:.2f}"]  # fmt: skip
             else:
-                cells += [r.get("error", "skipped")[:40], "", ""]
+                cells += [r.get("error", "not run")[:40], "", ""]
         p, s, st = by.get(("patched", T), {}), by.get(("stock", T), {}), by.get(("stub", T), {})
         cells += [_ratio(p, s), _ratio(p, st)]
         if "peak_mib" in p and "peak_mib" in st:
@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", type=pathlib.Path, default=RESULTS / "lora_cpu.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other rows already in --json")  # fmt: skip
     args = parser.parse_args(argv)
 
     from chunkscan._measure import run_isolated
@@ -219,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    commands = []
+    if args.merge and args.json.exists():
+        old = json.loads(args.json.read_text())
+        new_keys = {(r["mode"], r["T"]) for r in rows}
+        rows = [r for r in old["rows"] if (r["mode"], r["T"]) not in new_keys] + rows
+        commands = old["meta"].get("commands", [old["meta"].get("command")])
     import platform
 
     import mlx.core as mx
@@ -227,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     from chunkscan._demo_model import tiny_config
 
     meta = {
-        "command": "python bench/lora.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commands": commands
+        + ["python bench/lora.py " + " ".join(argv if argv is not None else sys.argv[1:])],
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm.__version__,
         "machine": platform.platform(),
@@ -236,11 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         "lora": {"rank": 8, "layers": "all"},
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    table = _table(rows, args.modes, sorted(args.T))
+    modes = [m for m in ("stock", "patched", "stub") if any(r["mode"] == m for r in rows)]
+    table = _table(rows, modes, sorted({r["T"] for r in rows}))
+    cmds = "\n".join(f"    {c}" for c in meta["commands"])
     args.json.with_suffix(".md").write_text(
-        f"# One LoRA step, tiny Qwen3-Next, CPU\n\n`{meta['command']}`\n\n{table}\n"
+        f"# One LoRA step, tiny Qwen3-Next, CPU\n\n{cmds}\n\n{table}\n"
     )
-    _plot(rows, args.modes, args.json.with_suffix(".png"))
+    _plot(rows, modes, args.json.with_suffix(".png"))
     print(table)
     return 0
 
