@@ -15,9 +15,9 @@ forward outputs but not for the incoming cotangent, and nothing orders the chunk
 ``deps``; it survives ``mx.compile`` and its vjp passes the cotangent through. chunkscan
 uses it for exactly four rules, each a function below:
 
-1. :func:`carry_after_outputs` (forward): a chunk's (or a step's) outgoing carry
-   waits for that chunk's outputs, so each output branch runs, and frees what it
-   needs, before the chain moves on.
+1. :func:`carry_after_outputs` (forward): a chunk's outgoing carry waits for that
+   chunk's outputs, so each output branch runs, and frees what it needs, before the
+   chain moves on to the next chunk.
 2. :func:`recompute_after_cotangent` (backward): the recomputation of chunk ``i``
    waits for the cotangent flowing into chunk ``i``, so chunks are recomputed one at
    a time, last to first, instead of all at once up front.
@@ -30,6 +30,12 @@ uses it for exactly four rules, each a function below:
 
 All helpers accept and return flat lists of arrays. Empty dependency lists are a
 no-op, so callers never special-case them.
+
+One more rule is not an edge but a habit: never keep a Python reference to a graph
+array in a closure that outlives the call (a custom function's vjp does), and never in
+a reference cycle (a nested function that calls itself). Such a reference keeps the
+whole graph that produced the array alive: in ``checkpoint`` it cost about ten MiB
+per chunk at H = 8, D = 128, C = 32, i.e. memory growing with T again.
 """
 
 from __future__ import annotations

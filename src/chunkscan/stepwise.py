@@ -7,7 +7,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _ordering, _tree
+from . import _tree
 from .split import split_at
 
 
@@ -18,9 +18,11 @@ def stepwise(
 
     The returned ``f(carry, xs_chunk[, params])`` runs ``step`` once per step of the
     chunk, ``x`` being ``xs_chunk`` at one index of ``axis`` (that axis removed), and
-    stacks the ``y`` along ``axis``. Each step's carry waits for that step's output
-    (ordering rule 1), which keeps the forward's memory at one carry, and the step
-    inputs are cut with a split whose gradient is one concatenate.
+    stacks the ``y`` along ``axis``. The step inputs are cut with a split whose
+    gradient is one concatenate, so no step builds a zero-padded chunk-sized gradient.
+
+    No ordering edge is added between steps: ``scan`` orders whole chunks, which bounds
+    memory at one chunk's steps; per-step edges measured 5-10% slower for no gain.
 
     Args:
         step (callable): The step function.
@@ -48,8 +50,6 @@ def stepwise(
             x_t = _tree.unflatten(xs_def, [mx.squeeze(p[t], axis) for p in per_leaf])
             carry, y = step(carry, x_t, *params)
             y_leaves, ys_def = _tree.require_arrays("stepwise", "y", y)
-            c_leaves, c_def = _tree.flatten(carry)
-            carry = _tree.unflatten(c_def, _ordering.carry_after_outputs(c_leaves, y_leaves))
             ys.append(y_leaves)
         stacked = [mx.stack(list(parts), axis=axis) for parts in zip(*ys)]
         return carry, _tree.unflatten(ys_def, stacked)

@@ -1,0 +1,374 @@
+"""chunkscan.scan and chunkscan.stepwise: values and gradients against plain autograd
+of the unchunked loop, pytrees, params, nn.Module, compile, and error text."""
+
+import re
+import warnings
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import assert_trees_close
+
+import chunkscan
+from chunkscan import _tree, repro
+
+
+def plain_loop(step, init, xs_tuple, params=None, axis=0):
+    """The reference: one step at a time, slicing, stacking; no chunkscan involved."""
+    T = xs_tuple[0].shape[axis]
+    carry, ys = init, []
+    for t in range(T):
+        x_t = tuple(mx.take(x, t, axis=axis) for x in xs_tuple)
+        carry, y = step(carry, x_t) if params is None else step(carry, x_t, params)
+        ys.append(y)
+    return carry, mx.stack(ys, axis=axis)
+
+
+def delta_inputs(T, H=2, D=8):
+    s0, q, k, v = repro.make_inputs(T, H, D, seed=1)
+    return s0, q, k, v
+
+
+def vjp_all(fn, primals, cotangent_seed=3):
+    """Outputs and gradients w.r.t. every primal leaf (pytrees allowed) under random
+    cotangents."""
+    leaves, treedef = _tree.flatten(tuple(primals))
+
+    def flat_fn(*flat):
+        return fn(*_tree.unflatten(treedef, list(flat)))
+
+    outs = flat_fn(*leaves)
+    keys = mx.random.split(mx.random.key(cotangent_seed), len(outs))
+    cts = [mx.random.normal(o.shape, key=k).astype(o.dtype) for o, k in zip(outs, keys)]
+    return mx.vjp(flat_fn, leaves, cts)
+
+
+@pytest.mark.parametrize(
+    "T,chunk",
+    [(37, 8), (32, 8), (37, 1), (37, 37), (37, 38), (5, 64), (1, 4)],
+    ids=lambda v: str(v),
+)
+def test_delta_rule_matches_plain_autograd(T, chunk):
+    s0, q, k, v = delta_inputs(T)
+
+    def ref(s0, q, k, v):
+        return list(plain_loop(repro.step, s0, (q, k, v)))
+
+    def got(s0, q, k, v):
+        return list(chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=chunk))
+
+    out_r, g_r = vjp_all(ref, (s0, q, k, v))
+    out_g, g_g = vjp_all(got, (s0, q, k, v))
+    assert_trees_close(out_g, out_r, 1e-6, "outputs")
+    assert_trees_close(g_g, g_r, 1e-5, "grads")
+
+
+def test_reporter_chunk_function_is_exact():
+    """The reporter's chunk function and loss (sum of all y) under scan: bit-identical."""
+    s0, q, k, v = delta_inputs(40)
+
+    def loss(mode):
+        def fn(s0, q, k, v):
+            s, y = repro.forward(mode, s0, q, k, v, 8, state_only=False)
+            return y.sum()
+
+        return mx.grad(fn, argnums=(0, 1, 2, 3))
+
+    ref = loss("plain")(s0, q, k, v)
+
+    def f(s, x):
+        return repro.run_chunk(s, *x)
+
+    def fn(s0, q, k, v):
+        s, y = chunkscan.scan(f, s0, (q, k, v), chunk_size=8)
+        return y.sum()
+
+    got = mx.grad(fn, argnums=(0, 1, 2, 3))(s0, q, k, v)
+    for a, b in zip(got, ref):
+        assert mx.array_equal(a, b)
+
+
+def rnn_step(h, x, p):
+    (x_t,) = x
+    h = mx.tanh(x_t @ p["w_in"] + h @ p["w_h"] + p["b"])
+    return h, h * p["out"]
+
+
+def test_tanh_rnn_with_weight_params():
+    B, T, Din, Dh = 3, 29, 5, 7
+    x = mx.random.normal((T, B, Din))
+    h0 = mx.random.normal((B, Dh))
+    params = {
+        "w_in": mx.random.normal((Din, Dh)) * 0.5,
+        "w_h": mx.random.normal((Dh, Dh)) * 0.3,
+        "b": mx.random.normal((Dh,)),
+        "out": mx.random.normal((Dh,)),
+    }
+
+    def ref(h0, x, params):
+        return list(plain_loop(rnn_step, h0, (x,), params))
+
+    def got(h0, x, params):
+        return list(
+            chunkscan.scan(chunkscan.stepwise(rnn_step), h0, (x,), chunk_size=6, params=params)
+        )
+
+    out_r, g_r = vjp_all(ref, (h0, x, params))
+    out_g, g_g = vjp_all(got, (h0, x, params))
+    assert_trees_close(out_g, out_r, 1e-6, "outputs")
+    assert_trees_close(g_g, g_r, 1e-5, "grads")
+
+
+def test_pytree_carry_and_inputs_on_axis_1():
+    """Dict carry, dict xs, tuple ys, time on axis 1 ([B, T, D])."""
+    B, T, D = 2, 23, 6
+    xs = {"a": mx.random.normal((B, T, D)), "b": mx.random.normal((B, T))}
+    init = {"h": mx.zeros((B, D)), "n": (mx.ones((B,)),)}
+
+    def step(c, x):
+        h = 0.9 * c["h"] + mx.sin(x["a"]) * x["b"][:, None]
+        n = c["n"][0] + (h * h).sum(-1)
+        return {"h": h, "n": (n,)}, (h / n[:, None], n)
+
+    def ref(init, xs):
+        carry, ys = init, []
+        for t in range(T):
+            carry, y = step(carry, {"a": xs["a"][:, t], "b": xs["b"][:, t]})
+            ys.append(y)
+        return carry, (mx.stack([y[0] for y in ys], 1), mx.stack([y[1] for y in ys], 1))
+
+    def got(init, xs):
+        return chunkscan.scan(chunkscan.stepwise(step, axis=1), init, xs, chunk_size=5, axis=1)
+
+    ct = (mx.random.normal((B, D)), mx.random.normal((B,)))
+
+    def loss(fn):
+        def inner(init, xs):
+            carry, (y1, y2) = fn(init, xs)
+            return (
+                (carry["h"] * ct[0]).sum()
+                + (carry["n"][0] * ct[1]).sum()
+                + (y1 * y1).sum()
+                + y2.sum()
+            )
+
+        return inner
+
+    v_r, g_r = mx.value_and_grad(loss(ref), argnums=(0, 1))(init, xs)
+    v_g, g_g = mx.value_and_grad(loss(got), argnums=(0, 1))(init, xs)
+    assert abs(v_r.item() - v_g.item()) <= 1e-5 * abs(v_r.item())
+    assert_trees_close(g_g, g_r, 1e-5, "grads")
+
+
+class Cell(nn.Module):
+    def __init__(self, d_in, d_h):
+        super().__init__()
+        self.inp = nn.Linear(d_in, d_h)
+        self.rec = nn.Linear(d_h, d_h, bias=False)
+
+    def __call__(self, h, x):
+        return mx.tanh(self.inp(x) + self.rec(h))
+
+
+class Model(nn.Module):
+    def __init__(self, chunk=None):
+        super().__init__()
+        self.cell = Cell(4, 6)
+        self.head = nn.Linear(6, 1)
+        self.chunk = chunk
+
+    def __call__(self, x):  # x: [B, T, 4]
+        h0 = mx.zeros((x.shape[0], 6))
+
+        def step(h, x_t, cell):
+            h = cell(h, x_t)
+            return h, h
+
+        if self.chunk is None:
+            _, hs = plain_loop(lambda h, xt: step(h, xt[0], self.cell), h0, (x,), axis=1)
+        else:
+            _, hs = chunkscan.scan(
+                chunkscan.stepwise(step, axis=1),
+                h0,
+                x,
+                chunk_size=self.chunk,
+                axis=1,
+                params=self.cell,
+            )
+        return self.head(hs).sum()
+
+
+def test_nn_value_and_grad_with_module_params():
+    x = mx.random.normal((2, 19, 4))
+    model = Model()
+    ref_v, ref_g = nn.value_and_grad(model, lambda m, x: m(x))(model, x)
+    model.chunk = 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got_v, got_g = nn.value_and_grad(model, lambda m, x: m(x))(model, x)
+    assert abs(got_v.item() - ref_v.item()) <= 1e-5 * abs(ref_v.item())
+    assert_trees_close(got_g, ref_g, 1e-5, "grads")
+    # The module's own parameters are restored after the scan.
+    assert all(isinstance(p, mx.array) for _, p in nn.utils.tree_flatten(model.parameters()))
+
+
+def test_compiled_value_and_grad_matches_eager():
+    s0, q, k, v = delta_inputs(37)
+
+    def loss(s0, q, k, v):
+        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=8)
+        return (y * y).sum() + s.sum()
+
+    fn = mx.value_and_grad(loss, argnums=(0, 1, 2, 3))
+    v_e, g_e = fn(s0, q, k, v)
+    v_c, g_c = mx.compile(fn)(s0, q, k, v)
+    assert abs(v_e.item() - v_c.item()) <= 1e-5 * abs(v_e.item())
+    assert_trees_close(g_c, g_e, 1e-5, "grads")
+
+
+def test_xs_grad_false_gives_state_gradient_and_zero_input_gradient():
+    s0, q, k, v = delta_inputs(21)
+
+    def loss(xs_grad):
+        def fn(s0, q, k, v):
+            s, y = chunkscan.scan(
+                chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=4, xs_grad=xs_grad
+            )
+            return y.sum() + s.sum()
+
+        return mx.grad(fn, argnums=(0, 1, 2, 3))
+
+    full = loss(True)(s0, q, k, v)
+    none = loss(False)(s0, q, k, v)
+    partial = loss((True, False, True))(s0, q, k, v)
+    assert mx.array_equal(full[0], none[0])
+    assert all(mx.array_equal(g, mx.zeros_like(g)) for g in none[1:])
+    assert mx.array_equal(partial[1], full[1]) and mx.array_equal(partial[3], full[3])
+    assert mx.array_equal(partial[2], mx.zeros_like(partial[2]))
+
+
+def test_ys_none_is_allowed():
+    x = mx.arange(10, dtype=mx.float32)
+    carry, ys = chunkscan.scan(lambda c, xc: (c + xc.sum(), None), mx.array(0.0), x, chunk_size=3)
+    assert carry.item() == 45.0 and ys is None
+
+
+def test_closure_captured_module_warns():
+    cell = Cell(4, 6)
+    x = mx.random.normal((2, 7, 4))
+
+    def f(h, xc):
+        return h, mx.repeat(cell(h, xc[:, 0])[:, None], xc.shape[1], axis=1)
+
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match=r"captures the nn\.Module 'cell'"):
+        chunkscan.scan(f, mx.zeros((2, 6)), x, chunk_size=3, axis=1)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _ok_f(c, x):
+    return c + x.sum(0), x
+
+
+def test_error_chunk_size():
+    with pytest.raises(
+        ValueError, match=re.escape("[scan] chunk_size must be at least 1 but got 0.")
+    ):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), chunk_size=0)
+    with pytest.raises(TypeError, match=re.escape("[scan] chunk_size must be an int but got 2.5.")):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), chunk_size=2.5)
+
+
+def test_error_lengths_differ():
+    msg = (
+        "[scan] every leaf of xs must have the same length along axis 0, but they differ:\n"
+        "  * xs['a'] has length 4 (shape (4, 3));\n"
+        "  * xs['b'] has length 5 (shape (5,)).\n"
+        "Pass inputs of one sequence length T."
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), {"a": mx.zeros((4, 3)), "b": mx.zeros((5,))})
+
+
+def test_error_non_array_leaf():
+    with pytest.raises(TypeError, match=re.escape("  * xs[1][0] is a float.")):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), (mx.zeros((4, 3)), [1.0]))
+    with pytest.raises(TypeError, match=re.escape("[scan] every leaf of init must be an mx.array")):
+        chunkscan.scan(_ok_f, 0.0, mx.zeros((4, 3)))
+
+
+def test_error_carry_structure_shape_dtype():
+    init = {"S": mx.zeros((2, 4, 6)), "n": mx.zeros((2,))}
+
+    def bad(c, x):
+        return {"S": c["S"].transpose(0, 2, 1)}, x
+
+    msg = (
+        "[scan] f must return a carry with the same structure as init, but they differ:\n"
+        "  * init has key 'n' but the returned carry does not.\n"
+        "Return a carry whose structure, shapes and dtypes match init"
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(bad, init, mx.zeros((5, 2)), chunk_size=2)
+
+    def bad_shape(c, x):
+        return {"S": c["S"].transpose(0, 2, 1), "n": c["n"]}, x
+
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "  * init['S'] has shape (2, 4, 6) but the returned carry['S'] has shape (2, 6, 4)."
+        ),
+    ):
+        chunkscan.scan(bad_shape, init, mx.zeros((5, 2)), chunk_size=2)
+
+    def bad_dtype(c, x):
+        return {"S": c["S"], "n": c["n"].astype(mx.float16)}, x
+
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "  * init['n'] has dtype mlx.core.float32 but the returned carry['n'] "
+            "has dtype mlx.core.float16."
+        ),
+    ):
+        chunkscan.scan(bad_dtype, init, mx.zeros((5, 2)), chunk_size=2)
+
+
+def test_error_ys_do_not_stack():
+    def bad(c, x):
+        return c, x[:1]
+
+    with pytest.raises(
+        ValueError,
+        match=re.escape("[scan] the ys of every chunk must stack along the scanned axis"),
+    ):
+        chunkscan.scan(bad, mx.zeros((3,)), mx.zeros((8, 3)), chunk_size=4)
+
+    def varying(c, x):
+        return c, x if x.shape[0] == 4 else mx.concatenate([x, x], axis=1)
+
+    with pytest.raises(
+        ValueError, match=r"ys has shape \(2, 6\) and dtype mlx.core.float32 in this chunk"
+    ):
+        chunkscan.scan(varying, mx.zeros((3,)), mx.zeros((6, 3)), chunk_size=4)
+
+
+def test_error_f_must_return_pair():
+    with pytest.raises(TypeError, match=re.escape("[scan] f must return a pair (carry, ys)")):
+        chunkscan.scan(lambda c, x: c, mx.zeros((3,)), mx.zeros((4, 3)))
+
+
+def test_error_xs_grad_structure():
+    with pytest.raises(
+        TypeError, match=re.escape("[scan] xs_grad must be a bool or a tree of bools")
+    ):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), xs_grad=(True, False))
+
+
+def test_error_axis_out_of_range():
+    with pytest.raises(
+        ValueError, match=re.escape("[scan] axis 2 is out of range for xs with 2 dimensions.")
+    ):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), axis=2)

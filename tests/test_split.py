@@ -1,0 +1,55 @@
+"""chunkscan.split: pieces, gradient equal to slicing's, errors."""
+
+import re
+
+import mlx.core as mx
+import pytest
+
+import chunkscan
+
+
+@pytest.mark.parametrize(
+    "T,chunk,axis", [(10, 3, 0), (64, 4, 0), (9, 9, 0), (9, 20, 0), (7, 2, 1), (7, 3, -1)]
+)
+def test_pieces_and_gradient(T, chunk, axis):
+    shape = [5, 5]
+    shape[axis] = T
+    x = mx.random.normal(tuple(shape))
+    pieces = chunkscan.split(x, chunk, axis=axis)
+    assert len(pieces) == -(-T // chunk)
+    assert mx.array_equal(mx.concatenate(pieces, axis=axis), x)
+
+    def via_split(x):
+        return sum(((p * p) * (i + 1)).sum() for i, p in enumerate(chunkscan.split(x, chunk, axis)))
+
+    def via_slices(x):
+        ax = axis % x.ndim
+        total = mx.array(0.0)
+        for i, lo in enumerate(range(0, T, chunk)):
+            idx = [slice(None)] * x.ndim
+            idx[ax] = slice(lo, lo + chunk)
+            p = x[tuple(idx)]
+            total = total + ((p * p) * (i + 1)).sum()
+        return total
+
+    assert mx.array_equal(mx.grad(via_split)(x), mx.grad(via_slices)(x))
+
+
+def test_unused_pieces_get_zero_gradient():
+    x = mx.random.normal((12, 2))
+    g = mx.grad(lambda x: chunkscan.split(x, 5)[1].sum())(x)
+    expected = mx.concatenate([mx.zeros((5, 2)), mx.ones((5, 2)), mx.zeros((2, 2))])
+    assert mx.array_equal(g, expected)
+
+
+def test_errors():
+    with pytest.raises(
+        ValueError, match=re.escape("[split] chunk_size must be at least 1 but got 0.")
+    ):
+        chunkscan.split(mx.zeros((4,)), 0)
+    with pytest.raises(TypeError, match=re.escape("[split] x must be an mx.array but got list.")):
+        chunkscan.split([1, 2], 1)
+    with pytest.raises(
+        ValueError, match=re.escape("[split] axis 1 is out of range for x with 1 dimensions.")
+    ):
+        chunkscan.split(mx.zeros((4,)), 2, axis=1)
