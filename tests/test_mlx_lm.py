@@ -338,3 +338,21 @@ def test_loud_failure_changed_semantics(monkeypatch):
         if getattr(m, "gated_delta_update", None) is STOCK:
             monkeypatch.setattr(m, "gated_delta_update", rescaled)
     _expect_incompatible("does not reproduce the stock one")
+
+
+def test_vector_gate_falls_back_to_stock():
+    """Kimi-style per-channel gates are not the op's: mlx-lm's loop runs, with a warning."""
+    B, T, H, D = 1, 9, 2, 32
+    ks = mx.random.split(mx.random.key(3), 5)
+    q = mx.random.normal((B, T, H, D), key=ks[0]) * D**-0.5
+    k = mx.random.normal((B, T, H, D), key=ks[1]) * D**-0.5
+    v = mx.random.normal((B, T, H, D), key=ks[2])
+    a = mx.random.normal((B, T, H, D), key=ks[3])
+    b = mx.random.normal((B, T, H), key=ks[4])
+    A_log, dt_bias = mx.zeros((H, 1)), mx.zeros((H, D))
+    args = (q, k, v, a, b, A_log, dt_bias, None, None)
+    y0, s0 = STOCK(*args, use_kernel=False, lower_bound=-5.0)
+    cmlx._warn_vector_gate.cache_clear()
+    with cmlx.patch(), pytest.warns(RuntimeWarning, match="per-channel"):
+        y1, s1 = cmlx.gated_delta_update(*args, use_kernel=False, lower_bound=-5.0)
+    assert mx.array_equal(y1, y0).item() and mx.array_equal(s1, s0).item()
