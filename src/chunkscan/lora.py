@@ -156,7 +156,7 @@ def _report_peak_memory(lora: Any):
         lora.get_reporting_callbacks = original
 
 
-def _write_demo(demo_dir: str, args: types.SimpleNamespace) -> None:
+def _write_demo(args: types.SimpleNamespace) -> None:
     from . import _demo_model
 
     if not pathlib.Path(args.model, "config.json").exists():
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="chunkscan-lora-demo-") as demo_dir:
         args = resolve_args(argv, demo_dir)
-        _write_demo(demo_dir, args)
+        _write_demo(args)
         print(f"chunkscan lora --demo: tiny random Qwen3-Next model in {args.model}", flush=True)
         run(args)
         print(
