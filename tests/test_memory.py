@@ -1,0 +1,54 @@
+"""Backward memory *scaling*, each configuration in a fresh process.
+
+The growth of the backward peak from T to 4T must stay under a bound computed from
+the shapes: the gradients, outputs and cotangents that grow with T, twice over, plus
+two states per extra chunk boundary. The same bound is asserted to *fail* for
+``mx.checkpoint`` with input gradients, so the test can tell the bug from the fix.
+"""
+
+import pytest
+
+from chunkscan._measure import MiB, run_isolated
+
+H, D, C, T = 4, 64, 16, 128
+
+
+def growth_bound_mib(T0: int, T1: int) -> float:
+    step_bytes = H * D * 4  # one step of q, k, v, y or of their gradients
+    state_bytes = H * D * D * 4
+    dT = T1 - T0
+    per_step = 2 * (3 + 2) * step_bytes  # dq, dk, dv, y, dy; twice over
+    boundaries = 2 * (dT / C) * state_bytes
+    return (dT * per_step + boundaries) / MiB
+
+
+def peak(mode: str, grads: str, T_: int, compiled: bool = False) -> float:
+    res = run_isolated(
+        "chunkscan.repro:measure",
+        dict(mode=mode, grads=grads, T=T_, H=H, D=D, chunk=C, check_max_T=0, compiled=compiled),
+        timeout=300,
+    )
+    assert "error" not in res, res
+    return res["peak_mib"]
+
+
+@pytest.mark.parametrize(
+    "mode,grads,compiled",
+    [
+        ("cs.scan", "qkv", False),
+        ("cs.scan", "state", False),
+        ("cs.checkpoint+split", "qkv", False),
+        ("cs.scan", "qkv", True),
+        ("cs.checkpoint+split", "qkv", True),
+    ],
+    ids=lambda v: str(v),
+)
+def test_growth_from_T_to_4T_is_bounded(mode, grads, compiled):
+    p0, p1 = peak(mode, grads, T, compiled), peak(mode, grads, 4 * T, compiled)
+    bound = growth_bound_mib(T, 4 * T)
+    assert p1 - p0 <= bound, f"{mode}: {p0:.1f} -> {p1:.1f} MiB grows more than {bound:.1f}"
+
+
+def test_the_bound_catches_mx_checkpoint():
+    p0, p1 = peak("mx.checkpoint", "qkv", T), peak("mx.checkpoint", "qkv", 4 * T)
+    assert p1 - p0 > 2 * growth_bound_mib(T, 4 * T)
