@@ -18,6 +18,7 @@ from ._checks import Spec, check_inputs
 from .naive import l2_normalize
 
 F32 = mx.float32
+_GROUP_BYTES = 8 << 20  # forward: chunks are prepared in groups of about this size
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
 
@@ -168,17 +169,25 @@ def _make_core(spec: Spec, plan: _Plan, out_dtype: mx.Dtype):
         o_c, new_state = _state_step(state, prep, 0)
         return [_to_output(o_c, out_dtype), new_state]
 
+    group = _group_size(spec, plan)
+
     @mx.custom_function
     def core(q, k, v, g, beta, h0):
-        prep = _prepare(q, k, v, g, beta, scale)
         outs, finals, saved = [], {}, []
-        state = None
+        state = h0
         for c in range(N):
+            if c % group == 0:
+                # Intra-chunk work for a group of chunks at once. Its inputs wait for
+                # the state entering the group, so that groups are prepared one after
+                # the other instead of all up front (bounded forward memory).
+                xs = [x[:, c : c + group] for x in (q, k, v, g, beta)]
+                xs = list(mx.depends(xs, [state])) if c > 0 else xs
+                prep = _prepare(*xs, scale)
             if c in plan.starts:
                 state = h0_for(h0, plan.starts[c])
             else:
                 saved.append(state)
-            o_c, state = _state_step(state, prep, c)
+            o_c, state = _state_step(state, prep, c % group)
             o_c = _to_output(o_c, out_dtype)
             state = _ordering.carry_after_outputs([state], [o_c])[0]
             outs.append(o_c)
@@ -220,6 +229,12 @@ def _make_core(spec: Spec, plan: _Plan, out_dtype: mx.Dtype):
         return d_inputs + [d_h0_all]
 
     return core
+
+
+def _group_size(spec: Spec, plan: _Plan) -> int:
+    """Chunks prepared together: their largest intermediate stays near ``_GROUP_BYTES``."""
+    per_chunk = 4 * spec.B * spec.Hv * plan.C * max(spec.Dk, spec.Dv, plan.C)
+    return max(1, min(plan.N, _GROUP_BYTES // per_chunk))
 
 
 def _prepare(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:

@@ -1,0 +1,439 @@
+"""gated_delta_rule against its per-step float32 oracle: values, all six gradients,
+dtypes, packed sequences, mx.compile, argument errors and backward memory scaling."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from chunkscan._measure import peak_above_active, run_isolated
+from chunkscan.ops.gated_delta import (
+    chunk as chunk_module,
+)
+from chunkscan.ops.gated_delta import (
+    gated_delta_rule,
+    naive_recurrent_gated_delta_rule,
+    unit_lower_inverse,
+)
+
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+BF16_TOL = {
+    "o": 0.005,
+    "final_state": 0.005,
+    "dq": 0.008,
+    "dk": 0.008,
+    "dv": 0.008,
+    "dh0": 0.008,
+    "dg": 0.02,
+    "dbeta": 0.02,
+}
+
+
+def make_inputs(B, T, Hk, Hv, Dk, Dv, dtype=mx.float32, n_states=None, seed=0):
+    """Inputs in a numerically sane range: unit keys, beta in (0, 1), g in [-0.5, 0)."""
+    key = mx.random.key(seed)
+    kq, kk, kv, kg, kb, ks = mx.random.split(key, 6)
+    q = mx.random.normal((B, T, Hk, Dk), key=kq)
+    k = mx.random.normal((B, T, Hk, Dk), key=kk)
+    k = k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))
+    v = mx.random.normal((B, T, Hv, Dv), key=kv)
+    g = -mx.random.uniform(0.01, 0.5, (B, T, Hv), key=kg)
+    beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=kb)
+    h0 = 0.5 * mx.random.normal((n_states or B, Hv, Dv, Dk), key=ks)
+    return [x.astype(dtype) for x in (q, k, v, g, beta)] + [h0]
+
+
+def outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
+    """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents."""
+
+    def f(q, k, v, g, beta, h0):
+        return list(fn(q, k, v, g, beta, initial_state=h0, **kwargs))
+
+    q, v, h0 = inputs[0], inputs[2], inputs[5]
+    k1, k2 = mx.random.split(mx.random.key(123))
+    ct_o = mx.random.normal(v.shape, key=k1).astype(q.dtype)
+    ct_s = mx.random.normal(h0.shape, key=k2)
+
+    def both(*args):
+        return mx.vjp(f, list(args), [ct_o, ct_s])
+
+    if compiled:
+        both = mx.compile(both)
+    outs, grads = both(*inputs)
+    return list(outs) + list(grads)
+
+
+def max_rel(a, b):
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    scale = mx.abs(b).max().item()
+    return mx.abs(a - b).max().item() / max(scale, 1e-30)
+
+
+def rel_rmse(a, b):
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    return (mx.sqrt(mx.sum((a - b) ** 2)) / mx.maximum(mx.sqrt(mx.sum(b * b)), 1e-30)).item()
+
+
+def assert_fp32_close(got, ref, tol=1e-4):
+    errors = {n: max_rel(a, b) for n, a, b in zip(NAMES, got, ref)}
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    assert not bad, f"max relative error above {tol}: {bad}"
+
+
+def case_id(B, T, Hk, Hv, Dk, Dv, C):
+    return f"B{B}-T{T}-Hk{Hk}-Hv{Hv}-Dk{Dk}-Dv{Dv}-C{C}"
+
+
+# (B, T, Hk, Hv, Dk, Dv, C): T in {1, 63, 64, 65, 500}, C in {1, T, T + 1, ragged}
+CASES = [
+    (1, 1, 1, 1, 8, 4, 64),
+    (2, 63, 2, 2, 16, 8, 16),
+    (1, 64, 1, 2, 8, 16, 64),
+    (2, 65, 2, 4, 16, 24, 16),
+    (1, 65, 1, 1, 8, 12, 66),
+    (1, 24, 1, 2, 4, 6, 1),
+    (1, 100, 1, 1, 4, 6, 7),
+    (1, 500, 1, 2, 8, 4, 64),
+]
+
+
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no-h0"])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(*c) for c in CASES])
+def test_fp32_matches_oracle(case, with_h0):
+    B, T, Hk, Hv, Dk, Dv, C = case
+    inputs = make_inputs(B, T, Hk, Hv, Dk, Dv)
+    if not with_h0:
+        # Without an initial state the gradient w.r.t. zeros must still be right.
+        inputs[5] = mx.zeros_like(inputs[5])
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
+    assert_fp32_close(got, ref)
+
+
+def test_no_initial_state_argument():
+    q, k, v, g, beta, _ = make_inputs(2, 37, 1, 2, 8, 12)
+    o, s = gated_delta_rule(q, k, v, g, beta, chunk_size=8)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, beta)
+    assert max_rel(o, o_ref) <= 1e-4 and max_rel(s, s_ref) <= 1e-4
+    assert s.dtype == mx.float32 and s.shape == (2, 2, 12, 8)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+def test_low_precision_inputs(dtype):
+    inputs = make_inputs(2, 130, 2, 4, 32, 16, dtype=dtype)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
+    assert got[0].dtype == dtype and got[1].dtype == mx.float32
+    errors = {n: rel_rmse(a, b) for n, a, b in zip(NAMES, got, ref)}
+    bad = {n: e for n, e in errors.items() if not e <= BF16_TOL[n]}
+    assert not bad, f"relative RMSE above tolerance: {bad}"
+
+
+def test_normalize_qk():
+    inputs = make_inputs(1, 70, 2, 4, 16, 8)
+    inputs[0] = 3.0 * inputs[0]
+    inputs[1] = 2.0 * inputs[1] + 0.1
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16, normalize_qk=True)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, normalize_qk=True)
+    assert_fp32_close(got, ref)
+
+
+def test_scale():
+    inputs = make_inputs(1, 40, 1, 1, 8, 8)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16, scale=0.7)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, scale=0.7)
+    assert_fp32_close(got, ref)
+
+
+PACKED = [
+    # (cu_seqlens, C): boundaries inside chunks, on chunk edges, length-1 sequences
+    ([0, 3, 20, 21, 50], 8),
+    ([0, 16, 32, 50], 16),
+    ([0, 1, 50], 64),
+]
+
+
+@pytest.mark.parametrize("cu, C", PACKED, ids=[f"cu{len(c) - 1}-C{C}" for c, C in PACKED])
+def test_packed_sequences(cu, C):
+    inputs = make_inputs(1, 50, 2, 4, 8, 12, n_states=len(cu) - 1)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C, cu_seqlens=cu)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, cu_seqlens=cu)
+    assert_fp32_close(got, ref)
+    # Packing equals running each sequence on its own.
+    q, k, v, g, beta, h0 = inputs
+    o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=C, cu_seqlens=cu)
+    for n, (lo, hi) in enumerate(zip(cu, cu[1:])):
+        part = [x[:, lo:hi] for x in (q, k, v, g, beta)]
+        o_n, s_n = gated_delta_rule(*part, initial_state=h0[n : n + 1], chunk_size=C)
+        assert max_rel(o[:, lo:hi], o_n) <= 1e-5 and max_rel(s[n : n + 1], s_n) <= 1e-5
+
+
+def test_packed_with_array_offsets_and_no_initial_state():
+    q, k, v, g, beta, _ = make_inputs(1, 30, 1, 1, 4, 4)
+    cu = mx.array([0, 7, 30])
+    o, s = gated_delta_rule(q, k, v, g, beta, chunk_size=4, cu_seqlens=cu)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 7, 30])
+    assert s.shape == (2, 1, 4, 4)
+    assert max_rel(o, o_ref) <= 1e-4 and max_rel(s, s_ref) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "case, cu",
+    [((2, 65, 2, 4, 16, 24, 16), None), ((1, 50, 1, 2, 8, 12, 8), [0, 3, 20, 50])],
+    ids=["B2-T65-Hk2-Hv4-Dk16-Dv24-C16", "packed-B1-T50-Hk1-Hv2-Dk8-Dv12-C8"],
+)
+def test_compiled(case, cu):
+    B, T, Hk, Hv, Dk, Dv, C = case
+    n = None if cu is None else len(cu) - 1
+    inputs = make_inputs(B, T, Hk, Hv, Dk, Dv, n_states=n)
+    got = outputs_and_grads(gated_delta_rule, inputs, compiled=True, chunk_size=C, cu_seqlens=cu)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, cu_seqlens=cu)
+    assert_fp32_close(got, ref)
+
+
+@pytest.mark.parametrize("group_bytes", [1, 3 * 4 * 2 * 8 * 8], ids=["group1", "group3"])
+def test_forward_groups(monkeypatch, group_bytes):
+    """Chunks prepared one at a time or three at a time give the same results."""
+    monkeypatch.setattr(chunk_module, "_GROUP_BYTES", group_bytes)
+    inputs = make_inputs(1, 75, 1, 2, 8, 8)
+    got = outputs_and_grads(gated_delta_rule, inputs, compiled=True, chunk_size=8)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
+    assert_fp32_close(got, ref)
+
+
+def test_value_and_grad_of_a_module_compiled():
+    class Mixer(nn.Module):
+        def __init__(self, d, hk, hv, dk, dv):
+            super().__init__()
+            self.hk, self.hv, self.dk, self.dv = hk, hv, dk, dv
+            self.qk = nn.Linear(d, 2 * hk * dk, bias=False)
+            self.vgb = nn.Linear(d, hv * dv + 2 * hv, bias=False)
+
+        def __call__(self, x, op):
+            B, T, _ = x.shape
+            q, k = mx.split(self.qk(x).reshape(B, T, 2 * self.hk, self.dk), 2, axis=2)
+            vgb = self.vgb(x)
+            v = vgb[..., : self.hv * self.dv].reshape(B, T, self.hv, self.dv)
+            a, b = mx.split(vgb[..., self.hv * self.dv :], 2, axis=-1)
+            g, beta = -nn.softplus(a), mx.sigmoid(b)
+            o, _ = op(q, k, v, g, beta, normalize_qk=True)
+            return o
+
+    mx.random.seed(3)
+    model = Mixer(12, 2, 4, 8, 6)
+    x = mx.random.normal((2, 45, 12))
+
+    def chunked(*args, **kwargs):
+        return gated_delta_rule(*args, **kwargs, chunk_size=16)
+
+    fast = mx.compile(
+        nn.value_and_grad(model, lambda x: mx.mean(model(x, chunked) ** 2)),
+        inputs=model.state,
+        outputs=model.state,
+    )
+    slow = nn.value_and_grad(
+        model, lambda x: mx.mean(model(x, naive_recurrent_gated_delta_rule) ** 2)
+    )
+    (l2, g2) = slow(x)
+    (l1, g1) = fast(x)
+    assert abs(l1.item() - l2.item()) <= 1e-5 * abs(l2.item())
+    for name in ("qk", "vgb"):
+        assert max_rel(g1[name]["weight"], g2[name]["weight"]) <= 1e-4
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 33, 64])
+def test_unit_lower_inverse(n):
+    lower = mx.tril(0.3 * mx.random.normal((3, n, n)), k=-1)
+    x = unit_lower_inverse(lower)
+    assert mx.abs((mx.eye(n) + lower) @ x - mx.eye(n)).max().item() <= 1e-5
+    ct = mx.random.normal((3, n, n))
+    (d,) = mx.vjp(unit_lower_inverse, [lower], [ct])[1]
+    # Reference vjp through an explicit forward substitution.
+
+    def substitution(lw):
+        rows = []
+        for i in range(n):
+            e = mx.zeros((n,)).at[i].add(1.0)
+            row = e[None] - sum((lw[:, i, j, None] * rows[j] for j in range(i)), mx.zeros((3, n)))
+            rows.append(row)
+        return mx.stack(rows, axis=1)
+
+    (d_ref,) = mx.vjp(substitution, [lower], [ct])[1]
+    assert max_rel(mx.tril(d, k=-1), mx.tril(d_ref, k=-1)) <= 1e-4
+
+
+# ---------------------------------------------------------------------------- errors
+
+FN = "[gated_delta_rule]"
+
+
+def _good():
+    return make_inputs(2, 10, 2, 4, 8, 6)[:5]
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (
+            lambda a: a.update(v=a["v"][:, :9]),
+            ValueError,
+            f"{FN} v must have the batch size and length of q (B=2, T=10) but got "
+            "shape (2, 9, 4, 6). Pass v as [B, T, Hv, Dv] with B=2 and T=10.",
+        ),
+        (
+            lambda a: a.update(k=a["k"][..., :4]),
+            ValueError,
+            f"{FN} k must have the shape of q [B, T, Hk, Dk] but q has shape (2, 10, 2, 8) "
+            "and k has shape (2, 10, 2, 4).",
+        ),
+        (
+            lambda a: a.update(v=a["v"][:, :, :3]),
+            ValueError,
+            f"{FN} the number of value heads Hv must be a multiple of the number of key "
+            "heads Hk but got Hv=3",
+        ),
+        (
+            lambda a: a.update(g=a["g"][:, :, :2]),
+            ValueError,
+            f"{FN} g must have shape [B, T, Hv] = (2, 10, 4) but got (2, 10, 2).",
+        ),
+        (
+            lambda a: a.update(beta=a["beta"][None]),
+            ValueError,
+            f"{FN} beta must have 3 dimensions [B, T, Hv] but got shape (1, 2, 10, 4).",
+        ),
+        (
+            lambda a: a.update(q=a["q"].astype(mx.int32)),
+            ValueError,
+            f"{FN} q must have dtype float32, bfloat16 or float16 but got mlx.core.int32.",
+        ),
+        (
+            lambda a: a.update(v=a["v"].astype(mx.bfloat16)),
+            ValueError,
+            f"{FN} q, k and v must share one dtype but got q mlx.core.float32, "
+            "k mlx.core.float32 and v mlx.core.bfloat16.",
+        ),
+        (
+            lambda a: a.update(chunk_size=0),
+            ValueError,
+            f"{FN} chunk_size must be at least 1 but got 0. Pass a positive int such as 64.",
+        ),
+        (
+            lambda a: a.update(chunk_size=16.0),
+            TypeError,
+            f"{FN} chunk_size must be an int but got 16.0.",
+        ),
+        (
+            lambda a: a.update(initial_state=mx.zeros((2, 4, 8, 6))),
+            ValueError,
+            f"{FN} initial_state must have shape [N, Hv, Dv, Dk] = (2, 4, 6, 8) (one state "
+            "per batch row) but got (2, 4, 8, 6).",
+        ),
+        (
+            lambda a: a.update(cu_seqlens=[0, 4, 10]),
+            ValueError,
+            f"{FN} packed sequences (cu_seqlens) need batch size B = 1 but got B=2.",
+        ),
+        (
+            lambda a: a.update(q=a["q"].tolist()),
+            TypeError,
+            f"{FN} q must be an mx.array but got list.",
+        ),
+    ],
+    ids=[
+        "T-mismatch",
+        "Dk-mismatch",
+        "Hv-not-multiple",
+        "g-heads",
+        "beta-ndim",
+        "int-dtype",
+        "mixed-dtype",
+        "chunk0",
+        "chunk-float",
+        "state-layout",
+        "packed-B2",
+        "not-array",
+    ],
+)
+def test_errors(change, error, message):
+    args = dict(zip(("q", "k", "v", "g", "beta"), _good()))
+    change(args)
+    kwargs = {
+        key: args.pop(key) for key in ("chunk_size", "initial_state", "cu_seqlens") if key in args
+    }
+    with pytest.raises(error, match=re.escape(message)):
+        gated_delta_rule(*args.values(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "cu", [[0, 5, 9], [1, 5, 10], [0, 5, 5, 10], [0]], ids=["short", "start", "empty", "one"]
+)
+def test_bad_cu_seqlens(cu):
+    q, k, v, g, beta = [x[:1] for x in _good()]
+    message = f"{FN} cu_seqlens must be strictly increasing offsets from 0 to T=10"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+
+
+def test_packed_initial_state_count():
+    q, k, v, g, beta = [x[:1] for x in _good()]
+    message = (
+        f"{FN} initial_state must have shape [N, Hv, Dv, Dk] = (3, 4, 6, 8) (one state "
+        "per packed sequence)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        gated_delta_rule(
+            q, k, v, g, beta, cu_seqlens=[0, 2, 5, 10], initial_state=mx.zeros((1, 4, 6, 8))
+        )
+
+
+def test_oracle_checks_too():
+    q, k, v, g, beta = _good()
+    with pytest.raises(
+        ValueError, match=re.escape("[naive_recurrent_gated_delta_rule] chunk_size")
+    ):
+        naive_recurrent_gated_delta_rule(q, k, v, g, beta, chunk_size=-1)
+
+
+# -------------------------------------------------------------------- memory scaling
+
+MEM_SHAPE = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, C=16)
+
+
+def measure_backward_peak(T: int, group_bytes: int) -> dict:
+    """Peak bytes above the inputs for all six gradients (run in a fresh process)."""
+    chunk_module._GROUP_BYTES = group_bytes
+    s = MEM_SHAPE
+    inputs = make_inputs(s["B"], T, s["Hk"], s["Hv"], s["Dk"], s["Dv"])
+    w = mx.random.normal((s["B"], T, s["Hv"], s["Dv"]), key=mx.random.key(7))
+    mx.eval(inputs, w)
+
+    def loss(q, k, v, g, beta, h0):
+        o, st = gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=s["C"])
+        return mx.sum(o * w) + mx.sum(st)
+
+    grad = mx.grad(loss, argnums=tuple(range(6)))
+    _, peak = peak_above_active(lambda: grad(*inputs))
+    return {"peak": peak}
+
+
+def test_backward_memory_is_linear_in_inputs_and_states():
+    T1, T4, group_bytes = 256, 1024, 2 * 4 * 4 * 16 * 32  # two chunks per group
+    env = {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    target = "test_gated_delta:measure_backward_peak"
+    small = run_isolated(target, {"T": T1, "group_bytes": group_bytes}, env=env, timeout=120)
+    large = run_isolated(target, {"T": T4, "group_bytes": group_bytes}, env=env, timeout=120)
+    assert "error" not in small and "error" not in large, (small, large)
+    s = MEM_SHAPE
+    state = 4 * s["Hv"] * s["Dv"] * s["Dk"]
+    inputs = 4 * (2 * s["Hk"] * s["Dk"] + s["Hv"] * s["Dv"] + 2 * s["Hv"])
+    output = 4 * s["Hv"] * s["Dv"]
+    # Per extra token: its gradients, the output and its cotangent, a 1/C share of a
+    # saved state; plus slack of a few states.
+    bound = (T4 - T1) * (inputs + 2 * output + state / s["C"]) + 4 * state
+    growth = large["peak"] - small["peak"]
+    assert growth <= bound, f"peak grew by {growth / 2**20:.2f} MiB > {bound / 2**20:.2f} MiB"
