@@ -12,6 +12,7 @@ Public API:
 
 from ._version import check_mlx as _check_mlx
 from .checkpoint import checkpoint
+from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
 from .scan import ClosureCaptureWarning, scan
 from .split import split
 from .stepwise import stepwise
@@ -23,6 +24,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ClosureCaptureWarning",
     "checkpoint",
+    "gated_delta_rule",
+    "naive_recurrent_gated_delta_rule",
     "scan",
     "split",
     "stepwise",
