@@ -212,18 +212,44 @@ def test_nn_value_and_grad_with_module_params():
     assert all(isinstance(p, mx.array) for _, p in nn.utils.tree_flatten(model.parameters()))
 
 
-def test_compiled_value_and_grad_matches_eager():
-    s0, q, k, v = delta_inputs(37)
+@pytest.mark.parametrize(
+    "T,chunk,argnums,loss_kind",
+    [
+        (37, 8, (0, 1, 2, 3), "square"),
+        (8, 4, (0,), "sum"),
+        (8, 4, (1,), "sum"),
+        (40, 4, (0, 1, 2, 3), "sum"),
+        (64, 8, (2,), "sum"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_compiled_gradient_matches_eager(T, chunk, argnums, loss_kind):
+    """Covers the shapes where mx.compile's CSE once merged two multi-output Split
+    primitives the wrong way round (IndexError: _Map_base::at)."""
+    s0, q, k, v = delta_inputs(T)
 
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=8)
-        return (y * y).sum() + s.sum()
+        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=chunk)
+        return (y * y).sum() + s.sum() if loss_kind == "square" else y.sum() + s.sum()
 
-    fn = mx.value_and_grad(loss, argnums=(0, 1, 2, 3))
+    fn = mx.value_and_grad(loss, argnums=argnums)
     v_e, g_e = fn(s0, q, k, v)
     v_c, g_c = mx.compile(fn)(s0, q, k, v)
     assert abs(v_e.item() - v_c.item()) <= 1e-5 * abs(v_e.item())
     assert_trees_close(g_c, g_e, 1e-5, "grads")
+    g_only = mx.compile(mx.grad(loss, argnums=argnums))(s0, q, k, v)
+    assert_trees_close(g_only, g_e, 1e-5, "grads")
+
+
+def test_compiled_with_closure_constant_inputs():
+    x = mx.random.normal((8, 4))
+    s0 = mx.random.normal((4,))
+
+    def loss(s0):
+        c, y = chunkscan.scan(lambda c, x: (c * 0.9 + x.sum(0), x * c), s0, x, chunk_size=4)
+        return c.sum() + y.sum()
+
+    assert mx.allclose(mx.compile(mx.grad(loss))(s0), mx.grad(loss)(s0))
 
 
 def test_xs_grad_false_gives_state_gradient_and_zero_input_gradient():

@@ -20,7 +20,11 @@ uses it for exactly four rules, each a function below:
    chain moves on to the next chunk.
 2. :func:`recompute_after_cotangent` (backward): the recomputation of chunk ``i``
    waits for the cotangent flowing into chunk ``i``, so chunks are recomputed one at
-   a time, last to first, instead of all at once up front.
+   a time, last to first, instead of all at once up front. It gates the chunk's
+   carry *and* its inputs: ``Depends`` is never merged by ``mx.compile``'s
+   common-subexpression elimination, so the recomputation cannot be merged with the
+   forward's work on the same inputs (which would keep the forward's per-chunk values
+   alive until the backward).
 3. :func:`cotangent_after_gradients` (backward): the cotangent leaving chunk ``i``
    waits for all of chunk ``i``'s input and parameter gradients, so chunk ``i``'s
    recomputed intermediates are consumed and freed before chunk ``i - 1`` starts.

@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import _ordering, _tree
-from .split import check_chunk_size, chunk_bounds, normalize_axis
+from .split import check_chunk_size, chunk_bounds, normalize_axis, slices_at
 
 
 class ClosureCaptureWarning(UserWarning):
@@ -167,16 +167,17 @@ class _Plan:
         """Per leaf, its chunks (views; inside the custom function no vjp is built)."""
         if not self.cuts:
             return [[x] for x in leaves]
-        return [list(mx.split(x, self.cuts, axis=ax)) for x, ax in zip(leaves, axes)]
+        return [slices_at(x, self.cuts, ax) for x, ax in zip(leaves, axes)]
 
     def split_primals(self, primals: list) -> tuple[list, list, list]:
         n0, n1 = self.n_init, self.n_init + self.n_dx
         return primals[:n0], primals[n0:n1], primals[n1:]
 
-    def xs_chunk(self, i: int, diff_chunk: list[mx.array]) -> list[mx.array]:
-        """The xs leaves of chunk ``i``, differentiable ones from ``diff_chunk``."""
-        diff, const = iter(diff_chunk), iter(self.const_chunks)
-        return [next(diff) if g else next(const)[i] for g in self.grad_mask]
+    def xs_chunk(self, diff_chunk: list[mx.array], const_chunk: list[mx.array]) -> list[mx.array]:
+        """One chunk's xs leaves in ``xs`` order, from its differentiable and constant
+        leaves."""
+        diff, const = iter(diff_chunk), iter(const_chunk)
+        return [next(diff) if g else next(const) for g in self.grad_mask]
 
     def call_chunk(self, i: int, carry: list, xs_chunk: list, p: list) -> tuple[list, list]:
         """Run ``f`` on chunk ``i``; check and flatten what it returns."""
@@ -206,7 +207,8 @@ class _Plan:
         for i in range(len(self.bounds)):
             if i > 0:
                 saved.extend(carry)
-            carry, ys = self.call_chunk(i, carry, self.xs_chunk(i, [c[i] for c in diff_chunks]), p)
+            xs_i = self.xs_chunk([c[i] for c in diff_chunks], [c[i] for c in self.const_chunks])
+            carry, ys = self.call_chunk(i, carry, xs_i, p)
             ys_per_chunk.append(ys)
         ys = [
             mx.concatenate(list(parts), axis=self.axis % parts[0].ndim)
@@ -233,16 +235,25 @@ class _Plan:
         d_p: list[mx.array] = []
         for i in reversed(range(n_chunks)):
             # Rule 2: recompute chunk i only once the cotangent flowing into it exists.
-            carry_in = _ordering.recompute_after_cotangent(carries_in[i], ct_carry)
+            # It gates the xs chunks too: Depends is never merged by mx.compile's
+            # common-subexpression elimination, so the recomputation cannot be merged
+            # with the forward's work on the same xs (which would keep the forward's
+            # per-chunk values alive until the backward).
+            n_const = len(self.const_chunks)
+            waited = _ordering.recompute_after_cotangent(
+                carries_in[i] + [c[i] for c in diff_chunks] + [c[i] for c in self.const_chunks],
+                ct_carry,
+            )
+            consts = waited[len(waited) - n_const :]
 
-            def chunk_fn(*args: mx.array, i: int = i) -> list[mx.array]:
+            def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
                 c, dx, pp = self.split_primals(list(args))
-                new_c, ys = self.call_chunk(i, c, self.xs_chunk(i, dx), pp)
+                new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp)
                 return new_c + ys
 
             _, grads = mx.vjp(
                 chunk_fn,
-                carry_in + [c[i] for c in diff_chunks] + p,
+                waited[: n_init + n_dx] + p,
                 ct_carry + [c[i] for c in ct_ys_chunks],
             )
             d_carry, d_x, d_p_i = self.split_primals(list(grads))

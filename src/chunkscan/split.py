@@ -6,6 +6,12 @@ gradient is a zero-padded buffer as large as ``x``, and a chunk loop sums T/C of
 split here is one custom function for any number of pieces: forward slices (views),
 backward concatenates the piece cotangents once (ordering rule 4 in
 :mod:`chunkscan._ordering`).
+
+Pieces are cut with one ``Slice`` each (:func:`slices_at`), never with the
+multi-output ``Split`` primitive: ``mx.compile`` (mlx <= 0.32.4) can merge two
+equivalent multi-output primitives in the wrong direction (``tape_order`` in
+``compile_simplify`` records only one output of each) and then fails with
+``IndexError: _Map_base::at``. See docs/design.md.
 """
 
 from __future__ import annotations
@@ -67,12 +73,19 @@ def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
     return split_at(x, [lo for lo, _ in bounds[1:]], axis)
 
 
+def slices_at(x: mx.array, indices: list[int], axis: int) -> list[mx.array]:
+    """``mx.split(x, indices, axis)`` as one ``Slice`` per piece (see the module doc)."""
+    bounds = [0, *indices, x.shape[axis]]
+    lead = (slice(None),) * axis
+    return [x[lead + (slice(lo, hi),)] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
 def split_at(x: mx.array, indices: list[int], axis: int) -> list[mx.array]:
     """Split at sorted ``indices`` with a concatenate as the gradient (no checks)."""
 
     @mx.custom_function
     def _split(a):
-        return list(mx.split(a, indices, axis=axis))
+        return slices_at(a, indices, axis)
 
     @_split.vjp
     def _split_vjp(primals, cotangents, outputs):
