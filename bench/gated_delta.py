@@ -1,0 +1,315 @@
+"""Gated DeltaNet fwd+bwd time and backward peak memory per token against T.
+
+Implementations (``--impls``), each configuration in a fresh process
+(:func:`chunkscan._measure.run_isolated`):
+
+- ``chunkscan``: :func:`chunkscan.gated_delta_rule` (chunk form, ordered backward);
+- ``mlx_lm``: mlx-lm's ``gated_delta_ops`` (per-token loop; its training path),
+  when mlx-lm is installed. It takes ``exp(g)`` and a pre-scaled ``q``; the
+  conversion is part of the measured function;
+- ``mlx_fast``: ``mx.fast.gated_delta_update`` (MLX's fused op; same conventions);
+- ``scan``: the per-token recurrence through :func:`chunkscan.scan` +
+  :func:`chunkscan.stepwise`.
+
+Shape: one Qwen3-Next layer (B=1, Hk=16, Hv=32, Dk=Dv=128) by default. The loss is
+``sum(o * w) + sum(final_state * w_s)``; gradients for q, k, v, g, beta and the
+initial state. Memory: ``mx.get_peak_memory()`` above the active memory before the
+call (inputs excluded; forward, backward and the gradients themselves included),
+after one warm-up call. Time: median of ``--repeats`` warm calls. Ratios are
+against ``mlx_lm`` at the same T in the same run.
+
+    python bench/gated_delta.py                                   # T = 512 ... 8192
+    python bench/gated_delta.py --T 1024 --impls chunkscan mlx_lm --repeats 3
+    python bench/gated_delta.py --openblas auto                   # Linux CPU only
+
+``--openblas PATH|auto`` preloads an OpenBLAS (``LD_PRELOAD``) into each measured
+process: MLX's Linux CPU wheel bundles the single-threaded reference BLAS. It does
+nothing useful on Metal or CUDA; leave it off there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import pathlib
+import sys
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+IMPLS = ("chunkscan", "mlx_lm", "mlx_fast", "scan")
+KiB = 1024.0
+
+
+def _inputs(T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, seed: int):
+    import mlx.core as mx
+
+    dt = getattr(mx, dtype)
+    keys = mx.random.split(mx.random.key(seed), 8)
+    q = mx.random.normal((B, T, Hk, Dk), key=keys[0])
+    k = mx.random.normal((B, T, Hk, Dk), key=keys[1])
+    k = k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))
+    v = mx.random.normal((B, T, Hv, Dv), key=keys[2])
+    g = -mx.random.uniform(0.01, 0.3, (B, T, Hv), key=keys[3])
+    beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=keys[4])
+    h0 = 0.1 * mx.random.normal((B, Hv, Dv, Dk), key=keys[5])
+    w = mx.random.normal((B, T, Hv, Dv), key=keys[6]).astype(dt)
+    w_s = mx.random.normal((B, Hv, Dv, Dk), key=keys[7])
+    xs = [x.astype(dt) for x in (q, k, v, g, beta)] + [h0]
+    return xs, w, w_s
+
+
+def _op(impl: str, Dk: int, chunk_size: int):
+    """``f(q, k, v, g, beta, h0) -> (o, final_state)`` with chunkscan's conventions."""
+    import mlx.core as mx
+
+    scale = Dk**-0.5
+    if impl == "chunkscan":
+        import chunkscan
+
+        def f(q, k, v, g, beta, h0):
+            return chunkscan.gated_delta_rule(
+                q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size
+            )
+
+    elif impl == "mlx_lm":
+        from mlx_lm.models.gated_delta import gated_delta_ops
+
+        def f(q, k, v, g, beta, h0):
+            return gated_delta_ops(q * scale, k, v, mx.exp(g), beta, h0)
+
+    elif impl == "mlx_fast":
+
+        def f(q, k, v, g, beta, h0):
+            return mx.fast.gated_delta_update(q * scale, k, v, mx.exp(g), beta, h0)
+
+    elif impl == "scan":
+        import chunkscan
+
+        def step(state, x):
+            q_t, k_t, v_t, g_t, b_t = x  # [B, Hk, Dk], [B, Hv, Dv], [B, Hv]
+            rep = v_t.shape[1] // k_t.shape[1]
+            q_t = mx.repeat(q_t.astype(mx.float32), rep, axis=1)
+            k_t = mx.repeat(k_t.astype(mx.float32), rep, axis=1)
+            state = state * mx.exp(g_t.astype(mx.float32))[..., None, None]
+            pred = (state @ k_t[..., None])[..., 0]
+            delta = b_t.astype(mx.float32)[..., None] * (v_t.astype(mx.float32) - pred)
+            state = state + delta[..., :, None] * k_t[..., None, :]
+            o_t = scale * (state @ q_t[..., None])[..., 0]
+            return state, o_t.astype(v_t.dtype)
+
+        run = chunkscan.stepwise(step, axis=1)
+
+        def f(q, k, v, g, beta, h0):
+            final, o = chunkscan.scan(
+                run, h0, (q, k, v, g, beta), axis=1, chunk_size=min(chunk_size, 32)
+            )
+            return o, final
+
+    else:
+        raise ValueError(f"[bench.gated_delta] impl must be one of {IMPLS} but got {impl!r}.")
+    return f
+
+
+def measure(
+    impl: str,
+    T: int,
+    dtype: str = "bfloat16",
+    repeats: int = 2,
+    chunk_size: int = 64,
+    B: int = 1,
+    Hk: int = 16,
+    Hv: int = 32,
+    Dk: int = 128,
+    Dv: int = 128,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One configuration (run in its own process by :func:`main`)."""
+    import mlx.core as mx
+
+    from chunkscan._measure import median_seconds, peak_above_active
+
+    xs, w, w_s = _inputs(T, B, Hk, Hv, Dk, Dv, dtype, seed)
+    mx.eval(xs, w, w_s)
+    f = _op(impl, Dk, chunk_size)
+
+    def loss(*args):
+        o, final = f(*args)
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(final * w_s)
+
+    grad = mx.value_and_grad(loss, argnums=tuple(range(6)))
+
+    def call():
+        return grad(*xs)
+
+    mx.eval(call())  # warm-up (compiles mlx-lm's step, fills kernel caches)
+    _, peak = peak_above_active(call)
+    seconds = median_seconds(call, repeats=repeats, warmup=0)
+    return {
+        "impl": impl,
+        "T": T,
+        "dtype": dtype,
+        "chunk_size": chunk_size,
+        "seconds": seconds,
+        "peak_bytes": peak,
+        "kib_per_token": peak / KiB / T,
+        "device": str(mx.default_device()),
+    }
+
+
+def _find_openblas(value: str | None) -> str | None:
+    if not value:
+        return None
+    if value != "auto":
+        return value
+    for pattern in (
+        "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
+        "/usr/lib/*-linux-gnu/libopenblas.so.0",
+        "/usr/lib64/libopenblas*.so.0",
+    ):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    raise SystemExit(
+        "[bench.gated_delta] --openblas auto found no libopenblas.so.0; install "
+        "libopenblas0-pthread (Debian/Ubuntu) or pass the library path."
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--chunk-size", type=int, default=64)
+    p.add_argument(
+        "--loop-max-T",
+        type=int,
+        default=2048,
+        help="largest T for the per-token loops (mlx_lm, mlx_fast, scan); their memory "
+        "grows by ~8 MiB per token at this shape",
+    )
+    p.add_argument("--openblas", default=None, help="path to libopenblas.so.0, or 'auto'")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    p.add_argument("--json", default=str(RESULTS / "gated_delta_cpu.json"))
+    p.add_argument("--png", default=str(RESULTS / "gated_delta_cpu.png"))
+    p.add_argument("--md", default=str(RESULTS / "gated_delta_cpu.md"))
+    return p
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from chunkscan._measure import run_isolated
+
+    env = {}
+    blas = _find_openblas(args.openblas)
+    if blas:
+        env["LD_PRELOAD"] = blas
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), src, os.environ.get("PYTHONPATH", "")])
+    rows = []
+    for T in args.T:
+        for impl in args.impls:
+            if impl != "chunkscan" and T > args.loop_max_T:
+                continue
+            config = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats}
+            config["chunk_size"] = args.chunk_size
+            row = run_isolated("bench.gated_delta:measure", config, timeout=args.timeout, env=env)
+            row.update({k: v for k, v in config.items() if k not in row})
+            row["openblas"] = blas
+            rows.append(row)
+            _print_row(row)
+    _add_ratios(rows)
+    return rows
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    if "error" in row:
+        print(f"{row['impl']:>10} T={row['T']:>6}: {row['error']}", flush=True)
+        return
+    print(
+        f"{row['impl']:>10} T={row['T']:>6}: {row['seconds']:8.3f} s "
+        f"{row['kib_per_token']:9.1f} KiB/token",
+        flush=True,
+    )
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    ref = {r["T"]: r for r in rows if r.get("impl") == "mlx_lm" and "error" not in r}
+    for r in rows:
+        base = ref.get(r["T"])
+        if base and "error" not in r:
+            r["speedup_vs_mlx_lm"] = base["seconds"] / r["seconds"]
+            r["memory_vs_mlx_lm"] = r["peak_bytes"] / base["peak_bytes"]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| impl | T | fwd+bwd (s) | peak (KiB/token) | speedup vs mlx_lm | memory vs mlx_lm |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['T']} | {r['error']} | | | |")
+            continue
+        sp = f"{r['speedup_vs_mlx_lm']:.2f}x" if "speedup_vs_mlx_lm" in r else ""
+        mem = f"{r['memory_vs_mlx_lm']:.3f}" if "memory_vs_mlx_lm" in r else ""
+        lines.append(
+            f"| {r['impl']} | {r['T']} | {r['seconds']:.3f} | {r['kib_per_token']:.1f} "
+            f"| {sp} | {mem} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for impl in IMPLS:
+        pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and "error" not in r)
+        if not pts:
+            continue
+        Ts = [t for t, _ in pts]
+        ax_t.plot(Ts, [r["seconds"] for _, r in pts], "o-", label=impl)
+        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], "o-", label=impl)
+    for ax, ylabel in ((ax_t, "fwd+bwd time (s)"), (ax_m, "backward peak (KiB / token)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    rows = run(args)
+    blas = "OpenBLAS preloaded" if args.openblas else "bundled BLAS"
+    title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}), {blas}"
+    md = f"{title}\n\n{table(rows)}\n"
+    print()
+    print(md)
+    for path in (args.json, args.png, args.md):
+        if path:
+            pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"argv": sys.argv, "title": title, "rows": rows}, fh, indent=1)
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write(md)
+    if args.png:
+        plot(rows, args.png, title)
+
+
+if __name__ == "__main__":
+    main()
