@@ -197,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=str(RESULTS / "gated_delta_cpu.json"))
     p.add_argument("--png", default=str(RESULTS / "gated_delta_cpu.png"))
     p.add_argument("--md", default=str(RESULTS / "gated_delta_cpu.md"))
+    p.add_argument(
+        "--from-json",
+        default=None,
+        help="do not measure: rebuild the table and plot from a JSON file this script wrote",
+    )
     return p
 
 
@@ -270,13 +275,14 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    styles = dict(zip(IMPLS, ("o-", "s--", "^:", "D-.")))
     for impl in IMPLS:
         pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and "error" not in r)
         if not pts:
             continue
         Ts = [t for t, _ in pts]
-        ax_t.plot(Ts, [r["seconds"] for _, r in pts], "o-", label=impl)
-        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], "o-", label=impl)
+        ax_t.plot(Ts, [r["seconds"] for _, r in pts], styles[impl], label=impl, mfc="none")
+        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], styles[impl], label=impl, mfc="none")
     for ax, ylabel in ((ax_t, "fwd+bwd time (s)"), (ax_m, "backward peak (KiB / token)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -292,9 +298,14 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    rows = run(args)
-    blas = "OpenBLAS preloaded" if args.openblas else "bundled BLAS"
-    title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}), {blas}"
+    if args.from_json:
+        with open(args.from_json) as fh:
+            saved = json.load(fh)
+        rows, title, argv_used = saved["rows"], saved["title"], saved["argv"]
+    else:
+        rows, argv_used = run(args), sys.argv
+        blas = "OpenBLAS preloaded" if args.openblas else "bundled BLAS"
+        title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}), {blas}"
     md = f"{title}\n\n{table(rows)}\n"
     print()
     print(md)
@@ -303,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
             pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"argv": sys.argv, "title": title, "rows": rows}, fh, indent=1)
+            json.dump({"argv": argv_used, "title": title, "rows": rows}, fh, indent=1)
     if args.md:
         with open(args.md, "w") as fh:
             fh.write(md)
