@@ -75,6 +75,13 @@ def cotangent_after_gradients(
     return _after(cotangent, gradients)
 
 
+def keep_apart(arrays: Sequence[mx.array], anchor: Sequence[mx.array]) -> list[mx.array]:
+    """Not an ordering rule: a ``Depends`` on ``anchor`` (something already computed)
+    so that ``mx.compile``'s common-subexpression elimination cannot merge what is
+    computed from ``arrays`` with the same computation elsewhere in the graph."""
+    return _after(arrays, anchor)
+
+
 def all_together(arrays: Sequence[mx.array]) -> list[mx.array]:
     """Rules 1 and 3 when a function does not say which output is the carry.
 
