@@ -161,7 +161,13 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path) -> N
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(15, 4.2))
+    by = {(r["mode"], r["T"]): r for r in rows if "peak_mib" in r}
+    for m, color in (("stock", "C0"), ("patched", "C1")):
+        pts = sorted(T for (mm, T) in by if mm == m and ("stub", T) in by)
+        share = [(by[(m, T)]["peak_mib"] - by[("stub", T)]["peak_mib"]) / T for T in pts]
+        if pts:
+            ax2.plot(pts, share, "o-", color=color, label=f"{m} - stub")
     for m in modes:
         pts = sorted((r["T"], r) for r in rows if r.get("mode") == m and "peak_mib" in r)
         if not pts:
@@ -169,7 +175,12 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path) -> N
         Ts = [t for t, _ in pts]
         ax0.plot(Ts, [r["mib_per_token"] for _, r in pts], "o-", label=m)
         ax1.plot(Ts, [r["seconds_per_step"] for _, r in pts], "o-", label=m)
-    for ax, title in ((ax0, "peak memory per token (MiB)"), (ax1, "seconds per step")):
+    panels = (
+        (ax0, "peak memory per token (MiB)"),
+        (ax1, "seconds per step"),
+        (ax2, "recurrence's share per token (MiB)"),
+    )
+    for ax, title in panels:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length T")
@@ -192,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", type=pathlib.Path, default=RESULTS / "lora_cpu.json")
+    parser.add_argument("--replot", action="store_true",
+                        help="only rewrite the table and plot from --json")  # fmt: skip
     parser.add_argument("--merge", action="store_true",
                         help="keep the other rows already in --json")  # fmt: skip
     args = parser.parse_args(argv)
+
+    if args.replot:
+        data = json.loads(args.json.read_text())
+        _write_outputs(data["meta"], data["rows"], args.json)
+        return 0
 
     from chunkscan._measure import run_isolated
 
@@ -245,15 +263,19 @@ def main(argv: list[str] | None = None) -> int:
         "lora": {"rank": 8, "layers": "all"},
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    _write_outputs(meta, rows, args.json)
+    return 0
+
+
+def _write_outputs(meta: dict[str, Any], rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     modes = [m for m in ("stock", "patched", "stub") if any(r["mode"] == m for r in rows)]
     table = _table(rows, modes, sorted({r["T"] for r in rows}))
     cmds = "\n".join(f"    {c}" for c in meta["commands"])
-    args.json.with_suffix(".md").write_text(
+    path.with_suffix(".md").write_text(
         f"# One LoRA step, tiny Qwen3-Next, CPU\n\n{cmds}\n\n{table}\n"
     )
-    _plot(rows, modes, args.json.with_suffix(".png"))
+    _plot(rows, modes, path.with_suffix(".png"))
     print(table)
-    return 0
 
 
 if __name__ == "__main__":
