@@ -437,3 +437,19 @@ def test_backward_memory_is_linear_in_inputs_and_states():
     bound = (T4 - T1) * (inputs + 2 * output + state / s["C"]) + 4 * state
     growth = large["peak"] - small["peak"]
     assert growth <= bound, f"peak grew by {growth / 2**20:.2f} MiB > {bound / 2**20:.2f} MiB"
+
+
+@pytest.mark.parametrize("gate", [-30.0, -1e4, -float("inf")], ids=["-30", "-1e4", "-inf"])
+def test_extreme_gates(gate):
+    """Very negative gates (also -inf, a hard reset) mid-chunk: no NaN, no cancellation."""
+    inputs = make_inputs(1, 70, 1, 2, 8, 6)
+    hit = mx.zeros((1, 70, 2), dtype=mx.bool_)
+    for t in (0, 15, 16, 31, 50, 69):
+        hit[:, t] = True
+    inputs[3] = mx.where(hit, gate, inputs[3])
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
+    assert not any(mx.isnan(x).any().item() for x in got)
+    # The gate at t = 0 (all but) wipes the initial state: dh0 is ~0 in both.
+    assert_fp32_close(got[:-1], ref[:-1])
+    assert mx.abs(got[-1]).max().item() <= 1e-10 and mx.abs(ref[-1]).max().item() <= 1e-10

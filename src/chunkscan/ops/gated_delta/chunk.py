@@ -254,11 +254,16 @@ def _prepare(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
     gf = g.astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
     bf = beta.astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
 
-    gcum = mx.cumsum(gf, axis=-1)  # log-decay from the chunk start, relative
+    # Log-decays relative to the chunk, each a sum of exactly the gates it spans (no
+    # difference of two cumulative sums): no cancellation after a very negative gate,
+    # and g = -inf (a hard reset) gives zero decays rather than NaN.
+    gcum = mx.cumsum(gf, axis=-1)  # from the chunk start through step i
+    to_end = mx.cumsum(gf, axis=-1, reverse=True, inclusive=False)  # after step j
     glast = gcum[..., -1:]
     causal = mx.tril(mx.ones((C, C), dtype=mx.bool_))
     strict = mx.tril(mx.ones((C, C), dtype=mx.bool_), k=-1)
-    rel = gcum[..., :, None] - gcum[..., None, :]
+    strict_g = mx.where(strict, gf[..., :, None], 0.0)  # [i, j] = g_i for i > j
+    rel = mx.cumsum(strict_g, axis=-2)  # [i, j] = g_{j+1} + ... + g_i
     decays = mx.exp(mx.where(causal, rel, -mx.inf))  # gamma_i / gamma_j, zero above
 
     kt = kf.swapaxes(-1, -2)
@@ -276,7 +281,7 @@ def _prepare(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
         "u": u,
         "p": (scale * qk) * decays,
         "gamma": gamma,
-        "to_end": mx.exp(glast - gcum),
+        "to_end": mx.exp(to_end),
         "decay": mx.exp(glast),
     }
 
