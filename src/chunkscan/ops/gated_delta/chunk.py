@@ -54,7 +54,7 @@ def gated_delta_rule(
         k (array): Keys ``[B, T, Hk, Dk]``.
         v (array): Values ``[B, T, Hv, Dv]``, ``Hv`` a multiple of ``Hk``.
         g (array): Log-decay ``[B, T, Hv]`` (``<= 0``; the state is multiplied by
-            ``exp(g)``; mlx-lm passes ``exp(g)`` instead).
+            ``exp(g)``, so ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``).
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
         initial_state (array, optional): ``[B, Hv, Dv, Dk]`` (or ``[N, Hv, Dv, Dk]``
