@@ -141,7 +141,7 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
                 cells += [f"{r['peak_mib']:.0f}", f"{r['mib_per_token']:.3f}",
                           f"{r['seconds_per_step']:.2f}"]  # fmt: skip
             else:
-                cells += [r.get("error", "not run")[:40], "", ""]
+                cells += [r.get("error", "not run")[:50], "", ""]
         p, s, st = by.get(("patched", T), {}), by.get(("stock", T), {}), by.get(("stub", T), {})
         cells += [_ratio(p, s), _ratio(p, st)]
         if "peak_mib" in p and "peak_mib" in st:
