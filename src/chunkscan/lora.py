@@ -9,7 +9,8 @@ their memory per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
   the resolved value is saved in ``adapter_config.json``.
 - ``--demo``: build a tiny random Qwen3-Next model, tokenizer and data set in a
   temporary directory (no network) and train a few steps on it; other flags still
-  apply (e.g. ``chunkscan lora --demo --iters 5``).
+  apply (e.g. ``chunkscan lora --demo --iters 5``); ``--model``/``--data`` paths that
+  do not exist yet are written there instead, and kept.
 
 Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults.
 """
@@ -193,10 +194,20 @@ def main(argv: list[str] | None = None) -> int:
         _write_demo(args)
         print(f"chunkscan lora --demo: tiny random Qwen3-Next model in {args.model}", flush=True)
         run(args)
+        kept = (
+            not pathlib.Path(args.adapter_path)
+            .resolve()
+            .is_relative_to(pathlib.Path(demo_dir).resolve())
+        )
+        where = (
+            f"adapters in {args.adapter_path}"
+            if kept
+            else "the temporary directory is removed now (pass --model, --data and "
+            "--adapter-path to keep model, data and adapters)"
+        )
         print(
             f"chunkscan lora --demo: done; process peak memory "
-            f"{mx.get_peak_memory() / MiB:,.0f} MiB; adapters in {args.adapter_path} "
-            "(removed on exit unless --adapter-path was given)",
+            f"{mx.get_peak_memory() / MiB:,.0f} MiB; {where}",
             flush=True,
         )
     return 0
