@@ -123,8 +123,7 @@ def spy(monkeypatch):
 def test_op_is_chunkscans():
     from chunkscan.ops.gated_delta import gated_delta_rule
 
-    assert cmlx._op() is gated_delta_rule
-    assert getattr(chunkscan, "gated_delta_rule", gated_delta_rule) is gated_delta_rule
+    assert cmlx._op() is chunkscan.gated_delta_rule is gated_delta_rule
 
 
 @pytest.fixture

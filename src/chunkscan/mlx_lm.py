@@ -110,10 +110,7 @@ def _op():
     """:func:`chunkscan.gated_delta_rule` (looked up at call time, so tests can spy)."""
     import chunkscan
 
-    op = getattr(chunkscan, "gated_delta_rule", None)
-    if op is None:  # not yet re-exported at the top level
-        from .ops.gated_delta import gated_delta_rule as op
-    return op
+    return chunkscan.gated_delta_rule
 
 
 def _log_decay(a, A_log, dt_bias, lower_bound):
