@@ -3,11 +3,12 @@
 Forward: the intra-chunk work (the UT/WY transform, a unit lower triangular inverse
 written with matrix products) is computed for many chunks at once, as batched products
 (all chunks of a short sequence; groups of ~8 MiB intermediates for long ones, which
-bounds forward memory); only the state pass runs chunk after chunk. Backward: one ``mx.custom_function`` over the whole
-sequence keeps the state entering every chunk (``T / C`` states) and walks the chunks
-in reverse, recomputing each from its saved state with ``mx.vjp``, with the ordering
-rules of :mod:`chunkscan._ordering` so that one chunk's intermediates are freed
-before the next is recomputed. See ``docs/gated_delta.md`` for the math.
+bounds forward memory); only the state pass runs chunk after chunk. Backward: one
+``mx.custom_function`` over the whole sequence keeps the state entering every chunk
+(``T / C`` states) and walks the chunks in reverse, recomputing each from its saved
+state with ``mx.vjp``, with the ordering rules of :mod:`chunkscan._ordering` so that
+one chunk's intermediates are freed before the next is recomputed. See
+``docs/gated_delta.md`` for the math.
 """
 
 from __future__ import annotations
