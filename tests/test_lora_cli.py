@@ -13,27 +13,16 @@ pytest.importorskip("mlx_lm")
 import mlx_lm  # noqa: E402
 import mlx_lm.lora  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
+from test_mlx_lm import small_config  # noqa: E402
 
 import chunkscan.mlx_lm as cmlx  # noqa: E402
 from chunkscan import cli, lora  # noqa: E402
-from chunkscan._demo_model import tiny_config, write_dataset, write_model  # noqa: E402
+from chunkscan._demo_model import write_dataset, write_model  # noqa: E402
 
 
 def small_model(path):
-    config = tiny_config(
-        hidden_size=64,
-        num_hidden_layers=2,
-        full_attention_interval=2,
-        intermediate_size=96,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        linear_num_key_heads=1,
-        linear_num_value_heads=2,
-        linear_key_head_dim=32,
-        linear_value_head_dim=48,
-    )
-    return write_model(path, config)
+    # The tokenizer of the demo needs its 256-word vocabulary.
+    return write_model(path, small_config(vocab_size=256))
 
 
 def test_parser_wraps_mlx_lm():
