@@ -100,7 +100,7 @@ def scan(
 
     plan = _Plan(
         f=f,
-        params=params,
+        has_params=params is not None,
         module=module,
         init_def=init_def,
         init_specs=[_tree.Spec(a.shape, a.dtype) for a in init_leaves],
@@ -136,7 +136,7 @@ class _Plan:
         self,
         *,
         f,
-        params,
+        has_params,
         module,
         init_def,
         init_specs,
@@ -148,7 +148,7 @@ class _Plan:
         axis,
         constants,
     ):
-        self.f, self.params, self.module = f, params, module
+        self.f, self.has_params, self.module = f, has_params, module
         self.init_def, self.init_specs = init_def, init_specs
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
         self.bounds, self.p_def, self.axis = bounds, p_def, axis
@@ -183,7 +183,7 @@ class _Plan:
         """Run ``f`` on chunk ``i``; check and flatten what it returns."""
         carry_tree = _tree.unflatten(self.init_def, carry)
         xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
-        if self.params is None:
+        if not self.has_params:
             out = self.f(carry_tree, xs_tree)
         elif self.module is not None:
             out = _call_with_module(self.f, self.module, self.p_def, p, carry_tree, xs_tree)
