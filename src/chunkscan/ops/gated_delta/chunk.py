@@ -5,10 +5,11 @@ written with matrix products) is computed for many chunks at once, as batched pr
 (all chunks of a short sequence; groups of ~8 MiB intermediates for long ones, which
 bounds forward memory); only the state pass runs chunk after chunk. Backward: one
 ``mx.custom_function`` over the whole sequence keeps the state entering every chunk
-(``T / C`` states) and walks the chunks in reverse, recomputing each from its saved
-state with ``mx.vjp``, with the ordering rules of :mod:`chunkscan._ordering` so that
-one chunk's intermediates are freed before the next is recomputed. See
-``docs/gated_delta.md`` for the math.
+(``T / C`` states) and walks groups of chunks in reverse: the group's preparation is
+recomputed batched, a short loop differentiates only the state step chunk by chunk,
+and one ``mx.vjp`` of the preparation over the group gives its input gradients; the
+ordering rules of :mod:`chunkscan._ordering` free one group's intermediates before the
+next is recomputed. See ``docs/gated_delta.md`` for the math.
 """
 
 from __future__ import annotations
@@ -165,13 +166,19 @@ def _make_core(spec: Spec, plan: _Plan, out_dtype: mx.Dtype):
     def h0_for(h0: mx.array, s: int) -> mx.array:
         return h0[s : s + 1] if plan.packed else h0
 
-    def chunk_fn(state, qc, kc, vc, gc, bc):
-        """One chunk (inputs ``[B, 1, C, ...]``): ``[o_chunk, state_out]``."""
-        prep = _prepare(qc, kc, vc, gc, bc, scale)
-        o_c, new_state = _state_step(state, prep, 0)
+    def prep_list(qg, kg, vg, gg, bg):
+        """``_prepare`` of a group of chunks as a list in ``_KEYS`` order."""
+        prep = _prepare(qg, kg, vg, gg, bg, scale)
+        return [prep[key] for key in _KEYS]
+
+    def step_fn(state, *prep_c):
+        """One chunk's state step from its prepared slices: ``[o_chunk, state_out]``."""
+        o_c, new_state = _state_step(state, dict(zip(_KEYS, prep_c)), 0)
         return [_to_output(o_c, out_dtype), new_state]
 
     group = _group_size(spec, plan)
+    # The backward's groups are half as large: they also keep their prepared gradients.
+    bwd_group = _group_size(spec, plan, _GROUP_BYTES // 2)
 
     @mx.custom_function
     def core(q, k, v, g, beta, h0):
@@ -211,32 +218,58 @@ def _make_core(spec: Spec, plan: _Plan, out_dtype: mx.Dtype):
         grads: list[list[mx.array]] = [[] for _ in range(5)]
         d_h0: dict[int, mx.array] = {}
         d_state = None
-        chain: list[mx.array] = []  # the last state cotangent, to order the chunks
-        for c in reversed(range(N)):
-            if c in plan.ends:
-                s = plan.ends[c]
-                d_state = ct_final[s : s + 1] if plan.packed else ct_final
-            lo = slice(c, c + 1)
-            primals_c = [entering[c]] + [x[:, lo] for x in (q, k, v, g, beta)]
-            primals_c = _ordering.recompute_after_cotangent(primals_c, [d_state] + chain)
-            _, d = mx.vjp(chunk_fn, primals_c, [ct_o[:, lo], d_state])
-            d_state = _ordering.cotangent_after_gradients([d[0]], list(d[1:]))[0]
+        chain: list[mx.array] = [ct_final]  # the last state cotangent, to order the groups
+        for g0 in reversed(range(0, N, bwd_group)):
+            g1 = min(N, g0 + bwd_group)
+            # The group's state-independent work, for all its chunks at once, once the
+            # cotangent entering the group exists (rule 2).
+            xs = [x[:, g0:g1] for x in (q, k, v, g, beta)]
+            xs = _ordering.recompute_after_cotangent(xs, chain)
+            prep = prep_list(*xs)
+            d_prep: list[list[mx.array]] = [[] for _ in _KEYS]
+            for c in reversed(range(g0, g1)):
+                if c in plan.ends:
+                    s = plan.ends[c]
+                    d_state = ct_final[s : s + 1] if plan.packed else ct_final
+                i = c - g0
+                prep_c = [
+                    x[:, :, i : i + 1] if j < 2 else x[:, :, :, i : i + 1]
+                    for j, x in enumerate(prep)
+                ]
+                state_in = _ordering.recompute_after_cotangent([entering[c]], [d_state])
+                _, d = mx.vjp(step_fn, state_in + prep_c, [ct_o[:, c : c + 1], d_state])
+                d_state = _ordering.cotangent_after_gradients([d[0]], list(d[1:]))[0]
+                for j in range(len(_KEYS)):
+                    d_prep[j].append(d[1 + j])
+                if c in plan.starts:
+                    d_h0[plan.starts[c]] = d_state
+            d_prep_g = [_cat(parts[::-1], 2 if j < 2 else 3) for j, parts in enumerate(d_prep)]
+            _, d_xs = mx.vjp(prep_list, xs, d_prep_g)
+            # The cotangent leaves the group only after the group's input gradients.
+            d_state = _ordering.cotangent_after_gradients([d_state], list(d_xs))[0]
             chain = [d_state]
             for j in range(5):
-                grads[j].append(d[1 + j])
-            if c in plan.starts:
-                d_h0[plan.starts[c]] = d_state
-        d_inputs = [mx.concatenate(parts[::-1], axis=1) if N > 1 else parts[0] for parts in grads]
+                grads[j].append(d_xs[j])
+        d_inputs = [_cat(parts[::-1], 1) for parts in grads]
         d_h0_all = mx.concatenate([d_h0[s] for s in sorted(d_h0)], axis=0)
         return d_inputs + [d_h0_all]
 
     return core
 
 
-def _group_size(spec: Spec, plan: _Plan) -> int:
-    """Chunks prepared together: their largest intermediate stays near ``_GROUP_BYTES``."""
+_KEYS = ("q", "k", "w", "u", "p", "gamma", "to_end", "decay")  # q, k: chunk axis 2
+
+
+def _cat(parts: list[mx.array], axis: int) -> mx.array:
+    return mx.concatenate(parts, axis=axis) if len(parts) > 1 else parts[0]
+
+
+def _group_size(spec: Spec, plan: _Plan, budget: int | None = None) -> int:
+    """Chunks prepared together: their largest intermediate stays near ``budget`` bytes
+    (default ``_GROUP_BYTES``)."""
     per_chunk = 4 * spec.B * spec.Hv * plan.C * max(spec.Dk, spec.Dv, plan.C)
-    return max(1, min(plan.N, _GROUP_BYTES // per_chunk))
+    budget = _GROUP_BYTES if budget is None else budget
+    return max(1, min(plan.N, budget // per_chunk))
 
 
 def _prepare(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
