@@ -271,16 +271,9 @@ def stage_gdn(args, sizes, budget: Budget, env) -> None:
         write_json(path, merged)
 
 
-def profile_gdn(
-    T: int, chunk_size: int = 64, repeats: int = 3, fwd: bool = True, dtype: str = "bfloat16"
-) -> dict[str, Any]:
-    """chunkscan.gated_delta_rule at the Qwen3-Next layer shape: where the time goes.
-
-    Run in a fresh process (:func:`chunkscan._measure.run_isolated`). ``build``: the
-    Python call that returns the lazy outputs (graph construction, including the custom
-    backward's Python loop over chunks); ``eval``: ``mx.eval`` of them (scheduling,
-    kernel launches and GPU work).
-    """
+def _gdn_setup(T: int, chunk_size: int, dtype: str):
+    """Qwen3-Next layer inputs, ``chunkscan.gated_delta_rule`` and its value-and-grad
+    over all six inputs (the loss of ``bench/gated_delta.py``): ``(xs, f, grad)``."""
     import mlx.core as mx
 
     from bench.gated_delta import _inputs, _op
@@ -293,7 +286,22 @@ def profile_gdn(
         o, final = f(*a)
         return mx.sum((o * w).astype(mx.float32)) + mx.sum(final * w_s)
 
-    grad = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    return xs, f, mx.value_and_grad(loss, argnums=tuple(range(6)))
+
+
+def profile_gdn(
+    T: int, chunk_size: int = 64, repeats: int = 3, fwd: bool = True, dtype: str = "bfloat16"
+) -> dict[str, Any]:
+    """chunkscan.gated_delta_rule at the Qwen3-Next layer shape: where the time goes.
+
+    Run in a fresh process (:func:`chunkscan._measure.run_isolated`). ``build``: the
+    Python call that returns the lazy outputs (graph construction, including the custom
+    backward's Python loop over chunks); ``eval``: ``mx.eval`` of them (scheduling,
+    kernel launches and GPU work).
+    """
+    import mlx.core as mx
+
+    xs, f, grad = _gdn_setup(T, chunk_size, dtype)
 
     def split_times(call) -> dict[str, float]:
         mx.eval(call())  # warm-up
@@ -329,17 +337,7 @@ def timing_runs(T: int, chunk_size: int = 64, runs: int = 8, dtype: str = "bfloa
     """
     import mlx.core as mx
 
-    from bench.gated_delta import _inputs, _op
-
-    xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
-    mx.eval(xs, w, w_s)
-    f = _op("chunkscan", 128, chunk_size)
-
-    def loss(*a):
-        o, final = f(*a)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(final * w_s)
-
-    grad = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    xs, f, grad = _gdn_setup(T, chunk_size, dtype)
 
     def timed(n):
         out = []
