@@ -1,0 +1,138 @@
+"""The two sequential passes of Gated DeltaNet, behind one interface.
+
+Both the forward state pass and the backward state-gradient pass are one recurrence
+over the chunks of a group, per lane (a lane is one value head of one sequence row)::
+
+    for c in order:                       # 0..n-1, or n-1..0 with reverse=True
+        if c in loads:  X = inits[loads[c]]
+        entering[c] = X
+        V = E[c] - F[c] @ X^T             # [C, R]
+        X = decay[c] * X + V^T @ G[c] + H[c]
+        if c in stores: stored[stores[c]] = X
+
+with ``X`` of shape ``[R, Dk]`` in float32. Forward: ``F = W``, ``E = U``, ``G = K *
+to_end``, ``H = 0``: ``X`` is the state, ``entering[c]`` the state entering chunk ``c``.
+Backward (reversed): ``F = K * to_end``, ``E = 0``, ``G = W``, ``H = R`` (the
+state-independent part of the state gradient): ``X`` is the state cotangent,
+``entering[c]`` the cotangent of the state leaving chunk ``c``.
+
+Implementations (see :func:`state_pass`): ``portable`` (plain MLX ops, one
+``addmm`` per chunk: ``X @ M_c + B_c`` with ``M_c = decay_c I - F_c^T G_c`` and
+``B_c = E_c^T G_c + H_c`` formed for the whole group at once) runs on every backend;
+``cuda`` (one ``mx.fast.cuda_kernel`` launch per group) is chosen automatically on a
+CUDA device unless switched off (``CHUNKSCAN_CUDA_KERNELS=0`` or ``kernels=False``).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+F32 = mx.float32
+
+
+def state_pass(
+    x_in: mx.array | None,
+    decay: mx.array,
+    F: mx.array,
+    E: mx.array | None,
+    G: mx.array,
+    H: mx.array | None,
+    *,
+    reverse: bool,
+    loads: dict[int, int],
+    stores: dict[int, int],
+    inits: mx.array | None,
+    kernels: bool | None = None,
+) -> tuple[mx.array, mx.array, list[mx.array]]:
+    """Run the recurrence above over one group of ``n`` chunks.
+
+    Args:
+        x_in (array, optional): ``[L, R, Dk]`` float32, ``X`` entering the group (in
+            processing order); ``None`` when the first processed chunk loads.
+        decay (array): ``[L, n]`` float32.
+        F (array): ``[L, n, C, Dk]`` float32.
+        E (array, optional): ``[L, n, C, R]`` float32; ``None`` means zeros.
+        G (array): ``[L, n, C, Dk]`` float32.
+        H (array, optional): ``[L, n, R, Dk]`` float32; ``None`` means zeros.
+        reverse (bool): Process the chunks last to first.
+        loads (dict): chunk index -> index into ``inits``: ``X`` is replaced before
+            the chunk.
+        stores (dict): chunk index -> slot: ``X`` after the chunk is returned in
+            ``stored[slot]`` (slots ``0..len(stores)-1``).
+        inits (array, optional): ``[S, L, R, Dk]`` float32, read by ``loads``.
+        kernels (bool, optional): Use the backend's fused kernel where there is one.
+            Default: ``None`` (automatic; see :func:`use_kernels`).
+
+    Returns:
+        tuple: ``(entering [L, n, R, Dk], x_out [L, R, Dk], stored)`` where ``stored``
+        is a list of ``[L, R, Dk]`` arrays in slot order.
+    """
+    if use_kernels(kernels):
+        from . import _pass_cuda
+
+        if _pass_cuda.supports(F, G, E, H):
+            return _pass_cuda.state_pass(
+                x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
+            )
+    return portable_state_pass(
+        x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
+    )
+
+
+def use_kernels(kernels: bool | None = None) -> bool:
+    """Whether the fused CUDA kernel is used: ``kernels`` if given, else on when the
+    default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``."""
+    import os
+
+    if kernels is False:
+        return False
+    if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
+        return False
+    return _cuda_available()
+
+
+def _cuda_available() -> bool:
+    try:
+        return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
+    except AttributeError:
+        return False
+
+
+def portable_state_pass(
+    x_in: mx.array | None,
+    decay: mx.array,
+    F: mx.array,
+    E: mx.array | None,
+    G: mx.array,
+    H: mx.array | None,
+    *,
+    reverse: bool,
+    loads: dict[int, int],
+    stores: dict[int, int],
+    inits: mx.array | None,
+) -> tuple[mx.array, mx.array, list[mx.array]]:
+    """The recurrence in plain MLX ops: the transitions ``M``, ``B`` for the whole
+    group in four batched ops, then one ``addmm`` per chunk."""
+    n, Dk = F.shape[1], F.shape[-1]
+    eye = mx.eye(Dk, dtype=F32)
+    M = decay[..., None, None] * eye - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
+    if E is not None:
+        Bt = E.swapaxes(-1, -2) @ G  # [L, n, R, Dk]
+        Bt = Bt + H if H is not None else Bt
+    else:
+        Bt = H if H is not None else None
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    x = x_in
+    entering: list[mx.array | None] = [None] * n
+    stored: list[mx.array | None] = [None] * len(stores)
+    for c in order:
+        if c in loads:
+            x = inits[loads[c]]
+        entering[c] = x
+        if Bt is None:
+            x = x @ M[:, c]
+        else:
+            x = mx.addmm(Bt[:, c], x, M[:, c])
+        if c in stores:
+            stored[stores[c]] = x
+    return mx.stack(entering, axis=1), x, stored
