@@ -3,6 +3,7 @@ dtypes, packed sequences, mx.compile, argument errors and backward memory scalin
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -459,3 +460,76 @@ def test_extreme_gates(gate):
     # The gate at t = 0 (all but) wipes the initial state: dh0 is ~0 in both.
     assert_fp32_close(got[:-1], ref[:-1])
     assert mx.abs(got[-1]).max().item() <= 1e-10 and mx.abs(ref[-1]).max().item() <= 1e-10
+
+
+# ------------------------------------------------------------ non-finite input: causality
+
+BAD_INPUTS = [
+    ("v", math.nan), ("k", math.nan), ("k", math.inf), ("beta", math.nan),
+    ("beta", math.inf), ("g", math.nan), ("g", math.inf), ("q", math.nan),
+]  # fmt: skip
+
+
+def _with_bad(inputs, name, value, t):
+    inputs = list(inputs)
+    i = ("q", "k", "v", "g", "beta").index(name)
+    x = inputs[i]
+    hit = mx.arange(x.shape[1]) == t
+    hit = hit.reshape((1, -1) + (1,) * (x.ndim - 2))
+    if name in ("q", "k", "v"):  # one channel of one head of token t
+        hit = hit & (mx.arange(x.shape[-1]) == 1) & (mx.arange(x.shape[2]) == 0)[:, None]
+    inputs[i] = mx.where(hit, mx.array(value, dtype=x.dtype), x)
+    return inputs
+
+
+@pytest.mark.parametrize("name, value", BAD_INPUTS, ids=[f"{n}={v}" for n, v in BAD_INPUTS])
+def test_non_finite_input_is_causal(name, value):
+    """A non-finite input at token t never reaches the values or gradients of earlier
+    tokens (issue 8, item 1), and gives NaN where the per-step loop does."""
+    T, t, C = 20, 10, 8  # t is inside the second chunk, after two earlier tokens of it
+    inputs = make_inputs(1, T, 1, 2, 4, 3)
+    bad = _with_bad(inputs, name, value, t)
+    o, s = gated_delta_rule(*bad[:5], initial_state=bad[5], chunk_size=C)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(*bad[:5], initial_state=bad[5])
+    finite = mx.all(mx.isfinite(o), axis=(2, 3))[0].tolist()
+    finite_ref = mx.all(mx.isfinite(o_ref), axis=(2, 3))[0].tolist()
+    assert finite == finite_ref
+    assert all(finite[:t]) and not finite[t]
+    assert mx.all(mx.isfinite(s)).item() == mx.all(mx.isfinite(s_ref)).item()
+    # Values before t: identical to the same call with a finite value at t.
+    o_ok, _ = gated_delta_rule(*_with_bad(inputs, name, 0.5, t)[:5], initial_state=inputs[5],
+                               chunk_size=C)  # fmt: skip
+    assert mx.array_equal(o[:, :t], o_ok[:, :t]).item()
+    # Gradients of a loss on the tokens before t: finite, and those of the prefix.
+    w = mx.random.normal(o.shape, key=mx.random.key(5))
+
+    def loss(fn, xs, n):
+        def f(*a):
+            return mx.sum(fn(*a[:5], initial_state=a[5], chunk_size=C)[0][:, :n] * w[:, :n])
+
+        return mx.grad(f, argnums=tuple(range(6)))(*xs)
+
+    grads = loss(gated_delta_rule, bad, t)
+    prefix = [x[:, :t] for x in inputs[:5]] + [inputs[5]]
+    grads_ref = loss(naive_recurrent_gated_delta_rule, prefix, t)
+    for gr, ref in zip(grads[:5], grads_ref[:5]):
+        assert mx.all(mx.isfinite(gr)).item()
+        assert max_rel(gr[:, :t], ref) <= 1e-4
+        assert mx.abs(gr[:, t:]).max().item() == 0.0
+    assert max_rel(grads[5], grads_ref[5]) <= 1e-4
+
+
+def test_non_finite_input_stays_in_its_packed_sequence():
+    cu = [0, 7, 20]
+    inputs = make_inputs(1, 20, 1, 2, 4, 3, n_states=2)
+    bad = _with_bad(inputs, "v", math.nan, 3)
+    o, s = gated_delta_rule(*bad[:5], initial_state=bad[5], chunk_size=4, cu_seqlens=cu)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(*bad[:5], initial_state=bad[5],
+                                                    cu_seqlens=cu)  # fmt: skip
+    finite = mx.all(mx.isfinite(o), axis=(2, 3))[0].tolist()
+    assert finite == [True] * 3 + [False] * 4 + [True] * 13
+    assert finite == mx.all(mx.isfinite(o_ref), axis=(2, 3))[0].tolist()
+    # Only value head 0 of sequence 0 saw the NaN.
+    assert mx.isnan(s[0, 0]).all().item() and mx.isfinite(s[0, 1]).all().item()
+    assert mx.isfinite(s[1]).all().item()
+    assert max_rel(o[:, 7:], o_ref[:, 7:]) <= 1e-4 and max_rel(s[1], s_ref[1]) <= 1e-4

@@ -1,27 +1,35 @@
 """``gated_delta_rule``: the Gated DeltaNet recurrence in chunk form.
 
-Forward: the intra-chunk work (the UT/WY transform, a unit lower triangular inverse
-written with matrix products) is computed for many chunks at once, as batched products
-(all chunks of a short sequence; groups of ~8 MiB intermediates for long ones, which
-bounds forward memory); only the state pass runs chunk after chunk. Backward: one
-``mx.custom_function`` over the whole sequence keeps the state entering every chunk
-(``T / C`` states) and walks groups of chunks in reverse: the group's preparation is
-recomputed batched, a short loop differentiates only the state step chunk by chunk,
-and one ``mx.vjp`` of the preparation over the group gives its input gradients; the
-ordering rules of :mod:`chunkscan._ordering` free one group's intermediates before the
-next is recomputed. See ``docs/gated_delta.md`` for the math.
+Only two things are sequential: the forward state pass and the backward pass of the
+state gradient, both one recurrence over chunks behind :mod:`._passes` (portable MLX
+ops everywhere, one fused kernel launch per group on CUDA). Everything else is computed
+for a whole group of chunks at once, as a fixed number of batched ops: the WY/UT
+preparation (:func:`_prepare`), the outputs given the entering states, and, in the
+backward pass, every per-chunk gradient given the entering state and the leaving
+state gradient, then the hand-derived backward of the preparation (no ``mx.vjp``).
+
+One ``mx.custom_function`` covers the whole sequence. It keeps the state entering every
+chunk (``T / C`` states); the backward walks the groups in reverse, recomputing each
+group's preparation, and the ordering rules of :mod:`chunkscan._ordering` free one
+group's intermediates before the next group starts. Group sizes follow a byte budget
+(:func:`_group_size`). See ``docs/gated_delta.md`` for the math.
 """
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import mlx.core as mx
 
 from ... import _ordering, _tree
+from . import _passes
 from ._checks import Spec, check_inputs
 from .naive import l2_normalize
 
 F32 = mx.float32
-_GROUP_BYTES = 8 << 20  # forward: chunks are prepared in groups of about this size
+_NAN = mx.array(math.nan, dtype=F32)
+_GROUP_BYTES = 64 << 20  # scratch of one group of chunks (forward or backward), bytes
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
 
@@ -37,6 +45,7 @@ def gated_delta_rule(
     chunk_size: int = 64,
     normalize_qk: bool = False,
     cu_seqlens: list[int] | mx.array | None = None,
+    kernels: bool | None = None,
 ) -> tuple[mx.array, mx.array]:
     """Gated DeltaNet over a whole sequence, chunkwise, with a bounded-memory backward.
 
@@ -49,15 +58,23 @@ def gated_delta_rule(
             o[t] = scale * S @ q[t]
 
     Value head ``h`` uses key head ``h // (Hv // Hk)``. Unlike the loop, the forward
-    is a few large batched products plus ``T / chunk_size`` sequential state updates,
-    and the backward keeps ``T / chunk_size`` states plus one chunk's recomputation.
+    is a few large batched products per group of chunks plus ``T / chunk_size``
+    sequential state updates, and the backward is hand-derived: it keeps the
+    ``T / chunk_size`` entering states plus one group's recomputation.
+
+    Causal also for non-finite input: a NaN or infinity in ``k``, ``v``, ``beta`` or
+    ``g`` (``g = +inf`` or NaN; ``g = -inf`` is a valid hard reset) at token ``t`` makes
+    the outputs from ``t`` on and the final state NaN, as in the loop, but never the
+    outputs or gradients of earlier tokens; a non-finite ``q[t]`` makes ``o[t]`` NaN.
 
     Args:
         q (array): Queries ``[B, T, Hk, Dk]``.
         k (array): Keys ``[B, T, Hk, Dk]``.
         v (array): Values ``[B, T, Hv, Dv]``, ``Hv`` a multiple of ``Hk``.
-        g (array): Log-decay ``[B, T, Hv]`` (``<= 0``; the state is multiplied by
-            ``exp(g)``, so ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``).
+        g (array): Log-decay ``[B, T, Hv]`` (the state is multiplied by ``exp(g)``:
+            ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``). Usually ``<= 0``;
+            positive values (growth) are allowed and exact while the products stay in
+            float32 range.
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
         initial_state (array, optional): ``[B, Hv, Dv, Dk]`` (or ``[N, Hv, Dv, Dk]``
@@ -71,6 +88,10 @@ def gated_delta_rule(
             ``[0, t1, ..., T]`` of ``N`` sequences concatenated along ``T`` in one row
             (``B`` must be 1). The state restarts from ``initial_state[n]`` (or zeros)
             at each start. Static: read once, not traced. Default: ``None``.
+        kernels (bool, optional): Use the fused CUDA kernel for the sequential passes
+            where it applies. ``None``: on a CUDA device unless the environment
+            variable ``CHUNKSCAN_CUDA_KERNELS=0``; ``False``: always the portable
+            MLX ops. Values and gradients agree to float32 tolerance. Default: ``None``.
 
     Returns:
         tuple: ``(o, final_state)``: ``o`` ``[B, T, Hv, Dv]`` in the dtype of ``q``;
@@ -86,23 +107,26 @@ def gated_delta_rule(
     out_dtype = q.dtype
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
-    plan = _Plan(spec)
+    chunks = _Chunking(spec)
     if initial_state is None:
-        h0 = mx.zeros((spec.n_states, spec.Hk, spec.G, spec.Dv, spec.Dk), dtype=F32)
+        h0 = mx.zeros((spec.n_states, spec.Hv, spec.Dv, spec.Dk), dtype=F32)
     else:
-        h0 = initial_state.astype(F32).reshape(spec.n_states, spec.Hk, spec.G, spec.Dv, spec.Dk)
-    chunked = [plan.to_chunks(x) for x in (q, k, v, g, beta)]
-    outs = _tree.as_list(_make_core(spec, plan, out_dtype)(*chunked, h0))
-    o = plan.from_chunks(outs[0])
-    final = outs[1].reshape(spec.n_states, spec.Hv, spec.Dv, spec.Dk)
+        h0 = initial_state.astype(F32)
+    o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta)
+    raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
+    core = _make_core(spec, chunks, out_dtype, _passes.use_kernels(kernels))
+    outs = _tree.as_list(core(*raw, h0))
+    o, final = chunks.from_chunks(outs[0]), outs[1]
+    final = mx.where(seq_bad[..., None, None], mx.array(math.nan, dtype=F32), final)
     return o, final
 
 
-class _Plan:
+class _Chunking:
     """How tokens map onto chunks; each packed sequence starts its own chunk.
 
     The padded tokens at the end of a sequence's last chunk have ``g = 0`` and
     ``beta = 0``: the state passes them unchanged and their outputs are dropped.
+    ``starts`` / ``ends`` map a chunk index to the sequence that starts / ends there.
     """
 
     def __init__(self, spec: Spec) -> None:
@@ -110,8 +134,8 @@ class _Plan:
         lengths = [spec.T] if spec.seqs is None else [hi - lo for lo, hi in spec.seqs]
         C = min(spec.chunk_size, max(lengths))
         self.C = C
-        self.starts: dict[int, int] = {}  # chunk index -> sequence that starts there
-        self.ends: dict[int, int] = {}  # chunk index -> sequence that ends there
+        self.starts: dict[int, int] = {}
+        self.ends: dict[int, int] = {}
         if spec.seqs is None:
             self.N = -(-spec.T // C)
             self.starts[0] = 0
@@ -147,196 +171,307 @@ class _Plan:
         return x.reshape((x.shape[0], self.N, self.C) + rest)
 
     def from_chunks(self, o: mx.array) -> mx.array:
-        """``[B, N, C, Hv, Dv]`` -> ``[B, T, Hv, Dv]``."""
+        """``[B, N, C, ...]`` -> ``[B, T, ...]``."""
         o = o.reshape((o.shape[0], self.N * self.C) + tuple(o.shape[3:]))
         if self.packed:
             return mx.take(o, self.scatter, axis=1)
         return o[:, : self.spec.T] if self.pad else o
 
+    def groups(self, size: int) -> list[tuple[int, int]]:
+        return [(c, min(self.N, c + size)) for c in range(0, self.N, size)]
 
-def _make_core(spec: Spec, plan: _Plan, out_dtype: mx.Dtype):
-    """The custom function ``(q, k, v, g, beta, h0) -> [o, final, *saved states]``.
+    def local(self, table: dict[int, int], c0: int, c1: int) -> dict[int, int]:
+        """The entries of ``table`` inside chunks ``[c0, c1)``, indexed from ``c0``."""
+        return {c - c0: s for c, s in table.items() if c0 <= c < c1}
 
-    Inputs are in chunk layout ``[B, N, C, ...]``; ``h0`` is ``[n, Hk, G, Dv, Dk]``
-    float32. ``saved`` are the states entering every chunk that does not start a
-    sequence; they are outputs so that the backward pass can read them.
+
+def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool):
+    """The custom function ``(q, k, v, g, beta, o_bad, h0) -> [o, final, *entering]``.
+
+    Inputs in chunk layout ``[B, N, C, ...]`` and dtype (``o_bad`` ``[B, N, C, Hv]``
+    bool: outputs set to NaN, see :func:`_non_finite_reach`); ``h0``
+    ``[n, Hv, Dv, Dk]`` float32. The outputs after ``o`` (``[B, N, C, Hv, Dv]``) and ``final``
+    (``[n, Hv, Dv, Dk]``) are the states entering every chunk, one array
+    ``[L, n_g, Dv, Dk]`` per group (``L = B * Hv`` lanes), kept for the backward.
     """
-    N, scale = plan.N, spec.scale
+    B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
+    L, n_seq = B * Hv, spec.n_states
+    groups = chunks.groups(_group_size(spec, chunks.C))
 
-    def h0_for(h0: mx.array, s: int) -> mx.array:
-        return h0[s : s + 1] if plan.packed else h0
+    def lanes(x: mx.array) -> mx.array:
+        """``[B, Hk, G, n, ...]`` -> ``[L, n, ...]``."""
+        return x.reshape((L,) + tuple(x.shape[3:]))
 
-    def prep_list(qg, kg, vg, gg, bg):
-        """``_prepare`` of a group of chunks as a list in ``_KEYS`` order."""
-        prep = _prepare(qg, kg, vg, gg, bg, scale)
-        return [prep[key] for key in _KEYS]
+    def per_head(x: mx.array) -> mx.array:
+        """``[L, n, ...]`` -> ``[B, Hk, G, n, ...]``."""
+        return x.reshape((B, Hk, G) + tuple(x.shape[1:]))
 
-    def step_fn(state, *prep_c):
-        """One chunk's state step from its prepared slices: ``[o_chunk, state_out]``."""
-        o_c, new_state = _state_step(state, dict(zip(_KEYS, prep_c)), 0)
-        return [_to_output(o_c, out_dtype), new_state]
+    def seq_states(x: mx.array) -> mx.array:
+        """``[n_seq, Hv, Dv, Dk]`` -> ``[n_seq or 1, L, Dv, Dk]`` (what ``loads`` read)."""
+        return x.reshape(1 if not chunks.packed else n_seq, L, Dv, Dk)
 
-    group = _group_size(spec, plan)
-    # The backward's groups are half as large: they also keep their prepared gradients.
-    bwd_group = _group_size(spec, plan, _GROUP_BYTES // 2)
+    def from_lanes_states(parts: dict[int, mx.array]) -> mx.array:
+        """Per sequence ``[L, Dv, Dk]`` -> ``[n_seq, Hv, Dv, Dk]``."""
+        if not chunks.packed:
+            return parts[0].reshape(B, Hv, Dv, Dk)
+        return mx.stack([parts[s] for s in range(n_seq)], axis=0)
 
     @mx.custom_function
-    def core(q, k, v, g, beta, h0):
-        outs, finals, saved = [], {}, []
-        state = h0
-        for c in range(N):
-            if c % group == 0:
-                # Intra-chunk work for a group of chunks at once. Its inputs wait for
-                # the state entering the group, so that groups are prepared one after
-                # the other instead of all up front (bounded forward memory).
-                xs = [x[:, c : c + group] for x in (q, k, v, g, beta)]
-                xs = list(mx.depends(xs, [state])) if c > 0 else xs
-                prep = _prepare(*xs, scale)
-            if c in plan.starts:
-                state = h0_for(h0, plan.starts[c])
-            else:
-                saved.append(state)
-            o_c, state = _state_step(state, prep, c % group)
-            o_c = _to_output(o_c, out_dtype)
-            state = _ordering.carry_after_outputs([state], [o_c])[0]
-            outs.append(o_c)
-            if c in plan.ends:
-                finals[plan.ends[c]] = state
-        o = mx.concatenate(outs, axis=1) if N > 1 else outs[0]
-        final = mx.concatenate([finals[s] for s in sorted(finals)], axis=0)
-        return [o, final, *saved]
+    def core(q, k, v, g, beta, o_bad, h0):
+        inits = seq_states(h0)
+        outs, saved, finals = [], [], {}
+        state = None
+        for c0, c1 in groups:
+            xs = [x[:, c0:c1] for x in (q, k, v, g, beta)]
+            # The group's preparation waits for the state entering it: groups are
+            # prepared one after the other, not all up front (bounded memory).
+            xs = _ordering.prepare_after_carry(xs, [] if state is None else [state])
+            p = _prepare(*xs, spec.scale)
+            ends = chunks.local(chunks.ends, c0, c1)
+            entering, state, stored = _passes.state_pass(
+                state, lanes(p.decay), lanes(p.w), lanes(p.u), lanes(p.kt), None,
+                reverse=False, loads=chunks.local(chunks.starts, c0, c1),
+                stores={c: i for i, c in enumerate(ends)}, inits=inits, kernels=kernels,
+            )  # fmt: skip
+            for i, c in enumerate(ends):
+                finals[ends[c]] = stored[i]
+            st = per_head(entering).swapaxes(-1, -2)  # [B, Hk, G, n, Dk, Dv]
+            o = p.qg @ st + p.p @ (p.u - p.w @ st)
+            o = o.transpose(0, 3, 4, 1, 2, 5).reshape(B, c1 - c0, chunks.C, Hv, Dv)
+            o = mx.where(o_bad[:, c0:c1, ..., None], _NAN, o).astype(out_dtype)
+            # Rule 1: the state leaves the group only after the group's outputs exist.
+            state = _ordering.carry_after_outputs([state], [o])[0]
+            outs.append(o)
+            saved.append(entering)
+        return [_cat(outs, 1), from_lanes_states(finals), *saved]
 
     @core.vjp
     def core_vjp(primals, cotangents, outputs):
-        q, k, v, g, beta, h0 = _tree.as_list(primals)
-        cts, outs = _tree.as_list(cotangents), _tree.as_list(outputs)
-        ct_o, ct_final = cts[0], cts[1]
-        saved = iter(outs[2:])
-        entering = [
-            h0_for(h0, plan.starts[c]) if c in plan.starts else next(saved) for c in range(N)
-        ]
+        xs_all = _tree.as_list(primals)[:5]
+        o_bad = _tree.as_list(primals)[5]
+        ct_o, ct_final = _tree.as_list(cotangents)[:2]
+        saved = _tree.as_list(outputs)[2:]
+        ct_inits = seq_states(ct_final.astype(F32))
         grads: list[list[mx.array]] = [[] for _ in range(5)]
         d_h0: dict[int, mx.array] = {}
         d_state = None
-        chain: list[mx.array] = [ct_final]  # the last state cotangent, to order the groups
-        for g0 in reversed(range(0, N, bwd_group)):
-            g1 = min(N, g0 + bwd_group)
-            # The group's state-independent work, for all its chunks at once, once the
-            # cotangent entering the group exists (rule 2).
-            xs = [x[:, g0:g1] for x in (q, k, v, g, beta)]
-            xs = _ordering.recompute_after_cotangent(xs, chain)
-            prep = prep_list(*xs)
-            d_prep: list[list[mx.array]] = [[] for _ in _KEYS]
-            for c in reversed(range(g0, g1)):
-                if c in plan.ends:
-                    s = plan.ends[c]
-                    d_state = ct_final[s : s + 1] if plan.packed else ct_final
-                i = c - g0
-                prep_c = [
-                    x[:, :, i : i + 1] if j < 2 else x[:, :, :, i : i + 1]
-                    for j, x in enumerate(prep)
-                ]
-                state_in = _ordering.recompute_after_cotangent([entering[c]], [d_state])
-                _, d = mx.vjp(step_fn, state_in + prep_c, [ct_o[:, c : c + 1], d_state])
-                d_state = _ordering.cotangent_after_gradients([d[0]], list(d[1:]))[0]
-                for j in range(len(_KEYS)):
-                    d_prep[j].append(d[1 + j])
-                if c in plan.starts:
-                    d_h0[plan.starts[c]] = d_state
-            d_prep_g = [_cat(parts[::-1], 2 if j < 2 else 3) for j, parts in enumerate(d_prep)]
-            _, d_xs = mx.vjp(prep_list, xs, d_prep_g)
-            # The cotangent leaves the group only after the group's input gradients.
-            d_state = _ordering.cotangent_after_gradients([d_state], list(d_xs))[0]
+        chain = [ct_final]  # the cotangent entering the group, to order the groups
+        for gi in reversed(range(len(groups))):
+            c0, c1 = groups[gi]
+            # Rule 2: recompute the group only once the cotangent flowing into it exists.
+            xs = _ordering.recompute_after_cotangent([x[:, c0:c1] for x in xs_all], chain)
+            p = _prepare(*xs, spec.scale)
+            d_o = mx.where(o_bad[:, c0:c1, ..., None], 0.0, ct_o[:, c0:c1].astype(F32))
+            d_o = d_o.reshape(B, c1 - c0, chunks.C, Hk, G, Dv)
+            d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
+            # The state-independent part of the state gradient, for every chunk at once.
+            h = d_o.swapaxes(-1, -2) @ (p.qg - p.p @ p.w)  # [B, Hk, G, n, Dv, Dk]
+            starts = chunks.local(chunks.starts, c0, c1)
+            d_leaving, d_state, stored = _passes.state_pass(
+                d_state, lanes(p.decay), lanes(p.kt), None, lanes(p.w), lanes(h),
+                reverse=True, loads=chunks.local(chunks.ends, c0, c1),
+                stores={c: i for i, c in enumerate(starts)}, inits=ct_inits, kernels=kernels,
+            )  # fmt: skip
+            for i, c in enumerate(starts):
+                d_h0[starts[c]] = stored[i]
+            d_xs = _group_backward(p, xs, per_head(saved[gi]), per_head(d_leaving), d_o)
+            # Rule 3: the cotangent leaves the group only after its input gradients.
+            d_state = _ordering.cotangent_after_gradients([d_state], d_xs)[0]
             chain = [d_state]
-            for j in range(5):
-                grads[j].append(d_xs[j])
+            for parts, d in zip(grads, d_xs):
+                parts.append(d)
+        # Rule 4: one concatenate per input.
         d_inputs = [_cat(parts[::-1], 1) for parts in grads]
-        d_h0_all = mx.concatenate([d_h0[s] for s in sorted(d_h0)], axis=0)
-        return d_inputs + [d_h0_all]
+        return d_inputs + [mx.zeros_like(o_bad), from_lanes_states(d_h0)]
 
     return core
-
-
-_KEYS = ("q", "k", "w", "u", "p", "gamma", "to_end", "decay")  # q, k: chunk axis 2
 
 
 def _cat(parts: list[mx.array], axis: int) -> mx.array:
     return mx.concatenate(parts, axis=axis) if len(parts) > 1 else parts[0]
 
 
-def _group_size(spec: Spec, plan: _Plan, budget: int | None = None) -> int:
-    """Chunks prepared together: their largest intermediate stays near ``budget`` bytes
+def _group_size(spec: Spec, C: int, budget: int | None = None) -> int:
+    """Chunks per group: a group's scratch (about twenty ``[C, D]``, ``[C, C]`` or
+    ``[D, D]`` float32 arrays per chunk and value head) stays near ``budget`` bytes
     (default ``_GROUP_BYTES``)."""
-    per_chunk = 4 * spec.B * spec.Hv * plan.C * max(spec.Dk, spec.Dv, plan.C)
+    D = max(spec.Dk, spec.Dv)
+    per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
     budget = _GROUP_BYTES if budget is None else budget
-    return max(1, min(plan.N, budget // per_chunk))
+    return max(1, budget // per_chunk)
 
 
-def _prepare(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
+def _finite(x: mx.array) -> mx.array:
+    """``x`` with every non-finite value replaced by zero."""
+    return mx.where(mx.isfinite(x), x, mx.zeros((), dtype=x.dtype))
+
+
+def _finite_gate(g: mx.array) -> mx.array:
+    """``g`` with NaN and ``+inf`` replaced by zero (``-inf`` is a valid reset)."""
+    bad = mx.isnan(g) | (g == math.inf)
+    return mx.where(bad, mx.zeros((), dtype=g.dtype), g)
+
+
+def _prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
     """Everything that does not depend on the state, for ``n`` chunks at once.
 
-    Inputs ``[B, n, C, H, D]`` / ``[B, n, C, Hv]``. Shapes returned (``G = Hv // Hk``):
-    ``q``, ``k``: ``[B, Hk, n, C, Dk]``; ``w``: ``[B, Hk, G, n, C, Dk]``; ``u``:
-    ``[B, Hk, G, n, C, Dv]``; ``p``: ``[B, Hk, G, n, C, C]``; ``gamma``, ``to_end``:
-    ``[B, Hk, G, n, C]``; ``decay``: ``[B, Hk, G, n, 1]``.
+    Inputs ``[B, n, C, H, D]`` / ``[B, n, C, Hv]`` (non-finite values read as zero: the
+    wrapper poisons what they reach). Shapes (``G = Hv // Hk``; key-head arrays have a
+    broadcast axis ``1`` in place of ``G``): ``q``, ``k`` ``[B, Hk, 1, n, C, Dk]``;
+    ``v`` ``[B, Hk, G, n, C, Dv]``; ``g``, ``beta``, ``gamma``, ``to_end``
+    ``[B, Hk, G, n, C]``; ``decay`` ``[B, Hk, G, n]``; ``kk``, ``qk``
+    ``[B, Hk, 1, n, C, C]``; ``gam`` (``gamma_i / gamma_j``, zero above the
+    diagonal), ``a`` (the UT inverse), ``p`` ``[B, Hk, G, n, C, C]``; ``w``, ``kb``,
+    ``qg``, ``kt`` ``[B, Hk, G, n, C, Dk]``; ``u``, ``vb`` ``[B, Hk, G, n, C, Dv]``.
     """
     B, n, C, Hk, _ = q.shape
     Hv, Dv = v.shape[-2:]
     G = Hv // Hk
-    qf = q.astype(F32).transpose(0, 3, 1, 2, 4)
-    kf = k.astype(F32).transpose(0, 3, 1, 2, 4)
-    vf = v.astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
-    gf = g.astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
-    bf = beta.astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+    qf = _finite(q).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    kf = _finite(k).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    vf = _finite(v).astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
+    gf = _finite_gate(g).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+    bf = _finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
 
     # Log-decays relative to the chunk, each a sum of exactly the gates it spans (no
     # difference of two cumulative sums): no cancellation after a very negative gate,
     # and g = -inf (a hard reset) gives zero decays rather than NaN.
     gcum = mx.cumsum(gf, axis=-1)  # from the chunk start through step i
     to_end = mx.cumsum(gf, axis=-1, reverse=True, inclusive=False)  # after step j
-    glast = gcum[..., -1:]
-    causal = mx.tril(mx.ones((C, C), dtype=mx.bool_))
-    strict = mx.tril(mx.ones((C, C), dtype=mx.bool_), k=-1)
-    strict_g = mx.where(strict, gf[..., :, None], 0.0)  # [i, j] = g_i for i > j
-    rel = mx.cumsum(strict_g, axis=-2)  # [i, j] = g_{j+1} + ... + g_i
-    decays = mx.exp(mx.where(causal, rel, -mx.inf))  # gamma_i / gamma_j, zero above
+    strict = _strict(C)
+    rel = mx.cumsum(mx.where(strict, gf[..., :, None], 0.0), axis=-2)  # g_{j+1} + .. + g_i
+    gam = mx.exp(mx.where(_causal(C), rel, -mx.inf))  # gamma_i / gamma_j, zero above
 
-    kt = kf.swapaxes(-1, -2)
-    kk = mx.expand_dims(kf @ kt, 2)  # [B, Hk, 1, n, C, C]
-    qk = mx.expand_dims(qf @ kt, 2)
-    lower = mx.where(strict, bf[..., :, None] * decays * kk, 0.0)
-    a = unit_lower_inverse(lower)  # (I + lower)^-1
+    kt_ = kf.swapaxes(-1, -2)
+    kk = kf @ kt_
+    qk = qf @ kt_
+    a = unit_lower_inverse(mx.where(strict, bf[..., :, None] * gam * kk, 0.0))
     gamma = mx.exp(gcum)
-    w = a @ (mx.expand_dims(kf, 2) * (bf * gamma)[..., None])
-    u = a @ (vf * bf[..., None])
-    return {
-        "q": qf * scale,
-        "k": kf,
-        "w": w,
-        "u": u,
-        "p": (scale * qk) * decays,
-        "gamma": gamma,
-        "to_end": mx.exp(to_end),
-        "decay": mx.exp(glast),
-    }
+    to_end = mx.exp(to_end)
+    kb = kf * (bf * gamma)[..., None]
+    vb = vf * bf[..., None]
+    return SimpleNamespace(
+        q=qf, k=kf, v=vf, g=gf, beta=bf, gamma=gamma, to_end=to_end,
+        decay=mx.exp(gcum[..., -1]), kk=kk, qk=qk, gam=gam, a=a, kb=kb, vb=vb,
+        w=a @ kb, u=a @ vb, qg=qf * (scale * gamma)[..., None], p=(scale * qk) * gam,
+        kt=kf * to_end[..., None], scale=scale,
+    )  # fmt: skip
 
 
-def _state_step(state: mx.array, prep: dict[str, mx.array], c: int):
-    """Chunk ``c``: ``(o [B, Hk, G, C, Dv], state_out [B, Hk, G, Dv, Dk])``."""
-    st = state.swapaxes(-1, -2)  # [B, Hk, G, Dk, Dv]
-    q_c = mx.expand_dims(prep["q"][:, :, c], 2)
-    k_c = mx.expand_dims(prep["k"][:, :, c], 2)
-    v_new = prep["u"][:, :, :, c] - prep["w"][:, :, :, c] @ st
-    o = (q_c @ st) * prep["gamma"][:, :, :, c][..., None] + prep["p"][:, :, :, c] @ v_new
-    scaled = v_new * prep["to_end"][:, :, :, c][..., None]
-    new_state = prep["decay"][:, :, :, c][..., None] * state + scaled.swapaxes(-1, -2) @ k_c
-    return o, new_state
+def _group_backward(p, xs, s, d_s, d_o) -> list[mx.array]:
+    """Input gradients of one group, given its preparation ``p``, raw inputs ``xs``,
+    the states entering its chunks ``s`` and the cotangents of the states leaving them
+    ``d_s`` (both ``[B, Hk, G, n, Dv, Dk]``) and the output cotangent ``d_o``
+    (``[B, Hk, G, n, C, Dv]``). Returns ``[dq, dk, dv, dg, dbeta]`` in chunk layout
+    and the dtypes of ``xs``."""
+    C = p.a.shape[-1]
+    causal, strict = _causal(C), _strict(C)
+
+    # Per-chunk gradients given the states (o = qg S^T + p v_new, v_new = u - w S^T,
+    # S_next = decay S + v_new^T kt).
+    v_new = p.u - p.w @ s.swapaxes(-1, -2)
+    d_vnew = p.p.swapaxes(-1, -2) @ d_o + p.kt @ d_s.swapaxes(-1, -2)  # also d_u
+    d_w = -(d_vnew @ s)
+    d_qg = d_o @ s
+    d_p = mx.where(causal, d_o @ v_new.swapaxes(-1, -2), 0.0)
+    d_kt = v_new @ d_s
+    d_decay = mx.sum(d_s * s, axis=(-2, -1))
+
+    # Back through the preparation.
+    d_kb = p.a.swapaxes(-1, -2) @ d_w
+    d_vb = p.a.swapaxes(-1, -2) @ d_vnew
+    d_a = d_w @ p.kb.swapaxes(-1, -2) + d_vnew @ p.vb.swapaxes(-1, -2)
+    at = p.a.swapaxes(-1, -2)
+    d_l = mx.where(strict, -(at @ d_a @ at), 0.0)  # X = (I + L)^-1: dL = -X^T dX X^T
+    kdkb = mx.sum(d_kb * p.k, axis=-1)
+    beta_i = p.beta[..., :, None]
+    d_beta = (
+        mx.sum(d_vb * p.v, axis=-1) + p.gamma * kdkb + mx.sum(d_l * p.gam * p.kk, axis=-1)
+    )
+    d_gamma = p.scale * mx.sum(d_qg * p.q, axis=-1) + p.beta * kdkb
+    d_gam = mx.where(strict, p.scale * d_p * p.qk + d_l * beta_i * p.kk, 0.0)
+    d_qk = mx.sum(p.scale * d_p * p.gam, axis=2, keepdims=True)
+    d_kk = mx.sum(d_l * beta_i * p.gam, axis=2, keepdims=True)
+    d_q = mx.sum(d_qg * (p.scale * p.gamma)[..., None], axis=2, keepdims=True) + d_qk @ p.k
+    d_k = (
+        d_qk.swapaxes(-1, -2) @ p.q
+        + (d_kk + d_kk.swapaxes(-1, -2)) @ p.k
+        + mx.sum(d_kt * p.to_end[..., None] + d_kb * (p.beta * p.gamma)[..., None], axis=2,
+                 keepdims=True)
+    )  # fmt: skip
+    d_to_end = mx.sum(d_kt * p.k, axis=-1)
+    d_v = d_vb * p.beta[..., None]
+
+    # Gates, each term a sum of exactly the spans it covers (no cancellation):
+    # gam[i, j] spans g_{j+1..i}, gamma_i g_{0..i}, to_end_j g_{j+1..}, decay all.
+    spans = mx.cumsum(d_gam * p.gam, axis=-2, reverse=True)  # [l, j]: sum over i >= l
+    d_g = mx.sum(mx.where(strict, spans, 0.0), axis=-1)  # ... and over j < l
+    d_g = d_g + mx.cumsum(d_gamma * p.gamma, axis=-1, reverse=True)
+    d_g = d_g + mx.cumsum(d_to_end * p.to_end, axis=-1, inclusive=False)
+    d_g = d_g + (d_decay * p.decay)[..., None]
+
+    B, Hk, G, n = p.beta.shape[:4]
+    q, k, v, g, beta = xs
+    key_layout = [d.reshape(B, Hk, n, C, -1).transpose(0, 2, 3, 1, 4) for d in (d_q, d_k)]
+    d_v = d_v.transpose(0, 3, 4, 1, 2, 5).reshape(v.shape)
+    d_g, d_beta = (d.transpose(0, 3, 4, 1, 2).reshape(g.shape) for d in (d_g, d_beta))
+    # Inputs that were read as zero (non-finite) get no gradient.
+    read = (
+        mx.isfinite(q), mx.isfinite(k), mx.isfinite(v),
+        ~(mx.isnan(g) | (g == math.inf)), mx.isfinite(beta),
+    )  # fmt: skip
+    return [
+        mx.where(ok, d, 0.0).astype(x.dtype)
+        for ok, d, x in zip(read, [*key_layout, d_v, d_g, d_beta], xs)
+    ]
 
 
-def _to_output(o: mx.array, dtype: mx.Dtype) -> mx.array:
-    """``[B, Hk, G, C, Dv]`` -> ``[B, 1, C, Hv, Dv]`` in ``dtype``."""
-    B, Hk, G, C, Dv = o.shape
-    return o.transpose(0, 3, 1, 2, 4).reshape(B, 1, C, Hk * G, Dv).astype(dtype)
+def _causal(C: int) -> mx.array:
+    return mx.tril(mx.ones((C, C), dtype=mx.bool_))
+
+
+def _strict(C: int) -> mx.array:
+    return mx.tril(mx.ones((C, C), dtype=mx.bool_), k=-1)
+
+
+def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]:
+    """Where the per-step recurrence has NaN from non-finite input: ``(o_bad [B, T, Hv],
+    seq_bad [n_seq, Hv])``, both bool.
+
+    The chunk form reads non-finite inputs as zero (so that the masked, upper-triangle
+    parts of its products never turn ``0 * inf`` into NaN for earlier tokens) and puts
+    the NaN back where the loop has it: every output from the first token with a
+    non-finite ``k``, ``v``, ``beta`` or ``g`` (NaN or ``+inf``) of its sequence on,
+    ``o[t]`` where ``q[t]`` is non-finite, and the final state of such a sequence.
+    The masks are constants: the gradients of the other tokens are untouched.
+    """
+    B, T, Hk, G, Hv = spec.B, spec.T, spec.Hk, spec.G, spec.Hv
+    # Without stop_gradient, autodiff would build the (zero) vjp of every comparison:
+    # one input-sized zero buffer per input, measured ~3 KiB per token here.
+    q, k, v, g, beta = (mx.stop_gradient(x) for x in (q, k, v, g, beta))
+
+    def per_value_head(bad_k):  # [B, T, Hk] -> [B, T, Hv]
+        return mx.broadcast_to(bad_k[..., None], (B, T, Hk, G)).reshape(B, T, Hv)
+
+    state_bad = (
+        per_value_head(mx.any(~mx.isfinite(k), axis=-1))
+        | mx.any(~mx.isfinite(v), axis=-1)
+        | ~mx.isfinite(beta)
+        | mx.isnan(g)
+        | (g == math.inf)
+    )
+    count = mx.cumsum(state_bad.astype(mx.int32), axis=1)  # [B, T, Hv]
+    if spec.seqs is not None:
+        # Count within each sequence: subtract the count before its first token.
+        before = [lo for lo, hi in spec.seqs for _ in range(hi - lo)]
+        padded = mx.concatenate([mx.zeros((B, 1, Hv), dtype=mx.int32), count], axis=1)
+        count = count - mx.take(padded, mx.array(before, dtype=mx.int32), axis=1)
+        last = mx.array([hi - 1 for _, hi in spec.seqs], dtype=mx.int32)
+        seq_bad = mx.take(count, last, axis=1)[0] > 0
+    else:
+        seq_bad = count[:, -1] > 0
+    o_bad = (count > 0) | per_value_head(mx.any(~mx.isfinite(q), axis=-1))
+    return o_bad, seq_bad
 
 
 @mx.custom_function
