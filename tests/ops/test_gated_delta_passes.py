@@ -65,14 +65,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kernels", [False, None], ids=["portable", "auto"])
+def _run(impl, args, kw):
+    if impl == "auto":
+        return _passes.state_pass(*args, **kw)
+    return _passes.portable_state_pass(*args, **kw, form=impl)
+
+
+@pytest.mark.parametrize("impl", ["factored", "transition", "auto"])
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_state_pass_matches_definition(case, kernels):
+def test_state_pass_matches_definition(case, impl):
     reverse, loads, stores, with_e, with_h = case
     inp = make_inputs(with_e=with_e, with_h=with_h)
     kw = dict(reverse=reverse, loads=loads, stores=stores, inits=inp["inits"])
     args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
-    ent, x_out, stored = _passes.state_pass(*args, **kw, kernels=kernels)
+    ent, x_out, stored = _run(impl, args, kw)
     ref_ent, ref_x, ref_stored = reference_pass(*args, **kw)
     # float32 against float64: measured max abs error ~1e-7 on these O(1) values.
     np.testing.assert_allclose(np.array(ent), ref_ent, rtol=0, atol=2e-5)

@@ -16,11 +16,16 @@ Backward (reversed): ``F = K * to_end``, ``E = 0``, ``G = W``, ``H = R`` (the
 state-independent part of the state gradient): ``X`` is the state cotangent,
 ``entering[c]`` the cotangent of the state leaving chunk ``c``.
 
-Implementations (see :func:`state_pass`): ``portable`` (plain MLX ops, one
-``addmm`` per chunk: ``X @ M_c + B_c`` with ``M_c = decay_c I - F_c^T G_c`` and
-``B_c = E_c^T G_c + H_c`` formed for the whole group at once) runs on every backend;
-``cuda`` (one ``mx.fast.cuda_kernel`` launch per group) is chosen automatically on a
-CUDA device unless switched off (``CHUNKSCAN_CUDA_KERNELS=0`` or ``kernels=False``).
+Implementations (see :func:`state_pass`):
+
+- portable, plain MLX ops, in one of two forms that give the same values:
+  ``"transition"``: one ``addmm`` per chunk, ``X @ M_c + B_c`` with
+  ``M_c = decay_c I - F_c^T G_c`` and ``B_c = E_c^T G_c + H_c`` formed for the whole
+  group in a few batched ops (fewest ops per chunk: the choice on GPUs, where each op
+  costs tens of microseconds); ``"factored"``: the loop above as written, four ops
+  per chunk but half the multiply-adds when ``C < Dk`` (the choice on the CPU);
+- ``cuda``: one ``mx.fast.cuda_kernel`` launch per group, chosen automatically on a
+  CUDA device unless switched off (``CHUNKSCAN_CUDA_KERNELS=0`` or ``kernels=False``).
 """
 
 from __future__ import annotations
@@ -68,9 +73,11 @@ def state_pass(
         is a list of ``[L, R, Dk]`` arrays in slot order.
     """
     if use_kernels(kernels):
-        from . import _pass_cuda
-
-        if _pass_cuda.supports(F, G, E, H):
+        try:
+            from . import _pass_cuda
+        except ImportError:  # not built into this checkout yet
+            _pass_cuda = None
+        if _pass_cuda is not None and _pass_cuda.supports(F, G, E, H):
             return _pass_cuda.state_pass(
                 x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
             )
@@ -110,9 +117,14 @@ def portable_state_pass(
     loads: dict[int, int],
     stores: dict[int, int],
     inits: mx.array | None,
+    form: str | None = None,
 ) -> tuple[mx.array, mx.array, list[mx.array]]:
-    """The recurrence in plain MLX ops: the transitions ``M``, ``B`` for the whole
-    group in four batched ops, then one ``addmm`` per chunk."""
+    """The recurrence in plain MLX ops, in the form ``form`` (``None``: ``"factored"``
+    on the CPU, ``"transition"`` elsewhere; see the module docstring)."""
+    if form is None:
+        form = "factored" if mx.default_device() == mx.cpu else "transition"
+    if form == "factored":
+        return _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits)
     n, Dk = F.shape[1], F.shape[-1]
     eye = mx.eye(Dk, dtype=F32)
     M = decay[..., None, None] * eye - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
@@ -133,6 +145,27 @@ def portable_state_pass(
             x = x @ M[:, c]
         else:
             x = mx.addmm(Bt[:, c], x, M[:, c])
+        if c in stores:
+            stored[stores[c]] = x
+    return mx.stack(entering, axis=1), x, stored
+
+
+def _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits):
+    n = F.shape[1]
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    x = x_in
+    entering: list[mx.array | None] = [None] * n
+    stored: list[mx.array | None] = [None] * len(stores)
+    for c in order:
+        if c in loads:
+            x = inits[loads[c]]
+        entering[c] = x
+        v = -(F[:, c] @ x.swapaxes(-1, -2))  # [L, C, R]
+        if E is not None:
+            v = v + E[:, c]
+        x = decay[:, c, None, None] * x + v.swapaxes(-1, -2) @ G[:, c]
+        if H is not None:
+            x = x + H[:, c]
         if c in stores:
             stored[stores[c]] = x
     return mx.stack(entering, axis=1), x, stored

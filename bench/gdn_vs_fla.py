@@ -1,0 +1,153 @@
+"""Gated DeltaNet fwd+bwd on one GPU: chunkscan (fused kernels / portable ops, eager /
+compiled) side by side with flash-linear-attention, each configuration in a fresh
+process, in one run.
+
+Shape: one Qwen3-Next layer (B=1, Hk=16, Hv=32, Dk=Dv=128), bf16 inputs, fp32 state,
+loss ``sum(o * w) + sum(final * w_s)``, gradients for q, k, v, g, beta and the initial
+state. Rows: ``impl`` ("chunkscan": kernels on where there are any; "chunkscan-portable":
+``kernels=False``; "fla"), ``T``, ``compiled``, ``ms`` (median fwd+bwd),
+``kib_per_token`` (peak above the inputs, gradients included), ``first_call_s`` (the
+first call: trace, JIT compilation and one run), ``chunk_size``.
+
+    python3 bench/gdn_vs_fla.py --T 4096 16384 65536 --json bench-out/gdn_vs_fla.json
+    python3 bench/gdn_vs_fla.py --impls chunkscan-portable --T 1024     # any MLX device
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from _common import OUT, KiB, child_env, meta, write_json
+
+IMPLS = ("chunkscan", "chunkscan-portable", "fla")
+
+
+def measure_mlx(
+    T: int,
+    impl: str,
+    compiled: bool,
+    chunk_size: int = 64,
+    group_mib: int | None = None,
+    repeats: int = 5,
+    dtype: str = "bfloat16",
+) -> dict[str, Any]:
+    """One MLX configuration (in its own process)."""
+    import mlx.core as mx
+    from gated_delta import _inputs
+
+    import chunkscan
+    from chunkscan._measure import median_seconds, peak_above_active
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    if group_mib:
+        chunk_module._GROUP_BYTES = group_mib << 20
+    xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
+    mx.eval(xs, w, w_s)
+    kernels = False if impl == "chunkscan-portable" else None
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = chunkscan.gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, kernels=kernels
+        )
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    if compiled:
+        step = mx.compile(step)
+    mx.synchronize()
+    t0 = time.perf_counter()
+    mx.eval(step(*xs))
+    mx.synchronize()
+    first = time.perf_counter() - t0
+    _, peak = peak_above_active(lambda: step(*xs))
+    seconds = median_seconds(lambda: step(*xs), repeats=repeats, warmup=1)
+    from chunkscan.ops.gated_delta import _passes
+
+    return {
+        "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
+        "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
+        "group_mib": chunk_module._GROUP_BYTES >> 20,
+        "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
+    }  # fmt: skip
+
+
+def measure_fla(T: int, repeats: int = 10) -> dict[str, Any]:
+    import fla_gdn
+
+    fla_gdn.lift_hopper_guard()
+    row = fla_gdn.measure(T, repeats=repeats, warmup=3)
+    return {
+        "impl": "fla", "T": T, "compiled": False, "ms": row["seconds"] * 1e3,
+        "kib_per_token": row["kib_per_token"], "chunk_size": 64,
+        "wall_ms": row["wall_seconds"] * 1e3,
+    }  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
+                   choices=["eager", "compiled"])  # fmt: skip
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[64])
+    p.add_argument("--group-mib", type=int, nargs="+", default=[0],
+                   help="scratch budget of one group of chunks; 0: the library default")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
+    p.add_argument("--json", default=str(OUT / "gdn_vs_fla.json"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from chunkscan._measure import run_isolated
+
+    started, rows = time.perf_counter(), []
+    info = meta(shape={"B": 1, "Hk": 16, "Hv": 32, "Dk": 128, "Dv": 128, "dtype": "bfloat16"})
+    configs = []
+    for T in args.T:
+        for impl in args.impls:
+            if impl == "fla":
+                configs.append(("bench_fla", {"T": T}))
+                continue
+            for mode in args.modes:
+                for C in args.chunk_sizes:
+                    for mib in args.group_mib:
+                        cfg = {"T": T, "impl": impl, "compiled": mode == "compiled",
+                               "chunk_size": C, "group_mib": mib or None,
+                               "repeats": args.repeats}  # fmt: skip
+                        configs.append(("bench_mlx", cfg))
+    for kind, cfg in configs:
+        if args.budget and time.perf_counter() - started > args.budget:
+            rows.append({**cfg, "error": "skipped: budget"})
+            continue
+        target = "gdn_vs_fla:measure_fla" if kind == "bench_fla" else "gdn_vs_fla:measure_mlx"
+        row = run_isolated(target, cfg, timeout=args.timeout, env=child_env(bench=True))
+        if "error" in row:
+            row = {**cfg, "impl": cfg.get("impl", "fla"), **row}
+        rows.append(row)
+        print(_line(row), flush=True)
+        write_json(args.json, info, rows)
+    return 0
+
+
+def _line(row: dict[str, Any]) -> str:
+    head = f"{row['impl']:>18} T={row['T']:>6} C={row.get('chunk_size', '')!s:>4} " + (
+        "compiled" if row.get("compiled") else "eager   "
+    )
+    if "error" in row:
+        return f"{head}: {row['error']}"
+    first = row.get("first_call_s")
+    return (
+        f"{head}: {row['ms']:9.2f} ms {row['kib_per_token']:8.1f} KiB/token"
+        + (f"  first call {first:6.2f} s" if first is not None else "")
+        + (f"  group {row['group_mib']} MiB" if "group_mib" in row else "")
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
