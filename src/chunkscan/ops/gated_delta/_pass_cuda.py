@@ -358,11 +358,14 @@ def _phase2(Dk: int, TR: int, NT: int) -> tuple[int, int] | None:
     return None if best is None else (best[1], best[2])
 
 
-def choose_config(C: int, Dk: int, R: int, has_e: bool, TR: int | None = None) -> Config | None:
-    """The tiling used for a shape, or ``None`` when the kernel does not handle it."""
+def choose_config(
+    C: int, Dk: int, R: int | None, has_e: bool, TR: int | None = None
+) -> Config | None:
+    """The tiling used for a shape, or ``None`` when the kernel does not handle it
+    (``R=None``: any ``R`` the row tile divides)."""
     if C % 8 or not 8 <= C <= 256 or Dk % 32 or not 32 <= Dk <= 256:
         return None
-    if R % 8 or not 8 <= R <= 256:
+    if R is not None and (R % 8 or not 8 <= R <= 256):
         return None
     env_tr = os.environ.get("CHUNKSCAN_PASS_TR")
     if TR is None and env_tr:
@@ -370,7 +373,7 @@ def choose_config(C: int, Dk: int, R: int, has_e: bool, TR: int | None = None) -
     budget = int(os.environ.get("CHUNKSCAN_PASS_SMEM_KB", "100")) * 1024
     trs = [TR] if TR else [16, 8, 32]
     for tr in trs:
-        if tr % 4 or R % tr:
+        if tr % 4 or (R is not None and R % tr):
             continue
         for NT in (256, 128, 64):
             if tr * Dk // 4 < NT:
@@ -405,7 +408,7 @@ def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -
     elif H is not None:
         R = H.shape[-2]
     else:
-        R = 16
+        R = None  # known only from x_in / inits: checked again in state_pass
     return choose_config(C, Dk, R, E is not None) is not None
 
 
