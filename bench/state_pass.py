@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         direction = "reverse" if reverse else "forward"
         for tr in args.tr:
             os.environ["CHUNKSCAN_PASS_TR"] = str(tr)
-            cfg = _pass_cuda.choose_config(args.C, args.Dk, args.R, not reverse)
+            cfg = _pass_cuda.choose_config(args.C, args.Dk, args.R, not reverse, L=args.L)
             try:
                 acc = _accuracy(args, reverse)
                 accuracy.append({"direction": direction, "tr": tr, "n": args.check_n, **acc})

@@ -29,8 +29,9 @@ double-buffered: the copy of step ``s + 1`` is issued before step ``s`` computes
 Shapes handled (see :func:`supports`): ``C`` in 8..256 and a multiple of 8, ``Dk`` a
 multiple of 32 up to 256, ``R`` a multiple of 8 up to 256, float32 operands. The tile
 configuration can be forced for tuning with ``CHUNKSCAN_PASS_TR`` (rows per block) and
-``CHUNKSCAN_PASS_SMEM_KB`` (shared-memory budget per block, default 100: two blocks per
-multiprocessor on an H100/H200).
+``CHUNKSCAN_PASS_SMEM_KB`` (shared-memory budget per block; default: at most 100 KiB
+and small enough for the whole grid to be resident on 132 multiprocessors; fewer rows
+per piece ``CP`` when it does not fit).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import mlx.core as mx
 
 F32 = mx.float32
 _SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90
+_SMEM_PER_SM = 228 * 1024  # per multiprocessor on sm_90 (1 KiB of it reserved per block)
+_SM_COUNT = 132  # H100 / H200 SXM: only sizes the default shared-memory budget
 
 _INPUTS = ["xin", "decay", "Fm", "Em", "Gm", "Hm", "inits", "loads", "stores"]
 _OUTPUTS = ["entering", "xout", "stored"]
@@ -358,11 +361,24 @@ def _phase2(Dk: int, TR: int, NT: int) -> tuple[int, int] | None:
     return None if best is None else (best[1], best[2])
 
 
+def _budget(L: int | None, R: int | None, TR: int) -> int:
+    """Shared memory per block: ``CHUNKSCAN_PASS_SMEM_KB`` if set, else at most 100 KiB
+    and small enough that the whole grid (``L * R / TR`` blocks) is resident at once."""
+    env = os.environ.get("CHUNKSCAN_PASS_SMEM_KB")
+    if env:
+        return int(env) * 1024
+    budget = 100 * 1024
+    if L is not None and R is not None:
+        per_sm = -(-(L * (R // TR)) // _SM_COUNT)
+        budget = min(budget, _SMEM_PER_SM // per_sm - 1024)
+    return max(budget, 16 * 1024)
+
+
 def choose_config(
-    C: int, Dk: int, R: int | None, has_e: bool, TR: int | None = None
+    C: int, Dk: int, R: int | None, has_e: bool, TR: int | None = None, L: int | None = None
 ) -> Config | None:
     """The tiling used for a shape, or ``None`` when the kernel does not handle it
-    (``R=None``: any ``R`` the row tile divides)."""
+    (``R=None``: any ``R`` the row tile divides; ``L``, the lanes, sizes the budget)."""
     if C % 8 or not 8 <= C <= 256 or Dk % 32 or not 32 <= Dk <= 256:
         return None
     if R is not None and (R % 8 or not 8 <= R <= 256):
@@ -370,11 +386,11 @@ def choose_config(
     env_tr = os.environ.get("CHUNKSCAN_PASS_TR")
     if TR is None and env_tr:
         TR = int(env_tr)
-    budget = int(os.environ.get("CHUNKSCAN_PASS_SMEM_KB", "100")) * 1024
     trs = [TR] if TR else [16, 8, 32]
     for tr in trs:
         if tr % 4 or (R is not None and R % tr):
             continue
+        budget = _budget(L, R, tr)
         for NT in (256, 128, 64):
             if tr * Dk // 4 < NT:
                 continue
@@ -476,7 +492,7 @@ def state_pass(
             f"[state_pass] x_in may be None only when the first processed chunk loads, "
             f"but chunk {first} has no entry in loads={loads}. Fix: pass x_in."
         )
-    cfg = choose_config(C, Dk, R, E is not None)
+    cfg = choose_config(C, Dk, R, E is not None, L=L)
     if cfg is None:
         from ._passes import portable_state_pass
 
