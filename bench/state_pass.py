@@ -159,6 +159,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 acc = _accuracy(args, reverse)
                 accuracy.append({"direction": direction, "tr": tr, "n": args.check_n, **acc})
                 print(f"[accuracy] {direction} TR={tr} {cfg}: {acc}", flush=True)
+                # Same bound as tests/ops/test_gated_delta_passes.py (fp32 kernel, O(1) values).
+                if not acc["kernel_max_abs_err"] < 2e-5:
+                    msg = f"[accuracy] {direction} TR={tr}: kernel error above 2e-5: {acc}"
+                    print("ACCURACY FAIL " + msg, flush=True)
+                    errors.append(msg)
             except Exception:
                 msg = f"[accuracy] {direction} TR={tr} {cfg} FAILED:\n{traceback.format_exc()}"
                 print(msg, flush=True)

@@ -458,7 +458,8 @@ def template(cfg: Config, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool,
     return [
         ("C", C), ("DK", Dk), ("R", R), ("TR", cfg.TR), ("NT", cfg.NT), ("CP", cfg.CP),
         ("A1", cfg.A1), ("B1", cfg.B1), ("B2", cfg.B2), ("J4", cfg.J4),
-        ("HAS_X", has_x), ("HAS_E", has_e), ("HAS_H", has_h), ("REVERSE", reverse),
+        ("HAS_X", bool(has_x)), ("HAS_E", bool(has_e)), ("HAS_H", bool(has_h)),
+        ("REVERSE", bool(reverse)),
     ]
 
 
