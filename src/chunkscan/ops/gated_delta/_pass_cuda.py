@@ -1,0 +1,532 @@
+"""The state pass of :mod:`._passes` as ONE ``mx.fast.cuda_kernel`` launch (CUDA only).
+
+Same interface and semantics as :func:`._passes.portable_state_pass`::
+
+    for c in order:
+        if c in loads:  X = inits[loads[c]]
+        entering[c] = X
+        V = E[c] - F[c] @ X^T             # [C, R]
+        X = decay[c] * X + V^T @ G[c] + H[c]
+        if c in stores: stored[stores[c]] = X
+
+Design (plain fp32 FMA, no tensor cores). The ``R`` rows of ``X`` are independent, so
+the grid is ``L`` lanes x ``R / TR`` row tiles, one thread block each, ``NT`` threads.
+A block keeps its tile ``X[TR, Dk]`` in registers (each thread owns ``B2`` rows x
+``4 J4`` columns, the phase-2 outputs) and a copy in shared memory (read by phase 1).
+Each chunk is processed in ``NP`` pieces of ``CP = C / NP`` rows of ``F``, ``E`` and
+``G``; a piece is one *step*. Step ``s`` stages its ``F`` and ``G`` rows ``[CP, Dk]``
+and its ``E`` slice ``[CP, TR]`` into shared memory with 16-byte ``cp.async`` copies,
+double-buffered: the copy of step ``s + 1`` is issued before step ``s`` computes.
+
+- phase 1: ``V[i, r] = E[i, r] - dot(F[i, :], X[r, :])`` for the piece's rows ``i``
+  (each thread ``A1 x B1`` outputs, written to shared memory);
+- phase 2: ``acc[r, j] += sum_i V[i, r] G[i, j]`` into registers (``acc`` starts at
+  ``decay * X``); after the last piece ``X = acc + H``.
+
+``entering[c]`` is written from the registers at the start of each chunk (coalesced
+16-byte stores). Two barriers per step.
+
+Shapes handled (see :func:`supports`): ``C`` in 8..256 and a multiple of 8, ``Dk`` a
+multiple of 32 up to 256, ``R`` a multiple of 8 up to 256, float32 operands. The tile
+configuration can be forced for tuning with ``CHUNKSCAN_PASS_TR`` (rows per block) and
+``CHUNKSCAN_PASS_SMEM_KB`` (shared-memory budget per block; default: at most 100 KiB
+and small enough for the whole grid to be resident on 132 multiprocessors; fewer rows
+per piece ``CP`` when it does not fit).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+F32 = mx.float32
+_SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90
+_SMEM_PER_SM = 228 * 1024  # per multiprocessor on sm_90 (1 KiB of it reserved per block)
+_SM_COUNT = 132  # H100 / H200 SXM: only sizes the default shared-memory budget
+
+_INPUTS = ["xin", "decay", "Fm", "Em", "Gm", "Hm", "inits", "loads", "stores"]
+_OUTPUTS = ["entering", "xout", "stored"]
+
+_HEADER = r"""
+__device__ __forceinline__ void cs_cp_async16(float* dst, const float* src) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cs_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cs_cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+"""
+
+# The body of the kernel. Template constants (injected by MLX as constexpr):
+# C, DK, R, TR, NT, CP, A1, B1, B2, J4 (ints); HAS_X, HAS_E, HAS_H, REVERSE (bools).
+_SOURCE = r"""
+  constexpr int NP = C / CP;              // pieces per chunk
+  constexpr int XSTR = DK + 4;            // row strides in shared memory (floats)
+  constexpr int FSTR = DK + 4;
+  constexpr int GSTR = DK + 8;
+  constexpr int ESTR = TR + 4;
+  constexpr int VSTR = TR + 1;
+  constexpr int TI1 = CP / A1;            // phase-1 thread grid: TI1 (i) x TR1 (r)
+  constexpr int TR1 = TR / B1;
+  constexpr int TJ2 = DK / (4 * J4);      // phase-2 thread grid: TJ2 (j) x TR2 (r)
+  constexpr int TR2 = TR / B2;
+  constexpr int BUF = CP * FSTR + CP * GSTR + (HAS_E ? CP * ESTR : 0);
+  static_assert(TI1 * TR1 == NT, "phase-1 tiling must use every thread");
+  static_assert(TJ2 * TR2 == NT, "phase-2 tiling must use every thread");
+  static_assert(C % CP == 0 && CP % A1 == 0 && TR % B1 == 0 && TR % B2 == 0, "tiling");
+  static_assert(DK % 4 == 0 && TR % 4 == 0 && R % TR == 0, "16-byte rows");
+
+  extern __shared__ float4 cs_smem4[];
+  float* smem = reinterpret_cast<float*>(cs_smem4);
+  float* xs = smem;                       // [TR][XSTR]
+  float* bufs = xs + TR * XSTR;           // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
+  float* vs = bufs + 2 * BUF;             // [CP][VSTR]
+
+  const int tid = threadIdx.x;
+  const int r0 = blockIdx.x * TR;         // first row of this block's tile
+  const int lane = blockIdx.y;
+  const int L = gridDim.y;
+  const int n = decay_shape[1];
+  const int NS = n * NP;                  // steps
+
+  // Phase-2 ownership: rows tr2 + TR2 * b, columns 4 * (tj2 + TJ2 * q).
+  const int tj2 = tid % TJ2;
+  const int tr2 = tid / TJ2;
+  // Phase-1 tile: rows i = ti1 + TI1 * a of the piece, r = tr1 + TR1 * b.
+  const int ti1 = tid % TI1;
+  const int tr1 = tid / TI1;
+
+  const size_t RD = static_cast<size_t>(R) * DK;
+  float4 xr[B2][J4];
+  float4 acc[B2][J4];
+  float4 hh[B2][J4];
+
+  if constexpr (HAS_X) {
+    const float* src = xin + lane * RD;
+#pragma unroll
+    for (int b = 0; b < B2; ++b)
+#pragma unroll
+      for (int q = 0; q < J4; ++q)
+        xr[b][q] = *reinterpret_cast<const float4*>(
+            src + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q));
+  } else {
+#pragma unroll
+    for (int b = 0; b < B2; ++b)
+#pragma unroll
+      for (int q = 0; q < J4; ++q) xr[b][q] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
+  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
+
+  // Issue the cp.async copies of step s into buffer (s & 1).
+  auto stage = [&](int s) {
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    float* fs = bufs + (s & 1) * BUF;
+    float* gs = fs + CP * FSTR;
+    const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
+    const float* fsrc = Fm + row0 * DK;
+    const float* gsrc = Gm + row0 * DK;
+    constexpr int V4 = DK / 4;
+    for (int e = tid; e < CP * V4; e += NT) {
+      const int row = e / V4;
+      const int col = 4 * (e % V4);
+      cs_cp_async16(fs + row * FSTR + col, fsrc + row * DK + col);
+      cs_cp_async16(gs + row * GSTR + col, gsrc + row * DK + col);
+    }
+    if constexpr (HAS_E) {
+      float* es = gs + CP * GSTR;
+      const float* esrc = Em + row0 * R + r0;
+      constexpr int T4 = TR / 4;
+      for (int e = tid; e < CP * T4; e += NT) {
+        const int row = e / T4;
+        const int col = 4 * (e % T4);
+        cs_cp_async16(es + row * ESTR + col, esrc + static_cast<size_t>(row) * R + col);
+      }
+    }
+    cs_cp_async_commit();
+  };
+
+  stage(0);
+  for (int s = 0; s < NS; ++s) {
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
+    if (p == 0) {
+      // Chunk start: load, write entering[c], copy X to shared memory, start acc.
+      const int ld = loads[c];
+      if (ld >= 0) {
+        const float* src = inits + (static_cast<size_t>(ld) * L + lane) * RD;
+#pragma unroll
+        for (int b = 0; b < B2; ++b)
+#pragma unroll
+          for (int q = 0; q < J4; ++q)
+            xr[b][q] = *reinterpret_cast<const float4*>(
+                src + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q));
+      }
+      const float d = decay[static_cast<size_t>(lane) * n + c];
+#pragma unroll
+      for (int b = 0; b < B2; ++b) {
+        const int r = tr2 + TR2 * b;
+#pragma unroll
+        for (int q = 0; q < J4; ++q) {
+          const int j = 4 * (tj2 + TJ2 * q);
+          const float4 x = xr[b][q];
+          *reinterpret_cast<float4*>(entering + tile + static_cast<size_t>(r0 + r) * DK + j) = x;
+          *reinterpret_cast<float4*>(xs + r * XSTR + j) = x;
+          acc[b][q] = make_float4(d * x.x, d * x.y, d * x.z, d * x.w);
+          if constexpr (HAS_H) {
+            hh[b][q] = *reinterpret_cast<const float4*>(
+                Hm + tile + static_cast<size_t>(r0 + r) * DK + j);
+          }
+        }
+      }
+    }
+    cs_cp_async_wait_all();
+    __syncthreads();  // step s staged; xs written; step s-1 done with its buffer and vs
+    if (s + 1 < NS) stage(s + 1);
+
+    const float* fs = bufs + (s & 1) * BUF;
+    const float* gs = fs + CP * FSTR;
+
+    // Phase 1: V[i, r] = E[i, r] - F[i, :] . X[r, :]
+    {
+      float v[A1][B1];
+#pragma unroll
+      for (int a = 0; a < A1; ++a)
+#pragma unroll
+        for (int b = 0; b < B1; ++b) v[a][b] = 0.f;
+#pragma unroll 4
+      for (int k = 0; k < DK; k += 4) {
+        float4 f[A1];
+        float4 x[B1];
+#pragma unroll
+        for (int a = 0; a < A1; ++a)
+          f[a] = *reinterpret_cast<const float4*>(fs + (ti1 + TI1 * a) * FSTR + k);
+#pragma unroll
+        for (int b = 0; b < B1; ++b)
+          x[b] = *reinterpret_cast<const float4*>(xs + (tr1 + TR1 * b) * XSTR + k);
+#pragma unroll
+        for (int a = 0; a < A1; ++a)
+#pragma unroll
+          for (int b = 0; b < B1; ++b) {
+            v[a][b] = fmaf(f[a].x, x[b].x, v[a][b]);
+            v[a][b] = fmaf(f[a].y, x[b].y, v[a][b]);
+            v[a][b] = fmaf(f[a].z, x[b].z, v[a][b]);
+            v[a][b] = fmaf(f[a].w, x[b].w, v[a][b]);
+          }
+      }
+#pragma unroll
+      for (int a = 0; a < A1; ++a) {
+        const int i = ti1 + TI1 * a;
+#pragma unroll
+        for (int b = 0; b < B1; ++b) {
+          const int r = tr1 + TR1 * b;
+          float e = 0.f;
+          if constexpr (HAS_E) e = gs[CP * GSTR + i * ESTR + r];
+          vs[i * VSTR + r] = e - v[a][b];
+        }
+      }
+    }
+    __syncthreads();  // vs complete
+
+    // Phase 2: acc[r, j] += sum_i V[i, r] G[i, j]
+#pragma unroll 4
+    for (int i = 0; i < CP; ++i) {
+      float4 g[J4];
+#pragma unroll
+      for (int q = 0; q < J4; ++q)
+        g[q] = *reinterpret_cast<const float4*>(gs + i * GSTR + 4 * (tj2 + TJ2 * q));
+#pragma unroll
+      for (int b = 0; b < B2; ++b) {
+        const float w = vs[i * VSTR + tr2 + TR2 * b];
+#pragma unroll
+        for (int q = 0; q < J4; ++q) {
+          acc[b][q].x = fmaf(w, g[q].x, acc[b][q].x);
+          acc[b][q].y = fmaf(w, g[q].y, acc[b][q].y);
+          acc[b][q].z = fmaf(w, g[q].z, acc[b][q].z);
+          acc[b][q].w = fmaf(w, g[q].w, acc[b][q].w);
+        }
+      }
+    }
+
+    if (p == NP - 1) {
+      // Chunk end: X = acc + H; store if asked.
+#pragma unroll
+      for (int b = 0; b < B2; ++b)
+#pragma unroll
+        for (int q = 0; q < J4; ++q) {
+          float4 x = acc[b][q];
+          if constexpr (HAS_H) {
+            x.x += hh[b][q].x;
+            x.y += hh[b][q].y;
+            x.z += hh[b][q].z;
+            x.w += hh[b][q].w;
+          }
+          xr[b][q] = x;
+        }
+      const int st = stores[c];
+      if (st >= 0) {
+        float* dst = stored + (static_cast<size_t>(st) * L + lane) * RD;
+#pragma unroll
+        for (int b = 0; b < B2; ++b)
+#pragma unroll
+          for (int q = 0; q < J4; ++q)
+            *reinterpret_cast<float4*>(
+                dst + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q)) =
+                xr[b][q];
+      }
+    }
+  }
+
+  float* dst = xout + lane * RD;
+#pragma unroll
+  for (int b = 0; b < B2; ++b)
+#pragma unroll
+    for (int q = 0; q < J4; ++q)
+      *reinterpret_cast<float4*>(
+          dst + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q)) = xr[b][q];
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One tiling of the kernel (all template ints but the problem sizes)."""
+
+    TR: int  # rows of X per block
+    NT: int  # threads per block
+    CP: int  # rows of F/E/G per staged piece
+    A1: int  # phase-1 rows i per thread
+    B1: int  # phase-1 rows r per thread
+    B2: int  # phase-2 rows r per thread
+    J4: int  # phase-2 float4 columns per thread
+    smem: int  # dynamic shared memory, bytes
+
+
+def smem_bytes(C: int, Dk: int, TR: int, CP: int, has_e: bool) -> int:
+    """Dynamic shared memory of a configuration (mirrors the kernel's layout)."""
+    buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 4) if has_e else 0)
+    return 4 * (TR * (Dk + 4) + 2 * buf + CP * (TR + 1))
+
+
+def _divisors_desc(x: int) -> list[int]:
+    return [d for d in range(x, 0, -1) if x % d == 0]
+
+
+def _phase1(CP: int, TR: int, NT: int) -> tuple[int, int] | None:
+    """(A1, B1) with (CP / A1) * (TR / B1) == NT, fewest shared-memory wavefronts per
+    FMA (a float4 row of F costs 4, a broadcast float4 row of X costs 1)."""
+    per = CP * TR
+    if per % NT:
+        return None
+    per //= NT
+    best = None
+    for B1 in _divisors_desc(TR):
+        if per % B1:
+            continue
+        A1 = per // B1
+        if CP % A1:
+            continue
+        TI1 = CP // A1
+        xrows = max(1, 32 // TI1) if TI1 < 32 else 1  # distinct X rows per warp
+        cost = (4 * A1 + B1 * xrows) / (A1 * B1)
+        if best is None or cost < best[0]:
+            best = (cost, A1, B1)
+    return None if best is None else (best[1], best[2])
+
+
+def _phase2(Dk: int, TR: int, NT: int) -> tuple[int, int] | None:
+    """(B2, J4) with (Dk / 4 / J4) * (TR / B2) == NT, preferring >= 32 threads along j
+    (broadcast reads of V) and then more rows per thread."""
+    per = TR * Dk // 4
+    if per % NT:
+        return None
+    per //= NT
+    best = None
+    for J4 in _divisors_desc(Dk // 4):
+        if per % J4:
+            continue
+        B2 = per // J4
+        if TR % B2:
+            continue
+        TJ2 = Dk // 4 // J4
+        cost = (TJ2 < 32, -B2)
+        if best is None or cost < best[0]:
+            best = (cost, B2, J4)
+    return None if best is None else (best[1], best[2])
+
+
+def _budget(L: int | None, R: int | None, TR: int) -> int:
+    """Shared memory per block: ``CHUNKSCAN_PASS_SMEM_KB`` if set, else at most 100 KiB
+    and small enough that the whole grid (``L * R / TR`` blocks) is resident at once."""
+    env = os.environ.get("CHUNKSCAN_PASS_SMEM_KB")
+    if env:
+        return int(env) * 1024
+    budget = 100 * 1024
+    if L is not None and R is not None:
+        per_sm = -(-(L * (R // TR)) // _SM_COUNT)
+        budget = min(budget, _SMEM_PER_SM // per_sm - 1024)
+    return max(budget, 16 * 1024)
+
+
+def choose_config(
+    C: int, Dk: int, R: int | None, has_e: bool, TR: int | None = None, L: int | None = None
+) -> Config | None:
+    """The tiling used for a shape, or ``None`` when the kernel does not handle it
+    (``R=None``: any ``R`` the row tile divides; ``L``, the lanes, sizes the budget)."""
+    if C % 8 or not 8 <= C <= 256 or Dk % 32 or not 32 <= Dk <= 256:
+        return None
+    if R is not None and (R % 8 or not 8 <= R <= 256):
+        return None
+    env_tr = os.environ.get("CHUNKSCAN_PASS_TR")
+    if TR is None and env_tr:
+        TR = int(env_tr)
+    trs = [TR] if TR else [16, 8, 32]
+    for tr in trs:
+        if tr % 4 or (R is not None and R % tr):
+            continue
+        budget = _budget(L, R, tr)
+        for NT in (256, 128, 64):
+            if tr * Dk // 4 < NT:
+                continue
+            p2 = _phase2(Dk, tr, NT)
+            if p2 is None:
+                continue
+            for CP in _divisors_desc(C):
+                p1 = _phase1(CP, tr, NT)
+                if p1 is None:
+                    continue
+                sm = smem_bytes(C, Dk, tr, CP, has_e)
+                if sm > min(budget, _SMEM_LIMIT) and CP > 8:
+                    continue
+                if sm > _SMEM_LIMIT:
+                    continue
+                return Config(tr, NT, CP, p1[0], p1[1], p2[0], p2[1], sm)
+    return None
+
+
+def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -> bool:
+    """Whether :func:`state_pass` runs these operands on the kernel (float32, 4-d, a
+    tiling exists; ``R`` is checked again in :func:`state_pass`)."""
+    ops = [a for a in (F, G, E, H) if a is not None]
+    if any(a.dtype != F32 or a.ndim != 4 for a in ops):
+        return False
+    if F.shape != G.shape:
+        return False
+    L, n, C, Dk = F.shape
+    if E is not None:
+        R = E.shape[-1]
+    elif H is not None:
+        R = H.shape[-2]
+    else:
+        R = None  # known only from x_in / inits: checked again in state_pass
+    return choose_config(C, Dk, R, E is not None) is not None
+
+
+_KERNELS: dict[int, object] = {}
+
+
+def _kernel(smem: int):
+    """The kernel object for a shared-memory size (MLX fixes it at construction; the
+    compiled module is cached by MLX per source, i.e. per template)."""
+    k = _KERNELS.get(smem)
+    if k is None:
+        try:
+            k = mx.fast.cuda_kernel(
+                name="chunkscan_state_pass",
+                input_names=_INPUTS,
+                output_names=_OUTPUTS,
+                source=_SOURCE,
+                header=_HEADER,
+                ensure_row_contiguous=True,
+                shared_memory=smem,
+            )
+        except Exception as e:  # no CUDA back-end (CPU-only MLX)
+            raise RuntimeError(f"[state_pass] the CUDA kernel is unavailable: {e}") from e
+        _KERNELS[smem] = k
+    return k
+
+
+def template(cfg: Config, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool,
+             has_h: bool, reverse: bool) -> list[tuple[str, object]]:
+    """The template arguments of one launch (also used by the compile check)."""
+    return [
+        ("C", C), ("DK", Dk), ("R", R), ("TR", cfg.TR), ("NT", cfg.NT), ("CP", cfg.CP),
+        ("A1", cfg.A1), ("B1", cfg.B1), ("B2", cfg.B2), ("J4", cfg.J4),
+        ("HAS_X", bool(has_x)), ("HAS_E", bool(has_e)), ("HAS_H", bool(has_h)),
+        ("REVERSE", bool(reverse)),
+    ]
+
+
+def state_pass(
+    x_in: mx.array | None,
+    decay: mx.array,
+    F: mx.array,
+    E: mx.array | None,
+    G: mx.array,
+    H: mx.array | None,
+    *,
+    reverse: bool,
+    loads: dict[int, int],
+    stores: dict[int, int],
+    inits: mx.array | None,
+) -> tuple[mx.array, mx.array, list[mx.array]]:
+    """:func:`._passes.portable_state_pass` in one kernel launch (same arguments and
+    returns); falls back to it for shapes without a tiling."""
+    L, n, C, Dk = F.shape
+    if x_in is not None:
+        R = x_in.shape[-2]
+    elif inits is not None:
+        R = inits.shape[-2]
+    elif E is not None:
+        R = E.shape[-1]
+    else:
+        R = H.shape[-2]
+    first = n - 1 if reverse else 0
+    if x_in is None and first not in loads:
+        raise ValueError(
+            f"[state_pass] x_in may be None only when the first processed chunk loads, "
+            f"but chunk {first} has no entry in loads={loads}. Fix: pass x_in."
+        )
+    cfg = choose_config(C, Dk, R, E is not None, L=L)
+    if cfg is None:
+        from ._passes import portable_state_pass
+
+        return portable_state_pass(
+            x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
+        )
+    dummy = mx.zeros((4,), dtype=F32)
+    load_idx = [-1] * n
+    for c, k in loads.items():
+        load_idx[c] = k
+    store_idx = [-1] * n
+    for c, k in stores.items():
+        store_idx[c] = k
+    S = len(stores)
+    inputs = [
+        x_in.astype(F32) if x_in is not None else dummy,
+        decay.astype(F32),
+        F,
+        E if E is not None else dummy,
+        G,
+        H if H is not None else dummy,
+        inits.astype(F32) if inits is not None else dummy,
+        mx.array(load_idx, dtype=mx.int32),
+        mx.array(store_idx, dtype=mx.int32),
+    ]
+    tmpl = template(cfg, C, Dk, R, has_x=x_in is not None, has_e=E is not None,
+                    has_h=H is not None, reverse=reverse)
+    entering, x_out, stored = _kernel(cfg.smem)(
+        inputs=inputs,
+        template=tmpl,
+        grid=(cfg.NT * (R // cfg.TR), L, 1),
+        threadgroup=(cfg.NT, 1, 1),
+        output_shapes=[(L, n, R, Dk), (L, R, Dk), (max(S, 1), L, R, Dk)],
+        output_dtypes=[F32, F32, F32],
+    )
+    return entering, x_out, [stored[k] for k in range(S)]
