@@ -33,6 +33,7 @@ def measure_mlx(
     group_mib: int | None = None,
     repeats: int = 5,
     dtype: str = "bfloat16",
+    compile_groups: bool = True,
 ) -> dict[str, Any]:
     """One MLX configuration (in its own process)."""
     import mlx.core as mx
@@ -44,6 +45,7 @@ def measure_mlx(
 
     if group_mib:
         chunk_module._GROUP_BYTES = group_mib << 20
+    chunk_module._COMPILE_GROUPS = compile_groups
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
     mx.eval(xs, w, w_s)
     kernels = False if impl == "chunkscan-portable" else None
@@ -69,7 +71,7 @@ def measure_mlx(
     return {
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
-        "group_mib": chunk_module._GROUP_BYTES >> 20,
+        "group_mib": group_mib, "compile_groups": compile_groups,
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
     }  # fmt: skip
 
@@ -95,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[64])
     p.add_argument("--group-mib", type=int, nargs="+", default=[0],
                    help="scratch budget of one group of chunks; 0: the library default")
+    p.add_argument("--compile-groups", nargs="+", default=["on"], choices=["on", "off"],
+                   help="chunkscan's per-group functions compiled (the default) or not")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
@@ -117,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 for C in args.chunk_sizes:
                     for mib in args.group_mib:
-                        cfg = {"T": T, "impl": impl, "compiled": mode == "compiled",
-                               "chunk_size": C, "group_mib": mib or None,
-                               "repeats": args.repeats}  # fmt: skip
-                        configs.append(("bench_mlx", cfg))
+                        for cg in args.compile_groups:
+                            cfg = {"T": T, "impl": impl, "compiled": mode == "compiled",
+                                   "chunk_size": C, "group_mib": mib or None,
+                                   "repeats": args.repeats, "compile_groups": cg == "on"}
+                            configs.append(("bench_mlx", cfg))
     for kind, cfg in configs:
         if args.budget and time.perf_counter() - started > args.budget:
             rows.append({**cfg, "error": "skipped: budget"})
@@ -145,7 +150,8 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{head}: {row['ms']:9.2f} ms {row['kib_per_token']:8.1f} KiB/token"
         + (f"  first call {first:6.2f} s" if first is not None else "")
-        + (f"  group {row['group_mib']} MiB" if "group_mib" in row else "")
+        + (f"  group {row['group_mib']} MiB" if row.get("group_mib") else "")
+        + ("  groups compiled" if row.get("compile_groups") else "")
     )
 
 

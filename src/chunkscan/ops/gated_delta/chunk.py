@@ -29,7 +29,9 @@ from .naive import l2_normalize
 
 F32 = mx.float32
 _NAN = mx.array(math.nan, dtype=F32)
-_GROUP_BYTES = 64 << 20  # scratch of one group of chunks (forward or backward), bytes
+# Scratch of one group of chunks, in bytes; None: 64 MiB on the CPU, 256 MiB on a GPU
+# (where every op costs tens of microseconds, so fewer, larger groups pay).
+_GROUP_BYTES: int | None = None
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
 
@@ -235,10 +237,7 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
             )  # fmt: skip
             for i, c in enumerate(ends):
                 finals[ends[c]] = stored[i]
-            st = per_head(entering).swapaxes(-1, -2)  # [B, Hk, G, n, Dk, Dv]
-            o = p.qg @ st + p.p @ (p.u - p.w @ st)
-            o = o.transpose(0, 3, 4, 1, 2, 5).reshape(B, c1 - c0, chunks.C, Hv, Dv)
-            o = mx.where(o_bad[:, c0:c1, ..., None], _NAN, o).astype(out_dtype)
+            o = _group_outputs(p, per_head(entering), o_bad[:, c0:c1], out_dtype)
             # Rule 1: the state leaves the group only after the group's outputs exist.
             state = _ordering.carry_after_outputs([state], [o])[0]
             outs.append(o)
@@ -297,7 +296,10 @@ def _group_size(spec: Spec, C: int, budget: int | None = None) -> int:
     (default ``_GROUP_BYTES``)."""
     D = max(spec.Dk, spec.Dv)
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
-    budget = _GROUP_BYTES if budget is None else budget
+    if budget is None:
+        budget = _GROUP_BYTES
+    if budget is None:
+        budget = (64 if mx.default_device() == mx.cpu else 256) << 20
     return max(1, budget // per_chunk)
 
 
@@ -313,6 +315,12 @@ def _finite_gate(g: mx.array) -> mx.array:
 
 
 def _prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
+    """:func:`_prepare_arrays` as a namespace (compiled with ``_COMPILE_GROUPS``)."""
+    fn = _compiled(_prepare_arrays) if _COMPILE_GROUPS else _prepare_arrays
+    return SimpleNamespace(**fn(q, k, v, g, beta, scale), scale=scale)
+
+
+def _prepare_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
     """Everything that does not depend on the state, for ``n`` chunks at once.
 
     Inputs ``[B, n, C, H, D]`` / ``[B, n, C, Hv]`` (non-finite values read as zero: the
@@ -350,20 +358,44 @@ def _prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
     to_end = mx.exp(to_end)
     kb = kf * (bf * gamma)[..., None]
     vb = vf * bf[..., None]
-    return SimpleNamespace(
+    return dict(
         q=qf, k=kf, v=vf, g=gf, beta=bf, gamma=gamma, to_end=to_end,
         decay=mx.exp(gcum[..., -1]), kk=kk, qk=qk, gam=gam, a=a, kb=kb, vb=vb,
         w=a @ kb, u=a @ vb, qg=qf * (scale * gamma)[..., None], p=(scale * qk) * gam,
-        kt=kf * to_end[..., None], scale=scale,
+        kt=kf * to_end[..., None],
     )  # fmt: skip
 
 
-def _group_backward(p, xs, s, d_s, d_o) -> list[mx.array]:
+def _group_outputs(p: SimpleNamespace, s: mx.array, o_bad: mx.array, dtype: mx.Dtype):
+    """Outputs ``[B, n, C, Hv, Dv]`` of a group given the states entering its chunks
+    ``s`` ``[B, Hk, G, n, Dv, Dk]``: ``o = qg S^T + p (u - w S^T)``, NaN where
+    ``o_bad``."""
+    fn = _compiled(_group_outputs_arrays) if _COMPILE_GROUPS else _group_outputs_arrays
+    return fn(p.qg, p.p, p.u, p.w, s, o_bad).astype(dtype)
+
+
+def _group_outputs_arrays(qg, pm, u, w, s, o_bad):
+    st = s.swapaxes(-1, -2)
+    o = qg @ st + pm @ (u - w @ st)
+    B, _, _, n, C, Dv = o.shape
+    o = o.transpose(0, 3, 4, 1, 2, 5).reshape(B, n, C, -1, Dv)
+    return mx.where(o_bad[..., None], _NAN, o)
+
+
+def _group_backward(p: SimpleNamespace, xs, s, d_s, d_o) -> list[mx.array]:
+    """:func:`_group_backward_arrays` (compiled with ``_COMPILE_GROUPS``)."""
+    fn = _compiled(_group_backward_arrays) if _COMPILE_GROUPS else _group_backward_arrays
+    arrays = {key: value for key, value in vars(p).items() if key != "scale"}
+    return fn(arrays, list(xs), s, d_s, d_o, p.scale)
+
+
+def _group_backward_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> list[mx.array]:
     """Input gradients of one group, given its preparation ``p``, raw inputs ``xs``,
     the states entering its chunks ``s`` and the cotangents of the states leaving them
     ``d_s`` (both ``[B, Hk, G, n, Dv, Dk]``) and the output cotangent ``d_o``
     (``[B, Hk, G, n, C, Dv]``). Returns ``[dq, dk, dv, dg, dbeta]`` in chunk layout
     and the dtypes of ``xs``."""
+    p = SimpleNamespace(**p, scale=scale)
     C = p.a.shape[-1]
     causal, strict = _causal(C), _strict(C)
 
@@ -424,6 +456,17 @@ def _group_backward(p, xs, s, d_s, d_o) -> list[mx.array]:
         mx.where(ok, d, 0.0).astype(x.dtype)
         for ok, d, x in zip(read, [*key_layout, d_v, d_g, d_beta], xs)
     ]
+
+
+_COMPILE_GROUPS = True  # compile the per-group functions (fewer, fused ops)
+_COMPILED: dict = {}
+
+
+def _compiled(fn):
+    """``mx.compile(fn)``, made once per function."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = mx.compile(fn)
+    return _COMPILED[fn]
 
 
 def _causal(C: int) -> mx.array:
