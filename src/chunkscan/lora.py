@@ -18,7 +18,6 @@ Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import pathlib
 import sys
@@ -53,14 +52,10 @@ def _mlx_lm_lora():
 
 
 def op_default_chunk_size() -> int:
-    """The ``chunk_size`` default of :func:`chunkscan.gated_delta_rule`."""
-    import chunkscan
+    """The ``chunk_size`` :func:`chunkscan.gated_delta_rule` uses when given none."""
+    from .ops.gated_delta.chunk import default_chunk_size
 
-    op = getattr(chunkscan, "gated_delta_rule", None)
-    if op is None:
-        return 64
-    default = inspect.signature(op).parameters["chunk_size"].default
-    return int(default)
+    return default_chunk_size()
 
 
 def build_parser():

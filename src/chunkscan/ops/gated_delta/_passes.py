@@ -95,10 +95,11 @@ def use_kernels(kernels: bool | None = None) -> bool:
         return False
     if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
         return False
-    return _cuda_available()
+    return cuda_device()
 
 
-def _cuda_available() -> bool:
+def cuda_device() -> bool:
+    """Whether the default device is a CUDA GPU."""
     try:
         return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:

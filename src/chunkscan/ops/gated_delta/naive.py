@@ -24,15 +24,16 @@ def naive_recurrent_gated_delta_rule(
     *,
     scale: float | None = None,
     initial_state: mx.array | None = None,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     normalize_qk: bool = False,
     cu_seqlens: list[int] | mx.array | None = None,
+    kernels: bool | None = None,
 ) -> tuple[mx.array, mx.array]:
     """The Gated DeltaNet recurrence, one token at a time, in float32.
 
     Same signature, shapes and conventions as :func:`chunkscan.gated_delta_rule`
-    (``chunk_size`` is checked and otherwise ignored). Per value head, with the state
-    ``S`` of shape ``[Dv, Dk]``::
+    (``chunk_size`` is checked and otherwise ignored, as is ``kernels``). Per value
+    head, with the state ``S`` of shape ``[Dv, Dk]``::
 
         S = exp(g_t) * S
         S = S + beta_t * (v_t - S @ k_t) k_t^T
@@ -49,7 +50,7 @@ def naive_recurrent_gated_delta_rule(
         beta,
         scale,
         initial_state,
-        chunk_size,
+        64 if chunk_size is None else chunk_size,
         cu_seqlens,
     )
     out_dtype = q.dtype
