@@ -1,11 +1,10 @@
 """chunkscan.split: pieces, gradient equal to slicing's, errors."""
 
-import collections
-import io
 import re
 
 import mlx.core as mx
 import pytest
+from conftest import max_outputs_of_one_primitive
 
 import chunkscan
 
@@ -55,15 +54,6 @@ def test_errors():
         ValueError, match=re.escape("[split] axis 1 is out of range for x with 1 dimensions.")
     ):
         chunkscan.split(mx.zeros((4,)), 2, axis=1)
-
-
-def max_outputs_of_one_primitive(arrays) -> int:
-    """The most outputs any primitive in the graph of ``arrays`` has (from its DOT)."""
-    buf = io.StringIO()
-    mx.export_to_dot(buf, *arrays)
-    # Primitive nodes have numeric ids; an edge "id -> "name"" is one of its outputs.
-    counts = collections.Counter(re.findall(r'^(\d+) -> "', buf.getvalue(), re.M))
-    return max(counts.values())
 
 
 def test_many_pieces_use_primitives_of_bounded_fan_out():

@@ -11,6 +11,7 @@ one chunk before it starts the next.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -127,7 +128,10 @@ class _Plan:
 
     ``forward`` and ``backward`` are the custom function and its vjp over the flat
     primals ``init leaves + differentiable xs leaves + params leaves``. The forward
-    returns ``final carry + ys + the carries entering chunks 1..n-1``. The plan holds
+    returns ``final carry + ys + the carries entering chunks 1..n-1``, the latter
+    stacked in blocks of about ``sqrt(n)`` chunks (per block, one array per carry leaf
+    with the block's chunks on a new leading axis): every output of a primitive lists
+    its siblings in MLX, so ``n`` separate outputs would cost ``O(n^2)``. The plan holds
     no reference to a primal: the vjp outlives the call, and a held array would keep
     the graph that produced it alive.
     """
@@ -153,6 +157,12 @@ class _Plan:
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
         self.bounds, self.p_def, self.axis = bounds, p_def, axis
         self.cuts = [lo for lo, _ in bounds[1:]]
+        n_saved = len(bounds) - 1
+        # Blocks of saved carries (chunk indices 1..n-1): about sqrt(n) blocks of
+        # about sqrt(n) carries keep the outputs, and their sibling lists, O(n) in all.
+        per_block = max(1, math.isqrt(n_saved - 1) + 1) if n_saved else 1
+        self.saved_blocks = [(lo + 1, hi + 1) for lo, hi in chunk_bounds(n_saved, per_block)]
+        self.block_ends = {hi - 1 for _, hi in self.saved_blocks}
         self.n_init, self.n_dx = len(init_specs), sum(grad_mask)
         diff_axes = [ax for ax, g in zip(axes, grad_mask) if g]
         const_axes = [ax for ax, g in zip(axes, grad_mask) if not g]
@@ -161,7 +171,7 @@ class _Plan:
         self.ys_spec = _YsSpec()
 
     def n_ys(self, n_outputs: int) -> int:
-        return n_outputs - self.n_init * len(self.bounds)
+        return n_outputs - self.n_init * (1 + len(self.saved_blocks))
 
     def chunked(self, leaves: list[mx.array], axes: list[int]) -> list[list[mx.array]]:
         """Per leaf, its chunks (views; inside the custom function no vjp is built)."""
@@ -202,10 +212,18 @@ class _Plan:
     def forward(self, *primals: mx.array) -> list[mx.array]:
         carry, diff_xs, p = self.split_primals(list(primals))
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
-        ys_per_chunk, saved = [], []
+        ys_per_chunk, saved, block = [], [], []
         for i in range(len(self.bounds)):
             if i > 0:
-                saved.extend(carry)
+                block.append(carry)
+            if i in self.block_ends:
+                stacked = [mx.stack(list(leaf)) for leaf in zip(*block)]
+                saved.extend(stacked)
+                block = []
+                # Rule 1 again: the stacked block is an output; the chain moves on
+                # only once it exists, so the block's separate carries are freed now
+                # rather than all at the end of the forward.
+                carry = _ordering.carry_after_outputs(carry, stacked)
             xs_i = self.xs_chunk([c[i] for c in diff_chunks], [c[i] for c in self.const_chunks])
             carry, ys = self.call_chunk(i, carry, xs_i, p)
             # Rule 1: the carry leaves the chunk only after the chunk's outputs exist.
@@ -228,7 +246,10 @@ class _Plan:
         n_ys = self.n_ys(len(outputs))
         init, diff_xs, p = self.split_primals(primals)
         saved = outputs[n_init + n_ys :]
-        carries_in = [init] + [saved[k * n_init : (k + 1) * n_init] for k in range(n_chunks - 1)]
+        carries_in = [init]
+        for b, (lo, hi) in enumerate(self.saved_blocks):
+            stacked = saved[b * n_init : (b + 1) * n_init]
+            carries_in.extend([leaf[j] for leaf in stacked] for j in range(hi - lo))
         ct_carry = cotangents[:n_init]
         ct_ys = cotangents[n_init : n_init + n_ys]
         ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys])
