@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
 import mlx.core as mx
 import pytest
+from conftest import assert_trees_close
 
 import chunkscan
 from chunkscan import repro
@@ -96,3 +98,114 @@ def test_one_chunk_backward_host_memory_is_linear_in_its_length():
     bound = 120 * 1024
     assert rss_per_step() <= bound
     assert rss_per_step(fan_out=1 << 30) > bound
+
+
+# ------------------------------------------------------------------ negative axes
+
+
+def test_negative_axis_means_the_same_axis_per_leaf():
+    """axis=-1 on leaves of rank 2 and 3 is each leaf's last axis (not axis 0)."""
+    T = 7
+    a = mx.random.normal((3, T))
+    b = mx.random.normal((3, 2, T))
+    init = mx.zeros((3,))
+
+    def step(c, x):
+        xa, xb = x  # [3], [3, 2]
+        c = 0.8 * c + mx.sin(xa) + xb.sum(-1)
+        return c, (c * xa, xb * c[:, None])
+
+    def ref(init, a, b):
+        carry, ys = init, []
+        for t in range(T):
+            carry, y = step(carry, (a[..., t], b[..., t]))
+            ys.append(y)
+        return [carry, mx.stack([y[0] for y in ys], -1), mx.stack([y[1] for y in ys], -1)]
+
+    def got(init, a, b):
+        c, (y0, y1) = chunkscan.scan(
+            chunkscan.stepwise(step, axis=-1), init, (a, b), chunk_size=3, axis=-1
+        )
+        return [c, y0, y1]
+
+    cts = [mx.random.normal(o.shape) for o in ref(init, a, b)]
+    out_r, g_r = mx.vjp(ref, [init, a, b], cts)
+    out_g, g_g = mx.vjp(got, [init, a, b], cts)
+    assert [o.shape for o in out_g] == [(3,), (3, T), (3, 2, T)]
+    assert_trees_close(out_g, out_r, 1e-6, "outputs")
+    assert_trees_close(g_g, g_r, 1e-6, "grads")
+
+
+def test_negative_axis_out_of_range_for_a_leaf():
+    f = chunkscan.stepwise(lambda c, x: (c, None), axis=-3)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("[stepwise] axis -3 is out of range for xs_chunk[0] with 2 dimensions."),
+    ):
+        f(mx.zeros(()), (mx.zeros((2, 4)),))
+
+
+# -------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("axis", [0.0, True, "0"], ids=["float", "bool", "str"])
+def test_axis_must_be_an_int(axis):
+    msg = f"axis must be an int but got {axis!r}. Pass e.g. axis=0."
+    with pytest.raises(TypeError, match=re.escape("[stepwise] " + msg)):
+        chunkscan.stepwise(lambda c, x: (c, x), axis=axis)
+    with pytest.raises(TypeError, match=re.escape("[scan] " + msg)):
+        chunkscan.scan(lambda c, x: (c, x), mx.zeros(()), mx.zeros((4,)), axis=axis)
+    with pytest.raises(TypeError, match=re.escape("[split] " + msg)):
+        chunkscan.split(mx.zeros((4,)), 2, axis=axis)
+
+
+def test_step_must_return_a_pair():
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "[stepwise] step must return a pair (carry, y) but returned one array at step 0. "
+            "Return a tuple of two: the new carry and this step's output (None for no output)."
+        ),
+    ):
+        chunkscan.scan(chunkscan.stepwise(lambda c, x: c + x), mx.zeros(()), mx.zeros((4,)))
+    with pytest.raises(TypeError, match=re.escape("but returned a tuple of 3 at step 0.")):
+        chunkscan.scan(chunkscan.stepwise(lambda c, x: (c, x, x)), mx.zeros(()), mx.zeros((4,)))
+
+
+def test_y_structure_must_not_change_between_steps():
+    def step(c, x):
+        c = c + 1
+        return c, (x, x) if c.item() < 3 else (x,)
+
+    msg = (
+        "[stepwise] step must return y with the same structure at every step, but it "
+        "changed:\n  * y at step 0 has 2 entries but y at step 2 has 1.\n"
+        "Return the same tree of outputs at every step"
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(chunkscan.stepwise(step), mx.zeros(()), mx.zeros((4,)), chunk_size=4)
+
+
+def test_y_shape_must_not_change_between_steps():
+    def step(c, x):
+        c = c + 1
+        return c, x if c.item() < 2 else mx.stack([x, x])
+
+    msg = (
+        "[stepwise] the y of every step must stack, but they do not:\n"
+        "  * y at step 1 has shape (2,) and dtype mlx.core.float32 but shape () and dtype "
+        "mlx.core.float32 at step 0.\n"
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.scan(chunkscan.stepwise(step), mx.zeros(()), mx.zeros((4,)), chunk_size=4)
+
+
+def test_y_dict_key_order_may_change_between_steps():
+    def step(c, x):
+        c = c + 1
+        y = {"a": x, "b": 2 * x}
+        return c, y if c.item() % 2 else {"b": y["b"], "a": y["a"]}
+
+    x = mx.arange(4, dtype=mx.float32)
+    _, ys = chunkscan.scan(chunkscan.stepwise(step), mx.zeros(()), x, chunk_size=4)
+    assert mx.array_equal(ys["a"], x) and mx.array_equal(ys["b"], 2 * x)

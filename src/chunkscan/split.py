@@ -34,7 +34,16 @@ def check_chunk_size(fn: str, chunk_size: object) -> int:
     return chunk_size
 
 
+def check_axis(fn: str, axis: object) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"[{fn}] axis must be an int but got {axis!r}. Pass e.g. axis=0.")
+    return axis
+
+
 def normalize_axis(fn: str, axis: int, ndim: int, what: str) -> int:
+    """``axis`` as a non-negative index for an array of ``ndim`` dimensions (negative
+    axes count from the end, per array)."""
+    check_axis(fn, axis)
     if not -ndim <= axis < ndim:
         raise ValueError(f"[{fn}] axis {axis} is out of range for {what} with {ndim} dimensions.")
     return axis % ndim
