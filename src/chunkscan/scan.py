@@ -19,12 +19,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _ordering, _tree
+from . import _capture, _ordering, _tree
 from .split import check_chunk_size, chunk_bounds, normalize_axis, slices_at
 
 
 class ClosureCaptureWarning(UserWarning):
-    """``f`` closes over trainable parameters that ``scan`` cannot differentiate."""
+    """``f`` reaches an ``nn.Module`` with trainable parameters that ``scan`` is not
+    passed, so cannot differentiate (a zero gradient)."""
 
 
 def scan(
@@ -57,6 +58,13 @@ def scan(
     with respect to. Works eagerly, under ``mx.compile`` and under
     ``nn.value_and_grad``. Use :func:`chunkscan.stepwise` to write ``f`` per step.
 
+    Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
+    ``nn.value_and_grad``) and ``mx.compile`` (which retraces once per input shape).
+    Not supported, and failing at the first call with MLX's message (never silently):
+    ``mx.vmap`` and ``mx.jvp`` (``Not implemented for Depends``: put a batch axis into
+    ``init`` and ``xs`` instead) and ``mx.compile(..., shapeless=True)`` (``Slice cannot
+    infer output shapes``: the chunk boundaries depend on the shapes).
+
     Args:
         f (callable): The chunk function.
         init (tree of array): Initial carry, e.g. ``[H, Dv, Dk]``.
@@ -67,13 +75,20 @@ def scan(
             passed as its third argument. Arrays ``f`` captures by closure are
             constants and get **no gradient**; pass them here. An ``nn.Module`` is
             passed to ``f`` as itself, with its trainable parameters differentiated
-            (what ``nn.value_and_grad`` needs). Default: ``None``.
-        axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf.
-            Default: ``0``.
+            (what ``nn.value_and_grad`` needs). ``scan`` warns
+            (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
+            parameters that ``f`` reaches without it: through closures, globals,
+            ``functools.partial``, bound methods, or ``stepwise``'s step. With
+            ``params``, ``f`` (or the step) must take a third argument. Default:
+            ``None``.
+        axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf; a
+            negative axis counts from the end of each leaf. Default: ``0``.
         xs_grad (bool or tree of bool, optional): ``False`` (for all of ``xs``, or per
             leaf as a tree like ``xs``) declares that no gradient is needed for those
             inputs: they are treated as constants (``mx.stop_gradient``), which saves
-            their gradient computation in the backward pass. Default: ``True``.
+            their gradient computation in the backward pass. Integer and boolean
+            leaves (token ids, masks) never get a gradient, whatever ``xs_grad``
+            says. Default: ``True``.
 
     Returns:
         tuple: ``(carry, ys)``; ``ys`` concatenated on ``axis``, e.g. ``[T, H, Dv]``.
@@ -91,6 +106,7 @@ def scan(
     xs_leaves, xs_def = _tree.require_arrays("scan", "xs", xs)
     axes, length = _check_xs(xs_leaves, xs_def, axis)
     grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def)
+    _check_arity(f, params is not None)
 
     module = params if isinstance(params, nn.Module) else None
     if module is not None:
@@ -299,6 +315,43 @@ class _Plan:
         return ct_carry + d_xs + d_p
 
 
+def _check_arity(f: Callable, has_params: bool) -> None:
+    """Raise when ``f`` (or ``stepwise``'s step) cannot take the arguments scan passes.
+
+    Functions whose signature cannot be read (some builtins) are not checked; ``*args``
+    functions accept anything and pass.
+    """
+    step = getattr(f, "_chunkscan_step", None)
+    target, name = (f, "f") if step is None else (step, "step")
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    n = 3 if has_params else 2
+    try:
+        sig.bind(*range(n))
+    except TypeError:
+        pass
+    else:
+        return
+    sig = sig.replace(
+        parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+        return_annotation=sig.empty,
+    )
+    args = "(carry, xs, params)" if name == "f" else "(carry, x, params)"
+    if has_params:
+        raise TypeError(
+            f"[scan] params= is given, so {name} is called as {name}{args}, but "
+            f"{name}{sig} does not take three positional arguments. Add a third parameter "
+            f"for the params to {name}, or leave params= out."
+        )
+    raise TypeError(
+        f"[scan] no params= is given, so {name} is called as {name}{args.replace(', params', '')}, "
+        f"but {name}{sig} does not take two positional arguments. Pass params= (the third "
+        f"argument), or give {name} two parameters."
+    )
+
+
 def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:
     if not leaves:
         raise ValueError("[scan] xs must have at least one array leaf; its length gives T.")
@@ -321,15 +374,19 @@ def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[i
 
 def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple) -> list[bool]:
     if isinstance(xs_grad, bool):
-        return [xs_grad] * len(leaves)
-    mask, mask_def = _tree.flatten(xs_grad)
-    if not _tree.same_structure(mask_def, treedef) or not all(isinstance(m, bool) for m in mask):
-        raise TypeError(
-            "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
-            f"but got {xs_grad!r}. Use e.g. xs_grad=False, or (True, False, True) for "
-            "xs=(q, k, v)."
-        )
-    return mask
+        mask = [xs_grad] * len(leaves)
+    else:
+        mask, mask_def = _tree.flatten(xs_grad)
+        if not _tree.same_structure(mask_def, treedef) or not all(
+            isinstance(m, bool) for m in mask
+        ):
+            raise TypeError(
+                "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
+                f"but got {xs_grad!r}. Use e.g. xs_grad=False, or (True, False, True) for "
+                "xs=(q, k, v)."
+            )
+    # Integer and boolean leaves (token ids, masks) have no gradient: constants.
+    return [m and mx.issubdtype(x.dtype, mx.inexact) for m, x in zip(mask, leaves)]
 
 
 class _YsSpec:
@@ -387,26 +444,26 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs):
 
 
 def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
-    """Warn when ``f`` closes over an ``nn.Module`` with trainable parameters."""
-    found = []
-    target = getattr(f, "func", f)  # functools.partial
-    owner = getattr(target, "__self__", None)
-    if isinstance(owner, nn.Module):
-        found.append(("self", owner))
-    for name, value in (
-        inspect.getclosurevars(target).nonlocals.items() if inspect.isfunction(target) else []
-    ):
-        if isinstance(value, nn.Module):
-            found.append((name, value))
-    for name, value in found:
-        if value is module or not value.trainable_parameters():
+    """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
+    being passed it (closures, globals, ``functools.partial``, bound methods,
+    ``stepwise``'s step; see :mod:`chunkscan._capture`). The ``params`` module and its
+    submodules are passed, so they are fine."""
+    passed = {id(m) for m in module.modules()} if module is not None else set()
+    step = getattr(f, "_chunkscan_step", None)
+    for path, value in _capture.captured_modules(f):
+        if id(value) in passed or not _tree.flatten(value.trainable_parameters())[0]:
             continue
-        if not _tree.flatten(value.trainable_parameters())[0]:
-            continue
+        name = path[-1]
+        how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
+        arg = name if name.isidentifier() and name != "self" else "module"
+        if step is not None:
+            use = "take it as the third argument of step: step(carry, x, params)"
+        else:
+            use = "use the third argument of f: f(carry, xs, params)"
         warnings.warn(
-            f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) by closure; "
+            f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) {how}; "
             "its parameters are constants inside scan and get no gradient. Pass it as "
-            f"params={name} and use the third argument of f instead.",
+            f"params={arg} and {use}.",
             ClosureCaptureWarning,
             stacklevel=3,
         )
