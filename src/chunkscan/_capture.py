@@ -13,8 +13,9 @@ can reach and reports every module on the way:
   object reached that way (or called directly, a functor);
 - lists, tuples and dicts found on the way (their first items).
 
-The walk is bounded (depth, objects visited, items per container) and never looks
-inside MLX itself, so it stays cheap; it can miss a module hidden deeper than that,
+The walk is bounded (depth, objects visited, items per container), never looks
+inside MLX or mlx-lm, and inside chunkscan's own functions only at their closures, so
+it stays cheap (tens of microseconds); it can miss a module hidden deeper than that,
 never report one that is not reachable.
 """
 
@@ -89,7 +90,8 @@ class _Walk:
                 self.visit(item, path + [k], nxt)
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
-        if not root and (fn.__module__ or "").split(".")[0] in ("mlx", "mlx_lm"):
+        package = (fn.__module__ or "").split(".")[0]
+        if package in ("mlx", "mlx_lm") and not root:
             return
         code = fn.__code__
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
@@ -98,6 +100,8 @@ class _Walk:
             except ValueError:  # an empty cell (a name assigned later)
                 continue
             self.visit(value, path + [name], depth)
+        if package == "chunkscan":  # e.g. stepwise's chunk function: its step only
+            return
         for value in (fn.__defaults__ or ())[:MAX_ITEMS]:
             self.visit(value, path + ["a default argument"], depth)
         for name, value in list((fn.__kwdefaults__ or {}).items())[:MAX_ITEMS]:
@@ -107,7 +111,8 @@ class _Walk:
                 self.visit(fn.__globals__[name], path + [name], depth)
 
 
-def _global_names(code: types.CodeType) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
     """Globals the code (and the code nested in it) loads, in order, once each."""
     names: dict[str, None] = {}
     stack = [code]
@@ -117,7 +122,7 @@ def _global_names(code: types.CodeType) -> list[str]:
             if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
                 names[ins.argval] = None
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return list(names)
+    return tuple(names)
 
 
 def _index(path: list[str], sub: str) -> list[str]:
