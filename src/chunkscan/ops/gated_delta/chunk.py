@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ... import _ordering, _tree
-from ._checks import Spec, check_inputs
+from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
 
 F32 = mx.float32
@@ -56,8 +56,9 @@ def gated_delta_rule(
         q (array): Queries ``[B, T, Hk, Dk]``.
         k (array): Keys ``[B, T, Hk, Dk]``.
         v (array): Values ``[B, T, Hv, Dv]``, ``Hv`` a multiple of ``Hk``.
-        g (array): Log-decay ``[B, T, Hv]`` (``<= 0``; the state is multiplied by
-            ``exp(g)``, so ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``).
+        g (array): Log-decay ``[B, T, Hv]`` (usually ``<= 0``; the state is multiplied
+            by ``exp(g)``, so ``-inf`` resets it to zero and ``g > 0`` grows it, exact
+            within float range; mlx-lm passes ``exp(g)``).
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
         initial_state (array, optional): ``[B, Hv, Dv, Dk]`` (or ``[N, Hv, Dv, Dk]``
@@ -83,6 +84,9 @@ def gated_delta_rule(
     spec = check_inputs(
         "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens
     )
+    empty = empty_result(spec, q, initial_state)
+    if empty is not None:
+        return empty
     out_dtype = q.dtype
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
