@@ -95,10 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
                    choices=["eager", "compiled"])  # fmt: skip
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[64])
-    p.add_argument("--group-mib", type=int, nargs="+", default=[0],
-                   help="scratch budget of one group of chunks; 0: the library default")
-    p.add_argument("--compile-groups", nargs="+", default=["on"], choices=["on", "off"],
-                   help="chunkscan's per-group functions compiled (the default) or not")
+    p.add_argument(
+        "--group-mib",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="scratch budget of one group of chunks; 0: the library default",
+    )
+    p.add_argument(
+        "--compile-groups",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="chunkscan's per-group functions compiled (the default) or not",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
@@ -122,9 +132,15 @@ def main(argv: list[str] | None = None) -> int:
                 for C in args.chunk_sizes:
                     for mib in args.group_mib:
                         for cg in args.compile_groups:
-                            cfg = {"T": T, "impl": impl, "compiled": mode == "compiled",
-                                   "chunk_size": C, "group_mib": mib or None,
-                                   "repeats": args.repeats, "compile_groups": cg == "on"}
+                            cfg = {
+                                "T": T,
+                                "impl": impl,
+                                "compiled": mode == "compiled",
+                                "chunk_size": C,
+                                "group_mib": mib or None,
+                                "repeats": args.repeats,
+                                "compile_groups": cg == "on",
+                            }
                             configs.append(("bench_mlx", cfg))
     for kind, cfg in configs:
         if args.budget and time.perf_counter() - started > args.budget:

@@ -121,7 +121,9 @@ def _device() -> dict[str, Any]:
     try:
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         info["nvidia_smi"] = smi.stdout.strip()
     except Exception:
@@ -136,12 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--R", type=int, default=128)
     p.add_argument("--Dk", type=int, default=128)
     p.add_argument("--C", type=int, default=64)
-    p.add_argument("--tr", type=int, nargs="+", default=[16, 8, 32],
-                   help="kernel row tiles to time (CHUNKSCAN_PASS_TR); the first is the default")
+    p.add_argument(
+        "--tr",
+        type=int,
+        nargs="+",
+        default=[16, 8, 32],
+        help="kernel row tiles to time (CHUNKSCAN_PASS_TR); the first is the default",
+    )
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--check-n", type=int, default=64)
-    p.add_argument("--skip-portable-above", type=int, default=1024,
-                   help="time the portable pass only for n up to this")
+    p.add_argument(
+        "--skip-portable-above",
+        type=int,
+        default=1024,
+        help="time the portable pass only for n up to this",
+    )
     p.add_argument("--out", default="bench-out/state_pass.json")
     return p
 
@@ -185,18 +196,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         errors.append(msg)
                         continue
                     row = {
-                        "impl": impl, "direction": direction, "n": n,
+                        "impl": impl,
+                        "direction": direction,
+                        "n": n,
                         "tr": tr if impl == "kernel" else None,
                         "config": cfg.__dict__ if (impl == "kernel" and cfg) else None,
-                        "first_ms": 1e3 * first, "ms": 1e3 * statistics.median(times),
-                        "min_ms": 1e3 * min(times), "runs": args.runs,
+                        "first_ms": 1e3 * first,
+                        "ms": 1e3 * statistics.median(times),
+                        "min_ms": 1e3 * min(times),
+                        "runs": args.runs,
                     }
                     row["us_per_chunk"] = 1e3 * row["ms"] / n
                     rows.append(row)
                     print(
                         f"{impl:8s} {direction:7s} TR={row['tr']!s:4s} n={n:5d} "
                         f"median {row['ms']:9.3f} ms  ({row['us_per_chunk']:7.2f} us/chunk)  "
-                        f"first {row['first_ms']:9.1f} ms", flush=True,
+                        f"first {row['first_ms']:9.1f} ms",
+                        flush=True,
                     )
             mx.clear_cache()
     os.environ.pop("CHUNKSCAN_PASS_TR", None)
@@ -204,8 +220,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| impl | direction | TR | n | median ms | us/chunk | first call ms |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| impl | direction | TR | n | median ms | us/chunk | first call ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['impl']} | {r['direction']} | {r['tr'] or '-'} | {r['n']} | {r['ms']:.3f} "
@@ -226,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv,
         "git_commit": _git_commit(),
         "device": _device(),
-        "versions": {"mlx": mx.__version__, "numpy": np.__version__,
-                     "python": platform.python_version()},
+        "versions": {
+            "mlx": mx.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
         "env": {k: os.environ.get(k) for k in ("MLX_ENABLE_TF32", "CHUNKSCAN_PASS_SMEM_KB")},
         "shape": {"L": args.L, "R": args.R, "Dk": args.Dk, "C": args.C},
     }

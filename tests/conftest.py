@@ -1,3 +1,7 @@
+import collections
+import io
+import re
+
 import mlx.core as mx
 import pytest
 
@@ -24,3 +28,12 @@ def assert_trees_close(got, ref, tol: float = 1e-5, name: str = "value"):
 @pytest.fixture(autouse=True)
 def _seed():
     mx.random.seed(0)
+
+
+def max_outputs_of_one_primitive(arrays) -> int:
+    """The most outputs any primitive in the graph of ``arrays`` has (from its DOT)."""
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *arrays)
+    # Primitive nodes have numeric ids; an edge "id -> "name"" is one of its outputs.
+    counts = collections.Counter(re.findall(r'^(\d+) -> "', buf.getvalue(), re.M))
+    return max(counts.values())

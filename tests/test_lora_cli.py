@@ -4,6 +4,8 @@ adapters load back, and --demo."""
 from __future__ import annotations
 
 import json
+import re
+import types
 
 import mlx.core as mx
 import pytest
@@ -79,3 +81,120 @@ def test_demo_runs(capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "chunkscan lora --demo: done" in out and "tok/s" in out
+
+
+# ------------------------------------------------- the demo never writes others' folders
+
+
+def test_demo_refuses_an_existing_folder_it_did_not_make(tmp_path, capsys):
+    """The user's folder, without config.json / train.jsonl: refused before anything is
+    written (the demo used to rewrite tokenizer*.json and valid.jsonl there, exit 0)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "tokenizer.json").write_text("my tokenizer")
+    (mine / "valid.jsonl").write_text("my data")
+    fresh = tmp_path / "fresh"
+    msg = (
+        f"chunkscan lora --demo: --model {mine} is a folder that the demo did not create "
+        "(no .chunkscan-demo file in it) and has no config.json, so the demo will not "
+        "write its files there. Pass a path that does not exist yet (the demo creates it "
+        "and keeps it), a folder an earlier demo made, or one that already has config.json."
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--demo", "--model", str(mine), "--data", str(fresh), "--iters", "1"])
+    with pytest.raises(SystemExit, match=re.escape(f"--data {mine} is a folder that the demo")):
+        lora.main(["--demo", "--model", str(fresh), "--data", str(mine), "--iters", "1"])
+    assert sorted(p.name for p in mine.iterdir()) == ["tokenizer.json", "valid.jsonl"]
+    assert (mine / "tokenizer.json").read_text() == "my tokenizer"
+    assert (mine / "valid.jsonl").read_text() == "my data"
+    assert not fresh.exists()  # checked both before writing either
+
+
+def test_demo_writes_new_folders_and_reuses_its_own(tmp_path):
+    args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(tmp_path / "d"))
+    lora._write_demo(args)
+    for sub, key in (("m", "config.json"), ("d", "train.jsonl")):
+        assert (tmp_path / sub / lora.DEMO_MARKER).is_file() and (tmp_path / sub / key).is_file()
+    # Its own folder, incomplete: written again. A complete one: used as it is.
+    (tmp_path / "m" / "config.json").unlink()
+    (tmp_path / "d" / "train.jsonl").write_text("kept\n")
+    lora._write_demo(args)
+    assert (tmp_path / "m" / "config.json").is_file()
+    assert (tmp_path / "d" / "train.jsonl").read_text() == "kept\n"
+
+
+def test_demo_uses_a_complete_model_folder_without_writing(tmp_path):
+    model = small_model(tmp_path / "user_model")
+    before = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
+    lora._write_demo(types.SimpleNamespace(model=str(model), data=str(tmp_path / "d")))
+    assert {p.name: p.stat().st_mtime_ns for p in model.iterdir()} == before
+
+
+# --------------------------------------------- what is missing, said before loading
+
+
+def test_no_arguments_says_what_to_pass(capsys):
+    assert cli.main(["lora"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: chunkscan lora")
+    assert (
+        "chunkscan lora: no arguments. Pass --model (a folder or a Hugging Face repo id), "
+        "--data and --train, plus any mlx_lm.lora flag; or try --demo (offline)."
+    ) in err
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fail the test if mlx_lm.lora.run is reached (the checks must stop first)."""
+
+    def never(*a, **k):
+        raise AssertionError("mlx_lm.lora.run was called")
+
+    monkeypatch.setattr(mlx_lm.lora, "run", never)
+
+
+def test_missing_model_path_is_reported_before_loading(tmp_path, no_load):
+    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    missing = tmp_path / "no_such_model"
+    msg = (
+        f"chunkscan lora: --model {missing}: no such folder (and not a Hugging Face repo "
+        "id, namespace/name). Pass an MLX model folder that exists, or a repo id such as "
+        "mlx-community/...; or try chunkscan lora --demo."
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--model", str(missing), "--data", str(data), "--train"])
+    with pytest.raises(SystemExit, match=re.escape(f"--model {tmp_path} is a folder without")):
+        lora.main(["--model", str(tmp_path), "--data", str(data), "--train"])
+    model = small_model(tmp_path / "model")
+    with pytest.raises(SystemExit, match=re.escape(f"--data {missing}: no such folder")):
+        lora.main(["--model", str(model), "--data", str(missing), "--train"])
+    with pytest.raises(SystemExit, match=re.escape("chunkscan lora: nothing to do: pass --train")):
+        lora.main(["--model", str(model), "--data", str(data)])
+
+
+def test_uncached_repo_offline_is_reported(monkeypatch, no_load):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    msg = (
+        "chunkscan lora: --model nobody/no-such-model-7f3 is not a local folder and not in "
+        "the local Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot be downloaded."
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--model", "nobody/no-such-model-7f3", "--train"])
+
+
+def test_hub_failure_is_one_line(monkeypatch):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def offline(*a, **k):
+        raise LocalEntryNotFoundError("Cannot find an appropriate cached snapshot.\nMore.")
+
+    monkeypatch.setattr(mlx_lm.lora, "run", offline)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(lora, "_hub_offline", lambda: False)
+    msg = (
+        "chunkscan lora: a Hugging Face Hub lookup failed for --model nobody/m or --data "
+        "nobody/d (LocalEntryNotFoundError: Cannot find an appropriate cached snapshot.). "
+        "Check the repo id and the network, or pass local folders."
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--model", "nobody/m", "--data", "nobody/d", "--train"])

@@ -4,6 +4,7 @@ and an mlx-lm without the expected seam fails loudly."""
 from __future__ import annotations
 
 import inspect
+import pathlib
 import re
 
 import mlx.core as mx
@@ -337,6 +338,43 @@ def test_loud_failure_changed_semantics(monkeypatch):
         if getattr(m, "gated_delta_update", None) is STOCK:
             monkeypatch.setattr(m, "gated_delta_update", rescaled)
     _expect_incompatible("does not reproduce the stock one")
+
+
+def _point_families_at(monkeypatch, fn):
+    """Make ``fn`` the stock function for patch(): in gated_delta and every family
+    module that holds mlx-lm's function by name."""
+    import importlib
+
+    monkeypatch.setattr(gd, "gated_delta_update", fn)
+    for path in sorted(pathlib.Path(gd.__file__).parent.glob("*.py")):
+        if "gated_delta_update" not in path.read_text(encoding="utf-8"):
+            continue
+        try:
+            m = importlib.import_module(f"mlx_lm.models.{path.stem}")
+        except ImportError:
+            continue
+        if getattr(m, "gated_delta_update", None) is STOCK:
+            monkeypatch.setattr(m, "gated_delta_update", fn)
+
+
+def test_loud_failure_changed_mask_convention(monkeypatch):
+    """Same signature and numbers without a mask, but True now marks padding: only the
+    probe's masked run can see it (before it ran no mask, and patch() succeeded)."""
+    sig = inspect.signature(STOCK)
+
+    def inverted(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        if bound.arguments.get("mask") is not None:
+            bound.arguments["mask"] = ~bound.arguments["mask"]
+        return STOCK(*bound.args, **bound.kwargs)
+
+    inverted.__signature__ = sig
+    _point_families_at(monkeypatch, inverted)
+    _expect_incompatible(
+        "does not reproduce the stock one: with defaults and a padding mask the output differs by",
+        "mask convention changed",
+    )
+    assert qwen3_next.gated_delta_update is inverted  # nothing was patched
 
 
 def test_vector_gate_falls_back_to_stock():

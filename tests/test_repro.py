@@ -4,7 +4,9 @@ import json
 import subprocess
 import sys
 
-from chunkscan import repro
+import pytest
+
+from chunkscan import _measure, repro
 
 
 def test_repro_command_end_to_end(tmp_path):
@@ -43,3 +45,63 @@ def test_table_marks_failures_and_missing_cells():
     table = repro.format_table(rows, [8, 16])
     assert "| qkv | plain | - | fail | - | fail | n/a |" in table
     assert "| qkv | cs.scan | 1.0 | - | 0.50 | - | n/a |" in table
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("a configuration was measured")
+
+    monkeypatch.setattr(_measure, "run_isolated", never)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--T", "0"], "argument --T: must be a positive integer but got 0"),
+        (["--T", "64", "-5"], "argument --T: must be a positive integer but got -5"),
+        (["--chunk", "0"], "argument --chunk: must be a positive integer but got 0"),
+        (["--repeats", "0"], "argument --repeats: must be a positive integer but got 0"),
+        (["--H", "0"], "argument --H: must be a positive integer but got 0"),
+        (["--D", "two"], "argument --D: must be a positive integer but got 'two'"),
+        (["--check-max-T", "-1"], "argument --check-max-T: must be an integer >= 0 but got -1"),
+        (["--timeout", "0"], "argument --timeout: must be a positive number but got 0.0"),
+    ],
+    ids=["T0", "T-neg", "chunk0", "repeats0", "H0", "D-text", "check-neg", "timeout0"],
+)
+def test_bad_arguments_fail_before_measuring(argv, message, tmp_path, capsys, no_measuring):
+    with pytest.raises(SystemExit) as info:
+        repro.main(argv + ["--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert f"chunkscan repro: error: {message}" in capsys.readouterr().err
+
+
+def test_unwritable_out_fails_before_measuring(tmp_path, capsys, no_measuring):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as info:
+        repro.main(["--T", "8", "--out", str(blocker / "out")])
+    assert info.value.code == 2
+    assert (
+        f"chunkscan repro: error: argument --out: cannot write to '{blocker / 'out'}' "
+        "(NotADirectoryError: Not a directory)"
+    ) in capsys.readouterr().err
+
+
+def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypatch):
+    def fake(target, config, **kw):
+        if config["mode"] == "plain":
+            return {"error": "exit -9: killed (out of memory?)"}
+        return {"peak_mib": 1.0, "seconds": 0.1, "max_grad_diff": 0.0}
+
+    monkeypatch.setattr(_measure, "run_isolated", fake)
+    argv = ["--T", "8", "--modes", "plain", "cs.scan", "--grads", "state", "--no-plot"]
+    assert repro.main(argv + ["--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "chunkscan repro: 1 of 2 configurations failed:\n"
+        "  state plain T=8: exit -9: killed (out of memory?)"
+    ) in err
+    assert len(json.loads((tmp_path / "repro.json").read_text())["rows"]) == 2
+    monkeypatch.setattr(_measure, "run_isolated", lambda *a, **k: fake(None, {"mode": "x"}))
+    assert repro.main(argv + ["--out", str(tmp_path)]) == 0

@@ -1,13 +1,14 @@
 """chunkscan.scan and chunkscan.stepwise: values and gradients against plain autograd
 of the unchunked loop, pytrees, params, nn.Module, compile, and error text."""
 
+import functools
 import re
 import warnings
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import assert_trees_close
+from conftest import assert_trees_close, max_outputs_of_one_primitive
 
 import chunkscan
 from chunkscan import _tree, repro
@@ -398,3 +399,271 @@ def test_error_axis_out_of_range():
         ValueError, match=re.escape("[scan] axis 2 is out of range for xs with 2 dimensions.")
     ):
         chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), axis=2)
+
+
+def test_many_chunks_keep_outputs_per_primitive_bounded():
+    """256 chunks: the saved carries leave the forward in ~sqrt(n) stacked blocks, not
+    as 255 separate outputs of one custom function (O(n^2) in MLX: every output lists
+    its siblings; T=4000 at chunk_size=1 reached 736 MiB RSS, 250 MiB after)."""
+    T = 256
+    s0, q, k, v = delta_inputs(T, H=1, D=4)
+
+    def run(s0, q, k, v):
+        return list(chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=1))
+
+    outs = run(s0, q, k, v)
+    assert max_outputs_of_one_primitive(outs) <= 2 + 2 * 16  # 18 now, 257 before
+    out_r, g_r = vjp_all(lambda *a: list(plain_loop(repro.step, a[0], a[1:])), (s0, q, k, v))
+    out_g, g_g = vjp_all(run, (s0, q, k, v))
+    assert_trees_close(out_g, out_r, 1e-6, "outputs")
+    assert_trees_close(g_g, g_r, 1e-5, "grads")
+
+
+# ------------------------------------------------------- captured modules (no gradient)
+
+LIN = nn.Linear(3, 3)  # a module-level global, reached by a step through its globals
+
+
+def _global_step(s, x):
+    s = mx.tanh(LIN(s) + x)
+    return s, s
+
+
+def _scan_loss(f, **kw):
+    s0 = mx.zeros((3,))
+    xs = mx.random.normal((8, 3), key=mx.random.key(5))
+
+    def loss(*_):
+        return chunkscan.scan(f, s0, xs, chunk_size=4, **kw)[1].sum()
+
+    return loss
+
+
+def _capture_cases():
+    lin = nn.Linear(3, 3)
+
+    def step(s, x):
+        s = mx.tanh(lin(s) + x)
+        return s, s
+
+    def step_m(s, x, m):
+        s = mx.tanh(m(s) + x)
+        return s, s
+
+    def helper(s):
+        return lin(s)
+
+    def nested(s, x):
+        s = mx.tanh(helper(s) + x)
+        return s, s
+
+    class Holder:  # a plain object whose method's self holds the module
+        def __init__(self):
+            self.layer = lin
+
+        def step(self, s, x):
+            s = mx.tanh(self.layer(s) + x)
+            return s, s
+
+    def chunk_m(c, xc, m):
+        return c, m(xc)
+
+    return {
+        "stepwise closure": (chunkscan.stepwise(step), "through step -> lin", "lin", True),
+        "stepwise global": (chunkscan.stepwise(_global_step), "through step -> LIN", "LIN", True),
+        "stepwise partial": (
+            chunkscan.stepwise(functools.partial(step_m, m=lin)),
+            "through step -> partial -> m",
+            "m",
+            True,
+        ),
+        "partial args": (
+            functools.partial(lambda m, c, xc: (c, m(xc)), lin),
+            "through partial -> args[0]",
+            "module",
+            False,
+        ),
+        "partial keyword": (functools.partial(chunk_m, m=lin), "through partial -> m", "m", False),
+        "nested closure": (
+            chunkscan.stepwise(nested),
+            "through step -> helper -> lin",
+            "lin",
+            True,
+        ),
+        "plain object method": (
+            chunkscan.stepwise(Holder().step),
+            "through step -> self -> layer",
+            "layer",
+            True,
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_capture_cases()))
+def test_captured_module_warns(case):
+    f, how, arg, is_step = _capture_cases()[case]
+    use = (
+        "take it as the third argument of step: step(carry, x, params)"
+        if is_step
+        else "use the third argument of f: f(carry, xs, params)"
+    )
+    msg = (
+        f"[scan] f captures the nn.Module '{arg if arg != 'module' else 'args[0]'}' (Linear) "
+        f"{how}; its parameters are constants inside scan and get no gradient. Pass it as "
+        f"params={arg} and {use}."
+    )
+    with pytest.warns(chunkscan.ClosureCaptureWarning) as record:
+        _scan_loss(f)()
+    assert [str(w.message) for w in record] == [msg]
+
+
+def test_issue_example_warns_and_params_gives_the_loop_gradient():
+    """The issue's example: a stepwise step closing over a Linear trains nothing
+    (dW == 0) and now warns; passed as params= it gets the plain loop's gradient."""
+    lin = nn.Linear(3, 3)
+    s0 = mx.zeros((3,))
+    xs = mx.random.normal((8, 3))
+
+    def step(s, x):
+        s = mx.tanh(lin(s) + x)
+        return s, s
+
+    def captured(m):
+        return chunkscan.scan(chunkscan.stepwise(step), s0, xs, chunk_size=4)[1].sum()
+
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="through step -> lin"):
+        _, g = nn.value_and_grad(lin, captured)(lin)
+    assert mx.abs(g["weight"]).max().item() == 0.0  # what the warning is about
+
+    def step_p(s, x, m):
+        s = mx.tanh(m(s) + x)
+        return s, s
+
+    def passed(m):
+        return chunkscan.scan(chunkscan.stepwise(step_p), s0, xs, chunk_size=4, params=m)[1].sum()
+
+    def loop(m):
+        return plain_loop(lambda s, x, m: step_p(s, x[0], m), s0, (xs,), m)[1].sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, g_p = nn.value_and_grad(lin, passed)(lin)
+    _, g_l = nn.value_and_grad(lin, loop)(lin)
+    assert mx.abs(g_l["weight"]).max().item() > 0.1
+    assert_trees_close(g_p, g_l, 1e-5, "grads")
+
+
+def test_module_passed_as_params_and_captured_does_not_warn():
+    """Captured *and* passed (or a submodule of the passed module): the captured object
+    is the one scan swaps the traced parameters into, so it does get gradients."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    inner = model.layers[0]
+
+    def step(s, x, m):
+        s = mx.tanh(model.layers[1](inner(s)) + x)  # captures model and its submodule
+        return s, s
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _scan_loss(chunkscan.stepwise(step), params=model)()
+
+
+def test_frozen_module_does_not_warn():
+    lin = nn.Linear(3, 3)
+    lin.freeze()
+
+    def step(s, x):
+        s = mx.tanh(lin(s) + x)
+        return s, s
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _scan_loss(chunkscan.stepwise(step))()
+
+
+# ------------------------------------------------ arity, integer inputs, transforms
+
+
+def test_error_params_given_but_f_takes_two_arguments():
+    msg = (
+        "[scan] params= is given, so f is called as f(carry, xs, params), but f(c, x) does "
+        "not take three positional arguments. Add a third parameter for the params to f, "
+        "or leave params= out."
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), params={"w": mx.ones(3)})
+    with pytest.raises(TypeError, match=re.escape("but step(s, x) does not take three")):
+        chunkscan.scan(
+            chunkscan.stepwise(repro.step),
+            mx.zeros((1, 2, 2)),
+            (mx.zeros((4, 1, 2)),) * 3,
+            params=nn.Linear(2, 2),
+        )
+    msg = (
+        "[scan] no params= is given, so step is called as step(carry, x), but step(h, x, p) "
+        "does not take two positional arguments. Pass params= (the third argument), or give "
+        "step two parameters."
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(chunkscan.stepwise(rnn_step), mx.zeros((2,)), (mx.zeros((4, 2)),))
+
+
+def test_star_args_functions_pass_the_arity_check():
+    def f(*args):
+        c, x = args[:2]
+        return c + x.sum(0), x
+
+    c, _ = chunkscan.scan(f, mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2)
+    c2, _ = chunkscan.scan(f, mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2, params=[mx.ones(1)])
+    assert mx.array_equal(c, c2) and c.tolist() == [4.0, 4.0, 4.0]
+
+
+def test_integer_and_bool_xs_leaves_get_no_gradient():
+    """Token ids and masks among xs with the default xs_grad=True: treated as constants
+    (they failed deep in the backward with MLX's gather-VJP message)."""
+    emb = mx.random.normal((10, 4))
+    ids = mx.array([1, 3, 5, 7, 9, 2], dtype=mx.int32)
+    keep = mx.array([True, False, True, True, False, True])
+    w = mx.random.normal((6,))
+
+    def step(h, x, p):
+        i, m, wt = x
+        h = mx.where(m, 0.5 * h + p[i], h) * wt
+        return h, h
+
+    def got(emb, w):
+        h, ys = chunkscan.scan(
+            chunkscan.stepwise(step), mx.zeros((4,)), (ids, keep, w), chunk_size=4, params=emb
+        )
+        return (ys * ys).sum() + h.sum()
+
+    def ref(emb, w):
+        h, total = mx.zeros((4,)), 0.0
+        for t in range(6):
+            h, y = step(h, (ids[t], keep[t], w[t]), emb)
+            total = total + (y * y).sum()
+        return total + h.sum()
+
+    g = mx.grad(got, argnums=(0, 1))(emb, w)
+    g_ref = mx.grad(ref, argnums=(0, 1))(emb, w)
+    assert_trees_close(g, g_ref, 1e-6, "grads")
+
+
+def test_vmap_jvp_and_shapeless_compile_fail_loudly():
+    """Not supported (docs/design.md): MLX raises at the first call, never a silent
+    result. These are MLX's messages; chunkscan cannot raise its own, since MLX
+    transforms the forward's ordering edges before any rule of the custom function is
+    reached. If MLX's behaviour changes, this test says so (update the docs)."""
+    x = mx.random.normal((3, 8, 2))
+
+    def run(x):
+        return chunkscan.scan(_ok_f, mx.zeros((2,)), x, chunk_size=4)[0]
+
+    with pytest.raises(
+        ValueError, match=re.escape("[Primitive::vmap] Not implemented for Depends")
+    ):
+        mx.vmap(run)(x)
+    with pytest.raises(ValueError, match=re.escape("[Primitive::jvp] Not implemented for Depends")):
+        mx.jvp(run, [x[0]], [mx.ones_like(x[0])])
+    with pytest.raises(ValueError, match=re.escape("Slice cannot infer output shapes")):
+        mx.compile(run, shapeless=True)(x[0])

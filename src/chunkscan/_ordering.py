@@ -17,7 +17,8 @@ uses it for exactly five rules, each a function below:
 
 1. :func:`carry_after_outputs` (forward): a chunk's outgoing carry waits for that
    chunk's outputs, so each output branch runs, and frees what it needs, before the
-   chain moves on to the next chunk.
+   chain moves on to the next chunk. ``scan`` also makes it wait for each stacked
+   block of saved carries, so the block's separate carries are freed as it goes.
 2. :func:`recompute_after_cotangent` (backward): the recomputation of chunk ``i``
    waits for the cotangent flowing into chunk ``i``, so chunks are recomputed one at
    a time, last to first, instead of all at once up front. It gates the chunk's

@@ -10,9 +10,16 @@ their memory per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
 - ``--demo``: build a tiny random Qwen3-Next model, tokenizer and data set in a
   temporary directory (no network) and train a few steps on it; other flags still
   apply (e.g. ``chunkscan lora --demo --iters 5``); ``--model``/``--data`` paths that
-  do not exist yet are written there instead, and kept.
+  do not exist yet are written there instead, and kept. The demo never writes into a
+  directory it did not create (it marks its own with a ``.chunkscan-demo`` file): an
+  existing ``--model`` folder with a ``config.json`` (or ``--data`` folder with a
+  ``train.jsonl``) is used as it is, any other existing folder is refused.
 
-Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults.
+Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults. Before
+anything is loaded, the command checks that there is something to do (``--train`` or
+``--test``) and that ``--model`` and ``--data`` name an existing folder or a Hugging
+Face repo id (``namespace/name``), and says what is missing; a failed Hub download is
+reported in one line, not as a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import sys
 import tempfile
 import types
@@ -152,13 +160,119 @@ def _report_peak_memory(lora: Any):
         lora.get_reporting_callbacks = original
 
 
+DEMO_MARKER = ".chunkscan-demo"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _demo_dir_needs_writing(flag: str, path: str, key_file: str) -> bool:
+    """Whether the demo must write ``path``; raises if it would write someone's folder.
+
+    It writes a folder that does not exist, or one it made earlier (marked with
+    :data:`DEMO_MARKER`) that lacks ``key_file``; it uses any folder that has
+    ``key_file`` as it is; it refuses everything else.
+    """
+    p = pathlib.Path(path)
+    if (p / key_file).is_file():
+        return False
+    if not p.exists() or (p / DEMO_MARKER).is_file():
+        return True
+    what = "a folder" if p.is_dir() else "a file, not a folder"
+    raise SystemExit(
+        f"chunkscan lora --demo: {flag} {path} is {what} that the demo did not create "
+        f"(no {DEMO_MARKER} file in it) and has no {key_file}, so the demo will not write "
+        f"its files there. Pass a path that does not exist yet (the demo creates it and "
+        f"keeps it), a folder an earlier demo made, or one that already has {key_file}."
+    )
+
+
 def _write_demo(args: types.SimpleNamespace) -> None:
     from . import _demo_model
 
-    if not pathlib.Path(args.model, "config.json").exists():
-        _demo_model.write_model(args.model)
-    if not pathlib.Path(args.data, "train.jsonl").exists():
-        _demo_model.write_dataset(args.data)
+    todo = [
+        (path, write)
+        for flag, path, key_file, write in (
+            ("--model", args.model, "config.json", _demo_model.write_model),
+            ("--data", args.data, "train.jsonl", _demo_model.write_dataset),
+        )
+        if _demo_dir_needs_writing(flag, path, key_file)
+    ]  # every check first: refuse before writing anything
+    for path, write in todo:
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        pathlib.Path(path, DEMO_MARKER).write_text(
+            "made by chunkscan lora --demo; it may rewrite the files in this folder\n"
+        )
+        write(path)
+
+
+def _hub_offline() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true"):
+        return True
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - mlx-lm depends on it
+        return False
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def _in_hub_cache(repo_id: str, filename: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(try_to_load_from_cache(repo_id, filename), str)
+
+
+def check_args(args: types.SimpleNamespace) -> None:
+    """Raise ``SystemExit`` saying what is missing, before anything is loaded."""
+    if not args.train and not args.test:
+        raise SystemExit(
+            "chunkscan lora: nothing to do: pass --train (finetune) and/or --test "
+            "(evaluate), as with mlx_lm.lora; or --demo for an offline demo."
+        )
+    _check_source("--model", args.model, "an MLX model folder", model=True)
+    if not getattr(args, "hf_dataset", None):
+        _check_source("--data", args.data, "a data folder (train.jsonl, valid.jsonl)")
+
+
+def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> None:
+    """``value`` must be an existing folder (a model's with config.json) or a repo id
+    (``namespace/name``), and with ``HF_HUB_OFFLINE`` a model repo must be cached."""
+    value = str(value)
+    p = pathlib.Path(value).expanduser()
+    if p.is_dir():
+        if model and not (p / "config.json").is_file():
+            raise SystemExit(
+                f"chunkscan lora: {flag} {value} is a folder without config.json; pass "
+                f"{folder} (config.json, *.safetensors, tokenizer files) or a Hugging "
+                f"Face repo id."
+            )
+        return
+    if p.exists():
+        raise SystemExit(f"chunkscan lora: {flag} {value} is a file; pass {folder}.")
+    if not _REPO_ID.match(value) or value.startswith((".", "~")):
+        raise SystemExit(
+            f"chunkscan lora: {flag} {value}: no such folder (and not a Hugging Face repo "
+            f"id, namespace/name). Pass {folder} that exists, or a repo id such as "
+            f"mlx-community/...; or try chunkscan lora --demo."
+        )
+    if model and _hub_offline() and not _in_hub_cache(value, "config.json"):
+        raise SystemExit(
+            f"chunkscan lora: {flag} {value} is not a local folder and not in the local "
+            f"Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot be downloaded. "
+            f"Unset HF_HUB_OFFLINE, or pass {folder} that exists."
+        )
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from huggingface_hub import errors
+    except ImportError:  # pragma: no cover
+        return ()
+    return tuple(
+        getattr(errors, name)
+        for name in ("HfHubHTTPError", "LocalEntryNotFoundError", "HFValidationError")
+        if hasattr(errors, name)
+    )
 
 
 def run(args: types.SimpleNamespace) -> None:
@@ -180,8 +294,26 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``chunkscan lora``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    if not argv:
+        build_parser().print_usage(sys.stderr)
+        print(
+            "chunkscan lora: no arguments. Pass --model (a folder or a Hugging Face repo "
+            "id), --data and --train, plus any mlx_lm.lora flag; or try --demo (offline).",
+            file=sys.stderr,
+        )
+        return 2
     if "--demo" not in argv:
-        run(resolve_args(argv))
+        args = resolve_args(argv)
+        check_args(args)
+        try:
+            run(args)
+        except _hub_errors() as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SystemExit(
+                f"chunkscan lora: a Hugging Face Hub lookup failed for --model "
+                f"{args.model} or --data {args.data} ({type(e).__name__}: {first}). "
+                "Check the repo id and the network, or pass local folders."
+            ) from None
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="chunkscan-lora-demo-") as demo_dir:

@@ -45,7 +45,8 @@ handle's ``chunk_size`` applies.
 The seam is checked when patching, against the installed mlx-lm: the module, the
 signature of ``gated_delta_update`` (via ``inspect.signature``), the by-name imports
 of each family, and a numerical probe of the patched against the stock training
-path. Any mismatch raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
+path (with and without a padding mask, and with each keyword option). Any mismatch
+raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
 """
 
 from __future__ import annotations
@@ -304,24 +305,34 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
     A_log = mx.random.uniform(-1.0, 1.0, (Hv,), key=keys[5])
     dt_bias = mx.random.normal((Hv,), key=keys[6])
     s0 = mx.random.normal((B, Hv, Dv, Dk), key=keys[7]) * 0.1
-    variants = [{}]
+    # A padding mask (True = a real token) with a hole and right padding: a masked
+    # step keeps the state. Only the outputs of real tokens are compared (mlx-lm's
+    # loop returns the unmasked step's output at a padding step, the patch zero).
+    mask = mx.array([[True] * T, [True, True, False, True, False]])
+    variants: list[tuple[dict[str, Any], mx.array | None]] = [({}, None), ({}, mask)]
     if "allow_neg_eigval" in options:
-        variants.append({"allow_neg_eigval": True})
+        variants.append(({"allow_neg_eigval": True}, None))
     if "lower_bound" in options:
-        variants.append({"lower_bound": -5.0})
+        variants.append(({"lower_bound": -5.0}, None))
     problems = []
-    for extra in variants:
-        args = (q, k, v, a, b, A_log, dt_bias, s0, None)
+    for extra, m in variants:
+        args = (q, k, v, a, b, A_log, dt_bias, s0, m)
         y0, s_0 = stock(*args, use_kernel=False, **extra)
         y1, s_1 = _chunked_update(*args, options=extra)
+        if m is not None:
+            keep = m[..., None, None]
+            y0, y1 = mx.where(keep, y0, 0), mx.where(keep, y1, 0)
+        label = ", ".join(f"{key}={val!r}" for key, val in extra.items()) or "defaults"
+        if m is not None:
+            label += " and a padding mask"
         for what, x0, x1 in (("output", y0, y1), ("state", s_0, s_1)):
             err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
             if not err <= 1e-4:
-                problems.append(f"with {extra or 'defaults'} the {what} differs by {err:.2e}")
+                problems.append(f"with {label} the {what} differs by {err:.2e}")
     if problems:
         raise _fail(
             ["the patched training path does not reproduce the stock one: " + p for p in problems],
-            "mlx-lm's gate, scale or state convention changed; update chunkscan.mlx_lm.",
+            "mlx-lm's gate, scale, state or mask convention changed; update chunkscan.mlx_lm.",
         )
 
 

@@ -6,6 +6,10 @@ into chunks of ``C`` steps, differentiated in two ways: with respect to the init
 state only, and with respect to ``q, k, v``. Every (mode, gradient case, T) runs in a
 fresh process; the table shows the backward peak above the inputs, the median time
 and the largest gradient difference against plain autograd.
+
+Arguments are checked before anything runs (positive sizes, a writable ``--out``);
+the exit status is 0 when every configuration ran, 1 when any failed (listed on
+stderr; the table and repro.json are still written), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -143,6 +147,47 @@ def measure(
     return out
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer but got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer but got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 but got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 but got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number but got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number but got {value}")
+    return value
+
+
+def check_out_dir(path: str) -> str | None:
+    """Create ``path`` if needed and write a probe file there; the problem, or None."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chunkscan repro",
@@ -152,14 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--T",
-        type=int,
+        type=_positive_int,
         nargs="+",
         default=[256, 512, 1024],
         help="sequence lengths (default: 256 512 1024)",
     )
-    p.add_argument("--H", type=int, default=8, help="heads; the reporter used 32 (default: 8)")
-    p.add_argument("--D", type=int, default=128, help="head dimension (default: 128)")
-    p.add_argument("--chunk", type=int, default=32, help="steps per chunk (default: 32)")
+    p.add_argument(
+        "--H", type=_positive_int, default=8, help="heads; the reporter used 32 (default: 8)"
+    )
+    p.add_argument("--D", type=_positive_int, default=128, help="head dimension (default: 128)")
+    p.add_argument("--chunk", type=_positive_int, default=32, help="steps per chunk (default: 32)")
     p.add_argument(
         "--modes",
         nargs="+",
@@ -175,21 +222,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="gradient cases (default: state qkv)",
     )
     p.add_argument("--compile", action="store_true", help="mx.compile the value-and-grad step")
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per configuration")
+    p.add_argument("--repeats", type=_positive_int, default=1, help="timed runs per configuration")
     p.add_argument(
         "--check-max-T",
-        type=int,
+        type=_non_negative_int,
         default=1024,
         help="compare gradients with plain autograd up to this T (default: 1024)",
     )
     p.add_argument("--out", default="repro-out", help="folder for repro.json and repro.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=600.0, help="seconds per configuration"
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run every configuration; 0 when all succeeded, 1 when any failed, 2 (argparse)
+    for bad arguments or an output folder that cannot be written."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = check_out_dir(args.out)
+    if problem:  # before measuring, not after every configuration has run
+        parser.error(f"argument --out: cannot write to {args.out!r} ({problem})")
     configs = [(m, g, T) for g in args.grads for m in args.modes for T in sorted(args.T)]
     print(
         f"chunkscan repro: mlx {mx.__version__} on {mx.default_device()}, H={args.H} "
@@ -243,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
         path = plot(rows, meta, os.path.join(args.out, "repro.png"))
         if path:
             print(f"wrote {path}")
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        lines = [f"  {r['grads']} {r['mode']} T={r['T']}: {r['error']}" for r in failed]
+        print(
+            f"\nchunkscan repro: {len(failed)} of {len(rows)} configurations failed:\n"
+            + "\n".join(lines),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

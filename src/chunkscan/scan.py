@@ -11,6 +11,7 @@ one chunk before it starts the next.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +19,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _ordering, _tree
+from . import _capture, _ordering, _tree
 from .split import check_chunk_size, chunk_bounds, normalize_axis, slices_at
 
 
 class ClosureCaptureWarning(UserWarning):
-    """``f`` closes over trainable parameters that ``scan`` cannot differentiate."""
+    """``f`` reaches an ``nn.Module`` with trainable parameters that ``scan`` is not
+    passed, so cannot differentiate (a zero gradient)."""
 
 
 def scan(
@@ -56,6 +58,13 @@ def scan(
     with respect to. Works eagerly, under ``mx.compile`` and under
     ``nn.value_and_grad``. Use :func:`chunkscan.stepwise` to write ``f`` per step.
 
+    Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
+    ``nn.value_and_grad``) and ``mx.compile`` (which retraces once per input shape).
+    Not supported, and failing at the first call with MLX's message (never silently):
+    ``mx.vmap`` and ``mx.jvp`` (``Not implemented for Depends``: put a batch axis into
+    ``init`` and ``xs`` instead) and ``mx.compile(..., shapeless=True)`` (``Slice cannot
+    infer output shapes``: the chunk boundaries depend on the shapes).
+
     Args:
         f (callable): The chunk function.
         init (tree of array): Initial carry, e.g. ``[H, Dv, Dk]``.
@@ -66,13 +75,20 @@ def scan(
             passed as its third argument. Arrays ``f`` captures by closure are
             constants and get **no gradient**; pass them here. An ``nn.Module`` is
             passed to ``f`` as itself, with its trainable parameters differentiated
-            (what ``nn.value_and_grad`` needs). Default: ``None``.
-        axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf.
-            Default: ``0``.
+            (what ``nn.value_and_grad`` needs). ``scan`` warns
+            (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
+            parameters that ``f`` reaches without it: through closures, globals,
+            ``functools.partial``, bound methods, or ``stepwise``'s step. With
+            ``params``, ``f`` (or the step) must take a third argument. Default:
+            ``None``.
+        axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf; a
+            negative axis counts from the end of each leaf. Default: ``0``.
         xs_grad (bool or tree of bool, optional): ``False`` (for all of ``xs``, or per
             leaf as a tree like ``xs``) declares that no gradient is needed for those
             inputs: they are treated as constants (``mx.stop_gradient``), which saves
-            their gradient computation in the backward pass. Default: ``True``.
+            their gradient computation in the backward pass. Integer and boolean
+            leaves (token ids, masks) never get a gradient, whatever ``xs_grad``
+            says. Default: ``True``.
 
     Returns:
         tuple: ``(carry, ys)``; ``ys`` concatenated on ``axis``, e.g. ``[T, H, Dv]``.
@@ -90,6 +106,7 @@ def scan(
     xs_leaves, xs_def = _tree.require_arrays("scan", "xs", xs)
     axes, length = _check_xs(xs_leaves, xs_def, axis)
     grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def)
+    _check_arity(f, params is not None)
 
     module = params if isinstance(params, nn.Module) else None
     if module is not None:
@@ -127,7 +144,10 @@ class _Plan:
 
     ``forward`` and ``backward`` are the custom function and its vjp over the flat
     primals ``init leaves + differentiable xs leaves + params leaves``. The forward
-    returns ``final carry + ys + the carries entering chunks 1..n-1``. The plan holds
+    returns ``final carry + ys + the carries entering chunks 1..n-1``, the latter
+    stacked in blocks of about ``sqrt(n)`` chunks (per block, one array per carry leaf
+    with the block's chunks on a new leading axis): every output of a primitive lists
+    its siblings in MLX, so ``n`` separate outputs would cost ``O(n^2)``. The plan holds
     no reference to a primal: the vjp outlives the call, and a held array would keep
     the graph that produced it alive.
     """
@@ -153,6 +173,12 @@ class _Plan:
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
         self.bounds, self.p_def, self.axis = bounds, p_def, axis
         self.cuts = [lo for lo, _ in bounds[1:]]
+        n_saved = len(bounds) - 1
+        # Blocks of saved carries (chunk indices 1..n-1): about sqrt(n) blocks of
+        # about sqrt(n) carries keep the outputs, and their sibling lists, O(n) in all.
+        per_block = max(1, math.isqrt(n_saved - 1) + 1) if n_saved else 1
+        self.saved_blocks = [(lo + 1, hi + 1) for lo, hi in chunk_bounds(n_saved, per_block)]
+        self.block_ends = {hi - 1 for _, hi in self.saved_blocks}
         self.n_init, self.n_dx = len(init_specs), sum(grad_mask)
         diff_axes = [ax for ax, g in zip(axes, grad_mask) if g]
         const_axes = [ax for ax, g in zip(axes, grad_mask) if not g]
@@ -161,7 +187,7 @@ class _Plan:
         self.ys_spec = _YsSpec()
 
     def n_ys(self, n_outputs: int) -> int:
-        return n_outputs - self.n_init * len(self.bounds)
+        return n_outputs - self.n_init * (1 + len(self.saved_blocks))
 
     def chunked(self, leaves: list[mx.array], axes: list[int]) -> list[list[mx.array]]:
         """Per leaf, its chunks (views; inside the custom function no vjp is built)."""
@@ -202,10 +228,18 @@ class _Plan:
     def forward(self, *primals: mx.array) -> list[mx.array]:
         carry, diff_xs, p = self.split_primals(list(primals))
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
-        ys_per_chunk, saved = [], []
+        ys_per_chunk, saved, block = [], [], []
         for i in range(len(self.bounds)):
             if i > 0:
-                saved.extend(carry)
+                block.append(carry)
+            if i in self.block_ends:
+                stacked = [mx.stack(list(leaf)) for leaf in zip(*block)]
+                saved.extend(stacked)
+                block = []
+                # Rule 1 again: the stacked block is an output; the chain moves on
+                # only once it exists, so the block's separate carries are freed now
+                # rather than all at the end of the forward.
+                carry = _ordering.carry_after_outputs(carry, stacked)
             xs_i = self.xs_chunk([c[i] for c in diff_chunks], [c[i] for c in self.const_chunks])
             carry, ys = self.call_chunk(i, carry, xs_i, p)
             # Rule 1: the carry leaves the chunk only after the chunk's outputs exist.
@@ -228,7 +262,10 @@ class _Plan:
         n_ys = self.n_ys(len(outputs))
         init, diff_xs, p = self.split_primals(primals)
         saved = outputs[n_init + n_ys :]
-        carries_in = [init] + [saved[k * n_init : (k + 1) * n_init] for k in range(n_chunks - 1)]
+        carries_in = [init]
+        for b, (lo, hi) in enumerate(self.saved_blocks):
+            stacked = saved[b * n_init : (b + 1) * n_init]
+            carries_in.extend([leaf[j] for leaf in stacked] for j in range(hi - lo))
         ct_carry = cotangents[:n_init]
         ct_ys = cotangents[n_init : n_init + n_ys]
         ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys])
@@ -278,6 +315,43 @@ class _Plan:
         return ct_carry + d_xs + d_p
 
 
+def _check_arity(f: Callable, has_params: bool) -> None:
+    """Raise when ``f`` (or ``stepwise``'s step) cannot take the arguments scan passes.
+
+    Functions whose signature cannot be read (some builtins) are not checked; ``*args``
+    functions accept anything and pass.
+    """
+    step = getattr(f, "_chunkscan_step", None)
+    target, name = (f, "f") if step is None else (step, "step")
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    n = 3 if has_params else 2
+    try:
+        sig.bind(*range(n))
+    except TypeError:
+        pass
+    else:
+        return
+    sig = sig.replace(
+        parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+        return_annotation=sig.empty,
+    )
+    args = "(carry, xs, params)" if name == "f" else "(carry, x, params)"
+    if has_params:
+        raise TypeError(
+            f"[scan] params= is given, so {name} is called as {name}{args}, but "
+            f"{name}{sig} does not take three positional arguments. Add a third parameter "
+            f"for the params to {name}, or leave params= out."
+        )
+    raise TypeError(
+        f"[scan] no params= is given, so {name} is called as {name}{args.replace(', params', '')}, "
+        f"but {name}{sig} does not take two positional arguments. Pass params= (the third "
+        f"argument), or give {name} two parameters."
+    )
+
+
 def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:
     if not leaves:
         raise ValueError("[scan] xs must have at least one array leaf; its length gives T.")
@@ -300,15 +374,19 @@ def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[i
 
 def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple) -> list[bool]:
     if isinstance(xs_grad, bool):
-        return [xs_grad] * len(leaves)
-    mask, mask_def = _tree.flatten(xs_grad)
-    if not _tree.same_structure(mask_def, treedef) or not all(isinstance(m, bool) for m in mask):
-        raise TypeError(
-            "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
-            f"but got {xs_grad!r}. Use e.g. xs_grad=False, or (True, False, True) for "
-            "xs=(q, k, v)."
-        )
-    return mask
+        mask = [xs_grad] * len(leaves)
+    else:
+        mask, mask_def = _tree.flatten(xs_grad)
+        if not _tree.same_structure(mask_def, treedef) or not all(
+            isinstance(m, bool) for m in mask
+        ):
+            raise TypeError(
+                "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
+                f"but got {xs_grad!r}. Use e.g. xs_grad=False, or (True, False, True) for "
+                "xs=(q, k, v)."
+            )
+    # Integer and boolean leaves (token ids, masks) have no gradient: constants.
+    return [m and mx.issubdtype(x.dtype, mx.inexact) for m, x in zip(mask, leaves)]
 
 
 class _YsSpec:
@@ -366,26 +444,26 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs):
 
 
 def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
-    """Warn when ``f`` closes over an ``nn.Module`` with trainable parameters."""
-    found = []
-    target = getattr(f, "func", f)  # functools.partial
-    owner = getattr(target, "__self__", None)
-    if isinstance(owner, nn.Module):
-        found.append(("self", owner))
-    for name, value in (
-        inspect.getclosurevars(target).nonlocals.items() if inspect.isfunction(target) else []
-    ):
-        if isinstance(value, nn.Module):
-            found.append((name, value))
-    for name, value in found:
-        if value is module or not value.trainable_parameters():
+    """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
+    being passed it (closures, globals, ``functools.partial``, bound methods,
+    ``stepwise``'s step; see :mod:`chunkscan._capture`). The ``params`` module and its
+    submodules are passed, so they are fine."""
+    passed = {id(m) for m in module.modules()} if module is not None else set()
+    step = getattr(f, "_chunkscan_step", None)
+    for path, value in _capture.captured_modules(f):
+        if id(value) in passed or not _tree.flatten(value.trainable_parameters())[0]:
             continue
-        if not _tree.flatten(value.trainable_parameters())[0]:
-            continue
+        name = path[-1]
+        how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
+        arg = name if name.isidentifier() and name != "self" else "module"
+        if step is not None:
+            use = "take it as the third argument of step: step(carry, x, params)"
+        else:
+            use = "use the third argument of f: f(carry, xs, params)"
         warnings.warn(
-            f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) by closure; "
+            f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) {how}; "
             "its parameters are constants inside scan and get no gradient. Pass it as "
-            f"params={name} and use the third argument of f instead.",
+            f"params={arg} and {use}.",
             ClosureCaptureWarning,
             stacklevel=3,
         )

@@ -533,3 +533,127 @@ def test_non_finite_input_stays_in_its_packed_sequence():
     assert mx.isnan(s[0, 0]).all().item() and mx.isfinite(s[0, 1]).all().item()
     assert mx.isfinite(s[1]).all().item()
     assert max_rel(o[:, 7:], o_ref[:, 7:]) <= 1e-4 and max_rel(s[1], s_ref[1]) <= 1e-4
+
+
+# ------------------------------------------------------------ zero sizes, g > 0, compile
+
+BOTH = (gated_delta_rule, naive_recurrent_gated_delta_rule)
+
+
+@pytest.mark.parametrize("fn", BOTH, ids=["chunk", "naive"])
+@pytest.mark.parametrize(
+    "dims",
+    [
+        dict(B=0, T=5, Hk=1, Hv=2, Dk=4, Dv=3),
+        dict(B=2, T=0, Hk=1, Hv=2, Dk=4, Dv=3),
+        dict(B=2, T=5, Hk=0, Hv=0, Dk=4, Dv=3),
+        dict(B=2, T=5, Hk=1, Hv=2, Dk=0, Dv=3),
+        dict(B=2, T=5, Hk=1, Hv=2, Dk=4, Dv=0),
+    ],
+    ids=["B0", "T0", "Hk0", "Dk0", "Dv0"],
+)
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no-h0"])
+def test_zero_sizes_give_empty_outputs(fn, dims, with_h0):
+    """Zero-size B, T, Hk (and Hv), Dk or Dv: correctly shaped outputs, no crash (were
+    ZeroDivisionError / '0.0 cannot be raised to a negative power'). o is zeros (for
+    Dk = 0 with T > 0 the state [Dv, 0] is empty, so every output is an empty sum); the
+    final state is the initial one, which with T = 0 passes its gradient through."""
+    B, T, Hk, Hv, Dk, Dv = (dims[n] for n in ("B", "T", "Hk", "Hv", "Dk", "Dv"))
+    q, k = mx.ones((B, T, Hk, Dk)), mx.ones((B, T, Hk, Dk))
+    v, g, beta = mx.ones((B, T, Hv, Dv)), -mx.ones((B, T, Hv)), 0.5 * mx.ones((B, T, Hv))
+    h0 = mx.random.normal((B, Hv, Dv, Dk)).astype(mx.bfloat16) if with_h0 else None
+    o, final = fn(q, k, v, g, beta, initial_state=h0, normalize_qk=True)
+    assert o.shape == (B, T, Hv, Dv) and o.dtype == mx.float32
+    assert final.shape == (B, Hv, Dv, Dk) and final.dtype == mx.float32
+    assert mx.array_equal(o, mx.zeros_like(o)).item()
+    if with_h0:
+        assert mx.array_equal(final, h0.astype(mx.float32)).item()
+        ct = mx.random.normal(final.shape)
+        d_h0 = mx.grad(lambda h: (fn(q, k, v, g, beta, initial_state=h)[1] * ct).sum())(h0)
+        assert mx.array_equal(d_h0, ct.astype(mx.bfloat16)).item()
+    else:
+        assert mx.array_equal(final, mx.zeros_like(final)).item()
+
+
+def test_zero_size_packed_sequences_with_no_key_dim():
+    q = k = mx.ones((1, 7, 1, 0))
+    v, g, beta = mx.ones((1, 7, 2, 3)), -mx.ones((1, 7, 2)), mx.ones((1, 7, 2))
+    for fn in BOTH:
+        o, final = fn(q, k, v, g, beta, cu_seqlens=[0, 3, 7])
+        assert o.shape == (1, 7, 2, 3) and final.shape == (2, 2, 3, 0)
+
+
+def test_hk_zero_needs_hv_zero():
+    q = k = mx.ones((1, 4, 0, 8))
+    v, g, beta = mx.ones((1, 4, 2, 3)), -mx.ones((1, 4, 2)), mx.ones((1, 4, 2))
+    with pytest.raises(ValueError, match=re.escape(f"{FN} the number of value heads Hv must")):
+        gated_delta_rule(q, k, v, g, beta)
+
+
+def test_positive_gates_match_the_oracle():
+    """g > 0 is allowed: a growth factor exp(g) per step, exact within float range (as
+    mlx-lm's kernels, which take any decay). Gates in (0, 0.2], chunks of 16: the state
+    grows by up to e^3.2 per chunk. Measured max relative error: 5e-7 to 1.4e-6 over
+    o, the state and all six gradients (1.3e-6 with gates up to 0.5); tolerance 2e-5."""
+    inputs = make_inputs(1, 40, 1, 2, 8, 6)
+    inputs[3] = mx.random.uniform(0.01, 0.2, inputs[3].shape, key=mx.random.key(3))
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16)
+    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
+    assert_fp32_close(got, ref, tol=2e-5)
+
+
+def test_cu_seqlens_array_under_compile_says_it_is_static():
+    q, k, v, g, beta = [x[:1] for x in _good()]
+
+    def f(q, cu):
+        return gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)[0]
+
+    message = (
+        f"{FN} cu_seqlens is static (it fixes how tokens map onto chunks) and is read with "
+        ".tolist(), but this mx.array cannot be read here: it is an input of a transformed "
+        "function such as mx.compile ("
+    )
+    with pytest.raises(TypeError, match=re.escape(message)) as info:
+        mx.compile(f)(q, mx.array([0, 4, 10]))
+    assert str(info.value).endswith(
+        "Pass cu_seqlens as a Python list of ints, e.g. cu_seqlens=[0, 5, 12] (mx.compile "
+        "retraces for each new list)."
+    )
+    # The list works under mx.compile, one trace per list.
+    compiled = mx.compile(f)
+    for cu in ([0, 4, 10], [0, 7, 10]):
+        ref = naive_recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)[0]
+        assert max_rel(compiled(q, cu), ref) <= 1e-5
+
+
+def test_vmap_jvp_and_shapeless_compile_fail_loudly():
+    """Not supported (docs/design.md): MLX's own errors at the first call, never a silent
+    result. chunkscan cannot raise its own: MLX transforms the forward's ordering edges
+    before any rule of the custom function is reached."""
+    q, k, v, g, beta = [x[:1] for x in _good()]
+
+    def o(q):
+        return gated_delta_rule(q, k, v, g, beta, chunk_size=4)[0]
+
+    # vmap fails on the first op that mixes batched and unbatched inputs, or on Depends.
+    vmap_errors = "|".join(
+        re.escape(m)
+        for m in ("[Primitive::vmap] Not implemented for Depends", "[vmap] Inconsistent axis")
+    )
+    with pytest.raises(ValueError, match=vmap_errors):
+        mx.vmap(o)(mx.stack([q, q]))
+    # jvp: right where the call is one group of chunks (no ordering edge on the way to
+    # the outputs), loud where there are several.
+    t = mx.random.normal(q.shape)
+    ref = mx.jvp(lambda q: naive_recurrent_gated_delta_rule(q, k, v, g, beta)[0], [q], [t])
+    assert max_rel(mx.jvp(o, [q], [t])[1][0], ref[1][0]) <= 1e-5
+    previous, chunk_module._GROUP_BYTES = chunk_module._GROUP_BYTES, 1
+    try:
+        with pytest.raises(
+            ValueError, match=re.escape("[Primitive::jvp] Not implemented for Depends")
+        ):
+            mx.jvp(o, [q], [t])
+    finally:
+        chunk_module._GROUP_BYTES = previous
+    with pytest.raises(ValueError, match="cannot infer output shapes"):
+        mx.compile(o, shapeless=True)(q)

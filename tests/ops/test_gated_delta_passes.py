@@ -23,7 +23,7 @@ def reference_pass(x_in, decay, F, E, G, H, *, reverse, loads, stores, inits):
     inits = None if inits is None else np.array(inits, np.float64)
     entering = [None] * n
     stored = [None] * len(stores)
-    for c in (range(n - 1, -1, -1) if reverse else range(n)):
+    for c in range(n - 1, -1, -1) if reverse else range(n):
         if c in loads:
             x = inits[loads[c]].copy()
         entering[c] = x.copy()
@@ -98,8 +98,9 @@ HAS_CUDA = bool(getattr(mx, "cuda", None)) and mx.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs MLX with a CUDA GPU")
 
 # Shapes the brief requires: C in {16, 32, 64, 128}, Dk and R in {32, 64, 128, 256}.
-REQUIRED = [(C, Dk, R) for C in (16, 32, 64, 128) for Dk in (32, 64, 128, 256)
-            for R in (32, 64, 128, 256)]
+REQUIRED = [
+    (C, Dk, R) for C in (16, 32, 64, 128) for Dk in (32, 64, 128, 256) for R in (32, 64, 128, 256)
+]
 
 
 @pytest.mark.parametrize("has_e", [True, False])
@@ -125,8 +126,18 @@ def test_cuda_supports_rejects():
 def test_cuda_x_in_none_needs_a_load():
     inp = make_inputs(L=1, n=2, C=16, R=32, Dk=32)
     with pytest.raises(ValueError, match=r"\[state_pass\] x_in may be None only when the first"):
-        _pass_cuda.state_pass(None, inp["decay"], inp["F"], inp["E"], inp["G"], None,
-                              reverse=False, loads={1: 0}, stores={}, inits=inp["inits"])
+        _pass_cuda.state_pass(
+            None,
+            inp["decay"],
+            inp["F"],
+            inp["E"],
+            inp["G"],
+            None,
+            reverse=False,
+            loads={1: 0},
+            stores={},
+            inits=inp["inits"],
+        )
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the guard of CPU-only MLX")
@@ -199,7 +210,8 @@ CUDA_RUNS += [(sh, c) for sh in CUDA_SHAPES[1:] for c in (1, 3)]
 
 @needs_cuda
 @pytest.mark.parametrize(
-    "shape,case", CUDA_RUNS,
+    "shape,case",
+    CUDA_RUNS,
     ids=["L{}-n{}-C{}-R{}-Dk{}-TR{}".format(*sh) + f"-case{c}" for sh, c in CUDA_RUNS],
 )
 def test_cuda_state_pass(shape, case, monkeypatch):

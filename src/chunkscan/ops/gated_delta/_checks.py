@@ -30,7 +30,12 @@ class Spec:
 
     @property
     def G(self) -> int:
-        return self.Hv // self.Hk
+        return self.Hv // self.Hk if self.Hk else 1
+
+    @property
+    def empty(self) -> bool:
+        """Whether any of ``B, T, Hk, Hv, Dk, Dv`` is zero (see :func:`empty_result`)."""
+        return min(self.B, self.T, self.Hk, self.Hv, self.Dk, self.Dv) == 0
 
     @property
     def n_states(self) -> int:
@@ -98,9 +103,8 @@ def check_inputs(
             f"[{fn}] v must have the batch size and length of q (B={B}, T={T}) but got "
             f"shape {_shape(v)}. Pass v as [B, T, Hv, Dv] with B={B} and T={T}."
         )
-    if T < 1:
-        raise ValueError(f"[{fn}] the sequence length T must be at least 1 but got {T}.")
-    if Hv % Hk != 0:
+    heads_ok = Hv % Hk == 0 if Hk else Hv == 0  # Hk = 0 (nothing to compute) needs Hv = 0
+    if not heads_ok:
         raise ValueError(
             f"[{fn}] the number of value heads Hv must be a multiple of the number of key "
             f"heads Hk but got Hv={Hv} (v shape {_shape(v)}) and Hk={Hk} (q shape "
@@ -113,12 +117,13 @@ def check_inputs(
                 f"[{fn}] {name} must have shape [B, T, Hv] = {(B, T, Hv)} but got "
                 f"{_shape(x)}. Pass one {name} value per token and value head."
             )
+    default_scale = Dk**-0.5 if Dk else 1.0  # Dk = 0: every product with q is empty
     if scale is None:
-        scale = Dk**-0.5
+        scale = default_scale
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(
             f"[{fn}] scale must be a Python float or None but got {type(scale).__name__}. "
-            f"Pass e.g. scale={Dk**-0.5:.6g} (the default, Dk ** -0.5)."
+            f"Pass e.g. scale={default_scale:.6g} (the default, Dk ** -0.5)."
         )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(
@@ -169,7 +174,16 @@ def _check_cu_seqlens(
                 f"[{fn}] cu_seqlens must be a 1-D integer array or a list of ints but got "
                 f"shape {_shape(cu_seqlens)} and dtype {cu_seqlens.dtype}."
             )
-        offsets = [int(x) for x in cu_seqlens.tolist()]
+        try:
+            offsets = [int(x) for x in cu_seqlens.tolist()]
+        except (RuntimeError, ValueError) as e:  # a traced array (mx.compile, mx.vmap)
+            raise TypeError(
+                f"[{fn}] cu_seqlens is static (it fixes how tokens map onto chunks) and "
+                f"is read with .tolist(), but this mx.array cannot be read here: it is "
+                f"an input of a transformed function such as mx.compile ({e}). Pass "
+                f"cu_seqlens as a Python list of ints, e.g. cu_seqlens=[0, 5, 12] "
+                f"(mx.compile retraces for each new list)."
+            ) from e
     elif isinstance(cu_seqlens, (list, tuple)) and all(
         isinstance(x, int) and not isinstance(x, bool) for x in cu_seqlens
     ):
@@ -196,3 +210,24 @@ def _check_cu_seqlens(
             f"[0, 5, {T}], but got {offsets}. Each sequence must hold at least one token."
         )
     return tuple((a, b) for a, b in zip(offsets, offsets[1:]))
+
+
+def empty_result(
+    spec: Spec, q: mx.array, initial_state: mx.array | None
+) -> tuple[mx.array, mx.array] | None:
+    """``(o, final_state)`` of a call with a zero-size dimension, else ``None``.
+
+    With any of ``B, T, Hk, Hv, Dk, Dv`` zero there is nothing to compute: ``o`` is
+    zeros ``[B, T, Hv, Dv]`` in the dtype of ``q`` (also for ``Dk = 0`` with ``T > 0``:
+    the state ``[Dv, 0]`` is empty, so every output is an empty sum), and the final
+    state is ``initial_state`` in float32 (no step changes it; with ``T = 0`` its
+    gradient passes through), or zeros ``[N, Hv, Dv, Dk]``.
+    """
+    if not spec.empty:
+        return None
+    o = mx.zeros((spec.B, spec.T, spec.Hv, spec.Dv), dtype=q.dtype)
+    if initial_state is None:
+        final = mx.zeros((spec.n_states, spec.Hv, spec.Dv, spec.Dk), dtype=mx.float32)
+    else:
+        final = initial_state.astype(mx.float32)
+    return o, final

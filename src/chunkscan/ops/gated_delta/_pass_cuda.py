@@ -452,13 +452,24 @@ def _kernel(smem: int):
     return k
 
 
-def template(cfg: Config, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool,
-             has_h: bool, reverse: bool) -> list[tuple[str, object]]:
+def template(
+    cfg: Config, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool, has_h: bool, reverse: bool
+) -> list[tuple[str, object]]:
     """The template arguments of one launch (also used by the compile check)."""
     return [
-        ("C", C), ("DK", Dk), ("R", R), ("TR", cfg.TR), ("NT", cfg.NT), ("CP", cfg.CP),
-        ("A1", cfg.A1), ("B1", cfg.B1), ("B2", cfg.B2), ("J4", cfg.J4),
-        ("HAS_X", bool(has_x)), ("HAS_E", bool(has_e)), ("HAS_H", bool(has_h)),
+        ("C", C),
+        ("DK", Dk),
+        ("R", R),
+        ("TR", cfg.TR),
+        ("NT", cfg.NT),
+        ("CP", cfg.CP),
+        ("A1", cfg.A1),
+        ("B1", cfg.B1),
+        ("B2", cfg.B2),
+        ("J4", cfg.J4),
+        ("HAS_X", bool(has_x)),
+        ("HAS_E", bool(has_e)),
+        ("HAS_H", bool(has_h)),
         ("REVERSE", bool(reverse)),
     ]
 
@@ -519,8 +530,16 @@ def state_pass(
         mx.array(load_idx, dtype=mx.int32),
         mx.array(store_idx, dtype=mx.int32),
     ]
-    tmpl = template(cfg, C, Dk, R, has_x=x_in is not None, has_e=E is not None,
-                    has_h=H is not None, reverse=reverse)
+    tmpl = template(
+        cfg,
+        C,
+        Dk,
+        R,
+        has_x=x_in is not None,
+        has_e=E is not None,
+        has_h=H is not None,
+        reverse=reverse,
+    )
     entering, x_out, stored = _kernel(cfg.smem)(
         inputs=inputs,
         template=tmpl,

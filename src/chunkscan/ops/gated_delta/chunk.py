@@ -25,7 +25,7 @@ import mlx.core as mx
 
 from ... import _ordering, _tree
 from . import _passes
-from ._checks import Spec, check_inputs
+from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
 
 F32 = mx.float32
@@ -111,6 +111,9 @@ def gated_delta_rule(
     spec = check_inputs(
         "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens
     )
+    empty = empty_result(spec, q, initial_state)
+    if empty is not None:
+        return empty
     out_dtype = q.dtype
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
@@ -431,9 +434,7 @@ def _group_backward_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> list[mx.ar
     d_l = mx.where(strict, -(at @ d_a @ at), 0.0)  # X = (I + L)^-1: dL = -X^T dX X^T
     kdkb = mx.sum(d_kb * p.k, axis=-1)
     beta_i = p.beta[..., :, None]
-    d_beta = (
-        mx.sum(d_vb * p.v, axis=-1) + p.gamma * kdkb + mx.sum(d_l * p.gam * p.kk, axis=-1)
-    )
+    d_beta = mx.sum(d_vb * p.v, axis=-1) + p.gamma * kdkb + mx.sum(d_l * p.gam * p.kk, axis=-1)
     d_gamma = p.scale * mx.sum(d_qg * p.q, axis=-1) + p.beta * kdkb
     d_gam = mx.where(strict, p.scale * d_p * p.qk + d_l * beta_i * p.kk, 0.0)
     d_qk = mx.sum(p.scale * d_p * p.gam, axis=2, keepdims=True)

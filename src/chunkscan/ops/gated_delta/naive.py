@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ._checks import check_inputs
+from ._checks import check_inputs, empty_result
 
 L2_EPS = 1e-6
 
@@ -53,6 +53,9 @@ def naive_recurrent_gated_delta_rule(
         64 if chunk_size is None else chunk_size,
         cu_seqlens,
     )
+    empty = empty_result(spec, q, initial_state)
+    if empty is not None:
+        return empty
     out_dtype = q.dtype
     qf, kf = q.astype(mx.float32), k.astype(mx.float32)
     if normalize_qk:

@@ -1,0 +1,72 @@
+"""Cost of one ``scan(stepwise(step))`` gradient against the chunk length.
+
+Each configuration runs in a fresh process (``chunkscan._measure.run_isolated``):
+wall seconds of one gradient (after nothing: the first call, as a user sees it) and
+the process's peak RSS above the inputs. RSS, not ``mx.get_peak_memory``: an MLX
+primitive with ``n`` outputs costs ``O(n^2)`` outside MLX's allocator (sibling
+lists), which is what this guards (see docs/design.md, "Many outputs").
+
+    python bench/stepwise_chunk.py --T 500 1000 2000 20000            # one chunk each
+    python bench/stepwise_chunk.py --T 1000 2000 4000 --chunk 1       # many chunks
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import mlx.core as mx
+
+import chunkscan
+from chunkscan import repro
+from chunkscan._measure import run_isolated
+
+
+def _vm_hwm() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+
+def measure(T: int, chunk: int, H: int, D: int) -> dict:
+    s0, q, k, v = repro.make_inputs(T, H, D)
+    mx.eval(s0, q, k, v)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset the peak RSS
+    before = _vm_hwm()
+
+    def loss(s0, q, k, v):
+        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=chunk)
+        return y.sum() + s.sum()
+
+    t0 = time.perf_counter()
+    mx.eval(mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v))
+    return {"seconds": time.perf_counter() - t0, "rss_mib": (_vm_hwm() - before) / 2**20}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--T", type=int, nargs="+", default=[500, 1000, 2000])
+    p.add_argument("--chunk", type=int, default=None, help="steps per chunk (default: T)")
+    p.add_argument("--H", type=int, default=2)
+    p.add_argument("--D", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args()
+    print("| T | chunk | seconds | peak RSS MiB |\n|---|---|---|---|")
+    for T in args.T:
+        chunk = args.chunk or T
+        cfg = dict(T=T, chunk=chunk, H=args.H, D=args.D)
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = {"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        res = run_isolated("stepwise_chunk:measure", cfg, timeout=args.timeout, env=env)
+        if "error" in res:
+            print(f"| {T} | {chunk} | {res['error']} | |", flush=True)
+        else:
+            print(f"| {T} | {chunk} | {res['seconds']:.2f} | {res['rss_mib']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

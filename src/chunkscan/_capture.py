@@ -1,0 +1,139 @@
+"""Find the ``nn.Module`` objects a function can reach without being passed them.
+
+``scan`` (like ``mx.checkpoint``) differentiates only what it is passed: a module that
+``f`` reaches some other way has constant parameters inside the custom function and
+gets a zero gradient, silently. :func:`captured_modules` walks what a call of ``f``
+can reach and reports every module on the way:
+
+- the closure cells, default arguments and referenced globals of a Python function,
+  recursively through the functions found there (a ``stepwise`` chunk function
+  reaches its ``step`` through its closure, ``step`` a helper through a global);
+- ``functools.partial``: its function, arguments and keywords;
+- bound methods: the object (``self``) and the function; the attributes of a plain
+  object reached that way (or called directly, a functor);
+- lists, tuples and dicts found on the way (their first items).
+
+The walk is bounded (depth, objects visited, items per container), never looks
+inside MLX or mlx-lm, and inside chunkscan's own functions only at their closures, so
+it stays cheap (tens of microseconds); it can miss a module hidden deeper than that,
+never report one that is not reachable.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import types
+from typing import Any
+
+import mlx.nn as nn
+
+MAX_DEPTH = 8
+MAX_OBJECTS = 500
+MAX_ITEMS = 64
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+def captured_modules(f: Any) -> list[tuple[list[str], nn.Module]]:
+    """``(path, module)`` for every ``nn.Module`` reachable from ``f``, once each.
+
+    ``path`` names the way there, e.g. ``["step", "lin"]`` for a ``stepwise`` chunk
+    function whose ``step`` uses the global ``lin``, ``["partial", "m"]`` for
+    ``functools.partial(f, m=lin)``. A module is reported, not walked
+    into (its submodules are part of it). ``f`` itself being a module is reported
+    with the path ``["f"]``.
+    """
+    walk = _Walk()
+    walk.visit(f, [], 0, root=True)
+    return walk.found
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.found: list[tuple[list[str], nn.Module]] = []
+
+    def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
+        if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS or id(obj) in self.seen:
+            return
+        if _is_inert(obj):
+            return
+        self.seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            self.found.append((path or ["f"], obj))
+            return
+        nxt = depth + 1
+        if isinstance(obj, functools.partial):
+            self.visit(obj.func, path, nxt)
+            for i, a in enumerate(obj.args[:MAX_ITEMS]):
+                self.visit(a, path + ["partial", f"args[{i}]"], nxt)
+            for k, a in list(obj.keywords.items())[:MAX_ITEMS]:
+                self.visit(a, path + ["partial", k], nxt)
+        elif inspect.ismethod(obj):
+            self.visit(obj.__self__, path + ["self"], nxt)
+            self.visit(obj.__func__, path, nxt)
+        elif inspect.isfunction(obj):
+            self._visit_function(obj, path, nxt, root)
+        elif isinstance(obj, (list, tuple)):
+            for i, item in enumerate(obj[:MAX_ITEMS]):
+                self.visit(item, _index(path, f"[{i}]"), nxt)
+        elif isinstance(obj, dict):
+            for k, item in list(obj.items())[:MAX_ITEMS]:
+                self.visit(item, _index(path, f"[{k!r}]"), nxt)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            # A plain object: a bound method's self, a functor, a config holder.
+            call = inspect.getattr_static(type(obj), "__call__", None)
+            if inspect.isfunction(call):
+                self.visit(call, path, nxt)
+            for k, item in list(vars(obj).items())[:MAX_ITEMS]:
+                self.visit(item, path + [k], nxt)
+
+    def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
+        package = (fn.__module__ or "").split(".")[0]
+        if package in ("mlx", "mlx_lm") and not root:
+            return
+        code = fn.__code__
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell (a name assigned later)
+                continue
+            self.visit(value, path + [name], depth)
+        if package == "chunkscan":  # e.g. stepwise's chunk function: its step only
+            return
+        for value in (fn.__defaults__ or ())[:MAX_ITEMS]:
+            self.visit(value, path + ["a default argument"], depth)
+        for name, value in list((fn.__kwdefaults__ or {}).items())[:MAX_ITEMS]:
+            self.visit(value, path + [name], depth)
+        for name in _global_names(code):
+            if name in fn.__globals__:
+                self.visit(fn.__globals__[name], path + [name], depth)
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Globals the code (and the code nested in it) loads, in order, once each."""
+    names: dict[str, None] = {}
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        for ins in dis.get_instructions(c):
+            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
+                names[ins.argval] = None
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(names)
+
+
+def _index(path: list[str], sub: str) -> list[str]:
+    return path[:-1] + [path[-1] + sub] if path else [sub]
+
+
+def _is_inert(obj: Any) -> bool:
+    """Values that cannot hold a module worth reporting (cheap to rule out)."""
+    if obj is None or isinstance(
+        obj, (str, bytes, int, float, complex, bool, type, types.ModuleType, range)
+    ):
+        return True
+    from_mlx = (type(obj).__module__ or "").split(".")[0] == "mlx"  # mx.array, dtypes
+    return from_mlx and not isinstance(obj, nn.Module)
