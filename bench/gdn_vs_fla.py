@@ -29,7 +29,7 @@ def measure_mlx(
     T: int,
     impl: str,
     compiled: bool,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     group_mib: int | None = None,
     repeats: int = 5,
     dtype: str = "bfloat16",
@@ -49,6 +49,8 @@ def measure_mlx(
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
     mx.eval(xs, w, w_s)
     kernels = False if impl == "chunkscan-portable" else None
+    if not chunk_size:
+        chunk_size = chunk_module.default_chunk_size()
 
     def loss(q, k, v, g, beta, h0):
         o, s = chunkscan.gated_delta_rule(
@@ -94,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
                    choices=["eager", "compiled"])  # fmt: skip
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[64])
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[0],
+                   help="0: the op's default for the device")
     p.add_argument(
         "--group-mib",
         type=int,

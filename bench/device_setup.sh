@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set-up of THIS workplace's GPU machine only (no package registry there): unpack MLX's
+# CUDA build packed by ../shared/tools/pack-mlx-cuda.sh (.mlxcuda/part.aa copied to
+# /tmp/mlx by a first call, .mlxcuda/part.ab carried by the second) and install the
+# carried wheels (.whl/: mlx-lm, fla-core) into /tmp/site. Source it:
+#     source bench/device_setup.sh
+# Anyone with a CUDA machine and pip needs none of this:
+#     pip install -e '.[cuda,lm]' fla-core==0.6.0
+set -e
+if [ ! -d /tmp/mlx/mlx/core ] && [ ! -f /tmp/mlx/mlx/core.cpython-312-x86_64-linux-gnu.so ]; then
+  cat /tmp/mlx/part.aa .mlxcuda/part.ab | xz -d -T8 | tar x -C /tmp/mlx
+fi
+if [ ! -d /tmp/site/mlx_lm ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  # mlx_lm/__init__.py imports its generate/convert stack; the benches need only
+  # mlx_lm.models / mlx_lm.tuner, which import mlx alone.
+  echo 'from ._version import __version__  # trimmed for the bench' > /tmp/site/mlx_lm/__init__.py
+fi
+export PYTHONPATH=/tmp/mlx:/tmp/site:$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
+set +e
+python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device())'
