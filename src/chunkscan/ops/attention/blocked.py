@@ -100,6 +100,24 @@ def attention(
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     if _use_fast(spec):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
+    return _blocked(spec, q, k, v, mask)
+
+
+def blocked_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: str | mx.array | None = None,
+    chunk_size: int | None = None,
+) -> mx.array:
+    """:func:`attention` without the shortcut to MLX for short calls (tests, probes)."""
+    spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
+    return _blocked(spec, q, k, v, mask)
+
+
+def _blocked(spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object) -> mx.array:
     mask_arr = None
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
