@@ -41,9 +41,11 @@ MAX_ROWS = 1024
 MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
-#: unchanged: it is as fast or faster there and its backward's ``T x S`` scores are small.
-#: Measured on CPU (``bench/attention.py``); 0 disables the shortcut.
-FAST_MAX_SCORES = 256 * 256
+#: unchanged: there its backward's ``T x S`` scores are small, and it is faster (CPU,
+#: one block, Hq=2, D=64, f32: MLX 1.2x-2.4x faster at T = 128 ... 1024, as it skips the
+#: recomputation; ``bench/attention.py --fast-max-scores 0``). 0 disables the shortcut.
+#: A per-device knob: measure the crossover on the GPU.
+FAST_MAX_SCORES = 1024 * 1024
 #: Forward through MLX's fused kernel (``force_fused=True``) where one exists (GPU),
 #: for None and causal (``T <= S``) masks: "auto" tries it (the CPU backend has none and
 #: says so at once), "never" always runs the blocked forward.
@@ -257,9 +259,10 @@ def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], mask: mx.array | 
             t0, t1, kend = blk
             r = t1 - t0
             ins = [qg[:, :, :, t0:t1], dog[:, :, :, t0:t1], og[:, :, :, t0:t1]]
-            if dk is not None:
-                # Rule 2: recompute this block only after the previous one's gradients.
-                ins = _ordering.recompute_after_cotangent(ins, [dk, dv])
+            # Rule 2: recompute this block only after the previous one's gradients (the
+            # first one after the cotangent: a Depends keeps mx.compile from merging its
+            # recomputation with the forward's, which would keep the forward's scratch).
+            ins = _ordering.recompute_after_cotangent(ins, [do] if dk is None else [dk, dv])
             qb, dob, ob = ins
             qr = (qb * scale).reshape(B, Hkv, G * r, D)
             dor = dob.reshape(B, Hkv, G * r, Dv)
