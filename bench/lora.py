@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-stock-gib", type=float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
+    parser.add_argument("--config", type=json.loads, default=None,
+                        help="JSON overrides of the tiny model's config.json, e.g. "
+                        "'{\"hidden_size\": 2048}'")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", type=pathlib.Path, default=RESULTS / "lora_cpu.json")
     parser.add_argument("--replot", action="store_true",
@@ -241,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             cfg = {"mode": mode, "T": T, "batch": args.batch, "chunk_size": args.chunk_size,
                    "repeats": args.repeats}  # fmt: skip
+            if args.config:
+                cfg["config"] = args.config
             if mode == "stock" and stock_per_token is not None:
                 predicted = stock_per_token * T * args.batch / 1024
                 if predicted > args.max_stock_gib:
@@ -277,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "mlx_lm": mlx_lm.__version__,
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
-        "model": tiny_config(),
+        "model": tiny_config(**(args.config or {})),
         "lora": {"rank": 8, "layers": "all"},
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
