@@ -4,9 +4,13 @@ Three ways to run the Gated DeltaNet layers, each configuration in a fresh proce
 (:func:`chunkscan._measure.run_isolated`):
 
 - ``stock``: mlx-lm's training path (its per-token loop, ``gated_delta_ops``);
-- ``patched``: :func:`chunkscan.mlx_lm.patch`, i.e. :func:`chunkscan.gated_delta_rule`;
+- ``patched``: :func:`chunkscan.mlx_lm.patch` with ``attention=False``, i.e.
+  :func:`chunkscan.gated_delta_rule`, attention on MLX's kernel;
 - ``stub``: no recurrence at all (``o = v * sigmoid(b)``), the memory of everything
   else in the model; ``patched - stub`` is the recurrence's share.
+
+``patched+attn`` and ``stub+attn`` also route the attention layer through
+:func:`chunkscan.attention` (``patch()``'s default, what ``chunkscan lora`` runs).
 
 The step is mlx-lm's trainer step: ``nn.value_and_grad`` of ``default_loss`` and an
 Adam update of the LoRA parameters (rank 8, all layers), under
@@ -15,6 +19,7 @@ the active memory before the (already compiled) step.
 
     python bench/lora.py                      # T = 512 ... 8192, all three modes
     python bench/lora.py --T 1024 --modes patched stub --json /tmp/x.json
+    python bench/lora.py --T 512 8192 --modes patched patched+attn stub stub+attn
 """
 
 from __future__ import annotations
@@ -69,12 +74,17 @@ def measure(
     model.train()
     optimizer = optim.Adam(learning_rate=1e-5)
 
-    if mode == "patched":
-        handle = cmlx.patch(chunk_size=chunk_size)
-    elif mode == "stub":
+    base, _, attn = mode.partition("+")
+    if base not in ("stock", "patched", "stub") or attn not in ("", "attn"):
+        raise ValueError(
+            f"[bench.lora] mode must be stock, patched, patched+attn, stub or stub+attn but "
+            f"got {mode!r}."
+        )
+    handle = None
+    if base == "patched" or attn:
+        handle = cmlx.patch(chunk_size=chunk_size, attention=bool(attn))
+    if base == "stub":
         qwen3_next.gated_delta_update = _stub_update
-    elif mode != "stock":
-        raise ValueError(f"[bench.lora] mode must be stock, patched or stub but got {mode!r}.")
 
     tokens = mx.random.randint(3, config["vocab_size"], (batch, T + 1), key=mx.random.key(seed))
     lengths = mx.array([[0, T + 1]] * batch)
@@ -102,7 +112,8 @@ def measure(
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
-    if mode == "patched":
+    if handle is not None:
+        qwen3_next.gated_delta_update = cmlx.gated_delta_update
         handle.undo()
     return {
         "mode": mode,
@@ -126,12 +137,15 @@ def _ratio(x: dict[str, Any], y: dict[str, Any]) -> str:
 
 def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
     by = {(r["mode"], r["T"]): r for r in rows}
+    t0 = min(Ts)
     head = (
         "| T | "
         + " | ".join(f"{m} MiB | {m} MiB/tok | {m} s/step" for m in modes)
-        + " | patched/stock | patched/stub | (patched-stub) MiB/tok |"
+        + " | patched/stock | patched/stub | (patched-stub) MiB/tok | "
+        + " | ".join(f"{m} MiB/tok vs T={t0}" for m in modes)
+        + " |"
     )
-    sep = "|" + "---|" * (1 + 3 * len(modes) + 3)
+    sep = "|" + "---|" * (1 + 4 * len(modes) + 3)
     lines = [head, sep]
     for T in Ts:
         cells = [str(T)]
@@ -148,6 +162,10 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
             cells.append(f"{(p['peak_mib'] - st['peak_mib']) / T:.4f}")
         else:
             cells.append("")
+        for m in modes:
+            r, r0 = by.get((m, T), {}), by.get((m, t0), {})
+            ok = "mib_per_token" in r and "mib_per_token" in r0
+            cells.append(f"{r['mib_per_token'] / r0['mib_per_token']:.3f}" if ok else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -201,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-stock-gib", type=float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
+    parser.add_argument("--config", type=json.loads, default=None,
+                        help="JSON overrides of the tiny model's config.json, e.g. "
+                        "'{\"hidden_size\": 2048}'")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", type=pathlib.Path, default=RESULTS / "lora_cpu.json")
     parser.add_argument("--replot", action="store_true",
@@ -223,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             cfg = {"mode": mode, "T": T, "batch": args.batch, "chunk_size": args.chunk_size,
                    "repeats": args.repeats}  # fmt: skip
+            if args.config:
+                cfg["config"] = args.config
             if mode == "stock" and stock_per_token is not None:
                 predicted = stock_per_token * T * args.batch / 1024
                 if predicted > args.max_stock_gib:
@@ -259,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "mlx_lm": mlx_lm.__version__,
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
-        "model": tiny_config(),
+        "model": tiny_config(**(args.config or {})),
         "lora": {"rank": 8, "layers": "all"},
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
@@ -268,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_outputs(meta: dict[str, Any], rows: list[dict[str, Any]], path: pathlib.Path) -> None:
-    modes = [m for m in ("stock", "patched", "stub") if any(r["mode"] == m for r in rows)]
+    order = ("stock", "patched", "patched+attn", "stub", "stub+attn")
+    modes = [m for m in order if any(r["mode"] == m for r in rows)]
     table = _table(rows, modes, sorted({r["T"] for r in rows}))
     cmds = "\n".join(f"    {c}" for c in meta["commands"])
     path.with_suffix(".md").write_text(

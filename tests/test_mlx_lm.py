@@ -16,7 +16,9 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 import mlx_lm  # noqa: E402
+import mlx_lm.models.base as mlx_base  # noqa: E402
 import mlx_lm.models.gated_delta as gd  # noqa: E402
+import mlx_lm.models.llama as llama  # noqa: E402
 import mlx_lm.models.qwen3_next as qwen3_next  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 from mlx_lm.tuner import trainer  # noqa: E402
@@ -27,6 +29,7 @@ import chunkscan.mlx_lm as cmlx  # noqa: E402
 from chunkscan._demo_model import build_model, tiny_config  # noqa: E402
 
 STOCK = gd.gated_delta_update
+STOCK_ATTN = mlx_base.scaled_dot_product_attention
 CHUNK = 16
 RTOL = 1e-4
 
@@ -105,6 +108,9 @@ def _clean():
     yield
     assert cmlx.patched_families() == (), "a test left the patch applied"
     assert qwen3_next.gated_delta_update is STOCK
+    assert cmlx.attention_patched_modules() == ()
+    for module in (mlx_base, llama, qwen3_next):
+        assert module.scaled_dot_product_attention is STOCK_ATTN
 
 
 @pytest.fixture
@@ -393,3 +399,154 @@ def test_vector_gate_falls_back_to_stock():
     with cmlx.patch(), pytest.warns(RuntimeWarning, match="per-channel"):
         y1, s1 = cmlx.gated_delta_update(*args, use_kernel=False, lower_bound=-5.0)
     assert mx.array_equal(y1, y0).item() and mx.array_equal(s1, s0).item()
+
+
+# ------------------------------------------------------------------------ attention
+
+
+def llama_config(**kw):
+    """A plain llama-style model: 2 layers, 4 query heads on 2 kv heads."""
+    cfg = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=64,
+               rope_theta=10000.0, tie_word_embeddings=False)  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def attn_spy(monkeypatch):
+    """Count calls of chunkscan.attention through the seam; force its blocked path
+    (these calls are short enough for the shortcut to mx.fast)."""
+    from chunkscan.ops.attention import blocked
+
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
+    calls = []
+    op = cmlx._attention_op()
+
+    def wrapped(*args, **kwargs):
+        calls.append(kwargs.get("mask"))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(cmlx, "_attention_op", lambda: wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "qwen3_5"])
+def test_attention_lora_grads_match_stock(model_type, attn_spy):
+    """Loss and LoRA gradients with both patches against stock mlx-lm (rel <= 1e-4;
+    measured: llama 5e-7, qwen3_next and qwen3_5 6e-6, the Gated DeltaNet share)."""
+    config = llama_config() if model_type == "llama" else small_config(model_type)
+    model = lora_model(config)
+    batch, lengths = padded_batch(64)
+    loss0, g0 = loss_and_grads(model, batch, lengths)
+    with cmlx.patch(chunk_size=CHUNK) as handle:
+        assert handle.attention and "llama" in cmlx.attention_patched_modules()
+        loss1, g1 = loss_and_grads(model, batch, lengths)
+    n_layers = sum(1 for layer in model.layers if not getattr(layer, "is_linear", False))
+    assert attn_spy.count("causal") >= n_layers  # every attention layer ran the op
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("self_attn" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def test_attention_false_keeps_mlx(attn_spy):
+    model = lora_model(llama_config())
+    batch, lengths = padded_batch(64)
+    with cmlx.patch(attention=False) as handle:
+        assert not handle.attention and cmlx.attention_patched_modules() == ()
+        assert llama.scaled_dot_product_attention is STOCK_ATTN
+        loss_and_grads(model, batch, lengths)
+    assert attn_spy == []
+
+
+def test_attention_nesting(attn_spy):
+    with cmlx.patch(attention=False):
+        with cmlx.patch() as inner:
+            assert llama.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+            assert mlx_base.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+        assert not inner.active
+        assert llama.scaled_dot_product_attention is STOCK_ATTN
+        assert qwen3_next.gated_delta_update is cmlx.gated_delta_update  # outer still live
+
+
+def test_attention_reaches_modules_imported_later():
+    import importlib
+    import sys
+
+    name = next(
+        (f"mlx_lm.models.{m}" for m in ("starcoder2", "stablelm", "olmo2", "exaone", "mimo")
+         if f"mlx_lm.models.{m}" not in sys.modules),
+        None,
+    )  # fmt: skip
+    if name is None:
+        pytest.skip("every candidate module is imported already")
+    with cmlx.patch():
+        module = importlib.import_module(name)
+        assert module.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+    assert module.scaled_dot_product_attention is STOCK_ATTN
+
+
+def test_attention_with_cache_or_sinks_goes_to_stock(attn_spy):
+    """Generation (a KV cache) and attention sinks stay on mlx-lm's function."""
+    model = build_model(llama_config(), seed=3)
+    model.eval()
+    prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
+
+    def greedy():
+        cache = model.make_cache()
+        logits = model(prompt, cache=cache)[:, -1]
+        out = []
+        for _ in range(4):
+            tok = mx.argmax(logits, axis=-1)
+            out.append(tok.item())
+            logits = model(tok[:, None], cache=cache)[:, -1]
+        return out, logits
+
+    toks0, last0 = greedy()
+    with cmlx.patch():
+        toks1, last1 = greedy()
+        assert attn_spy == []
+        q = mx.random.normal((1, 2, 5, 8))
+        sinks = mx.zeros((2,))
+        out = cmlx.scaled_dot_product_attention(q, q, q, None, 0.3, "causal", sinks)
+        ref = STOCK_ATTN(q, q, q, None, 0.3, "causal", sinks)
+        assert attn_spy == [] and mx.array_equal(out, ref).item()
+        model(prompt)  # no cache: the op
+        assert attn_spy
+    assert toks1 == toks0 and mx.array_equal(last1, last0).item()
+
+
+def _expect_attention_incompatible(*needles):
+    with pytest.raises(cmlx.IncompatibleMlxLmError, match=re.escape(mlx_lm.__version__)) as info:
+        cmlx.patch()
+    assert "attention seam" in str(info.value)
+    for needle in needles:
+        assert needle in str(info.value)
+    with cmlx.patch(attention=False):  # the Gated DeltaNet seam alone still patches
+        pass
+
+
+def test_attention_loud_failure_changed_signature(monkeypatch):
+    def changed(queries, keys, values, cache, scale, mask, sinks=None, window=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(mlx_base, "scaled_dot_product_attention", changed)
+    _expect_attention_incompatible("its parameters are (queries, keys, values, cache, scale, "
+                                   "mask, sinks, window)")  # fmt: skip
+
+
+def test_attention_loud_failure_name_not_imported(monkeypatch):
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", lambda *a, **k: None)
+    _expect_attention_incompatible("mlx_lm.models.llama.scaled_dot_product_attention is")
+
+
+def test_attention_loud_failure_changed_semantics(monkeypatch):
+    """Same signature, another convention (scale applied twice): the probe catches it."""
+
+    def rescaled(queries, keys, values, cache, scale, mask, sinks=None):
+        return STOCK_ATTN(queries, keys, values, cache, scale * scale, mask, sinks)
+
+    for module in (mlx_base, llama, qwen3_next):
+        monkeypatch.setattr(module, "scaled_dot_product_attention", rescaled)
+    _expect_attention_incompatible("does not reproduce the stock function")

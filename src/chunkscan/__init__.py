@@ -8,10 +8,13 @@ Public API:
 - :func:`split`: chunking whose gradient is one concatenate.
 - :func:`gated_delta_rule`: the Gated DeltaNet recurrence, chunkwise, with a
   hand-written backward (see :mod:`chunkscan.ops.gated_delta`).
+- :func:`attention`: softmax attention in query blocks with a backward whose memory
+  does not grow with T (see :mod:`chunkscan.ops.attention`).
 """
 
 from ._version import check_mlx as _check_mlx
 from .checkpoint import checkpoint
+from .ops.attention import attention, naive_attention
 from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
 from .scan import ClosureCaptureWarning, scan
 from .split import split
@@ -23,8 +26,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClosureCaptureWarning",
+    "attention",
     "checkpoint",
     "gated_delta_rule",
+    "naive_attention",
     "naive_recurrent_gated_delta_rule",
     "scan",
     "split",

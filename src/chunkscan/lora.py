@@ -2,8 +2,9 @@
 
 Runs mlx-lm's own LoRA command (its parser, defaults, data loading, trainer and
 adapter saving) inside :func:`chunkscan.mlx_lm.patch`, so the Gated DeltaNet layers
-of Qwen3-Next / Qwen3.5 models train through :func:`chunkscan.gated_delta_rule` and
-their memory per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
+of Qwen3-Next / Qwen3.5 models train through :func:`chunkscan.gated_delta_rule`, the
+attention layers of every model through :func:`chunkscan.attention`, and their memory
+per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
 
 - ``--scan-chunk-size N`` (YAML key ``scan_chunk_size``): steps per chunk of the op;
   the resolved value is saved in ``adapter_config.json``.
@@ -283,7 +284,8 @@ def run(args: types.SimpleNamespace) -> None:
     with seam.patch(chunk_size=args.scan_chunk_size) as handle:
         print(
             f"chunkscan: Gated DeltaNet training path -> chunkscan.gated_delta_rule "
-            f"(chunk_size={args.scan_chunk_size}; patched: {', '.join(handle.families)})",
+            f"(chunk_size={args.scan_chunk_size}; patched: {', '.join(handle.families)}); "
+            f"attention training path -> chunkscan.attention",
             flush=True,
         )
         with _report_peak_memory(lora):

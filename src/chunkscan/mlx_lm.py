@@ -47,6 +47,21 @@ signature of ``gated_delta_update`` (via ``inspect.signature``), the by-name imp
 of each family, and a numerical probe of the patched against the stock training
 path (with and without a padding mask, and with each keyword option). Any mismatch
 raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
+
+Attention
+---------
+``patch()`` (unless ``attention=False``) also rebinds ``scaled_dot_product_attention``,
+which every model module imports by name from ``mlx_lm.models.base`` and calls as
+``scaled_dot_product_attention(queries, keys, values, cache=cache, scale=...,
+mask=mask[, sinks=...])`` with ``[B, H, L, D]`` tensors, in every module of the
+installed mlx-lm that holds it (llama, qwen3_next and so qwen3_5, ... about a hundred
+families; ``base`` too, so modules imported later pick the replacement up). The
+replacement calls :func:`chunkscan.attention` for calls with no cache
+and no attention sinks (the training path: ``mask`` is ``"causal"``, ``None`` or an
+array); calls with a cache (generation, prefill, quantized caches) or sinks go to
+mlx-lm's function unchanged. The seam checks are those of the Gated DeltaNet seam: the
+signature, the by-name imports of :data:`REQUIRED_ATTENTION_MODULES`, and a probe of
+values and gradients against the stock function.
 """
 
 from __future__ import annotations
@@ -62,7 +77,13 @@ from typing import Any
 
 import mlx.core as mx
 
-__all__ = ["IncompatibleMlxLmError", "Patch", "patch", "patched_families"]
+__all__ = [
+    "IncompatibleMlxLmError",
+    "Patch",
+    "attention_patched_modules",
+    "patch",
+    "patched_families",
+]
 
 #: Families that must be covered (the issue's targets).
 REQUIRED_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
@@ -342,9 +363,10 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
 class Patch:
     """A live :func:`patch`; also a context manager. ``undo()`` is idempotent."""
 
-    def __init__(self, chunk_size: int | None, families: tuple[str, ...]):
+    def __init__(self, chunk_size: int | None, families: tuple[str, ...], attention: bool = False):
         self.chunk_size = chunk_size
         self.families = families
+        self.attention = attention
 
     @property
     def active(self) -> bool:
@@ -356,6 +378,7 @@ class Patch:
             if self not in _stack:
                 return
             _stack.remove(self)
+            _sync_attention()
             if not _stack:
                 for name, fn in _saved.items():
                     module = importlib.import_module(name)
@@ -373,12 +396,13 @@ class Patch:
         state = "active" if self.active else "undone"
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
-            f"families={self.families}>"
+            f"families={self.families} attention={self.attention}>"
         )
 
 
-def patch(*, chunk_size: int | None = None, verify: bool = True) -> Patch:
-    """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`.
+def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool = True) -> Patch:
+    """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`
+    and (``attention=True``) its attention training path through :func:`chunkscan.attention`.
 
     Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
     name (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, ...). Only calls with
@@ -390,6 +414,9 @@ def patch(*, chunk_size: int | None = None, verify: bool = True) -> Patch:
             op's default. Default: ``None``.
         verify (bool, optional): Compare patched and stock paths numerically on a
             tiny input before patching. Default: ``True``.
+        attention (bool, optional): Also route calls of mlx-lm's
+            ``scaled_dot_product_attention`` without a cache to
+            :func:`chunkscan.attention`; ``False`` keeps MLX's kernels. Default: ``True``.
 
     Returns:
         Patch: a handle; ``handle.undo()`` or ``with patch(): ...`` restores mlx-lm.
@@ -410,6 +437,8 @@ def patch(*, chunk_size: int | None = None, verify: bool = True) -> Patch:
         stock = _stock["fn"] if _saved else getattr(gd, _NAME)
         modules = _check_families(gd, stock)
         _op()
+        if attention:
+            _check_attention_seam(verify)
         if not _saved:
             _stock["fn"], _stock["options"] = stock, options
             if verify:
@@ -418,11 +447,163 @@ def patch(*, chunk_size: int | None = None, verify: bool = True) -> Patch:
                 _saved[name] = getattr(module, _NAME)
                 setattr(module, _NAME, gated_delta_update)
         names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
-        handle = Patch(chunk_size, tuple(sorted(names)))
+        handle = Patch(chunk_size, tuple(sorted(names)), attention)
         _stack.append(handle)
+        _sync_attention()
         return handle
 
 
 def patched_families() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules currently patched (empty when none)."""
     return tuple(sorted(n.rsplit(".", 1)[1] for n in _saved))
+
+
+# ------------------------------------------------------------------------ attention
+
+#: Modules that must import ``scaled_dot_product_attention`` by name (qwen3_5 and
+#: qwen3_5_moe reuse qwen3_next's attention layer).
+REQUIRED_ATTENTION_MODULES = ("llama", "qwen3_next")
+_ATTN = "scaled_dot_product_attention"
+_ATTN_PARAMS = ("queries", "keys", "values", "cache", "scale", "mask", "sinks")
+_attn_saved: dict[str, Any] = {}  # module name -> stock function, while patched
+_attn_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's base.scaled_dot_product_attention
+
+
+def _attention_op():
+    """:func:`chunkscan.attention` (looked up at call time, so tests can spy)."""
+    import chunkscan
+
+    return chunkscan.attention
+
+
+def scaled_dot_product_attention(
+    queries: mx.array,
+    keys: Any,
+    values: Any,
+    cache: Any,
+    scale: float,
+    mask: Any,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """Drop-in for mlx-lm's ``base.scaled_dot_product_attention`` (what :func:`patch`
+    installs): calls with no cache and no sinks run :func:`chunkscan.attention`,
+    every other call mlx-lm's function."""
+    if cache is not None or sinks is not None or not isinstance(keys, mx.array):
+        return _attn_stock["fn"](queries, keys, values, cache, scale, mask, sinks)
+    return _attention_op()(queries, keys, values, scale=scale, mask=mask)
+
+
+def _attention_fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
+    bullets = "\n".join(f"  * {p};" for p in problems)
+    return IncompatibleMlxLmError(
+        f"[chunkscan.mlx_lm.patch] the installed mlx-lm {_mlx_lm_version()} does not "
+        f"match the attention seam this patch was written for (mlx-lm 0.32.x: "
+        f"mlx_lm.models.base.{_ATTN}(queries, keys, values, cache, scale, mask, "
+        f"sinks=None), imported by name into each model module), but they differ:\n"
+        f"{bullets}\n{fix} Or pass attention=False to keep mlx-lm's attention."
+    )
+
+
+def _check_attention_seam(verify: bool) -> None:
+    """Check the seam; raises :class:`IncompatibleMlxLmError` on a mismatch."""
+    try:
+        base = importlib.import_module("mlx_lm.models.base")
+    except ImportError as e:
+        raise _attention_fail(
+            [f"'mlx_lm.models.base' cannot be imported ({e})"],
+            "Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33').",
+        ) from e
+    stock = _attn_stock["fn"] if _attn_saved else getattr(base, _ATTN, None)
+    if stock is None or not callable(stock):
+        raise _attention_fail([f"'mlx_lm.models.base' has no function {_ATTN!r}"], "")
+    sig = inspect.signature(stock)
+    names = tuple(sig.parameters)
+    if names != _ATTN_PARAMS or sig.parameters["sinks"].default is not None:
+        raise _attention_fail(
+            [f"{_ATTN}{sig}: its parameters are ({', '.join(names)}) but "
+             f"({', '.join(_ATTN_PARAMS)}) with sinks=None were expected"],
+            "Pin mlx-lm to a version with this seam, or update chunkscan.mlx_lm.",
+        )  # fmt: skip
+    problems = []
+    for family in REQUIRED_ATTENTION_MODULES:
+        name = f"mlx_lm.models.{family}"
+        try:
+            bound = getattr(importlib.import_module(name), _ATTN, None)
+        except ImportError as e:
+            problems.append(f"{name} cannot be imported ({e})")
+            continue
+        if bound is not stock and bound is not scaled_dot_product_attention:
+            problems.append(f"{name}.{_ATTN} is {bound!r}, not mlx_lm.models.base.{_ATTN}")
+    if problems:
+        raise _attention_fail(problems, "Pin mlx-lm to a version with this seam.")
+    if verify and not _attn_saved:
+        _probe_attention(stock)
+    _attn_stock["fn"] = stock
+
+
+def _probe_attention(stock: Any) -> None:
+    """Values and gradients of the blocked op against the stock function (causal, GQA)."""
+    from .ops.attention import blocked
+
+    B, Hq, Hkv, T, D = 2, 4, 2, 37, 16
+    keys = mx.random.split(mx.random.key(11), 4)
+    q, k, v, ct = (mx.random.normal(s, key=kk) for s, kk in zip(
+        [(B, Hq, T, D), (B, Hkv, T, D), (B, Hkv, T, D), (B, Hq, T, D)], keys))  # fmt: skip
+
+    def ours(q, k, v):
+        # The blocked path itself: small calls would otherwise go to mx.fast.
+        return blocked.blocked_attention(q, k, v, scale=D**-0.5, mask="causal", chunk_size=8)
+
+    def theirs(q, k, v):
+        return stock(q, k, v, None, D**-0.5, "causal")
+
+    problems = []
+    got = mx.vjp(lambda *a: [ours(*a)], [q, k, v], [ct])
+    ref = mx.vjp(lambda *a: [theirs(*a)], [q, k, v], [ct])
+    for what, x1, x0 in zip(("output", "dq", "dk", "dv"), got[0] + got[1], ref[0] + ref[1]):
+        err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
+        if not err <= 1e-4:
+            problems.append(f"the {what} differs by {err:.2e}")
+    if problems:
+        raise _attention_fail(
+            ["chunkscan.attention does not reproduce the stock function: " + p for p in problems],
+            "mlx-lm's layout, scale or mask convention changed; update chunkscan.mlx_lm.",
+        )
+
+
+def _sync_attention() -> None:
+    """Rebind the attention name while some live handle asks for it; restore otherwise.
+
+    Rebinds it in every ``mlx_lm.models`` module imported so far that holds mlx-lm's
+    function, ``base`` included, so that a model module imported later (e.g. by
+    ``mlx_lm.load`` inside ``with patch():``) imports the replacement by name.
+    Restoring puts mlx-lm's function back wherever the replacement is bound.
+    """
+    want = any(h.attention for h in _stack)
+    if want and not _attn_saved:
+        stock = _attn_stock["fn"]
+        for name, module in _model_modules():
+            if getattr(module, _ATTN, None) is stock:
+                _attn_saved[name] = stock
+                setattr(module, _ATTN, scaled_dot_product_attention)
+    elif not want and _attn_saved:
+        stock = _attn_stock["fn"]
+        for _, module in _model_modules():
+            if getattr(module, _ATTN, None) is scaled_dot_product_attention:
+                setattr(module, _ATTN, stock)
+        _attn_saved.clear()
+
+
+def _model_modules() -> list[tuple[str, ModuleType]]:
+    import sys
+
+    return [
+        (name, module)
+        for name, module in list(sys.modules.items())
+        if name.startswith("mlx_lm.models.") and isinstance(module, ModuleType)
+    ]
+
+
+def attention_patched_modules() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules whose attention is patched now."""
+    return tuple(sorted(n.rsplit(".", 1)[1] for n in _attn_saved))

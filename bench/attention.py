@@ -1,0 +1,317 @@
+"""Attention fwd+bwd time and peak memory per token: chunkscan against mx.fast.
+
+Implementations (``--impls``), each configuration in a fresh process
+(:func:`chunkscan._measure.run_isolated`):
+
+- ``chunkscan``: :func:`chunkscan.attention` (query blocks, ordered backward);
+- ``mlx_fast``: ``mx.fast.scaled_dot_product_attention`` (MLX's fused forward; its
+  backward is MLX's unfused VJP, which keeps the ``T x S`` scores);
+- ``chunkscan_unordered``: chunkscan with the ordering edges of
+  :mod:`chunkscan._ordering` switched off (the negative control of the memory test).
+
+The loss is ``sum(o)`` (float32); gradients for q, k and v. Memory:
+``mx.get_peak_memory()`` above the active memory before the call (inputs excluded;
+forward, backward and the gradients included), after one warm-up call. Time: median
+of ``--repeats`` warm calls, and the ratio to ``mlx_fast`` at the same T in the same
+run. Output (default ``./bench-out/attention.json``, outside ``bench/results``): a JSON
+list of rows ``{"impl", "T", "ms", "kib_per_token", ..., "meta"}``, ``meta`` holding
+argv, git commit, device and versions; a plot beside it when matplotlib is there.
+
+    python bench/attention.py --shape qwen3-next --T 2048 4096 8192 16384     # GPU
+    python bench/attention.py --shape cpu-small --T 512 1024 2048 4096 8192   # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+IMPLS = ("chunkscan", "mlx_fast", "chunkscan_unordered")
+KiB = 1024.0
+SHAPES = {
+    # Qwen3-Next's full-attention layers: 16 query heads, 2 kv heads, head_dim 256.
+    "qwen3-next": dict(B=1, Hq=16, Hkv=2, D=256, dtype="bfloat16", mask="causal"),
+    # Small enough for a 2-core CPU up to T = 8192.
+    "cpu-small": dict(B=1, Hq=4, Hkv=2, D=64, dtype="float32", mask="causal"),
+}
+
+
+class _NoOrdering:
+    """Stands in for :mod:`chunkscan._ordering` in the negative control."""
+
+    @staticmethod
+    def _same(arrays, deps):
+        return list(arrays)
+
+    carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
+
+
+def measure(
+    impl: str,
+    T: int,
+    S: int | None = None,
+    B: int = 1,
+    Hq: int = 16,
+    Hkv: int = 2,
+    D: int = 256,
+    dtype: str = "bfloat16",
+    mask: str | None = "causal",
+    chunk_size: int | None = None,
+    scratch_mib: float | None = None,
+    fast_max_scores: int | None = None,
+    fused_forward: str | None = None,
+    compiled: bool = False,
+    repeats: int = 3,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One configuration (run in its own process by :func:`main` and the tests)."""
+    import mlx.core as mx
+
+    import chunkscan
+    from chunkscan._measure import median_seconds, peak_above_active
+    from chunkscan.ops.attention import blocked
+
+    S = T if S is None else S
+    dt = getattr(mx, dtype)
+    keys = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((B, Hq, T, D), key=keys[0]).astype(dt)
+    k = mx.random.normal((B, Hkv, S, D), key=keys[1]).astype(dt)
+    v = mx.random.normal((B, Hkv, S, D), key=keys[2]).astype(dt)
+    mx.eval(q, k, v)
+    if scratch_mib is not None:
+        blocked.SCRATCH_BYTES = int(scratch_mib * 1024 * 1024)
+    if fast_max_scores is not None:
+        blocked.FAST_MAX_SCORES = fast_max_scores
+    if fused_forward is not None:
+        blocked.FUSED_FORWARD = fused_forward
+    if impl == "chunkscan_unordered":
+        blocked._ordering = _NoOrdering
+    scale = D**-0.5
+    if impl in ("chunkscan", "chunkscan_unordered"):
+
+        def op(q, k, v):
+            return chunkscan.attention(q, k, v, scale=scale, mask=mask, chunk_size=chunk_size)
+
+    elif impl == "mlx_fast":
+
+        def op(q, k, v):
+            return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    else:
+        raise ValueError(f"[bench.attention] impl must be one of {IMPLS} but got {impl!r}.")
+
+    grad = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
+    if compiled:
+        grad = mx.compile(grad)
+
+    def call():
+        return grad(q, k, v)
+
+    mx.eval(call())  # warm-up
+    _, peak = peak_above_active(call)
+    seconds = median_seconds(call, repeats=repeats, warmup=0)
+    n_blocks = None
+    if impl != "mlx_fast":
+        spec = blocked.check_inputs("attention", q, k, v, scale, mask, chunk_size)
+        n_blocks = 0 if blocked._use_fast(spec) else len(blocked.plan_blocks(spec))
+    return {
+        "impl": impl,
+        "T": T,
+        "S": S,
+        "ms": 1000.0 * seconds,
+        "kib_per_token": peak / KiB / T,
+        "peak_bytes": peak,
+        "blocks": n_blocks,
+        "scratch_bytes": blocked.SCRATCH_BYTES,
+        "device": str(mx.default_device()),
+    }
+
+
+def _meta(argv: list[str]) -> dict[str, Any]:
+    import mlx.core as mx
+
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
+    except OSError:
+        commit, dirty = "unknown", None
+    device = str(mx.default_device())
+    try:
+        info = mx.device_info() if hasattr(mx, "device_info") else {}
+        device += f" ({info.get('device_name', info.get('architecture', ''))})"
+    except Exception:  # noqa: BLE001 - only descriptive
+        pass
+    return {
+        "argv": ["python", "bench/attention.py"] + argv,
+        "commit": commit,
+        "dirty": dirty,
+        "device": device,
+        "mlx": mx.__version__,
+        "python": platform.python_version(),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="cpu-small")
+    p.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--impls", nargs="+", default=["chunkscan", "mlx_fast"], choices=IMPLS)
+    p.add_argument("--B", type=int, default=None, help="override the shape's batch size")
+    p.add_argument("--Hq", type=int, default=None, help="override the shape's query heads")
+    p.add_argument("--Hkv", type=int, default=None, help="override the shape's kv heads")
+    p.add_argument("--D", type=int, default=None, help="override the shape's head dim")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--mask", default=None, choices=["causal", "none"])
+    p.add_argument("--chunk-size", type=int, default=None)
+    p.add_argument("--scratch-mib", type=float, default=None,
+                   help="chunkscan's SCRATCH_BYTES in MiB (default: the module's)")  # fmt: skip
+    p.add_argument("--fast-max-scores", type=int, default=None,
+                   help="chunkscan's FAST_MAX_SCORES (0: never route to mx.fast)")  # fmt: skip
+    p.add_argument("--fused-forward", choices=["auto", "never"], default=None)
+    p.add_argument("--compiled", action="store_true", help="mx.compile the fwd+bwd")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--fast-max-T", type=int, default=1 << 30,
+                   help="skip mlx_fast above this T (its memory is O(T^2))")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    p.add_argument("--json", default=str(pathlib.Path("bench-out") / "attention.json"))
+    p.add_argument("--from-json", default=None, help="only rebuild the table and plot")
+    return p
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from chunkscan._measure import run_isolated
+
+    shape = dict(SHAPES[args.shape])
+    for key in ("B", "Hq", "Hkv", "D", "dtype", "mask"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    if shape["mask"] == "none":
+        shape["mask"] = None
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    rows = []
+    for T in args.T:
+        for impl in args.impls:
+            config = dict(shape, impl=impl, T=T, repeats=args.repeats, compiled=args.compiled,
+                          chunk_size=args.chunk_size, scratch_mib=args.scratch_mib,
+                          fast_max_scores=args.fast_max_scores,
+                          fused_forward=args.fused_forward)  # fmt: skip
+            if impl == "mlx_fast" and T > args.fast_max_T:
+                row = dict(config, error=f"skipped (T > --fast-max-T {args.fast_max_T})")
+            else:
+                row = run_isolated("bench.attention:measure", config, timeout=args.timeout, env=env)
+                row = dict(config, **row)
+            rows.append(row)
+            _print_row(row)
+    ref = {r["T"]: r for r in rows if r["impl"] == "mlx_fast" and "ms" in r}
+    for r in rows:
+        if r["T"] in ref and "ms" in r:
+            r["time_vs_mlx_fast"] = r["ms"] / ref[r["T"]]["ms"]
+            r["memory_vs_mlx_fast"] = r["peak_bytes"] / max(ref[r["T"]]["peak_bytes"], 1.0)
+    return rows
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    if "ms" not in row:
+        print(f"{row['impl']:>20} T={row['T']:>6}: {row.get('error')}", flush=True)
+        return
+    print(
+        f"{row['impl']:>20} T={row['T']:>6}: {row['ms']:10.1f} ms "
+        f"{row['kib_per_token']:9.1f} KiB/token  blocks={row.get('blocks')}",
+        flush=True,
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| impl | T | fwd+bwd (ms) | peak (KiB/token) | time / mlx_fast | blocks |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "ms" not in r:
+            lines.append(f"| {r['impl']} | {r['T']} | {r.get('error', '')[:60]} | | | |")
+            continue
+        ratio = f"{r['time_vs_mlx_fast']:.2f}x" if "time_vs_mlx_fast" in r else ""
+        lines.append(
+            f"| {r['impl']} | {r['T']} | {r['ms']:.1f} | {r['kib_per_token']:.1f} | {ratio} "
+            f"| {r.get('blocks')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for impl, style in zip(IMPLS, ("o-", "s--", "^:")):
+        pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and "ms" in r)
+        if not pts:
+            continue
+        Ts = [t for t, _ in pts]
+        ax_t.plot(Ts, [r["ms"] for _, r in pts], style, label=impl, mfc="none")
+        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], style, label=impl, mfc="none")
+    for ax, ylabel in ((ax_t, "fwd+bwd time (ms)"), (ax_m, "peak above inputs (KiB / token)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    out = pathlib.Path(args.json)
+    if args.from_json:
+        rows = json.loads(pathlib.Path(args.from_json).read_text())
+        out = pathlib.Path(args.from_json)
+    else:
+        rows = run(args)
+        meta = _meta(argv)
+        rows = [dict(r, meta=meta) for r in rows]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1))
+    meta = rows[0]["meta"] if rows else {}
+    r0 = rows[0] if rows else {}
+    title = (
+        f"attention fwd+bwd, B={r0.get('B')} Hq={r0.get('Hq')} Hkv={r0.get('Hkv')} "
+        f"D={r0.get('D')} {r0.get('dtype')} mask={r0.get('mask')}, {meta.get('device', '')}"
+    )
+    md = f"{title}\n\n    {' '.join(meta.get('argv', []))}\n\n{table(rows)}\n"
+    print()
+    print(md)
+    out.with_suffix(".md").write_text(md)
+    plot(rows, out.with_suffix(".png"), title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Argument checks shared by the blocked attention and its naive oracle.
+
+Every message names the function in brackets, the rule, the value it got and a fix.
+Nothing here uses ``assert``: user input is always checked with an explicit raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+_DTYPE_NAMES = "float32, bfloat16 or float16"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Checked shapes of one call.
+
+    ``mask_kind`` is ``"none"``, ``"causal"``, ``"bool"`` or ``"additive"``; for an
+    array mask ``mask_shape`` is its shape padded with leading ones to 4 dimensions.
+    """
+
+    B: int
+    Hq: int
+    Hkv: int
+    T: int
+    S: int
+    D: int
+    Dv: int
+    scale: float
+    mask_kind: str
+    mask_shape: tuple[int, ...] | None
+    chunk_size: int | None
+
+    @property
+    def G(self) -> int:
+        return self.Hq // self.Hkv
+
+
+def _shape(x: mx.array) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def check_inputs(
+    fn: str, q: object, k: object, v: object, scale: object, mask: object, chunk_size: object
+) -> Spec:
+    """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``."""
+    named = {"q": q, "k": k, "v": v}
+    for name, x in named.items():
+        if not isinstance(x, mx.array):
+            raise TypeError(
+                f"[{fn}] {name} must be an mx.array but got {type(x).__name__}. "
+                f"Wrap it with mx.array(...)."
+            )
+    for name, x in named.items():
+        if x.ndim != 4:
+            layout = "[B, Hq, T, D]" if name == "q" else "[B, Hkv, S, D]"
+            raise ValueError(
+                f"[{fn}] {name} must have 4 dimensions {layout} but got shape "
+                f"{_shape(x)}. Transpose or reshape {name} to {layout} (heads before time)."
+            )
+    for name, x in named.items():
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"[{fn}] {name} must have dtype {_DTYPE_NAMES} but got {x.dtype}. "
+                f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
+            )
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"[{fn}] q, k and v must share one dtype but got q {q.dtype}, k {k.dtype} and "
+            f"v {v.dtype}. Cast them to one dtype; the output has that dtype."
+        )
+    B, Hq, T, D = _shape(q)
+    Bk, Hkv, S, Dk = _shape(k)
+    if Bk != B or Dk != D:
+        raise ValueError(
+            f"[{fn}] k must have the batch size and head dimension of q (B={B}, D={D}) but "
+            f"got shape {_shape(k)}. Pass k as [B, Hkv, S, D] with B={B} and D={D}."
+        )
+    Bv, Hv, Sv, Dv = _shape(v)
+    if (Bv, Hv, Sv) != (B, Hkv, S):
+        raise ValueError(
+            f"[{fn}] v must have the batch size, heads and length of k (B={B}, Hkv={Hkv}, "
+            f"S={S}) but got shape {_shape(v)}. Pass v as [B, Hkv, S, Dv]."
+        )
+    if T < 1 or S < 1:
+        raise ValueError(
+            f"[{fn}] q and k must hold at least one position each but got T={T} and S={S}."
+        )
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(
+            f"[{fn}] the number of query heads Hq must be a multiple of the number of "
+            f"key/value heads Hkv but got Hq={Hq} (q shape {_shape(q)}) and Hkv={Hkv} (k shape "
+            f"{_shape(k)}). Query head h uses key/value head h // (Hq // Hkv); pass Hq = m * Hkv."
+        )
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(
+            f"[{fn}] scale must be a Python float but got {type(scale).__name__}. "
+            f"Pass e.g. scale={D**-0.5:.6g} (1 / sqrt(D))."
+        )
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
+        raise TypeError(
+            f"[{fn}] chunk_size must be an int or None but got {chunk_size!r}. "
+            f"Pass e.g. chunk_size=256, or None for the automatic size."
+        )
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(
+            f"[{fn}] chunk_size must be at least 1 but got {chunk_size}. "
+            f"Pass a positive int such as 256, or None for the automatic size."
+        )
+    kind, mask_shape = _check_mask(fn, mask, q.dtype, (B, Hq, T, S))
+    return Spec(B, Hq, Hkv, T, S, D, Dv, float(scale), kind, mask_shape, chunk_size)
+
+
+def _check_mask(
+    fn: str, mask: object, dtype: mx.Dtype, full: tuple[int, int, int, int]
+) -> tuple[str, tuple[int, ...] | None]:
+    if mask is None:
+        return "none", None
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(
+                f"[{fn}] the only mask string is 'causal' but got {mask!r}. Pass "
+                f"mask='causal', a boolean or additive mx.array, or None."
+            )
+        return "causal", None
+    if not isinstance(mask, mx.array):
+        raise TypeError(
+            f"[{fn}] mask must be None, 'causal' or an mx.array but got "
+            f"{type(mask).__name__}. Wrap it with mx.array(...)."
+        )
+    if mask.dtype == mx.bool_:
+        kind = "bool"
+    elif mask.dtype in FLOAT_DTYPES:
+        kind = "additive"
+    else:
+        raise ValueError(
+            f"[{fn}] an array mask must be boolean (True = attend) or floating (added to "
+            f"the scores) but got dtype {mask.dtype}. Pass mask.astype(mx.bool_) or "
+            f"mask.astype({dtype})."
+        )
+    shape = _shape(mask)
+    ok = mask.ndim <= 4
+    if ok:
+        shape = (1,) * (4 - mask.ndim) + shape
+        ok = all(m in (1, f) for m, f in zip(shape, full))
+    if not ok:
+        raise ValueError(
+            f"[{fn}] mask must broadcast to [B, Hq, T, S] = {full} (each dimension 1 or "
+            f"full, at most 4 dimensions) but got shape {_shape(mask)}. Pass a mask of "
+            f"shape [T, S], [B, 1, T, S] or [B, Hq, T, S]."
+        )
+    return kind, shape

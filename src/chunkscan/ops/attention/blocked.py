@@ -1,0 +1,298 @@
+"""``attention``: softmax attention in query blocks with an O(T) memory backward.
+
+One ``mx.custom_function`` over the whole call. The queries are cut into blocks of
+rows; each block attends to the keys it needs (with ``mask="causal"``, the prefix up
+to the block's last visible key: blocks above the diagonal are never computed) with a
+full-row softmax in float32, so no running maximum is needed. The forward keeps only
+the output ``o``. The backward recomputes block by block (the FlashAttention-2
+backward): ``p`` from the scores, ``delta = rowsum(do * o)``, ``ds = p * (dp -
+delta)``; ``dq`` of a block is complete at once, ``dk`` and ``dv`` accumulate in
+float32 over the blocks. The ordering rules of :mod:`chunkscan._ordering` finish, and
+free, one block's scratch before the next block starts.
+
+Grouped heads: ``q`` is viewed as ``[B, Hkv, G, T, D]`` and a block's ``G`` heads are
+stacked as rows of one matrix product against the shared key/value head, so ``k`` and
+``v`` are never repeated in memory.
+
+Memory: the inputs, ``o``, the gradients, two float32 accumulators ``[B, Hkv, S, D]``
+plus one block's scratch. A block has as many rows as keep its float32 scores within
+:data:`SCRATCH_BYTES` (at most :data:`MAX_ROWS`), so the scratch does not grow with
+``T`` (until a block is down to :data:`MIN_ROWS` rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from ... import _ordering, _tree
+from ._checks import Spec, check_inputs
+from .naive import mask_5d
+
+F32 = mx.float32
+_F32_MIN = float(mx.finfo(F32).min)
+
+#: Float32 scores of one block at most this many bytes (the scratch is a few times it).
+SCRATCH_BYTES = 32 << 20
+#: Rows per block at most (the automatic size) ...
+MAX_ROWS = 1024
+#: ... and at least (below this, per-op overheads dominate; memory grows again).
+MIN_ROWS = 16
+#: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
+#: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
+#: unchanged: there its backward's ``T x S`` scores are small, and it is faster (CPU,
+#: one block, Hq=2, D=64, f32: MLX 1.2x-2.4x faster at T = 128 ... 1024, as it skips the
+#: recomputation; ``bench/attention.py --fast-max-scores 0``). 0 disables the shortcut.
+#: A per-device knob: measure the crossover on the GPU.
+FAST_MAX_SCORES = 1024 * 1024
+#: Forward through MLX's fused kernel (``force_fused=True``) where one exists (GPU),
+#: for None and causal (``T <= S``) masks: "auto" tries it (the CPU backend has none and
+#: says so at once), "never" always runs the blocked forward.
+FUSED_FORWARD = "auto"
+
+
+def attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: str | mx.array | None = None,
+    chunk_size: int | None = None,
+) -> mx.array:
+    """Drop-in for ``mx.fast.scaled_dot_product_attention`` in training.
+
+    Values and gradients (``dq``, ``dk``, ``dv``) match, to float tolerance,
+    :func:`naive_attention`::
+
+        s = scale * q @ k^T, plus the mask       # per query head h, key head h // G
+        o = softmax(s) @ v
+
+    Unlike it (and unlike MLX's backward, which keeps the ``T x S`` scores), backward
+    memory is the inputs, outputs and gradients plus one block's scratch, not
+    ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``.
+
+    Args:
+        q (array): Queries ``[B, Hq, T, D]``.
+        k (array): Keys ``[B, Hkv, S, D]``, ``Hq`` a multiple of ``Hkv``.
+        v (array): Values ``[B, Hkv, S, Dv]``.
+        scale (float): Score scale, typically ``D ** -0.5``.
+        mask (str or array, optional): ``None``; ``"causal"`` (query ``i`` sees keys
+            ``j <= i + S - T``: the last query aligns with the last key, as in MLX);
+            or an array broadcastable to ``[B, Hq, T, S]``, boolean (``True`` =
+            attend) or floating (added to the scores). An array mask is a constant:
+            it gets no gradient. Default: ``None``.
+        chunk_size (int, optional): Query rows per block; ``None`` picks as many as
+            keep one block's float32 scores within :data:`SCRATCH_BYTES`. A
+            performance knob only. Default: ``None``.
+
+    Returns:
+        array: ``[B, Hq, T, Dv]`` in the dtype of ``q``. A query row that sees no key
+        (a fully masked row; with ``"causal"`` and ``T > S`` the first ``T - S`` rows)
+        gives zeros, and zero gradients. (MLX returns the mean of ``v`` there for
+        boolean masks and NaN for additive ``-inf`` masks.)
+
+    Matrix products run in the input dtype (tensor cores for bfloat16); the softmax
+    and its statistics, and the ``dk``/``dv`` accumulation, in float32.
+
+    Example:
+        >>> o = chunkscan.attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
+    """
+    spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
+    if _use_fast(spec):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
+    return _blocked(spec, q, k, v, mask)
+
+
+def blocked_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: str | mx.array | None = None,
+    chunk_size: int | None = None,
+) -> mx.array:
+    """:func:`attention` without the shortcut to MLX for short calls (tests, probes)."""
+    spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
+    return _blocked(spec, q, k, v, mask)
+
+
+def _blocked(spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object) -> mx.array:
+    mask_arr = None
+    if spec.mask_kind in ("bool", "additive"):
+        mask_arr = mask_5d(mx.stop_gradient(mask), spec)
+    return _tree.as_list(_make_core(spec, plan_blocks(spec), mask_arr)(q, k, v))[0]
+
+
+def _use_fast(spec: Spec) -> bool:
+    simple = spec.mask_kind == "none" or (spec.mask_kind == "causal" and spec.T <= spec.S)
+    return simple and spec.T * spec.S <= FAST_MAX_SCORES
+
+
+def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
+    """The query blocks ``(t0, t1, kend)``: rows ``[t0, t1)`` attend keys ``[0, kend)``.
+
+    With ``"causal"`` and ``T > S`` the first ``T - S`` rows see no key and are in no
+    block. Automatic sizes: the most rows (a multiple of 16, within
+    ``[MIN_ROWS, MAX_ROWS]``) whose float32 scores fit :data:`SCRATCH_BYTES`.
+    """
+    T, S = spec.T, spec.S
+    causal = spec.mask_kind == "causal"
+    off = S - T
+    per = 4 * spec.B * spec.Hq  # bytes per (row, key) of float32 scores
+    budget = max(1, SCRATCH_BYTES // per)  # (row, key) pairs per block
+
+    def kend(t1: int) -> int:
+        return min(S, t1 + off) if causal else S
+
+    t = max(0, -off) if causal else 0
+    blocks = []
+    while t < T:
+        if spec.chunk_size is not None:
+            r = spec.chunk_size
+        else:
+            if causal:  # largest r with r * (t + r + off) <= budget
+                c = t + off
+                r = int((-c + math.sqrt(c * c + 4.0 * budget)) / 2)
+            else:
+                r = budget // S
+            r = max(MIN_ROWS, min(MAX_ROWS, r // 16 * 16 if r >= 16 else r))
+        t1 = min(T, t + r)
+        blocks.append((t, t1, kend(t1)))
+        t = t1
+    return blocks
+
+
+def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], mask: mx.array | None):
+    """The custom function ``(q, k, v) -> [o]`` and its blockwise vjp.
+
+    ``mask`` (``None`` for no mask and for "causal") is the array mask as
+    ``[B|1, Hkv|1, G|1, T|1, S|1]``, a constant captured here.
+    """
+    B, Hkv, G, T, D, Dv = spec.B, spec.Hkv, spec.G, spec.T, spec.D, spec.Dv
+    scale = spec.scale
+    empty_rows = blocks[0][0]  # causal, T > S: rows that see no key
+
+    def rows_of(x: mx.array, t0: int, t1: int) -> mx.array:
+        """``[B, Hkv, G, T, d]`` -> block rows ``[B, Hkv, G * r, d]`` (G heads stacked)."""
+        return x[:, :, :, t0:t1].reshape(B, Hkv, G * (t1 - t0), x.shape[-1])
+
+    def probs(qr: mx.array, kp: mx.array, blk: tuple[int, int, int]) -> mx.array:
+        """Float32 softmax ``[B, Hkv, G, r, kend]`` of a block (``qr`` already scaled)."""
+        t0, t1, kend = blk
+        s = (qr @ kp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, t1 - t0, kend)
+        if spec.mask_kind == "causal":
+            # Every row in a block sees key 0 (t0 >= T - S): no fully masked row.
+            cols = mx.arange(kend)[None, :]
+            visible = cols <= mx.arange(t0 + spec.S - T, t1 + spec.S - T)[:, None]
+            return mx.softmax(mx.where(visible, s, -mx.inf), axis=-1)
+        if mask is None:
+            return mx.softmax(s, axis=-1)
+        m = mask
+        if m.shape[3] != 1:
+            m = m[:, :, :, t0:t1]
+        if m.shape[4] != 1:
+            m = m[..., :kend]
+        if spec.mask_kind == "bool":
+            s = mx.where(m, s, _F32_MIN)
+            seen = mx.any(m, axis=-1, keepdims=True)
+        else:
+            m = m.astype(F32)
+            s = mx.maximum(s + m, _F32_MIN)
+            seen = mx.any(m > -mx.inf, axis=-1, keepdims=True)
+        # A row that sees no key has a uniform softmax over _F32_MIN: zero it.
+        return mx.softmax(s, axis=-1) * seen
+
+    def fused_forward(q, k, v):
+        if FUSED_FORWARD != "auto":
+            return None
+        if not (spec.mask_kind == "none" or (spec.mask_kind == "causal" and empty_rows == 0)):
+            return None
+        m = "causal" if spec.mask_kind == "causal" else None
+        try:
+            return mx.fast.scaled_dot_product_attention(
+                q, k, v, scale=scale, mask=m, force_fused=True
+            )
+        except (ValueError, RuntimeError):  # no fused kernel here (e.g. CPU): blocked
+            return None
+
+    @mx.custom_function
+    def core(q, k, v):
+        fused = fused_forward(q, k, v)
+        if fused is not None:
+            return [fused]
+        dtype = q.dtype
+        qg = q.reshape(B, Hkv, G, T, D)
+        outs = []
+        prev: list[mx.array] = []
+        for blk in blocks:
+            t0, t1, kend = blk
+            # The block's inputs wait for the previous block's output, so that blocks
+            # run (and free their scratch) one after the other, not level by level.
+            qb = _ordering.carry_after_outputs([qg[:, :, :, t0:t1]], prev)[0]
+            qr = (qb * scale).reshape(B, Hkv, G * (t1 - t0), D)
+            p = probs(qr, k[:, :, :kend], blk)
+            o_b = p.reshape(B, Hkv, G * (t1 - t0), kend).astype(dtype) @ v[:, :, :kend]
+            o_b = o_b.reshape(B, Hkv, G, t1 - t0, Dv)
+            outs.append(o_b)
+            prev = [o_b]
+        if empty_rows:
+            outs.insert(0, mx.zeros((B, Hkv, G, empty_rows, Dv), dtype=dtype))
+        o = mx.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+        return [o.reshape(B, spec.Hq, T, Dv)]
+
+    @core.vjp
+    def core_vjp(primals, cotangents, outputs):
+        q, k, v = _tree.as_list(primals)
+        do = _tree.as_list(cotangents)[0]
+        o = _tree.as_list(outputs)[0]
+        dtype = q.dtype
+        qg = q.reshape(B, Hkv, G, T, D)
+        dog = do.astype(dtype).reshape(B, Hkv, G, T, Dv)
+        og = o.reshape(B, Hkv, G, T, Dv)
+        dk = dv = None
+        dqs = []
+        # Last block first: it sees every key, so it starts the accumulators.
+        for blk in reversed(blocks):
+            t0, t1, kend = blk
+            r = t1 - t0
+            ins = [qg[:, :, :, t0:t1], dog[:, :, :, t0:t1], og[:, :, :, t0:t1]]
+            # Rule 2: recompute this block only after the previous one's gradients (the
+            # first one after the cotangent: a Depends keeps mx.compile from merging its
+            # recomputation with the forward's, which would keep the forward's scratch).
+            ins = _ordering.recompute_after_cotangent(ins, [do] if dk is None else [dk, dv])
+            qb, dob, ob = ins
+            qr = (qb * scale).reshape(B, Hkv, G * r, D)
+            dor = dob.reshape(B, Hkv, G * r, Dv)
+            kp, vp = k[:, :, :kend], v[:, :, :kend]
+            p = probs(qr, kp, blk)
+            delta = mx.sum(dob.astype(F32) * ob.astype(F32), axis=-1, keepdims=True)
+            dp = (dor @ vp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, r, kend)
+            ds = (p * (dp - delta)).reshape(B, Hkv, G * r, kend).astype(dtype)
+            dq_b = ((ds @ kp) * scale).reshape(B, Hkv, G, r, D)
+            dk_b = ds.swapaxes(-1, -2) @ qr  # qr carries the scale
+            dv_b = p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2) @ dor
+            dk, dv = _accumulate(dk, dk_b, kend), _accumulate(dv, dv_b, kend)
+            # Rule 3: the accumulators move on only after this block's dq.
+            dk, dv = _ordering.cotangent_after_gradients([dk, dv], [dq_b])
+            dqs.append(dq_b)
+        dqs = dqs[::-1]
+        if empty_rows:
+            dqs.insert(0, mx.zeros((B, Hkv, G, empty_rows, D), dtype=dtype))
+        dq = mx.concatenate(dqs, axis=3) if len(dqs) > 1 else dqs[0]
+        dq = dq.reshape(B, spec.Hq, T, D).astype(q.dtype)
+        return [dq, dk.astype(k.dtype), dv.astype(v.dtype)]
+
+    return core
+
+
+def _accumulate(acc: mx.array | None, part: mx.array, kend: int) -> mx.array:
+    """``acc[:, :, :kend] += part`` in float32 (``acc`` None: ``part`` is the full length)."""
+    part = part.astype(F32)
+    if acc is None:
+        return part
+    if kend == acc.shape[2]:
+        return acc + part
+    return mx.slice_update(acc, acc[:, :, :kend] + part, mx.array([0]), axes=(2,))

@@ -1,0 +1,367 @@
+"""chunkscan.attention against its float32 oracle and mx.fast: values, dq/dk/dv,
+masks, grouped heads, low precision, mx.compile, argument errors and backward memory
+scaling (in fresh processes, with negative controls)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import mlx.core as mx
+import pytest
+
+import chunkscan
+from chunkscan._measure import run_isolated
+from chunkscan.ops.attention import blocked, naive_attention, plan_blocks
+from chunkscan.ops.attention._checks import check_inputs
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NAMES = ("o", "dq", "dk", "dv")
+# float32: measured max relative errors are <= 6e-7 (values and gradients, every case
+# below); the issue's bounds 1e-5 / 1e-4 are > 15x above that.
+F32_TOL = {"o": 1e-5, "dq": 1e-4, "dk": 1e-4, "dv": 1e-4}
+
+
+@pytest.fixture(autouse=True)
+def _blocked_path(monkeypatch):
+    """Every test runs the blocked path unless it says otherwise (no mx.fast shortcut)."""
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
+
+
+def make_inputs(B, Hq, Hkv, T, S, D, Dv=None, dtype=mx.float32, seed=0):
+    ks = mx.random.split(mx.random.key(seed), 4)
+    Dv = D if Dv is None else Dv
+    q = mx.random.normal((B, Hq, T, D), key=ks[0])
+    k = mx.random.normal((B, Hkv, S, D), key=ks[1])
+    v = mx.random.normal((B, Hkv, S, Dv), key=ks[2])
+    ct = mx.random.normal((B, Hq, T, Dv), key=ks[3])
+    return [x.astype(dtype) for x in (q, k, v, ct)]
+
+
+def outputs_and_grads(fn, q, k, v, ct, *, compiled=False, **kwargs):
+    """``[o, dq, dk, dv]`` of ``fn`` under the cotangent ``ct``."""
+
+    def both(q, k, v, ct):
+        outs, grads = mx.vjp(lambda q, k, v: [fn(q, k, v, **kwargs)], [q, k, v], [ct])
+        return [outs[0], *grads]
+
+    if compiled:
+        both = mx.compile(both)
+    res = both(q, k, v, ct)
+    mx.eval(res)
+    return res
+
+
+def max_rel(a, b):
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    return mx.abs(a - b).max().item() / max(mx.abs(b).max().item(), 1e-30)
+
+
+def assert_close(got, ref, tol, what=""):
+    for name, a, b in zip(NAMES, got, ref):
+        assert a.shape == b.shape, f"{what} {name}: shape {a.shape} != {b.shape}"
+        err = max_rel(a, b)
+        assert err <= tol[name], f"{what} {name}: max relative error {err:.2e} > {tol[name]:.0e}"
+
+
+# (B, Hq, Hkv, T, S, D, Dv, mask, chunk_size); mask names resolved by make_mask.
+CASES = [
+    (2, 4, 2, 67, 67, 32, 32, "causal", 16),  # T, S not multiples of the block
+    (1, 4, 4, 50, 50, 16, 24, "causal", 64),  # one block larger than T, Dv != D
+    (1, 8, 1, 45, 45, 16, 16, "causal", 1),  # one row per block, G = 8
+    (1, 2, 1, 1, 37, 16, 16, "causal", None),  # T = 1 (a decoding step)
+    (2, 4, 2, 23, 61, 16, 16, "causal", 8),  # T < S causal: queries at the end
+    (1, 4, 2, 61, 23, 16, 16, "causal", 8),  # T > S causal: 38 rows see no key
+    (2, 4, 2, 33, 47, 16, 16, None, 10),  # no mask, T != S
+    (2, 4, 2, 29, 41, 16, 16, "bool-TS", 8),
+    (2, 4, 1, 29, 41, 16, 16, "bool-B1TS", 8),
+    (2, 4, 2, 29, 41, 16, 16, "bool-BHTS", 8),
+    (2, 4, 2, 29, 41, 16, 16, "bool-keypad", 8),  # [B, 1, 1, S]: right padding
+    (2, 4, 2, 29, 41, 16, 16, "additive", 8),
+    (2, 4, 2, 29, 41, 16, 16, "additive-inf", 8),
+    (1, 8, 2, 29, 29, 16, 16, "bool-rows-out", 8),  # some rows see no key
+    (1, 8, 2, 29, 29, 16, 16, "additive-rows-out", 8),
+]
+
+
+def case_id(c):
+    B, Hq, Hkv, T, S, D, Dv, mask, C = c
+    return f"B{B}-Hq{Hq}-Hkv{Hkv}-T{T}-S{S}-D{D}-Dv{Dv}-{mask}-C{C}"
+
+
+def make_mask(name, B, Hq, T, S, seed=1):
+    if name in (None, "causal"):
+        return name
+    key = mx.random.key(seed)
+    if name == "bool-TS":
+        return mx.random.bernoulli(0.7, (T, S), key=key) | (mx.arange(S)[None] == 0)
+    if name == "bool-B1TS":
+        return mx.random.bernoulli(0.6, (B, 1, T, S), key=key) | (mx.arange(S) == 3)
+    if name == "bool-BHTS":
+        return mx.random.bernoulli(0.5, (B, Hq, T, S), key=key) | (mx.arange(S) == S - 1)
+    if name == "bool-keypad":
+        lengths = mx.array([S, S - 9])[:B]
+        return (mx.arange(S)[None] < lengths[:, None]).reshape(B, 1, 1, S)
+    if name == "additive":
+        return mx.random.normal((B, 1, T, S), key=key)
+    if name == "additive-inf":
+        keep = mx.random.bernoulli(0.7, (T, S), key=key) | (mx.arange(S)[None] == 0)
+        return mx.where(keep, mx.random.normal((T, S), key=key), -mx.inf)
+    if name == "bool-rows-out":
+        keep = mx.random.bernoulli(0.6, (1, Hq, T, S), key=key)
+        return keep & (mx.arange(T) % 5 != 2)[:, None]  # rows 2, 7, 12, ... see nothing
+    if name == "additive-rows-out":
+        keep = mx.random.bernoulli(0.6, (T, S), key=key) & (mx.arange(T) % 4 != 1)[:, None]
+        return mx.where(keep, 0.0, -mx.inf)
+    raise ValueError(name)
+
+
+def visible_rows(mask, B, Hq, T, S):
+    """``[B, Hq, T, 1]`` True where the row sees at least one key."""
+    if mask is None:
+        return mx.ones((B, Hq, T, 1), dtype=mx.bool_)
+    if isinstance(mask, str):
+        rows = mx.arange(T) + (S - T) >= 0
+        return mx.broadcast_to(rows[:, None], (B, Hq, T, 1))
+    seen = mask if mask.dtype == mx.bool_ else mask > -mx.inf
+    return mx.broadcast_to(mx.any(seen, axis=-1, keepdims=True), (B, Hq, T, 1))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_matches_naive_float32(case):
+    B, Hq, Hkv, T, S, D, Dv, mask_name, C = case
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv)
+    mask = make_mask(mask_name, B, Hq, T, S)
+    kw = dict(scale=D**-0.5, mask=mask)
+    ref = outputs_and_grads(naive_attention, q, k, v, ct, **kw)
+    got = outputs_and_grads(chunkscan.attention, q, k, v, ct, chunk_size=C, **kw)
+    for x in got:
+        assert not mx.any(mx.isnan(x)).item()
+    assert_close(got, ref, F32_TOL, case_id(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_matches_mx_fast_float32(case):
+    """Against MLX's op, on the rows that see a key (MLX's masked-out rows differ)."""
+    B, Hq, Hkv, T, S, D, Dv, mask_name, C = case
+    if mask_name == "additive-rows-out":
+        pytest.skip("MLX's backward is NaN everywhere once a row is all -inf")
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv)
+    mask = make_mask(mask_name, B, Hq, T, S)
+    seen = visible_rows(mask, B, Hq, T, S)
+    ct = mx.where(seen, ct, 0.0)  # masked-out rows send no gradient in either
+    kw = dict(scale=D**-0.5, mask=mask)
+    ref = outputs_and_grads(mx.fast.scaled_dot_product_attention, q, k, v, ct, **kw)
+    got = outputs_and_grads(chunkscan.attention, q, k, v, ct, chunk_size=C, **kw)
+    ref[0], got[0] = mx.where(seen, ref[0], 0.0), mx.where(seen, got[0], 0.0)
+    assert_close(got, ref, F32_TOL, case_id(case))
+
+
+def test_rows_that_see_no_key_are_zero():
+    B, Hq, Hkv, T, S, D = 1, 4, 2, 29, 29, 16
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D)
+    for name in ("bool-rows-out", "additive-rows-out"):
+        mask = make_mask(name, B, Hq, T, S)
+        o, dq, _, _ = outputs_and_grads(
+            chunkscan.attention, q, k, v, ct, scale=0.25, mask=mask, chunk_size=8
+        )
+        out = ~visible_rows(mask, B, Hq, T, S)
+        assert mx.sum(out).item() > 0
+        assert mx.all(mx.where(out, o, 0.0) == 0).item() and not mx.any(mx.isnan(o)).item()
+        assert mx.all(mx.where(out, dq, 0.0) == 0).item()
+    # Causal with T > S: the first T - S rows.
+    q, k, v, ct = make_inputs(1, 2, 1, 12, 5, 8)
+    o, dq, _, _ = outputs_and_grads(chunkscan.attention, q, k, v, ct, scale=0.3, mask="causal")
+    assert mx.all(o[:, :, :7] == 0).item() and mx.all(dq[:, :, :7] == 0).item()
+    assert mx.all(mx.abs(o[:, :, 7:]).sum(-1) > 0).item()
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", ["causal", None], ids=["causal", "none"])
+def test_low_precision_against_the_upcast_call(dtype, mask):
+    """Error against float32 on the same rounded inputs, next to MLX's own error.
+
+    Measured max relative errors (values and gradients): bf16 <= 6.4e-3, f16 <= 1.2e-3,
+    and at most 1.6x mx.fast's own at the same precision. Bounds: about 3x above.
+    """
+    B, Hq, Hkv, T, S, D = (2, 4, 2, 67, 67, 32) if mask else (1, 8, 1, 40, 90, 64)
+    inputs = make_inputs(B, Hq, Hkv, T, S, D, dtype=dtype)
+    upcast = [x.astype(mx.float32) for x in inputs]
+    kw = dict(scale=D**-0.5, mask=mask)
+    ref = outputs_and_grads(naive_attention, *upcast, **kw)
+    got = outputs_and_grads(chunkscan.attention, *inputs, chunk_size=16, **kw)
+    fast = outputs_and_grads(mx.fast.scaled_dot_product_attention, *inputs, **kw)
+    bound = 0.02 if dtype == mx.bfloat16 else 0.004
+    for name, a, b, f in zip(NAMES, got, ref, fast):
+        assert a.dtype == dtype, name
+        err, err_fast = max_rel(a, b), max_rel(f, b)
+        assert err <= bound, f"{name}: {err:.2e} > {bound}"
+        assert err <= 3 * err_fast, f"{name}: {err:.2e} vs mx.fast's {err_fast:.2e}"
+
+
+def test_compiled_matches_eager():
+    q, k, v, ct = make_inputs(2, 4, 2, 53, 53, 16)
+    kw = dict(scale=0.25, mask="causal", chunk_size=16)
+    eager = outputs_and_grads(chunkscan.attention, q, k, v, ct, **kw)
+    compiled = outputs_and_grads(chunkscan.attention, q, k, v, ct, compiled=True, **kw)
+    ref = outputs_and_grads(naive_attention, q, k, v, ct, scale=0.25, mask="causal")
+    assert_close(compiled, eager, {n: 1e-6 for n in NAMES}, "compiled vs eager")
+    assert_close(compiled, ref, F32_TOL, "compiled vs naive")
+
+
+def test_value_and_grad_of_a_module_loss():
+    """nn.value_and_grad through the op (how mlx-lm trains), against the oracle."""
+    import mlx.nn as nn
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 3 * 32, bias=False)
+
+        def __call__(self, x, fn):
+            B, T, _ = x.shape
+            q, k, v = mx.split(self.proj(x).reshape(B, T, 3, 4, 8).transpose(2, 0, 3, 1, 4), 3)
+            return fn(q[0], k[0], v[0], scale=8**-0.5, mask="causal").sum()
+
+    layer = Layer()
+    x = mx.random.normal((2, 37, 16))
+    loss_c, g_c = nn.value_and_grad(layer, lambda m, x: m(x, chunkscan.attention))(layer, x)
+    loss_n, g_n = nn.value_and_grad(layer, lambda m, x: m(x, naive_attention))(layer, x)
+    assert abs(loss_c.item() - loss_n.item()) <= 1e-5 * abs(loss_n.item())
+    assert max_rel(g_c["proj"]["weight"], g_n["proj"]["weight"]) <= 1e-4
+
+
+def test_short_calls_go_to_mx_fast(monkeypatch):
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 64 * 64)
+    called = []
+    monkeypatch.setattr(blocked, "_make_core", lambda *a: called.append(a) or (1 / 0))
+    q, k, v, _ = make_inputs(1, 2, 1, 64, 64, 8)
+    o = chunkscan.attention(q, k, v, scale=0.3, mask="causal")
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal")
+    assert not called and mx.array_equal(o, ref).item()
+    # Longer calls, masks MLX treats differently (arrays, causal with T > S): blocked.
+    for T, S, mask in ((64, 65, None), (64, 32, "causal"), (8, 8, mx.ones((8, 8), mx.bool_))):
+        q, k, v, _ = make_inputs(1, 2, 1, T, S, 8)
+        with pytest.raises(ZeroDivisionError):
+            chunkscan.attention(q, k, v, scale=0.3, mask=mask)
+    assert len(called) == 3
+
+
+def test_plan_blocks_cover_the_rows_within_budget(monkeypatch):
+    monkeypatch.setattr(blocked, "SCRATCH_BYTES", 1 << 16)
+    for T, S, mask in ((1000, 1000, "causal"), (300, 1000, "causal"), (1000, 300, "causal"),
+                       (777, 555, None)):  # fmt: skip
+        q, k, v, _ = make_inputs(1, 4, 2, T, S, 8)
+        spec = check_inputs("t", q, k, v, 1.0, mask, None)
+        blocks = plan_blocks(spec)
+        start = max(0, T - S) if mask else 0
+        assert blocks[0][0] == start and blocks[-1][1] == T
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        for t0, t1, kend in blocks:
+            want = min(S, t1 + S - T) if mask else S
+            assert kend == want
+            rows = t1 - t0
+            scores = 4 * 4 * rows * kend
+            assert scores <= blocked.SCRATCH_BYTES or rows <= blocked.MIN_ROWS, (t0, t1, kend)
+        if mask:  # early causal blocks see fewer keys, so they take more rows
+            assert blocks[0][1] - blocks[0][0] >= blocks[-1][1] - blocks[-1][0]
+
+
+def test_fused_forward_falls_back_on_cpu(monkeypatch):
+    """FUSED_FORWARD="auto" asks MLX for its fused kernel; the CPU backend has none."""
+    q, k, v, ct = make_inputs(1, 4, 2, 40, 40, 16)
+    ref = outputs_and_grads(naive_attention, q, k, v, ct, scale=0.25, mask="causal")
+    for setting in ("auto", "never"):
+        monkeypatch.setattr(blocked, "FUSED_FORWARD", setting)
+        got = outputs_and_grads(chunkscan.attention, q, k, v, ct, scale=0.25, mask="causal",
+                                chunk_size=8)  # fmt: skip
+        assert_close(got, ref, F32_TOL, setting)
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _raises(exc, text, *args, **kwargs):
+    with pytest.raises(exc, match=re.escape(text)):
+        chunkscan.attention(*args, **kwargs)
+
+
+def test_errors_are_pinned():
+    q, k, v, _ = make_inputs(1, 4, 2, 8, 8, 16)
+    _raises(TypeError, "[attention] q must be an mx.array but got list.", [1], k, v, scale=1.0)
+    _raises(ValueError, "[attention] k must have 4 dimensions [B, Hkv, S, D] but got shape "
+            "(2, 8, 16).", q, k[0], v, scale=1.0)  # fmt: skip
+    _raises(ValueError, "[attention] v must have dtype float32, bfloat16 or float16 but got "
+            "mlx.core.int32.", q, k, v.astype(mx.int32), scale=1.0)  # fmt: skip
+    _raises(ValueError, "[attention] q, k and v must share one dtype but got q mlx.core.float32,"
+            " k mlx.core.bfloat16", q, k.astype(mx.bfloat16), v, scale=1.0)  # fmt: skip
+    _raises(ValueError, "[attention] the number of query heads Hq must be a multiple of the "
+            "number of key/value heads Hkv but got Hq=4", q, mx.repeat(k[:, :1], 3, 1),
+            mx.repeat(v[:, :1], 3, 1), scale=1.0)  # fmt: skip
+    _raises(ValueError, "[attention] k must have the batch size and head dimension of q (B=1, "
+            "D=16)", q, k[..., :8], v, scale=1.0)  # fmt: skip
+    _raises(ValueError, "[attention] v must have the batch size, heads and length of k (B=1, "
+            "Hkv=2, S=8)", q, k, v[:, :, :7], scale=1.0)  # fmt: skip
+    _raises(TypeError, "[attention] scale must be a Python float but got NoneType.", q, k, v,
+            scale=None)  # fmt: skip
+    _raises(ValueError, "[attention] chunk_size must be at least 1 but got 0.", q, k, v,
+            scale=1.0, chunk_size=0)  # fmt: skip
+    _raises(TypeError, "[attention] chunk_size must be an int or None but got 2.5.", q, k, v,
+            scale=1.0, chunk_size=2.5)  # fmt: skip
+    _raises(ValueError, "[attention] the only mask string is 'causal' but got 'upper'.", q, k,
+            v, scale=1.0, mask="upper")  # fmt: skip
+    _raises(TypeError, "[attention] mask must be None, 'causal' or an mx.array but got list.",
+            q, k, v, scale=1.0, mask=[[True]])  # fmt: skip
+    _raises(ValueError, "[attention] an array mask must be boolean (True = attend) or floating "
+            "(added to the scores) but got dtype mlx.core.int32.", q, k, v, scale=1.0,
+            mask=mx.ones((8, 8), mx.int32))  # fmt: skip
+    _raises(ValueError, "[attention] mask must broadcast to [B, Hq, T, S] = (1, 4, 8, 8) (each "
+            "dimension 1 or full, at most 4 dimensions) but got shape (2, 8, 8).", q, k, v,
+            scale=1.0, mask=mx.ones((2, 8, 8), mx.bool_))  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("[naive_attention] the only mask string")):
+        naive_attention(q, k, v, scale=1.0, mask="upper")
+
+
+# ---------------------------------------------------------------------- memory
+
+# B=1, Hq=4, Hkv=2, D=32 float32, causal; T -> 4T in fresh processes; 64 KiB of scores
+# per block (many blocks: 11 at T=256, 59 at T=1024).
+MEM = dict(B=1, Hq=4, Hkv=2, D=32, dtype="float32", mask="causal", scratch_mib=1 / 16,
+           fast_max_scores=0, repeats=1)  # fmt: skip
+T_MEM = 256
+
+
+def _peak(impl, T, compiled=False):
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    res = run_isolated("bench.attention:measure", dict(MEM, impl=impl, T=T, compiled=compiled),
+                       timeout=300, env=env)  # fmt: skip
+    assert "error" not in res, res
+    return res["peak_bytes"]
+
+
+def growth_bound_bytes(T0, T1):
+    """What may grow with T: per token, four arrays as wide as q (o, the cotangent, dq
+    and its blocks) and four as wide as k (dk, dv and their float32 accumulators),
+    twice over; plus four blocks of scratch (scores, probabilities and their
+    gradients). Measured growth 256 -> 1024: 3.0 MB (eager), 3.4 MB (compiled); the
+    bound is 5.0 MB; mx.fast grows 55 MB and the unordered op 20 MB."""
+    B, Hq, Hkv, D = MEM["B"], MEM["Hq"], MEM["Hkv"], MEM["D"]
+    per_token = 4 * B * (4 * Hq * D + 4 * Hkv * D)
+    return 2 * per_token * (T1 - T0) + 4 * MEM["scratch_mib"] * (1 << 20)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_backward_memory_growth_is_linear(compiled):
+    p0, p1 = _peak("chunkscan", T_MEM, compiled), _peak("chunkscan", 4 * T_MEM, compiled)
+    bound = growth_bound_bytes(T_MEM, 4 * T_MEM)
+    msg = f"{p0 / 1e6:.1f} -> {p1 / 1e6:.1f} MB grows more than {bound / 1e6:.1f}"
+    assert p1 - p0 <= bound, msg
+
+
+@pytest.mark.parametrize("impl", ["mlx_fast", "chunkscan_unordered"])
+def test_the_bound_catches_quadratic_backwards(impl):
+    """Negative controls: MLX's backward, and this op without its ordering edges."""
+    p0, p1 = _peak(impl, T_MEM), _peak(impl, 4 * T_MEM)
+    assert p1 - p0 > 2 * growth_bound_bytes(T_MEM, 4 * T_MEM), (impl, p0, p1)
