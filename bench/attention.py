@@ -27,8 +27,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
-import subprocess
 import sys
 from typing import Any
 
@@ -135,37 +133,9 @@ def measure(
 
 
 def _meta(argv: list[str]) -> dict[str, Any]:
-    import mlx.core as mx
+    from _common import meta
 
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-        )
-    except OSError:
-        commit, dirty = "unknown", None
-    device = str(mx.default_device())
-    try:
-        info = mx.device_info() if hasattr(mx, "device_info") else {}
-        device += f" ({info.get('device_name', info.get('architecture', ''))})"
-    except Exception:  # noqa: BLE001 - only descriptive
-        pass
-    return {
-        "argv": ["python", "bench/attention.py"] + argv,
-        "commit": commit,
-        "dirty": dirty,
-        "device": device,
-        "mlx": mx.__version__,
-        "python": platform.python_version(),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-    }
+    return meta(argv=["python", "bench/attention.py"] + argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON overrides of the tiny model's config.json, e.g. "
                         "'{\"hidden_size\": 2048}'")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
-    parser.add_argument("--json", type=pathlib.Path, default=RESULTS / "lora_cpu.json")
+    parser.add_argument("--json", type=pathlib.Path, default=ROOT / "bench-out" / "lora.json")
     parser.add_argument("--replot", action="store_true",
                         help="only rewrite the table and plot from --json")  # fmt: skip
     parser.add_argument("--merge", action="store_true",
@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlx.core as mx
     import mlx_lm
+    from _common import meta as provenance
 
     from chunkscan._demo_model import tiny_config
 
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "model": tiny_config(**(args.config or {})),
         "lora": {"rank": 8, "layers": "all"},
+        **provenance(),
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     _write_outputs(meta, rows, args.json)
