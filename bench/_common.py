@@ -22,8 +22,11 @@ KiB = 1024.0
 
 
 def git_commit() -> str:
-    """The checkout's commit (``+dirty`` when it has changes), or ``CHUNKSCAN_COMMIT``
-    where there is no git (a copied tree on a device machine)."""
+    """``CHUNKSCAN_COMMIT`` when set (a copied tree on a device machine, whose git
+    metadata, if any, is not this tree's: an H200 run recorded a stale commit), else the
+    checkout's commit (``+dirty`` when it has changes)."""
+    if os.environ.get("CHUNKSCAN_COMMIT"):
+        return os.environ["CHUNKSCAN_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -34,7 +37,7 @@ def git_commit() -> str:
         ).stdout.strip()  # fmt: skip
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("CHUNKSCAN_COMMIT", "unknown")
+        return "unknown"
 
 
 def versions() -> dict[str, Any]:

@@ -3,6 +3,7 @@ and an mlx-lm without the expected seam fails loudly."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import pathlib
 import re
@@ -550,3 +551,39 @@ def test_attention_loud_failure_changed_semantics(monkeypatch):
     for module in (mlx_base, llama, qwen3_next):
         monkeypatch.setattr(module, "scaled_dot_product_attention", rescaled)
     _expect_attention_incompatible("does not reproduce the stock function")
+
+
+def test_probes_run_on_the_cpu(monkeypatch):
+    """The numerical probes compare conventions, not backend arithmetic: they run on the
+    CPU (on CUDA, TF32 matmuls put the attention probe at 4e-4, above its bound, and
+    patch() failed there)."""
+    seen = []
+    real_gdn, real_attn = cmlx._probe, cmlx._probe_attention
+
+    def recording(real):
+        def probe(*args, **kwargs):
+            seen.append(mx.default_device())
+            return real(*args, **kwargs)
+
+        return probe
+
+    monkeypatch.setattr(cmlx, "_probe", recording(real_gdn))
+    monkeypatch.setattr(cmlx, "_probe_attention", recording(real_attn))
+    entered = []
+    real_on_cpu = cmlx.on_cpu
+
+    @contextlib.contextmanager
+    def on_cpu():
+        entered.append(True)
+        with real_on_cpu():
+            yield
+
+    monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
+    with cmlx.patch():
+        pass
+    assert len(seen) == 2 and len(entered) == 2
+    assert all(d == mx.cpu for d in seen)
+    previous = mx.default_device()
+    with real_on_cpu():
+        assert mx.default_device() == mx.cpu
+    assert mx.default_device() == previous

@@ -66,6 +66,7 @@ values and gradients against the stock function.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -313,6 +314,20 @@ def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
     return usable
 
 
+@contextlib.contextmanager
+def on_cpu():
+    """Run the numerical probes on the CPU: they check conventions (layout, scale,
+    gates, masks), which any difference of order one betrays, and must not see the
+    GPU's arithmetic (MLX on CUDA multiplies float32 matrices in TF32 by default: the
+    attention probe measured 4e-4 there, above its 1e-4 bound)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        yield
+    finally:
+        mx.set_default_device(previous)
+
+
 def _probe(stock: Any, options: dict[str, Any]) -> None:
     """Compare the patched and stock training paths on a tiny random input."""
     B, T, Hk, Hv, Dk, Dv = 2, 5, 1, 2, 8, 4
@@ -442,7 +457,8 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
         if not _saved:
             _stock["fn"], _stock["options"] = stock, options
             if verify:
-                _probe(stock, options)
+                with on_cpu():
+                    _probe(stock, options)
             for name, module in modules.items():
                 _saved[name] = getattr(module, _NAME)
                 setattr(module, _NAME, gated_delta_update)
@@ -537,7 +553,8 @@ def _check_attention_seam(verify: bool) -> None:
     if problems:
         raise _attention_fail(problems, "Pin mlx-lm to a version with this seam.")
     if verify and not _attn_saved:
-        _probe_attention(stock)
+        with on_cpu():
+            _probe_attention(stock)
     _attn_stock["fn"] = stock
 
 
