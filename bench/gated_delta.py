@@ -38,7 +38,7 @@ import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+OUT = ROOT / "bench-out"  # default outputs (git-ignored); committed runs name their paths
 IMPLS = ("chunkscan", "mlx_lm", "mlx_fast", "scan")
 KiB = 1024.0
 
@@ -61,7 +61,13 @@ def _inputs(T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, seed
     return xs, w, w_s
 
 
-def _op(impl: str, Dk: int, chunk_size: int):
+def scan_chunk_size(chunk_size: int | None) -> int:
+    """The chunk the per-token ``scan`` implementation runs at (at most 32 steps: its
+    per-step graph is large)."""
+    return min(chunk_size or 32, 32)
+
+
+def _op(impl: str, Dk: int, chunk_size: int | None):
     """``f(q, k, v, g, beta, h0) -> (o, final_state)`` with chunkscan's conventions."""
     import mlx.core as mx
 
@@ -104,7 +110,7 @@ def _op(impl: str, Dk: int, chunk_size: int):
 
         def f(q, k, v, g, beta, h0):
             final, o = chunkscan.scan(
-                run, h0, (q, k, v, g, beta), axis=1, chunk_size=min(chunk_size, 32)
+                run, h0, (q, k, v, g, beta), axis=1, chunk_size=scan_chunk_size(chunk_size)
             )
             return o, final
 
@@ -118,7 +124,7 @@ def measure(
     T: int,
     dtype: str = "bfloat16",
     repeats: int = 2,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     B: int = 1,
     Hk: int = 16,
     Hv: int = 32,
@@ -151,12 +157,25 @@ def measure(
         "impl": impl,
         "T": T,
         "dtype": dtype,
-        "chunk_size": chunk_size,
+        "chunk_size": _chunk_used(impl, chunk_size),
         "seconds": seconds,
         "peak_bytes": peak,
         "kib_per_token": peak / KiB / T,
         "device": str(mx.default_device()),
     }
+
+
+def _chunk_used(impl: str, chunk_size: int | None) -> int | None:
+    """The chunk size the implementation really ran at (``None``: not chunked)."""
+    if impl == "scan":
+        return scan_chunk_size(chunk_size)
+    if impl == "chunkscan":
+        if chunk_size:
+            return chunk_size
+        from chunkscan.ops.gated_delta.chunk import default_chunk_size
+
+        return default_chunk_size()
+    return None
 
 
 def _find_openblas(value: str | None) -> str | None:
@@ -184,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--chunk-size", type=int, default=64)
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="chunkscan's chunk (default: the op's default for the device)")
     p.add_argument(
         "--loop-max-T",
         type=int,
@@ -194,9 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--openblas", default=None, help="path to libopenblas.so.0, or 'auto'")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
-    p.add_argument("--json", default=str(RESULTS / "gated_delta_cpu.json"))
-    p.add_argument("--png", default=str(RESULTS / "gated_delta_cpu.png"))
-    p.add_argument("--md", default=str(RESULTS / "gated_delta_cpu.md"))
+    p.add_argument("--json", default=str(OUT / "gated_delta.json"))
+    p.add_argument("--png", default=str(OUT / "gated_delta.png"))
+    p.add_argument("--md", default=str(OUT / "gated_delta.md"))
     p.add_argument(
         "--from-json",
         default=None,
@@ -301,9 +321,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
-        rows, title, argv_used = saved["rows"], saved["title"], saved["argv"]
+        rows, title, info = saved["rows"], saved["title"], saved.get("meta", saved.get("argv"))
     else:
-        rows, argv_used = run(args), sys.argv
+        sys.path.insert(0, str(ROOT / "bench"))
+        from _common import meta
+
+        rows, info = run(args), meta()
         blas = "OpenBLAS preloaded" if args.openblas else "bundled BLAS"
         title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}), {blas}"
     md = f"{title}\n\n{table(rows)}\n"
@@ -314,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
             pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"argv": argv_used, "title": title, "rows": rows}, fh, indent=1)
+            json.dump({"meta": info, "title": title, "rows": rows}, fh, indent=1)
     if args.md:
         with open(args.md, "w") as fh:
             fh.write(md)
