@@ -85,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if args.json:
+        from chunkscan._measure import provenance
+
         meta = {
-            "mlx": mx.__version__,
-            "device": str(mx.default_device()),
+            **provenance(),
             "H": args.H,
             "D": args.D,
             "chunk": args.chunk,

@@ -9,6 +9,7 @@ back the dict it returns as JSON.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -49,6 +50,38 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> 
         mx.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def provenance() -> dict[str, Any]:
+    """What a measurement file records about its run: argv, git commit (or
+    ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device, versions."""
+    import platform
+
+    commit = os.environ.get("CHUNKSCAN_COMMIT")
+    if not commit:
+        here = os.path.dirname(os.path.abspath(__file__))
+        try:
+            run = functools.partial(
+                subprocess.run, cwd=here, capture_output=True, text=True, check=True
+            )
+            head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+            dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+            commit = head + ("+dirty" if dirty else "")
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    versions = {"python": platform.python_version(), "mlx": mx.__version__}
+    for name in ("mlx_lm", "numpy", "torch", "triton", "fla"):
+        try:
+            versions[name] = getattr(importlib.import_module(name), "__version__", "?")
+        except Exception:
+            continue
+    return {
+        "argv": list(sys.argv),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "device": f"{mx.default_device()}, {platform.machine()}, {os.cpu_count()} cpus",
+        "versions": versions,
+    }
 
 
 def run_isolated(

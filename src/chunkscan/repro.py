@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, sorted(args.T)))
     os.makedirs(args.out, exist_ok=True)
     meta = {
+        **_measure.provenance(),
         "mlx": mx.__version__,
         "device": str(mx.default_device()),
         "H": args.H,
