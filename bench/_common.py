@@ -12,48 +12,11 @@ import os
 import pathlib
 import platform
 import subprocess
-import sys
-import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench-out"  # default output folder (git-ignored)
 KiB = 1024.0
-
-
-def git_commit() -> str:
-    """``CHUNKSCAN_COMMIT`` when set (a copied tree on a device machine, whose git
-    metadata, if any, is not this tree's: an H200 run recorded a stale commit), else the
-    checkout's commit (``+dirty`` when it has changes)."""
-    if os.environ.get("CHUNKSCAN_COMMIT"):
-        return os.environ["CHUNKSCAN_COMMIT"]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def versions() -> dict[str, Any]:
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for name in ("mlx", "mlx_lm", "numpy", "torch", "triton", "fla"):
-        try:
-            module = __import__(name)
-            if name == "mlx":
-                import mlx.core as mx
-
-                out["mlx"] = mx.__version__
-            else:
-                out[name] = getattr(module, "__version__", "?")
-        except Exception:
-            continue
-    return out
 
 
 def device() -> str:
@@ -74,14 +37,11 @@ def device() -> str:
 
 
 def meta(**extra: Any) -> dict[str, Any]:
-    return {
-        "argv": sys.argv,
-        "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": device(),
-        "versions": versions(),
-        **extra,
-    }
+    """:func:`chunkscan._measure.provenance` (argv, commit, date, versions) with the
+    GPU's name in ``device``, plus ``extra``."""
+    from chunkscan._measure import provenance
+
+    return {**provenance(), "device": device(), **extra}
 
 
 def write_json(path: str | pathlib.Path, meta_: dict[str, Any], rows: list[dict]) -> None:
