@@ -18,8 +18,8 @@ from mlx.utils import tree_flatten  # noqa: E402
 from test_mlx_lm import small_config  # noqa: E402
 
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan import cli, lora  # noqa: E402
-from chunkscan._demo_model import write_dataset, write_model  # noqa: E402
+from chunkscan.commands import cli, lora  # noqa: E402
+from chunkscan.commands.demo_model import write_dataset, write_model  # noqa: E402
 
 
 def small_model(path):

@@ -27,7 +27,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
 
 import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan._demo_model import build_model, tiny_config  # noqa: E402
+from chunkscan.commands.demo_model import build_model, tiny_config  # noqa: E402
 
 STOCK = gd.gated_delta_update
 STOCK_ATTN = mlx_base.scaled_dot_product_attention

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from chunkscan import _measure, repro
+from chunkscan.commands import measure, repro
 
 
 def test_repro_command_end_to_end(tmp_path):
@@ -52,7 +52,7 @@ def no_measuring(monkeypatch):
     def never(*a, **k):
         raise AssertionError("a configuration was measured")
 
-    monkeypatch.setattr(_measure, "run_isolated", never)
+    monkeypatch.setattr(measure, "run_isolated", never)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
             return {"error": "exit -9: killed (out of memory?)"}
         return {"peak_mib": 1.0, "seconds": 0.1, "max_grad_diff": 0.0}
 
-    monkeypatch.setattr(_measure, "run_isolated", fake)
+    monkeypatch.setattr(measure, "run_isolated", fake)
     argv = ["--T", "8", "--modes", "plain", "cs.scan", "--grads", "state", "--no-plot"]
     assert repro.main(argv + ["--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
@@ -103,5 +103,5 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
         "  state plain T=8: exit -9: killed (out of memory?)"
     ) in err
     assert len(json.loads((tmp_path / "repro.json").read_text())["rows"]) == 2
-    monkeypatch.setattr(_measure, "run_isolated", lambda *a, **k: fake(None, {"mode": "x"}))
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: fake(None, {"mode": "x"}))
     assert repro.main(argv + ["--out", str(tmp_path)]) == 0

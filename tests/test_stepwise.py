@@ -13,17 +13,17 @@ import pytest
 from conftest import assert_trees_close
 
 import chunkscan
-from chunkscan import repro
-from chunkscan._measure import run_isolated
+from chunkscan.commands import reporter
+from chunkscan.commands.measure import run_isolated
 
 
 def one_chunk_backward_seconds(T: int, repeats: int = 3) -> float:
     """Best of ``repeats``: value-and-grad of ``scan(stepwise(step))`` in one chunk."""
-    s0, q, k, v = repro.make_inputs(T, 1, 4)
+    s0, q, k, v = reporter.make_inputs(T, 1, 4)
     mx.eval(s0, q, k, v)
 
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=T)
+        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=T)
         return y.sum() + s.sum()
 
     fn = mx.grad(loss, argnums=(0, 1, 2, 3))
@@ -57,14 +57,14 @@ def host_memory_of_one_chunk_backward(T: int, fan_out: int | None = None) -> dic
 
     if fan_out is not None:
         importlib.import_module("chunkscan.split")._FAN_OUT = fan_out
-    s0, q, k, v = repro.make_inputs(T, 1, 4)
+    s0, q, k, v = reporter.make_inputs(T, 1, 4)
     mx.eval(s0, q, k, v)
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak RSS to the current RSS
     before = _status_bytes("VmHWM")
 
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=T)
+        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=T)
         return y.sum() + s.sum()
 
     mx.eval(mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v))

@@ -12,7 +12,7 @@ import mlx.core as mx
 import pytest
 
 import chunkscan
-from chunkscan._measure import run_isolated
+from chunkscan.commands.measure import run_isolated
 from chunkscan.ops.attention import blocked, naive_attention, plan_blocks
 from chunkscan.ops.attention._checks import check_inputs
 

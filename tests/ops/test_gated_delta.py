@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from chunkscan._measure import peak_above_active, run_isolated
+from chunkscan.commands.measure import peak_above_active, run_isolated
 from chunkscan.ops.gated_delta import (
     chunk as chunk_module,
 )

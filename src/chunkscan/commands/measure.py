@@ -63,7 +63,7 @@ def run_isolated(
     Returns the function's dict, or ``{"error": ...}`` when the process failed, ran
     out of memory or timed out.
     """
-    cmd = [sys.executable, "-m", "chunkscan._measure", target, json.dumps(config)]
+    cmd = [sys.executable, "-m", "chunkscan.commands.measure", target, json.dumps(config)]
     full_env = dict(os.environ)
     full_env.update(env or {})
     try:

@@ -62,7 +62,7 @@ def _mlx_lm_lora():
 
 def op_default_chunk_size() -> int:
     """The ``chunk_size`` :func:`chunkscan.gated_delta_rule` uses when given none."""
-    from .ops.gated_delta.chunk import default_chunk_size
+    from ..ops.gated_delta.chunk import default_chunk_size
 
     return default_chunk_size()
 
@@ -187,13 +187,13 @@ def _demo_dir_needs_writing(flag: str, path: str, key_file: str) -> bool:
 
 
 def _write_demo(args: types.SimpleNamespace) -> None:
-    from . import _demo_model
+    from . import demo_model
 
     todo = [
         (path, write)
         for flag, path, key_file, write in (
-            ("--model", args.model, "config.json", _demo_model.write_model),
-            ("--data", args.data, "train.jsonl", _demo_model.write_dataset),
+            ("--model", args.model, "config.json", demo_model.write_model),
+            ("--data", args.data, "train.jsonl", demo_model.write_dataset),
         )
         if _demo_dir_needs_writing(flag, path, key_file)
     ]  # every check first: refuse before writing anything
@@ -278,7 +278,7 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
 
 def run(args: types.SimpleNamespace) -> None:
     """Run ``mlx_lm.lora.run(args)`` with the Gated DeltaNet patch applied."""
-    from . import mlx_lm as seam
+    from .. import mlx_lm as seam
 
     lora = _mlx_lm_lora()
     with seam.patch(chunk_size=args.scan_chunk_size) as handle:
