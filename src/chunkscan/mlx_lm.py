@@ -103,7 +103,7 @@ class IncompatibleMlxLmError(RuntimeError):
 _lock = threading.RLock()
 _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
-_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update, "options" -> kw-only
+_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
 
 
 def _mlx_lm_version() -> str:
@@ -455,7 +455,7 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
         if attention:
             _check_attention_seam(verify)
         if not _saved:
-            _stock["fn"], _stock["options"] = stock, options
+            _stock["fn"] = stock
             if verify:
                 with on_cpu():
                     _probe(stock, options)
