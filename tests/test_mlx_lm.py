@@ -272,8 +272,13 @@ def test_patch_handle_nested_and_idempotent():
 
 
 def test_bad_chunk_size():
-    with pytest.raises(ValueError, match=re.escape("chunk_size must be a positive int")):
+    fn = "[chunkscan.mlx_lm.patch]"
+    with pytest.raises(
+        ValueError, match=re.escape(f"{fn} chunk_size must be at least 1 but got 0.")
+    ):
         cmlx.patch(chunk_size=0)
+    with pytest.raises(TypeError, match=re.escape(f"{fn} chunk_size must be an int or None but")):
+        cmlx.patch(chunk_size="8")
 
 
 def _expect_incompatible(*needles):
