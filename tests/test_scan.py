@@ -212,8 +212,32 @@ def test_nn_value_and_grad_with_module_params():
         got_v, got_g = nn.value_and_grad(model, lambda m, x: m(x))(model, x)
     assert abs(got_v.item() - ref_v.item()) <= 1e-5 * abs(ref_v.item())
     assert_trees_close(got_g, ref_g, 1e-5, "grads")
-    # The module's own parameters are restored after the scan.
-    assert all(isinstance(p, mx.array) for _, p in nn.utils.tree_flatten(model.parameters()))
+
+
+def test_module_parameters_restored_after_the_scan():
+    """While ``f`` runs, scan sets the ``params`` module's trainable parameters to the
+    chunk's inputs (in the backward: vjp primals, under mx.compile: tracers); after the
+    call the module must hold the caller's arrays again: the same objects, not only
+    equal values, eagerly, after a gradient and after a compiled call."""
+    model = Model(chunk=5)
+    x = mx.random.normal((2, 19, 4))
+    before = nn.utils.tree_flatten(model.parameters())
+    copies = [mx.array(p) for _, p in before]
+    mx.eval(copies)
+
+    def assert_restored(after_what):
+        after = nn.utils.tree_flatten(model.parameters())
+        assert [k for k, _ in after] == [k for k, _ in before], after_what
+        for (name, a), (_, b), c in zip(after, before, copies):
+            assert a is b, f"{name} is another array after {after_what}"
+            assert mx.array_equal(a, c).item(), f"{name} changed value after {after_what}"
+
+    mx.eval(model(x))
+    assert_restored("the forward")
+    mx.eval(mx.grad(lambda x: model(x))(x))
+    assert_restored("mx.grad")
+    mx.eval(mx.compile(lambda x: model(x))(x))
+    assert_restored("mx.compile")
 
 
 @pytest.mark.parametrize(
