@@ -9,13 +9,13 @@ import types
 
 import mlx.core as mx
 import pytest
+from helpers import small_config
 
 pytest.importorskip("mlx_lm")
 
 import mlx_lm  # noqa: E402
 import mlx_lm.lora  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
-from test_mlx_lm import small_config  # noqa: E402
 
 import chunkscan.mlx_lm as cmlx  # noqa: E402
 from chunkscan.commands import cli, lora  # noqa: E402

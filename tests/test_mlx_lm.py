@@ -13,6 +13,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import pytest
+from helpers import greedy_tokens, small_config
+from helpers import rel_rmse as rel
 
 pytest.importorskip("mlx_lm")
 
@@ -27,33 +29,12 @@ from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
 
 import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan.commands.demo_model import build_model, tiny_config  # noqa: E402
+from chunkscan.commands.demo_model import build_model  # noqa: E402
 
 STOCK = gd.gated_delta_update
 STOCK_ATTN = mlx_base.scaled_dot_product_attention
 CHUNK = 16
 RTOL = 1e-4
-
-
-def small_config(model_type: str = "qwen3_next", **kw):
-    """2 layers (GDN, attention), Hk=1 < Hv=2, Dk=32 != Dv=48."""
-    cfg = tiny_config(
-        model_type=model_type,
-        hidden_size=64,
-        num_hidden_layers=2,
-        full_attention_interval=2,
-        intermediate_size=96,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        linear_num_key_heads=1,
-        linear_num_value_heads=2,
-        linear_key_head_dim=32,
-        linear_value_head_dim=48,
-        vocab_size=64,
-    )
-    cfg.update(kw)
-    return cfg
 
 
 def lora_model(config, seed=0):
@@ -97,10 +78,6 @@ def loss_and_grads(model, batch, lengths, compiled=True):
     loss, grad = step(batch, lengths)
     mx.eval(loss, grad)
     return loss.item(), dict(tree_flatten(grad))
-
-
-def rel(a, b):
-    return (mx.linalg.norm((a - b).flatten()) / (mx.linalg.norm(b.flatten()) + 1e-30)).item()
 
 
 @pytest.fixture(autouse=True)
@@ -209,19 +186,9 @@ def test_inference_unchanged():
     model.eval()
     prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
 
-    def greedy():
-        cache = model.make_cache()
-        logits = model(prompt, cache=cache)[:, -1]
-        out = []
-        for _ in range(5):
-            tok = mx.argmax(logits, axis=-1)
-            out.append(tok.item())
-            logits = model(tok[:, None], cache=cache)[:, -1]
-        return out, logits
-
-    toks0, last0 = greedy()
+    toks0, last0 = greedy_tokens(model, prompt, 5)
     with cmlx.patch():
-        toks1, last1 = greedy()
+        toks1, last1 = greedy_tokens(model, prompt, 5)
         # Training mode (no cache) agrees with inference too.
         model.train()
         train_logits = model(prompt)
@@ -491,19 +458,9 @@ def test_attention_with_cache_or_sinks_goes_to_stock(attn_spy):
     model.eval()
     prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
 
-    def greedy():
-        cache = model.make_cache()
-        logits = model(prompt, cache=cache)[:, -1]
-        out = []
-        for _ in range(4):
-            tok = mx.argmax(logits, axis=-1)
-            out.append(tok.item())
-            logits = model(tok[:, None], cache=cache)[:, -1]
-        return out, logits
-
-    toks0, last0 = greedy()
+    toks0, last0 = greedy_tokens(model, prompt, 4)
     with cmlx.patch():
-        toks1, last1 = greedy()
+        toks1, last1 = greedy_tokens(model, prompt, 4)
         assert attn_spy == []
         q = mx.random.normal((1, 2, 5, 8))
         sinks = mx.zeros((2,))

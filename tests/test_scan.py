@@ -8,7 +8,7 @@ import warnings
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import assert_trees_close, max_outputs_of_one_primitive
+from helpers import assert_trees_close, max_outputs_of_one_primitive
 
 import chunkscan
 from chunkscan import _tree
