@@ -14,7 +14,7 @@ from helpers import attention_inputs, gated_delta_inputs
 
 import chunkscan
 from chunkscan.commands import reporter
-from chunkscan.commands.measure import peak_above_active
+from chunkscan.commands.measure import NoOrdering, peak_above_active
 
 
 def gated_delta_backward_peak(
@@ -38,16 +38,6 @@ def gated_delta_backward_peak(
     return {"peak": peak}
 
 
-class _NoOrdering:
-    """Stands in for :mod:`chunkscan._ordering`: no scheduling edges (negative control)."""
-
-    @staticmethod
-    def _same(arrays, deps):
-        return list(arrays)
-
-    carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
-
-
 def attention_backward_peak(
     impl: str,
     T: int,
@@ -69,7 +59,7 @@ def attention_backward_peak(
     blocked.SCRATCH_BYTES = int(scratch_mib * (1 << 20))
     blocked.FAST_MAX_SCORES = 0
     if impl == "chunkscan_unordered":
-        blocked._ordering = _NoOrdering
+        blocked._ordering = NoOrdering
     q, k, v, _ = attention_inputs(B, Hq, Hkv, T, T, D)
     mx.eval(q, k, v)
     scale = D**-0.5

@@ -91,18 +91,23 @@ def _clean():
         assert module.scaled_dot_product_attention is STOCK_ATTN
 
 
+def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
+    """Wrap the op ``cmlx.<getter>()`` returns; record ``kwarg`` of each of its calls."""
+    calls = []
+    op = getattr(cmlx, getter)()
+
+    def wrapped(*args, **kwargs):
+        calls.append(kwargs.get(kwarg))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(cmlx, getter, lambda: wrapped)
+    return calls
+
+
 @pytest.fixture
 def spy(monkeypatch):
     """Record the chunk_size of each call of the op (proves the patched path runs)."""
-    calls = []
-    op = cmlx._op()
-
-    def wrapped(*args, **kwargs):
-        calls.append(kwargs.get("chunk_size"))
-        return op(*args, **kwargs)
-
-    monkeypatch.setattr(cmlx, "_op", lambda: wrapped)
-    return calls
+    return _record_calls(monkeypatch, "_op", "chunk_size")
 
 
 def test_op_is_chunkscans():
@@ -385,15 +390,7 @@ def attn_spy(monkeypatch):
     from chunkscan.ops.attention import blocked
 
     monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
-    calls = []
-    op = cmlx._attention_op()
-
-    def wrapped(*args, **kwargs):
-        calls.append(kwargs.get("mask"))
-        return op(*args, **kwargs)
-
-    monkeypatch.setattr(cmlx, "_attention_op", lambda: wrapped)
-    return calls
+    return _record_calls(monkeypatch, "_attention_op", "mask")
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "qwen3_5"])

@@ -51,6 +51,19 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+class NoOrdering:
+    """Stands in for :mod:`chunkscan._ordering` with no scheduling edges: set it as an
+    op module's ``_ordering`` to switch the mechanism off (the negative control of a
+    memory guard: the bound must then fail)."""
+
+    @staticmethod
+    def _same(arrays: list, deps: Any) -> list:
+        return list(arrays)
+
+    carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
+    keep_apart = prepare_after_carry = _same
+
+
 def run_isolated(
     target: str,
     config: dict[str, Any],
