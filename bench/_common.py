@@ -37,9 +37,9 @@ def device() -> str:
 
 
 def meta(**extra: Any) -> dict[str, Any]:
-    """:func:`chunkscan._measure.provenance` (argv, commit, date, versions) with the
+    """:func:`chunkscan.commands.measure.provenance` (argv, commit, date, versions) with the
     GPU's name in ``device``, plus ``extra``."""
-    from chunkscan._measure import provenance
+    from chunkscan.commands.measure import provenance
 
     return {**provenance(), "device": device(), **extra}
 

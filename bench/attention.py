@@ -1,7 +1,7 @@
 """Attention fwd+bwd time and peak memory per token: chunkscan against mx.fast.
 
 Implementations (``--impls``), each configuration in a fresh process
-(:func:`chunkscan._measure.run_isolated`):
+(:func:`chunkscan.commands.measure.run_isolated`):
 
 - ``chunkscan``: :func:`chunkscan.attention` (query blocks, ordered backward);
 - ``mlx_fast``: ``mx.fast.scaled_dot_product_attention`` (MLX's fused forward; its
@@ -73,7 +73,7 @@ def measure(
     import mlx.core as mx
 
     import chunkscan
-    from chunkscan._measure import median_seconds, peak_above_active
+    from chunkscan.commands.measure import median_seconds, peak_above_active
     from chunkscan.ops.attention import blocked
 
     S = T if S is None else S
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from chunkscan._measure import run_isolated
+    from chunkscan.commands.measure import run_isolated
 
     shape = dict(SHAPES[args.shape])
     for key in ("B", "Hq", "Hkv", "D", "dtype", "mask"):

@@ -11,7 +11,7 @@ Stages (``--stages``, run in this order, each in child processes):
   ``chunkscan.scan`` up to ``--loop-max-T``), merged into one JSON;
 - ``profile``: where chunkscan's time goes: forward only vs fwd+bwd, Python graph
   building vs evaluation, and time against ``chunk_size`` at fixed T;
-- ``repro``: the seed experiment (:mod:`chunkscan.repro`), the same ``measure`` the CLI
+- ``repro``: the seed experiment (:mod:`chunkscan.commands.repro`), the same ``measure`` the CLI
   ``chunkscan repro`` runs, one fresh process per configuration, but with a global
   budget: configurations whose predicted time (from the same mode at the smaller T)
   exceeds what is left are skipped, and the JSON is rewritten after every one.
@@ -294,7 +294,7 @@ def profile_gdn(
 ) -> dict[str, Any]:
     """chunkscan.gated_delta_rule at the Qwen3-Next layer shape: where the time goes.
 
-    Run in a fresh process (:func:`chunkscan._measure.run_isolated`). ``build``: the
+    Run in a fresh process (:func:`chunkscan.commands.measure.run_isolated`). ``build``: the
     Python call that returns the lazy outputs (graph construction, including the custom
     backward's Python loop over chunks); ``eval``: ``mx.eval`` of them (scheduling,
     kernel launches and GPU work).
@@ -365,7 +365,7 @@ def timing_runs(T: int, chunk_size: int = 64, runs: int = 8, dtype: str = "bfloa
 
 
 def stage_profile(args, sizes, budget: Budget, env) -> None:
-    from chunkscan._measure import run_isolated
+    from chunkscan.commands.measure import run_isolated
 
     path = args.out / f"gdn_{args.tag}.json"
     merged = _load(path) or {"meta": {}, "rows": [], "profile": []}
@@ -397,8 +397,8 @@ def stage_repro(args, sizes, budget: Budget, env) -> None:
     """The seed experiment, as ``chunkscan repro`` runs it, under a global time budget."""
     import tempfile
 
-    from chunkscan import repro
-    from chunkscan._measure import run_isolated
+    from chunkscan.commands import repro
+    from chunkscan.commands.measure import run_isolated
 
     r = sizes["repro"]
     Ts = sorted(r["T"])
@@ -427,7 +427,7 @@ def stage_repro(args, sizes, budget: Budget, env) -> None:
             config.update(repeats=1, compiled=False, check_max_T=r["check"], ref_dir=ref_dir)
             started = time.perf_counter()
             res = run_isolated(
-                "chunkscan.repro:measure",
+                "chunkscan.commands.repro:measure",
                 config,
                 timeout=min(args.config_timeout, budget.left()),
                 env=env,
@@ -573,7 +573,7 @@ def report(folder: pathlib.Path, tag: str, plot: bool = True) -> str:
         parts.append(profile_table(gdn["profile"]))
     rep = _load(folder / f"repro_{tag}.json")
     if rep:
-        from chunkscan.repro import format_table
+        from chunkscan.commands.repro import format_table
 
         Ts = sorted({r["T"] for r in rep["rows"]})
         parts.append(format_table(rep["rows"], Ts))

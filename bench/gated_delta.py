@@ -1,7 +1,7 @@
 """Gated DeltaNet fwd+bwd time and backward peak memory per token against T.
 
 Implementations (``--impls``), each configuration in a fresh process
-(:func:`chunkscan._measure.run_isolated`):
+(:func:`chunkscan.commands.measure.run_isolated`):
 
 - ``chunkscan``: :func:`chunkscan.gated_delta_rule` (chunk form, ordered backward);
 - ``mlx_lm``: mlx-lm's ``gated_delta_ops`` (per-token loop; its training path),
@@ -135,7 +135,7 @@ def measure(
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
 
-    from chunkscan._measure import median_seconds, peak_above_active
+    from chunkscan.commands.measure import median_seconds, peak_above_active
 
     xs, w, w_s = _inputs(T, B, Hk, Hv, Dk, Dv, dtype, seed)
     mx.eval(xs, w, w_s)
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from chunkscan._measure import run_isolated
+    from chunkscan.commands.measure import run_isolated
 
     env = {}
     blas = _find_openblas(args.openblas)

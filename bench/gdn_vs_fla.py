@@ -40,7 +40,7 @@ def measure_mlx(
     from gated_delta import _inputs
 
     import chunkscan
-    from chunkscan._measure import median_seconds, peak_above_active
+    from chunkscan.commands.measure import median_seconds, peak_above_active
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
     if group_mib:
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from chunkscan._measure import run_isolated
+    from chunkscan.commands.measure import run_isolated
 
     started, rows = time.perf_counter(), []
     info = meta(shape={"B": 1, "Hk": 16, "Hv": 32, "Dk": 128, "Dv": 128, "dtype": "bfloat16"})

@@ -1,7 +1,7 @@
 """Peak memory and time of one LoRA training step of a tiny Qwen3-Next model.
 
 Three ways to run the Gated DeltaNet layers, each configuration in a fresh process
-(:func:`chunkscan._measure.run_isolated`):
+(:func:`chunkscan.commands.measure.run_isolated`):
 
 - ``stock``: mlx-lm's training path (its per-token loop, ``gated_delta_ops``);
 - ``patched``: :func:`chunkscan.mlx_lm.patch` with ``attention=False``, i.e.
@@ -64,8 +64,8 @@ def measure(
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     import chunkscan.mlx_lm as cmlx
-    from chunkscan._demo_model import build_model, tiny_config
-    from chunkscan._measure import peak_above_active
+    from chunkscan.commands.demo_model import build_model, tiny_config
+    from chunkscan.commands.measure import peak_above_active
 
     config = tiny_config(**(config or {}))
     model = build_model(config, seed)
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_outputs(data["meta"], data["rows"], args.json)
         return 0
 
-    from chunkscan._measure import run_isolated
+    from chunkscan.commands.measure import run_isolated
 
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     rows: list[dict[str, Any]] = []
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx_lm
     from _common import meta as provenance
 
-    from chunkscan._demo_model import tiny_config
+    from chunkscan.commands.demo_model import tiny_config
 
     meta = {
         "commands": commands

@@ -19,15 +19,15 @@ import time
 
 import mlx.core as mx
 
-from chunkscan import repro
+from chunkscan.commands import reporter
 
 BASELINE = "mx.checkpoint"
 
 
 def time_modes(T: int, grads: str, modes: list[str], args) -> dict[str, dict[str, float]]:
-    s0, q, k, v = repro.make_inputs(T, args.H, args.D)
+    s0, q, k, v = reporter.make_inputs(T, args.H, args.D)
     mx.eval(s0, q, k, v)
-    fns = {m: repro.gradient_fn(m, grads, args.chunk, args.compile) for m in modes}
+    fns = {m: reporter.gradient_fn(m, grads, args.chunk, args.compile) for m in modes}
     for fn in fns.values():  # warm-up (and compile)
         mx.eval(fn(s0, q, k, v))
     wall: dict[str, list[float]] = {m: [] for m in modes}
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["cs.scan", "cs.checkpoint+split"],
         help=f"modes timed against {BASELINE}",
     )
-    p.add_argument("--grads", nargs="+", default=list(repro.GRADS))
+    p.add_argument("--grads", nargs="+", default=list(reporter.GRADS))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--json", help="write the results here")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if args.json:
-        from chunkscan._measure import provenance
+        from chunkscan.commands.measure import provenance
 
         meta = {
             **provenance(),

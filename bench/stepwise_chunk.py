@@ -1,6 +1,6 @@
 """Cost of one ``scan(stepwise(step))`` gradient against the chunk length.
 
-Each configuration runs in a fresh process (``chunkscan._measure.run_isolated``):
+Each configuration runs in a fresh process (``chunkscan.commands.measure.run_isolated``):
 wall seconds of one gradient (after nothing: the first call, as a user sees it) and
 the process's peak RSS above the inputs. RSS, not ``mx.get_peak_memory``: an MLX
 primitive with ``n`` outputs costs ``O(n^2)`` outside MLX's allocator (sibling
@@ -19,8 +19,8 @@ import time
 import mlx.core as mx
 
 import chunkscan
-from chunkscan import repro
-from chunkscan._measure import run_isolated
+from chunkscan.commands import reporter
+from chunkscan.commands.measure import run_isolated
 
 
 def _vm_hwm() -> int:
@@ -32,14 +32,14 @@ def _vm_hwm() -> int:
 
 
 def measure(T: int, chunk: int, H: int, D: int) -> dict:
-    s0, q, k, v = repro.make_inputs(T, H, D)
+    s0, q, k, v = reporter.make_inputs(T, H, D)
     mx.eval(s0, q, k, v)
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak RSS
     before = _vm_hwm()
 
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=chunk)
+        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=chunk)
         return y.sum() + s.sum()
 
     t0 = time.perf_counter()

@@ -6,16 +6,16 @@ import mlx.core as mx
 import pytest
 
 import chunkscan
-from chunkscan import repro
+from chunkscan.commands import reporter
 
 
 @pytest.mark.parametrize("mode", ["cs.checkpoint+split", "cs.checkpoint"])
 def test_reporter_loop_gradients_are_identical_to_plain(mode):
-    s0, q, k, v = repro.make_inputs(45, 2, 8, seed=2)
+    s0, q, k, v = reporter.make_inputs(45, 2, 8, seed=2)
 
     def grads(m):
         def loss(s0, q, k, v):
-            s, y = repro.forward(m, s0, q, k, v, 8, state_only=False)
+            s, y = reporter.forward(m, s0, q, k, v, 8, state_only=False)
             return y.sum()
 
         return mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v)
@@ -56,10 +56,10 @@ def test_keeps_name_and_single_array_output():
 
 
 def test_compiled_loop_matches_eager():
-    s0, q, k, v = repro.make_inputs(40, 2, 8, seed=4)
+    s0, q, k, v = reporter.make_inputs(40, 2, 8, seed=4)
 
     def loss(s0, q, k, v):
-        s, y = repro.forward("cs.checkpoint+split", s0, q, k, v, 8, state_only=False)
+        s, y = reporter.forward("cs.checkpoint+split", s0, q, k, v, 8, state_only=False)
         return (y * y).sum() + s.sum()
 
     fn = mx.value_and_grad(loss, argnums=(0, 1, 2, 3))

@@ -1,5 +1,5 @@
-"""``chunkscan lora``: mlx_lm.lora's flags plus --scan-chunk-size, a real run whose
-adapters load back, and --demo."""
+"""``chunkscan lora``: mlx_lm.lora's flags plus --gdn-chunk-size (and its deprecated
+alias --scan-chunk-size), a real run whose adapters load back, and --demo."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import types
 
 import mlx.core as mx
 import pytest
+from helpers import small_config
 
 pytest.importorskip("mlx_lm")
 
 import mlx_lm  # noqa: E402
 import mlx_lm.lora  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
-from test_mlx_lm import small_config  # noqa: E402
 
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan import cli, lora  # noqa: E402
-from chunkscan._demo_model import write_dataset, write_model  # noqa: E402
+from chunkscan.commands import cli, lora  # noqa: E402
+from chunkscan.commands.demo_model import write_dataset, write_model  # noqa: E402
 
 
 def small_model(path):
@@ -31,21 +31,57 @@ def test_parser_wraps_mlx_lm():
     ours = {a.dest for a in lora.build_parser()._actions}
     theirs = {a.dest for a in mlx_lm.lora.build_parser()._actions}
     assert theirs <= ours
-    assert {"scan_chunk_size", "demo"} <= ours
+    assert {"gdn_chunk_size", "demo"} <= ours
 
 
 def test_precedence_cli_yaml_defaults(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("scan_chunk_size: 8\nbatch_size: 3\nclear_cache_threshold: 123\n")
+    cfg.write_text("gdn_chunk_size: 8\nbatch_size: 3\nclear_cache_threshold: 123\n")
     args = lora.resolve_args(["-c", str(cfg), "--batch-size", "5"])
-    assert (args.scan_chunk_size, args.batch_size, args.clear_cache_threshold) == (8, 5, 123)
-    args = lora.resolve_args(["-c", str(cfg), "--scan-chunk-size", "32"])
-    assert args.scan_chunk_size == 32
+    assert (args.gdn_chunk_size, args.batch_size, args.clear_cache_threshold) == (8, 5, 123)
+    args = lora.resolve_args(["-c", str(cfg), "--gdn-chunk-size", "32"])
+    assert args.gdn_chunk_size == 32
     args = lora.resolve_args([])
-    assert args.scan_chunk_size == lora.op_default_chunk_size()
+    assert args.gdn_chunk_size == lora.op_default_chunk_size()
     assert args.iters == mlx_lm.lora.CONFIG_DEFAULTS["iters"]
-    with pytest.raises(SystemExit, match="must be a positive integer"):
-        lora.resolve_args(["--scan-chunk-size", "0"])
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("0", "chunk_size must be at least 1 but got 0. Pass a positive int such as"),
+        ("2.5", "chunk_size must be an int but got '2.5'. Pass e.g. chunk_size="),
+    ],
+    ids=["zero", "float"],
+)
+def test_bad_gdn_chunk_size_flag(text, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        lora.resolve_args(["--gdn-chunk-size", text])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --gdn-chunk-size/--scan-chunk-size: [chunkscan lora] {message}" in err
+
+
+def test_bad_gdn_chunk_size_in_yaml(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gdn_chunk_size: -4\n")
+    message = (
+        f"chunkscan lora: gdn_chunk_size (from -c {cfg}): [chunkscan lora] chunk_size must "
+        "be at least 1 but got -4."
+    )
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        lora.resolve_args(["-c", str(cfg)])
+
+
+def test_scan_chunk_size_is_a_deprecated_alias(tmp_path):
+    with pytest.warns(FutureWarning, match=re.escape("--scan-chunk-size is deprecated")):
+        args = lora.resolve_args(["--scan-chunk-size", "24"])
+    assert args.gdn_chunk_size == 24 and not hasattr(args, "scan_chunk_size")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scan_chunk_size: 12\n")
+    with pytest.warns(FutureWarning, match="the YAML key scan_chunk_size is deprecated"):
+        args = lora.resolve_args(["-c", str(cfg)])
+    assert args.gdn_chunk_size == 12 and not hasattr(args, "scan_chunk_size")
 
 
 def test_real_run_saves_adapters_that_load_back(tmp_path, capsys):
@@ -56,7 +92,7 @@ def test_real_run_saves_adapters_that_load_back(tmp_path, capsys):
         ["lora", "--model", str(model_path), "--data", str(data), "--train",
          "--iters", "2", "--batch-size", "2", "--num-layers", "-1",
          "--max-seq-length", "64", "--val-batches", "1", "--steps-per-report", "1",
-         "--adapter-path", str(adapters), "--scan-chunk-size", "16",
+         "--adapter-path", str(adapters), "--gdn-chunk-size", "16",
          "--learning-rate", "1e-2"]
     )  # fmt: skip
     assert rc == 0
@@ -65,7 +101,7 @@ def test_real_run_saves_adapters_that_load_back(tmp_path, capsys):
     assert "chunkscan.gated_delta_rule (chunk_size=16" in out
     assert "peak memory" in out
     config = json.loads((adapters / "adapter_config.json").read_text())
-    assert config["scan_chunk_size"] == 16
+    assert config["gdn_chunk_size"] == 16
     saved = mx.load(str(adapters / "adapters.safetensors"))
     assert any("linear_attn" in k for k in saved)
     model, _ = mlx_lm.load(str(model_path), adapter_path=str(adapters))

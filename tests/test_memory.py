@@ -8,7 +8,7 @@ two states per extra chunk boundary. The same bound is asserted to *fail* for
 
 import pytest
 
-from chunkscan._measure import MiB, run_isolated
+from chunkscan.commands.measure import MiB, run_isolated
 
 H, D, C, T = 4, 64, 16, 128
 
@@ -24,7 +24,7 @@ def growth_bound_mib(T0: int, T1: int) -> float:
 
 def peak(mode: str, grads: str, T_: int, compiled: bool = False) -> float:
     res = run_isolated(
-        "chunkscan.repro:measure",
+        "chunkscan.commands.repro:measure",
         dict(mode=mode, grads=grads, T=T_, H=H, D=D, chunk=C, check_max_T=0, compiled=compiled),
         timeout=300,
     )

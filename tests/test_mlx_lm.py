@@ -13,6 +13,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import pytest
+from helpers import greedy_tokens, small_config
+from helpers import rel_rmse as rel
 
 pytest.importorskip("mlx_lm")
 
@@ -27,33 +29,12 @@ from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
 
 import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan._demo_model import build_model, tiny_config  # noqa: E402
+from chunkscan.commands.demo_model import build_model  # noqa: E402
 
 STOCK = gd.gated_delta_update
 STOCK_ATTN = mlx_base.scaled_dot_product_attention
 CHUNK = 16
 RTOL = 1e-4
-
-
-def small_config(model_type: str = "qwen3_next", **kw):
-    """2 layers (GDN, attention), Hk=1 < Hv=2, Dk=32 != Dv=48."""
-    cfg = tiny_config(
-        model_type=model_type,
-        hidden_size=64,
-        num_hidden_layers=2,
-        full_attention_interval=2,
-        intermediate_size=96,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        linear_num_key_heads=1,
-        linear_num_value_heads=2,
-        linear_key_head_dim=32,
-        linear_value_head_dim=48,
-        vocab_size=64,
-    )
-    cfg.update(kw)
-    return cfg
 
 
 def lora_model(config, seed=0):
@@ -99,10 +80,6 @@ def loss_and_grads(model, batch, lengths, compiled=True):
     return loss.item(), dict(tree_flatten(grad))
 
 
-def rel(a, b):
-    return (mx.linalg.norm((a - b).flatten()) / (mx.linalg.norm(b.flatten()) + 1e-30)).item()
-
-
 @pytest.fixture(autouse=True)
 def _clean():
     assert cmlx.patched_families() == ()
@@ -114,18 +91,23 @@ def _clean():
         assert module.scaled_dot_product_attention is STOCK_ATTN
 
 
+def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
+    """Wrap the op ``cmlx.<getter>()`` returns; record ``kwarg`` of each of its calls."""
+    calls = []
+    op = getattr(cmlx, getter)()
+
+    def wrapped(*args, **kwargs):
+        calls.append(kwargs.get(kwarg))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(cmlx, getter, lambda: wrapped)
+    return calls
+
+
 @pytest.fixture
 def spy(monkeypatch):
     """Record the chunk_size of each call of the op (proves the patched path runs)."""
-    calls = []
-    op = cmlx._op()
-
-    def wrapped(*args, **kwargs):
-        calls.append(kwargs.get("chunk_size"))
-        return op(*args, **kwargs)
-
-    monkeypatch.setattr(cmlx, "_op", lambda: wrapped)
-    return calls
+    return _record_calls(monkeypatch, "_op", "chunk_size")
 
 
 def test_op_is_chunkscans():
@@ -195,7 +177,7 @@ def test_trainer_losses_match_stock(tmp_path, restore_layer_classes):
         opt = optim.Adam(learning_rate=1e-2)
         mx.random.seed(0)
         np.random.seed(0)  # iterate_batches shuffles with the global numpy state
-        with cmlx.patch(chunk_size=CHUNK) if patched else _null():
+        with cmlx.patch(chunk_size=CHUNK) if patched else contextlib.nullcontext():
             trainer.train(model, opt, data, None, args=args, training_callback=cb)
         return cb.losses
 
@@ -204,32 +186,14 @@ def test_trainer_losses_match_stock(tmp_path, restore_layer_classes):
     np.testing.assert_allclose(patched, stock, rtol=RTOL)
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return None
-
-
 def test_inference_unchanged():
     model = build_model(small_config(), seed=3)
     model.eval()
     prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
 
-    def greedy():
-        cache = model.make_cache()
-        logits = model(prompt, cache=cache)[:, -1]
-        out = []
-        for _ in range(5):
-            tok = mx.argmax(logits, axis=-1)
-            out.append(tok.item())
-            logits = model(tok[:, None], cache=cache)[:, -1]
-        return out, logits
-
-    toks0, last0 = greedy()
+    toks0, last0 = greedy_tokens(model, prompt, 5)
     with cmlx.patch():
-        toks1, last1 = greedy()
+        toks1, last1 = greedy_tokens(model, prompt, 5)
         # Training mode (no cache) agrees with inference too.
         model.train()
         train_logits = model(prompt)
@@ -280,8 +244,13 @@ def test_patch_handle_nested_and_idempotent():
 
 
 def test_bad_chunk_size():
-    with pytest.raises(ValueError, match=re.escape("chunk_size must be a positive int")):
+    fn = "[chunkscan.mlx_lm.patch]"
+    with pytest.raises(
+        ValueError, match=re.escape(f"{fn} chunk_size must be at least 1 but got 0.")
+    ):
         cmlx.patch(chunk_size=0)
+    with pytest.raises(TypeError, match=re.escape(f"{fn} chunk_size must be an int or None but")):
+        cmlx.patch(chunk_size="8")
 
 
 def _expect_incompatible(*needles):
@@ -421,15 +390,7 @@ def attn_spy(monkeypatch):
     from chunkscan.ops.attention import blocked
 
     monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
-    calls = []
-    op = cmlx._attention_op()
-
-    def wrapped(*args, **kwargs):
-        calls.append(kwargs.get("mask"))
-        return op(*args, **kwargs)
-
-    monkeypatch.setattr(cmlx, "_attention_op", lambda: wrapped)
-    return calls
+    return _record_calls(monkeypatch, "_attention_op", "mask")
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "qwen3_5"])
@@ -494,19 +455,9 @@ def test_attention_with_cache_or_sinks_goes_to_stock(attn_spy):
     model.eval()
     prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
 
-    def greedy():
-        cache = model.make_cache()
-        logits = model(prompt, cache=cache)[:, -1]
-        out = []
-        for _ in range(4):
-            tok = mx.argmax(logits, axis=-1)
-            out.append(tok.item())
-            logits = model(tok[:, None], cache=cache)[:, -1]
-        return out, logits
-
-    toks0, last0 = greedy()
+    toks0, last0 = greedy_tokens(model, prompt, 4)
     with cmlx.patch():
-        toks1, last1 = greedy()
+        toks1, last1 = greedy_tokens(model, prompt, 4)
         assert attn_spy == []
         q = mx.random.normal((1, 2, 5, 8))
         sinks = mx.zeros((2,))

@@ -8,10 +8,11 @@ import warnings
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import assert_trees_close, max_outputs_of_one_primitive
+from helpers import assert_trees_close, max_outputs_of_one_primitive
 
 import chunkscan
-from chunkscan import _tree, repro
+from chunkscan import _tree
+from chunkscan.commands import reporter
 
 
 def plain_loop(step, init, xs_tuple, params=None, axis=0):
@@ -26,7 +27,7 @@ def plain_loop(step, init, xs_tuple, params=None, axis=0):
 
 
 def delta_inputs(T, H=2, D=8):
-    s0, q, k, v = repro.make_inputs(T, H, D, seed=1)
+    s0, q, k, v = reporter.make_inputs(T, H, D, seed=1)
     return s0, q, k, v
 
 
@@ -53,10 +54,12 @@ def test_delta_rule_matches_plain_autograd(T, chunk):
     s0, q, k, v = delta_inputs(T)
 
     def ref(s0, q, k, v):
-        return list(plain_loop(repro.step, s0, (q, k, v)))
+        return list(plain_loop(reporter.step, s0, (q, k, v)))
 
     def got(s0, q, k, v):
-        return list(chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=chunk))
+        return list(
+            chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=chunk)
+        )
 
     out_r, g_r = vjp_all(ref, (s0, q, k, v))
     out_g, g_g = vjp_all(got, (s0, q, k, v))
@@ -70,7 +73,7 @@ def test_reporter_chunk_function_is_exact():
 
     def loss(mode):
         def fn(s0, q, k, v):
-            s, y = repro.forward(mode, s0, q, k, v, 8, state_only=False)
+            s, y = reporter.forward(mode, s0, q, k, v, 8, state_only=False)
             return y.sum()
 
         return mx.grad(fn, argnums=(0, 1, 2, 3))
@@ -78,7 +81,7 @@ def test_reporter_chunk_function_is_exact():
     ref = loss("plain")(s0, q, k, v)
 
     def f(s, x):
-        return repro.run_chunk(s, *x)
+        return reporter.run_chunk(s, *x)
 
     def fn(s0, q, k, v):
         s, y = chunkscan.scan(f, s0, (q, k, v), chunk_size=8)
@@ -209,8 +212,32 @@ def test_nn_value_and_grad_with_module_params():
         got_v, got_g = nn.value_and_grad(model, lambda m, x: m(x))(model, x)
     assert abs(got_v.item() - ref_v.item()) <= 1e-5 * abs(ref_v.item())
     assert_trees_close(got_g, ref_g, 1e-5, "grads")
-    # The module's own parameters are restored after the scan.
-    assert all(isinstance(p, mx.array) for _, p in nn.utils.tree_flatten(model.parameters()))
+
+
+def test_module_parameters_restored_after_the_scan():
+    """While ``f`` runs, scan sets the ``params`` module's trainable parameters to the
+    chunk's inputs (in the backward: vjp primals, under mx.compile: tracers); after the
+    call the module must hold the caller's arrays again: the same objects, not only
+    equal values, eagerly, after a gradient and after a compiled call."""
+    model = Model(chunk=5)
+    x = mx.random.normal((2, 19, 4))
+    before = nn.utils.tree_flatten(model.parameters())
+    copies = [mx.array(p) for _, p in before]
+    mx.eval(copies)
+
+    def assert_restored(after_what):
+        after = nn.utils.tree_flatten(model.parameters())
+        assert [k for k, _ in after] == [k for k, _ in before], after_what
+        for (name, a), (_, b), c in zip(after, before, copies):
+            assert a is b, f"{name} is another array after {after_what}"
+            assert mx.array_equal(a, c).item(), f"{name} changed value after {after_what}"
+
+    mx.eval(model(x))
+    assert_restored("the forward")
+    mx.eval(mx.grad(lambda x: model(x))(x))
+    assert_restored("mx.grad")
+    mx.eval(mx.compile(lambda x: model(x))(x))
+    assert_restored("mx.compile")
 
 
 @pytest.mark.parametrize(
@@ -230,7 +257,7 @@ def test_compiled_gradient_matches_eager(T, chunk, argnums, loss_kind):
     s0, q, k, v = delta_inputs(T)
 
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=chunk)
+        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=chunk)
         return (y * y).sum() + s.sum() if loss_kind == "square" else y.sum() + s.sum()
 
     fn = mx.value_and_grad(loss, argnums=argnums)
@@ -259,7 +286,7 @@ def test_xs_grad_false_gives_state_gradient_and_zero_input_gradient():
     def loss(xs_grad):
         def fn(s0, q, k, v):
             s, y = chunkscan.scan(
-                chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=4, xs_grad=xs_grad
+                chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=4, xs_grad=xs_grad
             )
             return y.sum() + s.sum()
 
@@ -409,11 +436,11 @@ def test_many_chunks_keep_outputs_per_primitive_bounded():
     s0, q, k, v = delta_inputs(T, H=1, D=4)
 
     def run(s0, q, k, v):
-        return list(chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=1))
+        return list(chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=1))
 
     outs = run(s0, q, k, v)
     assert max_outputs_of_one_primitive(outs) <= 2 + 2 * 16  # 18 now, 257 before
-    out_r, g_r = vjp_all(lambda *a: list(plain_loop(repro.step, a[0], a[1:])), (s0, q, k, v))
+    out_r, g_r = vjp_all(lambda *a: list(plain_loop(reporter.step, a[0], a[1:])), (s0, q, k, v))
     out_g, g_g = vjp_all(run, (s0, q, k, v))
     assert_trees_close(out_g, out_r, 1e-6, "outputs")
     assert_trees_close(g_g, g_r, 1e-5, "grads")
@@ -594,7 +621,7 @@ def test_error_params_given_but_f_takes_two_arguments():
         chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), params={"w": mx.ones(3)})
     with pytest.raises(TypeError, match=re.escape("but step(s, x) does not take three")):
         chunkscan.scan(
-            chunkscan.stepwise(repro.step),
+            chunkscan.stepwise(reporter.step),
             mx.zeros((1, 2, 2)),
             (mx.zeros((4, 1, 2)),) * 3,
             params=nn.Linear(2, 2),

@@ -4,7 +4,7 @@ import re
 
 import mlx.core as mx
 import pytest
-from conftest import max_outputs_of_one_primitive
+from helpers import max_outputs_of_one_primitive
 
 import chunkscan
 

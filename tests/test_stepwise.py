@@ -3,27 +3,25 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
 
 import mlx.core as mx
 import pytest
-from conftest import assert_trees_close
+from helpers import assert_trees_close, run_target
 
 import chunkscan
-from chunkscan import repro
-from chunkscan._measure import run_isolated
+from chunkscan.commands import reporter
 
 
 def one_chunk_backward_seconds(T: int, repeats: int = 3) -> float:
     """Best of ``repeats``: value-and-grad of ``scan(stepwise(step))`` in one chunk."""
-    s0, q, k, v = repro.make_inputs(T, 1, 4)
+    s0, q, k, v = reporter.make_inputs(T, 1, 4)
     mx.eval(s0, q, k, v)
 
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=T)
+        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=T)
         return y.sum() + s.sum()
 
     fn = mx.grad(loss, argnums=(0, 1, 2, 3))
@@ -45,46 +43,11 @@ def test_one_chunk_backward_time_is_linear_in_its_length():
     assert t_large / t_small < 40, f"150 -> 1200 steps: {t_small:.3f} -> {t_large:.3f} s"
 
 
-def host_memory_of_one_chunk_backward(T: int, fan_out: int | None = None) -> dict:
-    """Growth of the process's peak RSS (bytes) over one gradient of a ``T``-step chunk.
-
-    Run in a fresh process. RSS, not ``mx.get_peak_memory``: the cost being guarded is
-    the graph itself (MLX's sibling lists), which lives outside MLX's allocator. The
-    peak is Linux's ``VmHWM``, reset first (a forked child inherits its parent's
-    ``ru_maxrss``). ``fan_out`` overrides the split's fan-out (huge: the flat split).
-    """
-    import importlib
-
-    if fan_out is not None:
-        importlib.import_module("chunkscan.split")._FAN_OUT = fan_out
-    s0, q, k, v = repro.make_inputs(T, 1, 4)
-    mx.eval(s0, q, k, v)
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset the peak RSS to the current RSS
-    before = _status_bytes("VmHWM")
-
-    def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(repro.step), s0, (q, k, v), chunk_size=T)
-        return y.sum() + s.sum()
-
-    mx.eval(mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v))
-    return {"rss": _status_bytes("VmHWM") - before}
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # "VmHWM:  12345 kB"
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def rss_per_step(fan_out: int | None = None) -> float:
-    env = {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    target = "test_stepwise:host_memory_of_one_chunk_backward"
-    res = [
-        run_isolated(target, {"T": T, "fan_out": fan_out}, env=env, timeout=120) for T in (150, 700)
-    ]
+    """Peak RSS per extra step, 150 -> 700 steps in one chunk (each in a fresh process;
+    see :func:`_targets.one_chunk_backward_host_memory`)."""
+    target = "one_chunk_backward_host_memory"
+    res = [run_target(target, {"T": T, "fan_out": fan_out}, timeout=120) for T in (150, 700)]
     assert all("error" not in r for r in res), res
     return (res[1]["rss"] - res[0]["rss"]) / (700 - 150)
 

@@ -12,7 +12,7 @@ Public API:
   does not grow with T (see :mod:`chunkscan.ops.attention`).
 """
 
-from ._version import check_mlx as _check_mlx
+from ._compat import check_mlx as _check_mlx
 from .checkpoint import checkpoint
 from .ops.attention import attention, naive_attention
 from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule

@@ -96,7 +96,7 @@ def _paths_into(td: tuple, prefix: str, out: list[str]) -> None:
             _paths_into(c, f"{prefix}[{i}]", out)
 
 
-class Spec(NamedTuple):
+class ShapeDtype(NamedTuple):
     """Shape and dtype of an array, kept where holding the array itself would keep its
     graph alive."""
 
@@ -105,7 +105,7 @@ class Spec(NamedTuple):
 
 
 def describe(leaf: Any) -> str:
-    if isinstance(leaf, (mx.array, Spec)):
+    if isinstance(leaf, (mx.array, ShapeDtype)):
         return f"shape {tuple(leaf.shape)} and dtype {leaf.dtype}"
     return f"type {type(leaf).__name__}"
 
@@ -184,7 +184,7 @@ def same_structure(td_a: tuple, td_b: tuple) -> bool:
 
 def check_carry(
     fn: str,
-    init_specs: list[Spec],
+    init_specs: list[ShapeDtype],
     init_def: tuple,
     out_tree: Any,
 ) -> list[mx.array]:

@@ -78,6 +78,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from .split import check_chunk_size
+
 __all__ = [
     "IncompatibleMlxLmError",
     "Patch",
@@ -103,7 +105,7 @@ class IncompatibleMlxLmError(RuntimeError):
 _lock = threading.RLock()
 _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
-_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update, "options" -> kw-only
+_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
 
 
 def _mlx_lm_version() -> str:
@@ -438,15 +440,10 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
 
     Raises:
         IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
-        ValueError: ``chunk_size`` is not a positive integer.
+        TypeError: ``chunk_size`` is neither an int nor None.
+        ValueError: ``chunk_size`` is an int below 1.
     """
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(
-            f"[chunkscan.mlx_lm.patch] chunk_size must be a positive int or None but got "
-            f"{chunk_size!r}."
-        )
+    check_chunk_size("chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default")
     with _lock:
         gd, options = _load_seam()
         stock = _stock["fn"] if _saved else getattr(gd, _NAME)
@@ -455,7 +452,7 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
         if attention:
             _check_attention_seam(verify)
         if not _saved:
-            _stock["fn"], _stock["options"] = stock, options
+            _stock["fn"] = stock
             if verify:
                 with on_cpu():
                     _probe(stock, options)

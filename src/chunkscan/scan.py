@@ -120,7 +120,7 @@ def scan(
         has_params=params is not None,
         module=module,
         init_def=init_def,
-        init_specs=[_tree.Spec(a.shape, a.dtype) for a in init_leaves],
+        init_specs=[_tree.ShapeDtype(a.shape, a.dtype) for a in init_leaves],
         xs_def=xs_def,
         axes=axes,
         grad_mask=grad_mask,

@@ -26,11 +26,33 @@ def chunk_bounds(length: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + chunk_size, length)) for lo in range(0, length, chunk_size)]
 
 
-def check_chunk_size(fn: str, chunk_size: object) -> int:
+def check_chunk_size(
+    fn: str, chunk_size: object, *, example: int = 32, none: str | None = None
+) -> int | None:
+    """The one check of every ``chunk_size`` argument in chunkscan (scan, split, the
+    ops, :func:`chunkscan.mlx_lm.patch`, ``chunkscan lora``).
+
+    ``chunk_size`` must be an ``int >= 1`` (a ``bool`` is not an int here); ``None``
+    passes only where ``none`` says what it means (e.g. ``"for the automatic size"``).
+    ``example`` is the value the fix suggests. Returns ``chunk_size``.
+
+    Raises:
+        TypeError: ``chunk_size`` is not an int (nor an allowed ``None``).
+        ValueError: ``chunk_size`` is an int below 1.
+    """
+    if chunk_size is None and none is not None:
+        return None
+    or_none = f", or None {none}" if none is not None else ""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(f"[{fn}] chunk_size must be an int but got {chunk_size!r}.")
+        raise TypeError(
+            f"[{fn}] chunk_size must be an int{' or None' if none is not None else ''} but "
+            f"got {chunk_size!r}. Pass e.g. chunk_size={example}{or_none}."
+        )
     if chunk_size < 1:
-        raise ValueError(f"[{fn}] chunk_size must be at least 1 but got {chunk_size}.")
+        raise ValueError(
+            f"[{fn}] chunk_size must be at least 1 but got {chunk_size}. Pass a positive "
+            f"int such as {example}{or_none}."
+        )
     return chunk_size
 
 

@@ -80,7 +80,7 @@ def stepwise(
             carry, y = out
             y_leaves, y_def = _tree.require_arrays("stepwise", "y", y)
             if first is None:
-                first = (y_def, [_tree.Spec(tuple(a.shape), a.dtype) for a in y_leaves])
+                first = (y_def, [_tree.ShapeDtype(tuple(a.shape), a.dtype) for a in y_leaves])
             else:
                 y_leaves = _check_same_y(first, y_def, y_leaves, t)
             ys.append(y_leaves)

@@ -4,14 +4,14 @@ dtypes, packed sequences, mx.compile, argument errors and backward memory scalin
 from __future__ import annotations
 
 import math
-import os
 import re
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from helpers import gated_delta_inputs as make_inputs
+from helpers import max_rel, rel_rmse, run_target
 
-from chunkscan._measure import peak_above_active, run_isolated
 from chunkscan.ops.gated_delta import (
     chunk as chunk_module,
 )
@@ -34,30 +34,21 @@ BF16_TOL = {
 }
 
 
-def make_inputs(B, T, Hk, Hv, Dk, Dv, dtype=mx.float32, n_states=None, seed=0):
-    """Inputs in a numerically sane range: unit keys, beta in (0, 1), g in [-0.5, 0)."""
-    key = mx.random.key(seed)
-    kq, kk, kv, kg, kb, ks = mx.random.split(key, 6)
-    q = mx.random.normal((B, T, Hk, Dk), key=kq)
-    k = mx.random.normal((B, T, Hk, Dk), key=kk)
-    k = k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))
-    v = mx.random.normal((B, T, Hv, Dv), key=kv)
-    g = -mx.random.uniform(0.01, 0.5, (B, T, Hv), key=kg)
-    beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=kb)
-    h0 = 0.5 * mx.random.normal((n_states or B, Hv, Dv, Dk), key=ks)
-    return [x.astype(dtype) for x in (q, k, v, g, beta)] + [h0]
-
-
 def outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
-    """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents."""
+    """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents. With five
+    inputs (no h0) ``fn`` gets ``initial_state=None`` and the list has no dh0."""
+    with_h0 = len(inputs) == 6
 
-    def f(q, k, v, g, beta, h0):
-        return list(fn(q, k, v, g, beta, initial_state=h0, **kwargs))
+    def f(*args):
+        return list(fn(*args[:5], initial_state=args[5] if with_h0 else None, **kwargs))
 
-    q, v, h0 = inputs[0], inputs[2], inputs[5]
+    q, v = inputs[0], inputs[2]
+    cu = kwargs.get("cu_seqlens")
+    n_states = q.shape[0] if cu is None else len(cu) - 1
+    state_shape = (n_states, v.shape[2], v.shape[3], q.shape[3])
     k1, k2 = mx.random.split(mx.random.key(123))
     ct_o = mx.random.normal(v.shape, key=k1).astype(q.dtype)
-    ct_s = mx.random.normal(h0.shape, key=k2)
+    ct_s = mx.random.normal(state_shape, key=k2)
 
     def both(*args):
         return mx.vjp(f, list(args), [ct_o, ct_s])
@@ -66,17 +57,6 @@ def outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
         both = mx.compile(both)
     outs, grads = both(*inputs)
     return list(outs) + list(grads)
-
-
-def max_rel(a, b):
-    a, b = a.astype(mx.float32), b.astype(mx.float32)
-    scale = mx.abs(b).max().item()
-    return mx.abs(a - b).max().item() / max(scale, 1e-30)
-
-
-def rel_rmse(a, b):
-    a, b = a.astype(mx.float32), b.astype(mx.float32)
-    return (mx.sqrt(mx.sum((a - b) ** 2)) / mx.maximum(mx.sqrt(mx.sum(b * b)), 1e-30)).item()
 
 
 def assert_fp32_close(got, ref, tol=1e-4):
@@ -108,25 +88,18 @@ def test_fp32_matches_oracle(case, with_h0):
     B, T, Hk, Hv, Dk, Dv, C = case
     inputs = make_inputs(B, T, Hk, Hv, Dk, Dv)
     if not with_h0:
-        # Without an initial state the gradient w.r.t. zeros must still be right.
-        inputs[5] = mx.zeros_like(inputs[5])
+        inputs = inputs[:5]  # initial_state=None for both; no dh0 to compare
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C)
     ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
     assert_fp32_close(got, ref)
 
 
 def test_no_initial_state_argument():
-    xs = make_inputs(2, 37, 1, 2, 8, 12)[:5]
-    cts = [mx.random.normal((2, 37, 2, 12)), mx.random.normal((2, 2, 12, 8))]
-
-    def run(fn, **kw):
-        outs, grads = mx.vjp(lambda *a: list(fn(*a, **kw)), xs, cts)
-        return list(outs) + list(grads)
-
-    got = run(gated_delta_rule, chunk_size=8)
-    ref = run(naive_recurrent_gated_delta_rule)
+    """``initial_state=None`` (values and gradients: the ``no-h0`` cases above) gives a
+    float32 final state ``[B, Hv, Dv, Dk]`` and no state gradient."""
+    got = outputs_and_grads(gated_delta_rule, make_inputs(2, 37, 1, 2, 8, 12)[:5], chunk_size=8)
+    assert len(got) == 7  # o, final_state, dq, dk, dv, dg, dbeta
     assert got[1].dtype == mx.float32 and got[1].shape == (2, 2, 12, 8)
-    assert_fp32_close(got, ref)  # o, final_state, dq, dk, dv, dg, dbeta
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
@@ -411,29 +384,11 @@ def test_oracle_checks_too():
 MEM_SHAPE = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, C=16)
 
 
-def measure_backward_peak(T: int, group_bytes: int) -> dict:
-    """Peak bytes above the inputs for all six gradients (run in a fresh process)."""
-    chunk_module._GROUP_BYTES = group_bytes
-    s = MEM_SHAPE
-    inputs = make_inputs(s["B"], T, s["Hk"], s["Hv"], s["Dk"], s["Dv"])
-    w = mx.random.normal((s["B"], T, s["Hv"], s["Dv"]), key=mx.random.key(7))
-    mx.eval(inputs, w)
-
-    def loss(q, k, v, g, beta, h0):
-        o, st = gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=s["C"])
-        return mx.sum(o * w) + mx.sum(st)
-
-    grad = mx.grad(loss, argnums=tuple(range(6)))
-    _, peak = peak_above_active(lambda: grad(*inputs))
-    return {"peak": peak}
-
-
 def test_backward_memory_is_linear_in_inputs_and_states():
     T1, T4, group_bytes = 256, 1024, 2 * 4 * 4 * 16 * 32  # two chunks per group
-    env = {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    target = "test_gated_delta:measure_backward_peak"
-    small = run_isolated(target, {"T": T1, "group_bytes": group_bytes}, env=env, timeout=120)
-    large = run_isolated(target, {"T": T4, "group_bytes": group_bytes}, env=env, timeout=120)
+    target = "gated_delta_backward_peak"  # all six gradients, in a fresh process
+    small = run_target(target, dict(MEM_SHAPE, T=T1, group_bytes=group_bytes), timeout=120)
+    large = run_target(target, dict(MEM_SHAPE, T=T4, group_bytes=group_bytes), timeout=120)
     assert "error" not in small and "error" not in large, (small, large)
     s = MEM_SHAPE
     state = 4 * s["Hv"] * s["Dv"] * s["Dk"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ...split import check_chunk_size
+
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 _DTYPE_NAMES = "float32, bfloat16 or float16"
 
@@ -100,16 +102,7 @@ def check_inputs(
             f"[{fn}] scale must be a Python float but got {type(scale).__name__}. "
             f"Pass e.g. scale={D**-0.5:.6g} (1 / sqrt(D))."
         )
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
-        raise TypeError(
-            f"[{fn}] chunk_size must be an int or None but got {chunk_size!r}. "
-            f"Pass e.g. chunk_size=256, or None for the automatic size."
-        )
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(
-            f"[{fn}] chunk_size must be at least 1 but got {chunk_size}. "
-            f"Pass a positive int such as 256, or None for the automatic size."
-        )
+    check_chunk_size(fn, chunk_size, example=256, none="for the automatic size")
     kind, mask_shape = _check_mask(fn, mask, q.dtype, (B, Hq, T, S))
     return Spec(B, Hq, Hkv, T, S, D, Dv, float(scale), kind, mask_shape, chunk_size)
 

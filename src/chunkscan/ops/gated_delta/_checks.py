@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ...split import check_chunk_size
+
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 _DTYPE_NAMES = "float32, bfloat16 or float16"
 
@@ -125,15 +127,7 @@ def check_inputs(
             f"[{fn}] scale must be a Python float or None but got {type(scale).__name__}. "
             f"Pass e.g. scale={default_scale:.6g} (the default, Dk ** -0.5)."
         )
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(
-            f"[{fn}] chunk_size must be an int but got {chunk_size!r}. Pass e.g. chunk_size=64."
-        )
-    if chunk_size < 1:
-        raise ValueError(
-            f"[{fn}] chunk_size must be at least 1 but got {chunk_size}. "
-            f"Pass a positive int such as 64."
-        )
+    check_chunk_size(fn, chunk_size, example=64)
     seqs = _check_cu_seqlens(fn, cu_seqlens, B, T)
     n_states = B if seqs is None else len(seqs)
     if initial_state is not None:

@@ -6,8 +6,10 @@ of Qwen3-Next / Qwen3.5 models train through :func:`chunkscan.gated_delta_rule`,
 attention layers of every model through :func:`chunkscan.attention`, and their memory
 per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
 
-- ``--scan-chunk-size N`` (YAML key ``scan_chunk_size``): steps per chunk of the op;
-  the resolved value is saved in ``adapter_config.json``.
+- ``--gdn-chunk-size N`` (YAML key ``gdn_chunk_size``): steps per chunk of
+  :func:`chunkscan.gated_delta_rule` in the Gated DeltaNet layers; the resolved value
+  is saved in ``adapter_config.json``. ``--scan-chunk-size`` / ``scan_chunk_size`` are
+  deprecated aliases (they warn).
 - ``--demo``: build a tiny random Qwen3-Next model, tokenizer and data set in a
   temporary directory (no network) and train a few steps on it; other flags still
   apply (e.g. ``chunkscan lora --demo --iters 5``); ``--model``/``--data`` paths that
@@ -25,6 +27,7 @@ reported in one line, not as a traceback.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import pathlib
@@ -32,9 +35,12 @@ import re
 import sys
 import tempfile
 import types
+import warnings
 from typing import Any
 
 import mlx.core as mx
+
+from ..split import check_chunk_size
 
 MiB = 1024.0 * 1024.0
 
@@ -62,15 +68,49 @@ def _mlx_lm_lora():
 
 def op_default_chunk_size() -> int:
     """The ``chunk_size`` :func:`chunkscan.gated_delta_rule` uses when given none."""
-    from .ops.gated_delta.chunk import default_chunk_size
+    from ..ops.gated_delta.chunk import default_chunk_size
 
     return default_chunk_size()
 
 
+PROG = "chunkscan lora"
+_OLD_FLAG, _OLD_KEY = "--scan-chunk-size", "scan_chunk_size"
+
+
+def _warn_renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"{PROG}: {old} is deprecated (it sets the Gated DeltaNet op's chunk, not a scan's); "
+        f"use {new}.",
+        FutureWarning,
+        stacklevel=2,
+    )
+
+
+def _chunk_size_arg(text: str) -> int:
+    """argparse ``type`` of ``--gdn-chunk-size``: :func:`chunkscan.split.check_chunk_size`."""
+    try:
+        value: object = int(text)
+    except ValueError:
+        value = text
+    try:
+        return check_chunk_size(PROG, value, example=op_default_chunk_size())
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _GdnChunkSize(argparse.Action):
+    """Stores ``--gdn-chunk-size``; warns when it is given as ``--scan-chunk-size``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string == _OLD_FLAG:
+            _warn_renamed(_OLD_FLAG, "--gdn-chunk-size")
+        setattr(namespace, self.dest, values)
+
+
 def build_parser():
-    """``mlx_lm.lora.build_parser()`` plus ``--scan-chunk-size`` and ``--demo``."""
+    """``mlx_lm.lora.build_parser()`` plus ``--gdn-chunk-size`` and ``--demo``."""
     parser = _mlx_lm_lora().build_parser()
-    parser.prog = "chunkscan lora"
+    parser.prog = PROG
     parser.description = (
         "LoRA or QLoRA finetuning (mlx_lm.lora) with Gated DeltaNet layers trained "
         "through chunkscan.gated_delta_rule."
@@ -79,11 +119,16 @@ def build_parser():
     # apply; None restores CLI > YAML > defaults (CONFIG_DEFAULTS has both).
     parser.set_defaults(clear_cache_threshold=None, trust_remote_code=None)
     parser.add_argument(
-        "--scan-chunk-size",
-        type=int,
+        "--gdn-chunk-size",
+        _OLD_FLAG,
+        dest="gdn_chunk_size",
+        type=_chunk_size_arg,
+        action=_GdnChunkSize,
         default=None,
+        metavar="N",
         help="Steps per chunk of chunkscan.gated_delta_rule in Gated DeltaNet layers "
-        f"(default: the op's, {op_default_chunk_size()}).",
+        f"(default: the op's, {op_default_chunk_size()}; {_OLD_FLAG} is a deprecated "
+        "alias).",
     )
     parser.add_argument(
         "--demo",
@@ -101,6 +146,9 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     if args.get("config"):
         with open(args["config"]) as f:
             config = lora.yaml.load(f, lora.yaml_loader) or {}
+        if _OLD_KEY in config:
+            _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
+            config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
         for k, v in config.items():
             if args.get(k) is None:
                 args[k] = v
@@ -112,16 +160,14 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
         for k, v in demo.items():
             if args.get(k) is None:
                 args[k] = v
-    defaults = dict(lora.CONFIG_DEFAULTS, scan_chunk_size=op_default_chunk_size(), demo=False)
+    defaults = dict(lora.CONFIG_DEFAULTS, gdn_chunk_size=op_default_chunk_size(), demo=False)
     for k, v in defaults.items():
         if args.get(k) is None:
             args[k] = v
-    chunk = args["scan_chunk_size"]
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise SystemExit(
-            f"chunkscan lora: --scan-chunk-size / scan_chunk_size must be a positive "
-            f"integer but got {chunk!r}."
-        )
+    try:  # a YAML value has not been through the parser's check
+        check_chunk_size(PROG, args["gdn_chunk_size"], example=op_default_chunk_size())
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"{PROG}: gdn_chunk_size (from -c {args.get('config')}): {e}") from None
     return types.SimpleNamespace(**args)
 
 
@@ -187,13 +233,13 @@ def _demo_dir_needs_writing(flag: str, path: str, key_file: str) -> bool:
 
 
 def _write_demo(args: types.SimpleNamespace) -> None:
-    from . import _demo_model
+    from . import demo_model
 
     todo = [
         (path, write)
         for flag, path, key_file, write in (
-            ("--model", args.model, "config.json", _demo_model.write_model),
-            ("--data", args.data, "train.jsonl", _demo_model.write_dataset),
+            ("--model", args.model, "config.json", demo_model.write_model),
+            ("--data", args.data, "train.jsonl", demo_model.write_dataset),
         )
         if _demo_dir_needs_writing(flag, path, key_file)
     ]  # every check first: refuse before writing anything
@@ -278,13 +324,13 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
 
 def run(args: types.SimpleNamespace) -> None:
     """Run ``mlx_lm.lora.run(args)`` with the Gated DeltaNet patch applied."""
-    from . import mlx_lm as seam
+    from .. import mlx_lm as seam
 
     lora = _mlx_lm_lora()
-    with seam.patch(chunk_size=args.scan_chunk_size) as handle:
+    with seam.patch(chunk_size=args.gdn_chunk_size) as handle:
         print(
             f"chunkscan: Gated DeltaNet training path -> chunkscan.gated_delta_rule "
-            f"(chunk_size={args.scan_chunk_size}; patched: {', '.join(handle.families)}); "
+            f"(chunk_size={args.gdn_chunk_size}; patched: {', '.join(handle.families)}); "
             f"attention training path -> chunkscan.attention",
             flush=True,
         )

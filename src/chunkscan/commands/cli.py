@@ -1,7 +1,9 @@
 """``chunkscan <command>``: dispatch to the sub-commands.
 
-- ``chunkscan repro``: reproduce the memory growth and show the fix (:mod:`chunkscan.repro`).
-- ``chunkscan lora``: ``mlx_lm.lora`` with the Gated DeltaNet patch (:mod:`chunkscan.lora`).
+- ``chunkscan repro``: reproduce the memory growth and show the fix
+  (:mod:`chunkscan.commands.repro`).
+- ``chunkscan lora``: ``mlx_lm.lora`` with the Gated DeltaNet patch
+  (:mod:`chunkscan.commands.lora`).
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import importlib
 import sys
 
 COMMANDS = {
-    "repro": ("chunkscan.repro", "reproduce MLX issue #4837 and show the fix"),
-    "lora": ("chunkscan.lora", "mlx_lm.lora with the chunked Gated DeltaNet backward"),
+    "repro": ("chunkscan.commands.repro", "reproduce MLX issue #4837 and show the fix"),
+    "lora": ("chunkscan.commands.lora", "mlx_lm.lora with the chunked Gated DeltaNet backward"),
 }
 
 

@@ -1,8 +1,8 @@
 """``chunkscan repro``: reproduce MLX issue #4837 and show the fix.
 
-The reporter's recurrence, a decayed delta rule over ``T`` steps with state ``(H, D, D)``
-and inputs ``q, k, v`` of shape ``(T, H, D)`` (``k`` scaled by 0.05, decay 0.95), cut
-into chunks of ``C`` steps, differentiated in two ways: with respect to the initial
+The reporter's recurrence (:mod:`chunkscan.commands.reporter`), a decayed delta rule
+over ``T`` steps with state ``(H, D, D)`` and inputs ``q, k, v`` of shape ``(T, H, D)``,
+cut into chunks of ``C`` steps, differentiated in two ways: with respect to the initial
 state only, and with respect to ``q, k, v``. Every (mode, gradient case, T) runs in a
 fresh process; the table shows the backward peak above the inputs, the median time
 and the largest gradient difference against plain autograd.
@@ -21,86 +21,13 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 
-from . import _measure
-from .checkpoint import checkpoint as cs_checkpoint
-from .scan import scan
-from .split import split
-from .stepwise import stepwise
-
-MODES = {
-    "plain": "plain autograd, no checkpointing",
-    "mx.checkpoint": "the reporter's loop: mx.checkpoint per chunk, slicing",
-    "cs.checkpoint": "only mx.checkpoint swapped for chunkscan.checkpoint, slicing kept",
-    "cs.checkpoint+split": "chunkscan.checkpoint per chunk, chunkscan.split",
-    "cs.scan": "chunkscan.scan(stepwise(step))",
-}
-GRADS = {"state": "initial state only", "qkv": "q, k and v"}
-DECAY = 0.95
-
-
-def step(s: mx.array, x: tuple[mx.array, mx.array, mx.array]) -> tuple[mx.array, mx.array]:
-    """One step of the reporter's recurrence; ``s``: ``[H, D, D]``, ``q, k, v``: ``[H, D]``."""
-    q, k, v = x
-    s = DECAY * s
-    delta = v - (s * k[:, None, :]).sum(-1)
-    s = s + delta[:, :, None] * k[:, None, :]
-    y = (s * q[:, None, :]).sum(-1)
-    return s, y
-
-
-def run_chunk(s, q, k, v):
-    """The reporter's chunk function: a plain loop over the chunk's steps."""
-    ys = []
-    for t in range(q.shape[0]):
-        s, y = step(s, (q[t], k[t], v[t]))
-        ys.append(y)
-    return s, mx.stack(ys)
-
-
-def forward(mode: str, s0, q, k, v, chunk: int, state_only: bool):
-    """Final state and outputs ``[T, H, D]`` of the recurrence in ``mode``."""
-    T = q.shape[0]
-    if mode == "plain":
-        return run_chunk(s0, q, k, v)
-    if mode == "cs.scan":
-        return scan(stepwise(step), s0, (q, k, v), chunk_size=chunk, xs_grad=not state_only)
-    if mode == "cs.checkpoint+split":
-        pieces = zip(*(split(a, chunk) for a in (q, k, v)))
-    else:
-        pieces = (
-            (q[lo : lo + chunk], k[lo : lo + chunk], v[lo : lo + chunk])
-            for lo in range(0, T, chunk)
-        )
-    wrapped = mx.checkpoint(run_chunk) if mode == "mx.checkpoint" else cs_checkpoint(run_chunk)
-    s, ys = s0, []
-    for qc, kc, vc in pieces:
-        s, y = wrapped(s, qc, kc, vc)
-        ys.append(y)
-    return s, mx.concatenate(ys)
-
-
-def make_inputs(T: int, H: int, D: int, seed: int = 0):
-    key = mx.random.key(seed)
-    ks = mx.random.split(key, 4)
-    s0 = mx.random.normal((H, D, D), key=ks[0]) * 0.1
-    q, k, v = (mx.random.normal((T, H, D), key=kk) for kk in ks[1:])
-    return s0, q, 0.05 * k, v
-
-
-def gradient_fn(mode: str, grads: str, chunk: int, compiled: bool):
-    argnums = (0,) if grads == "state" else (1, 2, 3)
-    state_only = grads == "state"
-
-    def loss(s0, q, k, v):
-        s, y = forward(mode, s0, q, k, v, chunk, state_only)
-        return y.sum() + s.sum()
-
-    fn = mx.value_and_grad(loss, argnums=argnums)
-    return mx.compile(fn) if compiled else fn
+from . import measure as _measure
+from .reporter import GRADS, MODES, gradient_fn, make_inputs
 
 
 def measure(
@@ -116,7 +43,7 @@ def measure(
     seed: int = 0,
     ref_dir: str | None = None,
 ) -> dict[str, Any]:
-    """One configuration (run by :func:`chunkscan._measure.run_isolated`).
+    """One configuration (run by :func:`chunkscan.commands.measure.run_isolated`).
 
     The gradients are compared with plain autograd when ``T <= check_max_T``. With
     ``ref_dir``, the ``plain`` run saves its gradients there and the other modes load
@@ -147,34 +74,24 @@ def measure(
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer but got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer but got {value}")
-    return value
+def _number_arg(kind: type, rule: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind(text)`` that must satisfy ``ok``, else ``rule``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {rule} but got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule} but got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 but got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 but got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number but got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number but got {value}")
-    return value
+_positive_int = _number_arg(int, "a positive integer", lambda v: v >= 1)
+_non_negative_int = _number_arg(int, "an integer >= 0", lambda v: v >= 0)
+_positive_float = _number_arg(float, "a positive number", lambda v: v > 0)
 
 
 def check_out_dir(path: str) -> str | None:
@@ -259,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     configs.sort(key=lambda c: c[0] != "plain")
     for n, (mode, grads, T) in enumerate(configs, 1):
         res = _measure.run_isolated(
-            "chunkscan.repro:measure",
+            "chunkscan.commands.repro:measure",
             dict(
                 mode=mode,
                 grads=grads,

@@ -84,6 +84,19 @@ def provenance() -> dict[str, Any]:
     }
 
 
+class NoOrdering:
+    """Stands in for :mod:`chunkscan._ordering` with no scheduling edges: set it as an
+    op module's ``_ordering`` to switch the mechanism off (the negative control of a
+    memory guard: the bound must then fail)."""
+
+    @staticmethod
+    def _same(arrays: list, deps: Any) -> list:
+        return list(arrays)
+
+    carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
+    keep_apart = prepare_after_carry = _same
+
+
 def run_isolated(
     target: str,
     config: dict[str, Any],
@@ -96,7 +109,7 @@ def run_isolated(
     Returns the function's dict, or ``{"error": ...}`` when the process failed, ran
     out of memory or timed out.
     """
-    cmd = [sys.executable, "-m", "chunkscan._measure", target, json.dumps(config)]
+    cmd = [sys.executable, "-m", "chunkscan.commands.measure", target, json.dumps(config)]
     full_env = dict(os.environ)
     full_env.update(env or {})
     try:

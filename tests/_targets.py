@@ -1,0 +1,115 @@
+"""Measurement targets the tests run in fresh processes (through
+:func:`helpers.run_target`): each sets up one configuration, measures it and returns a
+JSON-able dict. Peak memory and the buffer cache leak between runs in one process,
+so none of these is called in the test process itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import mlx.core as mx
+from helpers import attention_inputs, gated_delta_inputs
+
+import chunkscan
+from chunkscan.commands import reporter
+from chunkscan.commands.measure import NoOrdering, peak_above_active
+
+
+def gated_delta_backward_peak(
+    T: int, group_bytes: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, C: int
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of all six gradients of ``gated_delta_rule``, the
+    op's forward groups set to ``group_bytes``."""
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    chunk_module._GROUP_BYTES = group_bytes
+    inputs = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv)
+    w = mx.random.normal((B, T, Hv, Dv), key=mx.random.key(7))
+    mx.eval(inputs, w)
+
+    def loss(q, k, v, g, beta, h0):
+        o, st = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=C)
+        return mx.sum(o * w) + mx.sum(st)
+
+    grad = mx.grad(loss, argnums=tuple(range(6)))
+    _, peak = peak_above_active(lambda: grad(*inputs))
+    return {"peak": peak}
+
+
+def attention_backward_peak(
+    impl: str,
+    T: int,
+    B: int,
+    Hq: int,
+    Hkv: int,
+    D: int,
+    mask: str | None,
+    scratch_mib: float,
+    compiled: bool = False,
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of ``dq, dk, dv`` of ``sum(o)`` (float32, ``S = T``),
+    after one warm-up call. ``impl``: ``"chunkscan"`` (the blocked op, never the
+    shortcut to MLX), ``"chunkscan_unordered"`` (the same without its ordering edges)
+    or ``"mlx_fast"`` (``mx.fast.scaled_dot_product_attention``, whose backward keeps
+    the scores)."""
+    from chunkscan.ops.attention import blocked
+
+    blocked.SCRATCH_BYTES = int(scratch_mib * (1 << 20))
+    blocked.FAST_MAX_SCORES = 0
+    if impl == "chunkscan_unordered":
+        blocked._ordering = NoOrdering
+    q, k, v, _ = attention_inputs(B, Hq, Hkv, T, T, D)
+    mx.eval(q, k, v)
+    scale = D**-0.5
+    if impl == "mlx_fast":
+
+        def op(q, k, v):
+            return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    elif impl in ("chunkscan", "chunkscan_unordered"):
+
+        def op(q, k, v):
+            return chunkscan.attention(q, k, v, scale=scale, mask=mask)
+
+    else:
+        raise ValueError(f"impl must be chunkscan, chunkscan_unordered or mlx_fast: {impl!r}")
+    grad = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
+    if compiled:
+        grad = mx.compile(grad)
+    mx.eval(grad(q, k, v))  # warm-up
+    _, peak = peak_above_active(lambda: grad(q, k, v))
+    return {"peak_bytes": peak}
+
+
+def one_chunk_backward_host_memory(T: int, fan_out: int | None = None) -> dict[str, Any]:
+    """Peak RSS growth of the backward of ``scan`` over one chunk of ``T`` steps.
+
+    RSS, not ``mx.get_peak_memory``: the cost being guarded is the graph itself (MLX's
+    sibling lists), which lives outside MLX's allocator. The peak is Linux's
+    ``VmHWM``, reset first (a forked child inherits its parent's ``ru_maxrss``).
+    ``fan_out`` overrides the split's fan-out (huge: the flat split).
+    """
+    if fan_out is not None:
+        importlib.import_module("chunkscan.split")._FAN_OUT = fan_out
+    s0, q, k, v = reporter.make_inputs(T, 1, 4)
+    mx.eval(s0, q, k, v)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset the peak RSS to the current RSS
+    before = _status_bytes("VmHWM")
+
+    def loss(s0, q, k, v):
+        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=T)
+        return y.sum() + s.sum()
+
+    mx.eval(mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v))
+    return {"rss": _status_bytes("VmHWM") - before}
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # "VmHWM:  12345 kB"
+    raise RuntimeError(f"no {field} in /proc/self/status")

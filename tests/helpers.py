@@ -1,0 +1,159 @@
+"""What the tests share: error measures, one input generator per op, small models, and
+the runner of the measurement targets in :mod:`_targets` (each in a fresh process).
+
+Test modules import from here (``from helpers import ...``; pytest puts ``tests/`` on
+``sys.path`` through ``conftest.py``), never from each other. The benchmarks may import
+it too, with ``tests/`` on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import re
+from typing import Any
+
+import mlx.core as mx
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# ------------------------------------------------------------------ error measures
+
+
+def max_rel(a: mx.array, b: mx.array) -> float:
+    """``max |a - b| / max |b|`` in float32; the absolute ``max |a - b|`` when ``b`` is
+    all zeros (so a zero reference is matched to the tolerance, not divided by 0)."""
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    scale = mx.abs(b).max().item()
+    diff = mx.abs(a - b).max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def rel_rmse(a: mx.array, b: mx.array) -> float:
+    """``||a - b|| / ||b||`` (Frobenius norms, float32): the relative RMS error."""
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    return (mx.sqrt(mx.sum((a - b) ** 2)) / mx.maximum(mx.sqrt(mx.sum(b * b)), 1e-30)).item()
+
+
+def assert_trees_close(got: Any, ref: Any, tol: float = 1e-5, name: str = "value") -> None:
+    """Same tree structure and shapes, and :func:`max_rel` ``<= tol`` for every leaf."""
+    from chunkscan import _tree
+
+    g_leaves, g_def = _tree.flatten(got)
+    r_leaves, r_def = _tree.flatten(ref)
+    assert _tree.same_structure(g_def, r_def), f"{name}: structures differ"
+    for path, a, b in zip(_tree.paths(r_def, name), g_leaves, r_leaves):
+        assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"
+        err = max_rel(a, b)
+        assert err <= tol, f"{path}: max relative difference {err:.2e} > {tol:.0e}"
+
+
+def max_outputs_of_one_primitive(arrays: list[mx.array]) -> int:
+    """The most outputs any primitive in the graph of ``arrays`` has (from its DOT)."""
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *arrays)
+    # Primitive nodes have numeric ids; an edge "id -> "name"" is one of its outputs.
+    counts = collections.Counter(re.findall(r'^(\d+) -> "', buf.getvalue(), re.M))
+    return max(counts.values())
+
+
+# ------------------------------------------------------------------ op inputs
+
+
+def gated_delta_inputs(
+    B: int,
+    T: int,
+    Hk: int,
+    Hv: int,
+    Dk: int,
+    Dv: int,
+    dtype: mx.Dtype = mx.float32,
+    n_states: int | None = None,
+    seed: int = 0,
+) -> list[mx.array]:
+    """``[q, k, v, g, beta, h0]`` for :func:`chunkscan.gated_delta_rule`, in a
+    numerically sane range: ``q, v`` standard normal, unit-norm keys, ``g`` uniform in
+    ``[-0.5, -0.01]``, ``beta`` in ``[0.05, 1]``; ``h0`` ``[n_states or B, Hv, Dv, Dk]``
+    float32 (scaled 0.5), the others in ``dtype``."""
+    kq, kk, kv, kg, kb, ks = mx.random.split(mx.random.key(seed), 6)
+    q = mx.random.normal((B, T, Hk, Dk), key=kq)
+    k = mx.random.normal((B, T, Hk, Dk), key=kk)
+    k = k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))
+    v = mx.random.normal((B, T, Hv, Dv), key=kv)
+    g = -mx.random.uniform(0.01, 0.5, (B, T, Hv), key=kg)
+    beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=kb)
+    h0 = 0.5 * mx.random.normal((n_states or B, Hv, Dv, Dk), key=ks)
+    return [x.astype(dtype) for x in (q, k, v, g, beta)] + [h0]
+
+
+def attention_inputs(
+    B: int,
+    Hq: int,
+    Hkv: int,
+    T: int,
+    S: int,
+    D: int,
+    Dv: int | None = None,
+    dtype: mx.Dtype = mx.float32,
+    seed: int = 0,
+) -> list[mx.array]:
+    """``[q, k, v, ct]`` for :func:`chunkscan.attention`, standard normal in ``dtype``:
+    ``q`` ``[B, Hq, T, D]``, ``k`` ``[B, Hkv, S, D]``, ``v`` ``[B, Hkv, S, Dv]`` and an
+    output cotangent ``ct`` ``[B, Hq, T, Dv]`` (``Dv`` defaults to ``D``)."""
+    ks = mx.random.split(mx.random.key(seed), 4)
+    Dv = D if Dv is None else Dv
+    q = mx.random.normal((B, Hq, T, D), key=ks[0])
+    k = mx.random.normal((B, Hkv, S, D), key=ks[1])
+    v = mx.random.normal((B, Hkv, S, Dv), key=ks[2])
+    ct = mx.random.normal((B, Hq, T, Dv), key=ks[3])
+    return [x.astype(dtype) for x in (q, k, v, ct)]
+
+
+# ------------------------------------------------------------------ mlx-lm models
+
+
+def small_config(model_type: str = "qwen3_next", **kw: Any) -> dict[str, Any]:
+    """A 2-layer model config (GDN, attention), Hk=1 < Hv=2, Dk=32 != Dv=48, vocab 64."""
+    from chunkscan.commands.demo_model import tiny_config
+
+    cfg = tiny_config(
+        model_type=model_type,
+        hidden_size=64,
+        num_hidden_layers=2,
+        full_attention_interval=2,
+        intermediate_size=96,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=32,
+        linear_value_head_dim=48,
+        vocab_size=64,
+    )
+    cfg.update(kw)
+    return cfg
+
+
+def greedy_tokens(model: Any, prompt: mx.array, n: int) -> tuple[list[int], mx.array]:
+    """``n`` greedy tokens after ``prompt`` with a KV cache, and the last logits."""
+    cache = model.make_cache()
+    logits = model(prompt, cache=cache)[:, -1]
+    out = []
+    for _ in range(n):
+        tok = mx.argmax(logits, axis=-1)
+        out.append(tok.item())
+        logits = model(tok[:, None], cache=cache)[:, -1]
+    return out, logits
+
+
+# ------------------------------------------------------------------ fresh processes
+
+
+def run_target(name: str, config: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    """Run ``_targets.<name>(**config)`` in a fresh process; its dict, or ``{"error"}``."""
+    from chunkscan.commands.measure import run_isolated
+
+    path = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
+    return run_isolated(f"_targets:{name}", config, timeout=timeout, env={"PYTHONPATH": path})
