@@ -17,6 +17,7 @@ group's intermediates before the next group starts. Group sizes follow a byte bu
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from types import SimpleNamespace
@@ -150,6 +151,8 @@ class _Chunking:
         self.spec = spec
         lengths = [spec.T] if spec.seqs is None else [hi - lo for lo, hi in spec.seqs]
         C = min(spec.chunk_size, max(lengths))
+        if spec.channel and C > _SUB:
+            C = -(-C // _SUB) * _SUB  # per-channel gates: whole sub-chunks
         self.C = C
         self.starts: dict[int, int] = {}
         self.ends: dict[int, int] = {}
@@ -214,6 +217,13 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     L, n_seq = B * Hv, spec.n_states
     groups = chunks.groups(_group_size(spec, chunks.C))
+    if spec.channel:
+        prepare = functools.partial(_prepare_channel, full=False)
+        prepare_full = functools.partial(_prepare_channel, full=True)
+        group_backward = _group_backward_channel
+    else:
+        prepare = prepare_full = _prepare
+        group_backward = _group_backward
 
     def lanes(x: mx.array) -> mx.array:
         """``[B, Hk, G, n, ...]`` -> ``[L, n, ...]``."""
@@ -243,7 +253,7 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
             # The group's preparation waits for the state entering it: groups are
             # prepared one after the other, not all up front (bounded memory).
             xs = _ordering.prepare_after_carry(xs, [] if state is None else [state])
-            p = _prepare(*xs, spec.scale)
+            p = prepare(*xs, spec.scale)
             ends = chunks.local(chunks.ends, c0, c1)
             entering, state, stored = _passes.state_pass(
                 state, lanes(p.decay), lanes(p.w), lanes(p.u), lanes(p.kt), None,
@@ -274,7 +284,7 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
             c0, c1 = groups[gi]
             # Rule 2: recompute the group only once the cotangent flowing into it exists.
             xs = _ordering.recompute_after_cotangent([x[:, c0:c1] for x in xs_all], chain)
-            p = _prepare(*xs, spec.scale)
+            p = prepare_full(*xs, spec.scale)
             d_o = mx.where(o_bad[:, c0:c1, ..., None], 0.0, ct_o[:, c0:c1].astype(F32))
             d_o = d_o.reshape(B, c1 - c0, chunks.C, Hk, G, Dv)
             d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
@@ -288,7 +298,7 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
             )  # fmt: skip
             for i, c in enumerate(starts):
                 d_h0[starts[c]] = stored[i]
-            d_xs = _group_backward(p, xs, per_head(saved[gi]), per_head(d_leaving), d_o)
+            d_xs = group_backward(p, xs, per_head(saved[gi]), per_head(d_leaving), d_o)
             # Rule 3: the cotangent leaves the group only after its input gradients.
             d_state = _ordering.cotangent_after_gradients([d_state], d_xs)[0]
             chain = [d_state]
@@ -311,6 +321,9 @@ def _group_size(spec: Spec, C: int, budget: int | None = None) -> int:
     (default ``_GROUP_BYTES``)."""
     D = max(spec.Dk, spec.Dv)
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
+    if spec.channel:  # the sub-chunk arrays: ~8 [m, C, Dk] and ~6 [C, b, Dk] per head
+        b = _sub_size(C)
+        per_chunk += 4 * spec.B * spec.Hv * spec.Dk * C * (8 * (C // b) + 6 * b)
     if budget is None:
         budget = _GROUP_BYTES
     if budget is None and os.environ.get("CHUNKSCAN_GDN_GROUP_MIB"):
@@ -511,12 +524,14 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
     def per_value_head(bad_k):  # [B, T, Hk] -> [B, T, Hv]
         return mx.broadcast_to(bad_k[..., None], (B, T, Hk, G)).reshape(B, T, Hv)
 
+    g_bad = mx.isnan(g) | (g == math.inf)
+    if spec.channel:
+        g_bad = mx.any(g_bad, axis=-1)
     state_bad = (
         per_value_head(mx.any(~mx.isfinite(k), axis=-1))
         | mx.any(~mx.isfinite(v), axis=-1)
         | ~mx.isfinite(beta)
-        | mx.isnan(g)
-        | (g == math.inf)
+        | g_bad
     )
     count = mx.cumsum(state_bad.astype(mx.int32), axis=1)  # [B, T, Hv]
     if spec.seqs is not None:
@@ -530,6 +545,240 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
         seq_bad = count[:, -1] > 0
     o_bad = (count > 0) | per_value_head(mx.any(~mx.isfinite(q), axis=-1))
     return o_bad, seq_bad
+
+
+# ------------------------------------------------------------------ per-channel gates
+
+_SUB = 16  # steps per sub-chunk of the per-channel gate (chunks are a multiple of it)
+
+
+def _sub_size(C: int) -> int:
+    """Steps per sub-chunk for chunks of ``C`` steps (``C`` itself when ``C <= _SUB``)."""
+    return C if C <= _SUB else _SUB
+
+
+def _prepare_channel(q, k, v, g, beta, scale: float, *, full: bool) -> SimpleNamespace:
+    """:func:`_prepare_channel_arrays` as a namespace; ``full=False`` returns only what
+    the forward needs (``decay, w, u, kt, qg, p``)."""
+    fn = _channel_full_arrays if full else _channel_forward_arrays
+    fn = _compiled(fn) if _COMPILE_GROUPS else fn
+    return SimpleNamespace(**fn(q, k, v, g, beta, scale), scale=scale)
+
+
+def _channel_forward_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
+    p = _prepare_channel_arrays(q, k, v, g, beta, scale)
+    return {key: p[key] for key in ("decay", "w", "u", "kt", "qg", "p")}
+
+
+def _channel_full_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
+    return _prepare_channel_arrays(q, k, v, g, beta, scale)
+
+
+def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
+    """:func:`_prepare_arrays` for a per-channel gate ``g`` ``[B, n, C, Hv, Dk]``.
+
+    With ``c_i`` the cumulative log-decay (per channel) from the chunk start through
+    step ``i``, the chunk form needs the decayed products ``kk[i, j] = sum_d k_id k_jd
+    exp(c_id - c_jd)`` (``j < i``) and ``qk[i, j]`` (``j <= i``). No exponent is ever
+    positive (for ``g <= 0``) and none is a difference of two cumulative sums: the
+    chunk is split into sub-chunks of ``b`` steps; for ``i`` in sub-chunk ``I`` and
+    ``j`` in an earlier sub-chunk ``J`` ending at step ``e``, ``exp(c_i - c_j) =
+    exp(c_i - c_e) exp(c_e - c_j)``, so those blocks are matmuls of scaled keys
+    (``ka[J] = k * fac[J]``, ``fac[J]_i = exp(c_i - c_e)``, zero unless ``I > J``, and
+    ``kr_j = k_j exp(c_e - c_j)``); inside a sub-chunk the decays ``dec[i, j]`` are
+    formed elementwise (``[b, b, Dk]``), each a sum of exactly the gates it spans.
+
+    Shapes beyond :func:`_prepare_arrays` (``m = C / b`` sub-chunks): ``gamma``,
+    ``to_end``, ``g`` ``[B, Hk, G, n, C, Dk]``; ``decay`` ``[B, Hk, G, n, Dk]``;
+    ``fac``, ``ka``, ``qa`` ``[B, Hk, G, n, m, C, Dk]``; ``kr``, ``er`` (``exp(c_e -
+    c_j)``) ``[B, Hk, G, n, m, b, Dk]``; ``dec`` ``[B, Hk, G, n, m, b, b, Dk]``;
+    ``kk``, ``qk`` ``[B, Hk, G, n, C, C]``.
+    """
+    B, n, C, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    G = Hv // Hk
+    b = _sub_size(C)
+    m = C // b
+    qf = _finite(q).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    kf = _finite(k).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    vf = _finite(v).astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
+    gf = _finite_gate(g).astype(F32).reshape(B, n, C, Hk, G, Dk).transpose(0, 3, 4, 1, 2, 5)
+    bf = _finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+
+    # Relative to the chunk: c_i (through step i), the gates after step j, all of them.
+    gcum = mx.cumsum(gf, axis=-2)
+    gamma = mx.exp(gcum)
+    to_end = mx.exp(mx.cumsum(gf, axis=-2, reverse=True, inclusive=False))
+    decay = mx.exp(mx.sum(gf, axis=-2))
+
+    # Sub-chunks: r_i = gates of I through i; c_e - c_j = gates of J after j.
+    gs = gf.reshape(B, Hk, G, n, m, b, Dk)
+    r = mx.cumsum(gs, axis=-2)
+    er = mx.exp(mx.cumsum(gs, axis=-2, reverse=True, inclusive=False))
+    later = _later(m)  # [J, I]: I > J
+    # between[J, I] = gates of the sub-chunks strictly between J and I.
+    tot = mx.where(later[:, :, None], mx.sum(gs, axis=-2)[..., None, :, :], 0.0)
+    between = mx.cumsum(tot, axis=-2, inclusive=False)  # [.., J, I, Dk]
+    expo = r[..., None, :, :, :] + between[..., None, :]  # [.., J, I, b, Dk]
+    fac = mx.exp(mx.where(later[:, :, None, None], expo, -mx.inf)).reshape(
+        B, Hk, G, n, m, C, Dk
+    )
+    ka = kf[..., None, :, :] * fac
+    qa = qf[..., None, :, :] * fac
+    ks = kf.reshape(B, Hk, 1, n, m, b, Dk)
+    qs = qf.reshape(B, Hk, 1, n, m, b, Dk)
+    kr = ks * er
+
+    def off(xa):  # [.., J, C, Dk] x [.., J, b, Dk] -> [.., C, C]: blocks I > J
+        y = xa @ kr.swapaxes(-1, -2)  # [.., J, C, b]
+        return y.swapaxes(-3, -2).reshape(B, Hk, G, n, C, C)
+
+    # Inside a sub-chunk: dec[i, j] = exp(g_{j+1} + ... + g_i), zero above.
+    rel = mx.cumsum(mx.where(_strict(b)[:, :, None], gs[..., :, None, :], 0.0), axis=-3)
+    dec = mx.exp(mx.where(_causal(b)[:, :, None], rel, -mx.inf))  # [.., m, b, b, Dk]
+    kd = dec * ks[..., None, :, :]  # [.., m, i, j, Dk]: dec_ij k_j
+    eye = mx.eye(m, dtype=F32)[:, None, :, None]
+
+    def diag(xs):  # sum_d x_id dec_ijd k_jd, placed on the diagonal blocks
+        y = mx.sum(kd * xs[..., :, None, :], axis=-1)  # [.., m, b, b]
+        return (y[..., :, :, None, :] * eye).reshape(B, Hk, G, n, C, C)
+
+    kk = off(ka) + diag(ks)
+    qk = off(qa) + diag(qs)
+    strict = _strict(C)
+    a = unit_lower_inverse(mx.where(strict, bf[..., :, None] * kk, 0.0))
+    kb = kf * (bf[..., None] * gamma)
+    vb = vf * bf[..., None]
+    return dict(
+        q=qf, k=kf, v=vf, g=gf, beta=bf, gamma=gamma, to_end=to_end, decay=decay,
+        fac=fac, ka=ka, qa=qa, kr=kr, er=er, dec=dec, kk=kk, qk=qk, a=a, kb=kb, vb=vb,
+        w=a @ kb, u=a @ vb, qg=qf * (scale * gamma), p=scale * mx.where(_causal(C), qk, 0.0),
+        kt=kf * to_end,
+    )  # fmt: skip
+
+
+def _later(m: int) -> mx.array:
+    """``[J, I]``: ``I > J``."""
+    return mx.triu(mx.ones((m, m), dtype=mx.bool_), k=1)
+
+
+def _group_backward_channel(p: SimpleNamespace, xs, s, d_s, d_o) -> list[mx.array]:
+    """:func:`_group_backward_channel_arrays` (compiled with ``_COMPILE_GROUPS``)."""
+    fn = _group_backward_channel_arrays
+    fn = _compiled(fn) if _COMPILE_GROUPS else fn
+    arrays = {key: value for key, value in vars(p).items() if key != "scale"}
+    return fn(arrays, list(xs), s, d_s, d_o, p.scale)
+
+
+def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> list[mx.array]:
+    """:func:`_group_backward_arrays` for a per-channel gate (preparation of
+    :func:`_prepare_channel_arrays`). Every gate gradient is a sum, over the pairs
+    ``(i, j)`` whose decay spans a gate, of nonnegative-exponent products: reverse
+    cumulative sums over the spans, never a difference of two large terms."""
+    p = SimpleNamespace(**p, scale=scale)
+    B, Hk, G, n, C, Dk = p.gamma.shape
+    b = p.dec.shape[-2]
+    m = C // b
+    causal, strict = _causal(C), _strict(C)
+
+    # Per-chunk gradients given the states, as for the scalar gate.
+    v_new = p.u - p.w @ s.swapaxes(-1, -2)
+    d_vnew = p.p.swapaxes(-1, -2) @ d_o + p.kt @ d_s.swapaxes(-1, -2)
+    d_w = -(d_vnew @ s)
+    d_qg = d_o @ s
+    d_p = mx.where(causal, d_o @ v_new.swapaxes(-1, -2), 0.0)
+    d_kt = v_new @ d_s  # [.., C, Dk]
+    d_decay = mx.sum(d_s * s, axis=-2)  # [.., Dk]
+
+    # Back through the UT inverse and the weighted keys.
+    at = p.a.swapaxes(-1, -2)
+    d_kb = at @ d_w
+    d_vb = at @ d_vnew
+    d_a = d_w @ p.kb.swapaxes(-1, -2) + d_vnew @ p.vb.swapaxes(-1, -2)
+    d_l = mx.where(strict, -(at @ d_a @ at), 0.0)
+    d_beta = (
+        mx.sum(d_vb * p.v, axis=-1)
+        + mx.sum(d_kb * p.k * p.gamma, axis=-1)
+        + mx.sum(d_l * p.kk, axis=-1)
+    )
+    d_gamma = p.scale * d_qg * p.q + p.beta[..., None] * d_kb * p.k
+    d_kk = d_l * p.beta[..., :, None]  # strict
+    d_qk = p.scale * d_p  # causal
+    d_q = p.scale * d_qg * p.gamma
+    d_k = d_kt * p.to_end + d_kb * (p.beta[..., None] * p.gamma)
+    d_to_end = d_kt * p.k
+
+    # Off-diagonal blocks (I > J): kk = ka[J] kr[J]^T, qk = qa[J] kr[J]^T.
+    def by_key_block(d):  # [.., C, C] -> [.., J, C, b]
+        return d.reshape(B, Hk, G, n, C, m, b).swapaxes(-3, -2)
+
+    dkk_j, dqk_j = by_key_block(d_kk), by_key_block(d_qk)
+    d_ka = dkk_j @ p.kr  # [.., J, C, Dk]
+    d_qa = dqk_j @ p.kr
+    d_kr = dkk_j.swapaxes(-1, -2) @ p.ka + dqk_j.swapaxes(-1, -2) @ p.qa  # [.., J, b, Dk]
+    d_k = d_k + mx.sum(d_ka * p.fac, axis=-3) + (d_kr * p.er).reshape(B, Hk, G, n, C, Dk)
+    d_q = d_q + mx.sum(d_qa * p.fac, axis=-3)
+    # Gates: a pair (i in I, j in J) spans the gates of J after j (through kr), those
+    # of the sub-chunks strictly between, and those of I through i (through fac).
+    rows = p.ka * d_ka + p.qa * d_qa  # [.., J, C, Dk]: the pair sums over j, per row i
+    rows_i = rows.reshape(B, Hk, G, n, m, m, b, Dk)  # [.., J, I, i, Dk]
+    d_gs = mx.cumsum(p.kr * d_kr, axis=-2, inclusive=False)  # in J, after j
+    d_gs = d_gs + mx.cumsum(mx.sum(rows_i, axis=-4), axis=-2, reverse=True)  # in I, <= i
+    spans = mx.sum(rows_i, axis=-2)  # [.., J, I, Dk]: the whole block pair
+    inside = _inside(m)  # [M, J, I]: J < M < I
+    d_gs = d_gs + mx.sum(inside[:, :, :, None] * spans[..., None, :, :, :], axis=(-3, -2))[
+        ..., None, :
+    ]
+
+    # Diagonal blocks (elementwise, [b, b, Dk] per sub-chunk).
+    eye = mx.eye(m, dtype=F32)[:, None, :, None]
+
+    def diag_blocks(d):  # [.., C, C] -> [.., m, b, b]
+        return mx.sum(d.reshape(B, Hk, G, n, m, b, m, b) * eye, axis=-2)
+
+    qs = p.q.reshape(B, Hk, 1, n, m, b, Dk)
+    ks = p.k.reshape(B, Hk, 1, n, m, b, Dk)
+    t_kk = diag_blocks(d_kk)[..., None] * p.dec  # [.., m, i, j, Dk]
+    t_qk = diag_blocks(d_qk)[..., None] * p.dec
+    d_ks = mx.sum(t_kk * ks[..., None, :, :], axis=-2)  # as k_i
+    d_ks = d_ks + mx.sum(t_kk * ks[..., :, None, :] + t_qk * qs[..., :, None, :], axis=-3)
+    d_qs = mx.sum(t_qk * ks[..., None, :, :], axis=-2)
+    pairs = (t_kk * ks[..., :, None, :] + t_qk * qs[..., :, None, :]) * ks[..., None, :, :]
+    spans_d = mx.cumsum(pairs, axis=-3, reverse=True)  # [.., s, j]: sum over i >= s
+    d_gs = d_gs + mx.sum(mx.where(_strict(b)[:, :, None], spans_d, 0.0), axis=-2)
+    d_k = d_k + d_ks.reshape(B, Hk, G, n, C, Dk)
+    d_q = d_q + d_qs.reshape(B, Hk, G, n, C, Dk)
+
+    # The chunk-relative decays: gamma_i spans g_0..i, to_end_j g_{j+1}.., decay all.
+    d_g = d_gs.reshape(B, Hk, G, n, C, Dk)
+    d_g = d_g + mx.cumsum(d_gamma * p.gamma, axis=-2, reverse=True)
+    d_g = d_g + mx.cumsum(d_to_end * p.to_end, axis=-2, inclusive=False)
+    d_g = d_g + (d_decay * p.decay)[..., None, :]
+    d_v = d_vb * p.beta[..., None]
+    d_q = mx.sum(d_q, axis=2, keepdims=True)
+    d_k = mx.sum(d_k, axis=2, keepdims=True)
+
+    q, k, v, g, beta = xs
+    key_layout = [d.reshape(B, Hk, n, C, -1).transpose(0, 2, 3, 1, 4) for d in (d_q, d_k)]
+    d_v = d_v.transpose(0, 3, 4, 1, 2, 5).reshape(v.shape)
+    d_g = d_g.transpose(0, 3, 4, 1, 2, 5).reshape(g.shape)
+    d_beta = d_beta.transpose(0, 3, 4, 1, 2).reshape(beta.shape)
+    read = (
+        mx.isfinite(q), mx.isfinite(k), mx.isfinite(v),
+        ~(mx.isnan(g) | (g == math.inf)), mx.isfinite(beta),
+    )  # fmt: skip
+    return [
+        mx.where(ok, d, 0.0).astype(x.dtype)
+        for ok, d, x in zip(read, [*key_layout, d_v, d_g, d_beta], xs)
+    ]
+
+
+def _inside(m: int) -> mx.array:
+    """``[M, J, I]`` float32: 1 where ``J < M < I``."""
+    i = mx.arange(m)
+    return ((i[None, :, None] < i[:, None, None]) & (i[:, None, None] < i[None, None, :])).astype(
+        F32
+    )
 
 
 @mx.custom_function
