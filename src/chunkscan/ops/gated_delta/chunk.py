@@ -586,7 +586,9 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     exp(c_i - c_e) exp(c_e - c_j)``, so those blocks are matmuls of scaled keys
     (``ka[J] = k * fac[J]``, ``fac[J]_i = exp(c_i - c_e)``, zero unless ``I > J``, and
     ``kr_j = k_j exp(c_e - c_j)``); inside a sub-chunk the decays ``dec[i, j]`` are
-    formed elementwise (``[b, b, Dk]``), each a sum of exactly the gates it spans.
+    formed elementwise (``[b, b, Dk]``). Every decay is a product of exactly the
+    factors ``exp(g_s)`` it spans (``<= 1``; ``0`` for ``g = -inf``): exact to float
+    rounding for any gates ``<= 0`` down to ``-inf``.
 
     Shapes beyond :func:`_prepare_arrays` (``m = C / b`` sub-chunks): ``gamma``,
     ``to_end``, ``g`` ``[B, Hk, G, n, C, Dk]``; ``decay`` ``[B, Hk, G, n, Dk]``;
@@ -605,24 +607,24 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     gf = _finite_gate(g).astype(F32).reshape(B, n, C, Hk, G, Dk).transpose(0, 3, 4, 1, 2, 5)
     bf = _finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
 
-    # Relative to the chunk: c_i (through step i), the gates after step j, all of them.
-    gcum = mx.cumsum(gf, axis=-2)
-    gamma = mx.exp(gcum)
-    to_end = mx.exp(mx.cumsum(gf, axis=-2, reverse=True, inclusive=False))
-    decay = mx.exp(mx.sum(gf, axis=-2))
-
-    # Sub-chunks: r_i = gates of I through i; c_e - c_j = gates of J after j.
-    gs = gf.reshape(B, Hk, G, n, m, b, Dk)
-    r = mx.cumsum(gs, axis=-2)
-    er = mx.exp(mx.cumsum(gs, axis=-2, reverse=True, inclusive=False))
+    # Every decay is a product of exactly the factors exp(g_s) it spans (each <= 1 for
+    # g <= 0, zero for g = -inf): never a positive exponent, never a quotient, and one
+    # exp per gate (exp is the costliest op here on the CPU).
+    gs = mx.exp(gf).reshape(B, Hk, G, n, m, b, Dk)
+    r = mx.cumprod(gs, axis=-2)  # in sub-chunk I, through step i
+    er = mx.cumprod(gs, axis=-2, reverse=True, inclusive=False)  # in J, after step j
+    tot = r[..., -1, :]  # [.., m, Dk]: each whole sub-chunk
+    before = mx.cumprod(tot, axis=-2, inclusive=False)  # the sub-chunks before I
+    after = mx.cumprod(tot, axis=-2, reverse=True, inclusive=False)  # those after J
+    gamma = (r * before[..., None, :]).reshape(B, Hk, G, n, C, Dk)  # steps 0..i
+    to_end = (er * after[..., None, :]).reshape(B, Hk, G, n, C, Dk)  # steps j+1..
+    decay = before[..., -1, :] * tot[..., -1, :]  # all steps
     later = _later(m)  # [J, I]: I > J
-    # between[J, I] = gates of the sub-chunks strictly between J and I.
-    tot = mx.where(later[:, :, None], mx.sum(gs, axis=-2)[..., None, :, :], 0.0)
-    between = mx.cumsum(tot, axis=-2, inclusive=False)  # [.., J, I, Dk]
-    expo = r[..., None, :, :, :] + between[..., None, :]  # [.., J, I, b, Dk]
-    fac = mx.exp(mx.where(later[:, :, None, None], expo, -mx.inf)).reshape(
-        B, Hk, G, n, m, C, Dk
-    )
+    # between[J, I]: the sub-chunks strictly between J and I (1 unless I > J + 1).
+    step = _mask_where(later[:, :, None], tot[..., None, :, :], 1.0)
+    between = mx.cumprod(step, axis=-2, inclusive=False)  # [.., J, I, Dk]
+    fac = r[..., None, :, :, :] * _mask_where(later[:, :, None], between, 0.0)[..., None, :]
+    fac = fac.reshape(B, Hk, G, n, m, C, Dk)  # [J, (I, i)]: steps e_J+1..i, zero unless I > J
     ka = kf[..., None, :, :] * fac
     qa = qf[..., None, :, :] * fac
     ks = kf.reshape(B, Hk, 1, n, m, b, Dk)
@@ -633,9 +635,10 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
         y = xa @ kr.swapaxes(-1, -2)  # [.., J, C, b]
         return y.swapaxes(-3, -2).reshape(B, Hk, G, n, C, C)
 
-    # Inside a sub-chunk: dec[i, j] = exp(g_{j+1} + ... + g_i), zero above.
-    rel = mx.cumsum(mx.where(_strict(b)[:, :, None], gs[..., :, None, :], 0.0), axis=-3)
-    dec = mx.exp(mx.where(_causal(b)[:, :, None], rel, -mx.inf))  # [.., m, b, b, Dk]
+    # Inside a sub-chunk: dec[i, j] = exp(g_{j+1}) ... exp(g_i), zero above.
+    strict_b = _strict(b)[:, :, None]
+    dec = mx.cumprod(_mask_where(strict_b, gs[..., :, None, :], 1.0), axis=-3)
+    dec = _mask_where(_causal(b)[:, :, None], dec, 0.0)  # [.., m, b, b, Dk]
     kd = dec * ks[..., None, :, :]  # [.., m, i, j, Dk]: dec_ij k_j
     eye = mx.eye(m, dtype=F32)[:, None, :, None]
 
@@ -655,6 +658,13 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
         w=a @ kb, u=a @ vb, qg=qf * (scale * gamma), p=scale * mx.where(_causal(C), qk, 0.0),
         kt=kf * to_end,
     )  # fmt: skip
+
+
+def _mask_where(mask: mx.array, x: mx.array, fill: float) -> mx.array:
+    """``where(mask, x, fill)`` for finite ``x`` as ``x * mask + fill * (1 - mask)``
+    (exact: one term is zero; faster than ``where`` on the CPU)."""
+    f = mask.astype(F32)
+    return x * f + fill * (1.0 - f) if fill else x * f
 
 
 def _later(m: int) -> mx.array:
