@@ -39,9 +39,7 @@ def reference_pass(x_in, decay, F, E, G, H, *, reverse, loads, stores, inits):
     return np.stack(entering, axis=1), x, stored
 
 
-def make_inputs(
-    L=3, n=5, C=4, R=6, Dk=8, S=2, with_e=True, with_h=False, seed=0, channel=False
-):
+def make_inputs(L=3, n=5, C=4, R=6, Dk=8, S=2, with_e=True, with_h=False, seed=0, channel=False):
     rng = np.random.default_rng(seed)
 
     def rnd(*shape, s=0.3):

@@ -736,9 +736,8 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
     d_gs = d_gs + mx.cumsum(mx.sum(rows_i, axis=-4), axis=-2, reverse=True)  # in I, <= i
     spans = mx.sum(rows_i, axis=-2)  # [.., J, I, Dk]: the whole block pair
     inside = _inside(m)  # [M, J, I]: J < M < I
-    d_gs = d_gs + mx.sum(inside[:, :, :, None] * spans[..., None, :, :, :], axis=(-3, -2))[
-        ..., None, :
-    ]
+    through = mx.sum(inside[:, :, :, None] * spans[..., None, :, :, :], axis=(-3, -2))
+    d_gs = d_gs + through[..., None, :]  # [.., M, 1, Dk]: every step of M
 
     # Diagonal blocks (elementwise, [b, b, Dk] per sub-chunk).
     eye = mx.eye(m, dtype=F32)[:, None, :, None]
