@@ -58,7 +58,7 @@ def gated_delta_rule(
     match, to float tolerance, this loop (:func:`naive_recurrent_gated_delta_rule`)::
 
         for t in range(T):
-            S = exp(g[t]) * S
+            S = exp(g[t]) * S             # per-channel g[t] [Dk]: S * exp(g[t])[None, :]
             S = S + beta[t] * (v[t] - S @ k[t]) k[t]^T
             o[t] = scale * S @ q[t]
 
@@ -79,7 +79,13 @@ def gated_delta_rule(
         g (array): Log-decay ``[B, T, Hv]`` (the state is multiplied by ``exp(g)``:
             ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``). Usually ``<= 0``;
             positive values (growth) are allowed and exact while the products stay in
-            float32 range.
+            float32 range. Or per key channel, ``[B, T, Hv, Dk]`` (Kimi Delta
+            Attention): ``S = S * exp(g[t])[None, :]`` scales the state's key columns.
+            Every decay of the chunk form is then a product of exactly the factors
+            ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
+            ``<= 0`` down to ``-inf`` (a reset of one column) are exact to float32
+            rounding; the chunk size is rounded up to a multiple of 16 (sub-chunks).
+            The sequential passes run in portable MLX ops (no CUDA kernel yet).
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
         initial_state (array, optional): ``[B, Hv, Dv, Dk]`` (or ``[N, Hv, Dv, Dk]``
