@@ -84,7 +84,7 @@ def gated_delta_rule(
             Every decay of the chunk form is then a product of exactly the factors
             ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
             ``<= 0`` down to ``-inf`` (a reset of one column) are exact to float32
-            rounding; the chunk size is rounded up to a multiple of 16 (sub-chunks).
+            rounding; the chunk size is rounded up to a multiple of 8 (sub-chunks).
             The sequential passes run in portable MLX ops (no CUDA kernel yet).
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
@@ -327,9 +327,9 @@ def _group_size(spec: Spec, C: int, budget: int | None = None) -> int:
     (default ``_GROUP_BYTES``)."""
     D = max(spec.Dk, spec.Dv)
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
-    if spec.channel:  # the sub-chunk arrays: ~8 [m, C, Dk] and ~6 [C, b, Dk] per head
+    if spec.channel:  # sub-chunk arrays: ~8 [P, b, Dk] (P ~ m^2 / 2) and ~8 [C, b, Dk]
         b = _sub_size(C)
-        per_chunk += 4 * spec.B * spec.Hv * spec.Dk * C * (8 * (C // b) + 6 * b)
+        per_chunk += 4 * spec.B * spec.Hv * spec.Dk * C * (4 * (C // b) + 8 * b)
     if budget is None:
         budget = _GROUP_BYTES
     if budget is None and os.environ.get("CHUNKSCAN_GDN_GROUP_MIB"):
@@ -555,7 +555,7 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
 
 # ------------------------------------------------------------------ per-channel gates
 
-_SUB = 16  # steps per sub-chunk of the per-channel gate (chunks are a multiple of it)
+_SUB = 8  # steps per sub-chunk of the per-channel gate (chunks are a multiple of it)
 
 
 def _sub_size(C: int) -> int:
@@ -590,7 +590,7 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     chunk is split into sub-chunks of ``b`` steps; for ``i`` in sub-chunk ``I`` and
     ``j`` in an earlier sub-chunk ``J`` ending at step ``e``, ``exp(c_i - c_j) =
     exp(c_i - c_e) exp(c_e - c_j)``, so those blocks are matmuls of scaled keys
-    (``ka[J] = k * fac[J]``, ``fac[J]_i = exp(c_i - c_e)``, zero unless ``I > J``, and
+    (``(k_I * fac) @ kr_J^T`` per pair ``J < I`` with ``fac_i = exp(c_i - c_e)`` and
     ``kr_j = k_j exp(c_e - c_j)``); inside a sub-chunk the decays ``dec[i, j]`` are
     formed elementwise (``[b, b, Dk]``). Every decay is a product of exactly the
     factors ``exp(g_s)`` it spans (``<= 1``; ``0`` for ``g = -inf``): exact to float
@@ -598,9 +598,10 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
 
     Shapes beyond :func:`_prepare_arrays` (``m = C / b`` sub-chunks): ``gamma``,
     ``to_end``, ``g`` ``[B, Hk, G, n, C, Dk]``; ``decay`` ``[B, Hk, G, n, Dk]``;
-    ``fac``, ``ka``, ``qa`` ``[B, Hk, G, n, m, C, Dk]``; ``kr``, ``er`` (``exp(c_e -
-    c_j)``) ``[B, Hk, G, n, m, b, Dk]``; ``dec`` ``[B, Hk, G, n, m, b, b, Dk]``;
-    ``kk``, ``qk`` ``[B, Hk, G, n, C, C]``.
+    ``fac`` (per pair of sub-chunks ``J < I``, see :class:`_Pairs`; absent when
+    ``m = 1``) ``[B, Hk, G, n, P, b, Dk]``; ``kr``, ``er`` (``exp(c_e - c_j)``)
+    ``[B, Hk, G, n, m, b, Dk]``; ``dec`` ``[B, Hk, G, n, m, b, b, Dk]``; ``kk``
+    ``[B, Hk, G, n, C, C]``.
     """
     B, n, C, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
@@ -625,42 +626,40 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     gamma = (r * before[..., None, :]).reshape(B, Hk, G, n, C, Dk)  # steps 0..i
     to_end = (er * after[..., None, :]).reshape(B, Hk, G, n, C, Dk)  # steps j+1..
     decay = before[..., -1, :] * tot[..., -1, :]  # all steps
-    later = _later(m)  # [J, I]: I > J
-    # between[J, I]: the sub-chunks strictly between J and I (1 unless I > J + 1).
-    step = _mask_where(later[:, :, None], tot[..., None, :, :], 1.0)
-    between = mx.cumprod(step, axis=-2, inclusive=False)  # [.., J, I, Dk]
-    fac = r[..., None, :, :, :] * _mask_where(later[:, :, None], between, 0.0)[..., None, :]
-    fac = fac.reshape(B, Hk, G, n, m, C, Dk)  # [J, (I, i)]: steps e_J+1..i, zero unless I > J
-    ka = kf[..., None, :, :] * fac
-    qa = qf[..., None, :, :] * fac
     ks = kf.reshape(B, Hk, 1, n, m, b, Dk)
     qs = qf.reshape(B, Hk, 1, n, m, b, Dk)
     kr = ks * er
-
-    def off(xa):  # [.., J, C, Dk] x [.., J, b, Dk] -> [.., C, C]: blocks I > J
-        y = xa @ kr.swapaxes(-1, -2)  # [.., J, C, b]
-        return y.swapaxes(-3, -2).reshape(B, Hk, G, n, C, C)
 
     # Inside a sub-chunk: dec[i, j] = exp(g_{j+1}) ... exp(g_i), zero above.
     strict_b = _strict(b)[:, :, None]
     dec = mx.cumprod(_mask_where(strict_b, gs[..., :, None, :], 1.0), axis=-3)
     dec = _mask_where(_causal(b)[:, :, None], dec, 0.0)  # [.., m, b, b, Dk]
     kd = dec * ks[..., None, :, :]  # [.., m, i, j, Dk]: dec_ij k_j
-    eye = mx.eye(m, dtype=F32)[:, None, :, None]
+    kk_blocks = [mx.sum(kd * ks[..., :, None, :], axis=-1)]  # [.., m, b, b]
+    qk_blocks = [mx.sum(kd * qs[..., :, None, :], axis=-1)]
 
-    def diag(xs):  # sum_d x_id dec_ijd k_jd, placed on the diagonal blocks
-        y = mx.sum(kd * xs[..., :, None, :], axis=-1)  # [.., m, b, b]
-        return (y[..., :, :, None, :] * eye).reshape(B, Hk, G, n, C, C)
-
-    kk = off(ka) + diag(ks)
-    qk = off(qa) + diag(qs)
+    # Pairs of sub-chunks J < I: exp(c_i - c_j) = fac_i kr_j with fac the steps
+    # e_J+1..i (those of the sub-chunks strictly between J and I, then of I through
+    # i) and kr_j = k_j exp(c_e - c_j): one [b, b] matmul per pair.
+    pairs = _Pairs.of(m)
+    fac = None
+    if pairs.P:
+        # between[J, I]: the sub-chunks strictly between J and I (1 unless I > J + 1).
+        step = _mask_where(_later(m)[:, :, None], tot[..., None, :, :], 1.0)
+        between = mx.cumprod(step, axis=-2, inclusive=False).reshape(B, Hk, G, n, m * m, Dk)
+        fac = mx.take(r, pairs.I, axis=-3) * mx.take(between, pairs.JI, axis=-2)[..., None, :]
+        kr_t = mx.take(kr, pairs.J, axis=-3).swapaxes(-1, -2)  # [.., P, Dk, b]
+        kk_blocks.append((mx.take(ks, pairs.I, axis=-3) * fac) @ kr_t)  # [.., P, b, b]
+        qk_blocks.append((mx.take(qs, pairs.I, axis=-3) * fac) @ kr_t)
+    kk = pairs.assemble(kk_blocks)
+    qk = pairs.assemble(qk_blocks)
     strict = _strict(C)
     a = unit_lower_inverse(mx.where(strict, bf[..., :, None] * kk, 0.0))
     kb = kf * (bf[..., None] * gamma)
     vb = vf * bf[..., None]
     return dict(
         q=qf, k=kf, v=vf, g=gf, beta=bf, gamma=gamma, to_end=to_end, decay=decay,
-        fac=fac, ka=ka, qa=qa, kr=kr, er=er, dec=dec, kk=kk, qk=qk, a=a, kb=kb, vb=vb,
+        kr=kr, er=er, dec=dec, kk=kk, a=a, kb=kb, vb=vb, **({} if fac is None else {"fac": fac}),
         w=a @ kb, u=a @ vb, qg=qf * (scale * gamma), p=scale * mx.where(_causal(C), qk, 0.0),
         kt=kf * to_end,
     )  # fmt: skip
@@ -724,43 +723,41 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
     d_k = d_kt * p.to_end + d_kb * (p.beta[..., None] * p.gamma)
     d_to_end = d_kt * p.k
 
-    # Off-diagonal blocks (I > J): kk = ka[J] kr[J]^T, qk = qa[J] kr[J]^T.
-    def by_key_block(d):  # [.., C, C] -> [.., J, C, b]
-        return d.reshape(B, Hk, G, n, C, m, b).swapaxes(-3, -2)
-
-    dkk_j, dqk_j = by_key_block(d_kk), by_key_block(d_qk)
-    d_ka = dkk_j @ p.kr  # [.., J, C, Dk]
-    d_qa = dqk_j @ p.kr
-    d_kr = dkk_j.swapaxes(-1, -2) @ p.ka + dqk_j.swapaxes(-1, -2) @ p.qa  # [.., J, b, Dk]
-    d_k = d_k + mx.sum(d_ka * p.fac, axis=-3) + (d_kr * p.er).reshape(B, Hk, G, n, C, Dk)
-    d_q = d_q + mx.sum(d_qa * p.fac, axis=-3)
-    # Gates: a pair (i in I, j in J) spans the gates of J after j (through kr), those
-    # of the sub-chunks strictly between, and those of I through i (through fac).
-    rows = p.ka * d_ka + p.qa * d_qa  # [.., J, C, Dk]: the pair sums over j, per row i
-    rows_i = rows.reshape(B, Hk, G, n, m, m, b, Dk)  # [.., J, I, i, Dk]
-    d_gs = mx.cumsum(p.kr * d_kr, axis=-2, inclusive=False)  # in J, after j
-    d_gs = d_gs + mx.cumsum(mx.sum(rows_i, axis=-4), axis=-2, reverse=True)  # in I, <= i
-    spans = mx.sum(rows_i, axis=-2)  # [.., J, I, Dk]: the whole block pair
-    inside = _inside(m)  # [M, J, I]: J < M < I
-    through = mx.sum(inside[:, :, :, None] * spans[..., None, :, :, :], axis=(-3, -2))
-    d_gs = d_gs + through[..., None, :]  # [.., M, 1, Dk]: every step of M
-
-    # Diagonal blocks (elementwise, [b, b, Dk] per sub-chunk).
-    eye = mx.eye(m, dtype=F32)[:, None, :, None]
-
-    def diag_blocks(d):  # [.., C, C] -> [.., m, b, b]
-        return mx.sum(d.reshape(B, Hk, G, n, m, b, m, b) * eye, axis=-2)
-
+    pairs = _Pairs.of(m)
+    dkk_blocks, dqk_blocks = pairs.blocks(d_kk), pairs.blocks(d_qk)  # [.., m*m, b, b]
     qs = p.q.reshape(B, Hk, 1, n, m, b, Dk)
     ks = p.k.reshape(B, Hk, 1, n, m, b, Dk)
-    t_kk = diag_blocks(d_kk)[..., None] * p.dec  # [.., m, i, j, Dk]
-    t_qk = diag_blocks(d_qk)[..., None] * p.dec
+    d_gs = mx.zeros((B, Hk, G, n, m, b, Dk), dtype=F32)
+
+    # Pairs of sub-chunks (J < I): kk = (k_I fac) kr_J^T, qk = (q_I fac) kr_J^T.
+    if pairs.P:
+        d_kkp = mx.take(dkk_blocks, pairs.IJ, axis=-3)  # [.., P, b, b]
+        d_qkp = mx.take(dqk_blocks, pairs.IJ, axis=-3)
+        krp = mx.take(p.kr, pairs.J, axis=-3)
+        ka = mx.take(ks, pairs.I, axis=-3) * p.fac
+        qa = mx.take(qs, pairs.I, axis=-3) * p.fac
+        d_ka = d_kkp @ krp  # [.., P, b, Dk]
+        d_qa = d_qkp @ krp
+        d_kr = pairs.to_j(d_kkp.swapaxes(-1, -2) @ ka + d_qkp.swapaxes(-1, -2) @ qa)
+        d_k = d_k + (pairs.to_i(d_ka * p.fac) + d_kr * p.er).reshape(B, Hk, G, n, C, Dk)
+        d_q = d_q + pairs.to_i(d_qa * p.fac).reshape(B, Hk, G, n, C, Dk)
+        # Gates: a pair (i in I, j in J) spans the gates of J after j (through kr),
+        # those of the sub-chunks strictly between, and those of I through i (fac).
+        rows = ka * d_ka + qa * d_qa  # [.., P, b, Dk]: summed over j, per row i
+        d_gs = d_gs + mx.cumsum(p.kr * d_kr, axis=-2, inclusive=False)  # in J, after j
+        d_gs = d_gs + mx.cumsum(pairs.to_i(rows), axis=-2, reverse=True)  # in I, <= i
+        through = pairs.inside @ mx.sum(rows, axis=-2)  # [.., M, Dk]: J < M < I
+        d_gs = d_gs + through[..., None, :]
+
+    # Diagonal blocks (elementwise, [b, b, Dk] per sub-chunk).
+    t_kk = mx.take(dkk_blocks, pairs.diag, axis=-3)[..., None] * p.dec  # [.., m, i, j, Dk]
+    t_qk = mx.take(dqk_blocks, pairs.diag, axis=-3)[..., None] * p.dec
     d_ks = mx.sum(t_kk * ks[..., None, :, :], axis=-2)  # as k_i
     d_ks = d_ks + mx.sum(t_kk * ks[..., :, None, :] + t_qk * qs[..., :, None, :], axis=-3)
     d_qs = mx.sum(t_qk * ks[..., None, :, :], axis=-2)
-    pairs = (t_kk * ks[..., :, None, :] + t_qk * qs[..., :, None, :]) * ks[..., None, :, :]
-    spans_d = mx.cumsum(pairs, axis=-3, reverse=True)  # [.., s, j]: sum over i >= s
-    d_gs = d_gs + mx.sum(mx.where(_strict(b)[:, :, None], spans_d, 0.0), axis=-2)
+    pair_d = (t_kk * ks[..., :, None, :] + t_qk * qs[..., :, None, :]) * ks[..., None, :, :]
+    spans_d = mx.cumsum(pair_d, axis=-3, reverse=True)  # [.., s, j]: sum over i >= s
+    d_gs = d_gs + mx.sum(_mask_where(_strict(b)[:, :, None], spans_d, 0.0), axis=-2)
     d_k = d_k + d_ks.reshape(B, Hk, G, n, C, Dk)
     d_q = d_q + d_qs.reshape(B, Hk, G, n, C, Dk)
 
@@ -788,12 +785,68 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
     ]
 
 
-def _inside(m: int) -> mx.array:
-    """``[M, J, I]`` float32: 1 where ``J < M < I``."""
-    i = mx.arange(m)
-    return ((i[None, :, None] < i[:, None, None]) & (i[:, None, None] < i[None, None, :])).astype(
-        F32
-    )
+class _Pairs:
+    """Index constants for the ``m`` sub-chunks of a chunk and their ``P = m (m - 1) / 2``
+    pairs ``J < I`` (ordered by ``I``, then ``J``)."""
+
+    _cache: dict[int, _Pairs] = {}
+
+    def __init__(self, m: int) -> None:
+        pairs = [(j, i) for i in range(m) for j in range(i)]
+        self.m, self.P, self.pairs = m, len(pairs), pairs
+        self.diag = mx.array([i * m + i for i in range(m)], dtype=mx.int32)
+        if not pairs:
+            return
+        self.J = mx.array([j for j, _ in pairs], dtype=mx.int32)
+        self.I = mx.array([i for _, i in pairs], dtype=mx.int32)
+        self.JI = mx.array([j * m + i for j, i in pairs], dtype=mx.int32)
+        self.IJ = mx.array([i * m + j for j, i in pairs], dtype=mx.int32)
+        self.hot_i = mx.array([[float(i == r) for _, i in pairs] for r in range(m)])
+        self.hot_j = mx.array([[float(j == r) for j, _ in pairs] for r in range(m)])
+        self.inside = mx.array([[float(j < r < i) for j, i in pairs] for r in range(m)])
+
+    @classmethod
+    def of(cls, m: int) -> _Pairs:
+        if m not in cls._cache:
+            cls._cache[m] = cls(m)
+        return cls._cache[m]
+
+    def assemble(self, parts: list[mx.array]) -> mx.array:
+        """``[diagonal blocks [.., m, b, b], pair blocks [.., P, b, b]]`` -> ``[.., C, C]``
+        (zero above the diagonal blocks)."""
+        m, b = self.m, parts[0].shape[-1]
+        batch = tuple(parts[0].shape[:-3])
+        if m == 1:
+            return parts[0].reshape(batch + (b, b))
+        grid = [0] * (m * m)  # block (I, J) -> index into [zeros, diagonal, pairs]
+        for i in range(m):
+            grid[i * m + i] = 1 + i
+        for p, (j, i) in enumerate(self.pairs):
+            grid[i * m + j] = 1 + m + p
+        stack = mx.concatenate([mx.zeros(batch + (1, b, b), dtype=F32)] + parts, axis=-3)
+        blocks = mx.take(stack, mx.array(grid, dtype=mx.int32), axis=-3)
+        blocks = blocks.reshape(batch + (m, m, b, b)).swapaxes(-3, -2)
+        return blocks.reshape(batch + (m * b, m * b))
+
+    def blocks(self, x: mx.array) -> mx.array:
+        """``[.., C, C]`` -> its ``[b, b]`` blocks ``[.., m * m, b, b]`` (``I * m + J``)."""
+        m = self.m
+        batch, C = tuple(x.shape[:-2]), x.shape[-1]
+        b = C // m
+        x = x.reshape(batch + (m, b, m, b)).swapaxes(-3, -2)
+        return x.reshape(batch + (m * m, b, b))
+
+    def _to(self, hot: mx.array, x: mx.array) -> mx.array:
+        batch, (b, D) = tuple(x.shape[:-3]), x.shape[-2:]
+        return (hot @ x.reshape(batch + (self.P, b * D))).reshape(batch + (self.m, b, D))
+
+    def to_i(self, x: mx.array) -> mx.array:
+        """``[.., P, b, D]`` -> ``[.., m, b, D]``: the sum over the pairs of each ``I``."""
+        return self._to(self.hot_i, x)
+
+    def to_j(self, x: mx.array) -> mx.array:
+        """``[.., P, b, D]`` -> ``[.., m, b, D]``: the sum over the pairs of each ``J``."""
+        return self._to(self.hot_j, x)
 
 
 @mx.custom_function
