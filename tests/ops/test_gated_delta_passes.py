@@ -246,3 +246,24 @@ def test_cuda_state_pass(shape, case, monkeypatch):
     # unit roundoff 2^-11 ~ 5e-4 on O(1) values through Dk- and C-long sums; 2e-2 bounds
     # kernel-portable by ~10x that, and still fails for a wrong chunk, row or sign.
     assert diff_kp < 2e-2, diff_kp
+
+
+def test_per_channel_decay_never_reaches_the_kernel(monkeypatch):
+    """The CUDA kernel has no per-channel decay: state_pass falls back to the portable
+    pass for a decay [L, n, Dk] even where the kernel would be used."""
+
+    def kernel(*args, **kwargs):
+        raise AssertionError("the kernel got a per-channel decay")
+
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None: True)
+    monkeypatch.setattr(_pass_cuda, "supports", lambda *a: True)
+    monkeypatch.setattr(_pass_cuda, "state_pass", kernel)
+    inp = make_inputs(channel=True)
+    kw = dict(reverse=False, loads={}, stores={4: 0}, inits=inp["inits"])
+    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
+    ent, x_out, _ = _passes.state_pass(*args, **kw)
+    ref_ent, ref_x, _ = reference_pass(*args, **kw)
+    np.testing.assert_allclose(np.array(x_out), ref_x, rtol=0, atol=2e-5)
+    scalar = dict(inp, decay=inp["decay"][..., 0])  # the scalar decay does reach it
+    with pytest.raises(AssertionError, match="per-channel"):
+        _passes.state_pass(*[scalar[k] for k in ("x_in", "decay", "F", "E", "G", "H")], **kw)
