@@ -646,11 +646,11 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     if pairs.P:
         # between[J, I]: the sub-chunks strictly between J and I (1 unless I > J + 1).
         step = _mask_where(_later(m)[:, :, None], tot[..., None, :, :], 1.0)
-        between = mx.cumprod(step, axis=-2, inclusive=False).reshape(B, Hk, G, n, m * m, Dk)
-        fac = mx.take(r, pairs.I, axis=-3) * mx.take(between, pairs.JI, axis=-2)[..., None, :]
-        kr_t = mx.take(kr, pairs.J, axis=-3).swapaxes(-1, -2)  # [.., P, Dk, b]
-        kk_blocks.append((mx.take(ks, pairs.I, axis=-3) * fac) @ kr_t)  # [.., P, b, b]
-        qk_blocks.append((mx.take(qs, pairs.I, axis=-3) * fac) @ kr_t)
+        between = mx.cumprod(step, axis=-2, inclusive=False)  # [.., J, I, Dk]
+        fac = pairs.by_i(r) * pairs.pick(between)[..., None, :]
+        kr_t = pairs.by_j(kr).swapaxes(-1, -2)  # [.., P, Dk, b]
+        kk_blocks.append((pairs.by_i(ks) * fac) @ kr_t)  # [.., P, b, b]
+        qk_blocks.append((pairs.by_i(qs) * fac) @ kr_t)
     kk = pairs.assemble(kk_blocks)
     qk = pairs.assemble(qk_blocks)
     strict = _strict(C)
@@ -731,11 +731,11 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
 
     # Pairs of sub-chunks (J < I): kk = (k_I fac) kr_J^T, qk = (q_I fac) kr_J^T.
     if pairs.P:
-        d_kkp = mx.take(dkk_blocks, pairs.IJ, axis=-3)  # [.., P, b, b]
-        d_qkp = mx.take(dqk_blocks, pairs.IJ, axis=-3)
-        krp = mx.take(p.kr, pairs.J, axis=-3)
-        ka = mx.take(ks, pairs.I, axis=-3) * p.fac
-        qa = mx.take(qs, pairs.I, axis=-3) * p.fac
+        d_kkp = pairs.below(dkk_blocks)  # [.., P, b, b]
+        d_qkp = pairs.below(dqk_blocks)
+        krp = pairs.by_j(p.kr)
+        ka = pairs.by_i(ks) * p.fac
+        qa = pairs.by_i(qs) * p.fac
         d_ka = d_kkp @ krp  # [.., P, b, Dk]
         d_qa = d_qkp @ krp
         d_kr = pairs.to_j(d_kkp.swapaxes(-1, -2) @ ka + d_qkp.swapaxes(-1, -2) @ qa)
@@ -750,8 +750,8 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
         d_gs = d_gs + through[..., None, :]
 
     # Diagonal blocks (elementwise, [b, b, Dk] per sub-chunk).
-    t_kk = mx.take(dkk_blocks, pairs.diag, axis=-3)[..., None] * p.dec  # [.., m, i, j, Dk]
-    t_qk = mx.take(dqk_blocks, pairs.diag, axis=-3)[..., None] * p.dec
+    t_kk = pairs.on_diagonal(dkk_blocks)[..., None] * p.dec  # [.., m, i, j, Dk]
+    t_qk = pairs.on_diagonal(dqk_blocks)[..., None] * p.dec
     d_ks = mx.sum(t_kk * ks[..., None, :, :], axis=-2)  # as k_i
     d_ks = d_ks + mx.sum(t_kk * ks[..., :, None, :] + t_qk * qs[..., :, None, :], axis=-3)
     d_qs = mx.sum(t_qk * ks[..., None, :, :], axis=-2)
@@ -794,15 +794,8 @@ class _Pairs:
     def __init__(self, m: int) -> None:
         pairs = [(j, i) for i in range(m) for j in range(i)]
         self.m, self.P, self.pairs = m, len(pairs), pairs
-        self.diag = mx.array([i * m + i for i in range(m)], dtype=mx.int32)
-        if not pairs:
-            return
-        self.J = mx.array([j for j, _ in pairs], dtype=mx.int32)
-        self.I = mx.array([i for _, i in pairs], dtype=mx.int32)
-        self.JI = mx.array([j * m + i for j, i in pairs], dtype=mx.int32)
-        self.IJ = mx.array([i * m + j for j, i in pairs], dtype=mx.int32)
-        self.hot_i = mx.array([[float(i == r) for _, i in pairs] for r in range(m)])
-        self.hot_j = mx.array([[float(j == r) for j, _ in pairs] for r in range(m)])
+        # Index sets as static slices (gathers and one-hot products cost more on the
+        # CPU): the pairs of I are i(i-1)/2 .. i(i+1)/2 - 1, with J = 0 .. I - 1.
         self.inside = mx.array([[float(j < r < i) for j, i in pairs] for r in range(m)])
 
     @classmethod
@@ -836,17 +829,53 @@ class _Pairs:
         x = x.reshape(batch + (m, b, m, b)).swapaxes(-3, -2)
         return x.reshape(batch + (m * m, b, b))
 
-    def _to(self, hot: mx.array, x: mx.array) -> mx.array:
-        batch, (b, D) = tuple(x.shape[:-3]), x.shape[-2:]
-        return (hot @ x.reshape(batch + (self.P, b * D))).reshape(batch + (self.m, b, D))
+    def by_i(self, x: mx.array) -> mx.array:
+        """``[.., m, b, D]`` -> ``[.., P, b, D]``: sub-chunk ``I`` of each pair."""
+        shape = tuple(x.shape)
+        parts = [
+            mx.broadcast_to(x[..., i : i + 1, :, :], shape[:-3] + (i,) + shape[-2:])
+            for i in range(1, self.m)
+        ]
+        return mx.concatenate(parts, axis=-3)
+
+    def by_j(self, x: mx.array) -> mx.array:
+        """``[.., m, b, D]`` -> ``[.., P, b, D]``: sub-chunk ``J`` of each pair."""
+        return mx.concatenate([x[..., :i, :, :] for i in range(1, self.m)], axis=-3)
+
+    def pick(self, x: mx.array) -> mx.array:
+        """``[.., J, I, D]`` -> ``[.., P, D]``: entry ``(J, I)`` of each pair."""
+        return mx.concatenate([x[..., :i, i, :] for i in range(1, self.m)], axis=-2)
+
+    def below(self, blocks: mx.array) -> mx.array:
+        """``[.., m * m, b, b]`` (:meth:`blocks`) -> ``[.., P, b, b]``: block ``(I, J)``."""
+        m = self.m
+        return mx.concatenate([blocks[..., i * m : i * m + i, :, :] for i in range(1, m)], axis=-3)
+
+    def on_diagonal(self, blocks: mx.array) -> mx.array:
+        """``[.., m * m, b, b]`` -> ``[.., m, b, b]``: the diagonal blocks."""
+        m = self.m
+        return mx.concatenate(
+            [blocks[..., i * m + i : i * m + i + 1, :, :] for i in range(m)], axis=-3
+        )
 
     def to_i(self, x: mx.array) -> mx.array:
         """``[.., P, b, D]`` -> ``[.., m, b, D]``: the sum over the pairs of each ``I``."""
-        return self._to(self.hot_i, x)
+        zero = mx.zeros(tuple(x.shape[:-3]) + (1,) + tuple(x.shape[-2:]), dtype=x.dtype)
+        parts = [zero] + [
+            mx.sum(x[..., i * (i - 1) // 2 : i * (i + 1) // 2, :, :], axis=-3, keepdims=True)
+            for i in range(1, self.m)
+        ]
+        return mx.concatenate(parts, axis=-3)
 
     def to_j(self, x: mx.array) -> mx.array:
         """``[.., P, b, D]`` -> ``[.., m, b, D]``: the sum over the pairs of each ``J``."""
-        return self._to(self.hot_j, x)
+        m = self.m
+        zero = mx.zeros(tuple(x.shape[:-3]) + (1,) + tuple(x.shape[-2:]), dtype=x.dtype)
+        parts = []
+        for j in range(m):
+            terms = [x[..., i * (i - 1) // 2 + j, None, :, :] for i in range(j + 1, m)]
+            parts.append(sum(terms[1:], terms[0]) if terms else zero)
+        return mx.concatenate(parts, axis=-3)
 
 
 @mx.custom_function
