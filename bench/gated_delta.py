@@ -43,7 +43,9 @@ IMPLS = ("chunkscan", "mlx_lm", "mlx_fast", "scan")
 KiB = 1024.0
 
 
-def _inputs(T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, seed: int):
+def _inputs(
+    T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, seed: int, gate: str = "head"
+):
     import mlx.core as mx
 
     dt = getattr(mx, dtype)
@@ -52,7 +54,8 @@ def _inputs(T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, dtype: str, seed
     k = mx.random.normal((B, T, Hk, Dk), key=keys[1])
     k = k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))
     v = mx.random.normal((B, T, Hv, Dv), key=keys[2])
-    g = -mx.random.uniform(0.01, 0.3, (B, T, Hv), key=keys[3])
+    g_shape = (B, T, Hv, Dk) if gate == "channel" else (B, T, Hv)
+    g = -mx.random.uniform(0.01, 0.3, g_shape, key=keys[3])
     beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=keys[4])
     h0 = 0.1 * mx.random.normal((B, Hv, Dv, Dk), key=keys[5])
     w = mx.random.normal((B, T, Hv, Dv), key=keys[6]).astype(dt)
@@ -131,13 +134,14 @@ def measure(
     Dk: int = 128,
     Dv: int = 128,
     seed: int = 0,
+    gate: str = "head",
 ) -> dict[str, Any]:
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
 
     from chunkscan.commands.measure import median_seconds, peak_above_active
 
-    xs, w, w_s = _inputs(T, B, Hk, Hv, Dk, Dv, dtype, seed)
+    xs, w, w_s = _inputs(T, B, Hk, Hv, Dk, Dv, dtype, seed, gate)
     mx.eval(xs, w, w_s)
     f = _op(impl, Dk, chunk_size)
 
@@ -158,6 +162,7 @@ def measure(
         "T": T,
         "dtype": dtype,
         "chunk_size": _chunk_used(impl, chunk_size),
+        "gate": gate,
         "seconds": seconds,
         "peak_bytes": peak,
         "kib_per_token": peak / KiB / T,
@@ -206,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=None,
                    help="chunkscan's chunk (default: the op's default for the device)")
     p.add_argument(
+        "--gate",
+        default="head",
+        choices=["head", "channel"],
+        help="g per value head [B, T, Hv] or per key channel [B, T, Hv, Dk] (Kimi Delta "
+        "Attention; chunkscan and mlx_lm only)",
+    )
+    p.add_argument(
         "--loop-max-T",
         type=int,
         default=2048,
@@ -241,6 +253,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 continue
             config = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats}
             config["chunk_size"] = args.chunk_size
+            config["gate"] = args.gate
             row = run_isolated("bench.gated_delta:measure", config, timeout=args.timeout, env=env)
             row.update({k: v for k, v in config.items() if k not in row})
             row["openblas"] = blas
@@ -318,6 +331,11 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.gate == "channel" and not set(args.impls) <= {"chunkscan", "mlx_lm"}:
+        raise SystemExit(
+            "[bench.gated_delta] --gate channel runs chunkscan and mlx_lm only but got "
+            f"--impls {' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
+        )
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
@@ -328,7 +346,8 @@ def main(argv: list[str] | None = None) -> None:
 
         rows, info = run(args), meta()
         blas = "OpenBLAS preloaded" if args.openblas else "bundled BLAS"
-        title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}), {blas}"
+        gate = ", per-channel gate" if args.gate == "channel" else ""
+        title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}{gate}), {blas}"
     md = f"{title}\n\n{table(rows)}\n"
     print()
     print(md)

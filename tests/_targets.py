@@ -18,14 +18,26 @@ from chunkscan.commands.measure import NoOrdering, peak_above_active
 
 
 def gated_delta_backward_peak(
-    T: int, group_bytes: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, C: int
+    T: int,
+    group_bytes: int,
+    B: int,
+    Hk: int,
+    Hv: int,
+    Dk: int,
+    Dv: int,
+    C: int,
+    channel: bool = False,
+    no_edge: str | None = None,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all six gradients of ``gated_delta_rule``, the
-    op's forward groups set to ``group_bytes``."""
+    op's groups set to ``group_bytes`` (``channel``: a per-channel gate; ``no_edge``:
+    one ordering rule of the op switched off, the negative control)."""
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
     chunk_module._GROUP_BYTES = group_bytes
-    inputs = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv)
+    if no_edge:
+        chunk_module._ordering = without(no_edge)
+    inputs = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv, channel=channel)
     w = mx.random.normal((B, T, Hv, Dv), key=mx.random.key(7))
     mx.eval(inputs, w)
 
@@ -36,6 +48,34 @@ def gated_delta_backward_peak(
     grad = mx.grad(loss, argnums=tuple(range(6)))
     _, peak = peak_above_active(lambda: grad(*inputs))
     return {"peak": peak}
+
+
+def gated_delta_forward_peak(
+    T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, C: int, no_edge: str | None = None
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of the op's forward alone, one chunk per group."""
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    chunk_module._GROUP_BYTES = 1
+    if no_edge:
+        chunk_module._ordering = without(no_edge)
+    inputs = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv)
+    mx.eval(inputs)
+    _, peak = peak_above_active(
+        lambda: chunkscan.gated_delta_rule(*inputs[:5], initial_state=inputs[5], chunk_size=C)
+    )
+    return {"peak": peak}
+
+
+def without(edge: str):
+    """:mod:`chunkscan._ordering` with the rule ``edge`` switched off."""
+    from chunkscan import _ordering
+
+    class Without:
+        def __getattr__(self, name):
+            return (lambda arrays, deps: list(arrays)) if name == edge else getattr(_ordering, name)
+
+    return Without()
 
 
 def attention_backward_peak(

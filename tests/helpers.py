@@ -71,17 +71,21 @@ def gated_delta_inputs(
     dtype: mx.Dtype = mx.float32,
     n_states: int | None = None,
     seed: int = 0,
+    channel: bool = False,
+    lo: float = 0.01,
+    hi: float = 0.5,
 ) -> list[mx.array]:
     """``[q, k, v, g, beta, h0]`` for :func:`chunkscan.gated_delta_rule`, in a
     numerically sane range: ``q, v`` standard normal, unit-norm keys, ``g`` uniform in
-    ``[-0.5, -0.01]``, ``beta`` in ``[0.05, 1]``; ``h0`` ``[n_states or B, Hv, Dv, Dk]``
+    ``[-hi, -lo]`` (``[B, T, Hv]``, or ``[B, T, Hv, Dk]`` per key channel with
+    ``channel=True``), ``beta`` in ``[0.05, 1]``; ``h0`` ``[n_states or B, Hv, Dv, Dk]``
     float32 (scaled 0.5), the others in ``dtype``."""
     kq, kk, kv, kg, kb, ks = mx.random.split(mx.random.key(seed), 6)
     q = mx.random.normal((B, T, Hk, Dk), key=kq)
     k = mx.random.normal((B, T, Hk, Dk), key=kk)
     k = k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))
     v = mx.random.normal((B, T, Hv, Dv), key=kv)
-    g = -mx.random.uniform(0.01, 0.5, (B, T, Hv), key=kg)
+    g = -mx.random.uniform(lo, hi, (B, T, Hv, Dk) if channel else (B, T, Hv), key=kg)
     beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=kb)
     h0 = 0.5 * mx.random.normal((n_states or B, Hv, Dv, Dk), key=ks)
     return [x.astype(dtype) for x in (q, k, v, g, beta)] + [h0]

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import pathlib
 import re
+import warnings
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -353,22 +354,86 @@ def test_loud_failure_changed_mask_convention(monkeypatch):
     assert qwen3_next.gated_delta_update is inverted  # nothing was patched
 
 
-def test_vector_gate_falls_back_to_stock():
-    """Kimi-style per-channel gates are not the op's: mlx-lm's loop runs, with a warning."""
-    B, T, H, D = 1, 9, 2, 32
-    ks = mx.random.split(mx.random.key(3), 5)
+def kimi_config(**kw):
+    """Kimi Linear, 4 layers: KDA (per-channel gate) in layer 1, MLA attention in the
+    others, MoE from layer 2 on; 2 heads, head_dim 32."""
+    cfg = dict(
+        model_type="kimi_linear", vocab_size=64, hidden_size=64, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=2, intermediate_size=96, head_dim=32,
+        rope_theta=10000.0, rms_norm_eps=1e-5, model_max_length=512, num_experts=4,
+        num_experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32,
+        first_k_dense_replace=1, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, mla_use_nope=True,
+        linear_attn_config={"kda_layers": [1], "full_attn_layers": [2, 3, 4], "num_heads": 2,
+                            "head_dim": 32, "short_conv_kernel_size": 4},
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def no_stock_loop(monkeypatch):
+    """Call to make mlx-lm's per-token training loop raise (after patch()'s probe)."""
+
+    def forbid():
+        def loop(*args, **kwargs):
+            raise AssertionError("mlx-lm's per-token loop was called")
+
+        monkeypatch.setattr(gd, "gated_delta_ops", loop)
+        monkeypatch.setattr(gd, "_gated_delta_step_ops", loop)
+
+    return forbid
+
+
+def test_per_channel_gate_runs_the_op(spy, no_stock_loop):
+    """Kimi-style per-channel gates (a [B, T, Hv, Dk]) train through the chunked op,
+    with mlx-lm's gate functions (compute_g, lower_bound) and a padding mask."""
+    B, T, H, D = 2, 21, 2, 32
+    ks = mx.random.split(mx.random.key(3), 7)
     q = mx.random.normal((B, T, H, D), key=ks[0]) * D**-0.5
-    k = mx.random.normal((B, T, H, D), key=ks[1]) * D**-0.5
+    k = mx.random.normal((B, T, H, D), key=ks[1])
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
     v = mx.random.normal((B, T, H, D), key=ks[2])
     a = mx.random.normal((B, T, H, D), key=ks[3])
     b = mx.random.normal((B, T, H), key=ks[4])
-    A_log, dt_bias = mx.zeros((H, 1)), mx.zeros((H, D))
-    args = (q, k, v, a, b, A_log, dt_bias, None, None)
-    y0, s0 = STOCK(*args, use_kernel=False, lower_bound=-5.0)
-    cmlx._warn_vector_gate.cache_clear()
-    with cmlx.patch(), pytest.warns(RuntimeWarning, match="per-channel"):
-        y1, s1 = cmlx.gated_delta_update(*args, use_kernel=False, lower_bound=-5.0)
-    assert mx.array_equal(y1, y0).item() and mx.array_equal(s1, s0).item()
+    A_log = mx.random.uniform(0.0, 2.7, (H, 1), key=ks[5])
+    dt_bias = mx.random.normal((H, D), key=ks[6])
+    mask = mx.arange(T)[None] < mx.array([[T], [13]])
+    variants = (({}, None), ({"lower_bound": -5.0}, None), ({}, mask))
+    stock = [
+        STOCK(q, k, v, a, b, A_log, dt_bias, None, m, use_kernel=False, **options)
+        for options, m in variants
+    ]
+    with cmlx.patch(chunk_size=8), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning any more
+        no_stock_loop()
+        for (options, m), (y0, s0) in zip(variants, stock):
+            args = (q, k, v, a, b, A_log, dt_bias, None, m)
+            y1, s1 = cmlx.gated_delta_update(*args, use_kernel=False, **options)
+            keep = mx.ones((B, T), dtype=mx.bool_) if m is None else m
+            keep = keep[..., None, None]
+            assert rel(mx.where(keep, y1, 0), mx.where(keep, y0, 0)) <= RTOL, options
+            assert rel(s1, s0) <= RTOL, options
+    assert spy.count(8) == 3
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_kimi_linear_lora_grads_match_stock(compiled, spy, no_stock_loop):
+    """mlx-lm's kimi_linear (KDA layer 1, MoE) trains patched with the loss and LoRA
+    gradients of the stock per-token loop, which is never called patched."""
+    model = lora_model(kimi_config())
+    assert model.layers[0].is_linear and not any(x.is_linear for x in model.layers[1:])
+    batch, lengths = padded_batch(64)
+    loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    with cmlx.patch(chunk_size=CHUNK):
+        assert "kimi_linear" in cmlx.patched_families()
+        no_stock_loop()
+        loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    assert CHUNK in spy
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("self_attn.f_b_proj" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
 
 
 # ------------------------------------------------------------------------ attention

@@ -28,11 +28,13 @@ with ``q`` and ``k`` already L2-normalized and ``q`` already scaled by ``Dk**-0.
 ``gated_delta.gated_delta_update`` itself would not reach the by-name imports) to a
 function that:
 
-* with ``use_kernel=True`` (inference: ``model.eval()``), or a per-channel gate
-  (``a`` of rank 4, Kimi-style), calls mlx-lm's own function unchanged;
-* with ``use_kernel=False`` (training: ``model.train()``) and a per-head gate,
-  computes the log-decay directly, ``-exp(A_log) * softplus(a + dt_bias)`` (no
-  ``log(exp(.))``, so no ``log(0)``), and calls
+* with ``use_kernel=True`` (inference: ``model.eval()``) calls mlx-lm's own
+  function unchanged;
+* with ``use_kernel=False`` (training: ``model.train()``) computes the log-decay
+  directly, ``-exp(A_log) * softplus(a + dt_bias)`` (no ``log(exp(.))``, so no
+  ``log(0)``), per value head (``a`` ``[B, T, Hv]``: Qwen3-Next, Qwen3.5) or per key
+  channel (``a`` ``[B, T, Hv, Dk]`` with ``A_log`` ``[Hv, 1]`` and ``dt_bias``
+  ``[Hv, Dk]``: Kimi Linear's KDA, and any family passing a rank-4 gate), and calls
   ``chunkscan.gated_delta_rule(q, k, v, log_decay, beta, scale=1.0,
   initial_state=state, chunk_size=...)``. Padding steps (``mask`` False) keep the
   state and output zero, as mlx-lm's kernels do; mlx-lm's training loss passes no
@@ -67,7 +69,6 @@ values and gradients against the stock function.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import inspect
 import pathlib
@@ -156,7 +157,7 @@ def _chunked_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, opt
     if mask is not None:
         # A padding step leaves the state as it is: decay 1 (log 0), no write.
         keep = mask.astype(mx.bool_)
-        log_g = mx.where(keep[..., None], log_g, 0.0)
+        log_g = mx.where(keep.reshape(keep.shape + (1,) * (log_g.ndim - 2)), log_g, 0.0)
         beta = mx.where(keep[..., None], beta, 0.0)
     kwargs = {}
     chunk_size = _stack[-1].chunk_size if _stack else None
@@ -193,26 +194,14 @@ def gated_delta_update(
 ) -> tuple[mx.array, mx.array]:
     """Drop-in for mlx-lm's ``gated_delta_update`` (what :func:`patch` installs).
 
-    ``use_kernel=True`` (inference) and per-channel gates go to mlx-lm's function;
-    the training path (``use_kernel=False``, gate ``a`` of shape ``[B, T, Hv]``) runs
-    :func:`chunkscan.gated_delta_rule`.
+    ``use_kernel=True`` (inference) goes to mlx-lm's function; the training path
+    (``use_kernel=False``, gate ``a`` of shape ``[B, T, Hv]`` or, per key channel,
+    ``[B, T, Hv, Dk]``) runs :func:`chunkscan.gated_delta_rule`.
     """
-    stock = _stock["fn"]
-    if use_kernel or a.ndim != 3:
-        if not use_kernel:
-            _warn_vector_gate()
+    if use_kernel:
+        stock = _stock["fn"]
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
     return _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
-
-
-@functools.lru_cache(maxsize=1)
-def _warn_vector_gate() -> None:
-    warnings.warn(
-        "[chunkscan.mlx_lm] a per-channel (Kimi-style) gate is not supported by "
-        "chunkscan.gated_delta_rule; this layer trains through mlx-lm's per-token loop.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
 
 
 # -------------------------------------------------------------------- seam checks
@@ -347,14 +336,25 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
     # step keeps the state. Only the outputs of real tokens are compared (mlx-lm's
     # loop returns the unmasked step's output at a padding step, the patch zero).
     mask = mx.array([[True] * T, [True, True, False, True, False]])
-    variants: list[tuple[dict[str, Any], mx.array | None]] = [({}, None), ({}, mask)]
+    # A per-key-channel gate as Kimi Linear passes it: a [B, T, Hv, Dk], A_log [Hv, 1],
+    # dt_bias [Hv, Dk].
+    a_ch = mx.random.normal((B, T, Hv, Dk), key=keys[3])
+    channel = (a_ch, A_log[:, None], mx.random.normal((Hv, Dk), key=keys[6]))
+    variants: list[tuple[dict[str, Any], mx.array | None, tuple | None]] = [
+        ({}, None, None),
+        ({}, mask, None),
+        ({}, None, channel),
+        ({}, mask, channel),
+    ]
     if "allow_neg_eigval" in options:
-        variants.append(({"allow_neg_eigval": True}, None))
+        variants.append(({"allow_neg_eigval": True}, None, None))
     if "lower_bound" in options:
-        variants.append(({"lower_bound": -5.0}, None))
+        variants.append(({"lower_bound": -5.0}, None, None))
+        variants.append(({"lower_bound": -5.0}, None, channel))
     problems = []
-    for extra, m in variants:
-        args = (q, k, v, a, b, A_log, dt_bias, s0, m)
+    for extra, m, gate in variants:
+        a_, A_log_, dt_bias_ = (a, A_log, dt_bias) if gate is None else gate
+        args = (q, k, v, a_, b, A_log_, dt_bias_, s0, m)
         y0, s_0 = stock(*args, use_kernel=False, **extra)
         y1, s_1 = _chunked_update(*args, options=extra)
         if m is not None:
@@ -363,6 +363,8 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
         label = ", ".join(f"{key}={val!r}" for key, val in extra.items()) or "defaults"
         if m is not None:
             label += " and a padding mask"
+        if gate is not None:
+            label += " and a per-channel gate"
         for what, x0, x1 in (("output", y0, y1), ("state", s_0, s_1)):
             err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
             if not err <= 1e-4:

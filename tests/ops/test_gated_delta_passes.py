@@ -30,7 +30,8 @@ def reference_pass(x_in, decay, F, E, G, H, *, reverse, loads, stores, inits):
         v = -np.einsum("lik,lrk->lir", F[:, c], x)
         if E is not None:
             v = v + E[:, c]
-        x = d[:, c, None, None] * x + np.einsum("lir,lik->lrk", v, G[:, c])
+        dc = d[:, c, None, None] if d.ndim == 2 else d[:, c, None, :]  # per channel
+        x = dc * x + np.einsum("lir,lik->lrk", v, G[:, c])
         if H is not None:
             x = x + H[:, c]
         if c in stores:
@@ -38,13 +39,14 @@ def reference_pass(x_in, decay, F, E, G, H, *, reverse, loads, stores, inits):
     return np.stack(entering, axis=1), x, stored
 
 
-def make_inputs(L=3, n=5, C=4, R=6, Dk=8, S=2, with_e=True, with_h=False, seed=0):
+def make_inputs(L=3, n=5, C=4, R=6, Dk=8, S=2, with_e=True, with_h=False, seed=0, channel=False):
     rng = np.random.default_rng(seed)
 
     def rnd(*shape, s=0.3):
         return mx.array((s * rng.standard_normal(shape)).astype(np.float32))
 
-    decay = mx.array(rng.uniform(0.5, 1.0, (L, n)).astype(np.float32))
+    shape = (L, n, Dk) if channel else (L, n)
+    decay = mx.array(rng.uniform(0.5, 1.0, shape).astype(np.float32))
     return dict(
         x_in=rnd(L, R, Dk, s=1.0),
         decay=decay,
@@ -71,11 +73,12 @@ def _run(impl, args, kw):
     return _passes.portable_state_pass(*args, **kw, form=impl)
 
 
+@pytest.mark.parametrize("channel", [False, True], ids=["scalar", "per-channel"])
 @pytest.mark.parametrize("impl", ["factored", "transition", "auto"])
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_state_pass_matches_definition(case, impl):
+def test_state_pass_matches_definition(case, impl, channel):
     reverse, loads, stores, with_e, with_h = case
-    inp = make_inputs(with_e=with_e, with_h=with_h)
+    inp = make_inputs(with_e=with_e, with_h=with_h, channel=channel)
     kw = dict(reverse=reverse, loads=loads, stores=stores, inits=inp["inits"])
     args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
     ent, x_out, stored = _run(impl, args, kw)
@@ -243,3 +246,24 @@ def test_cuda_state_pass(shape, case, monkeypatch):
     # unit roundoff 2^-11 ~ 5e-4 on O(1) values through Dk- and C-long sums; 2e-2 bounds
     # kernel-portable by ~10x that, and still fails for a wrong chunk, row or sign.
     assert diff_kp < 2e-2, diff_kp
+
+
+def test_per_channel_decay_never_reaches_the_kernel(monkeypatch):
+    """The CUDA kernel has no per-channel decay: state_pass falls back to the portable
+    pass for a decay [L, n, Dk] even where the kernel would be used."""
+
+    def kernel(*args, **kwargs):
+        raise AssertionError("the kernel got a per-channel decay")
+
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None: True)
+    monkeypatch.setattr(_pass_cuda, "supports", lambda *a: True)
+    monkeypatch.setattr(_pass_cuda, "state_pass", kernel)
+    inp = make_inputs(channel=True)
+    kw = dict(reverse=False, loads={}, stores={4: 0}, inits=inp["inits"])
+    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
+    ent, x_out, _ = _passes.state_pass(*args, **kw)
+    ref_ent, ref_x, _ = reference_pass(*args, **kw)
+    np.testing.assert_allclose(np.array(x_out), ref_x, rtol=0, atol=2e-5)
+    scalar = dict(inp, decay=inp["decay"][..., 0])  # the scalar decay does reach it
+    with pytest.raises(AssertionError, match="per-channel"):
+        _passes.state_pass(*[scalar[k] for k in ("x_in", "decay", "F", "E", "G", "H")], **kw)

@@ -29,6 +29,7 @@ class Spec:
     scale: float
     chunk_size: int
     seqs: tuple[tuple[int, int], ...] | None  # (start, end) per packed sequence
+    channel: bool = False  # g is per key channel, [B, T, Hv, Dk]
 
     @property
     def G(self) -> int:
@@ -77,6 +78,14 @@ def check_inputs(
         ("beta", 3, "[B, T, Hv]"),
     ):
         x = named[name]
+        if name == "g" and x.ndim == 4:
+            continue  # a per-channel gate [B, T, Hv, Dk], checked below
+        if name == "g" and x.ndim != ndim:
+            raise ValueError(
+                f"[{fn}] g must have 3 dimensions [B, T, Hv] (one gate per head) or 4 "
+                f"[B, T, Hv, Dk] (one per key channel) but got shape {_shape(x)}. Reshape g "
+                f"to [B, T, Hv] or [B, T, Hv, Dk]."
+            )
         if x.ndim != ndim:
             raise ValueError(
                 f"[{fn}] {name} must have {ndim} dimensions {layout} but got shape "
@@ -112,7 +121,13 @@ def check_inputs(
             f"heads Hk but got Hv={Hv} (v shape {_shape(v)}) and Hk={Hk} (q shape "
             f"{_shape(q)}). Value head h uses key head h // (Hv // Hk); pass Hv = m * Hk."
         )
-    for name in ("g", "beta"):
+    channel = g.ndim == 4
+    if channel and _shape(g) != (B, T, Hv, Dk):
+        raise ValueError(
+            f"[{fn}] a per-channel g must have shape [B, T, Hv, Dk] = {(B, T, Hv, Dk)} but "
+            f"got {_shape(g)}. Pass one log-decay per token, value head and key channel."
+        )
+    for name in ("beta",) if channel else ("g", "beta"):
         x = named[name]
         if _shape(x) != (B, T, Hv):
             raise ValueError(
@@ -149,7 +164,7 @@ def check_inputs(
                 f"[{fn}] initial_state must have dtype {_DTYPE_NAMES} but got "
                 f"{initial_state.dtype}. Pass initial_state.astype(mx.float32)."
             )
-    return Spec(B, T, Hk, Hv, Dk, Dv, float(scale), chunk_size, seqs)
+    return Spec(B, T, Hk, Hv, Dk, Dv, float(scale), chunk_size, seqs, channel)
 
 
 def _check_cu_seqlens(

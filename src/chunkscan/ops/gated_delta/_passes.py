@@ -7,7 +7,7 @@ over the chunks of a group, per lane (a lane is one value head of one sequence r
         if c in loads:  X = inits[loads[c]]
         entering[c] = X
         V = E[c] - F[c] @ X^T             # [C, R]
-        X = decay[c] * X + V^T @ G[c] + H[c]
+        X = decay[c] * X + V^T @ G[c] + H[c]   # decay[c] [Dk]: X * decay[c][None, :]
         if c in stores: stored[stores[c]] = X
 
 with ``X`` of shape ``[R, Dk]`` in float32. Forward: ``F = W``, ``E = U``, ``G = K *
@@ -54,7 +54,8 @@ def state_pass(
     Args:
         x_in (array, optional): ``[L, R, Dk]`` float32, ``X`` entering the group (in
             processing order); ``None`` when the first processed chunk loads.
-        decay (array): ``[L, n]`` float32.
+        decay (array): ``[L, n]`` float32, or ``[L, n, Dk]`` (per key channel: ``X``
+            is multiplied column-wise, ``X * decay[c][None, :]``; portable path only).
         F (array): ``[L, n, C, Dk]`` float32.
         E (array, optional): ``[L, n, C, R]`` float32; ``None`` means zeros.
         G (array): ``[L, n, C, Dk]`` float32.
@@ -77,7 +78,8 @@ def state_pass(
             from . import _pass_cuda
         except ImportError:  # not built into this checkout yet
             _pass_cuda = None
-        if _pass_cuda is not None and _pass_cuda.supports(F, G, E, H):
+        scalar = decay.ndim == 2  # the kernel has no per-channel decay
+        if _pass_cuda is not None and scalar and _pass_cuda.supports(F, G, E, H):
             return _pass_cuda.state_pass(
                 x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
             )
@@ -128,7 +130,8 @@ def portable_state_pass(
         return _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits)
     n, Dk = F.shape[1], F.shape[-1]
     eye = mx.eye(Dk, dtype=F32)
-    M = decay[..., None, None] * eye - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
+    diag = decay[..., None, None] * eye if decay.ndim == 2 else decay[..., None, :] * eye
+    M = diag - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
     if E is not None:
         Bt = E.swapaxes(-1, -2) @ G  # [L, n, R, Dk]
         Bt = Bt + H if H is not None else Bt
@@ -154,6 +157,8 @@ def portable_state_pass(
 def _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits):
     n = F.shape[1]
     order = range(n - 1, -1, -1) if reverse else range(n)
+    # [L, n] -> [L, n, 1, 1]; per channel [L, n, Dk] -> [L, n, 1, Dk]
+    decay = decay[..., None, None] if decay.ndim == 2 else decay[..., None, :]
     x = x_in
     entering: list[mx.array | None] = [None] * n
     stored: list[mx.array | None] = [None] * len(stores)
@@ -164,7 +169,7 @@ def _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits):
         v = -(F[:, c] @ x.swapaxes(-1, -2))  # [L, C, R]
         if E is not None:
             v = v + E[:, c]
-        x = decay[:, c, None, None] * x + v.swapaxes(-1, -2) @ G[:, c]
+        x = decay[:, c] * x + v.swapaxes(-1, -2) @ G[:, c]
         if H is not None:
             x = x + H[:, c]
         if c in stores:

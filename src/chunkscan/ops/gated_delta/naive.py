@@ -35,7 +35,7 @@ def naive_recurrent_gated_delta_rule(
     (``chunk_size`` is checked and otherwise ignored, as is ``kernels``). Per value
     head, with the state ``S`` of shape ``[Dv, Dk]``::
 
-        S = exp(g_t) * S
+        S = exp(g_t) * S                  # g_t [Dk] (per channel): S * exp(g_t)[None, :]
         S = S + beta_t * (v_t - S @ k_t) k_t^T
         o_t = scale * S @ q_t
 
@@ -73,7 +73,8 @@ def naive_recurrent_gated_delta_rule(
         outs = []
         for t in range(lo, hi):
             q_t, k_t, v_t = qf[rows, t], kf[rows, t], vf[rows, t]  # [b, Hv, D]
-            decay = mx.exp(gf[rows, t])[..., None, None]
+            g_t = gf[rows, t]  # [b, Hv] or, per key channel, [b, Hv, Dk]
+            decay = mx.exp(g_t)[..., None, :] if spec.channel else mx.exp(g_t)[..., None, None]
             state = state * decay
             pred = (state @ k_t[..., None])[..., 0]  # [b, Hv, Dv]
             delta = bf[rows, t][..., None] * (v_t - pred)
