@@ -13,7 +13,7 @@ forward outputs but not for the incoming cotangent, and nothing orders the chunk
 
 ``mx.depends(inputs, deps)`` returns ``inputs`` unchanged but makes them wait for
 ``deps``; it survives ``mx.compile`` and its vjp passes the cotangent through. chunkscan
-uses it for exactly four rules, each a function below:
+uses it for exactly five rules, each a function below:
 
 1. :func:`carry_after_outputs` (forward): a chunk's outgoing carry waits for that
    chunk's outputs, so each output branch runs, and frees what it needs, before the
@@ -32,7 +32,10 @@ uses it for exactly four rules, each a function below:
 4. Gradients of chunked inputs are assembled with one concatenate per input (see
    :mod:`chunkscan.split`), never by summing zero-padded full-length buffers; that
    rule needs no edge, only the right primitive.
-
+5. :func:`prepare_after_carry` (forward, for ops that prepare many chunks at once):
+   the inputs of a group of chunks wait for the carry entering the group, so that the
+   groups' batched, state-independent work runs one group after the other instead of
+   all up front (where every group's intermediates would be alive at once).
 
 All helpers accept and return flat lists of arrays. Empty dependency lists are a
 no-op, so callers never special-case them.
@@ -75,6 +78,11 @@ def cotangent_after_gradients(
 ) -> list[mx.array]:
     """Rule 3: pass the carry cotangent on only after the chunk's other gradients."""
     return _after(cotangent, gradients)
+
+
+def prepare_after_carry(inputs: Sequence[mx.array], carry: Sequence[mx.array]) -> list[mx.array]:
+    """Rule 5: prepare a group of chunks only once the carry entering it exists."""
+    return _after(inputs, carry)
 
 
 def keep_apart(arrays: Sequence[mx.array], anchor: Sequence[mx.array]) -> list[mx.array]:

@@ -501,9 +501,19 @@ def scaled_dot_product_attention(
     sinks: mx.array | None = None,
 ) -> mx.array:
     """Drop-in for mlx-lm's ``base.scaled_dot_product_attention`` (what :func:`patch`
-    installs): calls with no cache and no sinks run :func:`chunkscan.attention`,
-    every other call mlx-lm's function."""
-    if cache is not None or sinks is not None or not isinstance(keys, mx.array):
+    installs): calls with no cache and no sinks whose mask is ``None``, ``"causal"`` or
+    boolean run :func:`chunkscan.attention`, every other call mlx-lm's function.
+
+    Floating (additive) masks go to mlx-lm's function: some families compute them from
+    trainable weights (kimi_linear's and DeepSeek's MLA add rotary-position scores as
+    the mask), and :func:`chunkscan.attention` treats an array mask as a constant, so
+    their gradient would be lost."""
+    if (
+        cache is not None
+        or sinks is not None
+        or not isinstance(keys, mx.array)
+        or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
+    ):
         return _attn_stock["fn"](queries, keys, values, cache, scale, mask, sinks)
     return _attention_op()(queries, keys, values, scale=scale, mask=mask)
 

@@ -279,8 +279,8 @@ def test_backward_memory_is_linear_in_inputs_and_states():
     two_chunks = 2 * per_chunk + 1  # groups of two chunks
     target = "gated_delta_backward_peak"  # all six gradients, in a fresh process
 
-    def growth(group_bytes):
-        cfg = dict(MEM, B=1, group_bytes=group_bytes, channel=True)
+    def growth(group_bytes, no_edge=None):
+        cfg = dict(MEM, B=1, group_bytes=group_bytes, channel=True, no_edge=no_edge)
         small = run_target(target, dict(cfg, T=T1), timeout=120)
         large = run_target(target, dict(cfg, T=T4), timeout=120)
         assert "error" not in small and "error" not in large, (small, large)
@@ -294,3 +294,7 @@ def test_backward_memory_is_linear_in_inputs_and_states():
     assert bounded <= bound, f"peak grew by {bounded / 2**20:.2f} MiB > {bound / 2**20:.2f} MiB"
     unbounded = growth(1 << 40)  # negative control: a single group
     assert unbounded > bound, f"control grew by {unbounded / 2**20:.2f} MiB only"
+    # Negative control of rule 5: the groups' inputs no longer wait for the state
+    # entering them, so the preparations are no longer one at a time (measured 4.5 MiB).
+    unordered = growth(two_chunks, no_edge="prepare_after_carry")
+    assert unordered > bound, f"rule-5 control grew by {unordered / 2**20:.2f} MiB only"

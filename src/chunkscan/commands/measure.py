@@ -94,7 +94,7 @@ class NoOrdering:
         return list(arrays)
 
     carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
-    keep_apart = _same
+    keep_apart = prepare_after_carry = _same
 
 
 def run_isolated(

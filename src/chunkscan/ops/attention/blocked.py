@@ -82,7 +82,9 @@ def attention(
             ``j <= i + S - T``: the last query aligns with the last key, as in MLX);
             or an array broadcastable to ``[B, Hq, T, S]``, boolean (``True`` =
             attend) or floating (added to the scores). An array mask is a constant:
-            it gets no gradient. Default: ``None``.
+            it gets no gradient, unlike in ``mx.fast.scaled_dot_product_attention``;
+            a floating mask computed from trainable weights would lose its share of
+            the gradient (the mlx-lm seam sends such calls to MLX). Default: ``None``.
         chunk_size (int, optional): Query rows per block; ``None`` picks as many as
             keep one block's float32 scores within :data:`SCRATCH_BYTES`. A
             performance knob only. Default: ``None``.

@@ -256,9 +256,10 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
         state = None
         for c0, c1 in groups:
             xs = [x[:, c0:c1] for x in (q, k, v, g, beta)]
-            # No edge needed on the group's inputs: rule 1 below already makes MLX's
-            # scheduler prepare the groups one after the other (a Depends of the inputs
-            # on the entering state measured no difference in forward or backward peak).
+            # Rule 5: the group's preparation waits for the state entering it, so that
+            # groups are prepared one after the other, not all up front (it matters for
+            # per-channel gates, whose preparation is the larger: see the tests).
+            xs = _ordering.prepare_after_carry(xs, [] if state is None else [state])
             p = prepare(*xs, spec.scale)
             ends = chunks.local(chunks.ends, c0, c1)
             entering, state, stored = _passes.state_pass(
