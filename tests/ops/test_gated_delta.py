@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from helpers import gated_delta_inputs as make_inputs
+from helpers import gdn_outputs_and_grads as outputs_and_grads
 from helpers import max_rel, rel_rmse, run_target
 
 from chunkscan.ops.gated_delta import (
@@ -33,31 +34,6 @@ BF16_TOL = {
     "dg": 0.02,
     "dbeta": 0.02,
 }
-
-
-def outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
-    """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents. With five
-    inputs (no h0) ``fn`` gets ``initial_state=None`` and the list has no dh0."""
-    with_h0 = len(inputs) == 6
-
-    def f(*args):
-        return list(fn(*args[:5], initial_state=args[5] if with_h0 else None, **kwargs))
-
-    q, v = inputs[0], inputs[2]
-    cu = kwargs.get("cu_seqlens")
-    n_states = q.shape[0] if cu is None else len(cu) - 1
-    state_shape = (n_states, v.shape[2], v.shape[3], q.shape[3])
-    k1, k2 = mx.random.split(mx.random.key(123))
-    ct_o = mx.random.normal(v.shape, key=k1).astype(q.dtype)
-    ct_s = mx.random.normal(state_shape, key=k2)
-
-    def both(*args):
-        return mx.vjp(f, list(args), [ct_o, ct_s])
-
-    if compiled:
-        both = mx.compile(both)
-    outs, grads = both(*inputs)
-    return list(outs) + list(grads)
 
 
 def assert_fp32_close(got, ref, tol=1e-4):

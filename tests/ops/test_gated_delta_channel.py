@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import gated_delta_inputs, max_rel, run_target
+from helpers import gdn_outputs_and_grads as outputs_and_grads
 
 from chunkscan.ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
 
@@ -85,25 +86,6 @@ NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 # cases: 1e-7 to 6e-7 for o, the state and all six gradients, also for gates down to
 # -20 per step and -inf. The acceptance bound of the issue, 1e-4, is > 100x above.
 TOL = 1e-4
-
-
-def outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
-    """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents."""
-
-    def f(q, k, v, g, beta, h0):
-        return list(fn(q, k, v, g, beta, initial_state=h0, **kwargs))
-
-    k1, k2 = mx.random.split(mx.random.key(123))
-    ct_o = mx.random.normal(inputs[2].shape, key=k1)
-    ct_s = mx.random.normal(inputs[5].shape, key=k2)
-
-    def both(*args):
-        return mx.vjp(f, list(args), [ct_o, ct_s])
-
-    if compiled:
-        both = mx.compile(both)
-    outs, grads = both(*inputs)
-    return list(outs) + list(grads)
 
 
 def assert_close(got, ref, tol=TOL, names=NAMES):

@@ -477,12 +477,18 @@ def _group_backward_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> list[mx.ar
     d_g = d_g + mx.cumsum(d_to_end * p.to_end, axis=-1, inclusive=False)
     d_g = d_g + (d_decay * p.decay)[..., None]
 
-    B, Hk, G, n = p.beta.shape[:4]
+    return _input_layout(xs, d_q, d_k, d_v, d_g, d_beta)
+
+
+def _input_layout(xs, d_q, d_k, d_v, d_g, d_beta) -> list[mx.array]:
+    """Group gradients (``[B, Hk, 1 or G, n, C, ...]``) in the chunk layout and dtypes
+    of the raw inputs ``xs``; inputs that were read as zero (non-finite) get none."""
     q, k, v, g, beta = xs
+    B, n, C, Hk = q.shape[:4]
     key_layout = [d.reshape(B, Hk, n, C, -1).transpose(0, 2, 3, 1, 4) for d in (d_q, d_k)]
     d_v = d_v.transpose(0, 3, 4, 1, 2, 5).reshape(v.shape)
-    d_g, d_beta = (d.transpose(0, 3, 4, 1, 2).reshape(g.shape) for d in (d_g, d_beta))
-    # Inputs that were read as zero (non-finite) get no gradient.
+    d_g = d_g.transpose((0, 3, 4, 1, 2, 5)[: d_g.ndim]).reshape(g.shape)
+    d_beta = d_beta.transpose(0, 3, 4, 1, 2).reshape(beta.shape)
     read = (
         mx.isfinite(q), mx.isfinite(k), mx.isfinite(v),
         ~(mx.isnan(g) | (g == math.inf)), mx.isfinite(beta),
@@ -771,19 +777,7 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
     d_q = mx.sum(d_q, axis=2, keepdims=True)
     d_k = mx.sum(d_k, axis=2, keepdims=True)
 
-    q, k, v, g, beta = xs
-    key_layout = [d.reshape(B, Hk, n, C, -1).transpose(0, 2, 3, 1, 4) for d in (d_q, d_k)]
-    d_v = d_v.transpose(0, 3, 4, 1, 2, 5).reshape(v.shape)
-    d_g = d_g.transpose(0, 3, 4, 1, 2, 5).reshape(g.shape)
-    d_beta = d_beta.transpose(0, 3, 4, 1, 2).reshape(beta.shape)
-    read = (
-        mx.isfinite(q), mx.isfinite(k), mx.isfinite(v),
-        ~(mx.isnan(g) | (g == math.inf)), mx.isfinite(beta),
-    )  # fmt: skip
-    return [
-        mx.where(ok, d, 0.0).astype(x.dtype)
-        for ok, d, x in zip(read, [*key_layout, d_v, d_g, d_beta], xs)
-    ]
+    return _input_layout(xs, d_q, d_k, d_v, d_g, d_beta)
 
 
 class _Pairs:
