@@ -57,3 +57,43 @@ def child_env(bench: bool = False) -> dict[str, str]:
     if bench:
         parts.insert(0, str(ROOT / "bench"))
     return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
+
+
+def plot_time_and_memory(
+    rows: list[dict[str, Any]],
+    path: str | pathlib.Path,
+    title: str,
+    impls: tuple[str, ...],
+    time_key: str,
+    time_label: str,
+    memory_label: str = "peak above inputs (KiB / token)",
+) -> None:
+    """Two log-log panels against ``T``: ``row[time_key]`` and ``row["kib_per_token"]``,
+    one line per ``impl`` (rows with an error skipped). No plot without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for impl, style in zip(impls, ("o-", "s--", "^:", "D-.")):
+        pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and time_key in r)
+        if not pts:
+            continue
+        Ts = [t for t, _ in pts]
+        ax_t.plot(Ts, [r[time_key] for _, r in pts], style, label=impl, mfc="none")
+        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], style, label=impl, mfc="none")
+    for ax, ylabel in ((ax_t, time_label), (ax_m, memory_label)):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

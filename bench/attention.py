@@ -227,33 +227,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
-    try:
-        import matplotlib
+    from _common import plot_time_and_memory
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
-        return
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for impl, style in zip(IMPLS, ("o-", "s--", "^:")):
-        pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and "ms" in r)
-        if not pts:
-            continue
-        Ts = [t for t, _ in pts]
-        ax_t.plot(Ts, [r["ms"] for _, r in pts], style, label=impl, mfc="none")
-        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], style, label=impl, mfc="none")
-    for ax, ylabel in ((ax_t, "fwd+bwd time (ms)"), (ax_m, "peak above inputs (KiB / token)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("T")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_time_and_memory(rows, path, title, IMPLS, "ms", "fwd+bwd time (ms)")
 
 
 def main(argv: list[str] | None = None) -> int:

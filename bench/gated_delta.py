@@ -302,31 +302,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
-    import matplotlib
+    from _common import plot_time_and_memory
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = dict(zip(IMPLS, ("o-", "s--", "^:", "D-.")))
-    for impl in IMPLS:
-        pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and "error" not in r)
-        if not pts:
-            continue
-        Ts = [t for t, _ in pts]
-        ax_t.plot(Ts, [r["seconds"] for _, r in pts], styles[impl], label=impl, mfc="none")
-        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], styles[impl], label=impl, mfc="none")
-    for ax, ylabel in ((ax_t, "fwd+bwd time (s)"), (ax_m, "backward peak (KiB / token)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("T")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_time_and_memory(
+        rows, path, title, IMPLS, "seconds", "fwd+bwd time (s)", "backward peak (KiB / token)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
