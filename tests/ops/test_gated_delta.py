@@ -114,9 +114,10 @@ PACKED = [
 ]
 
 
+@pytest.mark.parametrize("gate", ["head", "channel"])
 @pytest.mark.parametrize("cu, C", PACKED, ids=[f"cu{len(c) - 1}-C{C}" for c, C in PACKED])
-def test_packed_sequences(cu, C):
-    inputs = make_inputs(1, 50, 2, 4, 8, 12, n_states=len(cu) - 1)
+def test_packed_sequences(cu, C, gate):
+    inputs = make_inputs(1, 50, 2, 4, 8, 12, n_states=len(cu) - 1, channel=gate == "channel")
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C, cu_seqlens=cu)
     ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, cu_seqlens=cu)
     assert_fp32_close(got, ref)

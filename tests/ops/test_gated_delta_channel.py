@@ -173,21 +173,8 @@ def test_low_precision_inputs(dtype):
         assert err <= 1e-3, (name, err)
 
 
-PACKED = [([0, 3, 20, 21, 50], 16), ([0, 16, 32, 50], 16), ([0, 1, 50], 64)]
+# Packed sequences: tests/ops/test_gated_delta.py::test_packed_sequences[...-channel].
 
-
-@pytest.mark.parametrize("cu, C", PACKED, ids=[f"cu{len(c) - 1}-C{C}" for c, C in PACKED])
-def test_packed_sequences(cu, C):
-    inputs = make_channel_inputs(1, 50, 1, 2, 8, 6, n_states=len(cu) - 1)
-    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C, cu_seqlens=cu)
-    ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, cu_seqlens=cu)
-    assert_close(got, ref)
-    q, k, v, g, beta, h0 = inputs
-    o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=C, cu_seqlens=cu)
-    for n, (lo, hi) in enumerate(zip(cu, cu[1:])):
-        part = [x[:, lo:hi] for x in (q, k, v, g, beta)]
-        o_n, s_n = gated_delta_rule(*part, initial_state=h0[n : n + 1], chunk_size=C)
-        assert max_rel(o[:, lo:hi], o_n) <= 1e-5 and max_rel(s[n : n + 1], s_n) <= 1e-5
 
 
 def test_compiled_and_groups(monkeypatch):
