@@ -30,6 +30,8 @@ Implementations (see :func:`state_pass`):
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 
 F32 = mx.float32
@@ -74,12 +76,10 @@ def state_pass(
         is a list of ``[L, R, Dk]`` arrays in slot order.
     """
     if use_kernels(kernels):
-        try:
-            from . import _pass_cuda
-        except ImportError:  # not built into this checkout yet
-            _pass_cuda = None
+        from . import _pass_cuda
+
         scalar = decay.ndim == 2  # the kernel has no per-channel decay
-        if _pass_cuda is not None and scalar and _pass_cuda.supports(F, G, E, H):
+        if scalar and _pass_cuda.supports(F, G, E, H):
             return _pass_cuda.state_pass(
                 x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
             )
@@ -91,8 +91,6 @@ def state_pass(
 def use_kernels(kernels: bool | None = None) -> bool:
     """Whether the fused CUDA kernel is used: ``kernels`` if given, else on when the
     default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``."""
-    import os
-
     if kernels is False:
         return False
     if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
