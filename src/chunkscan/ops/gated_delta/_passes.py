@@ -124,52 +124,41 @@ def portable_state_pass(
     on the CPU, ``"transition"`` elsewhere; see the module docstring)."""
     if form is None:
         form = "factored" if mx.default_device() == mx.cpu else "transition"
+    # [L, n] -> [L, n, 1, 1]; per channel [L, n, Dk] -> [L, n, 1, Dk]
+    d = decay[..., None, None] if decay.ndim == 2 else decay[..., None, :]
     if form == "factored":
-        return _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits)
-    n, Dk = F.shape[1], F.shape[-1]
-    eye = mx.eye(Dk, dtype=F32)
-    diag = decay[..., None, None] * eye if decay.ndim == 2 else decay[..., None, :] * eye
-    M = diag - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
+
+        def step(x: mx.array, c: int) -> mx.array:
+            v = -(F[:, c] @ x.swapaxes(-1, -2))  # [L, C, R]
+            if E is not None:
+                v = v + E[:, c]
+            x = d[:, c] * x + v.swapaxes(-1, -2) @ G[:, c]
+            return x + H[:, c] if H is not None else x
+
+        return _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)
+    M = d * mx.eye(F.shape[-1], dtype=F32) - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
     if E is not None:
         Bt = E.swapaxes(-1, -2) @ G  # [L, n, R, Dk]
         Bt = Bt + H if H is not None else Bt
     else:
-        Bt = H if H is not None else None
-    order = range(n - 1, -1, -1) if reverse else range(n)
+        Bt = H
+
+    def step(x: mx.array, c: int) -> mx.array:
+        return x @ M[:, c] if Bt is None else mx.addmm(Bt[:, c], x, M[:, c])
+
+    return _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)
+
+
+def _walk(x_in, n, reverse, loads, stores, inits, step):
+    """The chunk loop of the module docstring around ``x = step(x, c)``."""
     x = x_in
     entering: list[mx.array | None] = [None] * n
     stored: list[mx.array | None] = [None] * len(stores)
-    for c in order:
+    for c in range(n - 1, -1, -1) if reverse else range(n):
         if c in loads:
             x = inits[loads[c]]
         entering[c] = x
-        if Bt is None:
-            x = x @ M[:, c]
-        else:
-            x = mx.addmm(Bt[:, c], x, M[:, c])
-        if c in stores:
-            stored[stores[c]] = x
-    return mx.stack(entering, axis=1), x, stored
-
-
-def _factored_pass(x_in, decay, F, E, G, H, reverse, loads, stores, inits):
-    n = F.shape[1]
-    order = range(n - 1, -1, -1) if reverse else range(n)
-    # [L, n] -> [L, n, 1, 1]; per channel [L, n, Dk] -> [L, n, 1, Dk]
-    decay = decay[..., None, None] if decay.ndim == 2 else decay[..., None, :]
-    x = x_in
-    entering: list[mx.array | None] = [None] * n
-    stored: list[mx.array | None] = [None] * len(stores)
-    for c in order:
-        if c in loads:
-            x = inits[loads[c]]
-        entering[c] = x
-        v = -(F[:, c] @ x.swapaxes(-1, -2))  # [L, C, R]
-        if E is not None:
-            v = v + E[:, c]
-        x = decay[:, c] * x + v.swapaxes(-1, -2) @ G[:, c]
-        if H is not None:
-            x = x + H[:, c]
+        x = step(x, c)
         if c in stores:
             stored[stores[c]] = x
     return mx.stack(entering, axis=1), x, stored
