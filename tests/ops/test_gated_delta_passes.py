@@ -149,9 +149,9 @@ def test_cuda_kernel_construction_is_guarded():
         _pass_cuda._kernel(1024)
 
 
-def scaled_inputs(L, n, C, R, Dk, S=2, with_e=True, with_h=False, seed=0):
+def scaled_inputs(L, n, C, R, Dk, S=2, with_e=True, with_h=False, seed=0, channel=False):
     """Inputs of a contracting recurrence (||F^T G|| ~ 0.5), so X stays O(1) over many
-    chunks and absolute tolerances mean something."""
+    chunks and absolute tolerances mean something (``channel``: decay ``[L, n, Dk]``)."""
     rng = np.random.default_rng(seed)
     s = np.sqrt(0.5) / (np.sqrt(C) + np.sqrt(Dk))
 
@@ -160,7 +160,7 @@ def scaled_inputs(L, n, C, R, Dk, S=2, with_e=True, with_h=False, seed=0):
 
     return dict(
         x_in=rnd(L, R, Dk, scale=1.0),
-        decay=mx.array(rng.uniform(0.5, 1.0, (L, n)).astype(np.float32)),
+        decay=mx.array(rng.uniform(0.5, 1.0, (L, n, Dk) if channel else (L, n)).astype(np.float32)),
         F=rnd(L, n, C, Dk, scale=s),
         E=rnd(L, n, C, R, scale=0.3) if with_e else None,
         G=rnd(L, n, C, Dk, scale=s),
@@ -207,22 +207,27 @@ def _np(out):
 
 # Every case at the Qwen3-Next shape; the load/store-heavy cases 1 and 3 (x_in None, E,
 # forward / reverse with H) at the others. Each (shape, case) is one JIT-compiled template.
-CUDA_RUNS = [(CUDA_SHAPES[0], c) for c in range(5)]
-CUDA_RUNS += [(sh, c) for sh in CUDA_SHAPES[1:] for c in (1, 3)]
+# Per-channel decay (CHANNEL template): cases 1 and 3 at the Qwen3-Next shape and a corner.
+CUDA_RUNS = [(CUDA_SHAPES[0], c, False) for c in range(5)]
+CUDA_RUNS += [(sh, c, False) for sh in CUDA_SHAPES[1:] for c in (1, 3)]
+CUDA_RUNS += [(sh, c, True) for sh in (CUDA_SHAPES[0], CUDA_SHAPES[2]) for c in (1, 3)]
 
 
 @needs_cuda
 @pytest.mark.parametrize(
-    "shape,case",
+    "shape,case,channel",
     CUDA_RUNS,
-    ids=["L{}-n{}-C{}-R{}-Dk{}-TR{}".format(*sh) + f"-case{c}" for sh, c in CUDA_RUNS],
+    ids=[
+        "L{}-n{}-C{}-R{}-Dk{}-TR{}".format(*sh) + f"-case{c}" + ("-channel" if ch else "")
+        for sh, c, ch in CUDA_RUNS
+    ],
 )
-def test_cuda_state_pass(shape, case, monkeypatch):
+def test_cuda_state_pass(shape, case, channel, monkeypatch):
     L, n, C, R, Dk, TR = shape
     if TR is not None:
         monkeypatch.setenv("CHUNKSCAN_PASS_TR", str(TR))
     reverse, loads, stores, with_e, with_h, x_none = cuda_cases(n)[case]
-    inp = scaled_inputs(L, n, C, R, Dk, with_e=with_e, with_h=with_h)
+    inp = scaled_inputs(L, n, C, R, Dk, with_e=with_e, with_h=with_h, channel=channel)
     if x_none:
         inp["x_in"] = None
     args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
@@ -248,12 +253,14 @@ def test_cuda_state_pass(shape, case, monkeypatch):
     assert diff_kp < 2e-2, diff_kp
 
 
-def test_per_channel_decay_never_reaches_the_kernel(monkeypatch):
-    """The CUDA kernel has no per-channel decay: state_pass falls back to the portable
-    pass for a decay [L, n, Dk] even where the kernel would be used."""
+def test_per_channel_decay_reaches_the_kernel(monkeypatch):
+    """Where the kernel is used, a per-channel decay ``[L, n, Dk]`` goes to it too (the
+    CHANNEL template), unchanged; the values are checked by test_cuda_state_pass."""
+    seen = []
 
-    def kernel(*args, **kwargs):
-        raise AssertionError("the kernel got a per-channel decay")
+    def kernel(x_in, decay, *args, **kwargs):
+        seen.append(decay.shape)
+        return "kernel"
 
     monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None: True)
     monkeypatch.setattr(_pass_cuda, "supports", lambda *a: True)
@@ -261,9 +268,19 @@ def test_per_channel_decay_never_reaches_the_kernel(monkeypatch):
     inp = make_inputs(channel=True)
     kw = dict(reverse=False, loads={}, stores={4: 0}, inits=inp["inits"])
     args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
-    ent, x_out, _ = _passes.state_pass(*args, **kw)
-    ref_ent, ref_x, _ = reference_pass(*args, **kw)
-    np.testing.assert_allclose(np.array(x_out), ref_x, rtol=0, atol=2e-5)
-    scalar = dict(inp, decay=inp["decay"][..., 0])  # the scalar decay does reach it
-    with pytest.raises(AssertionError, match="per-channel"):
-        _passes.state_pass(*[scalar[k] for k in ("x_in", "decay", "F", "E", "G", "H")], **kw)
+    assert _passes.state_pass(*args, **kw) == "kernel"
+    assert seen == [(3, 5, 8)]
+    tmpl = dict(
+        _pass_cuda.template(
+            _pass_cuda.choose_config(64, 128, 128, True),
+            64,
+            128,
+            128,
+            has_x=True,
+            has_e=True,
+            has_h=False,
+            reverse=False,
+            channel=True,
+        )
+    )
+    assert tmpl["CHANNEL"] is True

@@ -6,7 +6,7 @@ Same interface and semantics as :func:`._passes.portable_state_pass`::
         if c in loads:  X = inits[loads[c]]
         entering[c] = X
         V = E[c] - F[c] @ X^T             # [C, R]
-        X = decay[c] * X + V^T @ G[c] + H[c]
+        X = decay[c] * X + V^T @ G[c] + H[c]   # decay[c] [Dk]: X * decay[c][None, :]
         if c in stores: stored[stores[c]] = X
 
 Design (plain fp32 FMA, no tensor cores). The ``R`` rows of ``X`` are independent, so
@@ -63,7 +63,8 @@ __device__ __forceinline__ void cs_cp_async_wait_all() {
 """
 
 # The body of the kernel. Template constants (injected by MLX as constexpr):
-# C, DK, R, TR, NT, CP, A1, B1, B2, J4 (ints); HAS_X, HAS_E, HAS_H, REVERSE (bools).
+# C, DK, R, TR, NT, CP, A1, B1, B2, J4 (ints); HAS_X, HAS_E, HAS_H, REVERSE, CHANNEL
+# (bools; CHANNEL: ``decay`` is ``[L, n, DK]``, one factor per key column of X).
 _SOURCE = r"""
   constexpr int NP = C / CP;              // pieces per chunk
   constexpr int XSTR = DK + 4;            // row strides in shared memory (floats)
@@ -169,7 +170,18 @@ _SOURCE = r"""
             xr[b][q] = *reinterpret_cast<const float4*>(
                 src + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q));
       }
-      const float d = decay[static_cast<size_t>(lane) * n + c];
+      // Decay of this chunk: one scalar, or (CHANNEL) one per key column j of X.
+      const size_t dc = static_cast<size_t>(lane) * n + c;
+      float4 dq[J4];
+#pragma unroll
+      for (int q = 0; q < J4; ++q) {
+        if constexpr (CHANNEL) {
+          dq[q] = *reinterpret_cast<const float4*>(decay + dc * DK + 4 * (tj2 + TJ2 * q));
+        } else {
+          const float d = decay[dc];
+          dq[q] = make_float4(d, d, d, d);
+        }
+      }
 #pragma unroll
       for (int b = 0; b < B2; ++b) {
         const int r = tr2 + TR2 * b;
@@ -179,7 +191,7 @@ _SOURCE = r"""
           const float4 x = xr[b][q];
           *reinterpret_cast<float4*>(entering + tile + static_cast<size_t>(r0 + r) * DK + j) = x;
           *reinterpret_cast<float4*>(xs + r * XSTR + j) = x;
-          acc[b][q] = make_float4(d * x.x, d * x.y, d * x.z, d * x.w);
+          acc[b][q] = make_float4(dq[q].x * x.x, dq[q].y * x.y, dq[q].z * x.z, dq[q].w * x.w);
           if constexpr (HAS_H) {
             hh[b][q] = *reinterpret_cast<const float4*>(
                 Hm + tile + static_cast<size_t>(r0 + r) * DK + j);
@@ -453,7 +465,16 @@ def _kernel(smem: int):
 
 
 def template(
-    cfg: Config, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool, has_h: bool, reverse: bool
+    cfg: Config,
+    C: int,
+    Dk: int,
+    R: int,
+    *,
+    has_x: bool,
+    has_e: bool,
+    has_h: bool,
+    reverse: bool,
+    channel: bool = False,
 ) -> list[tuple[str, object]]:
     """The template arguments of one launch (also used by the compile check)."""
     return [
@@ -471,6 +492,7 @@ def template(
         ("HAS_E", bool(has_e)),
         ("HAS_H", bool(has_h)),
         ("REVERSE", bool(reverse)),
+        ("CHANNEL", bool(channel)),
     ]
 
 
@@ -539,6 +561,7 @@ def state_pass(
         has_e=E is not None,
         has_h=H is not None,
         reverse=reverse,
+        channel=decay.ndim == 3,
     )
     entering, x_out, stored = _kernel(cfg.smem)(
         inputs=inputs,

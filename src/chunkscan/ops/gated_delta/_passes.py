@@ -57,7 +57,7 @@ def state_pass(
         x_in (array, optional): ``[L, R, Dk]`` float32, ``X`` entering the group (in
             processing order); ``None`` when the first processed chunk loads.
         decay (array): ``[L, n]`` float32, or ``[L, n, Dk]`` (per key channel: ``X``
-            is multiplied column-wise, ``X * decay[c][None, :]``; portable path only).
+            is multiplied column-wise, ``X * decay[c][None, :]``).
         F (array): ``[L, n, C, Dk]`` float32.
         E (array, optional): ``[L, n, C, R]`` float32; ``None`` means zeros.
         G (array): ``[L, n, C, Dk]`` float32.
@@ -78,8 +78,7 @@ def state_pass(
     if use_kernels(kernels):
         from . import _pass_cuda
 
-        scalar = decay.ndim == 2  # the kernel has no per-channel decay
-        if scalar and _pass_cuda.supports(F, G, E, H):
+        if _pass_cuda.supports(F, G, E, H):
             return _pass_cuda.state_pass(
                 x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
             )

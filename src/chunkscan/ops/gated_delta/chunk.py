@@ -85,7 +85,7 @@ def gated_delta_rule(
             ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
             ``<= 0`` down to ``-inf`` (a reset of one column) are exact to float32
             rounding; the chunk size is rounded up to a multiple of 8 (sub-chunks).
-            The sequential passes run in portable MLX ops (no CUDA kernel yet).
+            The sequential passes use the CUDA kernel as for the scalar gate.
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
         initial_state (array, optional): ``[B, Hv, Dv, Dk]`` (or ``[N, Hv, Dv, Dk]``
