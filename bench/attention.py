@@ -3,7 +3,9 @@
 Implementations (``--impls``), each configuration in a fresh process
 (:func:`chunkscan.commands.measure.run_isolated`):
 
-- ``chunkscan``: :func:`chunkscan.attention` (query blocks, ordered backward);
+- ``chunkscan``: :func:`chunkscan.attention` (on CUDA its fused backward kernels where
+  they apply, else query blocks with an ordered backward);
+- ``chunkscan_portable``: the same with ``kernels=False`` (the blocked MLX ops);
 - ``mlx_fast``: ``mx.fast.scaled_dot_product_attention`` (MLX's fused forward; its
   backward is MLX's unfused VJP, which keeps the ``T x S`` scores);
 - ``chunkscan_unordered``: chunkscan with the ordering edges of
@@ -31,7 +33,7 @@ import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-IMPLS = ("chunkscan", "mlx_fast", "chunkscan_unordered")
+IMPLS = ("chunkscan", "chunkscan_portable", "mlx_fast", "chunkscan_unordered")
 KiB = 1024.0
 SHAPES = {
     # Qwen3-Next's full-attention layers: 16 query heads, 2 kv heads, head_dim 256.
@@ -92,10 +94,13 @@ def measure(
     if impl == "chunkscan_unordered":
         blocked._ordering = _NoOrdering
     scale = D**-0.5
-    if impl in ("chunkscan", "chunkscan_unordered"):
+    kernels = False if impl == "chunkscan_portable" else None
+    if impl in ("chunkscan", "chunkscan_portable", "chunkscan_unordered"):
 
         def op(q, k, v):
-            return chunkscan.attention(q, k, v, scale=scale, mask=mask, chunk_size=chunk_size)
+            return chunkscan.attention(
+                q, k, v, scale=scale, mask=mask, chunk_size=chunk_size, kernels=kernels
+            )
 
     elif impl == "mlx_fast":
 
@@ -115,10 +120,12 @@ def measure(
     mx.eval(call())  # warm-up
     _, peak = peak_above_active(call)
     seconds = median_seconds(call, repeats=repeats, warmup=0)
-    n_blocks = None
+    n_blocks, kernel = None, False
     if impl != "mlx_fast":
         spec = blocked.check_inputs("attention", q, k, v, scale, mask, chunk_size)
-        n_blocks = 0 if blocked._use_fast(spec) else len(blocked.plan_blocks(spec))
+        fast = blocked._use_fast(spec)
+        kernel = not fast and blocked.use_kernels(kernels) and blocked._cuda.supports(spec, dt)
+        n_blocks = 0 if fast or kernel else len(blocked.plan_blocks(spec))
     return {
         "impl": impl,
         "T": T,
@@ -127,6 +134,7 @@ def measure(
         "kib_per_token": peak / KiB / T,
         "peak_bytes": peak,
         "blocks": n_blocks,
+        "cuda_kernel": kernel,
         "scratch_bytes": blocked.SCRATCH_BYTES,
         "device": str(mx.default_device()),
     }
@@ -204,24 +212,25 @@ def _print_row(row: dict[str, Any]) -> None:
         return
     print(
         f"{row['impl']:>20} T={row['T']:>6}: {row['ms']:10.1f} ms "
-        f"{row['kib_per_token']:9.1f} KiB/token  blocks={row.get('blocks')}",
+        f"{row['kib_per_token']:9.1f} KiB/token  blocks={row.get('blocks')} "
+        f"kernel={row.get('cuda_kernel')}",
         flush=True,
     )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| impl | T | fwd+bwd (ms) | peak (KiB/token) | time / mlx_fast | blocks |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| impl | T | fwd+bwd (ms) | peak (KiB/token) | time / mlx_fast | blocks | kernel |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "ms" not in r:
-            lines.append(f"| {r['impl']} | {r['T']} | {r.get('error', '')[:60]} | | | |")
+            lines.append(f"| {r['impl']} | {r['T']} | {r.get('error', '')[:60]} | | | | |")
             continue
         ratio = f"{r['time_vs_mlx_fast']:.2f}x" if "time_vs_mlx_fast" in r else ""
         lines.append(
             f"| {r['impl']} | {r['T']} | {r['ms']:.1f} | {r['kib_per_token']:.1f} | {ratio} "
-            f"| {r.get('blocks')} |"
+            f"| {r.get('blocks')} | {'yes' if r.get('cuda_kernel') else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -4,12 +4,12 @@
 # '.[cuda,lm,test]' fla-core==0.6.0` run it as it is. Writes into ${OUT:-bench-out}.
 #
 #     bash bench/h200_suite.sh                 # every stage (more than one 10-minute call)
-#     bash bench/h200_suite.sh tests gdn       # the stages named: tests gdn pass lora attention channel
+#     bash bench/h200_suite.sh tests gdn       # the stages named (see STAGES below)
 #
 # Each stage has a time limit; a 10-minute device call fits "tests gdn pass" or
-# "lora attention channel".
+# "lora attention channel" (or "tests attention channel groups").
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-STAGES=${*:-tests gdn pass lora attention channel}
+STAGES=${*:-tests gdn pass lora attention channel groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -20,7 +20,8 @@ if want tests; then
     "tests/ops/test_gated_delta.py::test_fp32_matches_oracle" \
     "tests/ops/test_gated_delta.py::test_packed_sequences" \
     "tests/ops/test_gated_delta.py::test_low_precision_is_the_float32_call_rounded" \
-    tests/ops/test_attention.py 2>&1 | tee "$OUT/tests_h200.txt" | tail -4
+    tests/ops/test_gated_delta_channel.py \
+    tests/ops/test_attention.py tests/ops/test_attention_cuda.py 2>&1 | tee "$OUT/tests_h200.txt" | tail -4
 fi
 if want gdn; then
   stage gdn_vs_fla
@@ -40,12 +41,27 @@ if want lora; then
 fi
 if want attention; then
   stage attention
-  timeout 90 python3 bench/attention.py --shape qwen3-next --T 8192 16384 32768 \
-    --fast-max-T 16384 --repeats 3 --timeout 40 --json "$OUT/attention_h200.json" 2>&1 | tail -12
+  timeout 150 python3 bench/attention.py --shape qwen3-next --T 8192 16384 32768 65536 \
+    --impls chunkscan mlx_fast --fast-max-T 16384 --repeats 3 --timeout 40 \
+    --json "$OUT/attention_h200.json" 2>&1 | tail -12
+  timeout 70 python3 bench/attention.py --shape qwen3-next --T 8192 16384 \
+    --impls chunkscan_portable --repeats 3 --timeout 30 \
+    --json "$OUT/attention_portable_h200.json" 2>&1 | tail -6
 fi
 if want channel; then
   stage channel
   timeout 90 python3 bench/gated_delta.py --gate channel --T 4096 16384 --impls chunkscan \
     --repeats 2 --json "$OUT/gdn_channel_h200.json" --md "$OUT/gdn_channel_h200.md" --png ""
+fi
+if want groups; then
+  stage groups  # the group budget and MLX's CUDA graph limits against time and memory
+  for cfg in "256 default" "1024 default" "4096 default" "256 64"; do
+    set -- $cfg
+    if [ "$2" = default ]; then unset MLX_MAX_MB_PER_BUFFER; else export MLX_MAX_MB_PER_BUFFER=$2; fi
+    CHUNKSCAN_GDN_GROUP_MIB=$1 timeout 60 python3 bench/gated_delta.py --T 16384 \
+      --impls chunkscan --repeats 2 --timeout 50 --json "$OUT/gdn_groups_$1_$2.json" \
+      --md "$OUT/gdn_groups_$1_$2.md" --png "" 2>&1 | grep -E "chunkscan|rror" | tail -2
+  done
+  unset MLX_MAX_MB_PER_BUFFER
 fi
 stage done

@@ -27,6 +27,8 @@ import math
 import mlx.core as mx
 
 from ... import _ordering, _tree
+from ..._backend import use_kernels
+from . import _cuda
 from ._checks import Spec, check_inputs
 from .naive import mask_5d
 
@@ -60,6 +62,7 @@ def attention(
     scale: float,
     mask: str | mx.array | None = None,
     chunk_size: int | None = None,
+    kernels: bool | None = None,
 ) -> mx.array:
     """Drop-in for ``mx.fast.scaled_dot_product_attention`` in training.
 
@@ -88,6 +91,12 @@ def attention(
         chunk_size (int, optional): Query rows per block; ``None`` picks as many as
             keep one block's float32 scores within :data:`SCRATCH_BYTES`. A
             performance knob only. Default: ``None``.
+        kernels (bool, optional): On a CUDA device the backward is two fused kernels
+            (:mod:`chunkscan.ops.attention._cuda`: tensor cores, no scratch) for
+            bfloat16/float16 inputs, head sizes multiples of 32 up to 256 and no mask
+            or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
+            environment variable ``CHUNKSCAN_CUDA_KERNELS=0`` use the blocked ops.
+            Default: ``None`` (automatic).
 
     Returns:
         array: ``[B, Hq, T, Dv]`` in the dtype of ``q``. A query row that sees no key
@@ -104,7 +113,7 @@ def attention(
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     if _use_fast(spec):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
-    return _blocked(spec, q, k, v, mask)
+    return _blocked(spec, q, k, v, mask, kernels)
 
 
 def blocked_attention(
@@ -115,17 +124,21 @@ def blocked_attention(
     scale: float,
     mask: str | mx.array | None = None,
     chunk_size: int | None = None,
+    kernels: bool | None = None,
 ) -> mx.array:
     """:func:`attention` without the shortcut to MLX for short calls (tests, probes)."""
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
-    return _blocked(spec, q, k, v, mask)
+    return _blocked(spec, q, k, v, mask, kernels)
 
 
-def _blocked(spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object) -> mx.array:
+def _blocked(
+    spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object, kernels: bool | None
+) -> mx.array:
     mask_arr = None
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
-    return _tree.as_list(_make_core(spec, plan_blocks(spec), mask_arr)(q, k, v))[0]
+    cuda = use_kernels(kernels) and _cuda.supports(spec, q.dtype)
+    return _tree.as_list(_make_core(spec, plan_blocks(spec), mask_arr, cuda)(q, k, v))[0]
 
 
 def _use_fast(spec: Spec) -> bool:
@@ -167,11 +180,14 @@ def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
     return blocks
 
 
-def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], mask: mx.array | None):
+def _make_core(
+    spec: Spec, blocks: list[tuple[int, int, int]], mask: mx.array | None, cuda: bool = False
+):
     """The custom function ``(q, k, v) -> [o]`` and its blockwise vjp.
 
     ``mask`` (``None`` for no mask and for "causal") is the array mask as
-    ``[B|1, Hkv|1, G|1, T|1, S|1]``, a constant captured here.
+    ``[B|1, Hkv|1, G|1, T|1, S|1]``, a constant captured here. ``cuda``: the vjp is
+    the two kernels of :mod:`._cuda` (the caller checked :func:`._cuda.supports`).
     """
     B, Hkv, G, T, D, Dv = spec.B, spec.Hkv, spec.G, spec.T, spec.D, spec.Dv
     scale = spec.scale
@@ -250,6 +266,8 @@ def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], mask: mx.array | 
         q, k, v = _tree.as_list(primals)
         do = _tree.as_list(cotangents)[0]
         o = _tree.as_list(outputs)[0]
+        if cuda:
+            return list(_cuda.backward(spec, q, k, v, o, do))
         dtype = q.dtype
         qg = q.reshape(B, Hkv, G, T, D)
         dog = do.astype(dtype).reshape(B, Hkv, G, T, Dv)

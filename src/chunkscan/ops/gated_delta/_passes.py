@@ -30,9 +30,11 @@ Implementations (see :func:`state_pass`):
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
+
+from ..._backend import cuda_device, use_kernels
+
+__all__ = ["cuda_device", "portable_state_pass", "state_pass", "use_kernels"]
 
 F32 = mx.float32
 
@@ -85,24 +87,6 @@ def state_pass(
     return portable_state_pass(
         x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
     )
-
-
-def use_kernels(kernels: bool | None = None) -> bool:
-    """Whether the fused CUDA kernel is used: ``kernels`` if given, else on when the
-    default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``."""
-    if kernels is False:
-        return False
-    if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
-        return False
-    return cuda_device()
-
-
-def cuda_device() -> bool:
-    """Whether the default device is a CUDA GPU."""
-    try:
-        return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
-    except AttributeError:
-        return False
 
 
 def portable_state_pass(

@@ -1,0 +1,32 @@
+"""Which backend's fused kernels the ops use (one rule for every op).
+
+An op with a CUDA kernel (the Gated DeltaNet state passes, the attention backward) uses
+it when the default device is a CUDA GPU, unless switched off: by the op's argument
+``kernels=False``, or for every op by the environment variable
+``CHUNKSCAN_CUDA_KERNELS=0`` (read at each call). ``kernels=True`` asks for the kernel
+where the backend has one; elsewhere the portable path runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+
+def use_kernels(kernels: bool | None = None) -> bool:
+    """Whether the fused CUDA kernels are used: ``kernels`` if given, else on when the
+    default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``."""
+    if kernels is False:
+        return False
+    if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
+        return False
+    return cuda_device()
+
+
+def cuda_device() -> bool:
+    """Whether the default device is a CUDA GPU."""
+    try:
+        return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
+    except AttributeError:
+        return False

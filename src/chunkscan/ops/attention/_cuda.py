@@ -1,0 +1,439 @@
+"""The backward of :func:`chunkscan.attention` as two ``mx.fast.cuda_kernel`` launches.
+
+CUDA only; chosen automatically by :mod:`.blocked` where :func:`supports` holds, and
+switched off with ``kernels=False`` or ``CHUNKSCAN_CUDA_KERNELS=0``. The math is the
+blocked backward's (FlashAttention-2): with ``p = softmax(scale * q k^T)`` (masked),
+``delta = rowsum(do * o)``, ``ds = p * (do v^T - delta)``::
+
+    dq = scale * ds k        dk = scale * ds^T q        dv = p^T do
+
+Kernels (tensor cores through ``nvcuda::wmma``, 16x16x16 bfloat16/float16 tiles with
+float32 accumulation; 256 threads = 8 warps per block; tiles of 64 queries x 64 keys):
+
+- ``chunkscan_attn_dq``: one block per (64 query rows, query head, batch row). Pass 1
+  walks the keys the rows see and computes each row's log-sum-exp (online max and sum
+  in float32, base 2); pass 2 walks them again and accumulates ``dq`` in registers.
+  Writes ``dq`` and the log-sum-exp.
+- ``chunkscan_attn_dkdv``: one block per (64 keys, key/value head, batch row). Walks the
+  ``G`` query heads that share the key head and the query tiles that see the keys,
+  accumulating ``dk`` and ``dv`` in registers (no atomics, no repeat of k and v).
+
+``p`` and ``ds`` are rounded to the input dtype before their matrix products, as in the
+blocked path. With ``mask="causal"`` tiles that no query sees are never visited. Memory:
+the gradients, the float32 log-sum-exp and ``delta`` (``[B, Hq, T]`` each): no scratch
+grows with ``T``.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ._checks import Spec
+
+F32 = mx.float32
+BR = 64  # query rows per tile
+BC = 64  # keys per tile
+NT = 256  # threads per block
+_SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90
+
+_HEADER = r"""
+#include <mma.h>
+
+namespace cs_attn {
+using namespace nvcuda;
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+__device__ __forceinline__ float neg_inf() { return -cuda::std::numeric_limits<float>::infinity(); }
+
+// dst[r][c] (row stride LD) = src[r][c] (rows of COLS contiguous elements), r < ROWS;
+// rows >= valid are zero. 16-byte copies.
+template <typename DT, int ROWS, int COLS, int LD, int NTH>
+__device__ __forceinline__ void load_tile(DT* dst, const DT* src, int valid, int tid) {
+  constexpr int V = COLS / 8;
+  for (int e = tid; e < ROWS * V; e += NTH) {
+    const int r = e / V;
+    const int c = (e % V) * 8;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (r < valid) x = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(r) * COLS + c);
+    *reinterpret_cast<uint4*>(dst + r * LD + c) = x;
+  }
+}
+
+// C[64][64] (float, row stride LDC) = A[64][K] B[64][K]^T; 8 warps, 2 tiles each.
+template <typename DT, int K, int LDA, int LDB, int LDC>
+__device__ __forceinline__ void mm_abt(float* C, const DT* A, const DT* B, int warp) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int f = warp * 2 + u;
+    const int rt = f >> 2;
+    const int ct = f & 3;
+    Acc c;
+    wmma::fill_fragment(c, 0.f);
+#pragma unroll 4
+    for (int kk = 0; kk < K; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::row_major> a;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, DT, wmma::col_major> b;
+      wmma::load_matrix_sync(a, A + rt * 16 * LDA + kk, LDA);
+      wmma::load_matrix_sync(b, B + ct * 16 * LDB + kk, LDB);
+      wmma::mma_sync(c, a, b, c);
+    }
+    wmma::store_matrix_sync(C + rt * 16 * LDC + ct * 16, c, LDC, wmma::mem_row_major);
+  }
+}
+
+// acc (this warp's 16 rows x 16*NCT columns of a [64][16*NCT*2] product) +=
+//   A[64][64] Bm[64][16*NCT*2], with A stored row-major (TA = false) or as its
+//   transpose (TA = true: A(m, k) = Am[k][m]); Bm row-major with row stride LDB.
+template <typename FA, typename DT, int LDB, int NCT>
+__device__ __forceinline__ void acc_row(Acc (&acc)[NCT], const FA& a, const DT* Bm, int kk,
+                                        int c0) {
+#pragma unroll
+  for (int ct = 0; ct < NCT; ++ct) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, DT, wmma::row_major> b;
+    wmma::load_matrix_sync(b, Bm + kk * LDB + (c0 + ct) * 16, LDB);
+    wmma::mma_sync(acc[ct], a, b, acc[ct]);
+  }
+}
+
+template <typename DT, bool TA, int LDA, int LDB, int NCT>
+__device__ __forceinline__ void mm_acc(Acc (&acc)[NCT], const DT* Am, const DT* Bm, int warp) {
+  const int rt = warp >> 1;
+  const int c0 = (warp & 1) * NCT;
+#pragma unroll
+  for (int kk = 0; kk < 64; kk += 16) {
+    if constexpr (TA) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::col_major> a;
+      wmma::load_matrix_sync(a, Am + kk * LDA + rt * 16, LDA);
+      acc_row<decltype(a), DT, LDB, NCT>(acc, a, Bm, kk, c0);
+    } else {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::row_major> a;
+      wmma::load_matrix_sync(a, Am + rt * 16 * LDA + kk, LDA);
+      acc_row<decltype(a), DT, LDB, NCT>(acc, a, Bm, kk, c0);
+    }
+  }
+}
+
+// out[r][c] = DT(f * acc), rows r < rows of the warp-tiled [64][16*NCT*2] accumulator,
+// staged through stage[64][COLS + 4] floats. Ends with a barrier.
+template <typename DT, int NCT, int NTH>
+__device__ __forceinline__ void store_acc(
+    DT* out, Acc (&acc)[NCT], float f, float* stage, int rows, int warp, int tid) {
+  constexpr int COLS = 32 * NCT;
+  constexpr int LD = COLS + 4;
+  const int rt = warp >> 1;
+  const int c0 = (warp & 1) * NCT;
+#pragma unroll
+  for (int ct = 0; ct < NCT; ++ct) {
+#pragma unroll
+    for (int i = 0; i < acc[ct].num_elements; ++i) acc[ct].x[i] *= f;
+    wmma::store_matrix_sync(stage + rt * 16 * LD + (c0 + ct) * 16, acc[ct], LD,
+                            wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int e = tid; e < rows * COLS; e += NTH) {
+    const int r = e / COLS;
+    const int c = e % COLS;
+    out[static_cast<size_t>(r) * COLS + c] = static_cast<DT>(stage[r * LD + c]);
+  }
+  __syncthreads();
+}
+}  // namespace cs_attn
+"""
+
+# Template constants: DT (dtype), D, DV, NQ (T), NK (S), HQ, HKV (ints), CAUSAL (bool).
+_COMMON = r"""
+  using namespace cs_attn;
+  constexpr int BR = 64, BC = 64, NTH = 256;
+  constexpr int LDQ = D + 8, LDV = DV + 8, LDS = BC + 4, LDP = BC + 8;
+  constexpr int G = HQ / HKV;
+  constexpr int OFF = NK - NQ;  // causal: query t sees keys j <= t + OFF
+  constexpr float LOG2E = 1.4426950408889634f;
+  static_assert(D % 32 == 0 && DV % 32 == 0 && D <= 256 && DV <= 256, "head sizes");
+  extern __shared__ float4 cs_smem4[];
+  char* sm = reinterpret_cast<char*>(cs_smem4);
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const float sc = params[0];
+  const float c2 = sc * LOG2E;
+  // Elementwise phases: thread -> query row r of the tile, 16 keys from cq.
+  const int r = tid >> 2;
+  const int cq = (tid & 3) * 16;
+"""
+
+_DQ_SOURCE = (
+    _COMMON
+    + r"""
+  DT* Qs = reinterpret_cast<DT*>(sm);                    // [BR][LDQ]
+  DT* dOs = Qs + BR * LDQ;                               // [BR][LDV]
+  DT* Ks = dOs + BR * LDV;                               // [BC][LDQ]
+  DT* Vs = Ks + BC * LDQ;                                // [BC][LDV]
+  float* Ss = reinterpret_cast<float*>(Vs + BC * LDV);   // [BR][LDS] scores
+  float* Ps = Ss + BR * LDS;                             // [BR][LDS] do v^T
+  DT* DSs = reinterpret_cast<DT*>(Ps + BR * LDS);        // [BR][LDP]
+  float* rowv = reinterpret_cast<float*>(DSs + BR * LDP);  // lse2[BR], delta[BR]
+
+  const int nqb = (NQ + BR - 1) / BR;
+  const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // most keys first (causal)
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = h / G;
+  const int t0 = qb * BR;
+  const int rows = min(BR, NQ - t0);
+  const size_t row0 = static_cast<size_t>(b * HQ + h) * NQ + t0;
+  const DT* kp = k + static_cast<size_t>(b * HKV + hk) * NK * D;
+  const DT* vp = v + static_cast<size_t>(b * HKV + hk) * NK * DV;
+  const int kend = CAUSAL ? min(NK, t0 + rows + OFF) : NK;  // keys [0, kend)
+  const int nkb = (kend + BC - 1) / BC;
+  const int tq = t0 + r;
+
+  load_tile<DT, BR, D, LDQ, NTH>(Qs, q + row0 * D, rows, tid);
+  load_tile<DT, BR, DV, LDV, NTH>(dOs, dout + row0 * DV, rows, tid);
+
+  // Pass 1: log-sum-exp of each row, base 2 (online max and sum over the key tiles).
+  float m = neg_inf(), l = 0.f;
+  for (int j = 0; j < nkb; ++j) {
+    const int k0 = j * BC;
+    __syncthreads();  // the previous tile is done with Ks and Ss
+    load_tile<DT, BC, D, LDQ, NTH>(Ks, kp + static_cast<size_t>(k0) * D, min(BC, NK - k0), tid);
+    __syncthreads();
+    mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
+    __syncthreads();
+    float sv[16];
+    float mt = neg_inf();
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int kc = k0 + cq + c;
+      const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
+      sv[c] = ok ? Ss[r * LDS + cq + c] * c2 : neg_inf();
+      mt = fmaxf(mt, sv[c]);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mn = fmaxf(m, mt);
+    float s = 0.f;
+    if (mn != neg_inf()) {
+#pragma unroll
+      for (int c = 0; c < 16; ++c) s += exp2f(sv[c] - mn);
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    l = (mn == neg_inf()) ? 0.f : l * exp2f(m - mn) + s;
+    m = mn;
+  }
+  if ((tid & 3) == 0) {
+    const float lse2 = m + log2f(l);
+    rowv[r] = lse2;
+    rowv[BR + r] = tq < NQ ? delta[row0 + r] : 0.f;
+    if (tq < NQ) lse[row0 + r] = lse2;
+  }
+
+  // Pass 2: dq = scale * sum over key tiles of ds k.
+  Acc acc[D / 32];
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) wmma::fill_fragment(acc[i], 0.f);
+  for (int j = 0; j < nkb; ++j) {
+    const int k0 = j * BC;
+    const int kv = min(BC, NK - k0);
+    __syncthreads();
+    load_tile<DT, BC, D, LDQ, NTH>(Ks, kp + static_cast<size_t>(k0) * D, kv, tid);
+    load_tile<DT, BC, DV, LDV, NTH>(Vs, vp + static_cast<size_t>(k0) * DV, kv, tid);
+    __syncthreads();
+    mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
+    mm_abt<DT, DV, LDV, LDV, LDS>(Ps, dOs, Vs, warp);
+    __syncthreads();
+    const float lse2 = rowv[r];
+    const float dl = rowv[BR + r];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int kc = k0 + cq + c;
+      const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
+      const float p = ok ? exp2f(Ss[r * LDS + cq + c] * c2 - lse2) : 0.f;
+      DSs[r * LDP + cq + c] = static_cast<DT>(p * (Ps[r * LDS + cq + c] - dl));
+    }
+    __syncthreads();
+    mm_acc<DT, false, LDP, LDQ, D / 32>(acc, DSs, Ks, warp);
+  }
+  __syncthreads();
+  store_acc<DT, D / 32, NTH>(dq + row0 * D, acc, sc, reinterpret_cast<float*>(sm), rows, warp,
+                             tid);
+"""
+)
+
+_DKDV_SOURCE = (
+    _COMMON
+    + r"""
+  DT* Ks = reinterpret_cast<DT*>(sm);                    // [BC][LDQ]
+  DT* Vs = Ks + BC * LDQ;                                // [BC][LDV]
+  DT* Qs = Vs + BC * LDV;                                // [BR][LDQ]
+  DT* dOs = Qs + BR * LDQ;                               // [BR][LDV]
+  float* Ss = reinterpret_cast<float*>(dOs + BR * LDV);  // [BR][LDS] scores (q x k)
+  float* Ps = Ss + BR * LDS;                             // [BR][LDS] do v^T
+  DT* PBs = reinterpret_cast<DT*>(Ps + BR * LDS);        // [BR][LDP] p
+  DT* DSs = PBs + BR * LDP;                              // [BR][LDP] ds
+  float* rowv = reinterpret_cast<float*>(DSs + BR * LDP);  // lse2[BR], delta[BR]
+
+  const int kb = blockIdx.x;  // the first key tiles are seen by the most queries
+  const int hk = blockIdx.y;
+  const int b = blockIdx.z;
+  const int k0 = kb * BC;
+  const int kv = min(BC, NK - k0);
+  const size_t key0 = static_cast<size_t>(b * HKV + hk) * NK + k0;
+  load_tile<DT, BC, D, LDQ, NTH>(Ks, k + key0 * D, kv, tid);
+  load_tile<DT, BC, DV, LDV, NTH>(Vs, v + key0 * DV, kv, tid);
+
+  Acc acc_k[D / 32];
+  Acc acc_v[DV / 32];
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) wmma::fill_fragment(acc_k[i], 0.f);
+#pragma unroll
+  for (int i = 0; i < DV / 32; ++i) wmma::fill_fragment(acc_v[i], 0.f);
+
+  const int nqb = (NQ + BR - 1) / BR;
+  const int qb0 = CAUSAL ? max(0, k0 - OFF) / BR : 0;  // first query tile that sees k0
+  for (int g = 0; g < G; ++g) {
+    const int h = hk * G + g;
+    for (int qb = qb0; qb < nqb; ++qb) {
+      const int t0 = qb * BR;
+      const int rows = min(BR, NQ - t0);
+      const size_t row0 = static_cast<size_t>(b * HQ + h) * NQ + t0;
+      __syncthreads();  // the previous tile is done with Qs, dOs, rowv, PBs, DSs
+      load_tile<DT, BR, D, LDQ, NTH>(Qs, q + row0 * D, rows, tid);
+      load_tile<DT, BR, DV, LDV, NTH>(dOs, dout + row0 * DV, rows, tid);
+      if (tid < BR) {
+        rowv[tid] = tid < rows ? lse[row0 + tid] : 0.f;
+        rowv[BR + tid] = tid < rows ? delta[row0 + tid] : 0.f;
+      }
+      __syncthreads();
+      mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
+      mm_abt<DT, DV, LDV, LDV, LDS>(Ps, dOs, Vs, warp);
+      __syncthreads();
+      const int tq = t0 + r;
+      const float lse2 = rowv[r];
+      const float dl = rowv[BR + r];
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const int kc = k0 + cq + c;
+        const bool ok = tq < NQ && kc < NK && (!CAUSAL || kc <= tq + OFF);
+        const float p = ok ? exp2f(Ss[r * LDS + cq + c] * c2 - lse2) : 0.f;
+        const DT pr = static_cast<DT>(p);
+        PBs[r * LDP + cq + c] = pr;
+        DSs[r * LDP + cq + c] = static_cast<DT>(p * (Ps[r * LDS + cq + c] - dl));
+      }
+      __syncthreads();
+      mm_acc<DT, true, LDP, LDV, DV / 32>(acc_v, PBs, dOs, warp);  // dv += p^T do
+      mm_acc<DT, true, LDP, LDQ, D / 32>(acc_k, DSs, Qs, warp);    // dk += ds^T q
+    }
+  }
+  __syncthreads();
+  float* stage = reinterpret_cast<float*>(Qs);  // Qs onwards is free now
+  store_acc<DT, D / 32, NTH>(dk + key0 * D, acc_k, sc, stage, kv, warp, tid);
+  store_acc<DT, DV / 32, NTH>(dv + key0 * DV, acc_v, 1.f, stage, kv, warp, tid);
+"""
+)
+
+
+def _tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+    return rows * cols * itemsize
+
+
+def smem_bytes(D: int, Dv: int) -> dict[str, int]:
+    """Dynamic shared memory of each kernel (mirrors the layouts in the sources)."""
+    ldq, ldv, lds, ldp = D + 8, Dv + 8, BC + 4, BC + 8
+    tiles = 2 * (_tile_bytes(BR, ldq, 2) + _tile_bytes(BR, ldv, 2))  # Q, dO, K, V
+    scores = 2 * _tile_bytes(BR, lds, 4)
+    rowv = 2 * BR * 4
+    dq = tiles + scores + _tile_bytes(BR, ldp, 2) + rowv
+    dkdv = tiles + scores + 2 * _tile_bytes(BR, ldp, 2) + rowv
+    # The output staging [64][cols + 4] floats reuses the tiles (dq: from Q; dkdv: from
+    # Q on, i.e. everything after K and V).
+    staged_dq = _tile_bytes(BR, D + 4, 4)
+    staged_dkdv = _tile_bytes(BC, max(D, Dv) + 4, 4)
+    after_kv = dkdv - _tile_bytes(BC, ldq, 2) - _tile_bytes(BC, ldv, 2)
+    if staged_dq > dq or staged_dkdv > after_kv:  # never for D, Dv in 32..256
+        raise AssertionError("attention kernel staging does not fit its shared memory")
+    return {"dq": dq, "dkdv": dkdv}
+
+
+def supports(spec: Spec, dtype: mx.Dtype) -> bool:
+    """Whether the kernels take this call: bfloat16/float16, head sizes multiples of 32
+    up to 256, no mask or ``"causal"`` with ``T <= S`` (every query sees a key)."""
+    if dtype not in (mx.bfloat16, mx.float16):
+        return False
+    if spec.D % 32 or spec.Dv % 32 or not (32 <= spec.D <= 256 and 32 <= spec.Dv <= 256):
+        return False
+    if spec.mask_kind == "none":
+        return True
+    return spec.mask_kind == "causal" and spec.T <= spec.S
+
+
+_KERNELS: dict[tuple[str, int], object] = {}
+
+
+def _kernel(which: str, smem: int):
+    key = (which, smem)
+    kern = _KERNELS.get(key)
+    if kern is None:
+        if which == "dq":
+            ins, outs, src = ["q", "k", "v", "dout", "delta", "params"], ["dq", "lse"], _DQ_SOURCE
+        else:
+            ins, outs = ["q", "k", "v", "dout", "delta", "lse", "params"], ["dk", "dv"]
+            src = _DKDV_SOURCE
+        try:
+            kern = mx.fast.cuda_kernel(
+                name=f"chunkscan_attn_{which}",
+                input_names=ins,
+                output_names=outs,
+                source=src,
+                header=_HEADER,
+                ensure_row_contiguous=True,
+                shared_memory=smem,
+            )
+        except Exception as e:  # no CUDA back-end (CPU-only MLX)
+            raise RuntimeError(f"[attention] the CUDA kernel is unavailable: {e}") from e
+        _KERNELS[key] = kern
+    return kern
+
+
+def template(spec: Spec, dtype: mx.Dtype) -> list[tuple[str, object]]:
+    """The template arguments of both kernels (also used by the compile check)."""
+    return [
+        ("DT", dtype),
+        ("D", spec.D),
+        ("DV", spec.Dv),
+        ("NQ", spec.T),
+        ("NK", spec.S),
+        ("HQ", spec.Hq),
+        ("HKV", spec.Hkv),
+        ("CAUSAL", spec.mask_kind == "causal"),
+    ]
+
+
+def backward(
+    spec: Spec, q: mx.array, k: mx.array, v: mx.array, o: mx.array, do: mx.array
+) -> tuple[mx.array, mx.array, mx.array]:
+    """``(dq, dk, dv)`` of ``o = attention(q, k, v)`` for the cotangent ``do``, in the
+    input dtype; requires :func:`supports`."""
+    B, Hq, Hkv, T, S = spec.B, spec.Hq, spec.Hkv, spec.T, spec.S
+    dtype = q.dtype
+    do = do.astype(dtype)
+    delta = mx.sum(do.astype(F32) * o.astype(F32), axis=-1)  # [B, Hq, T]
+    params = mx.array([spec.scale], dtype=F32)
+    tmpl = template(spec, dtype)
+    smem = smem_bytes(spec.D, spec.Dv)
+    nqb, nkb = -(-T // BR), -(-S // BC)
+    dq, lse = _kernel("dq", smem["dq"])(
+        inputs=[q, k, v, do, delta, params],
+        template=tmpl,
+        grid=(nqb * NT, Hq, B),
+        threadgroup=(NT, 1, 1),
+        output_shapes=[q.shape, (B, Hq, T)],
+        output_dtypes=[dtype, F32],
+    )
+    dk, dv = _kernel("dkdv", smem["dkdv"])(
+        inputs=[q, k, v, do, delta, lse, params],
+        template=tmpl,
+        grid=(nkb * NT, Hkv, B),
+        threadgroup=(NT, 1, 1),
+        output_shapes=[k.shape, v.shape],
+        output_dtypes=[dtype, dtype],
+    )
+    return dq, dk, dv

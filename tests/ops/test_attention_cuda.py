@@ -1,0 +1,119 @@
+"""The CUDA backward of chunkscan.attention (ops/attention/_cuda.py).
+
+Everywhere: which calls the kernels take, that the dispatch sends them there and only
+there, that their construction is guarded and that their shared memory fits. Where MLX
+has a CUDA GPU: values of dq/dk/dv against the float32 oracle on the upcast inputs,
+next to the blocked path's own error (run them with `bash bench/h200_suite.sh tests`;
+the output is committed under bench/results/h200/).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from helpers import attention_inputs as make_inputs
+from helpers import max_rel, rel_rmse
+
+from chunkscan.ops.attention import _cuda, blocked, naive_attention
+from chunkscan.ops.attention._checks import check_inputs
+
+HAS_CUDA = bool(getattr(mx, "cuda", None)) and mx.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs MLX with a CUDA GPU")
+
+
+def _spec(T, S, D, Dv, mask, dtype=mx.bfloat16, Hq=4, Hkv=2):
+    q, k, v, _ = make_inputs(1, Hq, Hkv, T, S, D, Dv, dtype=dtype)
+    return check_inputs("t", q, k, v, 1.0, mask, None)
+
+
+def test_supports():
+    assert _cuda.supports(_spec(64, 64, 256, 256, "causal"), mx.bfloat16)
+    assert _cuda.supports(_spec(30, 70, 64, 128, "causal"), mx.float16)  # T < S
+    assert _cuda.supports(_spec(70, 30, 64, 64, None), mx.bfloat16)
+    assert not _cuda.supports(_spec(70, 30, 64, 64, "causal"), mx.bfloat16)  # rows see nothing
+    assert not _cuda.supports(_spec(8, 8, 64, 64, None), mx.float32)
+    assert not _cuda.supports(_spec(8, 8, 48, 64, None), mx.bfloat16)  # D % 32
+    assert not _cuda.supports(_spec(8, 8, 64, 288, None), mx.bfloat16)  # Dv > 256
+    assert not _cuda.supports(_spec(8, 8, 64, 64, mx.ones((8, 8), mx.bool_)), mx.bfloat16)
+
+
+def test_shared_memory_fits_every_head_size():
+    for D in range(32, 257, 32):
+        for Dv in range(32, 257, 32):
+            sm = _cuda.smem_bytes(D, Dv)
+            assert max(sm.values()) <= _cuda._SMEM_LIMIT, (D, Dv, sm)
+
+
+def test_dispatch_sends_supported_calls_to_the_kernel(monkeypatch):
+    calls = []
+
+    def fake(spec, q, k, v, o, do):
+        calls.append(spec)
+        return mx.zeros_like(q), mx.zeros_like(k), mx.zeros_like(v)
+
+    monkeypatch.setattr(blocked, "use_kernels", lambda kernels=None: kernels is not False)
+    monkeypatch.setattr(_cuda, "backward", fake)
+
+    def grads(dtype, mask, **kw):
+        q, k, v, ct = make_inputs(1, 4, 2, 40, 40, 32, dtype=dtype)
+        f = lambda q, k, v: [blocked.blocked_attention(q, k, v, scale=0.2, mask=mask, **kw)]  # noqa: E731
+        return mx.vjp(f, [q, k, v], [ct])[1]
+
+    dq = grads(mx.bfloat16, "causal")[0]
+    assert len(calls) == 1 and not mx.any(dq).item()
+    grads(mx.float32, "causal")  # float32: the blocked ops
+    grads(mx.bfloat16, mx.ones((40, 40), mx.bool_))  # array mask: the blocked ops
+    dq = grads(mx.bfloat16, "causal", kernels=False)[0]  # switched off
+    assert len(calls) == 1 and mx.any(dq).item()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the guard where there is no CUDA")
+def test_kernel_construction_is_guarded():
+    with pytest.raises(RuntimeError, match=r"\[attention\] the CUDA kernel is unavailable"):
+        _cuda._kernel("dq", 1024)
+
+
+# (B, Hq, Hkv, T, S, D, Dv, mask, dtype)
+CUDA_CASES = [
+    (1, 16, 2, 300, 300, 256, 256, "causal", mx.bfloat16),  # Qwen3-Next heads, T % 64 != 0
+    (2, 4, 4, 130, 257, 64, 128, "causal", mx.bfloat16),  # T < S, Dv != D, G = 1
+    (1, 8, 1, 1, 77, 128, 128, "causal", mx.float16),  # T = 1, G = 8
+    (2, 4, 2, 96, 40, 32, 64, None, mx.float16),  # no mask, T > S
+    (1, 2, 1, 64, 64, 256, 32, None, mx.bfloat16),  # one tile each way
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "case", CUDA_CASES, ids=["B{}-Hq{}-Hkv{}-T{}-S{}-D{}-Dv{}-{}-{}".format(*c) for c in CUDA_CASES]
+)
+def test_cuda_backward_against_the_upcast_oracle(case, monkeypatch):
+    B, Hq, Hkv, T, S, D, Dv, mask, dtype = case
+    used = []
+    real = _cuda.backward
+    monkeypatch.setattr(_cuda, "backward", lambda *a: used.append(1) or real(*a))
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=dtype)
+    kw = dict(scale=D**-0.5, mask=mask)
+
+    def grads(fn, *xs, **extra):
+        f = lambda q, k, v: [fn(q, k, v, **kw, **extra)]  # noqa: E731
+        return mx.vjp(f, list(xs[:3]), [xs[3]])[1]
+
+    ref = grads(naive_attention, *[x.astype(mx.float32) for x in (q, k, v, ct)])
+    got = grads(blocked.blocked_attention, q, k, v, ct)  # automatic: the kernel
+    assert used, "the automatic path did not use the kernel"
+    ops = grads(blocked.blocked_attention, q, k, v, ct, kernels=False)
+    compiled = mx.compile(lambda *xs: grads(blocked.blocked_attention, *xs))(q, k, v, ct)
+    # Both paths round p and ds to the input dtype before their products, so the
+    # kernel's error against float32 is the blocked ops' error (measured on the H200:
+    # see bench/results/h200/tests_h200.txt); bounds: 2x the blocked path's rel. RMSE,
+    # and the max-relative bounds of test_low_precision_against_the_upcast_call.
+    bound = 0.02 if dtype == mx.bfloat16 else 0.004
+    for name, a, b, c, r in zip(("dq", "dk", "dv"), got, ops, compiled, ref):
+        assert a.dtype == dtype and a.shape == r.shape, name
+        e_k, e_o, e_c = rel_rmse(a, r), rel_rmse(b, r), rel_rmse(c, r)
+        print(f"{name}: kernel {e_k:.2e} ops {e_o:.2e} compiled {e_c:.2e} "
+              f"max-rel {max_rel(a, r):.2e}")  # fmt: skip
+        assert e_k <= 2 * e_o + 1e-6, f"{name}: kernel {e_k:.2e} vs ops {e_o:.2e}"
+        assert e_c <= 2 * e_o + 1e-6, f"{name}: compiled {e_c:.2e} vs ops {e_o:.2e}"
+        assert max_rel(a, r) <= bound, f"{name}: {max_rel(a, r):.2e} > {bound}"
