@@ -15,13 +15,13 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if want tests; then
   stage tests  # TF32 off: the fp32 tolerances are those of exact fp32 matmuls
-  MLX_ENABLE_TF32=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/ops/test_gated_delta_passes.py \
+  MLX_ENABLE_TF32=0 timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs \
+    tests/ops/test_attention_cuda.py tests/ops/test_gated_delta_passes.py \
     "tests/ops/test_gated_delta.py::test_fp32_matches_oracle" \
     "tests/ops/test_gated_delta.py::test_packed_sequences" \
     "tests/ops/test_gated_delta.py::test_low_precision_is_the_float32_call_rounded" \
-    tests/ops/test_gated_delta_channel.py \
-    tests/ops/test_attention.py tests/ops/test_attention_cuda.py 2>&1 | tee "$OUT/tests_h200.txt" | tail -4
+    tests/ops/test_gated_delta_channel.py tests/ops/test_attention.py \
+    2>&1 | tee "$OUT/tests_h200.txt" | tail -4
 fi
 if want gdn; then
   stage gdn_vs_fla
@@ -47,11 +47,17 @@ if want attention; then
   timeout 70 python3 bench/attention.py --shape qwen3-next --T 8192 16384 \
     --impls chunkscan_portable --repeats 3 --timeout 30 \
     --json "$OUT/attention_portable_h200.json" 2>&1 | tail -6
+  timeout 60 python3 bench/attention.py --shape qwen3-next --T 8192 32768 --fused-forward never \
+    --impls chunkscan --repeats 3 --timeout 25 \
+    --json "$OUT/attention_blocked_forward_h200.json" 2>&1 | tail -6
 fi
 if want channel; then
   stage channel
-  timeout 90 python3 bench/gated_delta.py --gate channel --T 4096 16384 --impls chunkscan \
+  timeout 150 python3 bench/gated_delta.py --gate channel --T 4096 16384 --impls chunkscan \
     --repeats 2 --json "$OUT/gdn_channel_h200.json" --md "$OUT/gdn_channel_h200.md" --png ""
+  timeout 80 python3 bench/gated_delta.py --gate channel --T 4096 --impls mlx_lm \
+    --repeats 1 --timeout 70 --json "$OUT/gdn_channel_mlx_lm_h200.json" \
+    --md "$OUT/gdn_channel_mlx_lm_h200.md" --png ""
 fi
 if want groups; then
   stage groups  # the group budget and MLX's CUDA graph limits against time and memory

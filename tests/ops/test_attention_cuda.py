@@ -32,14 +32,15 @@ def test_supports():
     assert _cuda.supports(_spec(70, 30, 64, 64, None), mx.bfloat16)
     assert not _cuda.supports(_spec(70, 30, 64, 64, "causal"), mx.bfloat16)  # rows see nothing
     assert not _cuda.supports(_spec(8, 8, 64, 64, None), mx.float32)
-    assert not _cuda.supports(_spec(8, 8, 48, 64, None), mx.bfloat16)  # D % 32
+    assert not _cuda.supports(_spec(8, 8, 96, 64, None), mx.bfloat16)  # D % 64
+    assert not _cuda.supports(_spec(8, 8, 64, 32, None), mx.bfloat16)  # Dv < 64
     assert not _cuda.supports(_spec(8, 8, 64, 288, None), mx.bfloat16)  # Dv > 256
     assert not _cuda.supports(_spec(8, 8, 64, 64, mx.ones((8, 8), mx.bool_)), mx.bfloat16)
 
 
 def test_shared_memory_fits_every_head_size():
-    for D in range(32, 257, 32):
-        for Dv in range(32, 257, 32):
+    for D in range(64, 257, 64):
+        for Dv in range(64, 257, 64):
             sm = _cuda.smem_bytes(D, Dv)
             assert max(sm.values()) <= _cuda._SMEM_LIMIT, (D, Dv, sm)
 
@@ -55,7 +56,7 @@ def test_dispatch_sends_supported_calls_to_the_kernel(monkeypatch):
     monkeypatch.setattr(_cuda, "backward", fake)
 
     def grads(dtype, mask, **kw):
-        q, k, v, ct = make_inputs(1, 4, 2, 40, 40, 32, dtype=dtype)
+        q, k, v, ct = make_inputs(1, 4, 2, 40, 40, 64, dtype=dtype)
         f = lambda q, k, v: [blocked.blocked_attention(q, k, v, scale=0.2, mask=mask, **kw)]  # noqa: E731
         return mx.vjp(f, [q, k, v], [ct])[1]
 
@@ -73,26 +74,32 @@ def test_kernel_construction_is_guarded():
         _cuda._kernel("dq", 1024)
 
 
-# (B, Hq, Hkv, T, S, D, Dv, mask, dtype)
+# (B, Hq, Hkv, T, S, D, Dv, mask, dtype, grow): grow = keys scaled up along S, so that
+# every row's maximum keeps rising over the key tiles (the online reference moves).
 CUDA_CASES = [
-    (1, 16, 2, 300, 300, 256, 256, "causal", mx.bfloat16),  # Qwen3-Next heads, T % 64 != 0
-    (2, 4, 4, 130, 257, 64, 128, "causal", mx.bfloat16),  # T < S, Dv != D, G = 1
-    (1, 8, 1, 1, 77, 128, 128, "causal", mx.float16),  # T = 1, G = 8
-    (2, 4, 2, 96, 40, 32, 64, None, mx.float16),  # no mask, T > S
-    (1, 2, 1, 64, 64, 256, 32, None, mx.bfloat16),  # one tile each way
+    (1, 16, 2, 300, 300, 256, 256, "causal", mx.bfloat16, False),  # Qwen3-Next heads
+    (1, 16, 2, 300, 300, 256, 256, "causal", mx.bfloat16, True),
+    (2, 4, 4, 130, 257, 64, 128, "causal", mx.bfloat16, False),  # T < S, Dv != D, G = 1
+    (1, 8, 1, 1, 77, 128, 128, "causal", mx.float16, True),  # T = 1, G = 8
+    (2, 4, 2, 96, 40, 64, 64, None, mx.float16, False),  # no mask, T > S
+    (1, 2, 1, 64, 64, 256, 64, None, mx.bfloat16, True),  # one tile each way
 ]
 
 
 @needs_cuda
 @pytest.mark.parametrize(
-    "case", CUDA_CASES, ids=["B{}-Hq{}-Hkv{}-T{}-S{}-D{}-Dv{}-{}-{}".format(*c) for c in CUDA_CASES]
+    "case",
+    CUDA_CASES,
+    ids=["B{}-Hq{}-Hkv{}-T{}-S{}-D{}-Dv{}-{}-{}-grow{}".format(*c) for c in CUDA_CASES],
 )
 def test_cuda_backward_against_the_upcast_oracle(case, monkeypatch):
-    B, Hq, Hkv, T, S, D, Dv, mask, dtype = case
+    B, Hq, Hkv, T, S, D, Dv, mask, dtype, grow = case
     used = []
     real = _cuda.backward
     monkeypatch.setattr(_cuda, "backward", lambda *a: used.append(1) or real(*a))
     q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=dtype)
+    if grow:  # score scale 1 -> 4 along the keys: maxima rise by far more than 8 (log2)
+        k = (k.astype(mx.float32) * (1 + 3 * mx.arange(S) / S)[:, None]).astype(dtype)
     kw = dict(scale=D**-0.5, mask=mask)
 
     def grads(fn, *xs, **extra):

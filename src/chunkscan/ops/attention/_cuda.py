@@ -10,10 +10,13 @@ blocked backward's (FlashAttention-2): with ``p = softmax(scale * q k^T)`` (mask
 Kernels (tensor cores through ``nvcuda::wmma``, 16x16x16 bfloat16/float16 tiles with
 float32 accumulation; 256 threads = 8 warps per block; tiles of 64 queries x 64 keys):
 
-- ``chunkscan_attn_dq``: one block per (64 query rows, query head, batch row). Pass 1
-  walks the keys the rows see and computes each row's log-sum-exp (online max and sum
-  in float32, base 2); pass 2 walks them again and accumulates ``dq`` in registers.
-  Writes ``dq`` and the log-sum-exp.
+- ``chunkscan_attn_dq``: one block per (64 query rows, query head, batch row). Computes
+  ``delta`` from its ``do`` and ``o`` rows, then walks the keys the rows see ONCE with
+  an online softmax: ``p~ = exp2(scale log2(e) s - m)`` against a per-row reference
+  ``m`` that moves only when a tile's maximum exceeds it by more than 8 (so
+  ``p~ <= 256``; moving it rescales the ``dq`` accumulator and the row sum ``l``), and
+  accumulates ``p~ (dp - delta) k`` in registers; ``dq = scale * acc / l``. Writes
+  ``dq``, ``delta`` and the log-sum-exp (base 2, ``m + log2(l)``).
 - ``chunkscan_attn_dkdv``: one block per (64 keys, key/value head, batch row). Walks the
   ``G`` query heads that share the key head and the query tiles that see the keys,
   accumulating ``dk`` and ``dv`` in registers (no atomics, no repeat of k and v).
@@ -58,81 +61,107 @@ __device__ __forceinline__ void load_tile(DT* dst, const DT* src, int valid, int
   }
 }
 
-// C[64][64] (float, row stride LDC) = A[64][K] B[64][K]^T; 8 warps, 2 tiles each.
+// C[64][64] (float, row stride LDC) = A[64][K] B[64][K]^T; warp w computes rows
+// 16 (w / 2) .. + 16, columns 32 (w % 2) .. + 32 (one a fragment, two b fragments).
 template <typename DT, int K, int LDA, int LDB, int LDC>
 __device__ __forceinline__ void mm_abt(float* C, const DT* A, const DT* B, int warp) {
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int f = warp * 2 + u;
-    const int rt = f >> 2;
-    const int ct = f & 3;
-    Acc c;
-    wmma::fill_fragment(c, 0.f);
-#pragma unroll 4
-    for (int kk = 0; kk < K; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::row_major> a;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, DT, wmma::col_major> b;
-      wmma::load_matrix_sync(a, A + rt * 16 * LDA + kk, LDA);
-      wmma::load_matrix_sync(b, B + ct * 16 * LDB + kk, LDB);
-      wmma::mma_sync(c, a, b, c);
-    }
-    wmma::store_matrix_sync(C + rt * 16 * LDC + ct * 16, c, LDC, wmma::mem_row_major);
-  }
-}
-
-// acc (this warp's 16 rows x 16*NCT columns of a [64][16*NCT*2] product) +=
-//   A[64][64] Bm[64][16*NCT*2], with A stored row-major (TA = false) or as its
-//   transpose (TA = true: A(m, k) = Am[k][m]); Bm row-major with row stride LDB.
-template <typename FA, typename DT, int LDB, int NCT>
-__device__ __forceinline__ void acc_row(Acc (&acc)[NCT], const FA& a, const DT* Bm, int kk,
-                                        int c0) {
-#pragma unroll
-  for (int ct = 0; ct < NCT; ++ct) {
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, DT, wmma::row_major> b;
-    wmma::load_matrix_sync(b, Bm + kk * LDB + (c0 + ct) * 16, LDB);
-    wmma::mma_sync(acc[ct], a, b, acc[ct]);
-  }
-}
-
-template <typename DT, bool TA, int LDA, int LDB, int NCT>
-__device__ __forceinline__ void mm_acc(Acc (&acc)[NCT], const DT* Am, const DT* Bm, int warp) {
   const int rt = warp >> 1;
-  const int c0 = (warp & 1) * NCT;
+  const int ct = (warp & 1) * 2;
+  Acc c0, c1;
+  wmma::fill_fragment(c0, 0.f);
+  wmma::fill_fragment(c1, 0.f);
+#pragma unroll 4
+  for (int kk = 0; kk < K; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, DT, wmma::col_major> b0, b1;
+    wmma::load_matrix_sync(a, A + rt * 16 * LDA + kk, LDA);
+    wmma::load_matrix_sync(b0, B + ct * 16 * LDB + kk, LDB);
+    wmma::load_matrix_sync(b1, B + (ct + 1) * 16 * LDB + kk, LDB);
+    wmma::mma_sync(c0, a, b0, c0);
+    wmma::mma_sync(c1, a, b1, c1);
+  }
+  wmma::store_matrix_sync(C + rt * 16 * LDC + ct * 16, c0, LDC, wmma::mem_row_major);
+  wmma::store_matrix_sync(C + rt * 16 * LDC + (ct + 1) * 16, c1, LDC, wmma::mem_row_major);
+}
+
+// The [64][64 NC] accumulators of a block: warp w holds rows 32 (w / 4) .. + 32 and
+// columns 16 NC (w % 4) .. + 16 NC as acc[0..NC) (first 16 rows) and acc[NC..2 NC).
+template <typename FA, typename DT, int LDB, int NC>
+__device__ __forceinline__ void acc_rows(Acc (&acc)[2 * NC], const FA& a0, const FA& a1,
+                                         const DT* Bm, int kk, int c0) {
+#pragma unroll
+  for (int ct = 0; ct < NC; ++ct) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, DT, wmma::row_major> b;
+    wmma::load_matrix_sync(b, Bm + kk * LDB + c0 + ct * 16, LDB);
+    wmma::mma_sync(acc[ct], a0, b, acc[ct]);
+    wmma::mma_sync(acc[NC + ct], a1, b, acc[NC + ct]);
+  }
+}
+
+// acc += A[64][64] Bm[64][64 NC] (this warp's part, see acc_rows), A stored row-major
+// (TA = false) or as its transpose (TA = true: A(m, k) = Am[k][m]); Bm row-major.
+template <typename DT, bool TA, int LDA, int LDB, int NC>
+__device__ __forceinline__ void mm_acc(Acc (&acc)[2 * NC], const DT* Am, const DT* Bm,
+                                       int warp) {
+  const int r0 = (warp >> 2) * 32;
+  const int c0 = (warp & 3) * NC * 16;
 #pragma unroll
   for (int kk = 0; kk < 64; kk += 16) {
     if constexpr (TA) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::col_major> a;
-      wmma::load_matrix_sync(a, Am + kk * LDA + rt * 16, LDA);
-      acc_row<decltype(a), DT, LDB, NCT>(acc, a, Bm, kk, c0);
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::col_major> a0, a1;
+      wmma::load_matrix_sync(a0, Am + kk * LDA + r0, LDA);
+      wmma::load_matrix_sync(a1, Am + kk * LDA + r0 + 16, LDA);
+      acc_rows<decltype(a0), DT, LDB, NC>(acc, a0, a1, Bm, kk, c0);
     } else {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::row_major> a;
-      wmma::load_matrix_sync(a, Am + rt * 16 * LDA + kk, LDA);
-      acc_row<decltype(a), DT, LDB, NCT>(acc, a, Bm, kk, c0);
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, DT, wmma::row_major> a0, a1;
+      wmma::load_matrix_sync(a0, Am + r0 * LDA + kk, LDA);
+      wmma::load_matrix_sync(a1, Am + (r0 + 16) * LDA + kk, LDA);
+      acc_rows<decltype(a0), DT, LDB, NC>(acc, a0, a1, Bm, kk, c0);
     }
   }
 }
 
-// out[r][c] = DT(f * acc), rows r < rows of the warp-tiled [64][16*NCT*2] accumulator,
-// staged through stage[64][COLS + 4] floats. Ends with a barrier.
-template <typename DT, int NCT, int NTH>
-__device__ __forceinline__ void store_acc(
-    DT* out, Acc (&acc)[NCT], float f, float* stage, int rows, int warp, int tid) {
-  constexpr int COLS = 32 * NCT;
+// Multiply row r of this warp's accumulators by f[r] (f: 64 floats in shared memory),
+// through buf, the warp's own 16 x 16 floats of shared memory.
+template <int NC>
+__device__ __forceinline__ void scale_rows(Acc (&acc)[2 * NC], const float* f, float* buf,
+                                           int warp, int lane) {
+  const int r0 = (warp >> 2) * 32;
+#pragma unroll
+  for (int i = 0; i < 2 * NC; ++i) {
+    const int rows = r0 + (i < NC ? 0 : 16);
+    wmma::store_matrix_sync(buf, acc[i], 16, wmma::mem_row_major);
+    __syncwarp();
+#pragma unroll
+    for (int e = lane; e < 256; e += 32) buf[e] *= f[rows + e / 16];
+    __syncwarp();
+    wmma::load_matrix_sync(acc[i], buf, 16, wmma::mem_row_major);
+    __syncwarp();
+  }
+}
+
+// out[r][c] = DT(f * rowf[r] * acc) for rows r < rows (rowf: 64 floats, or nullptr for
+// 1), staged through stage[64][64 NC + 4] floats. Ends with a barrier.
+template <typename DT, int NC, int NTH>
+__device__ __forceinline__ void store_acc(DT* out, Acc (&acc)[2 * NC], float f,
+                                          const float* rowf, float* stage, int rows, int warp,
+                                          int tid) {
+  constexpr int COLS = 64 * NC;
   constexpr int LD = COLS + 4;
-  const int rt = warp >> 1;
-  const int c0 = (warp & 1) * NCT;
+  const int r0 = (warp >> 2) * 32;
+  const int c0 = (warp & 3) * NC * 16;
 #pragma unroll
-  for (int ct = 0; ct < NCT; ++ct) {
-#pragma unroll
-    for (int i = 0; i < acc[ct].num_elements; ++i) acc[ct].x[i] *= f;
-    wmma::store_matrix_sync(stage + rt * 16 * LD + (c0 + ct) * 16, acc[ct], LD,
+  for (int ct = 0; ct < NC; ++ct) {
+    wmma::store_matrix_sync(stage + r0 * LD + c0 + ct * 16, acc[ct], LD, wmma::mem_row_major);
+    wmma::store_matrix_sync(stage + (r0 + 16) * LD + c0 + ct * 16, acc[NC + ct], LD,
                             wmma::mem_row_major);
   }
   __syncthreads();
   for (int e = tid; e < rows * COLS; e += NTH) {
     const int r = e / COLS;
     const int c = e % COLS;
-    out[static_cast<size_t>(r) * COLS + c] = static_cast<DT>(stage[r * LD + c]);
+    const float g = rowf ? f * rowf[r] : f;
+    out[static_cast<size_t>(r) * COLS + c] = static_cast<DT>(g * stage[r * LD + c]);
   }
   __syncthreads();
 }
@@ -147,7 +176,7 @@ _COMMON = r"""
   constexpr int G = HQ / HKV;
   constexpr int OFF = NK - NQ;  // causal: query t sees keys j <= t + OFF
   constexpr float LOG2E = 1.4426950408889634f;
-  static_assert(D % 32 == 0 && DV % 32 == 0 && D <= 256 && DV <= 256, "head sizes");
+  static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "head sizes");
   extern __shared__ float4 cs_smem4[];
   char* sm = reinterpret_cast<char*>(cs_smem4);
   const int tid = threadIdx.x;
@@ -165,11 +194,13 @@ _DQ_SOURCE = (
   DT* Qs = reinterpret_cast<DT*>(sm);                    // [BR][LDQ]
   DT* dOs = Qs + BR * LDQ;                               // [BR][LDV]
   DT* Ks = dOs + BR * LDV;                               // [BC][LDQ]
-  DT* Vs = Ks + BC * LDQ;                                // [BC][LDV]
+  DT* Vs = Ks + BC * LDQ;                                // [BC][LDV] (first: the o tile)
   float* Ss = reinterpret_cast<float*>(Vs + BC * LDV);   // [BR][LDS] scores
   float* Ps = Ss + BR * LDS;                             // [BR][LDS] do v^T
   DT* DSs = reinterpret_cast<DT*>(Ps + BR * LDS);        // [BR][LDP]
-  float* rowv = reinterpret_cast<float*>(DSs + BR * LDP);  // lse2[BR], delta[BR]
+  float* rowv = reinterpret_cast<float*>(DSs + BR * LDP);  // delta[BR], factor[BR]
+  float* wbuf = rowv + 2 * BR;                           // [8 warps][16 x 16]
+  const int lane = tid & 31;
 
   const int nqb = (NQ + BR - 1) / BR;
   const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // most keys first (causal)
@@ -187,15 +218,37 @@ _DQ_SOURCE = (
 
   load_tile<DT, BR, D, LDQ, NTH>(Qs, q + row0 * D, rows, tid);
   load_tile<DT, BR, DV, LDV, NTH>(dOs, dout + row0 * DV, rows, tid);
+  load_tile<DT, BR, DV, LDV, NTH>(Vs, o + row0 * DV, rows, tid);
+  __syncthreads();
+  {  // delta = rowsum(do * o), float32
+    float s = 0.f;
+    const int c0 = (tid & 3) * (DV / 4);
+    for (int c = c0; c < c0 + DV / 4; ++c)
+      s += static_cast<float>(dOs[r * LDV + c]) * static_cast<float>(Vs[r * LDV + c]);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if ((tid & 3) == 0) {
+      rowv[r] = s;
+      if (tq < NQ) delta_out[row0 + r] = s;
+    }
+  }
 
-  // Pass 1: log-sum-exp of each row, base 2 (online max and sum over the key tiles).
-  float m = neg_inf(), l = 0.f;
+  // One pass over the key tiles, softmax online: p~ = exp2(c2 s - mref) against a
+  // per-row reference mref that moves (and rescales acc and l) only when a tile's
+  // maximum exceeds it by more than 8, so p~ <= 256; dq = scale * acc / l at the end.
+  Acc acc[2 * (D / 64)];
+#pragma unroll
+  for (int i = 0; i < 2 * (D / 64); ++i) wmma::fill_fragment(acc[i], 0.f);
+  float mref = neg_inf(), l = 0.f;
   for (int j = 0; j < nkb; ++j) {
     const int k0 = j * BC;
-    __syncthreads();  // the previous tile is done with Ks and Ss
-    load_tile<DT, BC, D, LDQ, NTH>(Ks, kp + static_cast<size_t>(k0) * D, min(BC, NK - k0), tid);
+    const int kv = min(BC, NK - k0);
+    __syncthreads();  // the previous tile (and the delta phase) is done with Ks, Vs, DSs
+    load_tile<DT, BC, D, LDQ, NTH>(Ks, kp + static_cast<size_t>(k0) * D, kv, tid);
+    load_tile<DT, BC, DV, LDV, NTH>(Vs, vp + static_cast<size_t>(k0) * DV, kv, tid);
     __syncthreads();
     mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
+    mm_abt<DT, DV, LDV, LDV, LDS>(Ps, dOs, Vs, warp);
     __syncthreads();
     float sv[16];
     float mt = neg_inf();
@@ -208,53 +261,36 @@ _DQ_SOURCE = (
     }
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    const float mn = fmaxf(m, mt);
-    float s = 0.f;
-    if (mn != neg_inf()) {
-#pragma unroll
-      for (int c = 0; c < 16; ++c) s += exp2f(sv[c] - mn);
+    float f = 1.f;
+    bool moved = false;
+    if (mt > mref + 8.f) {
+      moved = mref != neg_inf();
+      f = moved ? exp2f(mref - mt) : 0.f;
+      mref = mt;
     }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    l = (mn == neg_inf()) ? 0.f : l * exp2f(m - mn) + s;
-    m = mn;
-  }
-  if ((tid & 3) == 0) {
-    const float lse2 = m + log2f(l);
-    rowv[r] = lse2;
-    rowv[BR + r] = tq < NQ ? delta[row0 + r] : 0.f;
-    if (tq < NQ) lse[row0 + r] = lse2;
-  }
-
-  // Pass 2: dq = scale * sum over key tiles of ds k.
-  Acc acc[D / 32];
-#pragma unroll
-  for (int i = 0; i < D / 32; ++i) wmma::fill_fragment(acc[i], 0.f);
-  for (int j = 0; j < nkb; ++j) {
-    const int k0 = j * BC;
-    const int kv = min(BC, NK - k0);
-    __syncthreads();
-    load_tile<DT, BC, D, LDQ, NTH>(Ks, kp + static_cast<size_t>(k0) * D, kv, tid);
-    load_tile<DT, BC, DV, LDV, NTH>(Vs, vp + static_cast<size_t>(k0) * DV, kv, tid);
-    __syncthreads();
-    mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
-    mm_abt<DT, DV, LDV, LDV, LDS>(Ps, dOs, Vs, warp);
-    __syncthreads();
-    const float lse2 = rowv[r];
-    const float dl = rowv[BR + r];
+    const float dl = rowv[r];
+    float ls = 0.f;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
-      const int kc = k0 + cq + c;
-      const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
-      const float p = ok ? exp2f(Ss[r * LDS + cq + c] * c2 - lse2) : 0.f;
+      const float p = sv[c] == neg_inf() ? 0.f : exp2f(sv[c] - mref);
+      ls += p;
       DSs[r * LDP + cq + c] = static_cast<DT>(p * (Ps[r * LDS + cq + c] - dl));
     }
-    __syncthreads();
-    mm_acc<DT, false, LDP, LDQ, D / 32>(acc, DSs, Ks, warp);
+    ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+    ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+    l = l * f + ls;
+    if ((tid & 3) == 0) rowv[BR + r] = f;
+    if (__syncthreads_or(moved)) scale_rows<D / 64>(acc, rowv + BR, wbuf + warp * 256, warp, lane);
+    mm_acc<DT, false, LDP, LDQ, D / 64>(acc, DSs, Ks, warp);
   }
   __syncthreads();
-  store_acc<DT, D / 32, NTH>(dq + row0 * D, acc, sc, reinterpret_cast<float*>(sm), rows, warp,
-                             tid);
+  if ((tid & 3) == 0) {
+    if (tq < NQ) lse[row0 + r] = mref + log2f(l);
+    rowv[BR + r] = 1.f / l;
+  }
+  __syncthreads();
+  store_acc<DT, D / 64, NTH>(dq + row0 * D, acc, sc, rowv + BR, reinterpret_cast<float*>(sm),
+                             rows, warp, tid);
 """
 )
 
@@ -280,12 +316,12 @@ _DKDV_SOURCE = (
   load_tile<DT, BC, D, LDQ, NTH>(Ks, k + key0 * D, kv, tid);
   load_tile<DT, BC, DV, LDV, NTH>(Vs, v + key0 * DV, kv, tid);
 
-  Acc acc_k[D / 32];
-  Acc acc_v[DV / 32];
+  Acc acc_k[2 * (D / 64)];
+  Acc acc_v[2 * (DV / 64)];
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) wmma::fill_fragment(acc_k[i], 0.f);
+  for (int i = 0; i < 2 * (D / 64); ++i) wmma::fill_fragment(acc_k[i], 0.f);
 #pragma unroll
-  for (int i = 0; i < DV / 32; ++i) wmma::fill_fragment(acc_v[i], 0.f);
+  for (int i = 0; i < 2 * (DV / 64); ++i) wmma::fill_fragment(acc_v[i], 0.f);
 
   const int nqb = (NQ + BR - 1) / BR;
   const int qb0 = CAUSAL ? max(0, k0 - OFF) / BR : 0;  // first query tile that sees k0
@@ -314,19 +350,18 @@ _DKDV_SOURCE = (
         const int kc = k0 + cq + c;
         const bool ok = tq < NQ && kc < NK && (!CAUSAL || kc <= tq + OFF);
         const float p = ok ? exp2f(Ss[r * LDS + cq + c] * c2 - lse2) : 0.f;
-        const DT pr = static_cast<DT>(p);
-        PBs[r * LDP + cq + c] = pr;
+        PBs[r * LDP + cq + c] = static_cast<DT>(p);
         DSs[r * LDP + cq + c] = static_cast<DT>(p * (Ps[r * LDS + cq + c] - dl));
       }
       __syncthreads();
-      mm_acc<DT, true, LDP, LDV, DV / 32>(acc_v, PBs, dOs, warp);  // dv += p^T do
-      mm_acc<DT, true, LDP, LDQ, D / 32>(acc_k, DSs, Qs, warp);    // dk += ds^T q
+      mm_acc<DT, true, LDP, LDV, DV / 64>(acc_v, PBs, dOs, warp);  // dv += p^T do
+      mm_acc<DT, true, LDP, LDQ, D / 64>(acc_k, DSs, Qs, warp);    // dk += ds^T q
     }
   }
   __syncthreads();
   float* stage = reinterpret_cast<float*>(Qs);  // Qs onwards is free now
-  store_acc<DT, D / 32, NTH>(dk + key0 * D, acc_k, sc, stage, kv, warp, tid);
-  store_acc<DT, DV / 32, NTH>(dv + key0 * DV, acc_v, 1.f, stage, kv, warp, tid);
+  store_acc<DT, D / 64, NTH>(dk + key0 * D, acc_k, sc, nullptr, stage, kv, warp, tid);
+  store_acc<DT, DV / 64, NTH>(dv + key0 * DV, acc_v, 1.f, nullptr, stage, kv, warp, tid);
 """
 )
 
@@ -341,24 +376,25 @@ def smem_bytes(D: int, Dv: int) -> dict[str, int]:
     tiles = 2 * (_tile_bytes(BR, ldq, 2) + _tile_bytes(BR, ldv, 2))  # Q, dO, K, V
     scores = 2 * _tile_bytes(BR, lds, 4)
     rowv = 2 * BR * 4
-    dq = tiles + scores + _tile_bytes(BR, ldp, 2) + rowv
+    warp_bufs = (NT // 32) * 16 * 16 * 4
+    dq = tiles + scores + _tile_bytes(BR, ldp, 2) + rowv + warp_bufs
     dkdv = tiles + scores + 2 * _tile_bytes(BR, ldp, 2) + rowv
     # The output staging [64][cols + 4] floats reuses the tiles (dq: from Q; dkdv: from
     # Q on, i.e. everything after K and V).
     staged_dq = _tile_bytes(BR, D + 4, 4)
     staged_dkdv = _tile_bytes(BC, max(D, Dv) + 4, 4)
     after_kv = dkdv - _tile_bytes(BC, ldq, 2) - _tile_bytes(BC, ldv, 2)
-    if staged_dq > dq or staged_dkdv > after_kv:  # never for D, Dv in 32..256
+    if staged_dq > dq or staged_dkdv > after_kv:  # never for D, Dv in 64..256
         raise AssertionError("attention kernel staging does not fit its shared memory")
     return {"dq": dq, "dkdv": dkdv}
 
 
 def supports(spec: Spec, dtype: mx.Dtype) -> bool:
-    """Whether the kernels take this call: bfloat16/float16, head sizes multiples of 32
-    up to 256, no mask or ``"causal"`` with ``T <= S`` (every query sees a key)."""
+    """Whether the kernels take this call: bfloat16/float16, head sizes 64, 128, 192 or
+    256, no mask or ``"causal"`` with ``T <= S`` (every query sees a key)."""
     if dtype not in (mx.bfloat16, mx.float16):
         return False
-    if spec.D % 32 or spec.Dv % 32 or not (32 <= spec.D <= 256 and 32 <= spec.Dv <= 256):
+    if spec.D % 64 or spec.Dv % 64 or not (64 <= spec.D <= 256 and 64 <= spec.Dv <= 256):
         return False
     if spec.mask_kind == "none":
         return True
@@ -373,7 +409,8 @@ def _kernel(which: str, smem: int):
     kern = _KERNELS.get(key)
     if kern is None:
         if which == "dq":
-            ins, outs, src = ["q", "k", "v", "dout", "delta", "params"], ["dq", "lse"], _DQ_SOURCE
+            ins, outs = ["q", "k", "v", "dout", "o", "params"], ["dq", "lse", "delta_out"]
+            src = _DQ_SOURCE
         else:
             ins, outs = ["q", "k", "v", "dout", "delta", "lse", "params"], ["dk", "dv"]
             src = _DKDV_SOURCE
@@ -415,18 +452,17 @@ def backward(
     B, Hq, Hkv, T, S = spec.B, spec.Hq, spec.Hkv, spec.T, spec.S
     dtype = q.dtype
     do = do.astype(dtype)
-    delta = mx.sum(do.astype(F32) * o.astype(F32), axis=-1)  # [B, Hq, T]
     params = mx.array([spec.scale], dtype=F32)
     tmpl = template(spec, dtype)
     smem = smem_bytes(spec.D, spec.Dv)
     nqb, nkb = -(-T // BR), -(-S // BC)
-    dq, lse = _kernel("dq", smem["dq"])(
-        inputs=[q, k, v, do, delta, params],
+    dq, lse, delta = _kernel("dq", smem["dq"])(
+        inputs=[q, k, v, do, o.astype(dtype), params],
         template=tmpl,
         grid=(nqb * NT, Hq, B),
         threadgroup=(NT, 1, 1),
-        output_shapes=[q.shape, (B, Hq, T)],
-        output_dtypes=[dtype, F32],
+        output_shapes=[q.shape, (B, Hq, T), (B, Hq, T)],
+        output_dtypes=[dtype, F32, F32],
     )
     dk, dv = _kernel("dkdv", smem["dkdv"])(
         inputs=[q, k, v, do, delta, lse, params],
