@@ -70,6 +70,7 @@ def measure(
     compiled: bool = False,
     repeats: int = 3,
     seed: int = 0,
+    phase: str = "fwdbwd",
 ) -> dict[str, Any]:
     """One configuration (run in its own process by :func:`main` and the tests)."""
     import mlx.core as mx
@@ -111,6 +112,8 @@ def measure(
         raise ValueError(f"[bench.attention] impl must be one of {IMPLS} but got {impl!r}.")
 
     grad = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
+    if phase == "fwd":  # the forward alone (where its memory goes)
+        grad = op
     if compiled:
         grad = mx.compile(grad)
 
@@ -137,6 +140,7 @@ def measure(
         "cuda_kernel": kernel,
         "scratch_bytes": blocked.SCRATCH_BYTES,
         "device": str(mx.default_device()),
+        "phase": phase,
     }
 
 
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chunkscan's FAST_MAX_SCORES (0: never route to mx.fast)")  # fmt: skip
     p.add_argument("--fused-forward", choices=["auto", "never"], default=None)
     p.add_argument("--compiled", action="store_true", help="mx.compile the fwd+bwd")
+    p.add_argument("--phase", choices=["fwdbwd", "fwd"], default="fwdbwd",
+                   help="fwd: time and memory of the forward alone")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--fast-max-T", type=int, default=1 << 30,
                    help="skip mlx_fast above this T (its memory is O(T^2))")  # fmt: skip
@@ -190,7 +196,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             config = dict(shape, impl=impl, T=T, repeats=args.repeats, compiled=args.compiled,
                           chunk_size=args.chunk_size, scratch_mib=args.scratch_mib,
                           fast_max_scores=args.fast_max_scores,
-                          fused_forward=args.fused_forward)  # fmt: skip
+                          fused_forward=args.fused_forward, phase=args.phase)  # fmt: skip
             if impl == "mlx_fast" and T > args.fast_max_T:
                 row = dict(config, error=f"skipped (T > --fast-max-T {args.fast_max_T})")
             else:

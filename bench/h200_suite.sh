@@ -9,7 +9,7 @@
 # Each stage has a time limit; a 10-minute device call fits "tests gdn pass" or
 # "lora attention channel" (or "tests attention channel groups").
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-STAGES=${*:-tests gdn pass lora attention channel groups}
+STAGES=${*:-tests gdn pass lora attention attention_fwd channel channel_mlx_lm groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -33,11 +33,11 @@ if want pass; then
   timeout 100 python3 bench/state_pass.py --out "$OUT/state_pass_h200.json" 2>&1 | tail -20
 fi
 if want lora; then
-  stage lora
+  stage lora  # issue 10: both patches at 8192 and 32768; issue 9: patched vs stub at 8192
   CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
-  LORA="python3 bench/lora.py --repeats 2 --timeout 120 --config $(printf %q "$CFG") --json $OUT/lora_h200.json"
-  eval timeout 250 $LORA --T 2048 8192 --modes patched stub | tail -8
-  eval timeout 150 $LORA --merge --T 8192 32768 --modes patched+attn | tail -8
+  LORA="python3 bench/lora.py --repeats 2 --timeout 110 --config $(printf %q "$CFG") --json $OUT/lora_h200.json"
+  eval timeout 230 $LORA --T 8192 32768 --modes patched+attn | tail -4
+  eval timeout 230 $LORA --merge --T 8192 --modes stub patched | tail -4
 fi
 if want attention; then
   stage attention
@@ -55,9 +55,18 @@ if want channel; then
   stage channel
   timeout 150 python3 bench/gated_delta.py --gate channel --T 4096 16384 --impls chunkscan \
     --repeats 2 --json "$OUT/gdn_channel_h200.json" --md "$OUT/gdn_channel_h200.md" --png ""
-  timeout 80 python3 bench/gated_delta.py --gate channel --T 4096 --impls mlx_lm \
-    --repeats 1 --timeout 70 --json "$OUT/gdn_channel_mlx_lm_h200.json" \
+fi
+if want channel_mlx_lm; then
+  stage channel_mlx_lm  # mlx-lm's per-token loop on the GPU, for comparison
+  timeout 90 python3 bench/gated_delta.py --gate channel --T 4096 --impls mlx_lm \
+    --repeats 1 --timeout 80 --json "$OUT/gdn_channel_mlx_lm_h200.json" \
     --md "$OUT/gdn_channel_mlx_lm_h200.md" --png ""
+fi
+if want attention_fwd; then
+  stage attention_fwd  # where the memory goes: the forward alone
+  timeout 60 python3 bench/attention.py --shape qwen3-next --T 8192 --phase fwd \
+    --impls chunkscan mlx_fast --repeats 3 --timeout 25 \
+    --json "$OUT/attention_fwd_h200.json" 2>&1 | tail -5
 fi
 if want groups; then
   stage groups  # the group budget and MLX's CUDA graph limits against time and memory
