@@ -8,8 +8,8 @@
 #
 # Each stage has a time limit; a 10-minute device call fits "tests gdn pass" or
 # "lora attention channel" (or "tests attention channel groups").
-OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-STAGES=${*:-tests gdn pass lora attention attention_fwd channel channel_mlx_lm groups}
+OUT=${OUT:-bench-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+STAGES=${*:-tests gdn pass lora attention attention_kernels attention_fwd channel channel_mlx_lm groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -61,6 +61,11 @@ if want channel_mlx_lm; then
   timeout 90 python3 bench/gated_delta.py --gate channel --T 4096 --impls mlx_lm \
     --repeats 1 --timeout 80 --json "$OUT/gdn_channel_mlx_lm_h200.json" \
     --md "$OUT/gdn_channel_mlx_lm_h200.md" --png ""
+fi
+if want attention_kernels; then
+  stage attention_kernels  # the two backward kernels timed apart, beside mx.fast's forward
+  (cd bench && timeout 60 python3 attention_kernels.py --T 8192 16384 \
+    --json "$OUT/attention_kernels_h200.json")
 fi
 if want attention_fwd; then
   stage attention_fwd  # where the memory goes: the forward alone
