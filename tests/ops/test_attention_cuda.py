@@ -2,7 +2,7 @@
 
 Everywhere: which calls the kernels take, that the dispatch sends them there and only
 there, that their construction is guarded and that their shared memory fits. Where MLX
-has a CUDA GPU: values of dq/dk/dv against the float32 oracle on the upcast inputs,
+has a CUDA GPU: values of o, dq, dk, dv against the float32 oracle on the upcast inputs,
 next to the blocked path's own error (run them with `bash bench/h200_suite.sh tests`;
 the output is committed under bench/results/h200/).
 """
@@ -52,8 +52,13 @@ def test_dispatch_sends_supported_calls_to_the_kernel(monkeypatch):
         calls.append(spec)
         return mx.zeros_like(q), mx.zeros_like(k), mx.zeros_like(v)
 
+    def fake_forward(spec, q, k, v):
+        calls.append("fwd")
+        return mx.zeros((spec.B, spec.Hq, spec.T, spec.Dv), q.dtype)
+
     monkeypatch.setattr(blocked, "use_kernels", lambda kernels=None: kernels is not False)
     monkeypatch.setattr(_cuda, "backward", fake)
+    monkeypatch.setattr(_cuda, "forward", fake_forward)
 
     def grads(dtype, mask, **kw):
         q, k, v, ct = make_inputs(1, 4, 2, 40, 40, 64, dtype=dtype)
@@ -61,11 +66,11 @@ def test_dispatch_sends_supported_calls_to_the_kernel(monkeypatch):
         return mx.vjp(f, [q, k, v], [ct])[1]
 
     dq = grads(mx.bfloat16, "causal")[0]
-    assert len(calls) == 1 and not mx.any(dq).item()
+    assert len(calls) == 2 and calls[0] == "fwd" and not mx.any(dq).item()
     grads(mx.float32, "causal")  # float32: the blocked ops
     grads(mx.bfloat16, mx.ones((40, 40), mx.bool_))  # array mask: the blocked ops
     dq = grads(mx.bfloat16, "causal", kernels=False)[0]  # switched off
-    assert len(calls) == 1 and mx.any(dq).item()
+    assert len(calls) == 2 and mx.any(dq).item()
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the guard where there is no CUDA")
@@ -102,21 +107,23 @@ def test_cuda_backward_against_the_upcast_oracle(case, monkeypatch):
         k = (k.astype(mx.float32) * (1 + 3 * mx.arange(S) / S)[:, None]).astype(dtype)
     kw = dict(scale=D**-0.5, mask=mask)
 
-    def grads(fn, *xs, **extra):
+    def grads(fn, *xs, **extra):  # [o, dq, dk, dv]
         f = lambda q, k, v: [fn(q, k, v, **kw, **extra)]  # noqa: E731
-        return mx.vjp(f, list(xs[:3]), [xs[3]])[1]
+        outs, gs = mx.vjp(f, list(xs[:3]), [xs[3]])
+        return [outs[0], *gs]
 
     ref = grads(naive_attention, *[x.astype(mx.float32) for x in (q, k, v, ct)])
     got = grads(blocked.blocked_attention, q, k, v, ct)  # automatic: the kernel
     assert used, "the automatic path did not use the kernel"
     ops = grads(blocked.blocked_attention, q, k, v, ct, kernels=False)
     compiled = mx.compile(lambda *xs: grads(blocked.blocked_attention, *xs))(q, k, v, ct)
+    # o: the forward kernel against the blocked path's forward (MLX's fused kernel).
     # Both paths round p and ds to the input dtype before their products, so the
     # kernel's error against float32 is of the blocked ops' size. Measured on the H200
     # (bench/results/h200/tests_h200.txt): kernel rel. RMSE 0.4x-1.0x the ops', max
     # relative error up to 2.2e-2 (bf16, growing keys) where the ops' is similar.
     # Bounds: 2x the blocked path's own errors, measured here in the same call.
-    for name, a, b, c, r in zip(("dq", "dk", "dv"), got, ops, compiled, ref):
+    for name, a, b, c, r in zip(("o", "dq", "dk", "dv"), got, ops, compiled, ref):
         assert a.dtype == dtype and a.shape == r.shape, name
         e_k, e_o, e_c = rel_rmse(a, r), rel_rmse(b, r), rel_rmse(c, r)
         m_k, m_o = max_rel(a, r), max_rel(b, r)

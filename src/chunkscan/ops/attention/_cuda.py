@@ -1,4 +1,4 @@
-"""The backward of :func:`chunkscan.attention` as two ``mx.fast.cuda_kernel`` launches.
+""":func:`chunkscan.attention` as ``mx.fast.cuda_kernel`` launches: one forward, two backward.
 
 CUDA only; chosen automatically by :mod:`.blocked` where :func:`supports` holds, and
 switched off with ``kernels=False`` or ``CHUNKSCAN_CUDA_KERNELS=0``. The math is the
@@ -10,6 +10,11 @@ blocked backward's (FlashAttention-2): with ``p = softmax(scale * q k^T)`` (mask
 Kernels (tensor cores through ``nvcuda::wmma``, 16x16x16 bfloat16/float16 tiles with
 float32 accumulation; 256 threads = 8 warps per block; tiles of 64 queries x 64 keys):
 
+- ``chunkscan_attn_fwd``: one block per (64 query rows, query head, batch row): the
+  forward with the online softmax described next (``o = sum p~ v / l``). MLX's fused
+  forward (``force_fused=True``) is not used on this path: on the H200 at T=8192 it
+  took 13.3 ms (MLX's default call 6.6 ms) and held ~160 KiB/token
+  (``bench/attention.py --phase fwd``, bench/results/h200/attention_fwd_h200.json).
 - ``chunkscan_attn_dq``: one block per (64 query rows, query head, batch row). Computes
   ``delta`` from its ``do`` and ``o`` rows, then walks the keys the rows see ONCE with
   an online softmax: ``p~ = exp2(scale log2(e) s - m)`` against a per-row reference
@@ -294,6 +299,90 @@ _DQ_SOURCE = (
 """
 )
 
+_FWD_SOURCE = (
+    _COMMON
+    + r"""
+  DT* Qs = reinterpret_cast<DT*>(sm);                    // [BR][LDQ]
+  DT* Ks = Qs + BR * LDQ;                                // [BC][LDQ]
+  DT* Vs = Ks + BC * LDQ;                                // [BC][LDV]
+  float* Ss = reinterpret_cast<float*>(Vs + BC * LDV);   // [BR][LDS] scores
+  DT* PBs = reinterpret_cast<DT*>(Ss + BR * LDS);        // [BR][LDP] p~
+  float* rowv = reinterpret_cast<float*>(PBs + BR * LDP);  // factor[BR]
+  float* wbuf = rowv + BR;                               // [8 warps][16 x 16]
+  const int lane = tid & 31;
+
+  const int nqb = (NQ + BR - 1) / BR;
+  const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // most keys first (causal)
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = h / G;
+  const int t0 = qb * BR;
+  const int rows = min(BR, NQ - t0);
+  const size_t row0 = static_cast<size_t>(b * HQ + h) * NQ + t0;
+  const DT* kp = k + static_cast<size_t>(b * HKV + hk) * NK * D;
+  const DT* vp = v + static_cast<size_t>(b * HKV + hk) * NK * DV;
+  const int kend = CAUSAL ? min(NK, t0 + rows + OFF) : NK;
+  const int nkb = (kend + BC - 1) / BC;
+  const int tq = t0 + r;
+  load_tile<DT, BR, D, LDQ, NTH>(Qs, q + row0 * D, rows, tid);
+
+  // o = sum over key tiles of p~ v / l, with the online reference of the dq kernel.
+  Acc acc[2 * (DV / 64)];
+#pragma unroll
+  for (int i = 0; i < 2 * (DV / 64); ++i) wmma::fill_fragment(acc[i], 0.f);
+  float mref = neg_inf(), l = 0.f;
+  for (int j = 0; j < nkb; ++j) {
+    const int k0 = j * BC;
+    const int kv = min(BC, NK - k0);
+    __syncthreads();  // the previous tile is done with Ks, Vs, PBs
+    load_tile<DT, BC, D, LDQ, NTH>(Ks, kp + static_cast<size_t>(k0) * D, kv, tid);
+    load_tile<DT, BC, DV, LDV, NTH>(Vs, vp + static_cast<size_t>(k0) * DV, kv, tid);
+    __syncthreads();
+    mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
+    __syncthreads();
+    float sv[16];
+    float mt = neg_inf();
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int kc = k0 + cq + c;
+      const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
+      sv[c] = ok ? Ss[r * LDS + cq + c] * c2 : neg_inf();
+      mt = fmaxf(mt, sv[c]);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    float f = 1.f;
+    bool moved = false;
+    if (mt > mref + 8.f) {
+      moved = mref != neg_inf();
+      f = moved ? exp2f(mref - mt) : 0.f;
+      mref = mt;
+    }
+    float ls = 0.f;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const float p = sv[c] == neg_inf() ? 0.f : exp2f(sv[c] - mref);
+      ls += p;
+      PBs[r * LDP + cq + c] = static_cast<DT>(p);
+    }
+    ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+    ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+    l = l * f + ls;
+    if ((tid & 3) == 0) rowv[r] = f;
+    if (__syncthreads_or(moved)) scale_rows<DV / 64>(acc, rowv, wbuf + warp * 256, warp, lane);
+    mm_acc<DT, false, LDP, LDV, DV / 64>(acc, PBs, Vs, warp);
+  }
+  __syncthreads();
+  if ((tid & 3) == 0) {
+    if (tq < NQ) lse[row0 + r] = mref + log2f(l);
+    rowv[r] = 1.f / l;
+  }
+  __syncthreads();
+  store_acc<DT, DV / 64, NTH>(out + row0 * DV, acc, 1.f, rowv, reinterpret_cast<float*>(sm),
+                              rows, warp, tid);
+"""
+)
+
 _DKDV_SOURCE = (
     _COMMON
     + r"""
@@ -379,14 +468,19 @@ def smem_bytes(D: int, Dv: int) -> dict[str, int]:
     warp_bufs = (NT // 32) * 16 * 16 * 4
     dq = tiles + scores + _tile_bytes(BR, ldp, 2) + rowv + warp_bufs
     dkdv = tiles + scores + 2 * _tile_bytes(BR, ldp, 2) + rowv
+    # forward: Q, K, V, the scores, p~, a factor per row, the warp buffers
+    fwd_stageable = 2 * _tile_bytes(BR, ldq, 2) + _tile_bytes(BC, ldv, 2)
+    fwd_stageable += _tile_bytes(BR, lds, 4) + _tile_bytes(BR, ldp, 2)
+    fwd = fwd_stageable + BR * 4 + warp_bufs
     # The output staging [64][cols + 4] floats reuses the tiles (dq: from Q; dkdv: from
     # Q on, i.e. everything after K and V).
     staged_dq = _tile_bytes(BR, D + 4, 4)
     staged_dkdv = _tile_bytes(BC, max(D, Dv) + 4, 4)
     after_kv = dkdv - _tile_bytes(BC, ldq, 2) - _tile_bytes(BC, ldv, 2)
-    if staged_dq > dq or staged_dkdv > after_kv:  # never for D, Dv in 64..256
+    staged_fwd = _tile_bytes(BR, Dv + 4, 4)
+    if staged_dq > dq or staged_dkdv > after_kv or staged_fwd > fwd_stageable:
         raise AssertionError("attention kernel staging does not fit its shared memory")
-    return {"dq": dq, "dkdv": dkdv}
+    return {"fwd": fwd, "dq": dq, "dkdv": dkdv}
 
 
 def supports(spec: Spec, dtype: mx.Dtype) -> bool:
@@ -408,7 +502,9 @@ def _kernel(which: str, smem: int):
     key = (which, smem)
     kern = _KERNELS.get(key)
     if kern is None:
-        if which == "dq":
+        if which == "fwd":
+            ins, outs, src = ["q", "k", "v", "params"], ["out", "lse"], _FWD_SOURCE
+        elif which == "dq":
             ins, outs = ["q", "k", "v", "dout", "o", "params"], ["dq", "lse", "delta_out"]
             src = _DQ_SOURCE
         else:
@@ -442,6 +538,22 @@ def template(spec: Spec, dtype: mx.Dtype) -> list[tuple[str, object]]:
         ("HKV", spec.Hkv),
         ("CAUSAL", spec.mask_kind == "causal"),
     ]
+
+
+def forward(spec: Spec, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+    """``o = attention(q, k, v)`` ``[B, Hq, T, Dv]`` in the input dtype (the float32
+    statistics stay inside); requires :func:`supports`."""
+    B, Hq, T = spec.B, spec.Hq, spec.T
+    params = mx.array([spec.scale], dtype=F32)
+    o, _ = _kernel("fwd", smem_bytes(spec.D, spec.Dv)["fwd"])(
+        inputs=[q, k, v, params],
+        template=template(spec, q.dtype),
+        grid=(-(-T // BR) * NT, Hq, B),
+        threadgroup=(NT, 1, 1),
+        output_shapes=[(B, Hq, T, spec.Dv), (B, Hq, T)],
+        output_dtypes=[q.dtype, F32],
+    )
+    return o
 
 
 def backward(

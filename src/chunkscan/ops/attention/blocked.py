@@ -91,10 +91,10 @@ def attention(
         chunk_size (int, optional): Query rows per block; ``None`` picks as many as
             keep one block's float32 scores within :data:`SCRATCH_BYTES`. A
             performance knob only. Default: ``None``.
-        kernels (bool, optional): On a CUDA device the backward is two fused kernels
-            (:mod:`chunkscan.ops.attention._cuda`: tensor cores, no scratch) for
-            bfloat16/float16 inputs, head sizes multiples of 32 up to 256 and no mask
-            or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
+        kernels (bool, optional): On a CUDA device the forward and the backward are
+            fused kernels (:mod:`chunkscan.ops.attention._cuda`: tensor cores, no
+            scratch) for bfloat16/float16 inputs, head sizes 64, 128, 192 or 256 and no
+            mask or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
             environment variable ``CHUNKSCAN_CUDA_KERNELS=0`` use the blocked ops.
             Default: ``None`` (automatic).
 
@@ -187,7 +187,8 @@ def _make_core(
 
     ``mask`` (``None`` for no mask and for "causal") is the array mask as
     ``[B|1, Hkv|1, G|1, T|1, S|1]``, a constant captured here. ``cuda``: the vjp is
-    the two kernels of :mod:`._cuda` (the caller checked :func:`._cuda.supports`).
+    the kernels of :mod:`._cuda`, forward and backward (the caller checked
+    :func:`._cuda.supports`).
     """
     B, Hkv, G, T, D, Dv = spec.B, spec.Hkv, spec.G, spec.T, spec.D, spec.Dv
     scale = spec.scale
@@ -238,6 +239,8 @@ def _make_core(
 
     @mx.custom_function
     def core(q, k, v):
+        if cuda:
+            return [_cuda.forward(spec, q, k, v)]
         fused = fused_forward(q, k, v)
         if fused is not None:
             return [fused]
