@@ -249,9 +249,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for T in args.T:
         for impl in args.impls:
-            if impl != "chunkscan" and T > args.loop_max_T:
-                continue
             config = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats}
+            if impl != "chunkscan" and T > args.loop_max_T:
+                row = dict(config, error=f"skipped (T > --loop-max-T {args.loop_max_T})")
+                rows.append(row)
+                _print_row(row)
+                continue
             config["chunk_size"] = args.chunk_size
             config["gate"] = args.gate
             row = run_isolated("bench.gated_delta:measure", config, timeout=args.timeout, env=env)
