@@ -35,7 +35,8 @@ fi
 if want lora; then
   stage lora  # issue 10: both patches at 8192 and 32768; issue 9: patched vs stub at 8192
   CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
-  LORA="python3 bench/lora.py --repeats 2 --timeout 110 --config $(printf %q "$CFG") --json $OUT/lora_h200.json"
+  # bfloat16 weights: chunkscan.attention's CUDA kernels take bf16/f16 (float32 runs the blocked ops)
+  LORA="python3 bench/lora.py --dtype bfloat16 --repeats 2 --timeout 110 --config $(printf %q "$CFG") --json $OUT/lora_h200.json"
   eval timeout 230 $LORA --T 8192 32768 --modes patched+attn | tail -4
   eval timeout 230 $LORA --merge --T 8192 --modes stub patched | tail -4
 fi

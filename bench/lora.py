@@ -54,6 +54,7 @@ def measure(
     repeats: int = 2,
     seed: int = 0,
     config: dict[str, Any] | None = None,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
@@ -69,6 +70,8 @@ def measure(
 
     config = tiny_config(**(config or {}))
     model = build_model(config, seed)
+    if dtype != "float32":  # the frozen weights in dtype (as a bf16 checkpoint loads)
+        model.set_dtype(getattr(mx, dtype))
     model.freeze()
     linear_to_lora_layers(model, len(model.layers), {"rank": 8, "dropout": 0.0, "scale": 20.0})
     model.train()
@@ -126,6 +129,7 @@ def measure(
         "seconds_per_step": sorted(times)[len(times) // 2],
         "first_step_seconds": first,
         "device": str(mx.default_device()),
+        "dtype": dtype,
     }
 
 
@@ -215,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--modes", nargs="+", default=["stock", "patched", "stub"])
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the model's weights (and so the activations); on CUDA, "
+                        "chunkscan.attention's kernels take bfloat16/float16 only")  # fmt: skip
     parser.add_argument("--chunk-size", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-stock-gib", type=float, default=20.0,
@@ -243,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     for T in sorted(args.T):
         for mode in args.modes:
             cfg = {"mode": mode, "T": T, "batch": args.batch, "chunk_size": args.chunk_size,
-                   "repeats": args.repeats}  # fmt: skip
+                   "repeats": args.repeats, "dtype": args.dtype}  # fmt: skip
             if args.config:
                 cfg["config"] = args.config
             if mode == "stock" and stock_per_token is not None:
