@@ -26,7 +26,7 @@ lora-demo: venv
 	$(VENV)/bin/chunkscan lora --demo
 
 test: venv
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
 	$(PY) -m pytest -q
 
 clean:

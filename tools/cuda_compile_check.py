@@ -1,0 +1,157 @@
+"""Compile every CUDA kernel of chunkscan with NVRTC, without a GPU, as MLX would.
+
+``mx.fast.cuda_kernel`` compiles its source when a kernel is first called, so a typo
+costs a device run. This script builds each kernel's full source the way MLX 0.32's
+``build_kernel`` does (MLX's default header, the signature from the input and output
+names, the template constants), compiles it for ``sm_90a`` with NVRTC and, where
+``ptxas`` is found, reports registers and spills. It needs no GPU and no MLX CUDA build:
+
+    pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-cccl-cu12 \\
+        nvidia-cuda-nvcc-cu12                       # NVRTC, headers, ptxas
+    git clone --depth 1 --branch v0.32.4 https://github.com/ml-explore/mlx /tmp/mlx-src  # .cuh
+    PYTHONPATH=src python tools/cuda_compile_check.py --mlx-src /tmp/mlx-src
+
+Exit status 1 if any kernel fails to compile. Compiling is not running: the kernels are
+tested on a CUDA device (``bash bench/h200_suite.sh tests``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import mlx.core as mx
+
+CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half",
+              "int32": "int32_t"}  # fmt: skip
+
+
+def _nvidia_root() -> str:
+    import nvidia  # the namespace package of the pip wheels
+
+    return next(p for p in nvidia.__path__ if os.path.isdir(os.path.join(p, "cuda_nvrtc")))
+
+
+def build_source(name, header, source, inputs, outputs, template) -> str:
+    """MLX's kernel source: ``inputs`` [(name, dtype, ndim)], ``outputs`` [(name,
+    dtype)], ``template`` [(name, int | bool | dtype name)]."""
+    parts = []
+    for n, dt, nd in inputs:
+        parts.append(f"    const {CUDA_TYPES[dt]}* {n}")
+        for suffix, kind in (("shape", "Shape"), ("strides", "Strides"), ("ndim", "int")):
+            if nd > 0 and f"{n}_{suffix}" in source:
+                parts.append(f"    const __grid_constant__ {kind} {n}_{suffix}")
+    parts += [f"    {CUDA_TYPES[dt]}* {n}" for n, dt in outputs]
+    consts = []
+    for n, v in template:
+        if isinstance(v, bool):
+            consts.append(f"  constexpr bool {n} = {'true' if v else 'false'};")
+        elif isinstance(v, int):
+            consts.append(f"  constexpr int {n} = {v};")
+        else:
+            consts.append(f"  using {n} = {CUDA_TYPES[v]};")
+    return (
+        '#include "mlx/backend/cuda/device/utils.cuh"\n#include <cooperative_groups.h>\n'
+        + header
+        + "\nnamespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
+        + f"__global__ void {name}(\n" + ",\n".join(parts) + ") {\n"
+        + "\n".join(consts) + "\n" + source + "\n}\n}  // namespace mlx::core::cu\n"
+    )  # fmt: skip
+
+
+def compile_ptx(nvrtc, src: str, includes: list[str]) -> tuple[bool, str, bytes]:
+    prog = ctypes.c_void_p()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None):
+        return False, "nvrtcCreateProgram failed", b""
+    opts = [b"--device-as-default-execution-space", b"--gpu-architecture=compute_90a",
+            b"-std=c++17"] + [f"-I{i}".encode() for i in includes]  # fmt: skip
+    ok = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) == 0
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    ptx = b""
+    if ok:
+        nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetPTX(prog, buf)
+        ptx = buf.value
+    return ok, log.value.decode(errors="replace"), ptx
+
+
+def kernels():
+    """(label, name, header, source, inputs, outputs, template) of every kernel at the
+    shapes the tests and benchmarks use."""
+    from chunkscan.ops.attention import _cuda as attn
+    from chunkscan.ops.attention._checks import Spec
+    from chunkscan.ops.gated_delta import _pass_cuda as sp
+
+    out = []
+    passes = [(64, 128, 128, True, False), (128, 128, 128, False, True),
+              (16, 32, 32, True, True), (128, 256, 32, True, False)]  # fmt: skip
+    for C, Dk, R, has_e, channel in passes:
+        cfg = sp.choose_config(C, Dk, R, has_e, L=32)
+        t = sp.template(cfg, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
+                        reverse=not has_e, channel=channel)  # fmt: skip
+        ins = [(n, "int32" if n in ("loads", "stores") else "float32", 3) for n in sp._INPUTS]
+        outs = [(n, "float32") for n in sp._OUTPUTS]
+        label = f"state_pass C={C} Dk={Dk} R={R} E={has_e} channel={channel}"
+        out.append((label, "chunkscan_state_pass", sp._HEADER, sp._SOURCE, ins, outs, t))
+    for D, Dv, causal, dt in ((256, 256, True, "bfloat16"), (64, 128, False, "float16"),
+                              (128, 64, True, "bfloat16"), (64, 256, True, "float16")):  # fmt: skip
+        spec = Spec(1, 16, 2, 1000, 1000, D, Dv, 0.06, "causal" if causal else "none", None,
+                    None)  # fmt: skip
+        t = [(n, str(v).split(".")[-1] if isinstance(v, mx.Dtype) else v)
+             for n, v in attn.template(spec, getattr(mx, dt))]  # fmt: skip
+        x = [("q", dt, 4), ("k", dt, 4), ("v", dt, 4)]
+        f32 = [("params", "float32", 1)]
+        rows = [("delta", "float32", 3), ("lse", "float32", 3)]
+        for which, src, ins, outs in (
+            ("fwd", attn._FWD_SOURCE, x + f32, [("out", dt), ("lse", "float32")]),
+            ("dq", attn._DQ_SOURCE, x + [("dout", dt, 4), ("o", dt, 4)] + f32,
+             [("dq", dt), ("lse", "float32"), ("delta_out", "float32")]),
+            ("dkdv", attn._DKDV_SOURCE, x + [("dout", dt, 4)] + rows + f32,
+             [("dk", dt), ("dv", dt)]),
+        ):  # fmt: skip
+            label = f"attention {which} D={D} Dv={Dv} causal={causal} {dt}"
+            out.append((label, f"chunkscan_attn_{which}", attn._HEADER, src, ins, outs, t))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mlx-src", required=True, help="an MLX source checkout (its headers)")
+    args = p.parse_args(argv)
+    root = _nvidia_root()
+    nvrtc = ctypes.CDLL(sorted(glob.glob(f"{root}/cuda_nvrtc/lib/libnvrtc.so*"))[0])
+    includes = [args.mlx_src] + [f"{root}/{pkg}/include" for pkg in
+                                 ("cuda_runtime", "cuda_cccl", "cuda_nvcc")
+                                 if os.path.isdir(f"{root}/{pkg}/include")]  # fmt: skip
+    ptxas = next(iter(glob.glob(f"{root}/cuda_nvcc/bin/ptxas")), None)
+    failed = 0
+    for label, name, header, source, ins, outs, t in kernels():
+        ok, log, ptx = compile_ptx(nvrtc, build_source(name, header, source, ins, outs, t),
+                                   includes)  # fmt: skip
+        info = ""
+        if ok and ptxas:
+            with tempfile.TemporaryDirectory() as d:
+                with open(f"{d}/k.ptx", "wb") as fh:
+                    fh.write(ptx)
+                res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o",
+                                      f"{d}/k.cubin"], capture_output=True, text=True)  # fmt: skip
+                info = " | ".join(ln.split(":", 1)[-1].strip() for ln in res.stderr.splitlines()
+                                  if "registers" in ln or "spill" in ln)  # fmt: skip
+        print(f"{'ok  ' if ok else 'FAIL'} {label}  {info}")
+        if not ok:
+            failed += 1
+            print(log)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
