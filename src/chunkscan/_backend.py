@@ -30,3 +30,38 @@ def cuda_device() -> bool:
         return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:
         return False
+
+
+_CUDA_KERNELS: dict[tuple, object] = {}
+
+
+def cuda_kernel(
+    fn: str,
+    name: str,
+    inputs: list[str],
+    outputs: list[str],
+    source: str,
+    header: str,
+    shared_memory: int,
+):
+    """``mx.fast.cuda_kernel`` built once per (name, shared memory): MLX fixes the
+    dynamic shared memory at construction and caches the compiled module per source,
+    i.e. per template. Raises ``RuntimeError`` naming ``fn`` where MLX has no CUDA
+    back-end (construction fails there, not only the call)."""
+    key = (name, shared_memory)
+    kernel = _CUDA_KERNELS.get(key)
+    if kernel is None:
+        try:
+            kernel = mx.fast.cuda_kernel(
+                name=name,
+                input_names=inputs,
+                output_names=outputs,
+                source=source,
+                header=header,
+                ensure_row_contiguous=True,
+                shared_memory=shared_memory,
+            )
+        except Exception as e:  # no CUDA back-end (CPU-only MLX)
+            raise RuntimeError(f"[{fn}] the CUDA kernel is unavailable: {e}") from e
+        _CUDA_KERNELS[key] = kernel
+    return kernel

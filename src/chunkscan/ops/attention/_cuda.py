@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..._backend import cuda_kernel
 from ._checks import Spec
 
 F32 = mx.float32
@@ -170,6 +171,34 @@ __device__ __forceinline__ void store_acc(DT* out, Acc (&acc)[2 * NC], float f,
   }
   __syncthreads();
 }
+// One query row's 16 scores of a key tile (threads 4r..4r+3 hold the row), base 2
+// and masked (-inf), and the online reference: mref moves to the tile's row maximum
+// when that exceeds it by more than 8; f is then the factor for what was accumulated
+// against the old reference (0 for the first), else 1. Returns whether an earlier
+// reference moved (something accumulated needs rescaling).
+template <bool CAUSAL, int NK, int OFF, int LDS>
+__device__ __forceinline__ bool tile_row(float (&sv)[16], const float* Ss, int r, int cq,
+                                         int k0, int tq, float c2, float& mref, float& f) {
+  float mt = neg_inf();
+#pragma unroll
+  for (int c = 0; c < 16; ++c) {
+    const int kc = k0 + cq + c;
+    const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
+    sv[c] = ok ? Ss[r * LDS + cq + c] * c2 : neg_inf();
+    mt = fmaxf(mt, sv[c]);
+  }
+  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+  f = 1.f;
+  bool moved = false;
+  if (mt > mref + 8.f) {
+    moved = mref != neg_inf();
+    f = moved ? exp2f(mref - mt) : 0.f;
+    mref = mt;
+  }
+  return moved;
+}
+
 }  // namespace cs_attn
 """
 
@@ -193,6 +222,24 @@ _COMMON = r"""
   const int cq = (tid & 3) * 16;
 """
 
+_QUERY_TILE = r"""
+  // This block's query tile: rows [t0, t0 + rows) of head h, batch row b; the keys
+  // [0, kend) they see, in nkb tiles; tq, the row of this thread's elementwise work.
+  const int nqb = (NQ + BR - 1) / BR;
+  const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // most keys first (causal)
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = h / G;
+  const int t0 = qb * BR;
+  const int rows = min(BR, NQ - t0);
+  const size_t row0 = static_cast<size_t>(b * HQ + h) * NQ + t0;
+  const DT* kp = k + static_cast<size_t>(b * HKV + hk) * NK * D;
+  const DT* vp = v + static_cast<size_t>(b * HKV + hk) * NK * DV;
+  const int kend = CAUSAL ? min(NK, t0 + rows + OFF) : NK;
+  const int nkb = (kend + BC - 1) / BC;
+  const int tq = t0 + r;
+"""
+
 _DQ_SOURCE = (
     _COMMON
     + r"""
@@ -207,19 +254,9 @@ _DQ_SOURCE = (
   float* wbuf = rowv + 2 * BR;                           // [8 warps][16 x 16]
   const int lane = tid & 31;
 
-  const int nqb = (NQ + BR - 1) / BR;
-  const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // most keys first (causal)
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int hk = h / G;
-  const int t0 = qb * BR;
-  const int rows = min(BR, NQ - t0);
-  const size_t row0 = static_cast<size_t>(b * HQ + h) * NQ + t0;
-  const DT* kp = k + static_cast<size_t>(b * HKV + hk) * NK * D;
-  const DT* vp = v + static_cast<size_t>(b * HKV + hk) * NK * DV;
-  const int kend = CAUSAL ? min(NK, t0 + rows + OFF) : NK;  // keys [0, kend)
-  const int nkb = (kend + BC - 1) / BC;
-  const int tq = t0 + r;
+"""
+    + _QUERY_TILE
+    + r"""
 
   load_tile<DT, BR, D, LDQ, NTH>(Qs, q + row0 * D, rows, tid);
   load_tile<DT, BR, DV, LDV, NTH>(dOs, dout + row0 * DV, rows, tid);
@@ -256,23 +293,8 @@ _DQ_SOURCE = (
     mm_abt<DT, DV, LDV, LDV, LDS>(Ps, dOs, Vs, warp);
     __syncthreads();
     float sv[16];
-    float mt = neg_inf();
-#pragma unroll
-    for (int c = 0; c < 16; ++c) {
-      const int kc = k0 + cq + c;
-      const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
-      sv[c] = ok ? Ss[r * LDS + cq + c] * c2 : neg_inf();
-      mt = fmaxf(mt, sv[c]);
-    }
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    float f = 1.f;
-    bool moved = false;
-    if (mt > mref + 8.f) {
-      moved = mref != neg_inf();
-      f = moved ? exp2f(mref - mt) : 0.f;
-      mref = mt;
-    }
+    float f;
+    const bool moved = tile_row<CAUSAL, NK, OFF, LDS>(sv, Ss, r, cq, k0, tq, c2, mref, f);
     const float dl = rowv[r];
     float ls = 0.f;
 #pragma unroll
@@ -311,19 +333,9 @@ _FWD_SOURCE = (
   float* wbuf = rowv + BR;                               // [8 warps][16 x 16]
   const int lane = tid & 31;
 
-  const int nqb = (NQ + BR - 1) / BR;
-  const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // most keys first (causal)
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int hk = h / G;
-  const int t0 = qb * BR;
-  const int rows = min(BR, NQ - t0);
-  const size_t row0 = static_cast<size_t>(b * HQ + h) * NQ + t0;
-  const DT* kp = k + static_cast<size_t>(b * HKV + hk) * NK * D;
-  const DT* vp = v + static_cast<size_t>(b * HKV + hk) * NK * DV;
-  const int kend = CAUSAL ? min(NK, t0 + rows + OFF) : NK;
-  const int nkb = (kend + BC - 1) / BC;
-  const int tq = t0 + r;
+"""
+    + _QUERY_TILE
+    + r"""
   load_tile<DT, BR, D, LDQ, NTH>(Qs, q + row0 * D, rows, tid);
 
   // o = sum over key tiles of p~ v / l, with the online reference of the dq kernel.
@@ -341,23 +353,8 @@ _FWD_SOURCE = (
     mm_abt<DT, D, LDQ, LDQ, LDS>(Ss, Qs, Ks, warp);
     __syncthreads();
     float sv[16];
-    float mt = neg_inf();
-#pragma unroll
-    for (int c = 0; c < 16; ++c) {
-      const int kc = k0 + cq + c;
-      const bool ok = kc < NK && (!CAUSAL || kc <= tq + OFF);
-      sv[c] = ok ? Ss[r * LDS + cq + c] * c2 : neg_inf();
-      mt = fmaxf(mt, sv[c]);
-    }
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    float f = 1.f;
-    bool moved = false;
-    if (mt > mref + 8.f) {
-      moved = mref != neg_inf();
-      f = moved ? exp2f(mref - mt) : 0.f;
-      mref = mt;
-    }
+    float f;
+    const bool moved = tile_row<CAUSAL, NK, OFF, LDS>(sv, Ss, r, cq, k0, tq, c2, mref, f);
     float ls = 0.f;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
@@ -495,35 +492,18 @@ def supports(spec: Spec, dtype: mx.Dtype) -> bool:
     return spec.mask_kind == "causal" and spec.T <= spec.S
 
 
-_KERNELS: dict[tuple[str, int], object] = {}
+_KERNEL_ARGS = {
+    "fwd": (["q", "k", "v", "params"], ["out", "lse"]),
+    "dq": (["q", "k", "v", "dout", "o", "params"], ["dq", "lse", "delta_out"]),
+    "dkdv": (["q", "k", "v", "dout", "delta", "lse", "params"], ["dk", "dv"]),
+}
 
 
 def _kernel(which: str, smem: int):
-    key = (which, smem)
-    kern = _KERNELS.get(key)
-    if kern is None:
-        if which == "fwd":
-            ins, outs, src = ["q", "k", "v", "params"], ["out", "lse"], _FWD_SOURCE
-        elif which == "dq":
-            ins, outs = ["q", "k", "v", "dout", "o", "params"], ["dq", "lse", "delta_out"]
-            src = _DQ_SOURCE
-        else:
-            ins, outs = ["q", "k", "v", "dout", "delta", "lse", "params"], ["dk", "dv"]
-            src = _DKDV_SOURCE
-        try:
-            kern = mx.fast.cuda_kernel(
-                name=f"chunkscan_attn_{which}",
-                input_names=ins,
-                output_names=outs,
-                source=src,
-                header=_HEADER,
-                ensure_row_contiguous=True,
-                shared_memory=smem,
-            )
-        except Exception as e:  # no CUDA back-end (CPU-only MLX)
-            raise RuntimeError(f"[attention] the CUDA kernel is unavailable: {e}") from e
-        _KERNELS[key] = kern
-    return kern
+    """The kernel object ``which`` ("fwd", "dq", "dkdv") for a shared-memory size."""
+    ins, outs = _KERNEL_ARGS[which]
+    src = {"fwd": _FWD_SOURCE, "dq": _DQ_SOURCE, "dkdv": _DKDV_SOURCE}[which]
+    return cuda_kernel("attention", f"chunkscan_attn_{which}", ins, outs, src, _HEADER, smem)
 
 
 def template(spec: Spec, dtype: mx.Dtype) -> list[tuple[str, object]]:

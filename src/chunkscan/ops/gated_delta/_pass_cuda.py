@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..._backend import cuda_kernel
+
 F32 = mx.float32
 _SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90
 _SMEM_PER_SM = 228 * 1024  # per multiprocessor on sm_90 (1 KiB of it reserved per block)
@@ -440,28 +442,11 @@ def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -
     return choose_config(C, Dk, R, E is not None) is not None
 
 
-_KERNELS: dict[int, object] = {}
-
-
 def _kernel(smem: int):
-    """The kernel object for a shared-memory size (MLX fixes it at construction; the
-    compiled module is cached by MLX per source, i.e. per template)."""
-    k = _KERNELS.get(smem)
-    if k is None:
-        try:
-            k = mx.fast.cuda_kernel(
-                name="chunkscan_state_pass",
-                input_names=_INPUTS,
-                output_names=_OUTPUTS,
-                source=_SOURCE,
-                header=_HEADER,
-                ensure_row_contiguous=True,
-                shared_memory=smem,
-            )
-        except Exception as e:  # no CUDA back-end (CPU-only MLX)
-            raise RuntimeError(f"[state_pass] the CUDA kernel is unavailable: {e}") from e
-        _KERNELS[smem] = k
-    return k
+    """The kernel object for a shared-memory size."""
+    return cuda_kernel(
+        "state_pass", "chunkscan_state_pass", _INPUTS, _OUTPUTS, _SOURCE, _HEADER, smem
+    )
 
 
 def template(
