@@ -28,7 +28,8 @@ def _spec(T, S, D, Dv, mask, dtype=mx.bfloat16, Hq=4, Hkv=2):
 
 def test_supports():
     assert _cuda.supports(_spec(64, 64, 256, 256, "causal"), mx.bfloat16)
-    assert _cuda.supports(_spec(30, 70, 64, 128, "causal"), mx.float16)  # T < S
+    assert _cuda.supports(_spec(30, 70, 64, 128, "causal"), mx.bfloat16)  # T < S
+    assert not _cuda.supports(_spec(30, 70, 64, 128, "causal"), mx.float16)  # range of p~
     assert _cuda.supports(_spec(70, 30, 64, 64, None), mx.bfloat16)
     assert not _cuda.supports(_spec(70, 30, 64, 64, "causal"), mx.bfloat16)  # rows see nothing
     assert not _cuda.supports(_spec(8, 8, 64, 64, None), mx.float32)
@@ -85,8 +86,8 @@ CUDA_CASES = [
     (1, 16, 2, 300, 300, 256, 256, "causal", mx.bfloat16, False),  # Qwen3-Next heads
     (1, 16, 2, 300, 300, 256, 256, "causal", mx.bfloat16, True),
     (2, 4, 4, 130, 257, 64, 128, "causal", mx.bfloat16, False),  # T < S, Dv != D, G = 1
-    (1, 8, 1, 1, 77, 128, 128, "causal", mx.float16, True),  # T = 1, G = 8
-    (2, 4, 2, 96, 40, 64, 64, None, mx.float16, False),  # no mask, T > S
+    (1, 8, 1, 1, 77, 128, 128, "causal", mx.bfloat16, True),  # T = 1, G = 8
+    (2, 4, 2, 96, 40, 64, 64, None, mx.bfloat16, False),  # no mask, T > S
     (1, 2, 1, 64, 64, 256, 64, None, mx.bfloat16, True),  # one tile each way
 ]
 

@@ -93,8 +93,8 @@ def attention(
             performance knob only. Default: ``None``.
         kernels (bool, optional): On a CUDA device the forward and the backward are
             fused kernels (:mod:`chunkscan.ops.attention._cuda`: tensor cores, no
-            scratch) for bfloat16/float16 inputs, head sizes 64, 128, 192 or 256 and no
-            mask or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
+            scratch) for bfloat16 inputs, head sizes 64, 128, 192 or 256 and no mask
+            or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
             environment variable ``CHUNKSCAN_CUDA_KERNELS=0`` use the blocked ops.
             Default: ``None`` (automatic).
 
