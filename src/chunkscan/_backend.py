@@ -1,7 +1,8 @@
 """Which backend's fused kernels the ops use (one rule for every op).
 
-An op with a CUDA kernel (the Gated DeltaNet state passes, the attention backward) uses
-it when the default device is a CUDA GPU, unless switched off: by the op's argument
+An op with CUDA kernels (the Gated DeltaNet state passes, attention's forward and
+backward) uses them when the default device is a CUDA GPU, unless switched off: by the
+op's argument
 ``kernels=False``, or for every op by the environment variable
 ``CHUNKSCAN_CUDA_KERNELS=0`` (read at each call). ``kernels=True`` asks for the kernel
 where the backend has one; elsewhere the portable path runs.

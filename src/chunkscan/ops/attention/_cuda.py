@@ -8,7 +8,8 @@ blocked backward's (FlashAttention-2): with ``p = softmax(scale * q k^T)`` (mask
     dq = scale * ds k        dk = scale * ds^T q        dv = p^T do
 
 Kernels (tensor cores through ``nvcuda::wmma``, 16x16x16 bfloat16/float16 tiles with
-float32 accumulation; 256 threads = 8 warps per block; tiles of 64 queries x 64 keys):
+float32 accumulation, though :func:`supports` takes bfloat16 only; 256 threads = 8
+warps per block; tiles of 64 queries x 64 keys):
 
 - ``chunkscan_attn_fwd``: one block per (64 query rows, query head, batch row): the
   forward with the online softmax described next (``o = sum p~ v / l``). MLX's fused
