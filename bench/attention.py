@@ -127,7 +127,7 @@ def measure(
     if impl != "mlx_fast":
         spec = blocked.check_inputs("attention", q, k, v, scale, mask, chunk_size)
         fast = blocked._use_fast(spec)
-        kernel = not fast and blocked.use_kernels(kernels) and blocked._cuda.supports(spec, dt)
+        kernel = not fast and blocked.uses_cuda_kernels(spec, dt, kernels)
         n_blocks = 0 if fast or kernel else len(blocked.plan_blocks(spec))
     return {
         "impl": impl,

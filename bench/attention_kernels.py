@@ -34,26 +34,16 @@ def measure(T: int, repeats: int) -> dict:
     spec = check_inputs("bench", q, k, v, D**-0.5, "causal", None)
     o = mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask="causal")
     mx.eval(q, k, v, do, o)
-    smem = _cuda.smem_bytes(D, D)
-    tmpl = _cuda.template(spec, mx.bfloat16)
-    params = mx.array([spec.scale], dtype=mx.float32)
     nqb, nkb = -(-T // _cuda.BR), -(-T // _cuda.BC)
-    nt = _cuda.NT
 
     def dq():
-        return _cuda._kernel("dq", smem["dq"])(
-            inputs=[q, k, v, do, o, params], template=tmpl, grid=(nqb * nt, Hq, B),
-            threadgroup=(nt, 1, 1), output_shapes=[q.shape, (B, Hq, T), (B, Hq, T)],
-            output_dtypes=[mx.bfloat16, mx.float32, mx.float32])  # fmt: skip
+        return _cuda.dq_pass(spec, q, k, v, do, o)
 
     _, lse, delta = dq()
     mx.eval(lse, delta)
 
     def dkdv():
-        return _cuda._kernel("dkdv", smem["dkdv"])(
-            inputs=[q, k, v, do, delta, lse, params], template=tmpl,
-            grid=(nkb * nt, Hkv, B), threadgroup=(nt, 1, 1),
-            output_shapes=[k.shape, v.shape], output_dtypes=[mx.bfloat16, mx.bfloat16])  # fmt: skip
+        return _cuda.dkdv_pass(spec, q, k, v, do, delta, lse)
 
     def fwd():
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask="causal")

@@ -108,18 +108,13 @@ def kernels():
                     None)  # fmt: skip
         t = [(n, str(v).split(".")[-1] if isinstance(v, mx.Dtype) else v)
              for n, v in attn.template(spec, getattr(mx, dt))]  # fmt: skip
-        x = [("q", dt, 4), ("k", dt, 4), ("v", dt, 4)]
-        f32 = [("params", "float32", 1)]
-        rows = [("delta", "float32", 3), ("lse", "float32", 3)]
-        for which, src, ins, outs in (
-            ("fwd", attn._FWD_SOURCE, x + f32, [("out", dt), ("lse", "float32")]),
-            ("dq", attn._DQ_SOURCE, x + [("dout", dt, 4), ("o", dt, 4)] + f32,
-             [("dq", dt), ("lse", "float32"), ("delta_out", "float32")]),
-            ("dkdv", attn._DKDV_SOURCE, x + [("dout", dt, 4)] + rows + f32,
-             [("dk", dt), ("dv", dt)]),
-        ):  # fmt: skip
+        for which, (names, outs) in attn._KERNEL_ARGS.items():
+            # inputs: the arrays in the input dtype, the statistics and params float32
+            ins = [(n, dt if n in ("q", "k", "v", "dout", "o") else "float32", 4) for n in names]
+            outs = [(n, "float32" if n in ("lse", "delta_out") else dt) for n in outs]
             label = f"attention {which} D={D} Dv={Dv} causal={causal} {dt}"
-            out.append((label, f"chunkscan_attn_{which}", attn._HEADER, src, ins, outs, t))
+            out.append((label, f"chunkscan_attn_{which}", attn._HEADER, attn._SOURCES[which],
+                        ins, outs, t))  # fmt: skip
     return out
 
 

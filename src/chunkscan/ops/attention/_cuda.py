@@ -506,10 +506,13 @@ _KERNEL_ARGS = {
 }
 
 
+_SOURCES = {"fwd": _FWD_SOURCE, "dq": _DQ_SOURCE, "dkdv": _DKDV_SOURCE}
+
+
 def _kernel(which: str, smem: int):
     """The kernel object ``which`` ("fwd", "dq", "dkdv") for a shared-memory size."""
     ins, outs = _KERNEL_ARGS[which]
-    src = {"fwd": _FWD_SOURCE, "dq": _DQ_SOURCE, "dkdv": _DKDV_SOURCE}[which]
+    src = _SOURCES[which]
     return cuda_kernel("attention", f"chunkscan_attn_{which}", ins, outs, src, _HEADER, smem)
 
 
@@ -527,13 +530,16 @@ def template(spec: Spec, dtype: mx.Dtype) -> list[tuple[str, object]]:
     ]
 
 
+def _params(spec: Spec) -> mx.array:
+    return mx.array([spec.scale], dtype=F32)
+
+
 def forward(spec: Spec, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
     """``o = attention(q, k, v)`` ``[B, Hq, T, Dv]`` in the input dtype (the float32
     statistics stay inside); requires :func:`supports`."""
     B, Hq, T = spec.B, spec.Hq, spec.T
-    params = mx.array([spec.scale], dtype=F32)
     o, _ = _kernel("fwd", smem_bytes(spec.D, spec.Dv)["fwd"])(
-        inputs=[q, k, v, params],
+        inputs=[q, k, v, _params(spec)],
         template=template(spec, q.dtype),
         grid=(-(-T // BR) * NT, Hq, B),
         threadgroup=(NT, 1, 1),
@@ -543,32 +549,48 @@ def forward(spec: Spec, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
     return o
 
 
+def dq_pass(
+    spec: Spec, q: mx.array, k: mx.array, v: mx.array, do: mx.array, o: mx.array
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The ``dq`` kernel: ``(dq, lse, delta)`` (``lse`` base 2, ``[B, Hq, T]`` float32
+    both); ``do`` and ``o`` in the input dtype."""
+    B, Hq, T = spec.B, spec.Hq, spec.T
+    return _kernel("dq", smem_bytes(spec.D, spec.Dv)["dq"])(
+        inputs=[q, k, v, do, o, _params(spec)],
+        template=template(spec, q.dtype),
+        grid=(-(-T // BR) * NT, Hq, B),
+        threadgroup=(NT, 1, 1),
+        output_shapes=[q.shape, (B, Hq, T), (B, Hq, T)],
+        output_dtypes=[q.dtype, F32, F32],
+    )
+
+
+def dkdv_pass(
+    spec: Spec,
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    do: mx.array,
+    delta: mx.array,
+    lse: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """The ``dk``/``dv`` kernel, given :func:`dq_pass`'s ``delta`` and ``lse``."""
+    return _kernel("dkdv", smem_bytes(spec.D, spec.Dv)["dkdv"])(
+        inputs=[q, k, v, do, delta, lse, _params(spec)],
+        template=template(spec, q.dtype),
+        grid=(-(-spec.S // BC) * NT, spec.Hkv, spec.B),
+        threadgroup=(NT, 1, 1),
+        output_shapes=[k.shape, v.shape],
+        output_dtypes=[q.dtype, q.dtype],
+    )
+
+
 def backward(
     spec: Spec, q: mx.array, k: mx.array, v: mx.array, o: mx.array, do: mx.array
 ) -> tuple[mx.array, mx.array, mx.array]:
     """``(dq, dk, dv)`` of ``o = attention(q, k, v)`` for the cotangent ``do``, in the
     input dtype; requires :func:`supports`."""
-    B, Hq, Hkv, T, S = spec.B, spec.Hq, spec.Hkv, spec.T, spec.S
-    dtype = q.dtype
-    do = do.astype(dtype)
-    params = mx.array([spec.scale], dtype=F32)
-    tmpl = template(spec, dtype)
-    smem = smem_bytes(spec.D, spec.Dv)
-    nqb, nkb = -(-T // BR), -(-S // BC)
-    dq, lse, delta = _kernel("dq", smem["dq"])(
-        inputs=[q, k, v, do, o.astype(dtype), params],
-        template=tmpl,
-        grid=(nqb * NT, Hq, B),
-        threadgroup=(NT, 1, 1),
-        output_shapes=[q.shape, (B, Hq, T), (B, Hq, T)],
-        output_dtypes=[dtype, F32, F32],
-    )
-    dk, dv = _kernel("dkdv", smem["dkdv"])(
-        inputs=[q, k, v, do, delta, lse, params],
-        template=tmpl,
-        grid=(nkb * NT, Hkv, B),
-        threadgroup=(NT, 1, 1),
-        output_shapes=[k.shape, v.shape],
-        output_dtypes=[dtype, dtype],
-    )
+    do = do.astype(q.dtype)
+    dq, lse, delta = dq_pass(spec, q, k, v, do, o.astype(q.dtype))
+    dk, dv = dkdv_pass(spec, q, k, v, do, delta, lse)
     return dq, dk, dv

@@ -137,8 +137,13 @@ def _blocked(
     mask_arr = None
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
-    cuda = use_kernels(kernels) and _cuda.supports(spec, q.dtype)
+    cuda = uses_cuda_kernels(spec, q.dtype, kernels)
     return _tree.as_list(_make_core(spec, plan_blocks(spec), mask_arr, cuda)(q, k, v))[0]
+
+
+def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool:
+    """Whether a call (past the shortcut to MLX) runs the CUDA kernels of :mod:`._cuda`."""
+    return use_kernels(kernels) and _cuda.supports(spec, dtype)
 
 
 def _use_fast(spec: Spec) -> bool:
