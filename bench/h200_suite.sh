@@ -7,22 +7,27 @@
 #     bash bench/h200_suite.sh tests gdn       # the stages named (see STAGES below)
 #
 # Each stage has a time limit. How long stages took on the H200 (the stage lines carry
-# clock times): bench/results/h200/logs/; "tests" alone can use its whole 300 s (the
-# GDN GPU tests compile many kernel templates), "attention attention_kernels" ~2 min.
+# clock times): bench/results/h200/logs/; "tests" is tests_attention and tests_gdn.
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-STAGES=${*:-tests gdn pass lora attention attention_kernels attention_fwd channel channel_mlx_lm groups}
+STAGES=${*:-tests gdn pass lora_short lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
-if want tests; then
-  stage tests  # TF32 off: the fp32 tolerances are those of exact fp32 matmuls
-  MLX_ENABLE_TF32=0 timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs \
-    tests/ops/test_attention_cuda.py tests/ops/test_gated_delta_passes.py \
+# TF32 off in the test stages: the fp32 tolerances are those of exact fp32 matmuls
+PYTEST="timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs"
+if want tests || want tests_attention; then
+  stage tests_attention  # ~40 s
+  MLX_ENABLE_TF32=0 $PYTEST tests/ops/test_attention_cuda.py tests/ops/test_attention.py \
+    2>&1 | tee "$OUT/tests_h200_attention.txt" | tail -4
+fi
+if want tests || want tests_gdn; then
+  stage tests_gdn  # can use its whole 300 s: the GPU tests compile many kernel templates
+  MLX_ENABLE_TF32=0 $PYTEST tests/ops/test_gated_delta_passes.py \
     "tests/ops/test_gated_delta.py::test_fp32_matches_oracle" \
     "tests/ops/test_gated_delta.py::test_packed_sequences" \
     "tests/ops/test_gated_delta.py::test_low_precision_is_the_float32_call_rounded" \
-    tests/ops/test_gated_delta_channel.py tests/ops/test_attention.py \
-    2>&1 | tee "$OUT/tests_h200.txt" | tail -4
+    tests/ops/test_gated_delta_channel.py \
+    2>&1 | tee "$OUT/tests_h200_gdn.txt" | tail -4
 fi
 if want gdn; then
   stage gdn_vs_fla
@@ -33,13 +38,27 @@ if want pass; then
   stage state_pass
   timeout 100 python3 bench/state_pass.py --out "$OUT/state_pass_h200.json" 2>&1 | tail -20
 fi
+CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
+# bfloat16 weights: chunkscan.attention's CUDA kernels take bf16 (float32 runs the blocked
+# ops); --cold-jit: each configuration's first step compiles every kernel it runs
+LORA="python3 bench/lora.py --dtype bfloat16 --cold-jit --repeats 2 --config $(printf %q "$CFG")"
+if want lora_short; then
+  stage lora_short  # issue 10: short sequences lose nothing; issue 9: first step at 2048
+  eval timeout 280 $LORA --timeout 90 --json $OUT/lora_h200_short.json --T 512 2048 \
+    --modes patched patched+attn stub | tail -5
+fi
 if want lora; then
   stage lora  # issue 10: both patches at 8192 and 32768; issue 9: patched vs stub at 8192
-  CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
-  # bfloat16 weights: chunkscan.attention's CUDA kernels take bf16/f16 (float32 runs the blocked ops)
-  LORA="python3 bench/lora.py --dtype bfloat16 --repeats 2 --timeout 110 --config $(printf %q "$CFG") --json $OUT/lora_h200.json"
-  eval timeout 230 $LORA --T 8192 32768 --modes patched+attn | tail -4
-  eval timeout 230 $LORA --merge --T 8192 --modes stub patched | tail -4
+  eval timeout 250 $LORA --timeout 120 --json $OUT/lora_h200.json --T 8192 32768 \
+    --modes patched+attn | tail -4
+  eval timeout 250 $LORA --timeout 120 --json $OUT/lora_h200.json --merge --T 8192 \
+    --modes stub patched | tail -4
+fi
+if want crossover; then
+  stage crossover  # where MLX's kernel (shortcut FAST_MAX_SCORES) beats the CUDA kernels
+  timeout 120 python3 bench/attention.py --shape qwen3-next --T 512 1024 2048 4096 \
+    --fast-max-scores 0 --impls chunkscan mlx_fast --repeats 5 --timeout 25 \
+    --json "$OUT/attention_crossover_h200.json" 2>&1 | tail -8
 fi
 if want attention; then
   stage attention

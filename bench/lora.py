@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -230,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON overrides of the tiny model's config.json, e.g. "
                         "'{\"hidden_size\": 2048}'")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--cold-jit", action="store_true",
+                        help="give each configuration an empty MLX_PTX_CACHE_DIR (CUDA), so "
+                        "its first step includes every kernel compile")  # fmt: skip
     parser.add_argument("--json", type=pathlib.Path, default=ROOT / "bench-out" / "lora.json")
     parser.add_argument("--replot", action="store_true",
                         help="only rewrite the table and plot from --json")  # fmt: skip
@@ -261,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), flush=True)
                     continue
             t0 = time.perf_counter()
-            row = run_isolated("bench.lora:measure", cfg, timeout=args.timeout, env=env)
-            row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0)
+            with tempfile.TemporaryDirectory() as ptx_cache:
+                run_env = dict(env, MLX_PTX_CACHE_DIR=ptx_cache) if args.cold_jit else env
+                row = run_isolated("bench.lora:measure", cfg, timeout=args.timeout, env=run_env)
+            row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0,
+                       ptx_cache="cold" if args.cold_jit else "shared")  # fmt: skip
             if mode == "stock" and "mib_per_token" in row:
                 stock_per_token = row["mib_per_token"]
             rows.append(row)
