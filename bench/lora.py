@@ -134,6 +134,25 @@ def measure(
     }
 
 
+def _provenance() -> dict[str, Any]:
+    from _common import meta
+
+    return meta()
+
+
+def _ptx_cache_files(env: dict[str, str]) -> int:
+    """Kernels in MLX's CUDA PTX cache (``MLX_PTX_CACHE_DIR``, by default
+    ``<tmp>/mlx/<version>/ptx``) before a configuration runs: 0 means its first step
+    compiles every kernel it runs (a fresh machine, or ``--cold-jit``)."""
+    import mlx.core as mx
+
+    default = pathlib.Path(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
+    path = pathlib.Path(
+        env.get("MLX_PTX_CACHE_DIR") or os.environ.get("MLX_PTX_CACHE_DIR") or default
+    )
+    return sum(1 for _ in path.rglob("*.ptx")) if path.is_dir() else 0
+
+
 def _ratio(x: dict[str, Any], y: dict[str, Any]) -> str:
     if "peak_mib" in x and "peak_mib" in y:
         return f"{x['peak_mib'] / y['peak_mib']:.3f}"
@@ -145,7 +164,7 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
     t0 = min(Ts)
     head = (
         "| T | "
-        + " | ".join(f"{m} MiB | {m} MiB/tok | {m} s/step" for m in modes)
+        + " | ".join(f"{m} MiB | {m} MiB/tok | {m} s/step (first step)" for m in modes)
         + " | patched/stock | patched/stub | (patched-stub) MiB/tok | "
         + " | ".join(f"{m} MiB/tok vs T={t0}" for m in modes)
         + " |"
@@ -157,8 +176,8 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
         for m in modes:
             r = by.get((m, T), {})
             if "peak_mib" in r:
-                cells += [f"{r['peak_mib']:.0f}", f"{r['mib_per_token']:.3f}",
-                          f"{r['seconds_per_step']:.2f}"]  # fmt: skip
+                step = f"{r['seconds_per_step']:.2f} ({r['first_step_seconds']:.1f})"
+                cells += [f"{r['peak_mib']:.0f}", f"{r['mib_per_token']:.3f}", step]
             else:
                 cells += [r.get("error", "not run")[:50], "", ""]
         p, s, st = by.get(("patched", T), {}), by.get(("stock", T), {}), by.get(("stub", T), {})
@@ -175,7 +194,7 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path) -> None:
+def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, device: str) -> None:
     try:
         import matplotlib
 
@@ -209,8 +228,9 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path) -> N
         ax.set_xlabel("sequence length T")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle("One LoRA step, tiny Qwen3-Next (3 GDN + 1 attention layers), CPU")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.suptitle(f"One LoRA step, tiny Qwen3-Next (3 GDN + 1 attention layers), {device}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -249,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     from chunkscan.commands.measure import run_isolated
 
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    commit = _provenance().get("commit")  # per row: --merge keeps rows of other runs
     rows: list[dict[str, Any]] = []
     stock_per_token = None
     for T in sorted(args.T):
@@ -265,11 +286,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), flush=True)
                     continue
             t0 = time.perf_counter()
-            with tempfile.TemporaryDirectory() as ptx_cache:
-                run_env = dict(env, MLX_PTX_CACHE_DIR=ptx_cache) if args.cold_jit else env
+            with tempfile.TemporaryDirectory() as empty_cache:
+                run_env = dict(env, MLX_PTX_CACHE_DIR=empty_cache) if args.cold_jit else env
+                cached = _ptx_cache_files(run_env)
                 row = run_isolated("bench.lora:measure", cfg, timeout=args.timeout, env=run_env)
             row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0,
-                       ptx_cache="cold" if args.cold_jit else "shared")  # fmt: skip
+                       ptx_cache_files_before=cached, commit=commit)  # fmt: skip
             if mode == "stock" and "mib_per_token" in row:
                 stock_per_token = row["mib_per_token"]
             rows.append(row)
@@ -286,7 +308,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlx.core as mx
     import mlx_lm
-    from _common import meta as provenance
 
     from chunkscan.commands.demo_model import tiny_config
 
@@ -299,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "model": tiny_config(**(args.config or {})),
         "lora": {"rank": 8, "layers": "all"},
-        **provenance(),
+        **_provenance(),
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     _write_outputs(meta, rows, args.json)
@@ -312,9 +333,9 @@ def _write_outputs(meta: dict[str, Any], rows: list[dict[str, Any]], path: pathl
     table = _table(rows, modes, sorted({r["T"] for r in rows}))
     cmds = "\n".join(f"    {c}" for c in meta["commands"])
     path.with_suffix(".md").write_text(
-        f"# One LoRA step, tiny Qwen3-Next, CPU\n\n{cmds}\n\n{table}\n"
+        f"# One LoRA step, tiny Qwen3-Next, {meta.get('device', 'CPU')}\n\n{cmds}\n\n{table}\n"
     )
-    _plot(rows, modes, path.with_suffix(".png"))
+    _plot(rows, modes, path.with_suffix(".png"), meta.get("device", "CPU"))
     print(table)
 
 
