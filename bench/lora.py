@@ -153,6 +153,12 @@ def _ptx_cache_files(env: dict[str, str]) -> int:
     return sum(1 for _ in path.rglob("*.ptx")) if path.is_dir() else 0
 
 
+def _kernel_files(folder: pathlib.Path) -> int:
+    """Kernels MLX compiled into ``folder``: one ``.so`` each on the CPU backend
+    (``<TMPDIR>/mlx/<version>/cpu``), one ``.ptx`` each on CUDA."""
+    return sum(1 for p in folder.rglob("*") if p.suffix in (".so", ".ptx"))
+
+
 def _ratio(x: dict[str, Any], y: dict[str, Any]) -> str:
     if "peak_mib" in x and "peak_mib" in y:
         return f"{x['peak_mib'] / y['peak_mib']:.3f}"
@@ -252,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                         "'{\"hidden_size\": 2048}'")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--cold-jit", action="store_true",
-                        help="give each configuration an empty MLX_PTX_CACHE_DIR (CUDA), so "
-                        "its first step includes every kernel compile")  # fmt: skip
+                        help="give each configuration empty kernel caches (TMPDIR for the CPU "
+                        "backend, MLX_PTX_CACHE_DIR for CUDA), so that its first step compiles "
+                        "every kernel it runs; rows count them: kernels_compiled")  # fmt: skip
     parser.add_argument("--json", type=pathlib.Path, default=ROOT / "bench-out" / "lora.json")
     parser.add_argument("--replot", action="store_true",
                         help="only rewrite the table and plot from --json")  # fmt: skip
@@ -286,12 +293,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), flush=True)
                     continue
             t0 = time.perf_counter()
-            with tempfile.TemporaryDirectory() as empty_cache:
-                run_env = dict(env, MLX_PTX_CACHE_DIR=empty_cache) if args.cold_jit else env
+            with tempfile.TemporaryDirectory() as empty:
+                run_env = env
+                if args.cold_jit:  # the CPU backend's kernels go under TMPDIR, CUDA's PTX
+                    run_env = dict(env, TMPDIR=empty, MLX_PTX_CACHE_DIR=f"{empty}/ptx")
                 cached = _ptx_cache_files(run_env)
                 row = run_isolated("bench.lora:measure", cfg, timeout=args.timeout, env=run_env)
-            row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0,
-                       ptx_cache_files_before=cached, commit=commit)  # fmt: skip
+                row["ptx_cache_files_before"] = cached
+                if args.cold_jit:
+                    row["kernels_compiled"] = _kernel_files(pathlib.Path(empty))
+            row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0, commit=commit)
             if mode == "stock" and "mib_per_token" in row:
                 stock_per_token = row["mib_per_token"]
             rows.append(row)
