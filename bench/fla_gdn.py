@@ -22,8 +22,14 @@ Hopper). ``--lift-hopper-guard`` (default on) sets the module flag that guard re
 at a small T on the same inputs, so a wrong kernel shows up in the JSON instead of
 passing silently.
 
-    python bench/fla_gdn.py --json bench/results/fla_gdn_h200.json
+With ``--gate channel`` the gate is per key channel, ``g`` ``[B, T, Hv, Dk]`` (Kimi Delta
+Attention, ``bench/gated_delta.py --gate channel``), and the op is fla's ``chunk_kda``
+(the decay given precomputed, as here: ``use_gate_in_kernel=False``); the reference
+decays the state's key rows, ``S <- diag(exp(g_t)) S``.
+
+    python bench/fla_gdn.py --json bench/results/h200/fla_gdn_h200.json
     python bench/fla_gdn.py --T 1024 16384 --repeats 20
+    python bench/fla_gdn.py --gate channel --T 2048 4096 16384
 """
 
 from __future__ import annotations
@@ -60,6 +66,22 @@ def versions() -> dict[str, Any]:
     return out
 
 
+def _commit() -> str | None:
+    """This checkout's commit (``CHUNKSCAN_COMMIT`` first, as in ``bench/_common.py``:
+    a copied tree's git metadata may not be the tree's)."""
+    import os
+    import subprocess
+
+    if os.environ.get("CHUNKSCAN_COMMIT"):
+        return os.environ["CHUNKSCAN_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=20)  # fmt: skip
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def lift_hopper_guard() -> str | None:
     """Let fla 0.6.0 run its gated backward on Hopper with Triton < 3.7.1 (see above)."""
     import fla.ops.common.chunk_o as chunk_o
@@ -80,8 +102,10 @@ def make_inputs(
     dtype: str = "bfloat16",
     seed: int = 0,
     device: str = "cuda",
+    gate: str = "head",
 ):
-    """``(xs, w, w_s)``: ``xs = [q, k, v, g, beta, h0]`` leaves that need gradients."""
+    """``(xs, w, w_s)``: ``xs = [q, k, v, g, beta, h0]`` leaves that need gradients;
+    ``g`` is ``[B, T, Hv]``, or ``[B, T, Hv, Dk]`` with ``gate="channel"``."""
     import torch
 
     dt = getattr(torch, dtype)
@@ -97,7 +121,7 @@ def make_inputs(
     k = normal(B, T, Hk, Dk)
     k = k / k.norm(dim=-1, keepdim=True)
     v = normal(B, T, Hv, Dv)
-    g = -uniform(0.01, 0.3, B, T, Hv)
+    g = -uniform(0.01, 0.3, B, T, Hv, *((Dk,) if gate == "channel" else ()))
     beta = uniform(0.05, 1.0, B, T, Hv)
     h0 = 0.1 * normal(B, Hv, Dk, Dv)  # fla's state layout is [K, V]
     w = normal(B, T, Hv, Dv).to(dt)
@@ -108,10 +132,16 @@ def make_inputs(
 
 
 def fla_op(q, k, v, g, beta, h0):
+    """fla's chunked op: ``chunk_gated_delta_rule``, or ``chunk_kda`` for a 4-D ``g``."""
+    scale = q.shape[-1] ** -0.5
+    if g.ndim == 4:
+        from fla.ops.kda import chunk_kda
+
+        return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     return chunk_gated_delta_rule(
-        q, k, v, g, beta, scale=q.shape[-1] ** -0.5, initial_state=h0, output_final_state=True
+        q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True
     )
 
 
@@ -127,7 +157,8 @@ def reference_op(q, k, v, g, beta, h0):
     state = h0.float()  # [B, Hv, Dk, Dv]
     outs = []
     for t in range(q.shape[1]):
-        state = state * gf[:, t].exp()[..., None, None]
+        decay = gf[:, t].exp()  # [B, Hv] or, per key channel, [B, Hv, Dk]
+        state = state * (decay[..., None] if decay.ndim == 3 else decay[..., None, None])
         pred = torch.einsum("bhk,bhkv->bhv", kf[:, t], state)
         delta = bf[:, t][..., None] * (vf[:, t] - pred)
         state = state + kf[:, t][..., :, None] * delta[..., None, :]
@@ -148,7 +179,8 @@ def fwd_bwd(xs, w, w_s):
 
 
 def check(T: int = 128, seed: int = 1, **shape) -> dict[str, Any]:
-    """Relative errors ``|fla - ref| / |ref|`` of o, final state and the six gradients."""
+    """Relative errors ``|fla - ref| / |ref|`` of o, final state and the six gradients
+    (``shape`` may carry ``gate``)."""
     import torch
 
     xs, w, w_s = make_inputs(T, seed=seed, **shape)
@@ -222,6 +254,7 @@ def measure(
     B = xs[0].shape[0]
     return {
         "impl": "fla",
+        "op": "chunk_kda" if xs[3].ndim == 4 else "chunk_gated_delta_rule",
         "T": T,
         "dtype": dtype,
         "chunk_size": 64,
@@ -245,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--Hk", type=int, default=16)
     p.add_argument("--Hv", type=int, default=32)
     p.add_argument("--D", type=int, default=128, help="Dk = Dv")
+    p.add_argument("--gate", choices=["head", "channel"], default="head",
+                   help="g per value head, or per key channel (fla's chunk_kda)")  # fmt: skip
     p.add_argument("--check", type=int, default=128, help="T of the reference check; 0: skip")
     p.add_argument(
         "--lift-hopper-guard",
@@ -253,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run fla 0.6.0's gated backward on Hopper with Triton < 3.7.1 (see module doc)",
     )
     p.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
-    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "fla_gdn.json"))
+    p.add_argument("--json", default=str(ROOT / "bench-out" / "fla_gdn.json"))
     return p
 
 
@@ -265,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("[bench.fla_gdn] fla's kernels need a CUDA GPU; none found.", file=sys.stderr)
         return 2
-    shape = {"B": args.B, "Hk": args.Hk, "Hv": args.Hv, "Dk": args.D, "Dv": args.D}
-    meta: dict[str, Any] = {"argv": sys.argv, "shape": shape, "versions": versions()}
+    shape = {"B": args.B, "Hk": args.Hk, "Hv": args.Hv, "Dk": args.D, "Dv": args.D,
+             "gate": args.gate}  # fmt: skip
+    meta: dict[str, Any] = {"argv": sys.argv, "commit": _commit(), "shape": shape,
+                            "versions": versions()}  # fmt: skip
     meta["hopper_guard"] = lift_hopper_guard() if args.lift_hopper_guard else "kept"
     print(json.dumps(meta), flush=True)
     result: dict[str, Any] = {"meta": meta, "rows": []}

@@ -9,7 +9,7 @@
 # Each stage has a time limit. How long stages took on the H200 (the stage lines carry
 # clock times): bench/results/h200/logs/; "tests" is tests_attention and tests_gdn.
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-STAGES=${*:-tests gdn pass lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm groups}
+STAGES=${*:-tests gdn pass lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm kda groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -81,6 +81,12 @@ if want channel_mlx_lm; then
   timeout 120 python3 bench/gated_delta.py --gate channel --T 2048 --impls chunkscan mlx_lm \
     --repeats 1 --timeout 80 --json "$OUT/gdn_channel_mlx_lm_h200.json" \
     --md "$OUT/gdn_channel_mlx_lm_h200.md" --png ""
+fi
+if want kda; then
+  stage kda  # fla's chunk_kda (per-channel gate) at the shapes of the channel stages;
+  # PyTorch + Triton only: needs fla-core and einops, not MLX
+  (cd bench && timeout 300 python3 fla_gdn.py --gate channel --T 2048 4096 16384 --repeats 5 \
+    --budget 240 --json "$OUT/fla_kda_h200.json")
 fi
 if want attention_kernels; then
   stage attention_kernels  # the two backward kernels timed apart, beside mx.fast's forward
