@@ -27,6 +27,7 @@ lora-demo: venv
 
 test: venv
 	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff format --check src tests bench tools
 	$(PY) -m pytest -q
 
 clean:

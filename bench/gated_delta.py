@@ -208,8 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help="chunkscan's chunk (default: the op's default for the device)")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="chunkscan's chunk (default: the op's default for the device)",
+    )
     p.add_argument(
         "--gate",
         default="head",

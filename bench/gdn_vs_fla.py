@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
                    choices=["eager", "compiled"])  # fmt: skip
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[0],
-                   help="0: the op's default for the device")
+    p.add_argument(
+        "--chunk-sizes", type=int, nargs="+", default=[0], help="0: the op's default for the device"
+    )
     p.add_argument(
         "--group-mib",
         type=int,

@@ -176,7 +176,6 @@ def test_low_precision_inputs(dtype):
 # Packed sequences: tests/ops/test_gated_delta.py::test_packed_sequences[...-channel].
 
 
-
 def test_compiled_and_groups(monkeypatch):
     """Under mx.compile, one chunk per group and three per group, no initial state."""
     inputs = make_channel_inputs(2, 75, 1, 2, 8, 6)
