@@ -15,9 +15,22 @@ import os
 import mlx.core as mx
 
 
-def use_kernels(kernels: bool | None = None) -> bool:
+def check_kernels(fn: str, kernels: object) -> None:
+    """Raise unless ``kernels`` is ``True``, ``False`` or ``None`` (``kernels=0`` or
+    ``"no"`` would otherwise read as a request for the kernels)."""
+    if kernels is not None and not isinstance(kernels, bool):
+        raise TypeError(
+            f"[{fn}] kernels must be True, False or None but got {kernels!r} "
+            f"({type(kernels).__name__}). Pass kernels=False for the portable ops, or None "
+            f"(the default) for the CUDA kernels where they apply."
+        )
+
+
+def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     """Whether the fused CUDA kernels are used: ``kernels`` if given, else on when the
-    default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``."""
+    default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``
+    (:func:`check_kernels` first)."""
+    check_kernels(fn, kernels)
     if kernels is False:
         return False
     if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:

@@ -4,6 +4,7 @@ scaling (in fresh processes, with negative controls)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import mlx.core as mx
@@ -296,6 +297,12 @@ def test_errors_are_pinned():
             v, scale=1.0, mask="upper")  # fmt: skip
     _raises(TypeError, "[attention] mask must be None, 'causal' or an mx.array but got list.",
             q, k, v, scale=1.0, mask=[[True]])  # fmt: skip
+    _raises(ValueError, "[attention] scale must be finite but got inf: every output would be "
+            "NaN.", q, k, v, scale=math.inf)  # fmt: skip
+    _raises(ValueError, "[attention] q must hold at least one batch row and one head but got "
+            "B=0 and Hq=4 (q shape (0, 4, 8, 16)).", q[:0], k[:0], v[:0], scale=1.0)  # fmt: skip
+    _raises(TypeError, "[attention] kernels must be True, False or None but got 'no' (str).",
+            q, k, v, scale=1.0, kernels="no")  # fmt: skip
     _raises(ValueError, "[attention] an array mask must be boolean (True = attend) or floating "
             "(added to the scores) but got dtype mlx.core.int32.", q, k, v, scale=1.0,
             mask=mx.ones((8, 8), mx.int32))  # fmt: skip

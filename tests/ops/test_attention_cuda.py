@@ -57,7 +57,7 @@ def test_dispatch_sends_supported_calls_to_the_kernel(monkeypatch):
         calls.append("fwd")
         return mx.zeros((spec.B, spec.Hq, spec.T, spec.Dv), q.dtype)
 
-    monkeypatch.setattr(blocked, "use_kernels", lambda kernels=None: kernels is not False)
+    monkeypatch.setattr(blocked, "use_kernels", lambda kernels=None, fn=None: kernels is not False)
     monkeypatch.setattr(_cuda, "backward", fake)
     monkeypatch.setattr(_cuda, "forward", fake_forward)
 

@@ -301,6 +301,16 @@ def _good():
             TypeError,
             f"{FN} q must be an mx.array but got list.",
         ),
+        (
+            lambda a: a.update(scale=float("nan")),
+            ValueError,
+            f"{FN} scale must be finite but got nan: every output would be NaN or inf.",
+        ),
+        (
+            lambda a: a.update(kernels=0),
+            TypeError,
+            f"{FN} kernels must be True, False or None but got 0 (int). Pass kernels=False",
+        ),
     ],
     ids=[
         "T-mismatch",
@@ -315,13 +325,17 @@ def _good():
         "state-layout",
         "packed-B2",
         "not-array",
+        "scale-nan",
+        "kernels-int",
     ],
 )
 def test_errors(change, error, message):
     args = dict(zip(("q", "k", "v", "g", "beta"), _good()))
     change(args)
     kwargs = {
-        key: args.pop(key) for key in ("chunk_size", "initial_state", "cu_seqlens") if key in args
+        key: args.pop(key)
+        for key in ("chunk_size", "initial_state", "cu_seqlens", "scale", "kernels")
+        if key in args
     }
     with pytest.raises(error, match=re.escape(message)):
         gated_delta_rule(*args.values(), **kwargs)

@@ -262,7 +262,7 @@ def test_per_channel_decay_reaches_the_kernel(monkeypatch):
         seen.append(decay.shape)
         return "kernel"
 
-    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None: True)
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn=None: True)
     monkeypatch.setattr(_pass_cuda, "supports", lambda *a: True)
     monkeypatch.setattr(_pass_cuda, "state_pass", kernel)
     inp = make_inputs(channel=True)

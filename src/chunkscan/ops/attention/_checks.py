@@ -6,6 +6,7 @@ Nothing here uses ``assert``: user input is always checked with an explicit rais
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -91,6 +92,11 @@ def check_inputs(
         raise ValueError(
             f"[{fn}] q and k must hold at least one position each but got T={T} and S={S}."
         )
+    if B < 1 or Hq < 1:
+        raise ValueError(
+            f"[{fn}] q must hold at least one batch row and one head but got B={B} and "
+            f"Hq={Hq} (q shape {_shape(q)})."
+        )
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(
             f"[{fn}] the number of query heads Hq must be a multiple of the number of "
@@ -100,7 +106,12 @@ def check_inputs(
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(
             f"[{fn}] scale must be a Python float but got {type(scale).__name__}. "
-            f"Pass e.g. scale={D**-0.5:.6g} (1 / sqrt(D))."
+            f"Pass e.g. scale={(D**-0.5 if D else 1.0):.6g} (1 / sqrt(D))."
+        )
+    if not math.isfinite(scale):
+        raise ValueError(
+            f"[{fn}] scale must be finite but got {scale}: every output would be NaN. "
+            f"Pass e.g. scale={(D**-0.5 if D else 1.0):.6g} (1 / sqrt(D))."
         )
     check_chunk_size(fn, chunk_size, example=256, none="for the automatic size")
     kind, mask_shape = _check_mask(fn, mask, q.dtype, (B, Hq, T, S))

@@ -27,7 +27,7 @@ import math
 import mlx.core as mx
 
 from ... import _ordering, _tree
-from ..._backend import use_kernels
+from ..._backend import check_kernels, use_kernels
 from . import _cuda
 from ._checks import Spec, check_inputs
 from .naive import mask_5d
@@ -111,6 +111,7 @@ def attention(
         >>> o = chunkscan.attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
     """
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
+    check_kernels("attention", kernels)
     if _use_fast(spec):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
     return _blocked(spec, q, k, v, mask, kernels)
@@ -143,7 +144,7 @@ def _blocked(
 
 def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool:
     """Whether a call (past the shortcut to MLX) runs the CUDA kernels of :mod:`._cuda`."""
-    return use_kernels(kernels) and _cuda.supports(spec, dtype)
+    return use_kernels(kernels, "attention") and _cuda.supports(spec, dtype)
 
 
 def _use_fast(spec: Spec) -> bool:

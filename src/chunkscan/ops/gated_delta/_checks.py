@@ -6,6 +6,7 @@ Nothing here uses ``assert``: user input is always checked with an explicit rais
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -141,6 +142,11 @@ def check_inputs(
         raise TypeError(
             f"[{fn}] scale must be a Python float or None but got {type(scale).__name__}. "
             f"Pass e.g. scale={default_scale:.6g} (the default, Dk ** -0.5)."
+        )
+    elif not math.isfinite(scale):
+        raise ValueError(
+            f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
+            f"inf. Pass e.g. scale={default_scale:.6g} (the default, Dk ** -0.5)."
         )
     check_chunk_size(fn, chunk_size, example=64)
     seqs = _check_cu_seqlens(fn, cu_seqlens, B, T)
