@@ -4,6 +4,7 @@ scaling (in fresh processes, with negative controls)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -214,6 +215,33 @@ def test_value_and_grad_of_a_module_loss():
     loss_n, g_n = nn.value_and_grad(layer, lambda m, x: m(x, naive_attention))(layer, x)
     assert abs(loss_c.item() - loss_n.item()) <= 1e-5 * abs(loss_n.item())
     assert max_rel(g_c["proj"]["weight"], g_n["proj"]["weight"]) <= 1e-4
+
+
+def test_unsupported_transforms_fail_loudly_and_second_order_works():
+    """docs/design.md, "Supported transforms": vmap, jvp and shapeless compile stop with
+    MLX's own message (at the ordering edges, before any rule of the custom function);
+    a gradient of the gradient runs through the backward's ops and is right."""
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 8)
+
+    def o(q, k=k, v=v):
+        return chunkscan.attention(q, k, v, scale=0.3, mask="causal", chunk_size=16)
+
+    with pytest.raises(
+        ValueError, match=re.escape("[Primitive::vmap] Not implemented for Depends")
+    ):
+        mx.vmap(o)(mx.stack([q, q]))
+    with pytest.raises(ValueError, match=re.escape("[Primitive::jvp] Not implemented for Depends")):
+        mx.jvp(o, [q], [q])
+    with pytest.raises(ValueError, match="cannot infer output shapes"):
+        mx.compile(o, shapeless=True)(q)
+
+    def second(op):
+        first = mx.grad(lambda q: (op(q, k, v, scale=0.3, mask="causal") ** 2).sum())
+        return mx.grad(lambda q: first(q).sum())(q)
+
+    blocked_op = functools.partial(chunkscan.attention, chunk_size=16)
+    # measured 4.8e-7 (float32); the bound of the values elsewhere in this file
+    assert max_rel(second(blocked_op), second(naive_attention)) <= 1e-5
 
 
 def test_short_calls_go_to_mx_fast(monkeypatch):
