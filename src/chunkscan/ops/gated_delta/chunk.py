@@ -499,7 +499,10 @@ def _input_layout(xs, d_q, d_k, d_v, d_g, d_beta) -> list[mx.array]:
     ]
 
 
-_COMPILE_GROUPS = True  # compile the per-group functions (fewer, fused ops)
+# Compile the per-group functions (fewer, fused ops). This takes effect in forward-only
+# calls only: under mx.grad / mx.vjp the inputs are tracers, and mx.compile then runs
+# the plain function (docs/gated_delta.md).
+_COMPILE_GROUPS = True
 _COMPILED: dict = {}
 
 
