@@ -20,6 +20,12 @@ the active memory before the (already compiled) step.
     python bench/lora.py                      # T = 512 ... 8192, all three modes
     python bench/lora.py --T 1024 --modes patched stub --json /tmp/x.json
     python bench/lora.py --T 512 8192 --modes patched patched+attn stub stub+attn
+    python bench/lora.py --cold-jit --T 512 --modes stub patched --repeats 1
+
+The first compiled step (``first_step_seconds``) includes MLX's compile of every fused
+kernel not yet in its on-disk caches; rows record how many CUDA PTX files were cached
+before (``ptx_cache_files_before``), and with ``--cold-jit`` each configuration starts
+from empty caches and counts the kernels it compiled (``kernels_compiled``).
 """
 
 from __future__ import annotations

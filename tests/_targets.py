@@ -9,7 +9,7 @@ and the CPU backend frees a buffer once its last user has run. MLX's CUDA backen
 holds every buffer of a committed command graph until the graph has run (a graph
 per 100 ops, up to 10 in flight; docs/benchmarks.md), so on the GPU the tests' small
 shapes sit below that plateau: the blocked attention's backward grew 2.7 -> 13.4 MB
-from T=256 to 1024 on an H200 (bench/results/h200/tests_h200_attention.txt). GPU
+from T=256 to 1024 on an H200 (bench/results/h200/tests_h200_attention_e01091b.txt). GPU
 memory is measured at real shapes by the benchmarks (bench/attention.py,
 bench/gated_delta.py).
 """

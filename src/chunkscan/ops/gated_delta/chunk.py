@@ -118,6 +118,7 @@ def gated_delta_rule(
     spec = check_inputs(
         "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens
     )
+    cuda = _passes.use_kernels(kernels, "gated_delta_rule")
     empty = empty_result(spec, q, initial_state)
     if empty is not None:
         return empty
@@ -131,7 +132,7 @@ def gated_delta_rule(
         h0 = initial_state.astype(F32)
     o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta)
     raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
-    core = _make_core(spec, chunks, out_dtype, _passes.use_kernels(kernels, "gated_delta_rule"))
+    core = _make_core(spec, chunks, out_dtype, cuda)
     outs = _tree.as_list(core(*raw, h0))
     o, final = chunks.from_chunks(outs[0]), outs[1]
     final = mx.where(seq_bad[..., None, None], mx.array(math.nan, dtype=F32), final)
