@@ -326,7 +326,7 @@ def test_errors_are_pinned():
     _raises(TypeError, "[attention] mask must be None, 'causal' or an mx.array but got list.",
             q, k, v, scale=1.0, mask=[[True]])  # fmt: skip
     _raises(ValueError, "[attention] scale must be finite but got inf: every output would be "
-            "NaN.", q, k, v, scale=math.inf)  # fmt: skip
+            "NaN or inf.", q, k, v, scale=math.inf)  # fmt: skip
     _raises(ValueError, "[attention] q must hold at least one batch row and one head but got "
             "B=0 and Hq=4 (q shape (0, 4, 8, 16)).", q[:0], k[:0], v[:0], scale=1.0)  # fmt: skip
     _raises(TypeError, "[attention] kernels must be True, False or None but got 'no' (str).",

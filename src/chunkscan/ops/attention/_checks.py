@@ -6,15 +6,13 @@ Nothing here uses ``assert``: user input is always checked with an explicit rais
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from ...split import check_chunk_size
-
-FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
-_DTYPE_NAMES = "float32, bfloat16 or float16"
+from .._checks import FLOAT_DTYPES, check_arrays, check_dtypes, check_scale
+from .._checks import shape as _shape
 
 
 @dataclass(frozen=True)
@@ -42,21 +40,12 @@ class Spec:
         return self.Hq // self.Hkv
 
 
-def _shape(x: mx.array) -> tuple[int, ...]:
-    return tuple(x.shape)
-
-
 def check_inputs(
     fn: str, q: object, k: object, v: object, scale: object, mask: object, chunk_size: object
 ) -> Spec:
     """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``."""
     named = {"q": q, "k": k, "v": v}
-    for name, x in named.items():
-        if not isinstance(x, mx.array):
-            raise TypeError(
-                f"[{fn}] {name} must be an mx.array but got {type(x).__name__}. "
-                f"Wrap it with mx.array(...)."
-            )
+    check_arrays(fn, named)
     for name, x in named.items():
         if x.ndim != 4:
             layout = "[B, Hq, T, D]" if name == "q" else "[B, Hkv, S, D]"
@@ -64,17 +53,7 @@ def check_inputs(
                 f"[{fn}] {name} must have 4 dimensions {layout} but got shape "
                 f"{_shape(x)}. Transpose or reshape {name} to {layout} (heads before time)."
             )
-    for name, x in named.items():
-        if x.dtype not in FLOAT_DTYPES:
-            raise ValueError(
-                f"[{fn}] {name} must have dtype {_DTYPE_NAMES} but got {x.dtype}. "
-                f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
-            )
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(
-            f"[{fn}] q, k and v must share one dtype but got q {q.dtype}, k {k.dtype} and "
-            f"v {v.dtype}. Cast them to one dtype; the output has that dtype."
-        )
+    check_dtypes(fn, named)
     B, Hq, T, D = _shape(q)
     Bk, Hkv, S, Dk = _shape(k)
     if Bk != B or Dk != D:
@@ -103,16 +82,7 @@ def check_inputs(
             f"key/value heads Hkv but got Hq={Hq} (q shape {_shape(q)}) and Hkv={Hkv} (k shape "
             f"{_shape(k)}). Query head h uses key/value head h // (Hq // Hkv); pass Hq = m * Hkv."
         )
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(
-            f"[{fn}] scale must be a Python float but got {type(scale).__name__}. "
-            f"Pass e.g. scale={(D**-0.5 if D else 1.0):.6g} (1 / sqrt(D))."
-        )
-    if not math.isfinite(scale):
-        raise ValueError(
-            f"[{fn}] scale must be finite but got {scale}: every output would be NaN. "
-            f"Pass e.g. scale={(D**-0.5 if D else 1.0):.6g} (1 / sqrt(D))."
-        )
+    check_scale(fn, scale, D**-0.5 if D else 1.0, none_ok=False, why="(1 / sqrt(D))")
     check_chunk_size(fn, chunk_size, example=256, none="for the automatic size")
     kind, mask_shape = _check_mask(fn, mask, q.dtype, (B, Hq, T, S))
     return Spec(B, Hq, Hkv, T, S, D, Dv, float(scale), kind, mask_shape, chunk_size)

@@ -6,15 +6,13 @@ Nothing here uses ``assert``: user input is always checked with an explicit rais
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from ...split import check_chunk_size
-
-FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
-_DTYPE_NAMES = "float32, bfloat16 or float16"
+from .._checks import DTYPE_NAMES, FLOAT_DTYPES, check_arrays, check_dtypes, check_scale
+from .._checks import shape as _shape
 
 
 @dataclass(frozen=True)
@@ -47,10 +45,6 @@ class Spec:
         return self.B if self.seqs is None else len(self.seqs)
 
 
-def _shape(x: mx.array) -> tuple[int, ...]:
-    return tuple(x.shape)
-
-
 def check_inputs(
     fn: str,
     q: object,
@@ -65,12 +59,7 @@ def check_inputs(
 ) -> Spec:
     """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``."""
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
-    for name, x in named.items():
-        if not isinstance(x, mx.array):
-            raise TypeError(
-                f"[{fn}] {name} must be an mx.array but got {type(x).__name__}. "
-                f"Wrap it with mx.array(...)."
-            )
+    check_arrays(fn, named)
     for name, ndim, layout in (
         ("q", 4, "[B, T, Hk, Dk]"),
         ("k", 4, "[B, T, Hk, Dk]"),
@@ -92,17 +81,7 @@ def check_inputs(
                 f"[{fn}] {name} must have {ndim} dimensions {layout} but got shape "
                 f"{_shape(x)}. Reshape {name} to {layout}."
             )
-    for name, x in named.items():
-        if x.dtype not in FLOAT_DTYPES:
-            raise ValueError(
-                f"[{fn}] {name} must have dtype {_DTYPE_NAMES} but got {x.dtype}. "
-                f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
-            )
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(
-            f"[{fn}] q, k and v must share one dtype but got q {q.dtype}, k {k.dtype} and "
-            f"v {v.dtype}. Cast them to one dtype; the output has that dtype."
-        )
+    check_dtypes(fn, named)
     B, T, Hk, Dk = _shape(q)
     if _shape(k) != _shape(q):
         raise ValueError(
@@ -136,18 +115,9 @@ def check_inputs(
                 f"{_shape(x)}. Pass one {name} value per token and value head."
             )
     default_scale = Dk**-0.5 if Dk else 1.0  # Dk = 0: every product with q is empty
+    check_scale(fn, scale, default_scale, none_ok=True, why="(the default, Dk ** -0.5)")
     if scale is None:
         scale = default_scale
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(
-            f"[{fn}] scale must be a Python float or None but got {type(scale).__name__}. "
-            f"Pass e.g. scale={default_scale:.6g} (the default, Dk ** -0.5)."
-        )
-    elif not math.isfinite(scale):
-        raise ValueError(
-            f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
-            f"inf. Pass e.g. scale={default_scale:.6g} (the default, Dk ** -0.5)."
-        )
     check_chunk_size(fn, chunk_size, example=64)
     seqs = _check_cu_seqlens(fn, cu_seqlens, B, T)
     n_states = B if seqs is None else len(seqs)
@@ -167,7 +137,7 @@ def check_inputs(
             )
         if initial_state.dtype not in FLOAT_DTYPES:
             raise ValueError(
-                f"[{fn}] initial_state must have dtype {_DTYPE_NAMES} but got "
+                f"[{fn}] initial_state must have dtype {DTYPE_NAMES} but got "
                 f"{initial_state.dtype}. Pass initial_state.astype(mx.float32)."
             )
     return Spec(B, T, Hk, Hv, Dk, Dv, float(scale), chunk_size, seqs, channel)

@@ -1,0 +1,62 @@
+"""Argument checks that every op shares (the ops' own modules check their shapes).
+
+Every message names the function in brackets, the rule, the value it got and a fix.
+Nothing here uses ``assert``: user input is always checked with an explicit raise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+DTYPE_NAMES = "float32, bfloat16 or float16"
+
+
+def shape(x: mx.array) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def check_arrays(fn: str, named: dict[str, object]) -> None:
+    """Each value is an ``mx.array``."""
+    for name, x in named.items():
+        if not isinstance(x, mx.array):
+            raise TypeError(
+                f"[{fn}] {name} must be an mx.array but got {type(x).__name__}. "
+                f"Wrap it with mx.array(...)."
+            )
+
+
+def check_dtypes(fn: str, named: dict[str, mx.array]) -> None:
+    """Each array is floating (:data:`FLOAT_DTYPES`), and ``q``, ``k``, ``v`` share one."""
+    for name, x in named.items():
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"[{fn}] {name} must have dtype {DTYPE_NAMES} but got {x.dtype}. "
+                f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
+            )
+    q, k, v = named["q"], named["k"], named["v"]
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"[{fn}] q, k and v must share one dtype but got q {q.dtype}, k {k.dtype} and "
+            f"v {v.dtype}. Cast them to one dtype; the output has that dtype."
+        )
+
+
+def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: str) -> None:
+    """``scale`` is a finite Python number (or ``None`` where ``none_ok``); ``example``
+    and ``why`` make the fix in the message (``scale={example}`` + ``why``)."""
+    if scale is None and none_ok:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        kind = "a Python float or None" if none_ok else "a Python float"
+        raise TypeError(
+            f"[{fn}] scale must be {kind} but got {type(scale).__name__}. "
+            f"Pass e.g. scale={example:.6g} {why}."
+        )
+    if not math.isfinite(scale):
+        raise ValueError(
+            f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
+            f"inf. Pass e.g. scale={example:.6g} {why}."
+        )
