@@ -118,14 +118,26 @@ def _mlx_lm_version() -> str:
         return "not importable"
 
 
-def _fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
+def _seam_error(
+    seam: str, written_for: str, problems: list[str], fix: str
+) -> IncompatibleMlxLmError:
+    """The error of a seam check: ``seam`` ("the seam", "the attention seam") is not
+    what this patch was written for (``written_for``, as in mlx-lm 0.32.x)."""
     bullets = "\n".join(f"  * {p};" for p in problems)
     return IncompatibleMlxLmError(
         f"[chunkscan.mlx_lm.patch] the installed mlx-lm {_mlx_lm_version()} does not "
-        f"match the seam this patch was written for (mlx-lm 0.32.x: "
+        f"match {seam} this patch was written for (mlx-lm 0.32.x: {written_for}), but "
+        f"they differ:\n{bullets}\n{fix}"
+    )
+
+
+def _fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
+    return _seam_error(
+        "the seam",
         f"mlx_lm.models.gated_delta.{_NAME}(q, k, v, a, b, A_log, dt_bias, state=None, "
-        f"mask=None, *, use_kernel=True, ...), imported by name into each family's "
-        f"module), but they differ:\n{bullets}\n{fix}"
+        f"mask=None, *, use_kernel=True, ...), imported by name into each family's module",
+        problems,
+        fix,
     )
 
 
@@ -519,13 +531,12 @@ def scaled_dot_product_attention(
 
 
 def _attention_fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
-    bullets = "\n".join(f"  * {p};" for p in problems)
-    return IncompatibleMlxLmError(
-        f"[chunkscan.mlx_lm.patch] the installed mlx-lm {_mlx_lm_version()} does not "
-        f"match the attention seam this patch was written for (mlx-lm 0.32.x: "
+    return _seam_error(
+        "the attention seam",
         f"mlx_lm.models.base.{_ATTN}(queries, keys, values, cache, scale, mask, "
-        f"sinks=None), imported by name into each model module), but they differ:\n"
-        f"{bullets}\n{fix} Or pass attention=False to keep mlx-lm's attention."
+        f"sinks=None), imported by name into each model module",
+        problems,
+        f"{fix} Or pass attention=False to keep mlx-lm's attention.",
     )
 
 
