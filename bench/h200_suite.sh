@@ -9,7 +9,7 @@
 # Each stage has a time limit. How long stages took on the H200 (the stage lines carry
 # clock times): bench/results/h200/logs/; "tests" is tests_attention and tests_gdn.
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-STAGES=${*:-tests gdn pass lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm kda groups}
+STAGES=${*:-tests gdn pass lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm kda phases groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -87,6 +87,14 @@ if want kda; then
   # PyTorch + Triton only: needs fla-core and einops, not MLX
   (cd bench && timeout 300 python3 fla_gdn.py --gate channel --T 2048 4096 16384 --repeats 5 \
     --budget 240 --json "$OUT/fla_kda_h200.json")
+fi
+if want phases; then
+  stage phases  # issue 9: where the GDN op's time goes (one group's phases, unfused, as
+  # inside mx.grad; then with the per-group compile), at the Qwen3-Next layer shape
+  for fused in "" --fused; do
+    timeout 150 python3 bench/gdn_phases.py --T 16384 --Hk 16 --Hv 32 --D 128 --dtype bfloat16 \
+      --repeats 3 $fused --json "$OUT/gdn_phases${fused:+_fused}_h200.json"
+  done
 fi
 if want attention_kernels; then
   stage attention_kernels  # the two backward kernels timed apart, beside mx.fast's forward
