@@ -19,3 +19,12 @@ fi
 export PYTHONPATH=/tmp/mlx:/tmp/site:$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 set +e
 python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device())'
+# MLX's PTX cache from an earlier call (a fresh machine otherwise compiles every kernel
+# again: ~220 s for the LoRA model's first step): carry .mlxcuda/ptx.tgz, written by
+# `bash bench/h200_suite.sh ... ptx_cache` into $OUT. First-step times measured with it
+# are warm-cache times (bench/lora.py records ptx_cache_files_before).
+PTX_DIR=/tmp/mlx/$(python3 -c 'import mlx.core as mx; print(mx.__version__)')/ptx
+if [ -f .mlxcuda/ptx.tgz ] && [ ! -d "$PTX_DIR" ]; then
+  mkdir -p "$PTX_DIR" && tar xzf .mlxcuda/ptx.tgz -C "$PTX_DIR"
+  echo "PTX cache: $(find "$PTX_DIR" -name '*.ptx' | wc -l) kernels restored"
+fi

@@ -118,4 +118,9 @@ if want groups; then
   done
   unset MLX_MAX_MB_PER_BUFFER
 fi
+if want ptx_cache; then
+  stage ptx_cache  # MLX's compiled kernels, for the next call (bench/device_setup.sh)
+  PTX_DIR=/tmp/mlx/$(python3 -c 'import mlx.core as mx; print(mx.__version__)')/ptx
+  [ -d "$PTX_DIR" ] && tar czf "$OUT/ptx.tgz" -C "$PTX_DIR" . && ls -la "$OUT/ptx.tgz"
+fi
 stage done
