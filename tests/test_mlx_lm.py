@@ -252,6 +252,15 @@ def test_bad_chunk_size():
         cmlx.patch(chunk_size=0)
     with pytest.raises(TypeError, match=re.escape(f"{fn} chunk_size must be an int or None but")):
         cmlx.patch(chunk_size="8")
+    # A string would read as True: "no" must not patch attention.
+    with pytest.raises(
+        TypeError, match=re.escape(f"{fn} attention must be True or False but got 'no'")
+    ):
+        cmlx.patch(attention="no")
+    with pytest.raises(
+        TypeError, match=re.escape(f"{fn} verify must be True or False but got 0 (int)")
+    ):
+        cmlx.patch(verify=0)
 
 
 def _expect_incompatible(*needles):

@@ -454,10 +454,17 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
 
     Raises:
         IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
-        TypeError: ``chunk_size`` is neither an int nor None.
+        TypeError: ``chunk_size`` is neither an int nor None, or ``verify`` /
+            ``attention`` is not a bool.
         ValueError: ``chunk_size`` is an int below 1.
     """
     check_chunk_size("chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default")
+    for name, value in (("verify", verify), ("attention", attention)):
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"[chunkscan.mlx_lm.patch] {name} must be True or False but got {value!r} "
+                f"({type(value).__name__}). Pass {name}=False to turn it off."
+            )
     with _lock:
         gd, options = _load_seam()
         stock = _stock["fn"] if _saved else getattr(gd, _NAME)
