@@ -307,6 +307,11 @@ def _good():
             f"{FN} scale must be finite but got nan: every output would be NaN or inf.",
         ),
         (
+            lambda a: a.update(normalize_qk="no"),
+            TypeError,
+            f"{FN} normalize_qk must be True or False but got 'no' (str).",
+        ),
+        (
             lambda a: a.update(kernels=0),
             TypeError,
             f"{FN} kernels must be True, False or None but got 0 (int). Pass kernels=False",
@@ -326,6 +331,7 @@ def _good():
         "packed-B2",
         "not-array",
         "scale-nan",
+        "normalize-str",
         "kernels-int",
     ],
 )
@@ -334,7 +340,7 @@ def test_errors(change, error, message):
     change(args)
     kwargs = {
         key: args.pop(key)
-        for key in ("chunk_size", "initial_state", "cu_seqlens", "scale", "kernels")
+        for key in ("chunk_size", "initial_state", "cu_seqlens", "scale", "kernels", "normalize_qk")
         if key in args
     }
     with pytest.raises(error, match=re.escape(message)):

@@ -60,3 +60,11 @@ def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: s
             f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
             f"inf. Pass e.g. scale={example:.6g} {why}."
         )
+
+
+def check_bool(fn: str, name: str, value: object) -> None:
+    """``value`` is a bool (a string such as ``"no"`` would otherwise read as True)."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"[{fn}] {name} must be True or False but got {value!r} ({type(value).__name__})."
+        )

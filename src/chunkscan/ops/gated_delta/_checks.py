@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ...split import check_chunk_size
-from .._checks import DTYPE_NAMES, FLOAT_DTYPES, check_arrays, check_dtypes, check_scale
+from .._checks import (
+    DTYPE_NAMES,
+    FLOAT_DTYPES,
+    check_arrays,
+    check_bool,
+    check_dtypes,
+    check_scale,
+)
 from .._checks import shape as _shape
 
 
@@ -56,10 +63,13 @@ def check_inputs(
     initial_state: object,
     chunk_size: object,
     cu_seqlens: object,
+    *,
+    normalize_qk: object = False,
 ) -> Spec:
     """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``."""
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     check_arrays(fn, named)
+    check_bool(fn, "normalize_qk", normalize_qk)
     for name, ndim, layout in (
         ("q", 4, "[B, T, Hk, Dk]"),
         ("k", 4, "[B, T, Hk, Dk]"),

@@ -116,8 +116,9 @@ def gated_delta_rule(
     if chunk_size is None:
         chunk_size = default_chunk_size()
     spec = check_inputs(
-        "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens
-    )
+        "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens,
+        normalize_qk=normalize_qk,
+    )  # fmt: skip
     cuda = _passes.use_kernels(kernels, "gated_delta_rule")
     empty = empty_result(spec, q, initial_state)
     if empty is not None:

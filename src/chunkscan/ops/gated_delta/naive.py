@@ -42,17 +42,9 @@ def naive_recurrent_gated_delta_rule(
     Slow (``T`` sequential steps, autograd through every step); meant as the oracle.
     """
     spec = check_inputs(
-        "naive_recurrent_gated_delta_rule",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        64 if chunk_size is None else chunk_size,
-        cu_seqlens,
-    )
+        "naive_recurrent_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
+        64 if chunk_size is None else chunk_size, cu_seqlens, normalize_qk=normalize_qk,
+    )  # fmt: skip
     empty = empty_result(spec, q, initial_state)
     if empty is not None:
         return empty
