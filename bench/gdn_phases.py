@@ -18,11 +18,13 @@ the state pass see its outputs, computed once beforehand.
 
     python bench/gdn_phases.py --T 4096                          # CPU: small shape
     python3 bench/gdn_phases.py --T 16384 --Hk 16 --Hv 32 --D 128 --dtype bfloat16
+    python3 bench/gdn_phases.py --T 4096 --Hk 16 --Hv 32 --D 128 --dtype bfloat16 --gate channel
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     k = mx.random.normal((B, T, Hk, D), key=keys[1])
     k = (k * mx.rsqrt(mx.sum(k * k, axis=-1, keepdims=True))).astype(dt)
     v = mx.random.normal((B, T, Hv, D), key=keys[2]).astype(dt)
-    g = (-mx.random.uniform(0.01, 0.3, (B, T, Hv), key=keys[3])).astype(dt)
+    g_shape = (B, T, Hv, D) if args.gate == "channel" else (B, T, Hv)
+    g = (-mx.random.uniform(0.01, 0.3, g_shape, key=keys[3])).astype(dt)
     beta = mx.random.uniform(0.05, 1.0, (B, T, Hv), key=keys[4]).astype(dt)
     h0 = 0.1 * mx.random.normal((B, Hv, D, D), key=keys[5])
     mx.eval(q, k, v, g, beta, h0)
@@ -103,9 +106,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def per_head(x):
         return x.reshape((B, Hk, G) + tuple(x.shape[1:]))
 
+    if spec.channel:  # the core's choice (chunk._make_core)
+        prepare = functools.partial(op._prepare_channel, full=False)
+        prepare_full = functools.partial(op._prepare_channel, full=True)
+        group_backward = op._group_backward_channel
+    else:
+        prepare = prepare_full = op._prepare
+        group_backward = op._group_backward
     inits = h0.reshape(1, L, D, D)
     phases: dict[str, float] = {}
-    phases["prepare"], p = _timed(lambda: vars(op._prepare(*xs, spec.scale)), args.repeats)
+    phases["prepare"], p = _timed(lambda: vars(prepare(*xs, spec.scale)), args.repeats)
     p = SimpleNamespace(**p)
 
     def forward_pass():
@@ -118,7 +128,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     phases["outputs"], _ = _timed(
         lambda: op._group_outputs(p, per_head(entering), o_bad, dt), args.repeats
     )
-    phases["prepare again (backward)"] = phases["prepare"]  # the same function, recomputed
+    if prepare_full is prepare:  # the same function, recomputed
+        phases["prepare again (backward)"] = phases["prepare"]
+    else:
+        phases["prepare again (backward)"], full = _timed(
+            lambda: vars(prepare_full(*xs, spec.scale)), args.repeats
+        )
+        p = SimpleNamespace(**full)
 
     def backward_prep():
         d_o = d_o_raw.astype(mx.float32).reshape(B, n, chunks.C, Hk, G, D)
@@ -135,12 +151,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     phases["reverse state pass"], d_leaving = _timed(reverse_pass, args.repeats)
     phases["group gradients"], _ = _timed(
-        lambda: op._group_backward(p, xs, per_head(entering), per_head(d_leaving), d_o),
+        lambda: group_backward(p, xs, per_head(entering), per_head(d_leaving), d_o),
         args.repeats,
     )
     total = n_groups * sum(phases.values())
     return {
-        "T": T, "B": B, "Hk": Hk, "Hv": Hv, "D": D, "dtype": args.dtype, "C": chunks.C,
+        "T": T, "B": B, "Hk": Hk, "Hv": Hv, "D": D, "dtype": args.dtype, "gate": args.gate,
+        "C": chunks.C,
         "chunks": chunks.N, "group_chunks": n, "groups": n_groups, "fused": args.fused,
         "kernels": args.kernels, "device": str(mx.default_device()),
         "phase_ms_per_group": {k_: v_ * 1e3 for k_, v_ in phases.items()},
@@ -156,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--Hv", type=int, default=4)
     p.add_argument("--D", type=int, default=64, help="Dk = Dv")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--gate", choices=["head", "channel"], default="head",
+                   help="g per value head, or per key channel (its own preparation)")  # fmt: skip
     p.add_argument("--chunk-size", type=int, default=None, help="default: the op's")
     p.add_argument("--group-chunks", type=int, default=None, help="default: the op's budget")
     p.add_argument("--fused", action="store_true", help="compile the per-group functions")

@@ -95,6 +95,8 @@ if want phases; then
     timeout 150 python3 bench/gdn_phases.py --T 16384 --Hk 16 --Hv 32 --D 128 --dtype bfloat16 \
       --repeats 3 $fused --json "$OUT/gdn_phases${fused:+_fused}_h200.json"
   done
+  timeout 120 python3 bench/gdn_phases.py --T 4096 --Hk 16 --Hv 32 --D 128 --dtype bfloat16 \
+    --gate channel --repeats 3 --json "$OUT/gdn_phases_channel_h200.json"
 fi
 if want attention_kernels; then
   stage attention_kernels  # the two backward kernels timed apart, beside mx.fast's forward

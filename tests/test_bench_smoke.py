@@ -6,10 +6,13 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
 
 
-def test_gdn_phases_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_gdn_phases_runs(gate, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import gdn_phases
 
@@ -18,7 +21,8 @@ def test_gdn_phases_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(chunk, "_COMPILE_GROUPS", chunk._COMPILE_GROUPS)  # the bench sets it
     out = tmp_path / "phases.json"
     argv = ["--T", "100", "--Hk", "1", "--Hv", "2", "--D", "8", "--chunk-size", "16",
-            "--group-chunks", "3", "--repeats", "1", "--json", str(out)]  # fmt: skip
+            "--group-chunks", "3", "--repeats", "1", "--gate", gate,
+            "--json", str(out)]  # fmt: skip
     assert gdn_phases.main(argv) == 0
     row = json.loads(out.read_text())["rows"][0]
     assert (row["chunks"], row["group_chunks"], row["groups"]) == (7, 3, 3)
