@@ -59,6 +59,19 @@ def child_env(bench: bool = False) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
 
 
+def empty_kernel_caches(folder: str) -> dict[str, str]:
+    """Environment for a process whose MLX kernel caches start empty under ``folder``:
+    the CPU backend compiles its fused kernels under ``TMPDIR`` (``<TMPDIR>/mlx/<version>
+    /cpu``, one library each), CUDA its PTX under ``MLX_PTX_CACHE_DIR``."""
+    return {"TMPDIR": folder, "MLX_PTX_CACHE_DIR": f"{folder}/ptx"}
+
+
+def kernels_compiled(folder: str | pathlib.Path) -> int:
+    """Kernels MLX compiled under ``folder`` (see :func:`empty_kernel_caches`): one
+    ``.so`` each on the CPU backend, one ``.ptx`` each on CUDA."""
+    return sum(1 for p in pathlib.Path(folder).rglob("*") if p.suffix in (".so", ".ptx"))
+
+
 def plot_time_and_memory(
     rows: list[dict[str, Any]],
     path: str | pathlib.Path,

@@ -19,13 +19,12 @@ second call's time. Modes:
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import tempfile
 import time
 from typing import Any
 
-from _common import OUT, child_env, meta, write_json
+from _common import OUT, child_env, empty_kernel_caches, kernels_compiled, meta, write_json
 
 MODES = ("fwd", "fwdbwd", "compiled")
 
@@ -67,10 +66,6 @@ def measure(mode: str, B: int, T: int, Hk: int, Hv: int, D: int, C: int, gate: s
             "device": str(mx.default_device())}  # fmt: skip
 
 
-def _kernels(folder: pathlib.Path) -> int:
-    return sum(1 for p in folder.rglob("*") if p.suffix in (".so", ".ptx"))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -91,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     shape = dict(B=args.B, T=args.T, Hk=args.Hk, Hv=args.Hv, D=args.D, C=args.C, gate=args.gate)
     for mode in args.modes:
         with tempfile.TemporaryDirectory() as empty:
-            env = dict(child_env(bench=True), TMPDIR=empty, MLX_PTX_CACHE_DIR=f"{empty}/ptx")
+            env = dict(child_env(bench=True), **empty_kernel_caches(empty))
             row = run_isolated("first_call:measure", dict(shape, mode=mode),
                                timeout=args.timeout, env=env)  # fmt: skip
-            row = dict(shape, mode=mode, **row, kernels_compiled=_kernels(pathlib.Path(empty)))
+            row = dict(shape, mode=mode, **row, kernels_compiled=kernels_compiled(empty))
         rows.append(row)
         print(
             f"{mode:>9}: {row['kernels_compiled']:4d} kernels compiled, first call "

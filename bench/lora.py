@@ -140,12 +140,6 @@ def measure(
     }
 
 
-def _provenance() -> dict[str, Any]:
-    from _common import meta
-
-    return meta()
-
-
 def _ptx_cache_files(env: dict[str, str]) -> int:
     """Kernels in MLX's CUDA PTX cache (``MLX_PTX_CACHE_DIR``, by default
     ``<tmp>/mlx/<version>/ptx``) before a configuration runs: 0 means its first step
@@ -157,12 +151,6 @@ def _ptx_cache_files(env: dict[str, str]) -> int:
         env.get("MLX_PTX_CACHE_DIR") or os.environ.get("MLX_PTX_CACHE_DIR") or default
     )
     return sum(1 for _ in path.rglob("*.ptx")) if path.is_dir() else 0
-
-
-def _kernel_files(folder: pathlib.Path) -> int:
-    """Kernels MLX compiled into ``folder``: one ``.so`` each on the CPU backend
-    (``<TMPDIR>/mlx/<version>/cpu``), one ``.ptx`` each on CUDA."""
-    return sum(1 for p in folder.rglob("*") if p.suffix in (".so", ".ptx"))
 
 
 def _ratio(x: dict[str, Any], y: dict[str, Any]) -> str:
@@ -279,10 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         _write_outputs(data["meta"], data["rows"], args.json)
         return 0
 
+    from _common import empty_kernel_caches, kernels_compiled
+    from _common import meta as provenance
+
     from chunkscan.commands.measure import run_isolated
 
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    commit = _provenance().get("commit")  # per row: --merge keeps rows of other runs
+    run_meta = provenance()  # once: git and nvidia-smi
+    commit = run_meta.get("commit")  # per row: --merge keeps rows of other runs
     rows: list[dict[str, Any]] = []
     stock_per_token = None
     for T in sorted(args.T):
@@ -301,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory() as empty:
                 run_env = env
-                if args.cold_jit:  # the CPU backend's kernels go under TMPDIR, CUDA's PTX
-                    run_env = dict(env, TMPDIR=empty, MLX_PTX_CACHE_DIR=f"{empty}/ptx")
+                if args.cold_jit:
+                    run_env = dict(env, **empty_kernel_caches(empty))
                 cached = _ptx_cache_files(run_env)
                 row = run_isolated("bench.lora:measure", cfg, timeout=args.timeout, env=run_env)
                 row["ptx_cache_files_before"] = cached
                 if args.cold_jit:
-                    row["kernels_compiled"] = _kernel_files(pathlib.Path(empty))
+                    row["kernels_compiled"] = kernels_compiled(empty)
             row = dict(cfg, **row, wall_seconds=time.perf_counter() - t0, commit=commit)
             if mode == "stock" and "mib_per_token" in row:
                 stock_per_token = row["mib_per_token"]
@@ -337,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "model": tiny_config(**(args.config or {})),
         "lora": {"rank": 8, "layers": "all"},
-        **_provenance(),
+        **run_meta,
     }
     args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     _write_outputs(meta, rows, args.json)
