@@ -79,6 +79,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .ops._checks import check_bool
 from .split import check_chunk_size
 
 __all__ = [
@@ -459,12 +460,8 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
         ValueError: ``chunk_size`` is an int below 1.
     """
     check_chunk_size("chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default")
-    for name, value in (("verify", verify), ("attention", attention)):
-        if not isinstance(value, bool):
-            raise TypeError(
-                f"[chunkscan.mlx_lm.patch] {name} must be True or False but got {value!r} "
-                f"({type(value).__name__}). Pass {name}=False to turn it off."
-            )
+    check_bool("chunkscan.mlx_lm.patch", "verify", verify)
+    check_bool("chunkscan.mlx_lm.patch", "attention", attention)
     with _lock:
         gd, options = _load_seam()
         stock = _stock["fn"] if _saved else getattr(gd, _NAME)

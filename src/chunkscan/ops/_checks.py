@@ -66,5 +66,6 @@ def check_bool(fn: str, name: str, value: object) -> None:
     """``value`` is a bool (a string such as ``"no"`` would otherwise read as True)."""
     if not isinstance(value, bool):
         raise TypeError(
-            f"[{fn}] {name} must be True or False but got {value!r} ({type(value).__name__})."
+            f"[{fn}] {name} must be True or False but got {value!r} ({type(value).__name__}). "
+            f"Pass {name}=False to turn it off."
         )
