@@ -28,7 +28,7 @@ import tempfile
 import mlx.core as mx
 
 CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half",
-              "int32": "int32_t"}  # fmt: skip
+              "int32": "int32_t", "bool": "bool"}  # fmt: skip
 
 
 def _nvidia_root() -> str:
@@ -115,6 +115,24 @@ def kernels():
             label = f"attention {which} D={D} Dv={Dv} causal={causal} {dt}"
             out.append((label, f"chunkscan_attn_{which}", attn._HEADER, attn._SOURCES[which],
                         ins, outs, t))  # fmt: skip
+    from chunkscan.ops.gated_delta import _chunk_cuda as cc
+
+    for C, Dk, Dv, G, dt in ((64, 128, 128, 2, "bfloat16"), (32, 64, 96, 1, "float32"),
+                             (64, 128, 64, 4, "float16")):  # fmt: skip
+        for which, (names, outs, source) in cc._KERNELS.items():
+            base = [("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4), ("HV", 4 * G)]
+            raw = {"q", "k", "v", "g", "beta", "dout"}
+            extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt)],
+                     "state_grads": [("TV", cc._slice(Dv))],
+                     "input_grads": [("NV", Dv // cc._slice(Dv)), ("TG", dt), ("TB", dt),
+                                     ("TVO", dt)]}[which]  # fmt: skip
+            ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)
+                   for x in names]  # fmt: skip
+            odt = {"out": dt, "dv": dt, "dg": dt, "dbeta": dt}
+            outs_t = [(x, odt.get(x, "float32")) for x in outs]
+            label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt}"
+            out.append((label, f"chunkscan_gdn_{which}", cc._HEADER, cc._COMMON + source,
+                        ins, outs_t, base + extra))  # fmt: skip
     return out
 
 

@@ -1,0 +1,704 @@
+"""The chunk-parallel parts of Gated DeltaNet as fused CUDA kernels (scalar gates).
+
+:mod:`.chunk` computes everything that is not sequential as batched MLX ops per group
+of chunks: dozens of ops per group, each tens of microseconds on MLX's CUDA backend,
+and float32 intermediates of ``[C, C]`` or ``[C, D]`` per chunk and head written to
+memory between them. Here each of those stages is ONE ``mx.fast.cuda_kernel`` launch
+per group, one thread block per (chunk, lane) (a lane is one value head of one batch
+row), with the chunk's intermediates in shared memory. The math is :mod:`.chunk`'s,
+line for line (``docs/gated_delta.md``); all arithmetic is float32 (plain FMA, no
+tensor cores), inputs of any float dtype are read and converted on load.
+
+Per group, forward: :func:`prepare` -> state pass (:mod:`._passes`) -> :func:`outputs`.
+Backward: :func:`prepare` (recompute) -> :func:`state_gradient_input` -> reverse state
+pass -> :func:`state_gradients` -> :func:`input_gradients`. What each returns:
+
+- ``prepare``: ``decay [L, n]``, ``w``, ``kt`` ``[L, n, C, Dk]``, ``u [L, n, C, Dv]``,
+  ``a`` (the UT inverse ``(I + L)^-1``) and ``p`` (``scale * qk * gam``, causal)
+  ``[L, n, C, C]``;
+- ``outputs``: ``o [B, n, C, Hv, Dv]`` in the output dtype (NaN where ``o_bad``);
+- ``state_gradient_input``: ``h = d_o^T (qg - p w)`` ``[L, n, Dv, Dk]``;
+- ``state_gradients``: given the entering states and the cotangents of the leaving
+  states, ``d_vnew [L, n, C, Dv]`` and, per slice of ``Dv`` (``NV`` partial sums), the
+  parts of ``d_w``, ``d_qg``, ``d_kt`` ``[C, Dk]``, ``d_p``, ``d_vnew v^T`` ``[C, C]``
+  and ``d_decay``;
+- ``input_gradients``: ``dq, dk, dv, dg, dbeta`` in the chunk layout and dtypes of the
+  inputs (what :func:`.chunk._input_layout` returns).
+
+Shapes handled (:func:`supports`): ``C`` 32 or 64, ``Dk`` and ``Dv`` multiples of 32 up
+to 128. The block product helper ``Tile`` gives thread ``t`` of 256 the outputs in rows
+``t / 32 + 8 a`` and columns ``t % 32 + 32 b`` (conflict-free shared-memory reads: one
+operand broadcast, the other consecutive; row strides are odd).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+
+from ..._backend import cuda_kernel
+
+F32 = mx.float32
+NT = 256
+_SMEM_LIMIT = 227 * 1024
+
+_HEADER = r"""
+#ifndef CS_EMULATE
+#define CS_DYN_SMEM(name) extern __shared__ float name[]
+#define CS_NAN __int_as_float(0x7fc00000)
+#define CS_INF __int_as_float(0x7f800000)
+#else
+#define CS_NAN std::nanf("")
+#define CS_INF HUGE_VALF
+#endif
+namespace csg {
+constexpr int NT = 256;
+template <typename T> __device__ __forceinline__ float f(T x) { return static_cast<float>(x); }
+// Non-finite inputs read as zero (the wrapper puts NaN back where the loop has it).
+__device__ __forceinline__ float fin(float x) { return isfinite(x) ? x : 0.f; }
+// Gates: NaN and +inf read as zero; -inf (a reset) is kept.
+__device__ __forceinline__ bool gate_ok(float x) { return !(isnan(x) || x == CS_INF); }
+__device__ __forceinline__ float gate(float x) { return gate_ok(x) ? x : 0.f; }
+
+// An [M, N] block product in registers: thread t owns rows t/32 + 8a, columns t%32 + 32b.
+template <int M, int N> struct Tile {
+  static_assert(M % 8 == 0 && N % 32 == 0, "Tile: M % 8 == 0 and N % 32 == 0");
+  static constexpr int RA = M / 8, RB = N / 32;
+  float v[RA][RB];
+  __device__ __forceinline__ Tile() {
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < RB; ++b) v[a][b] = 0.f;
+  }
+  // v += A B with A(i, k) = fa(i, k), B(k, j) = fb(k, j), k < K.
+  template <int K, class FA, class FB> __device__ __forceinline__ void mm(FA fa, FB fb) {
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+      float av[RA], bv[RB];
+#pragma unroll
+      for (int a = 0; a < RA; ++a) av[a] = fa(ty + 8 * a, k);
+#pragma unroll
+      for (int b = 0; b < RB; ++b) bv[b] = fb(k, tx + 32 * b);
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < RB; ++b) v[a][b] = fmaf(av[a], bv[b], v[a][b]);
+    }
+  }
+  // fn(row, column, value, a, b) for every owned output.
+  template <class F> __device__ __forceinline__ void each(F fn) const {
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < RB; ++b) fn(ty + 8 * a, tx + 32 * b, v[a][b], a, b);
+  }
+};
+
+// Log-decays of one chunk from its gates gf[C] (each a sum of exactly the gates it
+// spans): gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. + g_{C-1}).
+template <int C> __device__ __forceinline__ void chunk_gates(const float* gf, float* gma,
+                                                             float* ten) {
+  const int i = threadIdx.x;
+  if (i < C) {
+    float s = 0.f;
+    for (int t = 0; t <= i; ++t) s += gf[t];
+    gma[i] = expf(s);
+    float r = 0.f;
+    for (int t = i + 1; t < C; ++t) r += gf[t];
+    ten[i] = expf(r);
+  }
+}
+// gam[i][j] = exp(g_{j+1} + .. + g_i) for j <= i, else 0 (row stride LD).
+template <int C, int LD> __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
+  for (int e = threadIdx.x; e < C * C; e += NT) {
+    const int i = e / C, j = e % C;
+    float val = 0.f;
+    if (j <= i) {
+      float s = 0.f;
+      for (int t = j + 1; t <= i; ++t) s += gf[t];
+      val = expf(s);
+    }
+    gam[i * LD + j] = val;
+  }
+}
+}  // namespace csg
+"""
+
+# Every kernel: grid (n * NT, L, Z): blockIdx.x = chunk j of the group, blockIdx.y =
+# lane l = b * HV + h (value head h, key head h / G). Raw inputs in the chunk layout
+# [B, n, C, H, D] (token tok + i of chunk j: tok = (b * n + j) * C).
+_COMMON = r"""
+  constexpr int NT = csg::NT;
+  const int tid = threadIdx.x, j = blockIdx.x, l = blockIdx.y, n = gridDim.x;
+  const int b = l / HV, h = l % HV, hk = h / G;
+  const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
+  const size_t cl = size_t(l) * n + j;         // (lane, chunk)
+  constexpr int LDC = C + 1, LDK = DK + 1, LDV = DV + 1;
+  const float scale = params[0];
+"""
+
+# prepare: a, p, w, u, kt, decay.
+_PREPARE = r"""
+  constexpr int DM = DK > DV ? DK : DV, LDM = DM + 1;
+  CS_DYN_SMEM(sm);
+  float* Ks = sm;               // [C][LDK] k
+  float* Xs = Ks + C * LDK;     // [C][LDM] q, then k beta gamma, then v beta
+  float* Ls = Xs + C * LDM;     // [C][LDC] gam, then L = beta_i gam kk (strict)
+  float* As = Ls + C * LDC;     // [C][LDC] (I + L)^-1
+  float* Gs = As + C * LDC;     // [C][LDC] gam (kept for p)
+  float* gf = Gs + C * LDC;
+  float* bt = gf + C;
+  float* gma = bt + C;
+  float* ten = gma + C;
+  for (int i = tid; i < C; i += NT) {
+    gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
+    bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
+  }
+  for (int e = tid; e < C * DK; e += NT) {
+    const int i = e / DK, d = e % DK;
+    const size_t src = (tok + i) * HK * DK + hk * DK + d;
+    Ks[i * LDK + d] = csg::fin(csg::f(k[src]));
+    Xs[i * LDM + d] = csg::fin(csg::f(q[src]));
+  }
+  __syncthreads();
+  csg::chunk_gates<C>(gf, gma, ten);
+  csg::fill_gam<C, LDC>(gf, Gs);
+  __syncthreads();
+  {
+    csg::Tile<C, C> kk, qk;
+    kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
+              [&](int d, int t) { return Ks[t * LDK + d]; });
+    qk.mm<DK>([&](int i, int d) { return Xs[i * LDM + d]; },
+              [&](int d, int t) { return Ks[t * LDK + d]; });
+    kk.each([&](int i, int t, float x, int, int) {
+      Ls[i * LDC + t] = t < i ? bt[i] * Gs[i * LDC + t] * x : 0.f;
+    });
+    qk.each([&](int i, int t, float x, int, int) {
+      P[cl * C * C + i * C + t] = t <= i ? scale * x * Gs[i * LDC + t] : 0.f;
+    });
+  }
+  __syncthreads();
+  // (I + L)^-1 by forward substitution, one row per step: A[i][m] = [i == m] -
+  // sum_{m <= t < i} L[i][t] A[t][m].
+  for (int i = 0; i < C; ++i) {
+    if (tid < C) {
+      const int m = tid;
+      float val = m == i ? 1.f : 0.f;
+      if (m < i) {
+        float s = 0.f;
+        for (int t = m; t < i; ++t) s = fmaf(Ls[i * LDC + t], As[t * LDC + m], s);
+        val = -s;
+      }
+      As[i * LDC + m] = val;
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
+  for (int e = tid; e < C * DK; e += NT) {
+    const int i = e / DK, d = e % DK;
+    const float kv = Ks[i * LDK + d];
+    Xs[i * LDM + d] = kv * (bt[i] * gma[i]);
+    KT[(cl * C + i) * DK + d] = kv * ten[i];
+  }
+  if (tid == 0) DECAY[cl] = gma[C - 1];
+  __syncthreads();
+  {
+    csg::Tile<C, DK> w;
+    w.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
+            [&](int t, int d) { return Xs[t * LDM + d]; });
+    w.each([&](int i, int d, float x, int, int) { W[(cl * C + i) * DK + d] = x; });
+  }
+  __syncthreads();
+  for (int e = tid; e < C * DV; e += NT) {
+    const int i = e / DV, c = e % DV;
+    Xs[i * LDM + c] = csg::fin(csg::f(v[(tok + i) * HV * DV + h * DV + c])) * bt[i];
+  }
+  __syncthreads();
+  {
+    csg::Tile<C, DV> u;
+    u.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
+            [&](int t, int c) { return Xs[t * LDM + c]; });
+    u.each([&](int i, int c, float x, int, int) { U[(cl * C + i) * DV + c] = x; });
+  }
+"""
+
+# outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
+# state_gradient_input (MODE_H true): h = d_o^T X.
+_OUTPUT = r"""
+  constexpr int BIG = (DV * LDK > C * LDV ? DV * LDK : C * LDV);
+  CS_DYN_SMEM(sm);
+  float* Xs = sm;               // [C][LDK] q, then X = qg - p w
+  float* Ps = Xs + C * LDK;     // [C][LDC] p
+  float* Bs = Ps + C * LDC;     // [DV][LDK] S, or [C][LDV] d_o
+  float* gf = Bs + BIG;
+  float* gma = gf + C;
+  float* ten = gma + C;
+  for (int i = tid; i < C; i += NT) gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
+  for (int e = tid; e < C * DK; e += NT) {
+    const int i = e / DK, d = e % DK;
+    Xs[i * LDK + d] = csg::fin(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
+  }
+  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC + e % C] = P[cl * C * C + e];
+  if (MODE_H) {
+    for (int e = tid; e < C * DV; e += NT) {
+      const int i = e / DV, c = e % DV;
+      const size_t o = (tok + i) * HV + h;
+      Bs[i * LDV + c] = obad[o] ? 0.f : csg::f(dout[o * DV + c]);
+    }
+  } else {
+    for (int e = tid; e < DV * DK; e += NT) {
+      const int c = e / DK, d = e % DK;
+      Bs[c * LDK + d] = S[(cl * DV + c) * DK + d];
+    }
+  }
+  __syncthreads();
+  csg::chunk_gates<C>(gf, gma, ten);
+  __syncthreads();
+  {
+    csg::Tile<C, DK> x;
+    x.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
+            [&](int t, int d) { return W[(cl * C + t) * DK + d]; });
+    x.each([&](int i, int d, float val, int, int) {
+      Xs[i * LDK + d] = scale * gma[i] * Xs[i * LDK + d] - val;
+    });
+  }
+  __syncthreads();
+  if (MODE_H) {
+    csg::Tile<DV, DK> hm;
+    hm.mm<C>([&](int c, int i) { return Bs[i * LDV + c]; },
+             [&](int i, int d) { return Xs[i * LDK + d]; });
+    hm.each([&](int c, int d, float val, int, int) { Hm[(cl * DV + c) * DK + d] = val; });
+  } else {
+    csg::Tile<C, DV> o;
+    o.mm<DK>([&](int i, int d) { return Xs[i * LDK + d]; },
+             [&](int d, int c) { return Bs[c * LDK + d]; });
+    o.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
+            [&](int t, int c) { return U[(cl * C + t) * DV + c]; });
+    o.each([&](int i, int c, float val, int, int) {
+      const size_t r = (tok + i) * HV + h;
+      out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
+    });
+  }
+"""
+
+# state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
+_STATE_GRADS = r"""
+  constexpr int LDT = TV + 1;
+  CS_DYN_SMEM(sm);
+  float* Ss = sm;               // [TV][LDK] S slice
+  float* DSs = Ss + TV * LDK;   // [TV][LDK] dS slice
+  float* Ps = DSs + TV * LDK;   // [C][LDC] p
+  float* Do = Ps + C * LDC;     // [C][LDT] d_o slice (0 where o_bad)
+  float* Vn = Do + C * LDT;     // [C][LDT] v_new = u - w S^T
+  float* DVn = Vn + C * LDT;    // [C][LDT] d_vnew = p^T d_o + kt dS^T
+  float* Vt = DVn + C * LDT;    // [C][LDT] v
+  float* red = Vt + C * LDT;    // [NT]
+  const int z = blockIdx.z, e0 = z * TV;
+  const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
+  float dec = 0.f;
+  for (int e = tid; e < TV * DK; e += NT) {
+    const int r = e / DK, d = e % DK;
+    const size_t src = (cl * DV + e0 + r) * DK + d;
+    const float s = S[src], ds = DS[src];
+    Ss[r * LDK + d] = s;
+    DSs[r * LDK + d] = ds;
+    dec = fmaf(s, ds, dec);
+  }
+  red[tid] = dec;
+  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC + e % C] = P[cl * C * C + e];
+  for (int e = tid; e < C * TV; e += NT) {
+    const int i = e / TV, r = e % TV;
+    const size_t o = (tok + i) * HV + h;
+    Do[i * LDT + r] = obad[o] ? 0.f : csg::f(dout[o * DV + e0 + r]);
+    Vt[i * LDT + r] = csg::fin(csg::f(v[o * DV + e0 + r]));
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float s = 0.f;
+    for (int t = 0; t < NT; ++t) s += red[t];
+    DDECp[pz] = s;
+  }
+  {
+    csg::Tile<C, TV> vn, dvn;
+    vn.mm<DK>([&](int i, int d) { return W[(cl * C + i) * DK + d]; },
+              [&](int d, int r) { return Ss[r * LDK + d]; });
+    dvn.mm<C>([&](int i, int t) { return Ps[t * LDC + i]; },
+              [&](int t, int r) { return Do[t * LDT + r]; });
+    dvn.mm<DK>([&](int i, int d) { return KT[(cl * C + i) * DK + d]; },
+               [&](int d, int r) { return DSs[r * LDK + d]; });
+    vn.each([&](int i, int r, float x, int, int) {
+      Vn[i * LDT + r] = U[(cl * C + i) * DV + e0 + r] - x;
+    });
+    dvn.each([&](int i, int r, float x, int, int) {
+      DVn[i * LDT + r] = x;
+      DVN[(cl * C + i) * DV + e0 + r] = x;
+    });
+  }
+  __syncthreads();
+  {
+    csg::Tile<C, DK> dw, dqg, dkt;
+    dw.mm<TV>([&](int i, int r) { return DVn[i * LDT + r]; },
+              [&](int r, int d) { return Ss[r * LDK + d]; });
+    dqg.mm<TV>([&](int i, int r) { return Do[i * LDT + r]; },
+               [&](int r, int d) { return Ss[r * LDK + d]; });
+    dkt.mm<TV>([&](int i, int r) { return Vn[i * LDT + r]; },
+               [&](int r, int d) { return DSs[r * LDK + d]; });
+    dw.each([&](int i, int d, float x, int, int) { DWp[(pz * C + i) * DK + d] = -x; });
+    dqg.each([&](int i, int d, float x, int, int) { DQGp[(pz * C + i) * DK + d] = x; });
+    dkt.each([&](int i, int d, float x, int, int) { DKTp[(pz * C + i) * DK + d] = x; });
+  }
+  {
+    csg::Tile<C, C> dp, m2;
+    dp.mm<TV>([&](int i, int r) { return Do[i * LDT + r]; },
+              [&](int r, int t) { return Vn[t * LDT + r]; });
+    m2.mm<TV>([&](int i, int r) { return DVn[i * LDT + r]; },
+              [&](int r, int t) { return Vt[t * LDT + r]; });
+    dp.each([&](int i, int t, float x, int, int) {
+      DPp[(pz * C + i) * C + t] = t <= i ? x : 0.f;
+    });
+    m2.each([&](int i, int t, float x, int, int) { M2p[(pz * C + i) * C + t] = x; });
+  }
+"""
+
+# input_gradients: back through the preparation; dq, dk per value head (summed over
+# the G heads of a key head by the caller).
+_INPUT_GRADS = r"""
+  CS_DYN_SMEM(sm);
+  float* As = sm;               // [C][LDC] a
+  float* Gs = As + C * LDC;     // [C][LDC] gam
+  float* KKs = Gs + C * LDC;    // [C][LDC] kk
+  float* QKs = KKs + C * LDC;   // [C][LDC] qk
+  float* DPs = QKs + C * LDC;   // [C][LDC] d_p, then d_qk = scale d_p gam
+  float* M2s = DPs + C * LDC;   // [C][LDC] d_vnew v^T, then d_a, then d_l, then d_kk
+  float* M1s = M2s + C * LDC;   // [C][LDC] d_w k^T, then T1 = d_a a^T, then d_gam gam
+  float* Ks = M1s + C * LDC;    // [C][LDK] k
+  float* Qs = Ks + C * LDK;     // [C][LDK] q
+  float* gf = Qs + C * LDK;
+  float* bt = gf + C;
+  float* gma = bt + C;
+  float* ten = gma + C;
+  float* kdkb = ten + C;
+  float* dvbv = kdkb + C;
+  float* vg = dvbv + C;         // d_gamma gamma
+  float* vt = vg + C;           // d_to_end to_end
+  float* vb = vt + C;           // d_beta
+  const size_t LN = size_t(gridDim.y) * n;
+  auto part = [&](const float* X, int cols, int i, int c) {  // the NV partial sums
+    float s = 0.f;
+#pragma unroll
+    for (int z = 0; z < NV; ++z) s += X[((z * LN + cl) * C + i) * cols + c];
+    return s;
+  };
+  for (int i = tid; i < C; i += NT) {
+    gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
+    bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
+  }
+  for (int e = tid; e < C * DK; e += NT) {
+    const int i = e / DK, d = e % DK;
+    const size_t src = (tok + i) * HK * DK + hk * DK + d;
+    Ks[i * LDK + d] = csg::fin(csg::f(k[src]));
+    Qs[i * LDK + d] = csg::fin(csg::f(q[src]));
+  }
+  for (int e = tid; e < C * C; e += NT) {
+    const int i = e / C, t = e % C;
+    As[i * LDC + t] = A[cl * C * C + e];
+    DPs[i * LDC + t] = part(DPp, C, i, t);
+    M2s[i * LDC + t] = part(M2p, C, i, t);
+  }
+  __syncthreads();
+  csg::chunk_gates<C>(gf, gma, ten);
+  csg::fill_gam<C, LDC>(gf, Gs);
+  {
+    csg::Tile<C, C> kk, qk, m1;
+    kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
+              [&](int d, int t) { return Ks[t * LDK + d]; });
+    qk.mm<DK>([&](int i, int d) { return Qs[i * LDK + d]; },
+              [&](int d, int t) { return Ks[t * LDK + d]; });
+    m1.mm<DK>([&](int i, int d) { return part(DWp, DK, i, d); },
+              [&](int d, int t) { return Ks[t * LDK + d]; });
+    kk.each([&](int i, int t, float x, int, int) { KKs[i * LDC + t] = x; });
+    qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC + t] = x; });
+    m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC + t] = x; });
+  }
+  __syncthreads();
+  // kdkb_i = sum_d (a^T d_w)[i, d] k[i, d]; dvbv_i = sum_c (a^T d_vnew)[i, c] v[i, c].
+  if (tid < C) {
+    const int i = tid;
+    float s1 = 0.f, s2 = 0.f;
+    for (int t = i; t < C; ++t) {
+      s1 = fmaf(As[t * LDC + i], M1s[t * LDC + i], s1);
+      s2 = fmaf(As[t * LDC + i], M2s[t * LDC + i], s2);
+    }
+    kdkb[i] = s1;
+    dvbv[i] = s2;
+  }
+  __syncthreads();
+  // d_a = d_w kb^T + d_vnew vb^T (kb = k beta gamma, vb = v beta).
+  for (int e = tid; e < C * C; e += NT) {
+    const int i = e / C, t = e % C;
+    M2s[i * LDC + t] = (M1s[i * LDC + t] * gma[t] + M2s[i * LDC + t]) * bt[t];
+  }
+  __syncthreads();
+  {
+    csg::Tile<C, C> t1;  // d_a a^T
+    t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t]; },
+             [&](int t, int m) { return As[m * LDC + t]; });
+    t1.each([&](int i, int m, float x, int, int) { M1s[i * LDC + m] = x; });
+  }
+  __syncthreads();
+  {
+    csg::Tile<C, C> dl;  // d_l = -(a^T d_a a^T), strictly lower
+    dl.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
+             [&](int t, int m) { return M1s[t * LDC + m]; });
+    __syncthreads();
+    dl.each([&](int i, int m, float x, int, int) { M2s[i * LDC + m] = m < i ? -x : 0.f; });
+  }
+  __syncthreads();
+  if (tid < C) {
+    const int i = tid;
+    float dls = 0.f, dqgq = 0.f, dto = 0.f;
+    for (int t = 0; t < i; ++t) dls += M2s[i * LDC + t] * Gs[i * LDC + t] * KKs[i * LDC + t];
+    for (int d = 0; d < DK; ++d) {
+      dqgq = fmaf(part(DQGp, DK, i, d), Qs[i * LDK + d], dqgq);
+      dto = fmaf(part(DKTp, DK, i, d), Ks[i * LDK + d], dto);
+    }
+    vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
+    vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
+    vt[i] = dto * ten[i];
+  }
+  __syncthreads();
+  // d_gam gam (strict) -> M1s; d_qk = scale d_p gam -> DPs; d_kk = d_l beta_i gam -> M2s.
+  for (int e = tid; e < C * C; e += NT) {
+    const int i = e / C, t = e % C;
+    const int x = i * LDC + t;
+    const float gm = Gs[x], dl = M2s[x], dp = DPs[x];
+    M1s[x] = t < i ? (scale * dp * QKs[x] + dl * bt[i] * KKs[x]) * gm : 0.f;
+    DPs[x] = scale * dp * gm;
+    M2s[x] = dl * bt[i] * gm;
+  }
+  __syncthreads();
+  if (tid < C) {
+    const int m = tid;  // d_g[m]: every span that covers gate m
+    float s = 0.f;
+    for (int i = m; i < C; ++i)
+      for (int t = 0; t < m; ++t) s += M1s[i * LDC + t];
+    for (int i = m; i < C; ++i) s += vg[i];
+    for (int t = 0; t < m; ++t) s += vt[t];
+    float dd = 0.f;
+#pragma unroll
+    for (int z = 0; z < NV; ++z) dd += DDECp[z * LN + cl];
+    s += dd * gma[C - 1];
+    const size_t r = (tok + m) * HV + h;
+    dg[r] = static_cast<TG>(csg::gate_ok(csg::f(g[r])) ? s : 0.f);
+    dbeta[r] = static_cast<TB>(isfinite(csg::f(beta[r])) ? vb[m] : 0.f);
+  }
+  const int gi = h % G;
+  {
+    csg::Tile<C, DK> dq;
+    dq.mm<C>([&](int i, int t) { return DPs[i * LDC + t]; },
+             [&](int t, int d) { return Ks[t * LDK + d]; });
+    dq.each([&](int i, int d, float x, int, int) {
+      DQ[(((tok + i) * HK + hk) * G + gi) * DK + d] =
+          x + scale * gma[i] * part(DQGp, DK, i, d);
+    });
+  }
+  {
+    csg::Tile<C, DK> t1, t2;
+    t1.mm<C>([&](int i, int t) { return DPs[t * LDC + i]; },
+             [&](int t, int d) { return Qs[t * LDK + d]; });
+    t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t] + M2s[t * LDC + i]; },
+             [&](int t, int d) { return Ks[t * LDK + d]; });
+    t2.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
+             [&](int t, int d) { return part(DWp, DK, t, d); });
+    t1.each([&](int i, int d, float x, int a, int bb) {
+      DKm[(((tok + i) * HK + hk) * G + gi) * DK + d] =
+          x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
+    });
+  }
+  {
+    csg::Tile<C, DV> tv;
+    tv.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
+             [&](int t, int c) { return DVN[(cl * C + t) * DV + c]; });
+    tv.each([&](int i, int c, float x, int, int) {
+      const size_t r = ((tok + i) * HV + h) * DV + c;
+      dv[r] = static_cast<TVO>(isfinite(csg::f(v[r])) ? x * bt[i] : 0.f);
+    });
+  }
+"""
+
+_KERNELS = {
+    "prepare": (["q", "k", "v", "g", "beta", "params"], ["A", "P", "W", "U", "KT", "DECAY"],
+                _PREPARE),
+    "output": (["q", "g", "P", "W", "U", "S", "dout", "obad", "params"], ["out", "Hm"],
+               _OUTPUT),
+    "state_grads": (["P", "W", "U", "KT", "S", "DS", "dout", "obad", "v", "params"],
+                    ["DVN", "DWp", "DQGp", "DKTp", "DPp", "M2p", "DDECp"], _STATE_GRADS),
+    "input_grads": (["q", "k", "v", "g", "beta", "A", "DVN", "DWp", "DQGp", "DKTp", "DPp",
+                     "M2p", "DDECp", "params"], ["DQ", "DKm", "dv", "dg", "dbeta"],
+                    _INPUT_GRADS),
+}  # fmt: skip
+
+
+def smem_bytes(which: str, C: int, Dk: int, Dv: int) -> int:
+    """Dynamic shared memory of one block, in bytes."""
+    ldc, ldk, ldv = C + 1, Dk + 1, Dv + 1
+    if which == "prepare":
+        floats = C * ldk + C * (max(Dk, Dv) + 1) + 3 * C * ldc + 4 * C
+    elif which == "output":
+        floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv) + 3 * C
+    elif which == "state_grads":
+        tv = _slice(Dv)
+        floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + NT
+    else:
+        floats = 7 * C * ldc + 2 * C * ldk + 9 * C
+    return 4 * floats
+
+
+def _slice(Dv: int) -> int:
+    """Columns of ``Dv`` per block of :func:`state_gradients`."""
+    return 64 if Dv % 64 == 0 else 32
+
+
+def supports(C: int, Dk: int, Dv: int, channel: bool) -> bool:
+    """Whether these kernels handle a call (scalar gates, C 32 or 64, Dk and Dv
+    multiples of 32 up to 128)."""
+    if channel or C not in (32, 64):
+        return False
+    if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
+        return False
+    return all(smem_bytes(w, C, Dk, Dv) <= _SMEM_LIMIT for w in _KERNELS)
+
+
+# Where the kernels run: replaced by the tests to run the sources on the CPU
+# (tools/cuda_emulate.py); None: mx.fast.cuda_kernel.
+RUNNER = None
+
+
+def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv):
+    names, outs, source = _KERNELS[which]
+    smem = smem_bytes(which, C, Dk, Dv)
+    grid, group = (n * NT, L, z), (NT, 1, 1)
+    shapes = [s for s, _ in outputs]
+    dtypes = [d for _, d in outputs]
+    if RUNNER is not None:
+        return RUNNER(
+            f"chunkscan_gdn_{which}", _HEADER, _COMMON + source,
+            list(zip(names, inputs)), list(zip(outs, shapes, dtypes)), template,
+            grid, group, smem,
+        )  # fmt: skip
+    kernel = cuda_kernel(
+        "gated_delta_rule", f"chunkscan_gdn_{which}", names, outs, _COMMON + source, _HEADER,
+        smem,
+    )  # fmt: skip
+    return kernel(
+        inputs=inputs, template=template, grid=grid, threadgroup=group,
+        output_shapes=shapes, output_dtypes=dtypes,
+    )  # fmt: skip
+
+
+def _dims(q: mx.array, v: mx.array) -> tuple[int, int, int, int, int, int, int]:
+    B, n, C, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    return B, n, C, Hk, Hv, Dk, Dv
+
+
+def _base(C, Dk, Dv, Hk, Hv) -> list[tuple[str, object]]:
+    return [("C", C), ("DK", Dk), ("DV", Dv), ("G", Hv // Hk), ("HK", Hk), ("HV", Hv)]
+
+
+def _params(scale: float) -> mx.array:
+    return mx.array([scale], dtype=F32)
+
+
+def prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
+    """Raw group inputs in the chunk layout (``[B, n, C, H, D]``, ``[B, n, C, Hv]``) ->
+    ``a, p, w, u, kt, decay`` in lane layout (see the module docstring)."""
+    B, n, C, Hk, Hv, Dk, Dv = _dims(q, v)
+    L = B * Hv
+    outs = [((L, n, C, C), F32), ((L, n, C, C), F32), ((L, n, C, Dk), F32),
+            ((L, n, C, Dv), F32), ((L, n, C, Dk), F32), ((L, n), F32)]  # fmt: skip
+    a, p, w, u, kt, decay = _launch(
+        "prepare", [q, k, v, g, beta, _params(scale)], _base(C, Dk, Dv, Hk, Hv), L, n, 1,
+        outs, C, Dk, Dv,
+    )  # fmt: skip
+    return SimpleNamespace(a=a, p=p, w=w, u=u, kt=kt, decay=decay, scale=scale)
+
+
+def _dummy(dtype=F32) -> mx.array:
+    return mx.zeros((1,), dtype=dtype)
+
+
+def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.array:
+    """``o [B, n, C, Hv, Dv]`` in ``dtype`` given the states entering the chunks
+    (``[L, n, Dv, Dk]``) and ``o_bad [B, n, C, Hv]`` (bool)."""
+    B, n, C, Hk, Dk = q.shape
+    L, Dv = entering.shape[0], entering.shape[2]
+    Hv = L // B
+    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", False), ("TO", dtype)]
+    outs = [((B, n, C, Hv, Dv), dtype), ((1,), F32)]
+    o, _ = _launch(
+        "output", [q, g, p.p, p.w, p.u, entering, _dummy(), o_bad, _params(p.scale)], tmpl,
+        L, n, 1, outs, C, Dk, Dv,
+    )  # fmt: skip
+    return o
+
+
+def state_gradient_input(q, g, p: SimpleNamespace, d_o, o_bad) -> mx.array:
+    """``h = d_o^T (qg - p w)`` ``[L, n, Dv, Dk]`` from the raw output cotangent
+    ``d_o [B, n, C, Hv, Dv]`` (zero where ``o_bad``)."""
+    B, n, C, Hk, Dk = q.shape
+    Hv, Dv = d_o.shape[-2:]
+    L = B * Hv
+    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", True), ("TO", F32)]
+    outs = [((1,), F32), ((L, n, Dv, Dk), F32)]
+    _, hm = _launch(
+        "output", [q, g, p.p, p.w, _dummy(), _dummy(), d_o, o_bad, _params(p.scale)], tmpl,
+        L, n, 1, outs, C, Dk, Dv,
+    )  # fmt: skip
+    return hm
+
+
+def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespace:
+    """The state-dependent gradients of a group (see the module docstring): ``s`` the
+    states entering its chunks, ``d_s`` the cotangents of the states leaving them
+    (both ``[L, n, Dv, Dk]``), raw ``d_o`` and ``v`` ``[B, n, C, Hv, Dv]``."""
+    B, n, C, Hv, Dv = v.shape
+    L, Dk = s.shape[0], s.shape[-1]
+    tv = _slice(Dv)
+    nv = Dv // tv
+    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv)]
+    outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
+    outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
+    dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
+        "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v, _params(p.scale)], tmpl,
+        L, n, nv, outs, C, Dk, Dv,
+    )  # fmt: skip
+    return SimpleNamespace(dvn=dvn, dw=dw, dqg=dqg, dkt=dkt, dp=dp, m2=m2, ddec=ddec, nv=nv)
+
+
+def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.array]:
+    """``[dq, dk, dv, dg, dbeta]`` of a group in the chunk layout and dtypes of the raw
+    inputs ``xs = (q, k, v, g, beta)``; inputs read as zero (non-finite) get none."""
+    q, k, v, g, beta = xs
+    B, n, C, Hk, Hv, Dk, Dv = _dims(q, v)
+    G = Hv // Hk
+    tmpl = _base(C, Dk, Dv, Hk, Hv) + [
+        ("NV", sg.nv), ("TG", g.dtype), ("TB", beta.dtype), ("TVO", v.dtype),
+    ]  # fmt: skip
+    outs = [((B, n, C, Hk, G, Dk), F32), ((B, n, C, Hk, G, Dk), F32), (v.shape, v.dtype),
+            (g.shape, g.dtype), (beta.shape, beta.dtype)]  # fmt: skip
+    dq, dk, dv, dg, dbeta = _launch(
+        "input_grads",
+        [q, k, v, g, beta, p.a, sg.dvn, sg.dw, sg.dqg, sg.dkt, sg.dp, sg.m2, sg.ddec,
+         _params(p.scale)],
+        tmpl, B * Hv, n, 1, outs, C, Dk, Dv,
+    )  # fmt: skip
+    dq = dq.sum(axis=4) if G > 1 else dq.squeeze(4)
+    dk = dk.sum(axis=4) if G > 1 else dk.squeeze(4)
+    dq = mx.where(mx.isfinite(q), dq, 0.0).astype(q.dtype)
+    dk = mx.where(mx.isfinite(k), dk, 0.0).astype(k.dtype)
+    return [dq, dk, dv, dg, dbeta]
