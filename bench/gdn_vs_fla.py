@@ -50,7 +50,7 @@ def measure_mlx(
     mx.eval(xs, w, w_s)
     kernels = False if impl == "chunkscan-portable" else None
     if not chunk_size:
-        chunk_size = chunk_module.default_chunk_size()
+        chunk_size = chunk_module.default_chunk_size(kernels)
 
     def loss(q, k, v, g, beta, h0):
         o, s = chunkscan.gated_delta_rule(
@@ -68,13 +68,17 @@ def measure_mlx(
     first = time.perf_counter() - t0
     _, peak = peak_above_active(lambda: step(*xs))
     seconds = median_seconds(lambda: step(*xs), repeats=repeats, warmup=1)
-    from chunkscan.ops.gated_delta import _passes
+    from chunkscan.ops.gated_delta import _chunk_cuda, _passes
 
     return {
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
         "group_mib": group_mib, "compile_groups": compile_groups,
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
+        "fused_kernels": bool(
+            kernels is None and _passes.use_kernels(None)
+            and _chunk_cuda.supports(chunk_size, 128, 128, False)
+        ),
     }  # fmt: skip
 
 
@@ -172,6 +176,7 @@ def _line(row: dict[str, Any]) -> str:
         + (f"  first call {first:6.2f} s" if first is not None else "")
         + (f"  group {row['group_mib']} MiB" if row.get("group_mib") else "")
         + ("  groups compiled" if row.get("compile_groups") else "")
+        + ("  fused kernels" if row.get("fused_kernels") else "")
     )
 
 

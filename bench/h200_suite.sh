@@ -22,7 +22,7 @@ if want tests || want tests_attention; then
 fi
 if want tests || want tests_gdn; then
   stage tests_gdn  # can use its whole 300 s: the GPU tests compile many kernel templates
-  MLX_ENABLE_TF32=0 $PYTEST tests/ops/test_gated_delta_passes.py \
+  MLX_ENABLE_TF32=0 $PYTEST tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py \
     "tests/ops/test_gated_delta.py::test_fp32_matches_oracle" \
     "tests/ops/test_gated_delta.py::test_packed_sequences" \
     "tests/ops/test_gated_delta.py::test_low_precision_is_the_float32_call_rounded" \

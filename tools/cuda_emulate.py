@@ -76,7 +76,9 @@ struct __nv_bfloat16 {
     u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
     bits = static_cast<uint16_t>(u >> 16);
   }
-  operator float() const { uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+  operator float() const {
+    uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f;
+  }
 };
 using __half = _Float16;
 using std::isfinite;
@@ -87,7 +89,9 @@ _MAIN = r"""
 static std::vector<char> cs_read(const char* path, size_t n) {
   std::vector<char> b(n);
   FILE* f = std::fopen(path, "rb");
-  if (!f || std::fread(b.data(), 1, n, f) != n) { std::fprintf(stderr, "read %%s\n", path); std::exit(2); }
+  if (!f || std::fread(b.data(), 1, n, f) != n) {
+    std::fprintf(stderr, "read %%s\n", path); std::exit(2);
+  }
   std::fclose(f);
   return b;
 }
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int t = 0; t < nt; ++t) {
     threads.emplace_back([&, t] {
-      threadIdx = {unsigned(t %% %(TX)d), unsigned((t / %(TX)d) %% %(TY)d), unsigned(t / (%(TX)d * %(TY)d))};
+      threadIdx = {unsigned(t %% %(TX)d), unsigned((t / %(TX)d) %% %(TY)d),
+                   unsigned(t / (%(TX)d * %(TY)d))};
       for (unsigned bz = 0; bz < gridDim.z; ++bz)
         for (unsigned by = 0; by < gridDim.y; ++by)
           for (unsigned bx = 0; bx < gridDim.x; ++bx) {

@@ -558,6 +558,15 @@ def smem_bytes(which: str, C: int, Dk: int, Dv: int) -> int:
     return 4 * floats
 
 
+def scratch_floats(C: int, Dk: int, Dv: int) -> int:
+    """Float32 values per chunk and lane that one group's kernels write (forward and
+    backward): ``a``, ``p``; ``w``, ``kt``, ``u``; ``h`` and the state cotangents;
+    ``d_vnew``; the ``NV`` partial sums; ``dq``, ``dk`` per value head."""
+    nv = Dv // _slice(Dv)
+    per_slice = 3 * C * Dk + 2 * C * C
+    return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
+
+
 def _slice(Dv: int) -> int:
     """Columns of ``Dv`` per block of :func:`state_gradients`."""
     return 64 if Dv % 64 == 0 else 32

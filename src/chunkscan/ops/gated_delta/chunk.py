@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from ... import _ordering, _tree
-from . import _passes
+from . import _chunk_cuda, _passes
 from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
 
@@ -114,7 +114,7 @@ def gated_delta_rule(
         >>> o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=s0)
     """
     if chunk_size is None:
-        chunk_size = default_chunk_size()
+        chunk_size = default_chunk_size(kernels)
     spec = check_inputs(
         "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens,
         normalize_qk=normalize_qk,
@@ -133,18 +133,28 @@ def gated_delta_rule(
         h0 = initial_state.astype(F32)
     o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta)
     raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
-    core = _make_core(spec, chunks, out_dtype, cuda)
+    core = _make_core(spec, chunks, out_dtype, cuda, _fused(spec, chunks.C, cuda))
     outs = _tree.as_list(core(*raw, h0))
     o, final = chunks.from_chunks(outs[0]), outs[1]
     final = mx.where(seq_bad[..., None, None], mx.array(math.nan, dtype=F32), final)
     return o, final
 
 
-def default_chunk_size() -> int:
-    """The ``chunk_size`` :func:`gated_delta_rule` uses when given none: 128 when the
-    default device is a CUDA GPU (fewer, larger ops: measured 1.2-1.5x faster at the
-    Qwen3-Next layer shape on an H200), else 64 (fewest multiply-adds on the CPU)."""
-    return 128 if _passes.cuda_device() else 64
+def default_chunk_size(kernels: bool | None = None) -> int:
+    """The ``chunk_size`` :func:`gated_delta_rule` uses when given none: 64 (fewest
+    multiply-adds on the CPU; the fused CUDA kernels' size), or 128 on a CUDA GPU with
+    the kernels off (``kernels=False`` or ``CHUNKSCAN_CUDA_KERNELS=0``): the portable
+    ops run fewer, larger ops there (measured 1.2-1.5x faster at the Qwen3-Next layer
+    shape on an H200)."""
+    if _passes.cuda_device() and not _passes.use_kernels(kernels, "gated_delta_rule"):
+        return 128
+    return 64
+
+
+def _fused(spec: Spec, C: int, kernels: bool) -> bool:
+    """Whether a call runs the fused chunk kernels of :mod:`._chunk_cuda` (CUDA kernels
+    on, scalar gates, a shape they handle); otherwise the batched MLX ops below."""
+    return kernels and _chunk_cuda.supports(C, spec.Dk, spec.Dv, spec.channel)
 
 
 class _Chunking:
@@ -213,8 +223,13 @@ class _Chunking:
         return {c - c0: s for c, s in table.items() if c0 <= c < c1}
 
 
-def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool):
+def _make_core(
+    spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool, fused: bool = False
+):
     """The custom function ``(q, k, v, g, beta, o_bad, h0) -> [o, final, *entering]``.
+
+    ``kernels``: the state passes run the CUDA kernel; ``fused``: the chunk-parallel
+    stages run the kernels of :mod:`._chunk_cuda` (same math, same ordering rules).
 
     Inputs in chunk layout ``[B, N, C, ...]`` and dtype (``o_bad`` ``[B, N, C, Hv]``
     bool: outputs set to NaN, see :func:`_non_finite_reach`); ``h0``
@@ -224,7 +239,7 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
     """
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     L, n_seq = B * Hv, spec.n_states
-    groups = chunks.groups(_group_size(spec, chunks.C))
+    groups = chunks.groups(_group_size(spec, chunks.C, fused=fused))
     if spec.channel:
         prepare = functools.partial(_prepare_channel, full=False)
         prepare_full = functools.partial(_prepare_channel, full=True)
@@ -262,16 +277,24 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
             # groups are prepared one after the other, not all up front (it matters for
             # per-channel gates, whose preparation is the larger: see the tests).
             xs = _ordering.prepare_after_carry(xs, [] if state is None else [state])
-            p = prepare(*xs, spec.scale)
             ends = chunks.local(chunks.ends, c0, c1)
+            if fused:
+                p = _chunk_cuda.prepare(*xs, spec.scale)
+                operands = (p.decay, p.w, p.u, p.kt)
+            else:
+                p = prepare(*xs, spec.scale)
+                operands = (lanes(p.decay), lanes(p.w), lanes(p.u), lanes(p.kt))
             entering, state, stored = _passes.state_pass(
-                state, lanes(p.decay), lanes(p.w), lanes(p.u), lanes(p.kt), None,
+                state, *operands, None,
                 reverse=False, loads=chunks.local(chunks.starts, c0, c1),
                 stores={c: i for i, c in enumerate(ends)}, inits=inits, kernels=kernels,
             )  # fmt: skip
             for i, c in enumerate(ends):
                 finals[ends[c]] = stored[i]
-            o = _group_outputs(p, per_head(entering), o_bad[:, c0:c1], out_dtype)
+            if fused:
+                o = _chunk_cuda.outputs(xs[0], xs[3], p, entering, o_bad[:, c0:c1], out_dtype)
+            else:
+                o = _group_outputs(p, per_head(entering), o_bad[:, c0:c1], out_dtype)
             # Rule 1: the state leaves the group only after the group's outputs exist.
             state = _ordering.carry_after_outputs([state], [o])[0]
             outs.append(o)
@@ -293,21 +316,34 @@ def _make_core(spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool
             c0, c1 = groups[gi]
             # Rule 2: recompute the group only once the cotangent flowing into it exists.
             xs = _ordering.recompute_after_cotangent([x[:, c0:c1] for x in xs_all], chain)
-            p = prepare_full(*xs, spec.scale)
-            d_o = mx.where(o_bad[:, c0:c1, ..., None], 0.0, ct_o[:, c0:c1].astype(F32))
-            d_o = d_o.reshape(B, c1 - c0, chunks.C, Hk, G, Dv)
-            d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
-            # The state-independent part of the state gradient, for every chunk at once.
-            h = d_o.swapaxes(-1, -2) @ (p.qg - p.p @ p.w)  # [B, Hk, G, n, Dv, Dk]
             starts = chunks.local(chunks.starts, c0, c1)
+            if fused:
+                p = _chunk_cuda.prepare(*xs, spec.scale)
+                d_o = ct_o[:, c0:c1]  # [B, n, C, Hv, Dv], zero where o_bad in the kernels
+                h = _chunk_cuda.state_gradient_input(xs[0], xs[3], p, d_o, o_bad[:, c0:c1])
+                operands = (p.decay, p.kt, None, p.w, h)
+            else:
+                p = prepare_full(*xs, spec.scale)
+                d_o = mx.where(o_bad[:, c0:c1, ..., None], 0.0, ct_o[:, c0:c1].astype(F32))
+                d_o = d_o.reshape(B, c1 - c0, chunks.C, Hk, G, Dv)
+                d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
+                # The state-independent part of the state gradient, for every chunk.
+                h = d_o.swapaxes(-1, -2) @ (p.qg - p.p @ p.w)  # [B, Hk, G, n, Dv, Dk]
+                operands = (lanes(p.decay), lanes(p.kt), None, lanes(p.w), lanes(h))
             d_leaving, d_state, stored = _passes.state_pass(
-                d_state, lanes(p.decay), lanes(p.kt), None, lanes(p.w), lanes(h),
+                d_state, *operands,
                 reverse=True, loads=chunks.local(chunks.ends, c0, c1),
                 stores={c: i for i, c in enumerate(starts)}, inits=ct_inits, kernels=kernels,
             )  # fmt: skip
             for i, c in enumerate(starts):
                 d_h0[starts[c]] = stored[i]
-            d_xs = group_backward(p, xs, per_head(saved[gi]), per_head(d_leaving), d_o)
+            if fused:
+                sg = _chunk_cuda.state_gradients(
+                    p, saved[gi], d_leaving, d_o, o_bad[:, c0:c1], xs[2]
+                )
+                d_xs = _chunk_cuda.input_gradients(xs, p, sg)
+            else:
+                d_xs = group_backward(p, xs, per_head(saved[gi]), per_head(d_leaving), d_o)
             # Rule 3: the cotangent leaves the group only after its input gradients.
             d_state = _ordering.cotangent_after_gradients([d_state], d_xs)[0]
             chain = [d_state]
@@ -324,12 +360,14 @@ def _cat(parts: list[mx.array], axis: int) -> mx.array:
     return mx.concatenate(parts, axis=axis) if len(parts) > 1 else parts[0]
 
 
-def _group_size(spec: Spec, C: int, budget: int | None = None) -> int:
+def _group_size(spec: Spec, C: int, budget: int | None = None, fused: bool = False) -> int:
     """Chunks per group: a group's scratch (about twenty ``[C, D]``, ``[C, C]`` or
-    ``[D, D]`` float32 arrays per chunk and value head) stays near ``budget`` bytes
-    (default ``_GROUP_BYTES``)."""
+    ``[D, D]`` float32 arrays per chunk and value head; with the fused kernels, what
+    :mod:`._chunk_cuda` writes) stays near ``budget`` bytes (default ``_GROUP_BYTES``)."""
     D = max(spec.Dk, spec.Dv)
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
+    if fused:
+        per_chunk = 4 * spec.B * spec.Hv * _chunk_cuda.scratch_floats(C, spec.Dk, spec.Dv)
     if spec.channel:  # sub-chunk arrays: ~8 [P, b, Dk] (P ~ m^2 / 2) and ~8 [C, b, Dk]
         b = _sub_size(C)
         per_chunk += 4 * spec.B * spec.Hv * spec.Dk * C * (4 * (C // b) + 8 * b)

@@ -1,0 +1,224 @@
+"""The fused chunk kernels of gated_delta_rule (``_chunk_cuda``).
+
+Everywhere with a C++20 compiler, the kernels' CUDA sources run on the CPU through
+``tools/cuda_emulate.py`` (every CUDA thread an OS thread, ``__syncthreads`` a
+barrier), inside the real op with the portable state passes: values and all six
+gradients against the per-step float32 oracle. The bound is the issue's 1e-4 max
+relative error; the emulated kernels measured 1.5e-7 to 7.5e-7 at these shapes (the
+portable path: 1.8e-7 to 6.7e-7), so an indexing or math slip fails by orders of
+magnitude. On a CUDA device the compiled kernels run the same checks (MLX_ENABLE_TF32=0,
+as for every float32 test on CUDA: ``bash bench/h200_suite.sh tests_gdn``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+import shutil
+
+import mlx.core as mx
+import pytest
+from helpers import gated_delta_inputs as make_inputs
+from helpers import gdn_outputs_and_grads as outputs_and_grads
+from helpers import max_rel
+
+from chunkscan.ops.gated_delta import _chunk_cuda, gated_delta_rule
+from chunkscan.ops.gated_delta import chunk as chunk_module
+from chunkscan.ops.gated_delta import naive_recurrent_gated_delta_rule as naive
+from chunkscan.ops.gated_delta._checks import Spec
+
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+HAS_CUDA = bool(getattr(mx, "cuda", None)) and mx.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs MLX with a CUDA GPU")
+needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+
+
+def _emulator():
+    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
+    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """The op with the fused kernels run by the emulator (the state passes portable:
+    pass ``kernels=False``), wherever ``supports`` holds."""
+    monkeypatch.setattr(_chunk_cuda, "RUNNER", _emulator().run)
+    monkeypatch.setattr(
+        chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
+            C, spec.Dk, spec.Dv, spec.channel)
+    )  # fmt: skip
+    calls = []
+    real = _chunk_cuda._launch
+
+    def counted(which, *args, **kwargs):
+        calls.append(which)
+        return real(which, *args, **kwargs)
+
+    monkeypatch.setattr(_chunk_cuda, "_launch", counted)
+    return calls
+
+
+def assert_close(got, ref, tol=1e-4):
+    errors = {n: max_rel(a, b) for n, a, b in zip(NAMES, got, ref)}
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    assert not bad, f"max relative error above {tol}: {bad}"
+
+
+def test_supports():
+    assert _chunk_cuda.supports(64, 128, 128, False)
+    assert _chunk_cuda.supports(32, 32, 96, False)
+    assert not _chunk_cuda.supports(64, 128, 128, True)  # per-channel gates
+    assert not _chunk_cuda.supports(128, 128, 128, False)  # chunk size
+    assert not _chunk_cuda.supports(64, 256, 128, False)  # head size
+    assert not _chunk_cuda.supports(64, 48, 128, False)  # not a multiple of 32
+
+
+def test_dispatch():
+    spec = Spec(1, 100, 1, 2, 128, 128, 0.1, 64, None)
+    assert chunk_module._fused(spec, 64, True)
+    assert not chunk_module._fused(spec, 64, False)
+    assert not chunk_module._fused(spec, 128, True)
+    channel = Spec(1, 100, 1, 2, 128, 128, 0.1, 64, None, channel=True)
+    assert not chunk_module._fused(channel, 64, True)
+
+
+def test_scratch_sizes_the_groups():
+    spec = Spec(1, 4096, 16, 32, 128, 128, 0.1, 64, None)
+    per_chunk = 4 * 32 * _chunk_cuda.scratch_floats(64, 128, 128)
+    assert chunk_module._group_size(spec, 64, 10 * per_chunk, fused=True) == 10
+
+
+# (B, T, Hk, Hv, Dk, Dv, C, h0): T not a multiple of C, Hv = 2 Hk and 4 Hk, Dk != Dv,
+# two slices of Dv (Dv = 128), B = 2, no initial state.
+CASES = [
+    (1, 100, 1, 2, 32, 64, 32, True),
+    (2, 64, 2, 2, 64, 32, 64, False),
+    (1, 70, 1, 4, 32, 128, 32, True),
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", CASES, ids=[f"T{c[1]}-G{c[3] // c[2]}-Dv{c[5]}" for c in CASES])
+def test_emulated_matches_oracle(emulated, case):
+    B, T, Hk, Hv, Dk, Dv, C, with_h0 = case
+    inputs = make_inputs(B, T, Hk, Hv, Dk, Dv)
+    if not with_h0:
+        inputs = inputs[:5]
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C, kernels=False)
+    assert set(emulated) == set(_chunk_cuda._KERNELS)  # every kernel ran
+    assert_close(got, outputs_and_grads(naive, inputs))
+
+
+@needs_cxx
+def test_emulated_packed_sequences(emulated):
+    cu = [0, 30, 100, 101]
+    inputs = make_inputs(1, 101, 1, 2, 32, 32, n_states=3)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, cu_seqlens=cu,
+                            kernels=False)  # fmt: skip
+    assert emulated
+    assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))
+
+
+@needs_cxx
+def test_emulated_low_precision_is_the_float32_call_rounded(emulated):
+    """bf16 inputs are read and converted by the kernels, everything else is float32:
+    o and every gradient equal the float32 call rounded, exactly."""
+    inputs = make_inputs(1, 40, 1, 2, 32, 32, dtype=mx.bfloat16)
+    ct = mx.random.normal(inputs[2].shape, key=mx.random.key(3)).astype(mx.bfloat16)
+    ct_s = mx.random.normal(inputs[5].shape, key=mx.random.key(4))
+
+    def run(xs, ct_o):
+        def f(q, k, v, g, beta, h0):
+            return list(gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=32,
+                                         kernels=False))  # fmt: skip
+
+        outs, grads = mx.vjp(f, xs, [ct_o, ct_s])
+        return list(outs) + list(grads)
+
+    got = run(inputs, ct)
+    ref = run([x.astype(mx.float32) for x in inputs], ct.astype(mx.float32))
+    assert emulated
+    for name, a, b in zip(NAMES, got, ref):
+        assert a.dtype == (mx.float32 if name in ("final_state", "dh0") else mx.bfloat16), name
+        assert mx.array_equal(a, b.astype(a.dtype)).item(), name
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, value", [("k", math.nan), ("g", math.inf), ("beta", math.nan)])
+def test_emulated_non_finite_input_is_causal(emulated, name, value):
+    """NaN where the per-step loop has it, nothing before: the kernels read non-finite
+    inputs as zero and give them no gradient, as the batched ops do."""
+    T, t = 40, 20
+    inputs = make_inputs(1, T, 1, 2, 32, 32)
+    i = ("q", "k", "v", "g", "beta").index(name)
+    hit = (mx.arange(T) == t).reshape((1, T) + (1,) * (inputs[i].ndim - 2))
+    inputs[i] = mx.where(hit, mx.array(value, dtype=inputs[i].dtype), inputs[i])
+    w = mx.random.normal((1, T, 2, 32), key=mx.random.key(5))
+
+    def loss(*xs):
+        o, _ = gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=32, kernels=False)
+        return mx.sum(mx.where(mx.arange(T)[None, :, None, None] < t, o * w, 0.0))
+
+    o, _ = gated_delta_rule(*inputs[:5], initial_state=inputs[5], chunk_size=32, kernels=False)
+    o_ref, _ = naive(*inputs[:5], initial_state=inputs[5])
+    finite = mx.all(mx.isfinite(o), axis=(2, 3))[0].tolist()
+    assert finite == mx.all(mx.isfinite(o_ref), axis=(2, 3))[0].tolist()
+    assert all(finite[:t]) and not finite[t]
+    grads = mx.grad(loss, argnums=tuple(range(6)))(*inputs)
+    assert emulated
+    for gr in grads:
+        assert mx.all(mx.isfinite(gr)).item()
+    assert mx.abs(grads[i][:, t:]).max().item() == 0.0
+
+
+# ------------------------------------------------------------------- on a CUDA device
+
+QWEN = (1, 300, 2, 4, 128, 128)  # T not a multiple of 64, Hv = 2 Hk, two Dv slices
+
+
+@needs_cuda
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no-h0"])
+def test_cuda_fused_matches_oracle(with_h0):
+    inputs = make_inputs(*QWEN)
+    if not with_h0:
+        inputs = inputs[:5]
+    assert chunk_module._fused(Spec(*QWEN[:2], *QWEN[2:], 0.1, 64, None), 64, True)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    assert_close(got, outputs_and_grads(naive, inputs))
+    portable = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
+    assert_close(got, portable)
+
+
+@needs_cuda
+def test_cuda_fused_packed_and_compiled():
+    cu = [0, 100, 101, 300]
+    inputs = make_inputs(*QWEN, n_states=3)
+    ref = outputs_and_grads(naive, inputs, cu_seqlens=cu)
+    assert_close(outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, cu_seqlens=cu), ref)
+    compiled = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, cu_seqlens=cu,
+                                 compiled=True)  # fmt: skip
+    assert_close(compiled, ref)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype):
+    inputs = make_inputs(*QWEN, dtype=dtype)
+    ct = mx.random.normal(inputs[2].shape, key=mx.random.key(3)).astype(dtype)
+    ct_s = mx.random.normal(inputs[5].shape, key=mx.random.key(4))
+
+    def run(xs, ct_o):
+        def f(q, k, v, g, beta, h0):
+            return list(gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=64))
+
+        outs, grads = mx.vjp(f, xs, [ct_o, ct_s])
+        return list(outs) + list(grads)
+
+    got = run(inputs, ct)
+    ref = run([x.astype(mx.float32) for x in inputs], ct.astype(mx.float32))
+    for name, a, b in zip(NAMES, got, ref):
+        assert mx.array_equal(a, b.astype(a.dtype)).item(), name
