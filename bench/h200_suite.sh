@@ -29,6 +29,18 @@ if want tests || want tests_gdn; then
     tests/ops/test_gated_delta_channel.py \
     2>&1 | tee "$OUT/tests_h200_gdn.txt" | tail -4
 fi
+if want fused; then
+  stage fused  # issue 9: the fused chunk kernels' CUDA tests, then each kernel timed alone
+  MLX_ENABLE_TF32=0 timeout 150 python3 -m pytest -q -x -s -p no:cacheprovider -rs \
+    tests/ops/test_gated_delta_fused.py 2>&1 | tee "$OUT/tests_h200_fused.txt" | tail -6
+  timeout 60 python3 bench/gdn_fused_kernels.py --tokens 4096 \
+    --json "$OUT/gdn_fused_kernels_h200.json"
+fi
+if want gdn_fused; then
+  stage gdn_fused  # chunkscan (fused kernels) beside fla, eager and compiled
+  (cd bench && timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
+    --modes eager compiled --repeats 3 --budget 260 --json "$OUT/gdn_vs_fla_fused_h200.json")
+fi
 if want gdn; then
   stage gdn_vs_fla
   (cd bench && timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --modes eager compiled \
