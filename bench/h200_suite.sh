@@ -31,10 +31,24 @@ if want tests || want tests_gdn; then
 fi
 if want fused; then
   stage fused  # issue 9: the fused chunk kernels' CUDA tests, then each kernel timed alone
+  # (the emulated tests run on every machine with g++: the CUDA ones here)
   MLX_ENABLE_TF32=0 timeout 150 python3 -m pytest -q -x -s -p no:cacheprovider -rs \
-    tests/ops/test_gated_delta_fused.py 2>&1 | tee "$OUT/tests_h200_fused.txt" | tail -6
-  timeout 60 python3 bench/gdn_fused_kernels.py --tokens 4096 \
-    --json "$OUT/gdn_fused_kernels_h200.json"
+    tests/ops/test_gated_delta_fused.py -k "cuda or supports or dispatch or scratch" 2>&1 \
+    | tee "$OUT/tests_h200_fused.txt" | tail -6
+  for C in 64 32; do
+    timeout 60 python3 bench/gdn_fused_kernels.py --tokens 4096 --C $C \
+      --json "$OUT/gdn_fused_kernels_C${C}_h200.json"
+  done
+fi
+if want gdn_mem; then
+  stage gdn_mem  # fused kernels: chunk size, and MLX's command-buffer size against memory
+  for mb in default 64; do
+    if [ "$mb" = default ]; then unset MLX_MAX_MB_PER_BUFFER; else export MLX_MAX_MB_PER_BUFFER=$mb; fi
+    (cd bench && timeout 120 python3 gdn_vs_fla.py --T 16384 --impls chunkscan --modes eager \
+      --chunk-sizes 64 32 --repeats 3 --timeout 55 --json "$OUT/gdn_mem_${mb}_h200.json") \
+      | grep -E "chunkscan|rror"
+  done
+  unset MLX_MAX_MB_PER_BUFFER
 fi
 if want gdn_fused; then
   stage gdn_fused  # chunkscan (fused kernels) beside fla, eager and compiled
@@ -63,6 +77,14 @@ if want lora; then
   eval timeout 110 $LORA --merge --timeout 100 --T 2048 --modes patched | tail -3
   eval timeout 200 $LORA --merge --timeout 100 --T 8192 --modes stub patched | tail -3
   eval timeout 130 $LORA --merge --timeout 120 --T 32768 --modes patched+attn | tail -3
+fi
+if want lora_fused; then
+  stage lora_fused  # issue 9: the LoRA step with the fused kernels (patched vs stub)
+  L2="python3 bench/lora.py --dtype bfloat16 --repeats 3 --config $(printf %q "$CFG")"
+  eval timeout 150 $L2 --timeout 140 --T 8192 --modes stub patched \
+    --json $OUT/lora_h200_fused.json | tail -3
+  eval timeout 100 $L2 --merge --timeout 90 --T 2048 --modes patched \
+    --json $OUT/lora_h200_fused.json | tail -3
 fi
 if want crossover; then
   stage crossover  # where MLX's kernel (shortcut FAST_MAX_SCORES) beats the CUDA kernels

@@ -229,20 +229,38 @@ _PREPARE = r"""
 # outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
-  constexpr int BIG = (DV * LDK > C * LDV ? DV * LDK : C * LDV);
+  constexpr int BIG0 = (DV * LDK > C * LDV ? DV * LDK : C * LDV);
+  constexpr int BIG = (BIG0 > C * LDK ? BIG0 : C * LDK);
   CS_DYN_SMEM(sm);
   float* Xs = sm;               // [C][LDK] q, then X = qg - p w
   float* Ps = Xs + C * LDK;     // [C][LDC] p
-  float* Bs = Ps + C * LDC;     // [DV][LDK] S, or [C][LDV] d_o
-  float* gf = Bs + BIG;
+  float* Bs = Ps + C * LDC;     // [C][LDK] w, then [DV][LDK] S or [C][LDV] d_o
+  float* Us = Bs + BIG;         // [C][LDV] u (outputs only)
+  float* gf = Us + (MODE_H ? 0 : C * LDV);
   float* gma = gf + C;
   float* ten = gma + C;
   for (int i = tid; i < C; i += NT) gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
   for (int e = tid; e < C * DK; e += NT) {
     const int i = e / DK, d = e % DK;
     Xs[i * LDK + d] = csg::fin(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
+    Bs[i * LDK + d] = W[(cl * C + i) * DK + d];
   }
   for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC + e % C] = P[cl * C * C + e];
+  if (!MODE_H) {
+    for (int e = tid; e < C * DV; e += NT) Us[(e / DV) * LDV + e % DV] = U[cl * C * DV + e];
+  }
+  __syncthreads();
+  csg::chunk_gates<C>(gf, gma, ten);
+  __syncthreads();
+  {
+    csg::Tile<C, DK> x;
+    x.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
+            [&](int t, int d) { return Bs[t * LDK + d]; });
+    x.each([&](int i, int d, float val, int, int) {
+      Xs[i * LDK + d] = scale * gma[i] * Xs[i * LDK + d] - val;
+    });
+  }
+  __syncthreads();
   if (MODE_H) {
     for (int e = tid; e < C * DV; e += NT) {
       const int i = e / DV, c = e % DV;
@@ -256,17 +274,6 @@ _OUTPUT = r"""
     }
   }
   __syncthreads();
-  csg::chunk_gates<C>(gf, gma, ten);
-  __syncthreads();
-  {
-    csg::Tile<C, DK> x;
-    x.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
-            [&](int t, int d) { return W[(cl * C + t) * DK + d]; });
-    x.each([&](int i, int d, float val, int, int) {
-      Xs[i * LDK + d] = scale * gma[i] * Xs[i * LDK + d] - val;
-    });
-  }
-  __syncthreads();
   if (MODE_H) {
     csg::Tile<DV, DK> hm;
     hm.mm<C>([&](int c, int i) { return Bs[i * LDV + c]; },
@@ -277,7 +284,7 @@ _OUTPUT = r"""
     o.mm<DK>([&](int i, int d) { return Xs[i * LDK + d]; },
              [&](int d, int c) { return Bs[c * LDK + d]; });
     o.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
-            [&](int t, int c) { return U[(cl * C + t) * DV + c]; });
+            [&](int t, int c) { return Us[t * LDV + c]; });
     o.each([&](int i, int c, float val, int, int) {
       const size_t r = (tok + i) * HV + h;
       out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
@@ -317,11 +324,11 @@ _STATE_GRADS = r"""
     Vt[i * LDT + r] = csg::fin(csg::f(v[o * DV + e0 + r]));
   }
   __syncthreads();
-  if (tid == 0) {
-    float s = 0.f;
-    for (int t = 0; t < NT; ++t) s += red[t];
-    DDECp[pz] = s;
+  for (int w = NT / 2; w > 0; w /= 2) {  // tree sum of red[] (fixed order)
+    if (tid < w) red[tid] += red[tid + w];
+    __syncthreads();
   }
+  if (tid == 0) DDECp[pz] = red[0];
   {
     csg::Tile<C, TV> vn, dvn;
     vn.mm<DK>([&](int i, int d) { return W[(cl * C + i) * DK + d]; },
@@ -377,7 +384,9 @@ _INPUT_GRADS = r"""
   float* M1s = M2s + C * LDC;   // [C][LDC] d_w k^T, then T1 = d_a a^T, then d_gam gam
   float* Ks = M1s + C * LDC;    // [C][LDK] k
   float* Qs = Ks + C * LDK;     // [C][LDK] q
-  float* gf = Qs + C * LDK;
+  float* Ws = Qs + C * LDK;     // [C][LDK] d_w (the NV partial sums added)
+  float* red = Ws + C * LDK;    // [2][NT] row-dot partial sums
+  float* gf = red + 2 * NT;
   float* bt = gf + C;
   float* gma = bt + C;
   float* ten = gma + C;
@@ -402,6 +411,7 @@ _INPUT_GRADS = r"""
     const size_t src = (tok + i) * HK * DK + hk * DK + d;
     Ks[i * LDK + d] = csg::fin(csg::f(k[src]));
     Qs[i * LDK + d] = csg::fin(csg::f(q[src]));
+    Ws[i * LDK + d] = part(DWp, DK, i, d);
   }
   for (int e = tid; e < C * C; e += NT) {
     const int i = e / C, t = e % C;
@@ -418,7 +428,7 @@ _INPUT_GRADS = r"""
               [&](int d, int t) { return Ks[t * LDK + d]; });
     qk.mm<DK>([&](int i, int d) { return Qs[i * LDK + d]; },
               [&](int d, int t) { return Ks[t * LDK + d]; });
-    m1.mm<DK>([&](int i, int d) { return part(DWp, DK, i, d); },
+    m1.mm<DK>([&](int i, int d) { return Ws[i * LDK + d]; },
               [&](int d, int t) { return Ks[t * LDK + d]; });
     kk.each([&](int i, int t, float x, int, int) { KKs[i * LDC + t] = x; });
     qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC + t] = x; });
@@ -458,13 +468,28 @@ _INPUT_GRADS = r"""
     dl.each([&](int i, int m, float x, int, int) { M2s[i * LDC + m] = m < i ? -x : 0.f; });
   }
   __syncthreads();
+  {
+    // Row dots d_qg . q and d_kt . k: NS threads per row, each a fixed slice of
+    // columns, then summed in order (deterministic).
+    constexpr int NS = NT / C;
+    const int i = tid / NS, sl = tid % NS;
+    float s1 = 0.f, s2 = 0.f;
+    for (int d = sl; d < DK; d += NS) {
+      s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK + d], s1);
+      s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK + d], s2);
+    }
+    red[tid] = s1;
+    red[NT + tid] = s2;
+  }
+  __syncthreads();
   if (tid < C) {
+    constexpr int NS = NT / C;
     const int i = tid;
     float dls = 0.f, dqgq = 0.f, dto = 0.f;
     for (int t = 0; t < i; ++t) dls += M2s[i * LDC + t] * Gs[i * LDC + t] * KKs[i * LDC + t];
-    for (int d = 0; d < DK; ++d) {
-      dqgq = fmaf(part(DQGp, DK, i, d), Qs[i * LDK + d], dqgq);
-      dto = fmaf(part(DKTp, DK, i, d), Ks[i * LDK + d], dto);
+    for (int sl = 0; sl < NS; ++sl) {
+      dqgq += red[i * NS + sl];
+      dto += red[NT + i * NS + sl];
     }
     vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
     vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
@@ -481,11 +506,20 @@ _INPUT_GRADS = r"""
     M2s[x] = dl * bt[i] * gm;
   }
   __syncthreads();
+  if (tid < C) {  // row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]
+    const int i = tid;
+    float r = 0.f;
+    for (int t = 0; t < C; ++t) {
+      const float x = M1s[i * LDC + t];
+      M1s[i * LDC + t] = r;
+      r += x;
+    }
+  }
+  __syncthreads();
   if (tid < C) {
-    const int m = tid;  // d_g[m]: every span that covers gate m
+    const int m = tid;  // d_g[m]: every span that covers gate m (t < m <= i)
     float s = 0.f;
-    for (int i = m; i < C; ++i)
-      for (int t = 0; t < m; ++t) s += M1s[i * LDC + t];
+    for (int i = m; i < C; ++i) s += M1s[i * LDC + m];
     for (int i = m; i < C; ++i) s += vg[i];
     for (int t = 0; t < m; ++t) s += vt[t];
     float dd = 0.f;
@@ -513,7 +547,7 @@ _INPUT_GRADS = r"""
     t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t] + M2s[t * LDC + i]; },
              [&](int t, int d) { return Ks[t * LDK + d]; });
     t2.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
-             [&](int t, int d) { return part(DWp, DK, t, d); });
+             [&](int t, int d) { return Ws[t * LDK + d]; });
     t1.each([&](int i, int d, float x, int a, int bb) {
       DKm[(((tok + i) * HK + hk) * G + gi) * DK + d] =
           x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
@@ -549,12 +583,12 @@ def smem_bytes(which: str, C: int, Dk: int, Dv: int) -> int:
     if which == "prepare":
         floats = C * ldk + C * (max(Dk, Dv) + 1) + 3 * C * ldc + 4 * C
     elif which == "output":
-        floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv) + 3 * C
+        floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv, C * ldk) + C * ldv + 3 * C
     elif which == "state_grads":
         tv = _slice(Dv)
         floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + NT
     else:
-        floats = 7 * C * ldc + 2 * C * ldk + 9 * C
+        floats = 7 * C * ldc + 3 * C * ldk + 2 * NT + 9 * C
     return 4 * floats
 
 
