@@ -52,8 +52,9 @@ if want gdn_mem; then
 fi
 if want gdn_fused; then
   stage gdn_fused  # chunkscan (fused kernels) beside fla, eager and compiled
-  (cd bench && timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
-    --modes eager compiled --repeats 3 --budget 260 --json "$OUT/gdn_vs_fla_fused_h200.json")
+  (cd bench && timeout 270 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
+    --modes eager compiled --chunk-sizes 64 32 --repeats 3 --budget 220 \
+    --json "$OUT/gdn_vs_fla_fused_h200.json")
 fi
 if want gdn; then
   stage gdn_vs_fla
@@ -81,9 +82,11 @@ fi
 if want lora_fused; then
   stage lora_fused  # issue 9: the LoRA step with the fused kernels (patched vs stub)
   L2="python3 bench/lora.py --dtype bfloat16 --repeats 3 --config $(printf %q "$CFG")"
-  eval timeout 150 $L2 --timeout 140 --T 8192 --modes stub patched \
+  eval timeout 200 $L2 --timeout 190 --T 8192 --modes stub patched \
     --json $OUT/lora_h200_fused.json | tail -3
-  eval timeout 100 $L2 --merge --timeout 90 --T 2048 --modes patched \
+  eval timeout 80 $L2 --merge --timeout 75 --T 8192 --modes patched --chunk-size 32 \
+    --json $OUT/lora_h200_fused.json | tail -3
+  eval timeout 80 $L2 --merge --timeout 75 --T 2048 --modes stub patched \
     --json $OUT/lora_h200_fused.json | tail -3
 fi
 if want crossover; then

@@ -123,8 +123,8 @@ def kernels():
             base = [("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4), ("HV", 4 * G)]
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt)],
-                     "state_grads": [("TV", cc._slice(Dv))],
-                     "input_grads": [("NV", Dv // cc._slice(Dv)), ("TG", dt), ("TB", dt),
+                     "state_grads": [("TV", cc.TV)],
+                     "input_grads": [("NV", Dv // cc.TV), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)
                    for x in names]  # fmt: skip

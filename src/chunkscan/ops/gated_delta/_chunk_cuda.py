@@ -41,6 +41,9 @@ from ..._backend import cuda_kernel
 
 F32 = mx.float32
 NT = 256
+# Columns of Dv per block of state_gradients (its NV = Dv / TV partial sums); 32: two
+# blocks fit on a multiprocessor at C = 64, D = 128 (64: one).
+TV = 32
 _SMEM_LIMIT = 227 * 1024
 
 _HEADER = r"""
@@ -149,8 +152,7 @@ _PREPARE = r"""
   float* Xs = Ks + C * LDK;     // [C][LDM] q, then k beta gamma, then v beta
   float* Ls = Xs + C * LDM;     // [C][LDC] gam, then L = beta_i gam kk (strict)
   float* As = Ls + C * LDC;     // [C][LDC] (I + L)^-1
-  float* Gs = As + C * LDC;     // [C][LDC] gam (kept for p)
-  float* gf = Gs + C * LDC;
+  float* gf = As + C * LDC;
   float* bt = gf + C;
   float* gma = bt + C;
   float* ten = gma + C;
@@ -166,7 +168,7 @@ _PREPARE = r"""
   }
   __syncthreads();
   csg::chunk_gates<C>(gf, gma, ten);
-  csg::fill_gam<C, LDC>(gf, Gs);
+  csg::fill_gam<C, LDC>(gf, Ls);
   __syncthreads();
   {
     csg::Tile<C, C> kk, qk;
@@ -174,11 +176,11 @@ _PREPARE = r"""
               [&](int d, int t) { return Ks[t * LDK + d]; });
     qk.mm<DK>([&](int i, int d) { return Xs[i * LDM + d]; },
               [&](int d, int t) { return Ks[t * LDK + d]; });
-    kk.each([&](int i, int t, float x, int, int) {
-      Ls[i * LDC + t] = t < i ? bt[i] * Gs[i * LDC + t] * x : 0.f;
-    });
-    qk.each([&](int i, int t, float x, int, int) {
-      P[cl * C * C + i * C + t] = t <= i ? scale * x * Gs[i * LDC + t] : 0.f;
+    // Both tiles own the same (i, t): gam is read, then replaced by L, by one thread.
+    kk.each([&](int i, int t, float x, int a, int b) {
+      const float gm = Ls[i * LDC + t];
+      P[cl * C * C + i * C + t] = t <= i ? scale * qk.v[a][b] * gm : 0.f;
+      Ls[i * LDC + t] = t < i ? bt[i] * gm * x : 0.f;
     });
   }
   __syncthreads();
@@ -581,12 +583,11 @@ def smem_bytes(which: str, C: int, Dk: int, Dv: int) -> int:
     """Dynamic shared memory of one block, in bytes."""
     ldc, ldk, ldv = C + 1, Dk + 1, Dv + 1
     if which == "prepare":
-        floats = C * ldk + C * (max(Dk, Dv) + 1) + 3 * C * ldc + 4 * C
+        floats = C * ldk + C * (max(Dk, Dv) + 1) + 2 * C * ldc + 4 * C
     elif which == "output":
         floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv, C * ldk) + C * ldv + 3 * C
     elif which == "state_grads":
-        tv = _slice(Dv)
-        floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + NT
+        floats = 2 * TV * ldk + C * ldc + 4 * C * (TV + 1) + NT
     else:
         floats = 7 * C * ldc + 3 * C * ldk + 2 * NT + 9 * C
     return 4 * floats
@@ -596,14 +597,9 @@ def scratch_floats(C: int, Dk: int, Dv: int) -> int:
     """Float32 values per chunk and lane that one group's kernels write (forward and
     backward): ``a``, ``p``; ``w``, ``kt``, ``u``; ``h`` and the state cotangents;
     ``d_vnew``; the ``NV`` partial sums; ``dq``, ``dk`` per value head."""
-    nv = Dv // _slice(Dv)
+    nv = Dv // TV
     per_slice = 3 * C * Dk + 2 * C * C
     return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
-
-
-def _slice(Dv: int) -> int:
-    """Columns of ``Dv`` per block of :func:`state_gradients`."""
-    return 64 if Dv % 64 == 0 else 32
 
 
 def supports(C: int, Dk: int, Dv: int, channel: bool) -> bool:
@@ -711,9 +707,8 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     (both ``[L, n, Dv, Dk]``), raw ``d_o`` and ``v`` ``[B, n, C, Hv, Dv]``."""
     B, n, C, Hv, Dv = v.shape
     L, Dk = s.shape[0], s.shape[-1]
-    tv = _slice(Dv)
-    nv = Dv // tv
-    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv)]
+    nv = Dv // TV
+    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", TV)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
