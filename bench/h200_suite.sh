@@ -89,6 +89,17 @@ if want lora_fused; then
   eval timeout 80 $L2 --merge --timeout 75 --T 2048 --modes stub patched \
     --json $OUT/lora_h200_fused.json | tail -3
 fi
+if want lora_c64; then
+  stage lora_c64  # the patched row at T=8192 with the default chunk size, alone
+  eval timeout 75 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config $(printf %q "$CFG") \
+    --timeout 70 --T 8192 --modes patched --json $OUT/lora_h200_fused_c64.json | tail -2
+fi
+if want gdn_65536; then
+  stage gdn_65536  # the fused kernels at T=65536 beside fla, eager
+  (cd bench && timeout 110 python3 gdn_vs_fla.py --T 65536 --impls chunkscan fla \
+    --modes eager --chunk-sizes 64 32 --repeats 3 --budget 85 \
+    --json "$OUT/gdn_vs_fla_fused_65536_h200.json")
+fi
 if want crossover; then
   stage crossover  # where MLX's kernel (shortcut FAST_MAX_SCORES) beats the CUDA kernels
   timeout 120 python3 bench/attention.py --shape qwen3-next --T 512 1024 2048 4096 \

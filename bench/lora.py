@@ -310,8 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = []
     if args.merge and args.json.exists():
         old = json.loads(args.json.read_text())
-        new_keys = {(r["mode"], r["T"]) for r in rows}
-        rows = [r for r in old["rows"] if (r["mode"], r["T"]) not in new_keys] + rows
+
+        # A row is replaced only by one of the same mode, T and chunk size.
+        def key(r):
+            return r["mode"], r["T"], r.get("chunk_size")
+
+        new_keys = {key(r) for r in rows}
+        rows = [r for r in old["rows"] if key(r) not in new_keys] + rows
         commands = old["meta"].get("commands", [old["meta"].get("command")])
     import platform
 
