@@ -3,7 +3,8 @@
 Only two things are sequential: the forward state pass and the backward pass of the
 state gradient, both one recurrence over chunks behind :mod:`._passes` (portable MLX
 ops everywhere, one fused kernel launch per group on CUDA). Everything else is computed
-for a whole group of chunks at once, as a fixed number of batched ops: the WY/UT
+for a whole group of chunks at once, as a fixed number of batched ops (on CUDA, where
+:func:`_fused` holds, one kernel launch each, :mod:`._chunk_cuda`): the WY/UT
 preparation (:func:`_prepare`), the outputs given the entering states, and, in the
 backward pass, every per-chunk gradient given the entering state and the leaving
 state gradient, then the hand-derived backward of the preparation (no ``mx.vjp``).
@@ -92,18 +93,22 @@ def gated_delta_rule(
             with ``cu_seqlens``, one per sequence). Default: zeros.
         chunk_size (int, optional): Steps per chunk; a performance knob only (need not
             divide ``T``; larger than the longest sequence means one chunk).
-            Default: ``None``: :func:`default_chunk_size` (64 on the CPU and Metal,
-            128 on CUDA, measured fastest there).
+            Default: ``None``: :func:`default_chunk_size` (64; 128 on CUDA with the
+            kernels off). On CUDA the fused chunk kernels take 32 or 64 (32: faster,
+            twice the saved states); other sizes run the batched MLX ops.
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
             (``x / sqrt(sum(x**2) + 1e-6)``, differentiated). Default: ``False``.
         cu_seqlens (list of int or array, optional): Packed sequences: offsets
             ``[0, t1, ..., T]`` of ``N`` sequences concatenated along ``T`` in one row
             (``B`` must be 1). The state restarts from ``initial_state[n]`` (or zeros)
             at each start. Static: read once, not traced. Default: ``None``.
-        kernels (bool, optional): Use the fused CUDA kernel for the sequential passes
-            where it applies. ``None``: on a CUDA device unless the environment
-            variable ``CHUNKSCAN_CUDA_KERNELS=0``; ``False``: always the portable
-            MLX ops. Values and gradients agree to float32 tolerance. Default: ``None``.
+        kernels (bool, optional): Use the CUDA kernels where they apply: the
+            sequential passes, and for scalar gates with ``chunk_size`` 32 or 64 and
+            head sizes that are multiples of 32 up to 128, every chunk-parallel stage
+            (``docs/gated_delta.md``, "On CUDA"). ``None``: on a CUDA device unless
+            the environment variable ``CHUNKSCAN_CUDA_KERNELS=0``; ``False``: always
+            the portable MLX ops. Values and gradients agree to float32 tolerance.
+            Default: ``None``.
 
     Returns:
         tuple: ``(o, final_state)``: ``o`` ``[B, T, Hv, Dv]`` in the dtype of ``q``;
