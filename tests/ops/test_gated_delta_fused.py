@@ -76,6 +76,8 @@ def test_supports():
     assert not _chunk_cuda.supports(128, 128, 128, False)  # chunk size
     assert not _chunk_cuda.supports(64, 256, 128, False)  # head size
     assert not _chunk_cuda.supports(64, 48, 128, False)  # not a multiple of 32
+    assert _chunk_cuda.supports(64, 128, 128, False, lanes=65535)
+    assert not _chunk_cuda.supports(64, 128, 128, False, lanes=65536)  # grid y limit
 
 
 def test_dispatch():
@@ -85,6 +87,8 @@ def test_dispatch():
     assert not chunk_module._fused(spec, 128, True)
     channel = Spec(1, 100, 1, 2, 128, 128, 0.1, 64, None, channel=True)
     assert not chunk_module._fused(channel, 64, True)
+    wide = Spec(4096, 100, 1, 32, 128, 128, 0.1, 64, None)  # 131072 lanes
+    assert not chunk_module._fused(wide, 64, True)
 
 
 def test_scratch_sizes_the_groups():

@@ -124,6 +124,9 @@ def test_cuda_supports_rejects():
     assert not _pass_cuda.supports(F.astype(mx.float16), G, E, None)  # dtype
     small = make_inputs(L=1, n=2, C=4, R=6, Dk=8)  # C % 8, Dk % 32
     assert not _pass_cuda.supports(small["F"], small["G"], small["E"], None)
+    # more lanes than a CUDA grid's y dimension holds (broadcasts: no memory)
+    wide = [mx.broadcast_to(x[:1], (65536,) + x.shape[1:]) for x in (F, G, E)]
+    assert not _pass_cuda.supports(*wide, None)
 
 
 def test_cuda_x_in_none_needs_a_load():

@@ -45,6 +45,7 @@ NT = 256
 # blocks fit on a multiprocessor at C = 64, D = 128 (64: one).
 TV = 32
 _SMEM_LIMIT = 227 * 1024
+MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 
 _HEADER = r"""
 #ifndef CS_EMULATE
@@ -602,10 +603,11 @@ def scratch_floats(C: int, Dk: int, Dv: int) -> int:
     return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
 
 
-def supports(C: int, Dk: int, Dv: int, channel: bool) -> bool:
+def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     """Whether these kernels handle a call (scalar gates, C 32 or 64, Dk and Dv
-    multiples of 32 up to 128)."""
-    if channel or C not in (32, 64):
+    multiples of 32 up to 128, at most 65535 lanes ``B * Hv``: a CUDA grid's second
+    dimension)."""
+    if channel or C not in (32, 64) or lanes > MAX_GRID_Y:
         return False
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
         return False

@@ -433,6 +433,8 @@ def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -
     if F.shape != G.shape:
         return False
     L, n, C, Dk = F.shape
+    if L > 65535:  # one block row per lane: a CUDA grid's y dimension
+        return False
     if E is not None:
         R = E.shape[-1]
     elif H is not None:

@@ -159,7 +159,9 @@ def default_chunk_size(kernels: bool | None = None) -> int:
 def _fused(spec: Spec, C: int, kernels: bool) -> bool:
     """Whether a call runs the fused chunk kernels of :mod:`._chunk_cuda` (CUDA kernels
     on, scalar gates, a shape they handle); otherwise the batched MLX ops below."""
-    return kernels and _chunk_cuda.supports(C, spec.Dk, spec.Dv, spec.channel)
+    return kernels and _chunk_cuda.supports(
+        C, spec.Dk, spec.Dv, spec.channel, lanes=spec.B * spec.Hv
+    )
 
 
 class _Chunking:
