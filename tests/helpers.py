@@ -186,3 +186,26 @@ def gdn_outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
         both = mx.compile(both)
     outs, grads = both(*inputs)
     return list(outs) + list(grads)
+
+
+def gdn_low_precision_pair(inputs, **kwargs):
+    """``(got, ref)``: :func:`chunkscan.gated_delta_rule`'s outputs and vjp (as
+    :func:`gdn_outputs_and_grads` lists them) on the low-precision ``inputs`` (six, with
+    h0) and on the same inputs upcast to float32, under the same cotangents (the output
+    cotangent drawn in the inputs' dtype)."""
+    from chunkscan import gated_delta_rule
+
+    dtype = inputs[0].dtype
+    ct_o = mx.random.normal(inputs[2].shape, key=mx.random.key(3)).astype(dtype)
+    ct_s = mx.random.normal(inputs[5].shape, key=mx.random.key(4))
+
+    def run(xs, ct):
+        def f(q, k, v, g, beta, h0):
+            return list(gated_delta_rule(q, k, v, g, beta, initial_state=h0, **kwargs))
+
+        outs, grads = mx.vjp(f, xs, [ct, ct_s])
+        return list(outs) + list(grads)
+
+    got = run(inputs, ct_o)
+    ref = run([x.astype(mx.float32) for x in inputs], ct_o.astype(mx.float32))
+    return got, ref

@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from helpers import gated_delta_inputs as make_inputs
+from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
 from helpers import max_rel, rel_rmse, run_target
 
@@ -445,20 +446,7 @@ def test_low_precision_is_the_float32_call_rounded(dtype):
     gradient equal the float32 call on the upcast inputs (same cotangents) rounded to
     the input dtype, exactly (measured difference 0). Any arithmetic in the input
     dtype (e.g. q k^T before the float32 cast) breaks this."""
-    inputs = make_inputs(2, 130, 2, 4, 32, 16, dtype=dtype)
-    k1, k2 = mx.random.split(mx.random.key(123))
-    ct_o = mx.random.normal(inputs[2].shape, key=k1).astype(dtype)
-    ct_s = mx.random.normal(inputs[5].shape, key=k2)
-
-    def run(xs, ct):
-        def f(q, k, v, g, beta, h0):
-            return list(gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=32))
-
-        outs, grads = mx.vjp(f, xs, [ct, ct_s])
-        return list(outs) + list(grads)
-
-    got = run(inputs, ct_o)
-    ref = run([x.astype(mx.float32) for x in inputs], ct_o.astype(mx.float32))
+    got, ref = low_precision_pair(make_inputs(2, 130, 2, 4, 32, 16, dtype=dtype), chunk_size=32)
     for name, a, b in zip(NAMES, got, ref):
         assert a.dtype == (mx.float32 if name in ("final_state", "dh0") else dtype), name
         assert mx.array_equal(a, b.astype(a.dtype)).item(), name

@@ -21,6 +21,7 @@ import shutil
 import mlx.core as mx
 import pytest
 from helpers import gated_delta_inputs as make_inputs
+from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
 from helpers import max_rel
 
@@ -133,19 +134,7 @@ def test_emulated_low_precision_is_the_float32_call_rounded(emulated):
     """bf16 inputs are read and converted by the kernels, everything else is float32:
     o and every gradient equal the float32 call rounded, exactly."""
     inputs = make_inputs(1, 40, 1, 2, 32, 32, dtype=mx.bfloat16)
-    ct = mx.random.normal(inputs[2].shape, key=mx.random.key(3)).astype(mx.bfloat16)
-    ct_s = mx.random.normal(inputs[5].shape, key=mx.random.key(4))
-
-    def run(xs, ct_o):
-        def f(q, k, v, g, beta, h0):
-            return list(gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=32,
-                                         kernels=False))  # fmt: skip
-
-        outs, grads = mx.vjp(f, xs, [ct_o, ct_s])
-        return list(outs) + list(grads)
-
-    got = run(inputs, ct)
-    ref = run([x.astype(mx.float32) for x in inputs], ct.astype(mx.float32))
+    got, ref = low_precision_pair(inputs, chunk_size=32, kernels=False)
     assert emulated
     for name, a, b in zip(NAMES, got, ref):
         assert a.dtype == (mx.float32 if name in ("final_state", "dh0") else mx.bfloat16), name
@@ -212,18 +201,6 @@ def test_cuda_fused_packed_and_compiled():
 @needs_cuda
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
 def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype):
-    inputs = make_inputs(*QWEN, dtype=dtype)
-    ct = mx.random.normal(inputs[2].shape, key=mx.random.key(3)).astype(dtype)
-    ct_s = mx.random.normal(inputs[5].shape, key=mx.random.key(4))
-
-    def run(xs, ct_o):
-        def f(q, k, v, g, beta, h0):
-            return list(gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=64))
-
-        outs, grads = mx.vjp(f, xs, [ct_o, ct_s])
-        return list(outs) + list(grads)
-
-    got = run(inputs, ct)
-    ref = run([x.astype(mx.float32) for x in inputs], ct.astype(mx.float32))
+    got, ref = low_precision_pair(make_inputs(*QWEN, dtype=dtype), chunk_size=64)
     for name, a, b in zip(NAMES, got, ref):
         assert mx.array_equal(a, b.astype(a.dtype)).item(), name
