@@ -20,7 +20,10 @@ input dtypes float32, bfloat16, float16, int32 and bool.
 ``inputs``: ``[(name, mx.array)]``; ``outputs``: ``[(name, shape, mx.Dtype)]``;
 ``template``: ``[(name, int | bool | mx.Dtype)]``; ``grid`` counts threads, as in MLX.
 Outputs start zero-filled (MLX's outputs start uninitialised: kernels must write every
-element they own). Needs ``g++`` (C++20).
+element they own), shared memory NaN-filled before each block. Where the compiler has
+AddressSanitizer the program is built with it: an access past an input, an output or
+the dynamic shared memory stops the run with the sanitizer's report. Needs ``g++``
+(C++20).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ int main(int argc, char** argv) {
   blockDim = {%(TX)d, %(TY)d, %(TZ)d};
   gridDim = {%(GX)d, %(GY)d, %(GZ)d};
   const int nt = %(TX)d * %(TY)d * %(TZ)d;
-  std::vector<float> smem((%(SMEM)d + 3) / 4 + 1);
+  std::vector<float> smem((%(SMEM)d + 3) / 4);  // exact: AddressSanitizer sees overflows
   cs_smem_base = smem.data();
   std::barrier<> bar(nt);
   cs_barrier = &bar;
@@ -182,6 +185,27 @@ def available() -> bool:
     return shutil.which("g++") is not None
 
 
+_ASAN: list[bool] = []
+
+
+def _sanitizer_flags() -> list[str]:
+    """AddressSanitizer where the compiler has it: a kernel that reads or writes past
+    an input, an output or its dynamic shared memory stops with a report."""
+    if not _ASAN:
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "probe.cpp")
+            with open(src, "w") as fh:
+                fh.write("int main() { return 0; }\n")
+            cmd = ["g++", "-fsanitize=address", src, "-o", os.path.join(d, "probe")]
+            ok = subprocess.run(cmd, capture_output=True).returncode == 0
+            ok = ok and subprocess.run([os.path.join(d, "probe")], env=_ENV).returncode == 0
+        _ASAN.append(ok)
+    return ["-fsanitize=address", "-fno-omit-frame-pointer"] if _ASAN[0] else []
+
+
+_ENV = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0"}
+
+
 def run(name, header, source, inputs, outputs, template, grid, threadgroup, smem):
     """Compile (cached by source) and run; returns the outputs as MLX arrays."""
     del name
@@ -189,13 +213,14 @@ def run(name, header, source, inputs, outputs, template, grid, threadgroup, smem
         raise ValueError(f"[cuda_emulate] grid {grid} is not a multiple of {threadgroup}")
     prog = build(header, source, inputs, outputs, template, grid, threadgroup, smem)
     os.makedirs(_CACHE, exist_ok=True)
-    key = hashlib.sha1(prog.encode()).hexdigest()[:16]
+    key = hashlib.sha1((prog + " ".join(_sanitizer_flags())).encode()).hexdigest()[:16]
     exe = os.path.join(_CACHE, key)
     if not os.path.exists(exe):
         src = exe + ".cpp"
         with open(src, "w") as fh:
             fh.write(prog)
-        cmd = ["g++", "-std=c++20", "-O1", "-pthread", "-w", src, "-o", exe + ".tmp"]
+        cmd = ["g++", "-std=c++20", "-O1", "-pthread", "-w", *_sanitizer_flags(), src, "-o",
+               exe + ".tmp"]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise RuntimeError(f"[cuda_emulate] g++ failed:\n{res.stderr[:6000]}")
@@ -205,9 +230,9 @@ def run(name, header, source, inputs, outputs, template, grid, threadgroup, smem
             view = _TYPES[arr.dtype][2]
             data = np.array(arr.view(view) if view is not None else arr)
             data.astype(_TYPES[arr.dtype][1], copy=False).tofile(os.path.join(d, f"in{i}"))
-        res = subprocess.run([exe, d], capture_output=True, text=True)
+        res = subprocess.run([exe, d], capture_output=True, text=True, env=_ENV)
         if res.returncode:
-            raise RuntimeError(f"[cuda_emulate] kernel run failed: {res.stderr[:2000]}")
+            raise RuntimeError(f"[cuda_emulate] kernel run failed: {res.stderr[:3000]}")
         outs = []
         for i, (_, shape, dtype) in enumerate(outputs):
             raw = np.fromfile(os.path.join(d, f"out{i}"), dtype=_TYPES[dtype][1])
