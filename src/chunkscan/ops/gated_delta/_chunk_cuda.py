@@ -26,9 +26,13 @@ pass -> :func:`state_gradients` -> :func:`input_gradients`. What each returns:
   inputs (what :func:`.chunk._input_layout` returns).
 
 Shapes handled (:func:`supports`): ``C`` 32 or 64, ``Dk`` and ``Dv`` multiples of 32 up
-to 128. The block product helper ``Tile`` gives thread ``t`` of 256 the outputs in rows
-``t / 32 + 8 a`` and columns ``t % 32 + 32 b`` (conflict-free shared-memory reads: one
-operand broadcast, the other consecutive; row strides are odd).
+to 128, at most 65535 lanes. The block product helper ``Tile`` gives thread ``t`` of 256
+the outputs in rows ``t / 32 + 8 a`` and columns ``t % 32 + 32 b`` (conflict-free
+shared-memory reads: one operand broadcast, the other consecutive; row strides are odd).
+
+Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
+through ``tools/cuda_emulate.py`` (:data:`RUNNER`) on every machine with ``g++``, and
+compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.txt``).
 """
 
 from __future__ import annotations
