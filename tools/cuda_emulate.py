@@ -5,15 +5,18 @@ package hands to MLX) is compiled with the host C++ compiler into a program in w
 every CUDA thread of a block is an OS thread, ``__syncthreads()`` is a barrier, the
 block's dynamic shared memory is one buffer, and the blocks of the grid run one after
 another. It runs the *logic* of a kernel (indexing, barriers, arithmetic) where no GPU
-is reachable, so that a device run is not spent on an indexing bug. It does not
-emulate warps: kernels that use warp shuffles, ``cp.async``, tensor cores or rely on
-lock-step execution cannot run here (the emulated kernels use none of these).
+is reachable, so that a device run is not spent on an indexing bug. Warps are
+emulated only through the calls listed below: code that relies on lock-step execution
+without them, or uses ``cp.async`` or inline PTX, cannot run here.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
-``__syncthreads``, dynamic shared memory through ``CS_DYN_SMEM(name)`` (the kernels'
-header defines it for CUDA as ``extern __shared__ float name[]``), float math from
-``<cmath>``, ``__nv_bfloat16`` / ``__half`` storage with float conversions, and
-input dtypes float32, bfloat16, float16, int32 and bool.
+``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync`` (each warp
+has a barrier of its own), dynamic shared memory (``extern __shared__ T name[];`` or
+``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments used through ``fill_fragment``,
+``load_matrix_sync``, ``mma_sync`` and ``store_matrix_sync`` (every lane holds the whole
+tile), ``uint4`` / ``float4`` copies, float math from ``<cmath>``, ``__nv_bfloat16`` /
+``__half`` storage with float conversions, and input dtypes float32, bfloat16,
+float16, int32 and bool.
 
     outs = run(name, header, source, inputs, outputs, template, grid, threadgroup, smem)
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -86,6 +90,101 @@ struct __nv_bfloat16 {
 using __half = _Float16;
 using std::isfinite;
 using std::isnan;
+#include <algorithm>
+using std::max;
+using std::min;
+#include <atomic>
+#include <limits>
+#include <type_traits>
+namespace cuda { namespace std = ::std; }  // cuda::std::numeric_limits
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+
+// Warp-level operations: the 32 threads of a warp meet at a barrier of their own.
+static std::vector<std::barrier<>*> cs_warp_barriers;
+static double cs_warp_slots[64][32];
+static std::atomic<int> cs_block_or{0};
+inline int cs_lane() { return int(threadIdx.x) % 32; }
+inline int cs_warp() { return int(threadIdx.x) / 32; }
+inline void __syncwarp(unsigned = 0xffffffffu) { cs_warp_barriers[cs_warp()]->arrive_and_wait(); }
+template <class V> V __shfl_xor_sync(unsigned, V v, int lane_mask) {
+  static_assert(sizeof(V) <= sizeof(double), "shuffle of a wider type");
+  std::memcpy(&cs_warp_slots[cs_warp()][cs_lane()], &v, sizeof(V));
+  __syncwarp();
+  V r;
+  std::memcpy(&r, &cs_warp_slots[cs_warp()][cs_lane() ^ lane_mask], sizeof(V));
+  __syncwarp();
+  return r;
+}
+inline int __syncthreads_or(int pred) {
+  __syncthreads();
+  if (pred) cs_block_or.store(1);
+  __syncthreads();
+  const int r = cs_block_or.load();
+  __syncthreads();
+  if (threadIdx.x == 0) cs_block_or.store(0);
+  __syncthreads();
+  return r;
+}
+
+// nvcuda::wmma: every lane holds the whole tile (as float); load, store and mma_sync
+// act on all of it, so any code that uses fragments only through these calls (and
+// fill_fragment) computes what the tensor cores would, in float32 order.
+namespace nvcuda { namespace wmma {
+struct row_major {}; struct col_major {};
+struct matrix_a {}; struct matrix_b {}; struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+  static constexpr int ROWS = std::is_same_v<Use, matrix_b> ? K : M;
+  static constexpr int COLS = std::is_same_v<Use, matrix_a> ? K : N;
+  static constexpr int num_elements = ROWS * COLS;
+  float x[ROWS * COLS];
+};
+template <class U, int M, int N, int K, class T, class L, class V>
+inline void fill_fragment(fragment<U, M, N, K, T, L>& f, V v) {
+  for (int e = 0; e < f.num_elements; ++e) f.x[e] = float(v);
+}
+template <class U, int M, int N, int K, class T, class L, class P>
+inline void load_matrix_sync(fragment<U, M, N, K, T, L>& f, const P* p, unsigned ldm) {
+  constexpr bool row = std::is_same_v<L, row_major>;
+  using F = fragment<U, M, N, K, T, L>;
+  for (int r = 0; r < F::ROWS; ++r)
+    for (int c = 0; c < F::COLS; ++c)
+      f.x[r * F::COLS + c] = float(row ? p[r * ldm + c] : p[c * ldm + r]);
+}
+template <int M, int N, int K, class T, class P>
+inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const P* p, unsigned ldm,
+                             layout_t l) {
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      f.x[r * N + c] = float(l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]);
+}
+template <int M, int N, int K, class T, class P>
+inline void store_matrix_sync(P* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
+                              layout_t l) {
+  __syncwarp();  // every lane writes the same values; none reads a half-written tile
+  if (cs_lane() == 0)
+    for (int r = 0; r < M; ++r)
+      for (int c = 0; c < N; ++c)
+        (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = P(f.x[r * N + c]);
+  __syncwarp();
+}
+template <int M, int N, int K, class TA, class LA, class TB, class LB, class T>
+inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
+                     const fragment<matrix_a, M, N, K, TA, LA>& a,
+                     const fragment<matrix_b, M, N, K, TB, LB>& b,
+                     const fragment<accumulator, M, N, K, T>& c) {
+  float out[M * N];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float s = c.x[i * N + j];
+      for (int k = 0; k < K; ++k) s = std::fma(a.x[i * K + k], b.x[k * N + j], s);
+      out[i * N + j] = s;
+    }
+  for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
+}
+}}  // namespace nvcuda::wmma
 """
 
 _MAIN = r"""
@@ -109,6 +208,8 @@ int main(int argc, char** argv) {
   cs_smem_base = smem.data();
   std::barrier<> bar(nt);
   cs_barrier = &bar;
+  for (int w = 0; w * 32 < nt; ++w)
+    cs_warp_barriers.push_back(new std::barrier<>(nt - w * 32 < 32 ? nt - w * 32 : 32));
   std::vector<std::thread> threads;
   for (int t = 0; t < nt; ++t) {
     threads.emplace_back([&, t] {
@@ -138,8 +239,18 @@ def _ctype(dtype: mx.Dtype) -> str:
     return _TYPES[dtype][0]
 
 
+def _host_source(text: str) -> str:
+    """Kernel text for the host compiler: ``#include <mma.h>`` dropped (the prelude
+    emulates ``nvcuda::wmma``), ``extern __shared__ T name[];`` made a pointer into the
+    block's shared memory."""
+    text = text.replace("#include <mma.h>", "")
+    return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",
+                  r"\1* \2 = reinterpret_cast<\1*>(cs_smem_base);", text)  # fmt: skip
+
+
 def build(header, source, inputs, outputs, template, grid, threadgroup, smem) -> str:
     """The C++ program (see the module docstring)."""
+    header, source = _host_source(header), _host_source(source)
     params, args, reads, writes = [], [], [], []
     for i, (name, arr) in enumerate(inputs):
         ct = _ctype(arr.dtype)

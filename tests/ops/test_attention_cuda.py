@@ -1,13 +1,18 @@
 """The CUDA backward of chunkscan.attention (ops/attention/_cuda.py).
 
 Everywhere: which calls the kernels take, that the dispatch sends them there and only
-there, that their construction is guarded and that their shared memory fits. Where MLX
-has a CUDA GPU: values of o, dq, dk, dv against the float32 oracle on the upcast inputs,
-next to the blocked path's own error (run them with `bash bench/h200_suite.sh tests`;
-the output is committed under bench/results/h200/).
+there, that their construction is guarded and that their shared memory fits; with g++,
+the kernels' CUDA sources run on the CPU through tools/cuda_emulate.py (values against
+the oracle, as below). Where MLX has a CUDA GPU: values of o, dq, dk, dv against the
+float32 oracle on the upcast inputs, next to the blocked path's own error (run them with
+`bash bench/h200_suite.sh tests`; the output is committed under bench/results/h200/).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import pathlib
+import shutil
 
 import mlx.core as mx
 import pytest
@@ -159,3 +164,51 @@ def test_cuda_kernels_read_transposed_inputs(monkeypatch):
     for a, b in zip(run(*views), run(q, k, v)):
         assert mx.array_equal(a, b).item()
     assert len(used) == 2, "the calls did not take the kernels"
+
+
+# ------------------------------------------------------------- emulated on the CPU
+
+EMULATED_CASES = [
+    (1, 2, 1, 70, 70, 64, 64, "causal"),  # two tiles each way, ragged, G = 2
+    (1, 2, 2, 40, 100, 64, 128, None),  # no mask, T < S, Dv != D
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+@pytest.mark.parametrize("case", EMULATED_CASES, ids=["causal-2tiles", "nomask-Dv128"])
+def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
+    """The three kernels' CUDA sources run on the CPU (tools/cuda_emulate.py: wmma,
+    warp shuffles and block votes emulated) inside the op, under the same bounds as
+    the CUDA test above: 2x the blocked ops' own error against the float32 oracle."""
+    B, Hq, Hkv, T, S, D, Dv, mask = case
+    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
+    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
+    emulator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emulator)
+    monkeypatch.setattr(_cuda, "RUNNER", emulator.run)
+    monkeypatch.setattr(blocked, "uses_cuda_kernels", lambda spec, dtype, kernels: (
+        kernels is not False and _cuda.supports(spec, dtype)))  # fmt: skip
+    monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)
+    used = []
+    real = _cuda.backward
+    monkeypatch.setattr(_cuda, "backward", lambda *a: used.append(1) or real(*a))
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=mx.bfloat16)
+    kw = dict(scale=D**-0.5, mask=mask)
+
+    def grads(fn, *xs, **extra):  # [o, dq, dk, dv]
+        f = lambda q, k, v: [fn(q, k, v, **kw, **extra)]  # noqa: E731
+        outs, gs = mx.vjp(f, list(xs[:3]), [xs[3]])
+        return [outs[0], *gs]
+
+    ref = grads(naive_attention, *[x.astype(mx.float32) for x in (q, k, v, ct)])
+    got = grads(blocked.blocked_attention, q, k, v, ct)
+    assert used, "the kernels did not run"
+    calls = len(used)
+    ops = grads(blocked.blocked_attention, q, k, v, ct, kernels=False)
+    assert len(used) == calls, "kernels=False ran the kernels"
+    for name, a, b, r in zip(("o", "dq", "dk", "dv"), got, ops, ref):
+        assert a.dtype == mx.bfloat16 and a.shape == r.shape, name
+        assert not mx.array_equal(a, b).item(), f"{name}: the same path twice?"
+        e_k, e_o = rel_rmse(a, r), rel_rmse(b, r)
+        assert e_k <= 2 * e_o + 1e-6, f"{name}: kernel {e_k:.2e} vs ops {e_o:.2e}"
+        assert max_rel(a, r) <= 2 * max_rel(b, r) + 1e-6, name
