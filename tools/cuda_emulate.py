@@ -7,7 +7,8 @@ block's dynamic shared memory is one buffer, and the blocks of the grid run one 
 another. It runs the *logic* of a kernel (indexing, barriers, arithmetic) where no GPU
 is reachable, so that a device run is not spent on an indexing bug. Warps are
 emulated only through the calls listed below: code that relies on lock-step execution
-without them, or uses ``cp.async`` or inline PTX, cannot run here.
+without them, or uses inline PTX other than 16-byte ``cp.async`` copies behind a
+helper function, cannot run here.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
 ``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync`` (each warp
@@ -100,6 +101,7 @@ namespace cuda { namespace std = ::std; }  // cuda::std::numeric_limits
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 // Warp-level operations: the 32 threads of a warp meet at a barrier of their own.
 static std::vector<std::barrier<>*> cs_warp_barriers;
@@ -241,9 +243,17 @@ def _ctype(dtype: mx.Dtype) -> str:
 
 def _host_source(text: str) -> str:
     """Kernel text for the host compiler: ``#include <mma.h>`` dropped (the prelude
-    emulates ``nvcuda::wmma``), ``extern __shared__ T name[];`` made a pointer into the
-    block's shared memory."""
+    emulates ``nvcuda::wmma``), a helper ``void f(float* dst, const float* src)`` that
+    issues a 16-byte ``cp.async`` made a ``memcpy`` (and its commit / wait asm
+    statements removed: the copy has landed when the kernel waits), ``extern __shared__
+    T name[];`` made a pointer into the block's shared memory."""
     text = text.replace("#include <mma.h>", "")
+    # cp.async copies (16 bytes, global to shared) done at once; commit and wait: no-ops.
+    text = re.sub(r"(void\s+\w+\s*\(\s*float\*\s*(\w+)\s*,\s*const float\*\s*(\w+)\s*\)\s*"
+                  r"\{)[^}]*cp\.async\.cg\.shared\.global[^}]*\}",
+                  r"\1 std::memcpy(\2, \3, 16); }", text)  # fmt: skip
+    text = re.sub(r'asm\s+volatile\s*\(\s*"cp\.async\.(commit_group|wait_group \d+);\\n"'
+                  r'\s*:::\s*"memory"\s*\)\s*;', ";", text)  # fmt: skip
     return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",
                   r"\1* \2 = reinterpret_cast<\1*>(cs_smem_base);", text)  # fmt: skip
 
@@ -256,6 +266,23 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
         ct = _ctype(arr.dtype)
         params.append(f"const {ct}* {name}")
         args.append(f"reinterpret_cast<const {ct}*>(in{i}.data())")
+        # MLX passes an input's shape, strides and ndim where the source names them.
+        dims = ", ".join(str(d) for d in arr.shape) or "0"
+        strides = [1] * arr.ndim
+        for a in range(arr.ndim - 2, -1, -1):
+            strides[a] = strides[a + 1] * arr.shape[a + 1]
+        for suffix, ct_s, values in (("shape", "int32_t", dims),
+                                     ("strides", "int64_t", ", ".join(map(str, strides)) or "0"),
+                                     ("ndim", None, str(arr.ndim))):  # fmt: skip
+            if f"{name}_{suffix}" not in source:
+                continue
+            if ct_s is None:
+                params.append(f"const int {name}_{suffix}")
+                args.append(values)
+            else:
+                params.append(f"const {ct_s}* {name}_{suffix}")
+                reads.append(f"  static const {ct_s} in{i}_{suffix}[] = {{{values}}};")
+                args.append(f"in{i}_{suffix}")
         reads.append(
             f'  std::snprintf(path, sizeof path, "%s/in{i}", dir);\n'
             f"  auto in{i} = cs_read(path, {arr.nbytes});"

@@ -170,6 +170,30 @@ def test_emulated_matches_oracle(emulated, case):
 
 
 @needs_cxx
+def test_emulated_with_every_kernel(monkeypatch):
+    """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
+    and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device)."""
+    from chunkscan.ops.gated_delta import _pass_cuda, _passes
+
+    run = _emulator().run
+    names = []
+
+    def runner(name, *args):
+        names.append(name)
+        return run(name, *args)
+
+    monkeypatch.setattr(_chunk_cuda, "RUNNER", runner)
+    monkeypatch.setattr(_pass_cuda, "RUNNER", runner)
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
+    cu = [0, 45, 100]
+    inputs = make_inputs(1, 100, 1, 2, 32, 64, n_states=2)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, cu_seqlens=cu)
+    assert set(names) == {"chunkscan_state_pass"} | {f"chunkscan_gdn_{w}" for w in
+                                                     _chunk_cuda._KERNELS}  # fmt: skip
+    assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))
+
+
+@needs_cxx
 def test_emulated_packed_sequences(emulated):
     cu = [0, 30, 100, 101]
     inputs = make_inputs(1, 101, 1, 2, 32, 32, n_states=3)

@@ -6,6 +6,10 @@ with elementwise products and sums only (no matmul), in float32.
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import shutil
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -254,6 +258,38 @@ def test_cuda_state_pass(shape, case, channel, monkeypatch):
     # unit roundoff 2^-11 ~ 5e-4 on O(1) values through Dk- and C-long sums; 2e-2 bounds
     # kernel-portable by ~10x that, and still fails for a wrong chunk, row or sign.
     assert diff_kp < 2e-2, diff_kp
+
+
+EMULATED_RUNS = [(CUDA_SHAPES[1], 1, False), (CUDA_SHAPES[2], 3, False),
+                 (CUDA_SHAPES[1], 3, True)]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+@pytest.mark.parametrize(
+    "shape,case,channel", EMULATED_RUNS,
+    ids=[f"L{sh[0]}-C{sh[2]}-case{c}" + ("-channel" if ch else "") for sh, c, ch in EMULATED_RUNS],
+)  # fmt: skip
+def test_emulated_state_pass(shape, case, channel, monkeypatch):
+    """The kernel's CUDA source run on the CPU (tools/cuda_emulate.py; its cp.async
+    copies done at once) against the float64 loop, under the bound of the CUDA test."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
+    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
+    emulator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emulator)
+    monkeypatch.setattr(_pass_cuda, "RUNNER", emulator.run)
+    L, n, C, R, Dk, TR = shape
+    if TR is not None:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TR", str(TR))
+    reverse, loads, stores, with_e, with_h, x_none = cuda_cases(n)[case]
+    inp = scaled_inputs(L, n, C, R, Dk, with_e=with_e, with_h=with_h, channel=channel)
+    if x_none:
+        inp["x_in"] = None
+    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
+    kw = dict(reverse=reverse, loads=loads, stores=stores, inits=inp["inits"])
+    got = _np(_pass_cuda.state_pass(*args, **kw))
+    err = _max_err(got, reference_pass(*args, **kw))
+    assert len(got[2]) == len(stores)
+    assert err < 2e-5, err
 
 
 def test_per_channel_decay_reaches_the_kernel(monkeypatch):
