@@ -209,3 +209,16 @@ def gdn_low_precision_pair(inputs, **kwargs):
     got = run(inputs, ct_o)
     ref = run([x.astype(mx.float32) for x in inputs], ct_o.astype(mx.float32))
     return got, ref
+
+
+def cuda_emulator():
+    """``tools/cuda_emulate.py`` as a module (it is a tool, not a package module): runs
+    CUDA kernel sources on the CPU for the kernel tests."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "cuda_emulate.py"
+    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

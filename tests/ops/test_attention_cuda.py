@@ -10,14 +10,13 @@ float32 oracle on the upcast inputs, next to the blocked path's own error (run t
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
+import functools
 import shutil
 
 import mlx.core as mx
 import pytest
 from helpers import attention_inputs as make_inputs
-from helpers import max_rel, rel_rmse
+from helpers import cuda_emulator, max_rel, rel_rmse
 
 from chunkscan.ops.attention import _cuda, blocked, naive_attention
 from chunkscan.ops.attention._checks import check_inputs
@@ -85,6 +84,13 @@ def test_kernel_construction_is_guarded():
         _cuda._kernel("dq", 1024)
 
 
+def _grads(kw, fn, *xs, **extra):
+    """``[o, dq, dk, dv]`` of ``fn(q, k, v, **kw, **extra)`` for ``xs = (q, k, v, ct)``."""
+    f = lambda q, k, v: [fn(q, k, v, **kw, **extra)]  # noqa: E731
+    outs, gs = mx.vjp(f, list(xs[:3]), [xs[3]])
+    return [outs[0], *gs]
+
+
 # (B, Hq, Hkv, T, S, D, Dv, mask, dtype, grow): grow = keys scaled up along S (x1 to x4),
 # so that row maxima rise over the key tiles and the online reference moves: in the
 # second case 429 of the 4800 rows move it after their first tile (counted on the CPU
@@ -113,13 +119,7 @@ def test_cuda_backward_against_the_upcast_oracle(case, monkeypatch):
     q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=dtype)
     if grow:
         k = (k.astype(mx.float32) * (1 + 3 * mx.arange(S) / S)[:, None]).astype(dtype)
-    kw = dict(scale=D**-0.5, mask=mask)
-
-    def grads(fn, *xs, **extra):  # [o, dq, dk, dv]
-        f = lambda q, k, v: [fn(q, k, v, **kw, **extra)]  # noqa: E731
-        outs, gs = mx.vjp(f, list(xs[:3]), [xs[3]])
-        return [outs[0], *gs]
-
+    grads = functools.partial(_grads, dict(scale=D**-0.5, mask=mask))
     ref = grads(naive_attention, *[x.astype(mx.float32) for x in (q, k, v, ct)])
     got = grads(blocked.blocked_attention, q, k, v, ct)  # automatic: the kernel
     assert used, "the automatic path did not use the kernel"
@@ -181,11 +181,7 @@ def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
     warp shuffles and block votes emulated) inside the op, under the same bounds as
     the CUDA test above: 2x the blocked ops' own error against the float32 oracle."""
     B, Hq, Hkv, T, S, D, Dv, mask = case
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
-    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
-    emulator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(emulator)
-    monkeypatch.setattr(_cuda, "RUNNER", emulator.run)
+    monkeypatch.setattr(_cuda, "RUNNER", cuda_emulator().run)
     monkeypatch.setattr(blocked, "uses_cuda_kernels", lambda spec, dtype, kernels: (
         kernels is not False and _cuda.supports(spec, dtype)))  # fmt: skip
     monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)
@@ -193,13 +189,7 @@ def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
     real = _cuda.backward
     monkeypatch.setattr(_cuda, "backward", lambda *a: used.append(1) or real(*a))
     q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=mx.bfloat16)
-    kw = dict(scale=D**-0.5, mask=mask)
-
-    def grads(fn, *xs, **extra):  # [o, dq, dk, dv]
-        f = lambda q, k, v: [fn(q, k, v, **kw, **extra)]  # noqa: E731
-        outs, gs = mx.vjp(f, list(xs[:3]), [xs[3]])
-        return [outs[0], *gs]
-
+    grads = functools.partial(_grads, dict(scale=D**-0.5, mask=mask))
     ref = grads(naive_attention, *[x.astype(mx.float32) for x in (q, k, v, ct)])
     got = grads(blocked.blocked_attention, q, k, v, ct)
     assert used, "the kernels did not run"

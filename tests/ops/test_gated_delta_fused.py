@@ -13,17 +13,15 @@ CUDA (``bash bench/h200_suite.sh fused``; outputs in bench/results/h200/).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
 import shutil
 
 import mlx.core as mx
 import pytest
+from helpers import cuda_emulator, max_rel
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
-from helpers import max_rel
 
 from chunkscan.ops.gated_delta import _chunk_cuda, gated_delta_rule
 from chunkscan.ops.gated_delta import chunk as chunk_module
@@ -36,19 +34,11 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs MLX with a CUDA GPU"
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 
 
-def _emulator():
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
-    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def emulated(monkeypatch):
     """The op with the fused kernels run by the emulator (the state passes portable:
     pass ``kernels=False``), wherever ``supports`` holds."""
-    monkeypatch.setattr(_chunk_cuda, "RUNNER", _emulator().run)
+    monkeypatch.setattr(_chunk_cuda, "RUNNER", cuda_emulator().run)
     monkeypatch.setattr(
         chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
             C, spec.Dk, spec.Dv, spec.channel)
@@ -175,7 +165,7 @@ def test_emulated_with_every_kernel(monkeypatch):
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device)."""
     from chunkscan.ops.gated_delta import _pass_cuda, _passes
 
-    run = _emulator().run
+    run = cuda_emulator().run
     names = []
 
     def runner(name, *args):

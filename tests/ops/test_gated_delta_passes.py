@@ -6,13 +6,12 @@ with elementwise products and sums only (no matmul), in float32.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import shutil
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import cuda_emulator
 
 from chunkscan.ops.gated_delta import _passes
 
@@ -220,6 +219,19 @@ CUDA_RUNS += [(sh, c, False) for sh in CUDA_SHAPES[1:] for c in (1, 3)]
 CUDA_RUNS += [(sh, c, True) for sh in (CUDA_SHAPES[0], CUDA_SHAPES[2]) for c in (1, 3)]
 
 
+def _kernel_case(shape, case, channel, monkeypatch):
+    """``(args, kw)`` of one :data:`CUDA_RUNS` entry (the row tile forced by TR)."""
+    L, n, C, R, Dk, TR = shape
+    if TR is not None:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TR", str(TR))
+    reverse, loads, stores, with_e, with_h, x_none = cuda_cases(n)[case]
+    inp = scaled_inputs(L, n, C, R, Dk, with_e=with_e, with_h=with_h, channel=channel)
+    if x_none:
+        inp["x_in"] = None
+    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
+    return args, dict(reverse=reverse, loads=loads, stores=stores, inits=inp["inits"])
+
+
 @needs_cuda
 @pytest.mark.parametrize(
     "shape,case,channel",
@@ -230,16 +242,9 @@ CUDA_RUNS += [(sh, c, True) for sh in (CUDA_SHAPES[0], CUDA_SHAPES[2]) for c in 
     ],
 )
 def test_cuda_state_pass(shape, case, channel, monkeypatch):
-    L, n, C, R, Dk, TR = shape
-    if TR is not None:
-        monkeypatch.setenv("CHUNKSCAN_PASS_TR", str(TR))
-    reverse, loads, stores, with_e, with_h, x_none = cuda_cases(n)[case]
-    inp = scaled_inputs(L, n, C, R, Dk, with_e=with_e, with_h=with_h, channel=channel)
-    if x_none:
-        inp["x_in"] = None
-    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
-    kw = dict(reverse=reverse, loads=loads, stores=stores, inits=inp["inits"])
-    assert _pass_cuda.supports(inp["F"], inp["G"], inp["E"], inp["H"])
+    args, kw = _kernel_case(shape, case, channel, monkeypatch)
+    stores = kw["stores"]
+    assert _pass_cuda.supports(args[2], args[4], args[3], args[5])
     got = _np(_pass_cuda.state_pass(*args, **kw))
     auto = _np(_passes.state_pass(*args, **kw))  # the dispatch must pick the kernel here
     portable = _np(_passes.portable_state_pass(*args, **kw))
@@ -272,23 +277,11 @@ EMULATED_RUNS = [(CUDA_SHAPES[1], 1, False), (CUDA_SHAPES[2], 3, False),
 def test_emulated_state_pass(shape, case, channel, monkeypatch):
     """The kernel's CUDA source run on the CPU (tools/cuda_emulate.py; its cp.async
     copies done at once) against the float64 loop, under the bound of the CUDA test."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
-    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
-    emulator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(emulator)
-    monkeypatch.setattr(_pass_cuda, "RUNNER", emulator.run)
-    L, n, C, R, Dk, TR = shape
-    if TR is not None:
-        monkeypatch.setenv("CHUNKSCAN_PASS_TR", str(TR))
-    reverse, loads, stores, with_e, with_h, x_none = cuda_cases(n)[case]
-    inp = scaled_inputs(L, n, C, R, Dk, with_e=with_e, with_h=with_h, channel=channel)
-    if x_none:
-        inp["x_in"] = None
-    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
-    kw = dict(reverse=reverse, loads=loads, stores=stores, inits=inp["inits"])
+    monkeypatch.setattr(_pass_cuda, "RUNNER", cuda_emulator().run)
+    args, kw = _kernel_case(shape, case, channel, monkeypatch)
     got = _np(_pass_cuda.state_pass(*args, **kw))
     err = _max_err(got, reference_pass(*args, **kw))
-    assert len(got[2]) == len(stores)
+    assert len(got[2]) == len(kw["stores"])
     assert err < 2e-5, err
 
 

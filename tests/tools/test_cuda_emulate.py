@@ -4,12 +4,11 @@ stopped by AddressSanitizer."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import shutil
 
 import mlx.core as mx
 import pytest
+from helpers import cuda_emulator
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 
@@ -30,18 +29,10 @@ REVERSE = r"""
 """
 
 
-def _emulator():
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "cuda_emulate.py"
-    spec = importlib.util.spec_from_file_location("cuda_emulate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
 def test_blocks_barriers_and_dtypes(dtype):
     x = mx.arange(3 * 64).astype(dtype)
-    (y,) = _emulator().run("rev", HEADER, REVERSE, [("x", x)], [("y", (3 * 64,), dtype)],
+    (y,) = cuda_emulator().run("rev", HEADER, REVERSE, [("x", x)], [("y", (3 * 64,), dtype)],
                            [("T", dtype)], (3 * 64, 1, 1), (64, 1, 1), 64 * 4)  # fmt: skip
     want = (2 * x.astype(mx.float32)).reshape(3, 64)[:, ::-1].reshape(-1)
     assert y.dtype == dtype
@@ -49,7 +40,7 @@ def test_blocks_barriers_and_dtypes(dtype):
 
 
 def test_shared_memory_overflow_is_stopped():
-    emu = _emulator()
+    emu = cuda_emulator()
     if not emu._sanitizer_flags():
         pytest.skip("the compiler has no AddressSanitizer")
     x = mx.arange(64).astype(mx.float32)
