@@ -23,8 +23,9 @@ float16, int32 and bool.
 
 ``inputs``: ``[(name, mx.array)]``; ``outputs``: ``[(name, shape, mx.Dtype)]``;
 ``template``: ``[(name, int | bool | mx.Dtype)]``; ``grid`` counts threads, as in MLX.
-Outputs start zero-filled (MLX's outputs start uninitialised: kernels must write every
-element they own), shared memory NaN-filled before each block. Where the compiler has
+Outputs start with every bit set (NaN in float dtypes: MLX's outputs start
+uninitialised, so an element a kernel never writes must show), shared memory NaN-filled
+before each block. Where the compiler has
 AddressSanitizer the program is built with it: an access past an input, an output or
 the dynamic shared memory stops the run with the sanitizer's report. Needs ``g++``
 (C++20).
@@ -292,7 +293,8 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
         size = int(np.prod(shape)) * dtype.size
         params.append(f"{ct}* {name}")
         args.append(f"reinterpret_cast<{ct}*>(out{i}.data())")
-        reads.insert(0, f"  std::vector<char> out{i}({size}, 0);")
+        # all bits set: NaN in every float dtype, so an element a kernel never writes shows
+        reads.insert(0, f"  std::vector<char> out{i}({size}, char(0xff));")
         writes.append(
             f'  std::snprintf(path, sizeof path, "%s/out{i}", dir);\n'
             f'  {{ FILE* f = std::fopen(path, "wb"); std::fwrite(out{i}.data(), 1, {size}, f); '
