@@ -449,6 +449,10 @@ def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -
 RUNNER = None
 
 
+# The input in the slots a launch does not read (one array for every call).
+_UNUSED = mx.zeros((4,), dtype=F32)
+
+
 def _kernel(smem: int):
     """The kernel object for a shared-memory size."""
     if RUNNER is not None:
@@ -535,7 +539,6 @@ def state_pass(
         return portable_state_pass(
             x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
         )
-    dummy = mx.zeros((4,), dtype=F32)
     load_idx = [-1] * n
     for c, k in loads.items():
         load_idx[c] = k
@@ -544,13 +547,13 @@ def state_pass(
         store_idx[c] = k
     S = len(stores)
     inputs = [
-        x_in.astype(F32) if x_in is not None else dummy,
+        x_in.astype(F32) if x_in is not None else _UNUSED,
         decay.astype(F32),
         F,
-        E if E is not None else dummy,
+        E if E is not None else _UNUSED,
         G,
-        H if H is not None else dummy,
-        inits.astype(F32) if inits is not None else dummy,
+        H if H is not None else _UNUSED,
+        inits.astype(F32) if inits is not None else _UNUSED,
         mx.array(load_idx, dtype=mx.int32),
         mx.array(store_idx, dtype=mx.int32),
     ]
