@@ -26,6 +26,7 @@ import sys
 import tempfile
 
 import mlx.core as mx
+from cuda_emulate import template_lines  # the same template lines as the CPU runner
 
 CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half",
               "int32": "int32_t", "bool": "bool"}  # fmt: skip
@@ -47,14 +48,7 @@ def build_source(name, header, source, inputs, outputs, template) -> str:
             if nd > 0 and f"{n}_{suffix}" in source:
                 parts.append(f"    const __grid_constant__ {kind} {n}_{suffix}")
     parts += [f"    {CUDA_TYPES[dt]}* {n}" for n, dt in outputs]
-    consts = []
-    for n, v in template:
-        if isinstance(v, bool):
-            consts.append(f"  constexpr bool {n} = {'true' if v else 'false'};")
-        elif isinstance(v, int):
-            consts.append(f"  constexpr int {n} = {v};")
-        else:
-            consts.append(f"  using {n} = {CUDA_TYPES[v]};")
+    consts = template_lines(template, CUDA_TYPES.__getitem__)
     return (
         '#include "mlx/backend/cuda/device/utils.cuh"\n#include <cooperative_groups.h>\n'
         + header

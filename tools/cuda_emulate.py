@@ -259,6 +259,20 @@ def _host_source(text: str) -> str:
                   r"\1* \2 = reinterpret_cast<\1*>(cs_smem_base);", text)  # fmt: skip
 
 
+def template_lines(template, type_name) -> list[str]:
+    """MLX's template arguments ``[(name, bool | int | dtype)]`` as the C++ lines it
+    puts at the top of a kernel; ``type_name`` maps a dtype to its C++ type."""
+    lines = []
+    for name, value in template:
+        if isinstance(value, bool):
+            lines.append(f"  constexpr bool {name} = {'true' if value else 'false'};")
+        elif isinstance(value, int):
+            lines.append(f"  constexpr int {name} = {value};")
+        else:
+            lines.append(f"  using {name} = {type_name(value)};")
+    return lines
+
+
 def build(header, source, inputs, outputs, template, grid, threadgroup, smem) -> str:
     """The C++ program (see the module docstring)."""
     header, source = _host_source(header), _host_source(source)
@@ -300,14 +314,7 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
             f'  {{ FILE* f = std::fopen(path, "wb"); std::fwrite(out{i}.data(), 1, {size}, f); '
             f"std::fclose(f); }}"
         )
-    consts = []
-    for name, value in template:
-        if isinstance(value, bool):
-            consts.append(f"  constexpr bool {name} = {'true' if value else 'false'};")
-        elif isinstance(value, int):
-            consts.append(f"  constexpr int {name} = {value};")
-        else:
-            consts.append(f"  using {name} = {_ctype(value)};")
+    consts = template_lines(template, _ctype)
     blocks = [g // t for g, t in zip(grid, threadgroup)]
     fields = dict(
         READS="\n".join(reads), WRITES="\n".join(writes), ARGS=", ".join(args),
