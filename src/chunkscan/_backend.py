@@ -48,6 +48,10 @@ def cuda_device() -> bool:
 
 _CUDA_KERNELS: dict[tuple, object] = {}
 
+# Where every kernel of the package runs: None, ``mx.fast.cuda_kernel``; the tests set it
+# to ``tools/cuda_emulate.py``'s ``run`` to run the kernel sources on the CPU.
+RUNNER = None
+
 
 def cuda_kernel(
     fn: str,
@@ -61,7 +65,10 @@ def cuda_kernel(
     """``mx.fast.cuda_kernel`` built once per (name, shared memory): MLX fixes the
     dynamic shared memory at construction and caches the compiled module per source,
     i.e. per template. Raises ``RuntimeError`` naming ``fn`` where MLX has no CUDA
-    back-end (construction fails there, not only the call)."""
+    back-end (construction fails there, not only the call). With :data:`RUNNER` set, a
+    callable with the kernel's call signature that hands everything to it instead."""
+    if RUNNER is not None:
+        return _through_runner(RUNNER, name, inputs, outputs, source, header, shared_memory)
     key = (name, shared_memory)
     kernel = _CUDA_KERNELS.get(key)
     if kernel is None:
@@ -79,3 +86,17 @@ def cuda_kernel(
             raise RuntimeError(f"[{fn}] the CUDA kernel is unavailable: {e}") from e
         _CUDA_KERNELS[key] = kernel
     return kernel
+
+
+def _through_runner(runner, name, input_names, output_names, source, header, shared_memory):
+    """A callable with ``mx.fast.cuda_kernel``'s call signature that runs the kernel
+    through ``runner`` (see :data:`RUNNER`)."""
+
+    def call(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        return runner(
+            name, header, source, list(zip(input_names, inputs)),
+            list(zip(output_names, output_shapes, output_dtypes)), template, grid,
+            threadgroup, shared_memory,
+        )  # fmt: skip
+
+    return call

@@ -18,6 +18,7 @@ import pytest
 from helpers import attention_inputs as make_inputs
 from helpers import cuda_emulator, max_rel, rel_rmse
 
+from chunkscan import _backend
 from chunkscan.ops.attention import _cuda, blocked, naive_attention
 from chunkscan.ops.attention._checks import check_inputs
 
@@ -181,7 +182,7 @@ def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
     warp shuffles and block votes emulated) inside the op, under the same bounds as
     the CUDA test above: 2x the blocked ops' own error against the float32 oracle."""
     B, Hq, Hkv, T, S, D, Dv, mask = case
-    monkeypatch.setattr(_cuda, "RUNNER", cuda_emulator().run)
+    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     monkeypatch.setattr(blocked, "uses_cuda_kernels", lambda spec, dtype, kernels: (
         kernels is not False and _cuda.supports(spec, dtype)))  # fmt: skip
     monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)

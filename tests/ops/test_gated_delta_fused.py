@@ -23,6 +23,7 @@ from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
 
+from chunkscan import _backend
 from chunkscan.ops.gated_delta import _chunk_cuda, gated_delta_rule
 from chunkscan.ops.gated_delta import chunk as chunk_module
 from chunkscan.ops.gated_delta import naive_recurrent_gated_delta_rule as naive
@@ -38,7 +39,7 @@ needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C
 def emulated(monkeypatch):
     """The op with the fused kernels run by the emulator (the state passes portable:
     pass ``kernels=False``), wherever ``supports`` holds."""
-    monkeypatch.setattr(_chunk_cuda, "RUNNER", cuda_emulator().run)
+    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     monkeypatch.setattr(
         chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
             C, spec.Dk, spec.Dv, spec.channel)
@@ -163,7 +164,7 @@ def test_emulated_matches_oracle(emulated, case):
 def test_emulated_with_every_kernel(monkeypatch):
     """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device)."""
-    from chunkscan.ops.gated_delta import _pass_cuda, _passes
+    from chunkscan.ops.gated_delta import _passes
 
     run = cuda_emulator().run
     names = []
@@ -172,8 +173,7 @@ def test_emulated_with_every_kernel(monkeypatch):
         names.append(name)
         return run(name, *args)
 
-    monkeypatch.setattr(_chunk_cuda, "RUNNER", runner)
-    monkeypatch.setattr(_pass_cuda, "RUNNER", runner)
+    monkeypatch.setattr(_backend, "RUNNER", runner)
     monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
     cu = [0, 45, 100]
     inputs = make_inputs(1, 100, 1, 2, 32, 64, n_states=2)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from helpers import cuda_emulator
 
+from chunkscan import _backend
 from chunkscan.ops.gated_delta import _passes
 
 
@@ -277,7 +278,7 @@ EMULATED_RUNS = [(CUDA_SHAPES[1], 1, False), (CUDA_SHAPES[2], 3, False),
 def test_emulated_state_pass(shape, case, channel, monkeypatch):
     """The kernel's CUDA source run on the CPU (tools/cuda_emulate.py; its cp.async
     copies done at once) against the float64 loop, under the bound of the CUDA test."""
-    monkeypatch.setattr(_pass_cuda, "RUNNER", cuda_emulator().run)
+    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     args, kw = _kernel_case(shape, case, channel, monkeypatch)
     got = _np(_pass_cuda.state_pass(*args, **kw))
     err = _max_err(got, reference_pass(*args, **kw))

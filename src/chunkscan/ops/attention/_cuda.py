@@ -509,25 +509,10 @@ _KERNEL_ARGS = {
 _SOURCES = {"fwd": _FWD_SOURCE, "dq": _DQ_SOURCE, "dkdv": _DKDV_SOURCE}
 
 
-# Where the kernels run: replaced by the tests to run the sources on the CPU
-# (tools/cuda_emulate.py); None: mx.fast.cuda_kernel.
-RUNNER = None
-
-
 def _kernel(which: str, smem: int):
     """The kernel object ``which`` ("fwd", "dq", "dkdv") for a shared-memory size."""
     ins, outs = _KERNEL_ARGS[which]
     src = _SOURCES[which]
-    if RUNNER is not None:
-
-        def emulated(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
-            return RUNNER(
-                f"chunkscan_attn_{which}", _HEADER, src, list(zip(ins, inputs)),
-                list(zip(outs, output_shapes, output_dtypes)), template, grid, threadgroup,
-                smem,
-            )  # fmt: skip
-
-        return emulated
     return cuda_kernel("attention", f"chunkscan_attn_{which}", ins, outs, src, _HEADER, smem)
 
 

@@ -31,7 +31,7 @@ the outputs in rows ``t / 32 + 8 a`` and columns ``t % 32 + 32 b`` (conflict-fre
 shared-memory reads: one operand broadcast, the other consecutive; row strides are odd).
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
-through ``tools/cuda_emulate.py`` (:data:`RUNNER`) on every machine with ``g++``, and
+through ``tools/cuda_emulate.py`` (``_backend.RUNNER``) on every machine with ``g++``, and
 compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.txt``).
 """
 
@@ -618,23 +618,12 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     return all(smem_bytes(w, C, Dk, Dv) <= _SMEM_LIMIT for w in _KERNELS)
 
 
-# Where the kernels run: replaced by the tests to run the sources on the CPU
-# (tools/cuda_emulate.py); None: mx.fast.cuda_kernel.
-RUNNER = None
-
-
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv):
     names, outs, source = _KERNELS[which]
     smem = smem_bytes(which, C, Dk, Dv)
     grid, group = (n * NT, L, z), (NT, 1, 1)
     shapes = [s for s, _ in outputs]
     dtypes = [d for _, d in outputs]
-    if RUNNER is not None:
-        return RUNNER(
-            f"chunkscan_gdn_{which}", _HEADER, _COMMON + source,
-            list(zip(names, inputs)), list(zip(outs, shapes, dtypes)), template,
-            grid, group, smem,
-        )  # fmt: skip
     kernel = cuda_kernel(
         "gated_delta_rule", f"chunkscan_gdn_{which}", names, outs, _COMMON + source, _HEADER,
         smem,

@@ -444,27 +444,12 @@ def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -
     return choose_config(C, Dk, R, E is not None) is not None
 
 
-# Where the kernel runs: replaced by the tests to run the source on the CPU
-# (tools/cuda_emulate.py); None: mx.fast.cuda_kernel.
-RUNNER = None
-
-
 # The input in the slots a launch does not read (one array for every call).
 _UNUSED = mx.zeros((4,), dtype=F32)
 
 
 def _kernel(smem: int):
     """The kernel object for a shared-memory size."""
-    if RUNNER is not None:
-
-        def emulated(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
-            return RUNNER(
-                "chunkscan_state_pass", _HEADER, _SOURCE, list(zip(_INPUTS, inputs)),
-                list(zip(_OUTPUTS, output_shapes, output_dtypes)), template, grid,
-                threadgroup, smem,
-            )  # fmt: skip
-
-        return emulated
     return cuda_kernel(
         "state_pass", "chunkscan_state_pass", _INPUTS, _OUTPUTS, _SOURCE, _HEADER, smem
     )
