@@ -16,6 +16,7 @@ first call: trace, JIT compilation and one run), ``chunk_size``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from typing import Any
@@ -34,8 +35,11 @@ def measure_mlx(
     repeats: int = 5,
     dtype: str = "bfloat16",
     compile_groups: bool = True,
+    memory_limit_mib: int | None = None,
 ) -> dict[str, Any]:
-    """One MLX configuration (in its own process)."""
+    """One MLX configuration (in its own process). ``memory_limit_mib``: MLX's memory
+    limit set to that much above the inputs (``mx.set_memory_limit``; MLX then waits for
+    queued work to finish, and frees what it holds, once more memory is active)."""
     import mlx.core as mx
     from gated_delta import _inputs
 
@@ -48,6 +52,8 @@ def measure_mlx(
     chunk_module._COMPILE_GROUPS = compile_groups
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
     mx.eval(xs, w, w_s)
+    if memory_limit_mib:
+        mx.set_memory_limit(mx.get_active_memory() + (memory_limit_mib << 20))
     kernels = False if impl == "chunkscan-portable" else None
     if not chunk_size:
         chunk_size = chunk_module.default_chunk_size(kernels)
@@ -74,6 +80,7 @@ def measure_mlx(
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
         "group_mib": group_mib, "compile_groups": compile_groups,
+        "memory_limit_mib": memory_limit_mib,
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
         "fused_kernels": bool(
             kernels is None and _passes.use_kernels(None)
@@ -117,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["on", "off"],
         help="chunkscan's per-group functions compiled (the default) or not",
     )
+    p.add_argument(
+        "--memory-limit-mib",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="MLX's memory limit, this much above the inputs (mx.set_memory_limit); "
+        "0: MLX's default (95%% of the GPU's memory)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
@@ -139,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 for C in args.chunk_sizes:
                     for mib in args.group_mib:
-                        for cg in args.compile_groups:
+                        for cg, lim in itertools.product(
+                            args.compile_groups, args.memory_limit_mib
+                        ):
                             cfg = {
                                 "T": T,
                                 "impl": impl,
@@ -148,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "group_mib": mib or None,
                                 "repeats": args.repeats,
                                 "compile_groups": cg == "on",
+                                "memory_limit_mib": lim or None,
                             }
                             configs.append(("bench_mlx", cfg))
     for kind, cfg in configs:
@@ -176,6 +194,7 @@ def _line(row: dict[str, Any]) -> str:
         + (f"  first call {first:6.2f} s" if first is not None else "")
         + (f"  group {row['group_mib']} MiB" if row.get("group_mib") else "")
         + ("  groups compiled" if row.get("compile_groups") else "")
+        + (f"  memory limit +{row['memory_limit_mib']} MiB" if row.get("memory_limit_mib") else "")
         + ("  fused kernels" if row.get("fused_kernels") else "")
     )
 

@@ -50,6 +50,13 @@ if want gdn_mem; then
   done
   unset MLX_MAX_MB_PER_BUFFER
 fi
+if want gdn_memlimit; then
+  stage gdn_memlimit  # the op's peak when MLX may hold only so much above the inputs
+  # (mx.set_memory_limit: MLX then waits for queued graphs and frees what they hold)
+  (cd bench && timeout 150 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan \
+    --modes eager --chunk-sizes 64 --memory-limit-mib 0 1024 4096 --repeats 3 --budget 130 \
+    --json "$OUT/gdn_memlimit_h200.json") | grep -E "chunkscan|rror"
+fi
 if want gdn_fused; then
   stage gdn_fused  # chunkscan (fused kernels) beside fla, eager and compiled
   (cd bench && timeout 270 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
