@@ -6,12 +6,21 @@ Dk=Dv=128, bf16 inputs): where the op's time goes on a CUDA device.
 
 Each row: ``kernel``, ``ms`` (median of ``--repeats`` launches, each evaluated and
 synchronised alone), ``tokens`` (the group's), ``ms_per_16k`` (scaled to 16384 tokens).
+The meta records the kernels' tuning (``threads``: ``CHUNKSCAN_GDN_NT``, ``tv``:
+``CHUNKSCAN_GDN_TV``).
+
+``--profile`` instead runs each chunk kernel once with its phase clocks on
+(``CHUNKSCAN_GDN_PROFILE=1``: thread 0 of four blocks prints ``clock64`` cycles per
+phase, the phases named in ``_chunk_cuda``'s ``CS_MARK`` comments); rows ``kernel``,
+``block``, ``cycles`` (one per phase).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 
 from _common import OUT, meta, write_json
 
@@ -21,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=4096, help="tokens of the group")
     p.add_argument("--C", type=int, default=64)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="phase clocks, no timing")
     p.add_argument("--json", default=str(OUT / "gdn_fused_kernels.json"))
     args = p.parse_args(argv)
+    if args.profile:
+        os.environ["CHUNKSCAN_GDN_PROFILE"] = "1"
 
     import mlx.core as mx
 
@@ -77,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "input_gradients": lambda: cc.input_gradients((q, k, v, g, beta), pr, sg),
     }  # fmt: skip
+    info = meta(shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}, threads=cc.threads(),
+                tv=cc.slice_columns(D), profile=args.profile)  # fmt: skip
+    if args.profile:
+        del stages["forward_pass"], stages["reverse_pass"]
+        rows = [row for fn in stages.values() for row in _phase_clocks(fn)]
+        write_json(args.json, info, rows)
+        return 0
     rows = []
     for name, fn in stages.items():
         sec = median_seconds(fn, repeats=args.repeats, warmup=2)
@@ -86,8 +105,39 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r["ms_per_16k"] for r in rows) + rows[0]["ms_per_16k"]  # prepare twice
     print(f"{'fwd + bwd':>22}: {total:8.2f} ms per 16k tokens (prepare twice: the backward "
           f"recomputes it)")  # fmt: skip
-    write_json(args.json, meta(shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}), rows)
+    write_json(args.json, info, rows)
     return 0
+
+
+def _phase_clocks(fn) -> list[dict]:
+    """Run ``fn`` once with the C-level stdout captured (the kernels' device ``printf``
+    goes there) and parse its ``CSPROF kernel bx by cycles...`` lines."""
+    import mlx.core as mx
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            mx.eval(fn())
+            mx.synchronize()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode(errors="replace")
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) > 4 and parts[0] == "CSPROF":
+            cycles = [int(x) for x in parts[4:]]
+            while cycles and cycles[-1] == 0:
+                cycles.pop()
+            rows.append({"kernel": parts[1], "block": [int(parts[2]), int(parts[3])],
+                         "cycles": cycles})  # fmt: skip
+            print(f"{parts[1]:>12} block {parts[2]:>4},{parts[3]:>3}: " +
+                  " ".join(f"{c:>7}" for c in cycles))  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -50,6 +50,26 @@ if want gdn_mem; then
   done
   unset MLX_MAX_MB_PER_BUFFER
 fi
+if want tune; then
+  stage tune  # the chunk kernels' threads per block (NT) and state_grads' columns (TV)
+  for C in 64 32; do
+    for cfg in "256 32" "512 32" "256 64" "512 64"; do
+      set -- $cfg
+      echo "--- C=$C NT=$1 TV=$2"
+      CHUNKSCAN_GDN_NT=$1 CHUNKSCAN_GDN_TV=$2 timeout 60 python3 bench/gdn_fused_kernels.py \
+        --tokens 4096 --C $C --json "$OUT/gdn_tune_C${C}_nt$1_tv$2_h200.json"
+    done
+  done
+fi
+if want profile; then
+  stage profile  # phase clocks of the chunk kernels (thread 0 of four blocks, cycles)
+  for cfg in "64 256 32" "64 512 64" "32 256 32"; do
+    set -- $cfg
+    echo "--- C=$1 NT=$2 TV=$3"
+    CHUNKSCAN_GDN_NT=$2 CHUNKSCAN_GDN_TV=$3 timeout 60 python3 bench/gdn_fused_kernels.py \
+      --profile --tokens 4096 --C $1 --json "$OUT/gdn_profile_C$1_nt$2_tv$3_h200.json"
+  done
+fi
 if want gdn_memlimit; then
   stage gdn_memlimit  # the op's peak when MLX may hold only so much above the inputs
   # (mx.set_memory_limit: MLX then waits for queued graphs and frees what they hold)

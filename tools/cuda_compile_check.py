@@ -111,22 +111,31 @@ def kernels():
                         ins, outs, t))  # fmt: skip
     from chunkscan.ops.gated_delta import _chunk_cuda as cc
 
-    for C, Dk, Dv, G, dt in ((64, 128, 128, 2, "bfloat16"), (32, 64, 96, 1, "float32"),
-                             (64, 128, 64, 4, "float16")):  # fmt: skip
+    # (C, Dk, Dv, G, dtype, threads per block, columns per state_grads block)
+    for C, Dk, Dv, G, dt, nt, tv in ((64, 128, 128, 2, "bfloat16", 256, 32),
+                                     (32, 64, 96, 1, "float32", 256, 32),
+                                     (64, 128, 64, 4, "float16", 256, 32),
+                                     (64, 128, 128, 1, "bfloat16", 512, 64),
+                                     (32, 128, 128, 1, "bfloat16", 512, 32)):  # fmt: skip
         for which, (names, outs, source) in cc._KERNELS.items():
-            base = [("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4), ("HV", 4 * G)]
+            base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
+                    ("HV", 4 * G)]  # fmt: skip
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt)],
-                     "state_grads": [("TV", cc.TV)],
-                     "input_grads": [("NV", Dv // cc.TV), ("TG", dt), ("TB", dt),
+                     "state_grads": [("TV", tv)],
+                     "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)
                    for x in names]  # fmt: skip
             odt = {"out": dt, "dv": dt, "dg": dt, "dbeta": dt}
             outs_t = [(x, odt.get(x, "float32")) for x in outs]
-            label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt}"
+            label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
             out.append((label, f"chunkscan_gdn_{which}", cc._HEADER, cc._COMMON + source,
                         ins, outs_t, base + extra))  # fmt: skip
+            if nt == 512 and C == 64:  # the phase clocks (CHUNKSCAN_GDN_PROFILE=1)
+                out.append((label + " profile", f"chunkscan_gdn_{which}",
+                            "#define CS_PROFILE 1\n" + cc._HEADER, cc._COMMON + source,
+                            ins, outs_t, base + extra))  # fmt: skip
     return out
 
 

@@ -62,14 +62,14 @@ def cuda_kernel(
     header: str,
     shared_memory: int,
 ):
-    """``mx.fast.cuda_kernel`` built once per (name, shared memory): MLX fixes the
-    dynamic shared memory at construction and caches the compiled module per source,
-    i.e. per template. Raises ``RuntimeError`` naming ``fn`` where MLX has no CUDA
+    """``mx.fast.cuda_kernel`` built once per (name, shared memory, header, source): MLX
+    fixes the dynamic shared memory at construction and caches the compiled module per
+    source, i.e. per template. Raises ``RuntimeError`` naming ``fn`` where MLX has no CUDA
     back-end (construction fails there, not only the call). With :data:`RUNNER` set, a
     callable with the kernel's call signature that hands everything to it instead."""
     if RUNNER is not None:
         return _through_runner(RUNNER, name, inputs, outputs, source, header, shared_memory)
-    key = (name, shared_memory)
+    key = (name, shared_memory, header, source)
     kernel = _CUDA_KERNELS.get(key)
     if kernel is None:
         try:

@@ -37,6 +37,7 @@ compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.tx
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -44,9 +45,12 @@ import mlx.core as mx
 from ..._backend import cuda_kernel
 
 F32 = mx.float32
+# Threads per block (a multiple of C; every Tile's rows a multiple of NT / 32). Tuning:
+# CHUNKSCAN_GDN_NT (256 or 512), read at each call, like the tile of the state pass.
 NT = 256
 # Columns of Dv per block of state_gradients (its NV = Dv / TV partial sums); 32: two
-# blocks fit on a multiprocessor at C = 64, D = 128 (64: one).
+# blocks fit on a multiprocessor at C = 64, D = 128 (64: one). Tuning: CHUNKSCAN_GDN_TV
+# (32 or 64; 32 where 64 does not divide Dv).
 TV = 32
 _SMEM_LIMIT = 227 * 1024
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
@@ -60,8 +64,33 @@ _HEADER = r"""
 #define CS_NAN std::nanf("")
 #define CS_INF HUGE_VALF
 #endif
+#if defined(CS_PROFILE) && !defined(CS_EMULATE)
+// Phase clocks (CHUNKSCAN_GDN_PROFILE=1, bench/gdn_fused_kernels.py --profile): thread 0
+// of four blocks prints the cycles from each CS_MARK to the next, up to 14 phases.
+#define CS_PROF_BEGIN long long cs_t0 = clock64(), cs_d[14] = {0}; int cs_n = 0
+#define CS_MARK()                                                   \
+  do {                                                              \
+    const long long t_ = clock64();                                 \
+    if (cs_n < 14) cs_d[cs_n++] = t_ - cs_t0;                       \
+    cs_t0 = t_;                                                     \
+  } while (0)
+#define CS_PROF_END(kname)                                                              \
+  do {                                                                                  \
+    CS_MARK();                                                                          \
+    if (threadIdx.x == 0 && blockIdx.z == 0 &&                                          \
+        (blockIdx.x == 0 || blockIdx.x == gridDim.x / 2) &&                             \
+        (blockIdx.y == 0 || blockIdx.y == gridDim.y / 2))                               \
+      printf("CSPROF %s %d %d %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "  \
+             "%lld %lld %lld\n", kname, int(blockIdx.x), int(blockIdx.y), cs_d[0],      \
+             cs_d[1], cs_d[2], cs_d[3], cs_d[4], cs_d[5], cs_d[6], cs_d[7], cs_d[8],    \
+             cs_d[9], cs_d[10], cs_d[11], cs_d[12], cs_d[13]);                         \
+  } while (0)
+#else
+#define CS_PROF_BEGIN
+#define CS_MARK()
+#define CS_PROF_END(kname)
+#endif
 namespace csg {
-constexpr int NT = 256;
 template <typename T> __device__ __forceinline__ float f(T x) { return static_cast<float>(x); }
 // Non-finite inputs read as zero (the wrapper puts NaN back where the loop has it).
 __device__ __forceinline__ float fin(float x) { return isfinite(x) ? x : 0.f; }
@@ -69,10 +98,12 @@ __device__ __forceinline__ float fin(float x) { return isfinite(x) ? x : 0.f; }
 __device__ __forceinline__ bool gate_ok(float x) { return !(isnan(x) || x == CS_INF); }
 __device__ __forceinline__ float gate(float x) { return gate_ok(x) ? x : 0.f; }
 
-// An [M, N] block product in registers: thread t owns rows t/32 + 8a, columns t%32 + 32b.
-template <int M, int N> struct Tile {
-  static_assert(M % 8 == 0 && N % 32 == 0, "Tile: M % 8 == 0 and N % 32 == 0");
-  static constexpr int RA = M / 8, RB = N / 32;
+// An [M, N] block product in registers, NT threads (W = NT / 32 warps): thread t owns
+// rows t/32 + W a, columns t%32 + 32b.
+template <int M, int N, int NT> struct Tile {
+  static constexpr int W = NT / 32;
+  static_assert(M % W == 0 && N % 32 == 0, "Tile: M % (NT / 32) == 0 and N % 32 == 0");
+  static constexpr int RA = M / W, RB = N / 32;
   float v[RA][RB];
   __device__ __forceinline__ Tile() {
 #pragma unroll
@@ -87,7 +118,7 @@ template <int M, int N> struct Tile {
     for (int k = 0; k < K; ++k) {
       float av[RA], bv[RB];
 #pragma unroll
-      for (int a = 0; a < RA; ++a) av[a] = fa(ty + 8 * a, k);
+      for (int a = 0; a < RA; ++a) av[a] = fa(ty + W * a, k);
 #pragma unroll
       for (int b = 0; b < RB; ++b) bv[b] = fb(k, tx + 32 * b);
 #pragma unroll
@@ -102,7 +133,7 @@ template <int M, int N> struct Tile {
 #pragma unroll
     for (int a = 0; a < RA; ++a)
 #pragma unroll
-      for (int b = 0; b < RB; ++b) fn(ty + 8 * a, tx + 32 * b, v[a][b], a, b);
+      for (int b = 0; b < RB; ++b) fn(ty + W * a, tx + 32 * b, v[a][b], a, b);
   }
 };
 
@@ -121,7 +152,8 @@ template <int C> __device__ __forceinline__ void chunk_gates(const float* gf, fl
   }
 }
 // gam[i][j] = exp(g_{j+1} + .. + g_i) for j <= i, else 0 (row stride LD).
-template <int C, int LD> __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
+template <int C, int LD, int NT>
+__device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
   for (int e = threadIdx.x; e < C * C; e += NT) {
     const int i = e / C, j = e % C;
     float val = 0.f;
@@ -140,13 +172,13 @@ template <int C, int LD> __device__ __forceinline__ void fill_gam(const float* g
 # lane l = b * HV + h (value head h, key head h / G). Raw inputs in the chunk layout
 # [B, n, C, H, D] (token tok + i of chunk j: tok = (b * n + j) * C).
 _COMMON = r"""
-  constexpr int NT = csg::NT;
   const int tid = threadIdx.x, j = blockIdx.x, l = blockIdx.y, n = gridDim.x;
   const int b = l / HV, h = l % HV, hk = h / G;
   const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
   const size_t cl = size_t(l) * n + j;         // (lane, chunk)
   constexpr int LDC = C + 1, LDK = DK + 1, LDV = DV + 1;
   const float scale = params[0];
+  CS_PROF_BEGIN;
 """
 
 # prepare: a, p, w, u, kt, decay.
@@ -172,11 +204,13 @@ _PREPARE = r"""
     Xs[i * LDM + d] = csg::fin(csg::f(q[src]));
   }
   __syncthreads();
+  CS_MARK();  // 0: loads
   csg::chunk_gates<C>(gf, gma, ten);
-  csg::fill_gam<C, LDC>(gf, Ls);
+  csg::fill_gam<C, LDC, NT>(gf, Ls);
   __syncthreads();
+  CS_MARK();  // 1: gates
   {
-    csg::Tile<C, C> kk, qk;
+    csg::Tile<C, C, NT> kk, qk;
     kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
               [&](int d, int t) { return Ks[t * LDK + d]; });
     qk.mm<DK>([&](int i, int d) { return Xs[i * LDM + d]; },
@@ -189,6 +223,7 @@ _PREPARE = r"""
     });
   }
   __syncthreads();
+  CS_MARK();  // 2: kk, qk
   // (I + L)^-1 by forward substitution, one row per step: A[i][m] = [i == m] -
   // sum_{m <= t < i} L[i][t] A[t][m].
   for (int i = 0; i < C; ++i) {
@@ -213,8 +248,9 @@ _PREPARE = r"""
   }
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
+  CS_MARK();  // 3: forward substitution, stores
   {
-    csg::Tile<C, DK> w;
+    csg::Tile<C, DK, NT> w;
     w.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
             [&](int t, int d) { return Xs[t * LDM + d]; });
     w.each([&](int i, int d, float x, int, int) { W[(cl * C + i) * DK + d] = x; });
@@ -226,11 +262,12 @@ _PREPARE = r"""
   }
   __syncthreads();
   {
-    csg::Tile<C, DV> u;
+    csg::Tile<C, DV, NT> u;
     u.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
             [&](int t, int c) { return Xs[t * LDM + c]; });
     u.each([&](int i, int c, float x, int, int) { U[(cl * C + i) * DV + c] = x; });
   }
+  CS_PROF_END("prepare");  // 4: w, v loads, u
 """
 
 # outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
@@ -257,10 +294,11 @@ _OUTPUT = r"""
     for (int e = tid; e < C * DV; e += NT) Us[(e / DV) * LDV + e % DV] = U[cl * C * DV + e];
   }
   __syncthreads();
+  CS_MARK();  // 0: loads
   csg::chunk_gates<C>(gf, gma, ten);
   __syncthreads();
   {
-    csg::Tile<C, DK> x;
+    csg::Tile<C, DK, NT> x;
     x.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
             [&](int t, int d) { return Bs[t * LDK + d]; });
     x.each([&](int i, int d, float val, int, int) {
@@ -268,6 +306,7 @@ _OUTPUT = r"""
     });
   }
   __syncthreads();
+  CS_MARK();  // 1: gates, X
   if (MODE_H) {
     for (int e = tid; e < C * DV; e += NT) {
       const int i = e / DV, c = e % DV;
@@ -281,13 +320,14 @@ _OUTPUT = r"""
     }
   }
   __syncthreads();
+  CS_MARK();  // 2: S or d_o loads
   if (MODE_H) {
-    csg::Tile<DV, DK> hm;
+    csg::Tile<DV, DK, NT> hm;
     hm.mm<C>([&](int c, int i) { return Bs[i * LDV + c]; },
              [&](int i, int d) { return Xs[i * LDK + d]; });
     hm.each([&](int c, int d, float val, int, int) { Hm[(cl * DV + c) * DK + d] = val; });
   } else {
-    csg::Tile<C, DV> o;
+    csg::Tile<C, DV, NT> o;
     o.mm<DK>([&](int i, int d) { return Xs[i * LDK + d]; },
              [&](int d, int c) { return Bs[c * LDK + d]; });
     o.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
@@ -297,6 +337,7 @@ _OUTPUT = r"""
       out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
     });
   }
+  CS_PROF_END(MODE_H ? "output_h" : "output");  // 3: h or o
 """
 
 # state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
@@ -323,6 +364,8 @@ _STATE_GRADS = r"""
     dec = fmaf(s, ds, dec);
   }
   red[tid] = dec;
+  __syncthreads();
+  CS_MARK();  // 0: S, dS loads
   for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC + e % C] = P[cl * C * C + e];
   for (int e = tid; e < C * TV; e += NT) {
     const int i = e / TV, r = e % TV;
@@ -331,13 +374,15 @@ _STATE_GRADS = r"""
     Vt[i * LDT + r] = csg::fin(csg::f(v[o * DV + e0 + r]));
   }
   __syncthreads();
+  CS_MARK();  // 1: p, d_o, v loads
   for (int w = NT / 2; w > 0; w /= 2) {  // tree sum of red[] (fixed order)
     if (tid < w) red[tid] += red[tid + w];
     __syncthreads();
   }
   if (tid == 0) DDECp[pz] = red[0];
+  CS_MARK();  // 2: d_decay
   {
-    csg::Tile<C, TV> vn, dvn;
+    csg::Tile<C, TV, NT> vn, dvn;
     vn.mm<DK>([&](int i, int d) { return W[(cl * C + i) * DK + d]; },
               [&](int d, int r) { return Ss[r * LDK + d]; });
     dvn.mm<C>([&](int i, int t) { return Ps[t * LDC + i]; },
@@ -353,8 +398,9 @@ _STATE_GRADS = r"""
     });
   }
   __syncthreads();
+  CS_MARK();  // 3: v_new, d_vnew
   {
-    csg::Tile<C, DK> dw, dqg, dkt;
+    csg::Tile<C, DK, NT> dw, dqg, dkt;
     dw.mm<TV>([&](int i, int r) { return DVn[i * LDT + r]; },
               [&](int r, int d) { return Ss[r * LDK + d]; });
     dqg.mm<TV>([&](int i, int r) { return Do[i * LDT + r]; },
@@ -365,8 +411,9 @@ _STATE_GRADS = r"""
     dqg.each([&](int i, int d, float x, int, int) { DQGp[(pz * C + i) * DK + d] = x; });
     dkt.each([&](int i, int d, float x, int, int) { DKTp[(pz * C + i) * DK + d] = x; });
   }
+  CS_MARK();  // 4: d_w, d_qg, d_kt
   {
-    csg::Tile<C, C> dp, m2;
+    csg::Tile<C, C, NT> dp, m2;
     dp.mm<TV>([&](int i, int r) { return Do[i * LDT + r]; },
               [&](int r, int t) { return Vn[t * LDT + r]; });
     m2.mm<TV>([&](int i, int r) { return DVn[i * LDT + r]; },
@@ -376,6 +423,7 @@ _STATE_GRADS = r"""
     });
     m2.each([&](int i, int t, float x, int, int) { M2p[(pz * C + i) * C + t] = x; });
   }
+  CS_PROF_END("state_grads");  // 5: d_p, m2
 """
 
 # input_gradients: back through the preparation; dq, dk per value head (summed over
@@ -427,10 +475,11 @@ _INPUT_GRADS = r"""
     M2s[i * LDC + t] = part(M2p, C, i, t);
   }
   __syncthreads();
+  CS_MARK();  // 0: loads (partial sums added)
   csg::chunk_gates<C>(gf, gma, ten);
-  csg::fill_gam<C, LDC>(gf, Gs);
+  csg::fill_gam<C, LDC, NT>(gf, Gs);
   {
-    csg::Tile<C, C> kk, qk, m1;
+    csg::Tile<C, C, NT> kk, qk, m1;
     kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
               [&](int d, int t) { return Ks[t * LDK + d]; });
     qk.mm<DK>([&](int i, int d) { return Qs[i * LDK + d]; },
@@ -442,6 +491,7 @@ _INPUT_GRADS = r"""
     m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC + t] = x; });
   }
   __syncthreads();
+  CS_MARK();  // 1: gates, kk, qk, m1
   // kdkb_i = sum_d (a^T d_w)[i, d] k[i, d]; dvbv_i = sum_c (a^T d_vnew)[i, c] v[i, c].
   if (tid < C) {
     const int i = tid;
@@ -461,20 +511,21 @@ _INPUT_GRADS = r"""
   }
   __syncthreads();
   {
-    csg::Tile<C, C> t1;  // d_a a^T
+    csg::Tile<C, C, NT> t1;  // d_a a^T
     t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t]; },
              [&](int t, int m) { return As[m * LDC + t]; });
     t1.each([&](int i, int m, float x, int, int) { M1s[i * LDC + m] = x; });
   }
   __syncthreads();
   {
-    csg::Tile<C, C> dl;  // d_l = -(a^T d_a a^T), strictly lower
+    csg::Tile<C, C, NT> dl;  // d_l = -(a^T d_a a^T), strictly lower
     dl.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
              [&](int t, int m) { return M1s[t * LDC + m]; });
     __syncthreads();
     dl.each([&](int i, int m, float x, int, int) { M2s[i * LDC + m] = m < i ? -x : 0.f; });
   }
   __syncthreads();
+  CS_MARK();  // 2: kdkb, d_a, t1, d_l
   {
     // Row dots d_qg . q and d_kt . k: NS threads per row, each a fixed slice of
     // columns, then summed in order (deterministic).
@@ -489,6 +540,7 @@ _INPUT_GRADS = r"""
     red[NT + tid] = s2;
   }
   __syncthreads();
+  CS_MARK();  // 3: row dots
   if (tid < C) {
     constexpr int NS = NT / C;
     const int i = tid;
@@ -513,6 +565,7 @@ _INPUT_GRADS = r"""
     M2s[x] = dl * bt[i] * gm;
   }
   __syncthreads();
+  CS_MARK();  // 4: per-row sums, d_gam
   if (tid < C) {  // row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]
     const int i = tid;
     float r = 0.f;
@@ -537,9 +590,10 @@ _INPUT_GRADS = r"""
     dg[r] = static_cast<TG>(csg::gate_ok(csg::f(g[r])) ? s : 0.f);
     dbeta[r] = static_cast<TB>(isfinite(csg::f(beta[r])) ? vb[m] : 0.f);
   }
+  CS_MARK();  // 5: prefix sums, d_g, d_beta
   const int gi = h % G;
   {
-    csg::Tile<C, DK> dq;
+    csg::Tile<C, DK, NT> dq;
     dq.mm<C>([&](int i, int t) { return DPs[i * LDC + t]; },
              [&](int t, int d) { return Ks[t * LDK + d]; });
     dq.each([&](int i, int d, float x, int, int) {
@@ -547,8 +601,9 @@ _INPUT_GRADS = r"""
           x + scale * gma[i] * part(DQGp, DK, i, d);
     });
   }
+  CS_MARK();  // 6: dq
   {
-    csg::Tile<C, DK> t1, t2;
+    csg::Tile<C, DK, NT> t1, t2;
     t1.mm<C>([&](int i, int t) { return DPs[t * LDC + i]; },
              [&](int t, int d) { return Qs[t * LDK + d]; });
     t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t] + M2s[t * LDC + i]; },
@@ -560,8 +615,9 @@ _INPUT_GRADS = r"""
           x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
     });
   }
+  CS_MARK();  // 7: dk
   {
-    csg::Tile<C, DV> tv;
+    csg::Tile<C, DV, NT> tv;
     tv.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
              [&](int t, int c) { return DVN[(cl * C + t) * DV + c]; });
     tv.each([&](int i, int c, float x, int, int) {
@@ -569,6 +625,7 @@ _INPUT_GRADS = r"""
       dv[r] = static_cast<TVO>(isfinite(csg::f(v[r])) ? x * bt[i] : 0.f);
     });
   }
+  CS_PROF_END("input_grads");  // 8: dv
 """
 
 _KERNELS = {
@@ -584,25 +641,47 @@ _KERNELS = {
 }  # fmt: skip
 
 
-def smem_bytes(which: str, C: int, Dk: int, Dv: int) -> int:
-    """Dynamic shared memory of one block, in bytes."""
+def threads() -> int:
+    """Threads per block: :data:`NT` unless ``CHUNKSCAN_GDN_NT`` is set (256 or 512)."""
+    nt = int(os.environ.get("CHUNKSCAN_GDN_NT") or NT)
+    if nt not in (256, 512):
+        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {nt}")
+    return nt
+
+
+def slice_columns(Dv: int) -> int:
+    """Columns of ``Dv`` per block of ``state_grads``: :data:`TV` unless
+    ``CHUNKSCAN_GDN_TV`` is set (32 or 64; 32 where 64 does not divide ``Dv``)."""
+    tv = int(os.environ.get("CHUNKSCAN_GDN_TV") or TV)
+    if tv not in (32, 64):
+        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32 or 64, not {tv}")
+    return tv if Dv % tv == 0 else 32
+
+
+def smem_bytes(
+    which: str, C: int, Dk: int, Dv: int, nt: int | None = None, tv: int | None = None
+) -> int:
+    """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
+    ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
+    nt = threads() if nt is None else nt
+    tv = slice_columns(Dv) if tv is None else tv
     ldc, ldk, ldv = C + 1, Dk + 1, Dv + 1
     if which == "prepare":
         floats = C * ldk + C * (max(Dk, Dv) + 1) + 2 * C * ldc + 4 * C
     elif which == "output":
         floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv, C * ldk) + C * ldv + 3 * C
     elif which == "state_grads":
-        floats = 2 * TV * ldk + C * ldc + 4 * C * (TV + 1) + NT
+        floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + nt
     else:
-        floats = 7 * C * ldc + 3 * C * ldk + 2 * NT + 9 * C
+        floats = 7 * C * ldc + 3 * C * ldk + 2 * nt + 9 * C
     return 4 * floats
 
 
-def scratch_floats(C: int, Dk: int, Dv: int) -> int:
+def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
     """Float32 values per chunk and lane that one group's kernels write (forward and
     backward): ``a``, ``p``; ``w``, ``kt``, ``u``; ``h`` and the state cotangents;
     ``d_vnew``; the ``NV`` partial sums; ``dq``, ``dk`` per value head."""
-    nv = Dv // TV
+    nv = Dv // (slice_columns(Dv) if tv is None else tv)
     per_slice = 3 * C * Dk + 2 * C * C
     return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
 
@@ -615,17 +694,25 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
         return False
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
         return False
-    return all(smem_bytes(w, C, Dk, Dv) <= _SMEM_LIMIT for w in _KERNELS)
+    nt = threads()
+    if nt % C:
+        return False
+    return all(smem_bytes(w, C, Dk, Dv, nt) <= _SMEM_LIMIT for w in _KERNELS)
 
 
-def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv):
+def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, source = _KERNELS[which]
-    smem = smem_bytes(which, C, Dk, Dv)
-    grid, group = (n * NT, L, z), (NT, 1, 1)
+    nt = threads()
+    smem = smem_bytes(which, C, Dk, Dv, nt, tv)
+    grid, group = (n * nt, L, z), (nt, 1, 1)
+    template = [("NT", nt)] + list(template)
     shapes = [s for s, _ in outputs]
     dtypes = [d for _, d in outputs]
+    header = (
+        "#define CS_PROFILE 1\n" if os.environ.get("CHUNKSCAN_GDN_PROFILE") == "1" else ""
+    ) + _HEADER
     kernel = cuda_kernel(
-        "gated_delta_rule", f"chunkscan_gdn_{which}", names, outs, _COMMON + source, _HEADER,
+        "gated_delta_rule", f"chunkscan_gdn_{which}", names, outs, _COMMON + source, header,
         smem,
     )  # fmt: skip
     return kernel(
@@ -703,13 +790,14 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     (both ``[L, n, Dv, Dk]``), raw ``d_o`` and ``v`` ``[B, n, C, Hv, Dv]``."""
     B, n, C, Hv, Dv = v.shape
     L, Dk = s.shape[0], s.shape[-1]
-    nv = Dv // TV
-    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", TV)]
+    tv = slice_columns(Dv)
+    nv = Dv // tv
+    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
         "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v, _params(p.scale)], tmpl,
-        L, n, nv, outs, C, Dk, Dv,
+        L, n, nv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return SimpleNamespace(dvn=dvn, dw=dw, dqg=dqg, dkt=dkt, dp=dp, m2=m2, ddec=ddec, nv=nv)
 
