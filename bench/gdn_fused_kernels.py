@@ -6,8 +6,8 @@ Dk=Dv=128, bf16 inputs): where the op's time goes on a CUDA device.
 
 Each row: ``kernel``, ``ms`` (median of ``--repeats`` launches, each evaluated and
 synchronised alone), ``tokens`` (the group's), ``ms_per_16k`` (scaled to 16384 tokens).
-The meta records the kernels' tuning (``threads``: ``CHUNKSCAN_GDN_NT``, ``tv``:
-``CHUNKSCAN_GDN_TV``).
+The meta records the kernels' tuning (``threads`` per kernel: ``CHUNKSCAN_GDN_NT`` or
+the defaults, ``tv``: ``CHUNKSCAN_GDN_TV`` or the default).
 
 ``--profile`` instead runs each chunk kernel once with its phase clocks on
 (``CHUNKSCAN_GDN_PROFILE=1``: thread 0 of four blocks prints ``clock64`` cycles per
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "input_gradients": lambda: cc.input_gradients((q, k, v, g, beta), pr, sg),
     }  # fmt: skip
-    info = meta(shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}, threads=cc.threads(),
+    threads = {w: cc.threads(w, C) for w in cc._KERNELS}
+    info = meta(shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}, threads=threads,
                 tv=cc.slice_columns(D), profile=args.profile)  # fmt: skip
     if args.profile:
         del stages["forward_pass"], stages["reverse_pass"]

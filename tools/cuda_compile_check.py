@@ -111,13 +111,18 @@ def kernels():
                         ins, outs, t))  # fmt: skip
     from chunkscan.ops.gated_delta import _chunk_cuda as cc
 
-    # (C, Dk, Dv, G, dtype, threads per block, columns per state_grads block)
-    for C, Dk, Dv, G, dt, nt, tv in ((64, 128, 128, 2, "bfloat16", 256, 32),
-                                     (32, 64, 96, 1, "float32", 256, 32),
-                                     (64, 128, 64, 4, "float16", 256, 32),
-                                     (64, 128, 128, 1, "bfloat16", 512, 64),
-                                     (32, 128, 128, 1, "bfloat16", 512, 32)):  # fmt: skip
+    # (C, Dk, Dv, G, dtype, threads per block, columns per state_grads block; None: the
+    # defaults, cc.threads and cc.slice_columns)
+    for C, Dk, Dv, G, dt, nt_, tv_ in ((64, 128, 128, 2, "bfloat16", None, None),
+                                       (32, 128, 128, 2, "bfloat16", None, None),
+                                       (32, 64, 96, 1, "float32", None, None),
+                                       (64, 128, 64, 4, "float16", None, None),
+                                       (64, 128, 128, 1, "bfloat16", 256, 32),
+                                       (64, 128, 128, 1, "bfloat16", 512, 64),
+                                       (32, 128, 128, 1, "bfloat16", 512, 32)):  # fmt: skip
         for which, (names, outs, source) in cc._KERNELS.items():
+            nt = nt_ or cc.threads(which, C)
+            tv = tv_ or cc.slice_columns(Dv)
             base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
                     ("HV", 4 * G)]  # fmt: skip
             raw = {"q", "k", "v", "g", "beta", "dout"}

@@ -161,6 +161,33 @@ def test_emulated_matches_oracle(emulated, case):
 
 
 @needs_cxx
+@pytest.mark.parametrize("nt, tv", [(256, 32), (512, 64)])
+def test_emulated_tuning_knobs(emulated, monkeypatch, nt, tv):
+    """Every kernel with 256 and with 512 threads per block, and ``state_grads`` with 32
+    and 64 columns of Dv (CHUNKSCAN_GDN_NT / _TV; the defaults mix them), at C = 64 (the
+    triangular inverse's two doubling levels) against the oracle."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_NT", str(nt))
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", str(tv))
+    assert all(_chunk_cuda.threads(w, 64) == nt for w in _chunk_cuda._KERNELS)
+    assert _chunk_cuda.slice_columns(64) == tv
+    inputs = make_inputs(1, 70, 1, 2, 32, 64)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+    assert_close(got, outputs_and_grads(naive, inputs))
+
+
+def test_tuning_knobs_reject_other_values(monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_GDN_NT", "128")
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_NT must be 256 or 512"):
+        _chunk_cuda.threads("prepare", 64)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "16")
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_TV must be 32 or 64"):
+        _chunk_cuda.slice_columns(128)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "64")
+    assert _chunk_cuda.slice_columns(96) == 32  # 64 does not divide Dv
+
+
+@needs_cxx
 def test_emulated_with_every_kernel(monkeypatch):
     """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device)."""

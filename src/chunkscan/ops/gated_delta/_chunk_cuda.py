@@ -26,9 +26,14 @@ pass -> :func:`state_gradients` -> :func:`input_gradients`. What each returns:
   inputs (what :func:`.chunk._input_layout` returns).
 
 Shapes handled (:func:`supports`): ``C`` 32 or 64, ``Dk`` and ``Dv`` multiples of 32 up
-to 128, at most 65535 lanes. The block product helper ``Tile`` gives thread ``t`` of 256
-the outputs in rows ``t / 32 + 8 a`` and columns ``t % 32 + 32 b`` (conflict-free
-shared-memory reads: one operand broadcast, the other consecutive; row strides are odd).
+to 128, at most 65535 lanes. The block product helper ``Tile`` gives thread ``t`` of
+``NT`` (256 or 512, per kernel: :func:`threads`) the outputs in rows ``t / 32 + (NT / 32)
+a`` and columns ``t % 32 + 32 b`` (conflict-free shared-memory reads: one operand
+broadcast, the other consecutive; row strides are odd). ``prepare`` inverts ``I + L`` in
+blocks (16-row diagonal blocks by forward substitution, then doubling), not row by row;
+``state_grads`` stages ``w`` and ``kt`` through shared memory 32 columns at a time.
+Phase clocks for tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py
+--profile``).
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
 through ``tools/cuda_emulate.py`` (``_backend.RUNNER``) on every machine with ``g++``, and
@@ -45,13 +50,16 @@ import mlx.core as mx
 from ..._backend import cuda_kernel
 
 F32 = mx.float32
-# Threads per block (a multiple of C; every Tile's rows a multiple of NT / 32). Tuning:
-# CHUNKSCAN_GDN_NT (256 or 512), read at each call, like the tile of the state pass.
+# Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
+# NT / 32): 512 for input_grads, and for output at C = 64, 256 otherwise (what ran
+# fastest on the H200 at the Qwen3-Next shape: bench/results/h200/tune_e0a0f1c/). For
+# tuning, CHUNKSCAN_GDN_NT sets every kernel's (read at each call).
 NT = 256
-# Columns of Dv per block of state_gradients (its NV = Dv / TV partial sums); 32: two
-# blocks fit on a multiprocessor at C = 64, D = 128 (64: one). Tuning: CHUNKSCAN_GDN_TV
-# (32 or 64; 32 where 64 does not divide Dv).
-TV = 32
+_NT_512 = {("input_grads", 32), ("input_grads", 64), ("output", 64)}
+# Columns of Dv per block of state_gradients (NV = Dv / TV partial sums): 64 where it
+# divides Dv (fewer partial sums to write and add; faster on the H200 at both chunk
+# sizes), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
+TV = 64
 _SMEM_LIMIT = 227 * 1024
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 
@@ -209,6 +217,7 @@ _PREPARE = r"""
   csg::fill_gam<C, LDC, NT>(gf, Ls);
   __syncthreads();
   CS_MARK();  // 1: gates
+  for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
   {
     csg::Tile<C, C, NT> kk, qk;
     kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
@@ -224,20 +233,47 @@ _PREPARE = r"""
   }
   __syncthreads();
   CS_MARK();  // 2: kk, qk
-  // (I + L)^-1 by forward substitution, one row per step: A[i][m] = [i == m] -
-  // sum_{m <= t < i} L[i][t] A[t][m].
-  for (int i = 0; i < C; ++i) {
-    if (tid < C) {
-      const int m = tid;
-      float val = m == i ? 1.f : 0.f;
-      if (m < i) {
-        float s = 0.f;
-        for (int t = m; t < i; ++t) s = fmaf(Ls[i * LDC + t], As[t * LDC + m], s);
-        val = -s;
+  // A = (I + L)^-1 (L strictly lower) in blocks: the diagonal blocks of B0 = 16 rows by
+  // forward substitution, all of them at once (inside a block, A[i][m] = [i == m] -
+  // sum_{m <= t < i} L[i][t] A[t][m]); then by doubling, for s = 16, 32, ..: each pair of
+  // diagonal blocks [[A11, 0], [L21, A22]] of size s gets X21 = -A22 (L21 A11). The
+  // blocks above the diagonal stay zero (As was cleared with the kk, qk phase).
+  {
+    constexpr int B0 = 16;
+    for (int r = 0; r < B0; ++r) {
+      if (tid < C) {
+        const int q0 = (tid / B0) * B0, m = tid % B0, i = q0 + r;
+        float val = m == r ? 1.f : 0.f;
+        if (m < r) {
+          float s = 0.f;
+          for (int t = m; t < r; ++t)
+            s = fmaf(Ls[i * LDC + q0 + t], As[(q0 + t) * LDC + q0 + m], s);
+          val = -s;
+        }
+        As[i * LDC + q0 + m] = val;
       }
-      As[i * LDC + m] = val;
+      __syncthreads();
     }
-    __syncthreads();
+    float* Ts = Xs;  // [pairs][s][s]: L21 A11 (q is no longer needed)
+    for (int s = B0; s < C; s *= 2) {
+      const int pairs = C / (2 * s);
+      for (int e = tid; e < pairs * s * s; e += NT) {
+        const int b0 = (e / (s * s)) * 2 * s, i = (e / s) % s, m = e % s;
+        float acc = 0.f;
+        for (int t = m; t < s; ++t)
+          acc = fmaf(Ls[(b0 + s + i) * LDC + b0 + t], As[(b0 + t) * LDC + b0 + m], acc);
+        Ts[e] = acc;
+      }
+      __syncthreads();
+      for (int e = tid; e < pairs * s * s; e += NT) {
+        const int pr = e / (s * s), b0 = pr * 2 * s, i = (e / s) % s, m = e % s;
+        float acc = 0.f;
+        for (int t = 0; t <= i; ++t)
+          acc = fmaf(As[(b0 + s + i) * LDC + b0 + s + t], Ts[(pr * s + t) * s + m], acc);
+        As[(b0 + s + i) * LDC + b0 + m] = -acc;
+      }
+      __syncthreads();
+    }
   }
   for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
   for (int e = tid; e < C * DK; e += NT) {
@@ -248,7 +284,7 @@ _PREPARE = r"""
   }
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
-  CS_MARK();  // 3: forward substitution, stores
+  CS_MARK();  // 3: the inverse, stores
   {
     csg::Tile<C, DK, NT> w;
     w.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
@@ -352,6 +388,9 @@ _STATE_GRADS = r"""
   float* DVn = Vn + C * LDT;    // [C][LDT] d_vnew = p^T d_o + kt dS^T
   float* Vt = DVn + C * LDT;    // [C][LDT] v
   float* red = Vt + C * LDT;    // [NT]
+  constexpr int KS = 32, LDS = KS + 1;
+  float* Wk = red + NT;         // [C][LDS] w, KS columns of Dk at a time
+  float* Kk = Wk + C * LDS;     // [C][LDS] kt, the same columns
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   float dec = 0.f;
@@ -383,12 +422,22 @@ _STATE_GRADS = r"""
   CS_MARK();  // 2: d_decay
   {
     csg::Tile<C, TV, NT> vn, dvn;
-    vn.mm<DK>([&](int i, int d) { return W[(cl * C + i) * DK + d]; },
-              [&](int d, int r) { return Ss[r * LDK + d]; });
     dvn.mm<C>([&](int i, int t) { return Ps[t * LDC + i]; },
               [&](int t, int r) { return Do[t * LDT + r]; });
-    dvn.mm<DK>([&](int i, int d) { return KT[(cl * C + i) * DK + d]; },
-               [&](int d, int r) { return DSs[r * LDK + d]; });
+    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
+      for (int e = tid; e < C * KS; e += NT) {
+        const int i = e / KS, d = e % KS;
+        const size_t src = (cl * C + i) * DK + k0 + d;
+        Wk[i * LDS + d] = W[src];
+        Kk[i * LDS + d] = KT[src];
+      }
+      __syncthreads();
+      vn.mm<KS>([&](int i, int d) { return Wk[i * LDS + d]; },
+                [&](int d, int r) { return Ss[r * LDK + k0 + d]; });
+      dvn.mm<KS>([&](int i, int d) { return Kk[i * LDS + d]; },
+                 [&](int d, int r) { return DSs[r * LDK + k0 + d]; });
+      __syncthreads();
+    }
     vn.each([&](int i, int r, float x, int, int) {
       Vn[i * LDT + r] = U[(cl * C + i) * DV + e0 + r] - x;
     });
@@ -616,10 +665,14 @@ _INPUT_GRADS = r"""
     });
   }
   CS_MARK();  // 7: dk
+  __syncthreads();
+  float* DVs = Gs;  // [C][LDV] d_vnew, over gam .. d_w (none read any more)
+  for (int e = tid; e < C * DV; e += NT) DVs[(e / DV) * LDV + e % DV] = DVN[cl * C * DV + e];
+  __syncthreads();
   {
     csg::Tile<C, DV, NT> tv;
     tv.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
-             [&](int t, int c) { return DVN[(cl * C + t) * DV + c]; });
+             [&](int t, int c) { return DVs[t * LDV + c]; });
     tv.each([&](int i, int c, float x, int, int) {
       const size_t r = ((tok + i) * HV + h) * DV + c;
       dv[r] = static_cast<TVO>(isfinite(csg::f(v[r])) ? x * bt[i] : 0.f);
@@ -641,17 +694,21 @@ _KERNELS = {
 }  # fmt: skip
 
 
-def threads() -> int:
-    """Threads per block: :data:`NT` unless ``CHUNKSCAN_GDN_NT`` is set (256 or 512)."""
-    nt = int(os.environ.get("CHUNKSCAN_GDN_NT") or NT)
+def threads(which: str, C: int) -> int:
+    """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`), or
+    ``CHUNKSCAN_GDN_NT`` where set (256 or 512)."""
+    env = os.environ.get("CHUNKSCAN_GDN_NT")
+    if not env:
+        return 512 if (which, C) in _NT_512 else NT
+    nt = int(env)
     if nt not in (256, 512):
         raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {nt}")
     return nt
 
 
 def slice_columns(Dv: int) -> int:
-    """Columns of ``Dv`` per block of ``state_grads``: :data:`TV` unless
-    ``CHUNKSCAN_GDN_TV`` is set (32 or 64; 32 where 64 does not divide ``Dv``)."""
+    """Columns of ``Dv`` per block of ``state_grads``: :data:`TV`, or
+    ``CHUNKSCAN_GDN_TV`` where set (32 or 64); 32 where that does not divide ``Dv``."""
     tv = int(os.environ.get("CHUNKSCAN_GDN_TV") or TV)
     if tv not in (32, 64):
         raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32 or 64, not {tv}")
@@ -663,7 +720,7 @@ def smem_bytes(
 ) -> int:
     """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
     ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
-    nt = threads() if nt is None else nt
+    nt = threads(which, C) if nt is None else nt
     tv = slice_columns(Dv) if tv is None else tv
     ldc, ldk, ldv = C + 1, Dk + 1, Dv + 1
     if which == "prepare":
@@ -671,7 +728,7 @@ def smem_bytes(
     elif which == "output":
         floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv, C * ldk) + C * ldv + 3 * C
     elif which == "state_grads":
-        floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + nt
+        floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + nt + 2 * C * 33
     else:
         floats = 7 * C * ldc + 3 * C * ldk + 2 * nt + 9 * C
     return 4 * floats
@@ -694,15 +751,12 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
         return False
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
         return False
-    nt = threads()
-    if nt % C:
-        return False
-    return all(smem_bytes(w, C, Dk, Dv, nt) <= _SMEM_LIMIT for w in _KERNELS)
+    return all(smem_bytes(w, C, Dk, Dv) <= _SMEM_LIMIT for w in _KERNELS)
 
 
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, source = _KERNELS[which]
-    nt = threads()
+    nt = threads(which, C)
     smem = smem_bytes(which, C, Dk, Dv, nt, tv)
     grid, group = (n * nt, L, z), (nt, 1, 1)
     template = [("NT", nt)] + list(template)
