@@ -70,6 +70,19 @@ if want profile; then
       --profile --tokens 4096 --C $1 --json "$OUT/gdn_profile_C$1_nt$2_tv$3_h200.json"
   done
 fi
+if want profile_default; then
+  stage profile_default  # phase clocks of the chunk kernels as they are by default
+  for C in 64 32; do
+    timeout 50 python3 bench/gdn_fused_kernels.py --profile --tokens 4096 --C $C \
+      --json "$OUT/gdn_profile_C${C}_default_h200.json" | grep -E "block +0, +0|rror"
+  done
+fi
+if want gdn16k; then
+  stage gdn16k  # the op at T=16384 beside fla, eager and compiled, C=64 and 32
+  (cd bench && timeout 170 python3 gdn_vs_fla.py --T 16384 --impls chunkscan fla \
+    --modes eager compiled --chunk-sizes 64 32 --repeats 3 --budget 150 \
+    --json "$OUT/gdn_vs_fla_16k_h200.json")
+fi
 if want gdn_memlimit; then
   stage gdn_memlimit  # the op's peak when MLX may hold only so much above the inputs
   # (mx.set_memory_limit: MLX then waits for queued graphs and frees what they hold)
@@ -98,6 +111,11 @@ CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16
 # configuration compiles every kernel of the model (minutes); the rows record how many
 # were cached before (ptx_cache_files_before); the first call writes the file, --merge adds.
 LORA="python3 bench/lora.py --dtype bfloat16 --repeats 2 --config $(printf %q "$CFG") --json $OUT/lora_h200_bf16.json"
+if want lora8192; then
+  stage lora8192  # the LoRA step at T=8192, patched against the no-recurrence stub
+  eval timeout 170 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config $(printf %q "$CFG") \
+    --timeout 160 --T 8192 --modes stub patched --json $OUT/lora_h200_8192.json | tail -3
+fi
 if want lora; then
   stage lora  # issue 10: both patches 8192 vs 32768, T=512 with and without; issue 9
   eval timeout 420 $LORA --timeout 400 --T 8192 --modes patched+attn | tail -3
