@@ -83,6 +83,16 @@ if want gdn16k; then
     --modes eager compiled --chunk-sizes 64 32 --repeats 3 --budget 150 \
     --json "$OUT/gdn_vs_fla_16k_h200.json")
 fi
+if want tests_pass; then
+  stage tests_pass  # the state-pass kernel's CUDA tests alone
+  MLX_ENABLE_TF32=0 timeout 140 python3 -m pytest -q -s -p no:cacheprovider -rs \
+    tests/ops/test_gated_delta_passes.py 2>&1 | tee "$OUT/tests_h200_passes.txt" | tail -4
+fi
+if want gdn_eager; then
+  stage gdn_eager  # the op (default chunk size) beside fla at T=16384 and 65536, eager
+  (cd bench && timeout 150 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
+    --modes eager --repeats 3 --budget 130 --json "$OUT/gdn_vs_fla_eager_h200.json")
+fi
 if want gdn_memlimit; then
   stage gdn_memlimit  # the op's peak when MLX may hold only so much above the inputs
   # (mx.set_memory_limit: MLX then waits for queued graphs and frees what they hold)
