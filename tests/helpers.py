@@ -222,3 +222,15 @@ def cuda_emulator():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def fake_cuda_limits(monkeypatch, kib_per_block: int, kib_per_sm: int | None = None) -> None:
+    """Make :func:`chunkscan._backend.cuda_limits` report a CUDA device with this much
+    shared memory per block (and per multiprocessor): what the kernels' dispatch and
+    configurations read. Nothing is launched; use it for ``supports``-level checks."""
+    from chunkscan import _backend
+
+    per_sm = (kib_per_sm or kib_per_block + 1) * 1024
+    limits = _backend.CudaLimits(kib_per_block * 1024, per_sm, 132, "test")
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    monkeypatch.setattr(_backend, "_LIMITS", {0: limits})

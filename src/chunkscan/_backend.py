@@ -6,11 +6,18 @@ op's argument
 ``kernels=False``, or for every op by the environment variable
 ``CHUNKSCAN_CUDA_KERNELS=0`` (read at each call). ``kernels=True`` asks for the kernel
 where the backend has one; elsewhere the portable path runs.
+
+Each op takes its kernels only for calls whose kernels fit the device: their shared
+memory per block within :func:`cuda_limits` (asked of the CUDA driver), so a GPU with
+less shared memory than an H100 (an A100, consumer GPUs) gets the kernels that fit
+and the portable ops for the rest instead of a launch failure.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -100,3 +107,98 @@ def _through_runner(runner, name, input_names, output_names, source, header, sha
         )  # fmt: skip
 
     return call
+
+
+@dataclass(frozen=True)
+class CudaLimits:
+    """What the kernels' launch configurations depend on, for one CUDA device.
+
+    ``smem_per_block``: the opt-in maximum of dynamic shared memory per block (bytes);
+    ``smem_per_sm``: shared memory per multiprocessor; ``sm_count``: multiprocessors;
+    ``source``: where the figures come from (``"driver"``, ``"compute capability X.Y"``,
+    ``"no CUDA device"`` or ``"unknown GPU"``)."""
+
+    smem_per_block: int
+    smem_per_sm: int
+    sm_count: int
+    source: str
+
+
+# Per compute capability (the CUDA programming guide's table): opt-in shared memory per
+# block and per multiprocessor, KiB. Only used where the driver cannot be asked.
+_SMEM_KIB_BY_CC = {
+    (8, 0): (163, 164), (8, 6): (99, 100), (8, 7): (163, 164), (8, 9): (99, 100),
+    (9, 0): (227, 228), (10, 0): (227, 228), (10, 3): (227, 228), (12, 0): (99, 100),
+    (12, 1): (99, 100),
+}  # fmt: skip
+# No CUDA device (the CPU emulator runs the kernels): an H100 / H200 SXM, the device the
+# kernels were tuned and tested on. An unknown GPU: the smallest of the table.
+_SM90 = CudaLimits(227 * 1024, 228 * 1024, 132, "no CUDA device")
+_SMALLEST = CudaLimits(99 * 1024, 100 * 1024, 132, "unknown GPU")
+
+# The CUDA driver API's device attributes (cuda.h, CUdevice_attribute).
+_ATTR_SM_COUNT, _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 16, 75, 76
+_ATTR_SMEM_PER_SM, _ATTR_SMEM_PER_BLOCK_OPTIN = 81, 97
+
+
+def cuda_limits() -> CudaLimits:
+    """The shared-memory limits and multiprocessor count of the default CUDA device (see
+    :class:`CudaLimits`), asked once of the CUDA driver (``libcuda``); where that fails,
+    from the compute capability that ``mx.device_info()`` reports, and else the smallest
+    limits of any GPU MLX supports. Without a CUDA device: an H200's (for the emulator)."""
+    if not cuda_device():
+        return _SM90
+    index = _device_index(mx.default_device())
+    limits = _LIMITS.get(index)
+    if limits is None:
+        limits = _driver_limits(index) or _limits_from_device_info() or _SMALLEST
+        _LIMITS[index] = limits
+    return limits
+
+
+_LIMITS: dict[int, CudaLimits] = {}
+
+
+def _device_index(device) -> int:
+    """The index of an ``mx.Device`` (``Device(gpu, 1)`` -> 1; MLX's Python binding has
+    no attribute for it), 0 where its text has none."""
+    m = re.search(r",\s*(\d+)\)\s*$", str(device))
+    return int(m.group(1)) if m else 0
+
+
+def _driver_limits(index: int, lib=None) -> CudaLimits | None:
+    """:class:`CudaLimits` from the CUDA driver for device ``index`` (``None`` where the
+    driver library or a call fails); ``lib``: a loaded ``libcuda`` (tests pass a fake)."""
+    import ctypes
+
+    try:
+        if lib is None:
+            lib = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+        if lib.cuInit(0) != 0:
+            return None
+        dev = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return None
+        values = []
+        for attr in (_ATTR_SMEM_PER_BLOCK_OPTIN, _ATTR_SMEM_PER_SM, _ATTR_SM_COUNT):
+            v = ctypes.c_int()
+            if lib.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) != 0 or v.value <= 0:
+                return None
+            values.append(v.value)
+    except (OSError, AttributeError):
+        return None
+    return CudaLimits(*values, source="driver")
+
+
+def _limits_from_device_info(info: dict | None = None) -> CudaLimits | None:
+    """:class:`CudaLimits` from the compute capability in ``mx.device_info()`` (``None``
+    where it is missing or not in the table)."""
+    try:
+        info = mx.device_info() if info is None else info
+        cc = (int(info["compute_capability_major"]), int(info["compute_capability_minor"]))
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
+        return None
+    kib = _SMEM_KIB_BY_CC.get(cc)
+    if kib is None:
+        return None
+    return CudaLimits(kib[0] * 1024, kib[1] * 1024, 132, f"compute capability {cc[0]}.{cc[1]}")

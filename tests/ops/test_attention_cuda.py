@@ -16,7 +16,7 @@ import shutil
 import mlx.core as mx
 import pytest
 from helpers import attention_inputs as make_inputs
-from helpers import cuda_emulator, max_rel, rel_rmse
+from helpers import cuda_emulator, fake_cuda_limits, max_rel, rel_rmse
 
 from chunkscan import _backend
 from chunkscan.ops.attention import _cuda, blocked, naive_attention
@@ -42,6 +42,15 @@ def test_supports():
     assert not _cuda.supports(_spec(8, 8, 64, 32, None), mx.bfloat16)  # Dv < 64
     assert not _cuda.supports(_spec(8, 8, 64, 288, None), mx.bfloat16)  # Dv > 256
     assert not _cuda.supports(_spec(8, 8, 64, 64, mx.ones((8, 8), mx.bool_)), mx.bfloat16)
+
+
+@pytest.mark.parametrize("kib, sizes", [(163, (64, 128, 192)), (99, (64,))])
+def test_supports_follows_the_device_shared_memory(monkeypatch, kib, sizes):
+    """An A100 (163 KiB per block) takes head sizes up to 192, a consumer GPU (99 KiB)
+    64 only; larger heads run the blocked ops instead of failing at launch."""
+    fake_cuda_limits(monkeypatch, kib)
+    for D in (64, 128, 192, 256):
+        assert _cuda.supports(_spec(8, 8, D, D, None), mx.bfloat16) == (D in sizes), D
 
 
 def test_shared_memory_fits_every_head_size():

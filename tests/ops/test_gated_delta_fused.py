@@ -18,7 +18,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
-from helpers import cuda_emulator, max_rel
+from helpers import cuda_emulator, fake_cuda_limits, max_rel
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
@@ -174,6 +174,53 @@ def test_emulated_tuning_knobs(emulated, monkeypatch, nt, tv):
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
     assert set(emulated) == set(_chunk_cuda._KERNELS)
     assert_close(got, outputs_and_grads(naive, inputs))
+
+
+# Opt-in shared memory per block: an H100 / H200, an A100, consumer GPUs (sm_86/89/120).
+DEVICES = {227: {64: True, 32: True}, 163: {64: False, 32: True}, 99: {64: False, 32: False}}
+
+
+@pytest.mark.parametrize("kib", DEVICES, ids=[f"{k}KiB" for k in DEVICES])
+def test_supports_follows_the_device_shared_memory(monkeypatch, kib):
+    """The kernels are taken only where every one fits the device's shared memory per
+    block (a launch would fail otherwise); where they do not, the batched ops run."""
+    fake_cuda_limits(monkeypatch, kib)
+    for C, fits in DEVICES[kib].items():
+        assert _chunk_cuda.supports(C, 128, 128, False) == fits, C
+        tv = _chunk_cuda.slice_columns(128, C, 128)
+        sizes = [_chunk_cuda.smem_bytes(w, C, 128, 128, _chunk_cuda.threads(w, C, 128, 128), tv)
+                 for w in _chunk_cuda._KERNELS]  # fmt: skip
+        assert (max(sizes) <= kib * 1024) == fits, (C, sizes)
+    assert _chunk_cuda.supports(32, 64, 64, False)  # smaller heads fit everywhere
+
+
+def test_defaults_shrink_to_fit_the_device(monkeypatch):
+    """64 columns per state_grads block and 512 threads for input_grads are the H200's
+    choices; where they would not fit, 32 columns and 256 threads."""
+    fake_cuda_limits(monkeypatch, 227)
+    assert _chunk_cuda.slice_columns(128, 32, 128) == 64
+    assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
+    fake_cuda_limits(monkeypatch, 102)  # state_grads with 64 columns: 110.4 KiB at C=32
+    assert _chunk_cuda.slice_columns(128, 32, 128) == 32
+    assert _chunk_cuda.supports(32, 128, 128, False)
+    fake_cuda_limits(monkeypatch, 81)  # input_grads: 82.4 KiB with 512 threads, 80.4 with 256
+    assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 256
+
+
+@pytest.mark.parametrize("kib, default", [(227, 64), (163, 32), (99, 128)])
+def test_default_chunk_size_follows_the_device(monkeypatch, kib, default):
+    """On CUDA the default chunk size is the largest the fused kernels take (64, then
+    32), else 128 (the batched ops, as with the kernels off)."""
+    from chunkscan.ops.gated_delta import _passes
+
+    fake_cuda_limits(monkeypatch, kib)
+    monkeypatch.setattr(_passes, "cuda_device", lambda: True)
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
+    assert chunk_module.default_chunk_size() == default
+    assert chunk_module.default_chunk_size(None, 128, 128) == default
+    assert chunk_module.default_chunk_size(False) == 128
+    if kib == 99:
+        assert chunk_module.default_chunk_size(None, 64, 64) == 32
 
 
 def test_tuning_knobs_reject_other_values(monkeypatch):

@@ -11,7 +11,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import cuda_emulator
+from helpers import cuda_emulator, fake_cuda_limits
 
 from chunkscan import _backend
 from chunkscan.ops.gated_delta import _passes
@@ -119,6 +119,21 @@ def test_cuda_config_covers_required_shapes(has_e):
         assert (cfg.CP // cfg.A1) * (cfg.TR // cfg.B1) == cfg.NT
         assert (Dk // 4 // cfg.J4) * (cfg.TR // cfg.B2) == cfg.NT
         assert cfg.smem == _pass_cuda.smem_bytes(C, Dk, cfg.TR, cfg.CP, has_e)
+
+
+@pytest.mark.parametrize("kib", [163, 99])
+def test_cuda_config_fits_smaller_devices(monkeypatch, kib):
+    """An A100's and a consumer GPU's shared memory per block: every required shape
+    still gets a configuration within that limit (fewer rows per piece), with the
+    default budget and with a budget asked above the limit (CHUNKSCAN_PASS_SMEM_KB)."""
+    fake_cuda_limits(monkeypatch, kib)
+    for budget in (None, "220"):
+        if budget:
+            monkeypatch.setenv("CHUNKSCAN_PASS_SMEM_KB", budget)
+        for C, Dk, R in REQUIRED:
+            for has_e in (True, False):
+                cfg = _pass_cuda.choose_config(C, Dk, R, has_e, L=32)
+                assert cfg is not None and cfg.smem <= kib * 1024, (C, Dk, R, has_e, cfg)
 
 
 def test_cuda_supports_rejects():

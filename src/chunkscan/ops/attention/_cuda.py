@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel
+from ..._backend import cuda_kernel, cuda_limits
 from ._checks import Spec
 
 F32 = mx.float32
 BR = 64  # query rows per tile
 BC = 64  # keys per tile
 NT = 256  # threads per block
-_SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90
+_SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90: what every size fits
 
 _HEADER = r"""
 #include <mma.h>
@@ -482,8 +482,10 @@ def smem_bytes(D: int, Dv: int) -> dict[str, int]:
 
 
 def supports(spec: Spec, dtype: mx.Dtype) -> bool:
-    """Whether the kernels take this call: bfloat16, head sizes 64, 128, 192 or 256, no
-    mask or ``"causal"`` with ``T <= S`` (every query sees a key).
+    """Whether the kernels take this call: bfloat16, head sizes 64, 128, 192 or 256 whose
+    kernels fit the device's shared memory (:func:`chunkscan._backend.cuda_limits`; on
+    an A100 D = 256 does not, on consumer GPUs only D = 64 does), no mask or
+    ``"causal"`` with ``T <= S`` (every query sees a key).
 
     float16 stays on the blocked ops: the ``dq`` kernel rounds ``p~ (dp - delta)``
     with ``p~`` up to 256 (its lazily moved reference) to the input dtype, which for
@@ -493,6 +495,8 @@ def supports(spec: Spec, dtype: mx.Dtype) -> bool:
     if dtype != mx.bfloat16:
         return False
     if spec.D % 64 or spec.Dv % 64 or not (64 <= spec.D <= 256 and 64 <= spec.Dv <= 256):
+        return False
+    if max(smem_bytes(spec.D, spec.Dv).values()) > cuda_limits().smem_per_block:
         return False
     if spec.mask_kind == "none":
         return True

@@ -47,7 +47,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel
+from ..._backend import cuda_kernel, cuda_limits
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -60,7 +60,6 @@ _NT_512 = {("input_grads", 32), ("input_grads", 64), ("output", 64)}
 # divides Dv (fewer partial sums to write and add; faster on the H200 at both chunk
 # sizes), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
 TV = 64
-_SMEM_LIMIT = 227 * 1024
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 
 _HEADER = r"""
@@ -694,25 +693,40 @@ _KERNELS = {
 }  # fmt: skip
 
 
-def threads(which: str, C: int) -> int:
-    """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`), or
+def threads(which: str, C: int, Dk: int | None = None, Dv: int | None = None) -> int:
+    """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`; 256
+    where, given ``Dk`` and ``Dv``, 512 would not fit the device's shared memory), or
     ``CHUNKSCAN_GDN_NT`` where set (256 or 512)."""
     env = os.environ.get("CHUNKSCAN_GDN_NT")
     if not env:
-        return 512 if (which, C) in _NT_512 else NT
+        nt = 512 if (which, C) in _NT_512 else NT
+        if nt == 512 and Dk is not None and Dv is not None:
+            tv = slice_columns(Dv, C, Dk)
+            if smem_bytes(which, C, Dk, Dv, 512, tv) > cuda_limits().smem_per_block:
+                nt = NT
+        return nt
     nt = int(env)
     if nt not in (256, 512):
         raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {nt}")
     return nt
 
 
-def slice_columns(Dv: int) -> int:
+def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     """Columns of ``Dv`` per block of ``state_grads``: :data:`TV`, or
-    ``CHUNKSCAN_GDN_TV`` where set (32 or 64); 32 where that does not divide ``Dv``."""
-    tv = int(os.environ.get("CHUNKSCAN_GDN_TV") or TV)
+    ``CHUNKSCAN_GDN_TV`` where set (32 or 64); 32 where that does not divide ``Dv`` or,
+    for the default and given ``C`` and ``Dk``, where 64 would not fit the device's
+    shared memory."""
+    env = os.environ.get("CHUNKSCAN_GDN_TV")
+    tv = int(env or TV)
     if tv not in (32, 64):
         raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32 or 64, not {tv}")
-    return tv if Dv % tv == 0 else 32
+    if Dv % tv:
+        return 32
+    if not env and tv == 64 and C is not None and Dk is not None:
+        nt = threads("state_grads", C)
+        if smem_bytes("state_grads", C, Dk, Dv, nt, 64) > cuda_limits().smem_per_block:
+            return 32
+    return tv
 
 
 def smem_bytes(
@@ -721,7 +735,7 @@ def smem_bytes(
     """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
     ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
     nt = threads(which, C) if nt is None else nt
-    tv = slice_columns(Dv) if tv is None else tv
+    tv = slice_columns(Dv, C, Dk) if tv is None else tv
     ldc, ldk, ldv = C + 1, Dk + 1, Dv + 1
     if which == "prepare":
         floats = C * ldk + C * (max(Dk, Dv) + 1) + 2 * C * ldc + 4 * C
@@ -738,7 +752,7 @@ def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
     """Float32 values per chunk and lane that one group's kernels write (forward and
     backward): ``a``, ``p``; ``w``, ``kt``, ``u``; ``h`` and the state cotangents;
     ``d_vnew``; the ``NV`` partial sums; ``dq``, ``dk`` per value head."""
-    nv = Dv // (slice_columns(Dv) if tv is None else tv)
+    nv = Dv // (slice_columns(Dv, C, Dk) if tv is None else tv)
     per_slice = 3 * C * Dk + 2 * C * C
     return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
 
@@ -746,17 +760,21 @@ def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
 def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     """Whether these kernels handle a call (scalar gates, C 32 or 64, Dk and Dv
     multiples of 32 up to 128, at most 65535 lanes ``B * Hv``: a CUDA grid's second
-    dimension)."""
+    dimension; every kernel's shared memory within the device's opt-in maximum per
+    block, :func:`chunkscan._backend.cuda_limits`: 227 KiB on an H100 / H200, 163 on an
+    A100, 99 on consumer GPUs)."""
     if channel or C not in (32, 64) or lanes > MAX_GRID_Y:
         return False
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
         return False
-    return all(smem_bytes(w, C, Dk, Dv) <= _SMEM_LIMIT for w in _KERNELS)
+    limit = cuda_limits().smem_per_block
+    tv = slice_columns(Dv, C, Dk)
+    return all(smem_bytes(w, C, Dk, Dv, threads(w, C, Dk, Dv), tv) <= limit for w in _KERNELS)
 
 
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, source = _KERNELS[which]
-    nt = threads(which, C)
+    nt = threads(which, C, Dk, Dv)
     smem = smem_bytes(which, C, Dk, Dv, nt, tv)
     grid, group = (n * nt, L, z), (nt, 1, 1)
     template = [("NT", nt)] + list(template)
@@ -844,7 +862,7 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     (both ``[L, n, Dv, Dk]``), raw ``d_o`` and ``v`` ``[B, n, C, Hv, Dv]``."""
     B, n, C, Hv, Dv = v.shape
     L, Dk = s.shape[0], s.shape[-1]
-    tv = slice_columns(Dv)
+    tv = slice_columns(Dv, C, Dk)
     nv = Dv // tv
     tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3

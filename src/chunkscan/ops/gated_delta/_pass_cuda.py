@@ -30,7 +30,8 @@ Shapes handled (see :func:`supports`): ``C`` in 8..256 and a multiple of 8, ``Dk
 multiple of 32 up to 256, ``R`` a multiple of 8 up to 256, float32 operands. The tile
 configuration can be forced for tuning with ``CHUNKSCAN_PASS_TR`` (rows per block) and
 ``CHUNKSCAN_PASS_SMEM_KB`` (shared-memory budget per block; default: at most 100 KiB
-and small enough for the whole grid to be resident on 132 multiprocessors; fewer rows
+and small enough for the whole grid to be resident on the device's multiprocessors,
+:func:`chunkscan._backend.cuda_limits`; fewer rows
 per piece ``CP`` when it does not fit).
 """
 
@@ -41,12 +42,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel
+from ..._backend import cuda_kernel, cuda_limits
 
 F32 = mx.float32
-_SMEM_LIMIT = 227 * 1024  # opt-in maximum per block on sm_90
-_SMEM_PER_SM = 228 * 1024  # per multiprocessor on sm_90 (1 KiB of it reserved per block)
-_SM_COUNT = 132  # H100 / H200 SXM: only sizes the default shared-memory budget
+# The device's shared memory (opt-in maximum per block; per multiprocessor, 1 KiB of it
+# reserved per block) and multiprocessors (they only size the default budget):
+# chunkscan._backend.cuda_limits().
 
 _INPUTS = ["xin", "decay", "Fm", "Em", "Gm", "Hm", "inits", "loads", "stores"]
 _OUTPUTS = ["entering", "xout", "stored"]
@@ -383,8 +384,9 @@ def _budget(L: int | None, R: int | None, TR: int) -> int:
         return int(env) * 1024
     budget = 100 * 1024
     if L is not None and R is not None:
-        per_sm = -(-(L * (R // TR)) // _SM_COUNT)
-        budget = min(budget, _SMEM_PER_SM // per_sm - 1024)
+        limits = cuda_limits()
+        per_sm = -(-(L * (R // TR)) // limits.sm_count)
+        budget = min(budget, limits.smem_per_sm // per_sm - 1024)
     return max(budget, 16 * 1024)
 
 
@@ -401,6 +403,7 @@ def choose_config(
     if TR is None and env_tr:
         TR = int(env_tr)
     trs = [TR] if TR else [16, 8, 32]
+    limit = cuda_limits().smem_per_block
     for tr in trs:
         if tr % 4 or (R is not None and R % tr):
             continue
@@ -416,9 +419,9 @@ def choose_config(
                 if p1 is None:
                     continue
                 sm = smem_bytes(C, Dk, tr, CP, has_e)
-                if sm > min(budget, _SMEM_LIMIT) and CP > 8:
+                if sm > min(budget, limit) and CP > 8:
                     continue
-                if sm > _SMEM_LIMIT:
+                if sm > limit:
                     continue
                 return Config(tr, NT, CP, p1[0], p1[1], p2[0], p2[1], sm)
     return None

@@ -93,7 +93,8 @@ def gated_delta_rule(
             with ``cu_seqlens``, one per sequence). Default: zeros.
         chunk_size (int, optional): Steps per chunk; a performance knob only (need not
             divide ``T``; larger than the longest sequence means one chunk).
-            Default: ``None``: :func:`default_chunk_size` (64; 128 on CUDA with the
+            Default: ``None``: :func:`default_chunk_size` (64; on CUDA 32 or 128 where
+            the fused kernels do not take 64, and 128 with the
             kernels off). On CUDA the fused chunk kernels take 32 or 64 (32: faster,
             twice the saved states); other sizes run the batched MLX ops.
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
@@ -119,7 +120,9 @@ def gated_delta_rule(
         >>> o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=s0)
     """
     if chunk_size is None:
-        chunk_size = default_chunk_size(kernels)
+        shaped = all(isinstance(x, mx.array) and x.ndim == 4 for x in (q, v))
+        dims = (q.shape[-1], v.shape[-1]) if shaped else (128, 128)  # checked just below
+        chunk_size = default_chunk_size(kernels, *dims)
     spec = check_inputs(
         "gated_delta_rule", q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens,
         normalize_qk=normalize_qk,
@@ -145,15 +148,22 @@ def gated_delta_rule(
     return o, final
 
 
-def default_chunk_size(kernels: bool | None = None) -> int:
-    """The ``chunk_size`` :func:`gated_delta_rule` uses when given none: 64 (fewest
-    multiply-adds on the CPU; the fused CUDA kernels' size), or 128 on a CUDA GPU with
-    the kernels off (``kernels=False`` or ``CHUNKSCAN_CUDA_KERNELS=0``): the portable
-    ops run fewer, larger ops there (measured 1.2-1.5x faster at the Qwen3-Next layer
-    shape on an H200)."""
-    if _passes.cuda_device() and not _passes.use_kernels(kernels, "gated_delta_rule"):
+def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128) -> int:
+    """The ``chunk_size`` :func:`gated_delta_rule` uses when given none, for head sizes
+    ``Dk``, ``Dv``: 64 (fewest multiply-adds on the CPU; the fused CUDA kernels' size).
+    On a CUDA GPU: 64 where the fused chunk kernels take it, else 32 where they take
+    that (a GPU with less shared memory per block than an H100's: an A100 at D = 128),
+    else 128, as with the kernels off (``kernels=False`` or
+    ``CHUNKSCAN_CUDA_KERNELS=0``): the batched ops run fewer, larger ops there
+    (measured 1.2-1.5x faster at the Qwen3-Next layer shape on an H200)."""
+    if not _passes.cuda_device():
+        return 64
+    if not _passes.use_kernels(kernels, "gated_delta_rule"):
         return 128
-    return 64
+    for C in (64, 32):
+        if _chunk_cuda.supports(C, Dk, Dv, False):
+            return C
+    return 128
 
 
 def _fused(spec: Spec, C: int, kernels: bool) -> bool:

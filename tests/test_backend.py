@@ -1,0 +1,103 @@
+"""chunkscan._backend: the device limits the CUDA kernels' configurations follow."""
+
+from __future__ import annotations
+
+import ctypes
+
+import mlx.core as mx
+import pytest
+
+from chunkscan import _backend
+
+
+class FakeDriver:
+    """Stands in for ``libcuda``: ``cuInit``, ``cuDeviceGet``, ``cuDeviceGetAttribute``
+    with the values of ``attrs`` (a missing attribute fails, like an old driver)."""
+
+    def __init__(self, attrs: dict[int, int], init: int = 0):
+        self.attrs, self.init, self.asked = attrs, init, []
+
+    def cuInit(self, flags):
+        return self.init
+
+    def cuDeviceGet(self, dev, index):
+        ctypes.cast(dev, ctypes.POINTER(ctypes.c_int))[0] = index
+        return 0 if index == 0 else 101  # CUDA_ERROR_INVALID_DEVICE
+
+    def cuDeviceGetAttribute(self, value, attr, dev):
+        self.asked.append(attr)
+        if attr not in self.attrs:
+            return 1
+        ctypes.cast(value, ctypes.POINTER(ctypes.c_int))[0] = self.attrs[attr]
+        return 0
+
+
+A100 = {97: 163 * 1024, 81: 164 * 1024, 16: 108}
+
+
+def test_driver_limits():
+    lib = FakeDriver(A100)
+    got = _backend._driver_limits(0, lib)
+    assert got == _backend.CudaLimits(163 * 1024, 164 * 1024, 108, "driver")
+    assert sorted(lib.asked) == [16, 81, 97]
+
+
+@pytest.mark.parametrize(
+    "lib, index",
+    [(FakeDriver(A100, init=100), 0), (FakeDriver(A100), 1), (FakeDriver({97: 1, 81: 1}), 0),
+     (FakeDriver({**A100, 97: 0}), 0), (object(), 0)],
+    ids=["no device", "bad index", "attribute missing", "zero", "no such symbol"],
+)  # fmt: skip
+def test_driver_limits_none_where_the_driver_fails(lib, index):
+    assert _backend._driver_limits(index, lib) is None
+
+
+def test_limits_from_the_compute_capability():
+    a100 = _backend._limits_from_device_info(
+        {"compute_capability_major": 8, "compute_capability_minor": 0}
+    )
+    assert (a100.smem_per_block, a100.smem_per_sm) == (163 * 1024, 164 * 1024)
+    assert a100.source == "compute capability 8.0"
+    h100 = _backend._limits_from_device_info(
+        {"compute_capability_major": "9", "compute_capability_minor": "0"}
+    )
+    assert h100.smem_per_block == 227 * 1024
+    unknown = {"compute_capability_major": 7, "compute_capability_minor": 5}
+    assert _backend._limits_from_device_info(unknown) is None
+    assert _backend._limits_from_device_info({"device_name": "cpu"}) is None
+
+
+def test_without_a_cuda_device_the_limits_are_an_h200s():
+    if _backend.cuda_device():
+        pytest.skip("a CUDA device is present")
+    assert _backend.cuda_limits() == _backend._SM90
+
+
+def test_cuda_limits_falls_back_in_order(monkeypatch):
+    """Driver, then compute capability, then the smallest GPU; asked once per device."""
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    monkeypatch.setattr(_backend, "_LIMITS", {})
+    calls = []
+    monkeypatch.setattr(_backend, "_driver_limits", lambda i: calls.append(i) or None)
+    monkeypatch.setattr(_backend, "_limits_from_device_info", lambda: None)
+    assert _backend.cuda_limits() == _backend._SMALLEST
+    assert _backend.cuda_limits() == _backend._SMALLEST
+    assert calls == [_backend._device_index(mx.default_device())]  # cached
+    monkeypatch.setattr(_backend, "_LIMITS", {})
+    a100 = _backend.CudaLimits(163 * 1024, 164 * 1024, 132, "compute capability 8.0")
+    monkeypatch.setattr(_backend, "_limits_from_device_info", lambda: a100)
+    assert _backend.cuda_limits() == a100
+
+
+def test_device_index():
+    assert _backend._device_index(mx.Device(mx.gpu, 3)) == 3
+    assert _backend._device_index(mx.Device(mx.cpu, 0)) == 0
+    assert _backend._device_index("no index") == 0
+
+
+@pytest.mark.skipif(not _backend.cuda_device(), reason="needs MLX with a CUDA GPU")
+def test_cuda_limits_come_from_the_driver():
+    """On a CUDA machine the limits are the driver's (not a table's guess)."""
+    limits = _backend.cuda_limits()
+    assert limits.source == "driver", limits
+    assert limits.smem_per_block >= 48 * 1024 and limits.sm_count > 0
