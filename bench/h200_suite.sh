@@ -26,7 +26,7 @@ if want tests || want tests_gdn; then
     "tests/ops/test_gated_delta.py::test_fp32_matches_oracle" \
     "tests/ops/test_gated_delta.py::test_packed_sequences" \
     "tests/ops/test_gated_delta.py::test_low_precision_is_the_float32_call_rounded" \
-    tests/ops/test_gated_delta_channel.py \
+    tests/ops/test_gated_delta_channel.py tests/test_backend.py \
     2>&1 | tee "$OUT/tests_h200_gdn.txt" | tail -4
 fi
 if want fused; then
