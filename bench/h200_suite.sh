@@ -6,7 +6,8 @@
 #     bash bench/h200_suite.sh                 # every stage (more than one 10-minute call)
 #     bash bench/h200_suite.sh tests gdn       # the stages named (see STAGES below)
 #
-# Each stage has a time limit. How long stages took on the H200 (the stage lines carry
+# Each stage has a time limit. fla's rows come first where both run, so that a
+# stage's --budget cuts chunkscan's extra rows, not the side-by-side baseline. How long stages took on the H200 (the stage lines carry
 # clock times): bench/results/h200/logs/; "tests" is tests_attention and tests_gdn.
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 STAGES=${*:-tests gdn pass lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm kda phases groups}
@@ -79,7 +80,7 @@ if want profile_default; then
 fi
 if want gdn16k; then
   stage gdn16k  # the op at T=16384 beside fla, eager and compiled, C=64 and 32
-  (cd bench && timeout 170 python3 gdn_vs_fla.py --T 16384 --impls chunkscan fla \
+  (cd bench && timeout 170 python3 gdn_vs_fla.py --T 16384 --impls fla chunkscan \
     --modes eager compiled --chunk-sizes 64 32 --repeats 3 --budget 150 \
     --json "$OUT/gdn_vs_fla_16k_h200.json")
 fi
@@ -90,7 +91,7 @@ if want tests_pass; then
 fi
 if want gdn_eager; then
   stage gdn_eager  # the op (default chunk size) beside fla at T=16384 and 65536, eager
-  (cd bench && timeout 150 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
+  (cd bench && timeout 150 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan \
     --modes eager --repeats 3 --budget 130 --json "$OUT/gdn_vs_fla_eager_h200.json")
 fi
 if want gdn_memlimit; then
@@ -102,7 +103,7 @@ if want gdn_memlimit; then
 fi
 if want gdn_fused; then
   stage gdn_fused  # chunkscan (fused kernels) beside fla, eager and compiled
-  (cd bench && timeout 270 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan fla \
+  (cd bench && timeout 270 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan \
     --modes eager compiled --chunk-sizes 64 32 --repeats 3 --budget 220 \
     --json "$OUT/gdn_vs_fla_fused_h200.json")
 fi
@@ -151,7 +152,7 @@ if want lora_c64; then
 fi
 if want gdn_65536; then
   stage gdn_65536  # the fused kernels at T=65536 beside fla, eager
-  (cd bench && timeout 110 python3 gdn_vs_fla.py --T 65536 --impls chunkscan fla \
+  (cd bench && timeout 110 python3 gdn_vs_fla.py --T 65536 --impls fla chunkscan \
     --modes eager --chunk-sizes 64 32 --repeats 3 --budget 85 \
     --json "$OUT/gdn_vs_fla_fused_65536_h200.json")
 fi
