@@ -135,9 +135,16 @@ def measure(
     Dv: int = 128,
     seed: int = 0,
     gate: str = "head",
+    save: str | None = None,
 ) -> dict[str, Any]:
-    """One configuration (run in its own process by :func:`main`)."""
+    """One configuration (run in its own process by :func:`main`); ``save``: what
+    chunkscan's forward keeps for the backward (``chunk._SAVE``; None: the default)."""
     import mlx.core as mx
+
+    if save:
+        from chunkscan.ops.gated_delta import chunk as chunk_module
+
+        chunk_module._SAVE = save
 
     from chunkscan.commands.measure import median_seconds, peak_above_active
 
@@ -163,6 +170,7 @@ def measure(
         "dtype": dtype,
         "chunk_size": _chunk_used(impl, chunk_size),
         "gate": gate,
+        "save": save,
         "seconds": seconds,
         "peak_bytes": peak,
         "kib_per_token": peak / KiB / T,
@@ -228,6 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest T for the per-token loops (mlx_lm, mlx_fast, scan); their memory "
         "grows by ~8 MiB per token at this shape",
     )
+    p.add_argument(
+        "--save",
+        nargs="+",
+        default=[None],
+        choices=["groups", "chunks"],
+        help="chunkscan only: what the forward keeps for the backward, the state entering "
+        "each group (recomputed per chunk in the backward) or every chunk's (default: "
+        "the op's)",
+    )
     p.add_argument("--openblas", default=None, help="path to libopenblas.so.0, or 'auto'")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
     p.add_argument("--json", default=str(OUT / "gated_delta.json"))
@@ -261,11 +278,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 continue
             config["chunk_size"] = args.chunk_size
             config["gate"] = args.gate
-            row = run_isolated("bench.gated_delta:measure", config, timeout=args.timeout, env=env)
-            row.update({k: v for k, v in config.items() if k not in row})
-            row["openblas"] = blas
-            rows.append(row)
-            _print_row(row)
+            for save in args.save if impl == "chunkscan" else [None]:
+                cfg = dict(config, save=save)
+                row = run_isolated("bench.gated_delta:measure", cfg, timeout=args.timeout, env=env)
+                row.update({k: v for k, v in cfg.items() if k not in row})
+                row["openblas"] = blas
+                rows.append(row)
+                _print_row(row)
     _add_ratios(rows)
     return rows
 
@@ -276,7 +295,8 @@ def _print_row(row: dict[str, Any]) -> None:
         return
     print(
         f"{row['impl']:>10} T={row['T']:>6}: {row['seconds']:8.3f} s "
-        f"{row['kib_per_token']:9.1f} KiB/token",
+        f"{row['kib_per_token']:9.1f} KiB/token"
+        + (f"  save={row['save']}" if row.get("save") else ""),
         flush=True,
     )
 
@@ -301,9 +321,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         sp = f"{r['speedup_vs_mlx_lm']:.2f}x" if "speedup_vs_mlx_lm" in r else ""
         mem = f"{r['memory_vs_mlx_lm']:.3f}" if "memory_vs_mlx_lm" in r else ""
+        name = r["impl"] + (f" (save={r['save']})" if r.get("save") else "")
         lines.append(
-            f"| {r['impl']} | {r['T']} | {r['seconds']:.3f} | {r['kib_per_token']:.1f} "
-            f"| {sp} | {mem} |"
+            f"| {name} | {r['T']} | {r['seconds']:.3f} | {r['kib_per_token']:.1f} | {sp} | {mem} |"
         )
     return "\n".join(lines)
 

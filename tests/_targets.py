@@ -40,13 +40,16 @@ def gated_delta_backward_peak(
     C: int,
     channel: bool = False,
     no_edge: str | None = None,
+    save: str | None = None,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all six gradients of ``gated_delta_rule``, the
     op's groups set to ``group_bytes`` (``channel``: a per-channel gate; ``no_edge``:
-    one ordering rule of the op switched off, the negative control)."""
+    one ordering rule of the op switched off, the negative control; ``save``: what the
+    forward keeps, ``chunk._SAVE``)."""
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
     chunk_module._GROUP_BYTES = group_bytes
+    chunk_module._SAVE = save
     if no_edge:
         chunk_module._ordering = without(no_edge)
     inputs = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv, channel=channel)

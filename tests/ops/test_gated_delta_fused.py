@@ -161,6 +161,19 @@ def test_emulated_matches_oracle(emulated, case):
 
 
 @needs_cxx
+def test_emulated_saving_group_states(emulated, monkeypatch):
+    """The fused kernels with ``chunk._SAVE = "groups"`` (the backward recomputes the
+    states entering each group's chunks), one chunk per group, packed sequences."""
+    monkeypatch.setattr(chunk_module, "_SAVE", "groups")
+    monkeypatch.setattr(chunk_module, "_GROUP_BYTES", 1)
+    cu = [0, 30, 70, 100]
+    inputs = make_inputs(1, 100, 1, 2, 32, 64, n_states=3)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, kernels=False, cu_seqlens=cu)
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+    assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))
+
+
+@needs_cxx
 @pytest.mark.parametrize("nt, tv", [(256, 32), (512, 64)])
 def test_emulated_tuning_knobs(emulated, monkeypatch, nt, tv):
     """Every kernel with 256 and with 512 threads per block, and ``state_grads`` with 32
