@@ -10,7 +10,8 @@ backward pass, every per-chunk gradient given the entering state and the leaving
 state gradient, then the hand-derived backward of the preparation (no ``mx.vjp``).
 
 One ``mx.custom_function`` covers the whole sequence. It keeps the state entering every
-chunk (``T / C`` states); the backward walks the groups in reverse, recomputing each
+chunk (``T / C`` states; with ``CHUNKSCAN_GDN_SAVE=groups`` only the state entering each
+group, :data:`_SAVE`); the backward walks the groups in reverse, recomputing each
 group's preparation, and the ordering rules of :mod:`chunkscan._ordering` free one
 group's intermediates before the next group starts. Group sizes follow a byte budget
 (:func:`_group_size`). See ``docs/gated_delta.md`` for the math.
@@ -416,6 +417,8 @@ def _group_size(spec: Spec, C: int, budget: int | None = None, fused: bool = Fal
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
     if fused:
         per_chunk = 4 * spec.B * spec.Hv * _chunk_cuda.scratch_floats(C, spec.Dk, spec.Dv)
+    if _saved_states() == "groups":  # the entering states, recomputed in the backward
+        per_chunk += 4 * spec.B * spec.Hv * spec.Dv * spec.Dk
     if spec.channel:  # sub-chunk arrays: ~8 [P, b, Dk] (P ~ m^2 / 2) and ~8 [C, b, Dk]
         b = _sub_size(C)
         per_chunk += 4 * spec.B * spec.Hv * spec.Dk * C * (4 * (C // b) + 8 * b)
