@@ -137,8 +137,7 @@ _SM90 = CudaLimits(227 * 1024, 228 * 1024, 132, "no CUDA device")
 _SMALLEST = CudaLimits(99 * 1024, 100 * 1024, 132, "unknown GPU")
 
 # The CUDA driver API's device attributes (cuda.h, CUdevice_attribute).
-_ATTR_SM_COUNT, _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 16, 75, 76
-_ATTR_SMEM_PER_SM, _ATTR_SMEM_PER_BLOCK_OPTIN = 81, 97
+_ATTR_SM_COUNT, _ATTR_SMEM_PER_SM, _ATTR_SMEM_PER_BLOCK_OPTIN = 16, 81, 97
 
 
 def cuda_limits() -> CudaLimits:

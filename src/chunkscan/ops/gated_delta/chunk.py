@@ -40,9 +40,10 @@ _GROUP_BYTES: int | None = None
 # What the forward keeps for the backward: "chunks", the state entering every chunk
 # (T / C states: 32 KiB per token at the Qwen3-Next shape with C = 64), or "groups",
 # the state entering each group, the backward recomputing its chunks' with one more
-# forward state pass per group (CPU, T = 1024 / 2048: 21-22% less memory, 13-25% more
-# time; not measured on a GPU yet). None: the environment variable CHUNKSCAN_GDN_SAVE,
-# else "chunks".
+# forward state pass per group (CPU, T = 1024 / 2048: 21-22% less memory,
+# bench/results/cpu/gdn_save_cpu.md; the time cost, one state pass per group, not
+# resolved on the CPU nor measured on a GPU). None: the environment variable
+# CHUNKSCAN_GDN_SAVE, else "chunks".
 _SAVE: str | None = None
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
