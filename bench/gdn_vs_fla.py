@@ -36,10 +36,12 @@ def measure_mlx(
     dtype: str = "bfloat16",
     compile_groups: bool = True,
     memory_limit_mib: int | None = None,
+    save: str | None = None,
 ) -> dict[str, Any]:
     """One MLX configuration (in its own process). ``memory_limit_mib``: MLX's memory
     limit set to that much above the inputs (``mx.set_memory_limit``; MLX then waits for
-    queued work to finish, and frees what it holds, once more memory is active)."""
+    queued work to finish, and frees what it holds, once more memory is active);
+    ``save``: what the op's forward keeps for the backward (``chunk._SAVE``)."""
     import mlx.core as mx
     from gated_delta import _inputs
 
@@ -50,6 +52,7 @@ def measure_mlx(
     if group_mib:
         chunk_module._GROUP_BYTES = group_mib << 20
     chunk_module._COMPILE_GROUPS = compile_groups
+    chunk_module._SAVE = save
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
     mx.eval(xs, w, w_s)
     if memory_limit_mib:
@@ -80,7 +83,7 @@ def measure_mlx(
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
         "group_mib": group_mib, "compile_groups": compile_groups,
-        "memory_limit_mib": memory_limit_mib,
+        "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(),
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
         "fused_kernels": bool(
             kernels is None and _passes.use_kernels(None)
@@ -132,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLX's memory limit, this much above the inputs (mx.set_memory_limit); "
         "0: MLX's default (95%% of the GPU's memory)",
     )
+    p.add_argument(
+        "--save",
+        nargs="+",
+        default=[None],
+        choices=["chunks", "groups"],
+        help="what chunkscan's forward keeps for the backward: every chunk's entering "
+        "state or each group's (default: the op's)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
@@ -154,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 for C in args.chunk_sizes:
                     for mib in args.group_mib:
-                        for cg, lim in itertools.product(
-                            args.compile_groups, args.memory_limit_mib
+                        for cg, lim, save in itertools.product(
+                            args.compile_groups, args.memory_limit_mib, args.save
                         ):
                             cfg = {
                                 "T": T,
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "repeats": args.repeats,
                                 "compile_groups": cg == "on",
                                 "memory_limit_mib": lim or None,
+                                "save": save,
                             }
                             configs.append(("bench_mlx", cfg))
     for kind, cfg in configs:
@@ -195,6 +207,7 @@ def _line(row: dict[str, Any]) -> str:
         + (f"  group {row['group_mib']} MiB" if row.get("group_mib") else "")
         + ("  groups compiled" if row.get("compile_groups") else "")
         + (f"  memory limit +{row['memory_limit_mib']} MiB" if row.get("memory_limit_mib") else "")
+        + (f"  save={row['save']}" if row.get("save") else "")
         + ("  fused kernels" if row.get("fused_kernels") else "")
     )
 

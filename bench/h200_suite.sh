@@ -94,6 +94,13 @@ if want gdn_eager; then
   (cd bench && timeout 150 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan \
     --modes eager --repeats 3 --budget 130 --json "$OUT/gdn_vs_fla_eager_h200.json")
 fi
+if want gdn_save; then
+  stage gdn_save  # what the forward keeps (every chunk's state or each group's): time and
+  # memory, with MLX's default memory limit and 1 GiB above the inputs
+  (cd bench && timeout 200 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan \
+    --modes eager --save chunks groups --memory-limit-mib 0 1024 --repeats 3 --budget 180 \
+    --json "$OUT/gdn_save_h200.json") | grep -E "chunkscan|rror"
+fi
 if want gdn_memlimit; then
   stage gdn_memlimit  # the op's peak when MLX may hold only so much above the inputs
   # (mx.set_memory_limit: MLX then waits for queued graphs and frees what they hold)
