@@ -44,6 +44,22 @@ def meta(**extra: Any) -> dict[str, Any]:
     return {**provenance(), "device": device(), **extra}
 
 
+def add_save_option(p) -> None:
+    """``--save``: what chunkscan's forward keeps for the backward (``chunk._SAVE``), one
+    configuration per mode given; default: the op's."""
+    from chunkscan.ops.gated_delta.chunk import SAVE_MODES
+
+    p.add_argument(
+        "--save",
+        nargs="+",
+        default=[None],
+        choices=SAVE_MODES,
+        help="chunkscan only: what the forward keeps for the backward, every chunk's "
+        "entering state or each group's (recomputed per chunk in the backward); default: "
+        "the op's",
+    )
+
+
 def write_json(path: str | pathlib.Path, meta_: dict[str, Any], rows: list[dict]) -> None:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

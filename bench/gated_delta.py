@@ -236,15 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest T for the per-token loops (mlx_lm, mlx_fast, scan); their memory "
         "grows by ~8 MiB per token at this shape",
     )
-    p.add_argument(
-        "--save",
-        nargs="+",
-        default=[None],
-        choices=["groups", "chunks"],
-        help="chunkscan only: what the forward keeps for the backward, the state entering "
-        "each group (recomputed per chunk in the backward) or every chunk's (default: "
-        "the op's)",
-    )
+    from _common import add_save_option
+
+    add_save_option(p)
     p.add_argument("--openblas", default=None, help="path to libopenblas.so.0, or 'auto'")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
     p.add_argument("--json", default=str(OUT / "gated_delta.json"))

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from _common import OUT, KiB, child_env, meta, write_json
+from _common import OUT, KiB, add_save_option, child_env, meta, write_json
 
 IMPLS = ("chunkscan", "chunkscan-portable", "fla")
 
@@ -135,14 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLX's memory limit, this much above the inputs (mx.set_memory_limit); "
         "0: MLX's default (95%% of the GPU's memory)",
     )
-    p.add_argument(
-        "--save",
-        nargs="+",
-        default=[None],
-        choices=["chunks", "groups"],
-        help="what chunkscan's forward keeps for the backward: every chunk's entering "
-        "state or each group's (default: the op's)",
-    )
+    add_save_option(p)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")

@@ -45,6 +45,7 @@ _GROUP_BYTES: int | None = None
 # resolved on the CPU nor measured on a GPU). None: the environment variable
 # CHUNKSCAN_GDN_SAVE, else "chunks".
 _SAVE: str | None = None
+SAVE_MODES = ("chunks", "groups")
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
 
@@ -265,8 +266,9 @@ def _make_core(
     """
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     L, n_seq = B * Hv, spec.n_states
-    groups = chunks.groups(_group_size(spec, chunks.C, fused=fused))
-    keep_chunks = _saved_states() == "chunks"
+    save = _saved_states()
+    groups = chunks.groups(_group_size(spec, chunks.C, fused=fused, save=save))
+    keep_chunks = save == "chunks"
     if spec.channel:
         prepare = functools.partial(_prepare_channel, full=False)
         prepare_full = functools.partial(_prepare_channel, full=True)
@@ -399,7 +401,7 @@ def _make_core(
 def _saved_states() -> str:
     """:data:`_SAVE`, else ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``."""
     save = _SAVE or os.environ.get("CHUNKSCAN_GDN_SAVE") or "chunks"
-    if save not in ("groups", "chunks"):
+    if save not in SAVE_MODES:
         raise ValueError(
             f"[gated_delta_rule] CHUNKSCAN_GDN_SAVE must be 'groups' or 'chunks', not {save!r}"
         )
@@ -410,15 +412,18 @@ def _cat(parts: list[mx.array], axis: int) -> mx.array:
     return mx.concatenate(parts, axis=axis) if len(parts) > 1 else parts[0]
 
 
-def _group_size(spec: Spec, C: int, budget: int | None = None, fused: bool = False) -> int:
+def _group_size(
+    spec: Spec, C: int, budget: int | None = None, fused: bool = False, save: str | None = None
+) -> int:
     """Chunks per group: a group's scratch (about twenty ``[C, D]``, ``[C, C]`` or
     ``[D, D]`` float32 arrays per chunk and value head; with the fused kernels, what
-    :mod:`._chunk_cuda` writes) stays near ``budget`` bytes (default ``_GROUP_BYTES``)."""
+    :mod:`._chunk_cuda` writes; with ``save="groups"`` the recomputed entering states;
+    default :func:`_saved_states`) stays near ``budget`` bytes (default ``_GROUP_BYTES``)."""
     D = max(spec.Dk, spec.Dv)
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
     if fused:
         per_chunk = 4 * spec.B * spec.Hv * _chunk_cuda.scratch_floats(C, spec.Dk, spec.Dv)
-    if _saved_states() == "groups":  # the entering states, recomputed in the backward
+    if (save or _saved_states()) == "groups":  # the entering states, recomputed
         per_chunk += 4 * spec.B * spec.Hv * spec.Dv * spec.Dk
     if spec.channel:  # sub-chunk arrays: ~8 [P, b, Dk] (P ~ m^2 / 2) and ~8 [C, b, Dk]
         b = _sub_size(C)
