@@ -377,3 +377,21 @@ def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype):
     got, ref = low_precision_pair(make_inputs(*QWEN, dtype=dtype), chunk_size=64)
     for name, a, b in zip(NAMES, got, ref):
         assert mx.array_equal(a, b.astype(a.dtype)).item(), name
+
+
+@needs_cuda
+def test_cuda_fused_saving_group_states(monkeypatch):
+    """``CHUNKSCAN_GDN_SAVE=groups`` with the real kernels: one chunk per group, packed
+    sequences starting inside the run; the recomputed entering states come from the
+    same state-pass kernel on the same inputs, so every value and gradient equals the
+    default's exactly, and both match the oracle."""
+    monkeypatch.setattr(chunk_module, "_GROUP_BYTES", 1)
+    cu = [0, 100, 101, 300]
+    inputs = make_inputs(*QWEN, n_states=3)
+    runs = {}
+    for save in ("groups", "chunks"):
+        monkeypatch.setattr(chunk_module, "_SAVE", save)
+        runs[save] = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, cu_seqlens=cu)
+    for name, a, b in zip(NAMES, runs["groups"], runs["chunks"]):
+        assert mx.array_equal(a, b).item(), name
+    assert_close(runs["groups"], outputs_and_grads(naive, inputs, cu_seqlens=cu))
