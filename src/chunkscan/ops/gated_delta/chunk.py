@@ -34,8 +34,11 @@ from .naive import l2_normalize
 F32 = mx.float32
 _NAN = mx.array(math.nan, dtype=F32)
 # Scratch of one group of chunks, in bytes; None: the environment variable
-# CHUNKSCAN_GDN_GROUP_MIB, else 64 MiB on the CPU and 256 MiB on a GPU (where every op
-# costs tens of microseconds, so fewer, larger groups pay; memory per token is higher).
+# CHUNKSCAN_GDN_GROUP_MIB, else 64 MiB on the CPU and 1024 MiB on a GPU. There every op
+# and launch costs tens of microseconds, so fewer, larger groups pay: on the H200 at
+# T = 16384 the fused op took 32.5 ms with 1024 MiB groups against 42.2 with 256
+# (bench/results/h200/gdn_group_mib_h200_fc22e35.json, gdn_save_16384_h200_fc22e35.json).
+# The cost is memory where MLX is held to a limit: one group is the floor's third part.
 _GROUP_BYTES: int | None = None
 # What the forward keeps for the backward: "chunks", the state entering every chunk
 # (T / C states: 32 KiB per token at the Qwen3-Next shape with C = 64), or "groups",
@@ -433,7 +436,7 @@ def _group_size(
     if budget is None and os.environ.get("CHUNKSCAN_GDN_GROUP_MIB"):
         budget = int(os.environ["CHUNKSCAN_GDN_GROUP_MIB"]) << 20
     if budget is None:
-        budget = (64 if mx.default_device() == mx.cpu else 256) << 20
+        budget = (64 if mx.default_device() == mx.cpu else 1024) << 20
     return max(1, budget // per_chunk)
 
 
