@@ -4,7 +4,10 @@
 costs a device run. This script builds each kernel's full source the way MLX 0.32's
 ``build_kernel`` does (MLX's default header, the signature from the input and output
 names, the template constants), compiles it for ``sm_90a`` with NVRTC and, where
-``ptxas`` is found, reports registers and spills. It needs no GPU and no MLX CUDA build:
+``ptxas`` is found, reports registers and spills. It then compiles the form the package
+itself builds by default (``chunkscan._precompile.build_source``: no MLX header, a cubin
+for ``sm_90``) with the package's own NVRTC call, and reports both compile times. It
+needs no GPU and no MLX CUDA build:
 
     pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-cccl-cu12 \\
         nvidia-cuda-nvcc-cu12                       # NVRTC, headers, ptxas
@@ -24,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import mlx.core as mx
 from cuda_emulate import template_lines  # the same template lines as the CPU runner
@@ -154,10 +158,15 @@ def main(argv: list[str] | None = None) -> int:
                                  ("cuda_runtime", "cuda_cccl", "cuda_nvcc")
                                  if os.path.isdir(f"{root}/{pkg}/include")]  # fmt: skip
     ptxas = next(iter(glob.glob(f"{root}/cuda_nvcc/bin/ptxas")), None)
+    from chunkscan import _precompile
+
+    ours = _precompile.Nvrtc(nvrtc, includes)
     failed = 0
     for label, name, header, source, ins, outs, t in kernels():
+        start = time.perf_counter()
         ok, log, ptx = compile_ptx(nvrtc, build_source(name, header, source, ins, outs, t),
                                    includes)  # fmt: skip
+        seconds = time.perf_counter() - start
         info = ""
         if ok and ptxas:
             with tempfile.TemporaryDirectory() as d:
@@ -167,10 +176,24 @@ def main(argv: list[str] | None = None) -> int:
                                       f"{d}/k.cubin"], capture_output=True, text=True)  # fmt: skip
                 info = " | ".join(ln.split(":", 1)[-1].strip() for ln in res.stderr.splitlines()
                                   if "registers" in ln or "spill" in ln)  # fmt: skip
-        print(f"{'ok  ' if ok else 'FAIL'} {label}  {info}")
+        print(f"{'ok  ' if ok else 'FAIL'} {label}  {info}  [MLX form {seconds:.2f} s]")
         if not ok:
             failed += 1
             print(log)
+        dt = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16,
+              "int32": mx.int32, "bool": mx.bool_}  # fmt: skip
+        src = _precompile.build_source(
+            name, header, source, [(n, dt[d], nd) for n, d, nd in ins],
+            [(n, dt[d]) for n, d in outs],
+            [(n, dt[v] if isinstance(v, str) else v) for n, v in t],
+        )  # fmt: skip
+        start = time.perf_counter()
+        try:
+            ours.compile(src, "90")
+            print(f"ok   {label}  [precompiled form {time.perf_counter() - start:.2f} s]")
+        except RuntimeError as e:
+            failed += 1
+            print(f"FAIL {label}  [precompiled form]\n{e}")
     return 1 if failed else 0
 
 

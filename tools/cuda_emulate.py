@@ -15,9 +15,9 @@ Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDi
 has a barrier of its own), dynamic shared memory (``extern __shared__ T name[];`` or
 ``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments used through ``fill_fragment``,
 ``load_matrix_sync``, ``mma_sync`` and ``store_matrix_sync`` (every lane holds the whole
-tile), ``uint4`` / ``float4`` copies, float math from ``<cmath>``, ``__nv_bfloat16`` /
-``__half`` storage with float conversions, and input dtypes float32, bfloat16,
-float16, int32 and bool.
+tile), ``uint4`` / ``float4`` copies, float math from ``<cmath>``, ``__int_as_float``,
+``__nv_bfloat16`` / ``__half`` storage with float conversions, and input dtypes
+float32, bfloat16, float16, int32 and bool.
 
     outs = run(name, header, source, inputs, outputs, template, grid, threadgroup, smem)
 
@@ -99,6 +99,8 @@ using std::min;
 #include <limits>
 #include <type_traits>
 namespace cuda { namespace std = ::std; }  // cuda::std::numeric_limits
+#include <cstring>
+inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, sizeof f); return f; }
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }

@@ -69,28 +69,43 @@ def cuda_kernel(
     header: str,
     shared_memory: int,
 ):
-    """``mx.fast.cuda_kernel`` built once per (name, shared memory, header, source): MLX
-    fixes the dynamic shared memory at construction and caches the compiled module per
-    source, i.e. per template. Raises ``RuntimeError`` naming ``fn`` where MLX has no CUDA
-    back-end (construction fails there, not only the call). With :data:`RUNNER` set, a
-    callable with the kernel's call signature that hands everything to it instead."""
+    """The kernel ``name`` as a callable with ``mx.fast.cuda_kernel``'s call signature,
+    built once per (name, shared memory, header, source). By default it is compiled by
+    :mod:`chunkscan._precompile` (our NVRTC call, a disk cache, no MLX header: a first
+    call in seconds, not tens of seconds) and falls back to ``mx.fast.cuda_kernel``;
+    with ``CHUNKSCAN_CUDA_PRECOMPILE=0``, ``mx.fast.cuda_kernel`` alone (MLX fixes the
+    dynamic shared memory at construction and compiles each template once per process).
+    Raises ``RuntimeError`` naming ``fn`` where MLX has no CUDA back-end. With
+    :data:`RUNNER` set, everything goes to it instead."""
     if RUNNER is not None:
         return _through_runner(RUNNER, name, inputs, outputs, source, header, shared_memory)
-    key = (name, shared_memory, header, source)
+    from . import _precompile
+
+    mode = _precompile.mode()
+    key = (name, shared_memory, header, source, mode)
     kernel = _CUDA_KERNELS.get(key)
     if kernel is None:
-        try:
-            kernel = mx.fast.cuda_kernel(
-                name=name,
-                input_names=inputs,
-                output_names=outputs,
-                source=source,
-                header=header,
-                ensure_row_contiguous=True,
-                shared_memory=shared_memory,
+
+        def mlx_kernel():
+            try:
+                return mx.fast.cuda_kernel(
+                    name=name,
+                    input_names=inputs,
+                    output_names=outputs,
+                    source=source,
+                    header=header,
+                    ensure_row_contiguous=True,
+                    shared_memory=shared_memory,
+                )
+            except Exception as e:  # no CUDA back-end (CPU-only MLX)
+                raise RuntimeError(f"[{fn}] the CUDA kernel is unavailable: {e}") from e
+
+        if mode == "0" or not cuda_device():
+            kernel = mlx_kernel()
+        else:
+            kernel = _precompile.Kernel(
+                name, inputs, outputs, source, header, shared_memory, mlx_kernel
             )
-        except Exception as e:  # no CUDA back-end (CPU-only MLX)
-            raise RuntimeError(f"[{fn}] the CUDA kernel is unavailable: {e}") from e
         _CUDA_KERNELS[key] = kernel
     return kernel
 
@@ -165,9 +180,10 @@ def _device_index(device) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _driver_limits(index: int, lib=None) -> CudaLimits | None:
-    """:class:`CudaLimits` from the CUDA driver for device ``index`` (``None`` where the
-    driver library or a call fails); ``lib``: a loaded ``libcuda`` (tests pass a fake)."""
+def _driver_attributes(index: int, attrs: tuple[int, ...], lib=None) -> list[int] | None:
+    """The CUDA driver's device attributes ``attrs`` (``CUdevice_attribute`` values) of
+    device ``index``; ``None`` where the driver library or a call fails, or a value is not
+    positive. ``lib``: a loaded ``libcuda`` (tests pass a fake)."""
     import ctypes
 
     try:
@@ -179,14 +195,22 @@ def _driver_limits(index: int, lib=None) -> CudaLimits | None:
         if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
             return None
         values = []
-        for attr in (_ATTR_SMEM_PER_BLOCK_OPTIN, _ATTR_SMEM_PER_SM, _ATTR_SM_COUNT):
+        for attr in attrs:
             v = ctypes.c_int()
             if lib.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) != 0 or v.value <= 0:
                 return None
             values.append(v.value)
     except (OSError, AttributeError):
         return None
-    return CudaLimits(*values, source="driver")
+    return values
+
+
+def _driver_limits(index: int, lib=None) -> CudaLimits | None:
+    """:class:`CudaLimits` from the CUDA driver for device ``index`` (``None`` where the
+    driver library or a call fails); ``lib``: a loaded ``libcuda`` (tests pass a fake)."""
+    attrs = (_ATTR_SMEM_PER_BLOCK_OPTIN, _ATTR_SMEM_PER_SM, _ATTR_SM_COUNT)
+    values = _driver_attributes(index, attrs, lib)
+    return None if values is None else CudaLimits(*values, source="driver")
 
 
 def _limits_from_device_info(info: dict | None = None) -> CudaLimits | None:

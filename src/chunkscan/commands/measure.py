@@ -52,9 +52,13 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+_RECORDED_ENV = ("CHUNKSCAN_", "MLX_")
+
+
 def provenance() -> dict[str, Any]:
     """What a measurement file records about its run: argv, git commit (or
-    ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device, versions."""
+    ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device, versions,
+    and the ``CHUNKSCAN_*`` / ``MLX_*`` environment variables set (they change what runs)."""
     import platform
 
     commit = os.environ.get("CHUNKSCAN_COMMIT")
@@ -81,6 +85,7 @@ def provenance() -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "device": f"{mx.default_device()}, {platform.machine()}, {os.cpu_count()} cpus",
         "versions": versions,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_RECORDED_ENV)},
     }
 
 

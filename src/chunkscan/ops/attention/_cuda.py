@@ -52,7 +52,7 @@ _HEADER = r"""
 namespace cs_attn {
 using namespace nvcuda;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-__device__ __forceinline__ float neg_inf() { return -cuda::std::numeric_limits<float>::infinity(); }
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
 // dst[r][c] (row stride LD) = src[r][c] (rows of COLS contiguous elements), r < ROWS;
 // rows >= valid are zero. 16-byte copies.

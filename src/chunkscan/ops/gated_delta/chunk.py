@@ -38,7 +38,8 @@ _NAN = mx.array(math.nan, dtype=F32)
 # and launch costs tens of microseconds, so fewer, larger groups pay: on the H200 at
 # T = 16384 the fused op took 32.5 ms with 1024 MiB groups against 42.2 with 256
 # (bench/results/h200/gdn_group_mib_h200_fc22e35.json, gdn_save_16384_h200_fc22e35.json).
-# The cost is memory where MLX is held to a limit: one group is the floor's third part.
+# The cost is memory where MLX is held to a limit (mx.set_memory_limit): the peak's
+# floor is then the entering states, the input gradients and one group's scratch.
 _GROUP_BYTES: int | None = None
 # What the forward keeps for the backward: "chunks", the state entering every chunk
 # (T / C states: 32 KiB per token at the Qwen3-Next shape with C = 64), or "groups",

@@ -1,0 +1,205 @@
+"""chunkscan._precompile: our own compile of the CUDA kernels, its disk cache, its
+fallback to ``mx.fast.cuda_kernel``; on a CUDA device, the precompiled kernels against
+MLX's build of the same sources."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import mlx.core as mx
+import pytest
+from helpers import max_rel
+
+from chunkscan import _backend, _precompile
+
+HAS_CUDA = _backend.cuda_device()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs MLX with a CUDA GPU")
+
+SOURCE = "out[0] = static_cast<T>(x[0] * n + x_shape[1]);"
+
+
+def test_build_source_follows_the_argument_order():
+    """Inputs, outputs, then one int per dimension of each input whose shape the source
+    reads (rebuilt as ``<name>_shape``), then the template constants."""
+    src = _precompile.build_source(
+        "k_1", "// header\n", SOURCE, [("x", mx.float32, 2), ("y", mx.int32, 1)],
+        [("out", mx.bfloat16)], [("n", 3), ("T", mx.bfloat16), ("flag", True)],
+    )  # fmt: skip
+    assert src.startswith(_precompile.PRELUDE + "// header\n")
+    signature = src[src.index('extern "C"') : src.index(") {")]
+    assert signature.split("(", 1)[1].split(",") == [
+        "\n    const float* x", "\n    const int32_t* y", "\n    __nv_bfloat16* out",
+        "\n    int x_shape_0", "\n    int x_shape_1",
+    ]  # fmt: skip
+    body = src[src.index(") {") :]
+    assert "const int x_shape[2] = {x_shape_0, x_shape_1};" in body
+    assert "constexpr int n = 3;" in body and "using T = __nv_bfloat16;" in body
+    assert "constexpr bool flag = true;" in body and "y_shape" not in src
+    assert body.index("constexpr int n") < body.index(SOURCE)
+    with pytest.raises(ValueError, match="x_strides has no precompiled form"):
+        _precompile.build_source("k", "", "x_strides[0];", [("x", mx.float32, 1)],
+                                 [("out", mx.float32)], [])  # fmt: skip
+
+
+def test_binaries_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def compile_fn(source, arch):
+        calls.append((source, arch))
+        return b"\x7fELF" + source.encode()
+
+    key, binary = _precompile.cached_binary("src", "90", compile_fn, "13.0")
+    assert binary == b"\x7fELFsrc" and calls == [("src", "90")]
+    assert os.listdir(tmp_path / "cache") == [f"{key}.cubin"]
+    assert _precompile.cached_binary("src", "90", compile_fn, "13.0") == (key, binary)
+    assert len(calls) == 1  # read back, not compiled again
+    for args in (
+        ("src", "80", compile_fn, "13.0"),
+        ("src", "90", compile_fn, "12.9"),
+        ("src", "90", compile_fn, "13.0", "ptx"),
+        ("src2", "90", compile_fn, "13.0"),
+    ):
+        assert _precompile.cached_binary(*args)[0] != key  # fmt: skip
+    assert len(calls) == 5
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("not a folder")
+    assert _precompile.cached_binary("src", "90", compile_fn, "13.0")[1] == binary  # unwritable
+
+
+class FakeCompiler:
+    version = "0.0"
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.sources = fail, []
+
+    def compile(self, source, arch, ptx=False):
+        if self.fail:
+            raise RuntimeError("NVRTC compile failed (status 6): nope")
+        self.sources.append(source)
+        return b"binary:" + source.encode()
+
+
+def _kernel(fallback_calls):
+    def fallback():
+        fallback_calls.append(1)
+        return lambda **kw: ["from mlx", kw]
+
+    return _precompile.Kernel("k", ["x", "y"], ["out"], SOURCE, "", 4096, fallback)
+
+
+def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
+    fake = FakeCompiler()
+    monkeypatch.setattr(_precompile, "compiler", lambda: fake)
+    monkeypatch.setattr(_precompile, "device_arch", lambda: "90")
+    launched = []
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", lambda **kw: launched.append(kw) or [])
+    fallbacks = []
+    kernel = _kernel(fallbacks)
+    x, y = mx.zeros((2, 5)), mx.zeros((3,), dtype=mx.int32)
+    args = dict(template=[("n", 2), ("T", mx.float32)], grid=(64, 1, 1), threadgroup=(64, 1, 1),
+                output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip
+    kernel(inputs=[x, y], **args)
+    (call,) = launched
+    assert call["scalars"] == [2, 5] and call["shared_memory"] == 4096
+    assert call["ensure_row_contiguous"] and call["grid"] == (64, 1, 1)
+    assert call["name"].startswith("k_") and f"void {call['name']}(" in fake.sources[0]
+    assert call["compiled_source"] == b"binary:" + fake.sources[0].encode()
+    kernel(inputs=[x, y], **args)
+    assert len(fake.sources) == 1  # one build per dtypes, ranks and template
+    kernel(inputs=[x.astype(mx.bfloat16), y], **args)
+    assert len(fake.sources) == 2 and launched[2]["name"] != call["name"]
+    other = _kernel(fallbacks)  # a new process: the disk cache, no compile
+    other(inputs=[x, y], **args)
+    assert len(fake.sources) == 2 and launched[3]["name"] == call["name"]
+    assert not fallbacks
+
+
+def test_kernel_falls_back_to_mlx_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
+    monkeypatch.setattr(_precompile, "compiler", lambda: FakeCompiler(fail=True))
+    monkeypatch.setattr(_precompile, "device_arch", lambda: "90")
+    monkeypatch.setattr(_precompile, "_WARNED", set())
+    fallbacks = []
+    kernel = _kernel(fallbacks)
+    args = dict(inputs=[mx.zeros((2, 5)), mx.zeros((3,))], template=[], grid=(1, 1, 1),
+                threadgroup=(1, 1, 1), output_shapes=[(1,)],
+                output_dtypes=[mx.float32])  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="compiling the CUDA kernel k ourselves failed"):
+        assert kernel(**args)[0] == "from mlx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel(**args)[0] == "from mlx"
+    assert fallbacks == [1]  # built once
+
+
+def test_mode(monkeypatch):
+    for value, mode in (("0", "0"), ("ptx", "ptx"), ("1", "cubin"), ("", "cubin")):
+        monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", value)
+        assert _precompile.mode() == mode
+
+
+def test_without_cuda_the_kernels_are_mlx_s(monkeypatch):
+    """Off a CUDA device (or with CHUNKSCAN_CUDA_PRECOMPILE=0) ``cuda_kernel`` builds
+    ``mx.fast.cuda_kernel`` directly: on a CPU-only MLX that raises, naming the op."""
+    if HAS_CUDA:
+        pytest.skip("a CUDA device is present")
+    monkeypatch.setattr(_backend, "_CUDA_KERNELS", {})
+    with pytest.raises(RuntimeError, match=r"\[op\] the CUDA kernel is unavailable"):
+        _backend.cuda_kernel("op", "k", ["x"], ["out"], "out[0] = x[0];", "", 0)
+
+
+# ------------------------------------------------------------------- on a CUDA device
+
+
+def _gdn_and_attention_results():
+    from helpers import gated_delta_inputs, gdn_outputs_and_grads
+
+    from chunkscan import gated_delta_rule
+    from chunkscan.ops.attention import blocked
+
+    inputs = gated_delta_inputs(1, 300, 2, 4, 128, 128)
+    cu = [0, 100, 101, 300]
+    gdn = gdn_outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    gdn += gdn_outputs_and_grads(gated_delta_rule, gated_delta_inputs(1, 300, 2, 4, 128, 128,
+                                 n_states=3), chunk_size=64, cu_seqlens=cu)  # fmt: skip
+    pass_only = gdn_outputs_and_grads(gated_delta_rule, inputs, chunk_size=128)  # state pass
+    keys = mx.random.split(mx.random.key(3), 4)
+    q, k, v, w = (mx.random.normal((1, 4, 256, 128), key=kk).astype(mx.bfloat16) for kk in keys)
+
+    def loss(q, k, v):
+        o = blocked.blocked_attention(q, k, v, scale=0.09, mask="causal")
+        return mx.sum(o.astype(mx.float32) * w.astype(mx.float32))
+
+    att = [blocked.blocked_attention(q, k, v, scale=0.09, mask="causal")]
+    att += list(mx.grad(loss, argnums=(0, 1, 2))(q, k, v))
+    out = gdn + pass_only + att
+    mx.eval(out)
+    return out
+
+
+@needs_cuda
+def test_cuda_precompiled_kernels_equal_mlx_s(monkeypatch, tmp_path):
+    """Every kernel family (the fused Gated DeltaNet kernels, the state-pass kernel, the
+    attention kernels) compiled here, then by ``mx.fast.cuda_kernel``: the same values
+    and gradients. No fallback may happen on the device."""
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
+    from chunkscan.ops.attention import blocked
+
+    monkeypatch.setattr(_backend, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)  # the kernels at T = 256
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ours = _gdn_and_attention_results()
+    built = list(_backend._CUDA_KERNELS.values())
+    assert built and all(isinstance(k, _precompile.Kernel) and k._mlx is None for k in built)
+    names = {k.name for k in built}
+    assert {"chunkscan_state_pass", "chunkscan_gdn_prepare", "chunkscan_attn_dkdv"} <= names
+    assert len(os.listdir(tmp_path)) >= len(built)
+    monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", "0")
+    mlx = _gdn_and_attention_results()
+    errors = [max_rel(a, b) for a, b in zip(ours, mlx)]
+    print(f"precompiled vs mx.fast.cuda_kernel, max relative difference: {max(errors):.3g}")
+    assert max(errors) <= 1e-6, errors
