@@ -175,7 +175,7 @@ def _include_dirs() -> list[str]:
 
 
 def _open_nvrtc() -> Nvrtc:
-    path = _loaded_library("libnvrtc.so") or _loaded_library("libnvrtc")
+    path = _loaded_library("libnvrtc.so")  # not libnvrtc-builtins
     candidates = [path] if path else ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
     errors = []
     for name in candidates:
