@@ -76,16 +76,20 @@ def child_env(bench: bool = False) -> dict[str, str]:
 
 
 def empty_kernel_caches(folder: str) -> dict[str, str]:
-    """Environment for a process whose MLX kernel caches start empty under ``folder``:
-    the CPU backend compiles its fused kernels under ``TMPDIR`` (``<TMPDIR>/mlx/<version>
-    /cpu``, one library each), CUDA its PTX under ``MLX_PTX_CACHE_DIR``."""
-    return {"TMPDIR": folder, "MLX_PTX_CACHE_DIR": f"{folder}/ptx"}
+    """Environment for a process whose kernel caches start empty under ``folder``: the
+    CPU backend compiles its fused kernels under ``TMPDIR`` (``<TMPDIR>/mlx/<version>
+    /cpu``, one library each), CUDA its PTX under ``MLX_PTX_CACHE_DIR``, chunkscan its
+    CUDA kernels under ``CHUNKSCAN_CUDA_CACHE`` (``chunkscan._precompile``)."""
+    return {"TMPDIR": folder, "MLX_PTX_CACHE_DIR": f"{folder}/ptx",
+            "CHUNKSCAN_CUDA_CACHE": f"{folder}/chunkscan"}  # fmt: skip
 
 
 def kernels_compiled(folder: str | pathlib.Path) -> int:
-    """Kernels MLX compiled under ``folder`` (see :func:`empty_kernel_caches`): one
-    ``.so`` each on the CPU backend, one ``.ptx`` each on CUDA."""
-    return sum(1 for p in pathlib.Path(folder).rglob("*") if p.suffix in (".so", ".ptx"))
+    """Kernels compiled under ``folder`` (see :func:`empty_kernel_caches`): one ``.so``
+    each on the CPU backend, one ``.ptx`` each by MLX on CUDA, one ``.cubin`` (or
+    ``.ptx``) each by chunkscan."""
+    suffixes = (".so", ".ptx", ".cubin")
+    return sum(1 for p in pathlib.Path(folder).rglob("*") if p.suffix in suffixes)
 
 
 def plot_time_and_memory(

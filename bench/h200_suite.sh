@@ -10,7 +10,7 @@
 # stage's --budget cuts chunkscan's extra rows, not the side-by-side baseline. How long stages took on the H200 (the stage lines carry
 # clock times): bench/results/h200/logs/; "tests" is tests_attention and tests_gdn.
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-STAGES=${*:-tests gdn pass lora attention crossover attention_kernels attention_fwd channel channel_mlx_lm kda phases groups}
+STAGES=${*:-tests first_call gdn_now memfloor lora_now pass attention crossover attention_kernels attention_fwd channel channel_mlx_lm kda phases groups}
 stage() { echo "=== $1 ($(date +%T))"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -108,6 +108,31 @@ if want gdn_memlimit; then
     --modes eager --chunk-sizes 64 --memory-limit-mib 0 1024 4096 --repeats 3 --budget 130 \
     --json "$OUT/gdn_memlimit_h200.json") | grep -E "chunkscan|rror"
 fi
+if want first_call; then
+  stage first_call  # the op's first call (trace, kernel compilation, one run) at T=16384:
+  # MLX compiling the kernels (CHUNKSCAN_CUDA_PRECOMPILE=0), chunkscan compiling them
+  # into an empty cache, then reading that cache
+  FC=$(mktemp -d)
+  for cfg in "0 mlx" "1 cold" "1 warm"; do
+    set -- $cfg
+    (cd bench && CHUNKSCAN_CUDA_PRECOMPILE=$1 CHUNKSCAN_CUDA_CACHE=$FC timeout 70 python3 gdn_vs_fla.py \
+      --T 16384 --impls chunkscan --modes eager --repeats 3 --json "$OUT/gdn_first_call_$2_h200.json") \
+      | grep -E "chunkscan|rror"
+  done
+fi
+if want gdn_now; then
+  stage gdn_now  # the op beside fla at 16384 and 65536, eager and compiled, C = 64 and 32
+  (cd bench && timeout 200 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan \
+    --modes eager compiled --chunk-sizes 64 32 --repeats 3 --budget 190 \
+    --json "$OUT/gdn_vs_fla_h200.json") | grep -E "fla|chunkscan|rror"
+fi
+if want memfloor; then
+  stage memfloor  # the floor at T=65536 under a limit 1 GiB above the inputs, per group
+  # budget and what the forward keeps
+  (cd bench && timeout 100 python3 gdn_vs_fla.py --T 65536 --impls chunkscan --modes eager \
+    --save chunks groups --group-mib 256 1024 --memory-limit-mib 1024 --repeats 3 --budget 95 \
+    --json "$OUT/gdn_memfloor_65536_h200.json") | grep -E "chunkscan|rror"
+fi
 if want gdn_fused; then
   stage gdn_fused  # chunkscan (fused kernels) beside fla, eager and compiled
   (cd bench && timeout 270 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan \
@@ -141,6 +166,20 @@ if want lora; then
   eval timeout 110 $LORA --merge --timeout 100 --T 2048 --modes patched | tail -3
   eval timeout 200 $LORA --merge --timeout 100 --T 8192 --modes stub patched | tail -3
   eval timeout 130 $LORA --merge --timeout 120 --T 32768 --modes patched+attn | tail -3
+fi
+if want lora_now; then
+  stage lora_now  # the first step at T=2048 with chunkscan's kernel cache empty, then
+  # filled; T=8192 patched against the stub; T=32768 with both patches, per save mode
+  export CHUNKSCAN_CUDA_CACHE=$(mktemp -d)
+  L2="python3 bench/lora.py --dtype bfloat16 --repeats 3 --config $(printf %q "$CFG")"
+  eval timeout 90 $L2 --timeout 85 --T 2048 --modes stub patched --json $OUT/lora_h200_2048_cold.json | tail -2
+  eval timeout 50 $L2 --timeout 45 --T 2048 --modes patched --json $OUT/lora_h200_2048_warm.json | tail -1
+  eval timeout 110 $L2 --timeout 100 --T 8192 --modes stub patched --json $OUT/lora_h200_8192.json | tail -2
+  for save in chunks groups; do
+    eval timeout 80 $L2 --timeout 75 --T 32768 --modes patched+attn \
+      --save-states $save --json $OUT/lora_h200_32768_$save.json | tail -1
+  done
+  unset CHUNKSCAN_CUDA_CACHE
 fi
 if want lora_fused; then
   stage lora_fused  # issue 9: the LoRA step with the fused kernels (patched vs stub)

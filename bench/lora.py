@@ -62,8 +62,10 @@ def measure(
     seed: int = 0,
     config: dict[str, Any] | None = None,
     dtype: str = "float32",
+    save_states: str | None = None,
 ) -> dict[str, Any]:
-    """One configuration (run in its own process by :func:`main`)."""
+    """One configuration (run in its own process by :func:`main`); ``save_states``:
+    ``patch()``'s (``None``: its default)."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -92,7 +94,8 @@ def measure(
         )
     handle = None
     if base == "patched" or attn:
-        handle = cmlx.patch(chunk_size=chunk_size, attention=bool(attn))
+        extra = {} if save_states is None else {"save_states": save_states}
+        handle = cmlx.patch(chunk_size=chunk_size, attention=bool(attn), **extra)
     if base == "stub":
         qwen3_next.gated_delta_update = _stub_update
 
@@ -137,6 +140,7 @@ def measure(
         "first_step_seconds": first,
         "device": str(mx.default_device()),
         "dtype": dtype,
+        "save_states": None if handle is None else handle.save_states,
     }
 
 
@@ -244,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the model's weights (and so the activations); on CUDA, "
                         "chunkscan.attention's kernels take bfloat16/float16 only")  # fmt: skip
     parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--save-states", choices=["groups", "chunks"], default=None,
+                        help="what the patched op keeps for the backward (default: "
+                        "patch()'s, groups)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-stock-gib", type=float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
@@ -281,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             cfg = {"mode": mode, "T": T, "batch": args.batch, "chunk_size": args.chunk_size,
                    "repeats": args.repeats, "dtype": args.dtype}  # fmt: skip
+            if args.save_states:
+                cfg["save_states"] = args.save_states
             if args.config:
                 cfg["config"] = args.config
             if mode == "stock" and stock_per_token is not None:
@@ -311,9 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.json.exists():
         old = json.loads(args.json.read_text())
 
-        # A row is replaced only by one of the same mode, T and chunk size.
+        # A row is replaced only by one of the same mode, T, chunk size and save mode.
         def key(r):
-            return r["mode"], r["T"], r.get("chunk_size")
+            return r["mode"], r["T"], r.get("chunk_size"), r.get("save_states")
 
         new_keys = {key(r) for r in rows}
         rows = [r for r in old["rows"] if key(r) not in new_keys] + rows

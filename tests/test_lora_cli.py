@@ -31,7 +31,7 @@ def test_parser_wraps_mlx_lm():
     ours = {a.dest for a in lora.build_parser()._actions}
     theirs = {a.dest for a in mlx_lm.lora.build_parser()._actions}
     assert theirs <= ours
-    assert {"gdn_chunk_size", "demo"} <= ours
+    assert {"gdn_chunk_size", "gdn_save_states", "demo"} <= ours
 
 
 def test_precedence_cli_yaml_defaults(tmp_path):
@@ -43,6 +43,18 @@ def test_precedence_cli_yaml_defaults(tmp_path):
     assert args.gdn_chunk_size == 32
     args = lora.resolve_args([])
     assert args.gdn_chunk_size == lora.op_default_chunk_size()
+    assert args.gdn_save_states == "groups"
+
+
+def test_save_states_flag_and_yaml_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gdn_save_states: chunks\n")
+    assert lora.resolve_args(["-c", str(cfg)]).gdn_save_states == "chunks"
+    args = lora.resolve_args(["-c", str(cfg), "--gdn-save-states", "groups"])
+    assert args.gdn_save_states == "groups"
+    cfg.write_text("gdn_save_states: all\n")
+    with pytest.raises(SystemExit, match="gdn_save_states .* must be 'groups' or 'chunks'"):
+        lora.resolve_args(["-c", str(cfg)])
     assert args.iters == mlx_lm.lora.CONFIG_DEFAULTS["iters"]
 
 

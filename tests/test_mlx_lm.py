@@ -261,6 +261,21 @@ def test_bad_chunk_size():
         TypeError, match=re.escape(f"{fn} verify must be True or False but got 0 (int)")
     ):
         cmlx.patch(verify=0)
+    with pytest.raises(ValueError, match=re.escape(f"{fn} save_states must be 'groups', 'chunks'")):
+        cmlx.patch(save_states="all")
+
+
+@pytest.mark.parametrize("save", ["groups", "chunks", None])
+def test_save_states_reach_the_op(monkeypatch, save):
+    """patch() hands its save_states (default "groups") to every call of the op."""
+    calls = _record_calls(monkeypatch, "_op", "save_states")
+    model = lora_model(small_config("qwen3_next"))
+    batch, lengths = padded_batch(16)
+    kwargs = {} if save == "groups" else {"save_states": save}
+    with cmlx.patch(chunk_size=CHUNK, verify=False, **kwargs) as handle:
+        assert handle.save_states == save and f"save_states={save!r}" in repr(handle)
+        loss_and_grads(model, batch, lengths)
+    assert calls and set(calls) == {save}
 
 
 def _expect_incompatible(*needles):

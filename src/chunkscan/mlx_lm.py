@@ -80,6 +80,7 @@ from typing import Any
 import mlx.core as mx
 
 from .ops._checks import check_bool
+from .ops.gated_delta.chunk import SAVE_MODES
 from .split import check_chunk_size
 
 __all__ = [
@@ -176,6 +177,8 @@ def _chunked_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, opt
     chunk_size = _stack[-1].chunk_size if _stack else None
     if chunk_size is not None:
         kwargs["chunk_size"] = chunk_size
+    if _stack:
+        kwargs["save_states"] = _stack[-1].save_states
     out, state = _op()(
         q,
         k,
@@ -395,10 +398,17 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
 class Patch:
     """A live :func:`patch`; also a context manager. ``undo()`` is idempotent."""
 
-    def __init__(self, chunk_size: int | None, families: tuple[str, ...], attention: bool = False):
+    def __init__(
+        self,
+        chunk_size: int | None,
+        families: tuple[str, ...],
+        attention: bool = False,
+        save_states: str | None = "groups",
+    ):
         self.chunk_size = chunk_size
         self.families = families
         self.attention = attention
+        self.save_states = save_states
 
     @property
     def active(self) -> bool:
@@ -428,11 +438,18 @@ class Patch:
         state = "active" if self.active else "undone"
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
-            f"families={self.families} attention={self.attention}>"
+            f"save_states={self.save_states!r} families={self.families} "
+            f"attention={self.attention}>"
         )
 
 
-def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool = True) -> Patch:
+def patch(
+    *,
+    chunk_size: int | None = None,
+    verify: bool = True,
+    attention: bool = True,
+    save_states: str | None = "groups",
+) -> Patch:
     """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`
     and (``attention=True``) its attention training path through :func:`chunkscan.attention`.
 
@@ -449,6 +466,12 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
         attention (bool, optional): Also route calls of mlx-lm's
             ``scaled_dot_product_attention`` without a cache to
             :func:`chunkscan.attention`; ``False`` keeps MLX's kernels. Default: ``True``.
+        save_states (str, optional): The op's ``save_states``: ``"groups"`` keeps one
+            state per group of chunks for the backward instead of one per chunk, which
+            adds up over a model's layers (on the H200, the 4-layer LoRA step at
+            T = 32768: 8% less peak memory for 2% more time); ``"chunks"`` is the
+            op's own default; ``None`` leaves it to ``CHUNKSCAN_GDN_SAVE``. Default:
+            ``"groups"``.
 
     Returns:
         Patch: a handle; ``handle.undo()`` or ``with patch(): ...`` restores mlx-lm.
@@ -457,11 +480,17 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
         IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
         TypeError: ``chunk_size`` is neither an int nor None, or ``verify`` /
             ``attention`` is not a bool.
-        ValueError: ``chunk_size`` is an int below 1.
+        ValueError: ``chunk_size`` is an int below 1, or ``save_states`` is not
+            ``"chunks"``, ``"groups"`` or ``None``.
     """
     check_chunk_size("chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default")
     check_bool("chunkscan.mlx_lm.patch", "verify", verify)
     check_bool("chunkscan.mlx_lm.patch", "attention", attention)
+    if save_states not in (None, *SAVE_MODES):
+        raise ValueError(
+            f"[chunkscan.mlx_lm.patch] save_states must be 'groups', 'chunks' or None, not "
+            f"{save_states!r}"
+        )
     with _lock:
         gd, options = _load_seam()
         stock = _stock["fn"] if _saved else getattr(gd, _NAME)
@@ -478,7 +507,7 @@ def patch(*, chunk_size: int | None = None, verify: bool = True, attention: bool
                 _saved[name] = getattr(module, _NAME)
                 setattr(module, _NAME, gated_delta_update)
         names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
-        handle = Patch(chunk_size, tuple(sorted(names)), attention)
+        handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states)
         _stack.append(handle)
         _sync_attention()
         return handle

@@ -148,15 +148,34 @@ def test_saving_group_states_gives_the_same_results(monkeypatch, case):
     n_states = len(cu) - 1 if cu else None
     inputs = make_inputs(B, T, Hk, Hv, Dk, Dv, n_states=n_states, channel=gate == "channel")
     monkeypatch.setattr(chunk_module, "_GROUP_BYTES", 1)  # one chunk per group
-    runs = {}
+    passes = []  # state passes run: the "groups" backward runs one more per group
+    real_pass = chunk_module._passes.state_pass
+    monkeypatch.setattr(chunk_module._passes, "state_pass",
+                        lambda *a, **kw: passes.append(1) or real_pass(*a, **kw))  # fmt: skip
+
+    def run(**kw):
+        passes.clear()
+        got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C, cu_seqlens=cu, **kw)
+        return got, len(passes)
+
+    runs, counts = {}, {}
     for save in ("groups", "chunks"):
         monkeypatch.setattr(chunk_module, "_SAVE", save)
-        runs[save] = outputs_and_grads(gated_delta_rule, inputs, chunk_size=C, cu_seqlens=cu)
+        runs[save], counts[save] = run()
+    assert counts["groups"] == counts["chunks"] * 3 // 2 > 0
     for name, a, b in zip(NAMES, runs["groups"], runs["chunks"]):
         assert mx.array_equal(a, b).item(), name
     assert_fp32_close(runs["groups"], outputs_and_grads(naive_recurrent_gated_delta_rule,
                                                         inputs, cu_seqlens=cu))  # fmt: skip
-    monkeypatch.setattr(chunk_module, "_SAVE", "all")
+    # The argument wins over the hook (and over CHUNKSCAN_GDN_SAVE, read after it).
+    by_argument, count = run(save_states="groups")
+    assert count == counts["groups"]
+    for name, a, b in zip(NAMES, by_argument, runs["groups"]):
+        assert mx.array_equal(a, b).item(), name
+    with pytest.raises(ValueError, match="save_states must be 'chunks' or 'groups'"):
+        gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, save_states="all")
+    monkeypatch.setattr(chunk_module, "_SAVE", None)
+    monkeypatch.setenv("CHUNKSCAN_GDN_SAVE", "all")
     with pytest.raises(ValueError, match="CHUNKSCAN_GDN_SAVE must be 'groups' or 'chunks'"):
         gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, initial_state=inputs[5])
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..ops.gated_delta.chunk import SAVE_MODES
 from ..split import check_chunk_size
 
 MiB = 1024.0 * 1024.0
@@ -108,7 +109,8 @@ class _GdnChunkSize(argparse.Action):
 
 
 def build_parser():
-    """``mlx_lm.lora.build_parser()`` plus ``--gdn-chunk-size`` and ``--demo``."""
+    """``mlx_lm.lora.build_parser()`` plus ``--gdn-chunk-size``, ``--gdn-save-states``
+    and ``--demo``."""
     parser = _mlx_lm_lora().build_parser()
     parser.prog = PROG
     parser.description = (
@@ -129,6 +131,15 @@ def build_parser():
         help="Steps per chunk of chunkscan.gated_delta_rule in Gated DeltaNet layers "
         f"(default: the op's, {op_default_chunk_size()}; {_OLD_FLAG} is a deprecated "
         "alias).",
+    )
+    parser.add_argument(
+        "--gdn-save-states",
+        dest="gdn_save_states",
+        choices=SAVE_MODES,
+        default=None,
+        help="What chunkscan.gated_delta_rule keeps for the backward: one state per group "
+        "of chunks ('groups', the default: less memory over many layers) or per chunk "
+        "('chunks': a slightly faster backward).",
     )
     parser.add_argument(
         "--demo",
@@ -160,7 +171,8 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
         for k, v in demo.items():
             if args.get(k) is None:
                 args[k] = v
-    defaults = dict(lora.CONFIG_DEFAULTS, gdn_chunk_size=op_default_chunk_size(), demo=False)
+    defaults = dict(lora.CONFIG_DEFAULTS, gdn_chunk_size=op_default_chunk_size(),
+                    gdn_save_states="groups", demo=False)  # fmt: skip
     for k, v in defaults.items():
         if args.get(k) is None:
             args[k] = v
@@ -168,6 +180,11 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
         check_chunk_size(PROG, args["gdn_chunk_size"], example=op_default_chunk_size())
     except (TypeError, ValueError) as e:
         raise SystemExit(f"{PROG}: gdn_chunk_size (from -c {args.get('config')}): {e}") from None
+    if args["gdn_save_states"] not in SAVE_MODES:
+        raise SystemExit(
+            f"{PROG}: gdn_save_states (from -c {args.get('config')}) must be 'groups' or "
+            f"'chunks', not {args['gdn_save_states']!r}"
+        )
     return types.SimpleNamespace(**args)
 
 
@@ -327,10 +344,11 @@ def run(args: types.SimpleNamespace) -> None:
     from .. import mlx_lm as seam
 
     lora = _mlx_lm_lora()
-    with seam.patch(chunk_size=args.gdn_chunk_size) as handle:
+    with seam.patch(chunk_size=args.gdn_chunk_size, save_states=args.gdn_save_states) as handle:
         print(
             f"chunkscan: Gated DeltaNet training path -> chunkscan.gated_delta_rule "
-            f"(chunk_size={args.gdn_chunk_size}; patched: {', '.join(handle.families)}); "
+            f"(chunk_size={args.gdn_chunk_size}, save_states={args.gdn_save_states}; "
+            f"patched: {', '.join(handle.families)}); "
             f"attention training path -> chunkscan.attention",
             flush=True,
         )

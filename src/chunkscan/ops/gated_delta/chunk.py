@@ -41,13 +41,10 @@ _NAN = mx.array(math.nan, dtype=F32)
 # The cost is memory where MLX is held to a limit (mx.set_memory_limit): the peak's
 # floor is then the entering states, the input gradients and one group's scratch.
 _GROUP_BYTES: int | None = None
-# What the forward keeps for the backward: "chunks", the state entering every chunk
-# (T / C states: 32 KiB per token at the Qwen3-Next shape with C = 64), or "groups",
-# the state entering each group, the backward recomputing its chunks' with one more
-# forward state pass per group (CPU, T = 1024 / 2048: 21-22% less memory,
-# bench/results/cpu/gdn_save_cpu.md; the time cost, one state pass per group, not
-# resolved on the CPU nor measured on a GPU). None: the environment variable
-# CHUNKSCAN_GDN_SAVE, else "chunks".
+# What the forward keeps for the backward where a call's save_states is None (a hook for
+# the tests; else CHUNKSCAN_GDN_SAVE, else "chunks"): "chunks", the state entering every
+# chunk, or "groups", the state entering each group (gated_delta_rule's docstring; the
+# measurements: docs/gated_delta.md, "Backward").
 _SAVE: str | None = None
 SAVE_MODES = ("chunks", "groups")
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
@@ -66,6 +63,7 @@ def gated_delta_rule(
     normalize_qk: bool = False,
     cu_seqlens: list[int] | mx.array | None = None,
     kernels: bool | None = None,
+    save_states: str | None = None,
 ) -> tuple[mx.array, mx.array]:
     """Gated DeltaNet over a whole sequence, chunkwise, with a bounded-memory backward.
 
@@ -80,7 +78,8 @@ def gated_delta_rule(
     Value head ``h`` uses key head ``h // (Hv // Hk)``. Unlike the loop, the forward
     is a few large batched products per group of chunks plus ``T / chunk_size``
     sequential state updates, and the backward is hand-derived: it keeps the
-    ``T / chunk_size`` entering states plus one group's recomputation.
+    ``T / chunk_size`` entering states (or one per group, ``save_states="groups"``)
+    plus one group's recomputation.
 
     Causal also for non-finite input: a NaN or infinity in ``k``, ``v``, ``beta`` or
     ``g`` (``g = +inf`` or NaN; ``g = -inf`` is a valid hard reset) at token ``t`` makes
@@ -124,6 +123,15 @@ def gated_delta_rule(
             the environment variable ``CHUNKSCAN_CUDA_KERNELS=0``; ``False``: always
             the portable MLX ops. Values and gradients agree to float32 tolerance.
             Default: ``None``.
+        save_states (str, optional): What the forward keeps for the backward:
+            ``"chunks"``, the float32 state entering every chunk (``T / chunk_size``
+            states: 32 KiB per token at the Qwen3-Next shape), or ``"groups"``, the
+            state entering each group of chunks only; the backward then recomputes
+            the others with one more forward state pass per group. Identical results.
+            ``"groups"`` suits models with many such layers at long ``T``, whose saved
+            states add up (on the H200, a LoRA step at T = 32768: 8% less peak memory,
+            2% more time; the op alone: about 15% more time). ``None``: the environment
+            variable ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``. Default: ``None``.
 
     Returns:
         tuple: ``(o, final_state)``: ``o`` ``[B, T, Hv, Dv]`` in the dtype of ``q``;
@@ -142,6 +150,7 @@ def gated_delta_rule(
         normalize_qk=normalize_qk,
     )  # fmt: skip
     cuda = _passes.use_kernels(kernels, "gated_delta_rule")
+    save = _saved_states(save_states)
     empty = empty_result(spec, q, initial_state)
     if empty is not None:
         return empty
@@ -155,7 +164,7 @@ def gated_delta_rule(
         h0 = initial_state.astype(F32)
     o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta)
     raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
-    core = _make_core(spec, chunks, out_dtype, cuda, _fused(spec, chunks.C, cuda))
+    core = _make_core(spec, chunks, out_dtype, cuda, _fused(spec, chunks.C, cuda), save)
     outs = _tree.as_list(core(*raw, h0))
     o, final = chunks.from_chunks(outs[0]), outs[1]
     final = mx.where(seq_bad[..., None, None], mx.array(math.nan, dtype=F32), final)
@@ -255,7 +264,12 @@ class _Chunking:
 
 
 def _make_core(
-    spec: Spec, chunks: _Chunking, out_dtype: mx.Dtype, kernels: bool, fused: bool = False
+    spec: Spec,
+    chunks: _Chunking,
+    out_dtype: mx.Dtype,
+    kernels: bool,
+    fused: bool = False,
+    save: str | None = None,
 ):
     """The custom function ``(q, k, v, g, beta, o_bad, h0) -> [o, final, *entering]``.
 
@@ -270,7 +284,7 @@ def _make_core(
     """
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     L, n_seq = B * Hv, spec.n_states
-    save = _saved_states()
+    save = _saved_states(save)
     groups = chunks.groups(_group_size(spec, chunks.C, fused=fused, save=save))
     keep_chunks = save == "chunks"
     if spec.channel:
@@ -402,8 +416,16 @@ def _make_core(
     return core
 
 
-def _saved_states() -> str:
-    """:data:`_SAVE`, else ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``."""
+def _saved_states(save: str | None = None) -> str:
+    """``save`` (``gated_delta_rule``'s ``save_states``) if given, else :data:`_SAVE`,
+    else ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``; one of :data:`SAVE_MODES`."""
+    if save is not None:
+        if save not in SAVE_MODES:
+            raise ValueError(
+                f"[gated_delta_rule] save_states must be 'chunks' or 'groups' (or None: "
+                f"CHUNKSCAN_GDN_SAVE, else 'chunks'), not {save!r}"
+            )
+        return save
     save = _SAVE or os.environ.get("CHUNKSCAN_GDN_SAVE") or "chunks"
     if save not in SAVE_MODES:
         raise ValueError(
