@@ -161,12 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     from chunkscan import _precompile
 
     ours = _precompile.Nvrtc(nvrtc, includes)
-    failed = 0
+    failed, totals = 0, [0.0, 0.0]
     for label, name, header, source, ins, outs, t in kernels():
         start = time.perf_counter()
         ok, log, ptx = compile_ptx(nvrtc, build_source(name, header, source, ins, outs, t),
                                    includes)  # fmt: skip
         seconds = time.perf_counter() - start
+        totals[0] += seconds
         info = ""
         if ok and ptxas:
             with tempfile.TemporaryDirectory() as d:
@@ -190,10 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             ours.compile(src, "90")
+            totals[1] += time.perf_counter() - start
             print(f"ok   {label}  [precompiled form {time.perf_counter() - start:.2f} s]")
         except RuntimeError as e:
             failed += 1
             print(f"FAIL {label}  [precompiled form]\n{e}")
+    print(f"compile time in total: MLX form (PTX) {totals[0]:.1f} s, precompiled form (cubin) "
+          f"{totals[1]:.1f} s, {len(kernels())} kernels")  # fmt: skip
     return 1 if failed else 0
 
 
