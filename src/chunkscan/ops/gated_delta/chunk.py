@@ -125,7 +125,7 @@ def gated_delta_rule(
             Default: ``None``.
         save_states (str, optional): What the forward keeps for the backward:
             ``"chunks"``, the float32 state entering every chunk (``T / chunk_size``
-            states: 32 KiB per token at the Qwen3-Next shape), or ``"groups"``, the
+            states: 32 KiB per token at the Qwen3-Next shape with C = 64), or ``"groups"``, the
             state entering each group of chunks only; the backward then recomputes
             the others with one more forward state pass per group. Identical results.
             ``"groups"`` suits models with many such layers at long ``T``, whose saved
