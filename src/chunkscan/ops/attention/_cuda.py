@@ -1,4 +1,4 @@
-""":func:`chunkscan.attention` as ``mx.fast.cuda_kernel`` launches: one forward, two backward.
+""":func:`chunkscan.attention` as CUDA kernel launches: one forward, two backward.
 
 CUDA only; chosen automatically by :mod:`.blocked` where :func:`supports` holds, and
 switched off with ``kernels=False`` or ``CHUNKSCAN_CUDA_KERNELS=0``. The math is the

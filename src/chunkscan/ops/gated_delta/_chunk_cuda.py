@@ -3,7 +3,7 @@
 :mod:`.chunk` computes everything that is not sequential as batched MLX ops per group
 of chunks: dozens of ops per group, each tens of microseconds on MLX's CUDA backend,
 and float32 intermediates of ``[C, C]`` or ``[C, D]`` per chunk and head written to
-memory between them. Here each of those stages is ONE ``mx.fast.cuda_kernel`` launch
+memory between them. Here each of those stages is ONE CUDA kernel launch
 per group, one thread block per (chunk, lane) (a lane is one value head of one batch
 row), with the chunk's intermediates in shared memory. The math is :mod:`.chunk`'s,
 line for line (``docs/gated_delta.md``); all arithmetic is float32 (plain FMA, no

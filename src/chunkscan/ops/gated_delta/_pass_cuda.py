@@ -1,4 +1,5 @@
-"""The state pass of :mod:`._passes` as ONE ``mx.fast.cuda_kernel`` launch (CUDA only).
+"""The state pass of :mod:`._passes` as ONE CUDA kernel launch (CUDA only; built by
+:func:`chunkscan._backend.cuda_kernel`).
 
 Same interface and semantics as :func:`._passes.portable_state_pass`::
 

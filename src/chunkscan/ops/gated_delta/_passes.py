@@ -24,7 +24,7 @@ Implementations (see :func:`state_pass`):
   group in a few batched ops (fewest ops per chunk: the choice on GPUs, where each op
   costs tens of microseconds); ``"factored"``: the loop above as written, four ops
   per chunk but half the multiply-adds when ``C < Dk`` (the choice on the CPU);
-- ``cuda``: one ``mx.fast.cuda_kernel`` launch per group, chosen automatically on a
+- ``cuda``: one CUDA kernel launch per group, chosen automatically on a
   CUDA device unless switched off (``CHUNKSCAN_CUDA_KERNELS=0`` or ``kernels=False``).
 """
 
