@@ -203,3 +203,30 @@ def test_cuda_precompiled_kernels_equal_mlx_s(monkeypatch, tmp_path):
     errors = [max_rel(a, b) for a, b in zip(ours, mlx)]
     print(f"precompiled vs mx.fast.cuda_kernel, max relative difference: {max(errors):.3g}")
     assert max(errors) <= 1e-6, errors
+
+
+def test_finding_the_compiler(monkeypatch, tmp_path):
+    """The libraries this process maps are found by name (as NVRTC is, once MLX's CUDA
+    back-end has loaded it); only existing include folders are passed; a compiler that
+    cannot be opened is asked for once per process."""
+    if os.path.exists("/proc/self/maps"):
+        libc = _precompile._loaded_library("libc.so")
+        assert libc and os.path.isfile(libc)
+    assert _precompile._loaded_library("libno-such-library") is None
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "missing"))
+    (tmp_path / "cuda" / "include").mkdir(parents=True)
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda"))
+    dirs = _precompile._include_dirs()
+    assert str(tmp_path / "cuda" / "include") in dirs and all(os.path.isdir(d) for d in dirs)
+    attempts = []
+
+    def no_nvrtc():
+        attempts.append(1)
+        raise RuntimeError("no NVRTC library found (test)")
+
+    monkeypatch.setattr(_precompile, "_NVRTC", [])
+    monkeypatch.setattr(_precompile, "_open_nvrtc", no_nvrtc)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no NVRTC library found"):
+            _precompile.compiler()
+    assert attempts == [1]
