@@ -16,11 +16,12 @@ device's own architecture, and the binary kept under ``CHUNKSCAN_CUDA_CACHE`` (d
 input's ``<name>_shape``, which MLX passes as a struct, is passed as that many ``int``
 scalars and rebuilt as an array at the top of the kernel.
 
-Where any step fails (no NVRTC library found, a compile error, an MLX without
-``precompiled_cuda_kernel``) the kernel is built by ``mx.fast.cuda_kernel`` as before,
-after one warning. ``CHUNKSCAN_CUDA_PRECOMPILE=0`` (read when a kernel is first built)
-switches this off; ``=ptx`` keeps PTX instead of a cubin (the driver then translates it
-when the module loads).
+Where a step before the launch fails (no NVRTC library found, a compile error, an MLX
+without ``precompiled_cuda_kernel``) the kernel is built by ``mx.fast.cuda_kernel`` as
+before, after one warning. A failure when MLX loads the module (at evaluation) is not
+caught: ``CHUNKSCAN_CUDA_PRECOMPILE=0`` (read when a kernel is first built) switches all
+of this off; ``=ptx`` keeps PTX instead of a cubin (the driver then translates it when
+the module loads).
 """
 
 from __future__ import annotations
