@@ -45,8 +45,8 @@ def meta(**extra: Any) -> dict[str, Any]:
 
 
 def add_save_option(p) -> None:
-    """``--save``: what chunkscan's forward keeps for the backward (``chunk._SAVE``), one
-    configuration per mode given; default: the op's."""
+    """``--save``: what chunkscan's forward keeps for the backward (the op's
+    ``save_states``), one configuration per mode given; default: the op's."""
     from chunkscan.ops.gated_delta.chunk import SAVE_MODES
 
     p.add_argument(

@@ -70,8 +70,9 @@ def scan_chunk_size(chunk_size: int | None) -> int:
     return min(chunk_size or 32, 32)
 
 
-def _op(impl: str, Dk: int, chunk_size: int | None):
-    """``f(q, k, v, g, beta, h0) -> (o, final_state)`` with chunkscan's conventions."""
+def _op(impl: str, Dk: int, chunk_size: int | None, save: str | None = None):
+    """``f(q, k, v, g, beta, h0) -> (o, final_state)`` with chunkscan's conventions
+    (``save``: chunkscan's ``save_states``)."""
     import mlx.core as mx
 
     scale = Dk**-0.5
@@ -80,7 +81,7 @@ def _op(impl: str, Dk: int, chunk_size: int | None):
 
         def f(q, k, v, g, beta, h0):
             return chunkscan.gated_delta_rule(
-                q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size
+                q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, save_states=save
             )
 
     elif impl == "mlx_lm":
@@ -138,19 +139,14 @@ def measure(
     save: str | None = None,
 ) -> dict[str, Any]:
     """One configuration (run in its own process by :func:`main`); ``save``: what
-    chunkscan's forward keeps for the backward (``chunk._SAVE``; None: the default)."""
+    chunkscan's forward keeps for the backward (its ``save_states``; None: the default)."""
     import mlx.core as mx
-
-    if save:
-        from chunkscan.ops.gated_delta import chunk as chunk_module
-
-        chunk_module._SAVE = save
 
     from chunkscan.commands.measure import median_seconds, peak_above_active
 
     xs, w, w_s = _inputs(T, B, Hk, Hv, Dk, Dv, dtype, seed, gate)
     mx.eval(xs, w, w_s)
-    f = _op(impl, Dk, chunk_size)
+    f = _op(impl, Dk, chunk_size, save)
 
     def loss(*args):
         o, final = f(*args)

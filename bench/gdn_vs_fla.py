@@ -41,7 +41,7 @@ def measure_mlx(
     """One MLX configuration (in its own process). ``memory_limit_mib``: MLX's memory
     limit set to that much above the inputs (``mx.set_memory_limit``; MLX then waits for
     queued work to finish, and frees what it holds, once more memory is active);
-    ``save``: what the op's forward keeps for the backward (``chunk._SAVE``)."""
+    ``save``: what the op's forward keeps for the backward (its ``save_states``)."""
     import mlx.core as mx
     from gated_delta import _inputs
 
@@ -52,7 +52,6 @@ def measure_mlx(
     if group_mib:
         chunk_module._GROUP_BYTES = group_mib << 20
     chunk_module._COMPILE_GROUPS = compile_groups
-    chunk_module._SAVE = save
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
     mx.eval(xs, w, w_s)
     if memory_limit_mib:
@@ -63,8 +62,9 @@ def measure_mlx(
 
     def loss(q, k, v, g, beta, h0):
         o, s = chunkscan.gated_delta_rule(
-            q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, kernels=kernels
-        )
+            q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, kernels=kernels,
+            save_states=save,
+        )  # fmt: skip
         return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
 
     step = mx.value_and_grad(loss, argnums=tuple(range(6)))
@@ -83,7 +83,7 @@ def measure_mlx(
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
         "group_mib": group_mib, "compile_groups": compile_groups,
-        "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(),
+        "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(save),
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
         "fused_kernels": bool(
             kernels is None and _passes.use_kernels(None)

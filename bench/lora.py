@@ -248,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the model's weights (and so the activations); on CUDA, "
                         "chunkscan.attention's kernels take bfloat16/float16 only")  # fmt: skip
     parser.add_argument("--chunk-size", type=int, default=None)
-    parser.add_argument("--save-states", choices=["groups", "chunks"], default=None,
+    from chunkscan.ops.gated_delta.chunk import SAVE_MODES
+
+    parser.add_argument("--save-states", choices=SAVE_MODES, default=None,
                         help="what the patched op keeps for the backward (default: "
                         "patch()'s, groups)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)

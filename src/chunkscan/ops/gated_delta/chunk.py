@@ -268,23 +268,24 @@ def _make_core(
     chunks: _Chunking,
     out_dtype: mx.Dtype,
     kernels: bool,
-    fused: bool = False,
-    save: str | None = None,
+    fused: bool,
+    save: str,
 ):
     """The custom function ``(q, k, v, g, beta, o_bad, h0) -> [o, final, *entering]``.
 
     ``kernels``: the state passes run the CUDA kernel; ``fused``: the chunk-parallel
-    stages run the kernels of :mod:`._chunk_cuda` (same math, same ordering rules).
+    stages run the kernels of :mod:`._chunk_cuda` (same math, same ordering rules);
+    ``save``: what the forward keeps, resolved by :func:`_saved_states`.
 
     Inputs in chunk layout ``[B, N, C, ...]`` and dtype (``o_bad`` ``[B, N, C, Hv]``
     bool: outputs set to NaN, see :func:`_non_finite_reach`); ``h0``
     ``[n, Hv, Dv, Dk]`` float32. The outputs after ``o`` (``[B, N, C, Hv, Dv]``) and ``final``
     (``[n, Hv, Dv, Dk]``) are the states entering every chunk, one array
-    ``[L, n_g, Dv, Dk]`` per group (``L = B * Hv`` lanes), kept for the backward.
+    ``[L, n_g, Dv, Dk]`` per group (``L = B * Hv`` lanes), kept for the backward;
+    with ``save="groups"`` the state entering each group after the first instead.
     """
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     L, n_seq = B * Hv, spec.n_states
-    save = _saved_states(save)
     groups = chunks.groups(_group_size(spec, chunks.C, fused=fused, save=save))
     keep_chunks = save == "chunks"
     if spec.channel:
