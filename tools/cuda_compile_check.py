@@ -30,10 +30,13 @@ import tempfile
 import time
 
 import mlx.core as mx
-from cuda_emulate import template_lines  # the same template lines as the CPU runner
+
+from chunkscan._precompile import template_lines  # MLX's template lines, one writer
 
 CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half",
               "int32": "int32_t", "bool": "bool"}  # fmt: skip
+MX_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16,
+             "int32": mx.int32, "bool": mx.bool_}  # fmt: skip
 
 
 def _nvidia_root() -> str:
@@ -181,12 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             failed += 1
             print(log)
-        dt = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16,
-              "int32": mx.int32, "bool": mx.bool_}  # fmt: skip
         src = _precompile.build_source(
-            name, header, source, [(n, dt[d], nd) for n, d, nd in ins],
-            [(n, dt[d]) for n, d in outs],
-            [(n, dt[v] if isinstance(v, str) else v) for n, v in t],
+            name, header, source, [(n, MX_DTYPES[d], nd) for n, d, nd in ins],
+            [(n, MX_DTYPES[d]) for n, d in outs],
+            [(n, MX_DTYPES[v] if isinstance(v, str) else v) for n, v in t],
         )  # fmt: skip
         start = time.perf_counter()
         try:

@@ -43,6 +43,8 @@ import tempfile
 import mlx.core as mx
 import numpy as np
 
+from chunkscan._precompile import template_lines  # MLX's template lines, one writer
+
 _CACHE = os.path.join(tempfile.gettempdir(), "chunkscan_cuda_emulate")
 
 _TYPES = {
@@ -259,20 +261,6 @@ def _host_source(text: str) -> str:
                   r'\s*:::\s*"memory"\s*\)\s*;', ";", text)  # fmt: skip
     return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",
                   r"\1* \2 = reinterpret_cast<\1*>(cs_smem_base);", text)  # fmt: skip
-
-
-def template_lines(template, type_name) -> list[str]:
-    """MLX's template arguments ``[(name, bool | int | dtype)]`` as the C++ lines it
-    puts at the top of a kernel; ``type_name`` maps a dtype to its C++ type."""
-    lines = []
-    for name, value in template:
-        if isinstance(value, bool):
-            lines.append(f"  constexpr bool {name} = {'true' if value else 'false'};")
-        elif isinstance(value, int):
-            lines.append(f"  constexpr int {name} = {value};")
-        else:
-            lines.append(f"  using {name} = {type_name(value)};")
-    return lines
 
 
 def build(header, source, inputs, outputs, template, grid, threadgroup, smem) -> str:

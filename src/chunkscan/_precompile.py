@@ -61,12 +61,19 @@ def mode() -> str:
     return value if value in ("0", "ptx") else "cubin"
 
 
-def _template_line(name: str, value) -> str:
-    if isinstance(value, bool):
-        return f"  constexpr bool {name} = {'true' if value else 'false'};"
-    if isinstance(value, int):
-        return f"  constexpr int {name} = {value};"
-    return f"  using {name} = {_CUDA_TYPES[value]};"
+def template_lines(template, type_name=_CUDA_TYPES.__getitem__) -> list[str]:
+    """MLX's template arguments ``[(name, bool | int | dtype)]`` as the C++ lines its
+    ``build_kernel`` puts at the top of a kernel; ``type_name`` maps a dtype to its C++
+    type (``tools/cuda_emulate.py`` and ``tools/cuda_compile_check.py`` use this too)."""
+    lines = []
+    for name, value in template:
+        if isinstance(value, bool):
+            lines.append(f"  constexpr bool {name} = {'true' if value else 'false'};")
+        elif isinstance(value, int):
+            lines.append(f"  constexpr int {name} = {value};")
+        else:
+            lines.append(f"  using {name} = {type_name(value)};")
+    return lines
 
 
 def shape_inputs(source: str, input_names: list[str]) -> list[str]:
@@ -100,7 +107,7 @@ def build_source(
             params += [f"    int {n}_shape_{i}" for i in range(nd)]
             dims = ", ".join(f"{n}_shape_{i}" for i in range(nd))
             body.append(f"  const int {n}_shape[{nd}] = {{{dims}}};")
-    body += [_template_line(n, v) for n, v in template]
+    body += template_lines(template)
     return (
         PRELUDE + header + f'\nextern "C" __global__ void {symbol}(\n' + ",\n".join(params)
         + ") {\n" + "\n".join(body) + "\n" + source + "\n}\n"
