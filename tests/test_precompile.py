@@ -230,3 +230,20 @@ def test_finding_the_compiler(monkeypatch, tmp_path):
         with pytest.raises(RuntimeError, match="no NVRTC library found"):
             _precompile.compiler()
     assert attempts == [1]
+
+
+def test_device_arch_from_device_info_else_the_driver(monkeypatch):
+    """``mx.device_info()``'s compute capability (the parse ``_backend`` uses for its
+    limits), else the driver's attributes, else an error (which falls back to MLX)."""
+    monkeypatch.setattr(
+        mx, "device_info", lambda: {"compute_capability_major": 9, "compute_capability_minor": 0}
+    )
+    assert _precompile.device_arch() == "90"
+    monkeypatch.setattr(mx, "device_info", lambda: {"device_name": "cpu"})
+    asked = []
+    monkeypatch.setattr(_backend, "_driver_attributes",
+                        lambda i, attrs: asked.append(attrs) or [12, 1])  # fmt: skip
+    assert _precompile.device_arch() == "121" and asked == [(75, 76)]
+    monkeypatch.setattr(_backend, "_driver_attributes", lambda i, attrs: None)
+    with pytest.raises(RuntimeError, match="compute capability is unknown"):
+        _precompile.device_arch()

@@ -153,6 +153,7 @@ _SMALLEST = CudaLimits(99 * 1024, 100 * 1024, 132, "unknown GPU")
 
 # The CUDA driver API's device attributes (cuda.h, CUdevice_attribute).
 _ATTR_SM_COUNT, _ATTR_SMEM_PER_SM, _ATTR_SMEM_PER_BLOCK_OPTIN = 16, 81, 97
+_ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76
 
 
 def cuda_limits() -> CudaLimits:
@@ -213,13 +214,21 @@ def _driver_limits(index: int, lib=None) -> CudaLimits | None:
     return None if values is None else CudaLimits(*values, source="driver")
 
 
+def compute_capability(info: dict | None = None) -> tuple[int, int] | None:
+    """``(major, minor)`` of the default device from ``mx.device_info()`` (or ``info``),
+    ``None`` where it reports none."""
+    try:
+        info = mx.device_info() if info is None else info
+        return int(info["compute_capability_major"]), int(info["compute_capability_minor"])
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
+        return None
+
+
 def _limits_from_device_info(info: dict | None = None) -> CudaLimits | None:
     """:class:`CudaLimits` from the compute capability in ``mx.device_info()`` (``None``
     where it is missing or not in the table)."""
-    try:
-        info = mx.device_info() if info is None else info
-        cc = (int(info["compute_capability_major"]), int(info["compute_capability_minor"]))
-    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
+    cc = compute_capability(info)
+    if cc is None:
         return None
     kib = _SMEM_KIB_BY_CC.get(cc)
     if kib is None:

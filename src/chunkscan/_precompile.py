@@ -248,17 +248,14 @@ def cached_binary(
 def device_arch() -> str:
     """The default CUDA device's compute capability as ``"90"`` (for ``sm_90``): from
     ``mx.device_info()``, else the driver."""
-    try:
-        info = mx.device_info()
-        return f"{int(info['compute_capability_major'])}{int(info['compute_capability_minor'])}"
-    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
-        pass
-    from ._backend import _device_index, _driver_attributes
+    from . import _backend as b
 
-    values = _driver_attributes(_device_index(mx.default_device()), (75, 76))
-    if values is None:
+    cc = b.compute_capability() or b._driver_attributes(
+        b._device_index(mx.default_device()), (b._ATTR_CC_MAJOR, b._ATTR_CC_MINOR)
+    )
+    if cc is None:
         raise RuntimeError("the device's compute capability is unknown")
-    return f"{values[0]}{values[1]}"
+    return f"{cc[0]}{cc[1]}"
 
 
 class Kernel:
