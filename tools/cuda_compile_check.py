@@ -154,6 +154,8 @@ def kernels():
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mlx-src", required=True, help="an MLX source checkout (its headers)")
+    p.add_argument("--only", nargs="+", default=None,
+                   help="compile only the kernels whose label contains one of these")  # fmt: skip
     args = p.parse_args(argv)
     root = _nvidia_root()
     nvrtc = ctypes.CDLL(sorted(glob.glob(f"{root}/cuda_nvrtc/lib/libnvrtc.so*"))[0])
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ours = _precompile.Nvrtc(nvrtc, includes)
     failed, totals = 0, [0.0, 0.0]
-    for label, name, header, source, ins, outs, t in kernels():
+    chosen = [k for k in kernels() if not args.only or any(o in k[0] for o in args.only)]
+    for label, name, header, source, ins, outs, t in chosen:
         start = time.perf_counter()
         ok, log, ptx = compile_ptx(nvrtc, build_source(name, header, source, ins, outs, t),
                                    includes)  # fmt: skip
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             print(f"FAIL {label}  [precompiled form]\n{e}")
     print(f"compile time in total: MLX form (PTX) {totals[0]:.1f} s, precompiled form (cubin) "
-          f"{totals[1]:.1f} s, {len(kernels())} kernels")  # fmt: skip
+          f"{totals[1]:.1f} s, {len(chosen)} kernels")  # fmt: skip
     return 1 if failed else 0
 
 

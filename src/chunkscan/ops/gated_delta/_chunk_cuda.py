@@ -26,10 +26,16 @@ pass -> :func:`state_gradients` -> :func:`input_gradients`. What each returns:
   inputs (what :func:`.chunk._input_layout` returns).
 
 Shapes handled (:func:`supports`): ``C`` 32 or 64, ``Dk`` and ``Dv`` multiples of 32 up
-to 128, at most 65535 lanes. The block product helper ``Tile`` gives thread ``t`` of
-``NT`` (256 or 512, per kernel: :func:`threads`) the outputs in rows ``t / 32 + (NT / 32)
-a`` and columns ``t % 32 + 32 b`` (conflict-free shared-memory reads: one operand
-broadcast, the other consecutive; row strides are odd). ``prepare`` inverts ``I + L`` in
+to 128, at most 65535 lanes. The block products (``csg::Tile``) give each of the ``NT``
+threads (256 or 512, per kernel: :func:`threads`) a ``TM x TN`` block of outputs (4 x 4
+or 4 x 8 at these shapes), each warp a 4 x 8 piece of the thread grid, and read
+shared-memory operands four values of ``k`` at a time: 16-byte reads along ``k`` where
+a row holds the operand that way (row strides ``D + 4``), else along runs of 4 output
+rows or columns (the ``RB`` / ``CB`` layouts). For 64 multiply-adds (a 4 x 4 block, four
+``k``) a thread reads 8 times 16 bytes, where the layout before (8 x 2 outputs, each warp
+one row of 32 threads) read 40 single values. Every output still sums over ``k`` in
+order with ``fmaf``, as before.
+``prepare`` inverts ``I + L`` in
 blocks (16-row diagonal blocks by forward substitution, then doubling), not row by row;
 ``state_grads`` stages ``w`` and ``kt`` through shared memory 32 columns at a time.
 Phase clocks for tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py
@@ -64,7 +70,9 @@ MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 
 _HEADER = r"""
 #ifndef CS_EMULATE
-#define CS_DYN_SMEM(name) extern __shared__ float name[]
+#define CS_DYN_SMEM(name) \
+  extern __shared__ float4 name##_4[]; \
+  float* name = reinterpret_cast<float*>(name##_4)
 #define CS_NAN __int_as_float(0x7fc00000)
 #define CS_INF __int_as_float(0x7f800000)
 #else
@@ -105,42 +113,170 @@ __device__ __forceinline__ float fin(float x) { return isfinite(x) ? x : 0.f; }
 __device__ __forceinline__ bool gate_ok(float x) { return !(isnan(x) || x == CS_INF); }
 __device__ __forceinline__ float gate(float x) { return gate_ok(x) ? x : 0.f; }
 
-// An [M, N] block product in registers, NT threads (W = NT / 32 warps): thread t owns
-// rows t/32 + W a, columns t%32 + 32b.
-template <int M, int N, int NT> struct Tile {
-  static constexpr int W = NT / 32;
-  static_assert(M % W == 0 && N % 32 == 0, "Tile: M % (NT / 32) == 0 and N % 32 == 0");
-  static constexpr int RA = M / W, RB = N / 32;
-  float v[RA][RB];
+// 16-byte shared-memory load (p 16-byte aligned: row strides and offsets multiples of 4).
+__device__ __forceinline__ float4 ld4(const float* p) {
+#ifdef CS_EMULATE
+  if (reinterpret_cast<uintptr_t>(p) % 16) {
+    std::fprintf(stderr, "csg::ld4: misaligned shared-memory load\n");
+    std::abort();
+  }
+#endif
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ void put4(float (&d)[4], float4 x) {
+  d[0] = x.x; d[1] = x.y; d[2] = x.z; d[3] = x.w;
+}
+
+// Rows per thread TM of an [M, N] product on NT threads (TN = M N / NT / TM columns):
+// the most square TM x TN, both at most 8, that lets each warp own a 4 x 8 piece of
+// the (M / TM) x (N / TN) thread grid; 0 where none does (then: one warp per grid row).
+template <int M, int N, int NT> __host__ __device__ constexpr int tile_rows() {
+  constexpr int P = M * N / NT;
+  int best = 0, gap = 1 << 20;
+  for (int tm = 1; tm <= 8; tm *= 2) {
+    if (P % tm) continue;
+    const int tn = P / tm;
+    if (tn > 8 || M % tm || N % tn || (M / tm) % 4 || (N / tn) % 8) continue;
+    if (NT % 32 || (M / tm) * (N / tn) != NT) continue;
+    const int g = tm > tn ? tm - tn : tn - tm;
+    if (g < gap) { gap = g; best = tm; }
+  }
+  return best;
+}
+
+// Operands of Tile::mm4, in shared memory. KC (k-contiguous): A(i, k) = p[i ld + k],
+// B(k, j) = p[j ld + k]; else A(i, k) = p[k ld + i], B(k, j) = p[k ld + j].
+template <bool KC> struct Op { const float* p; int ld; };
+template <bool KC> __device__ __forceinline__ Op<KC> op(const float* p, int ld) { return {p, ld}; }
+
+// An [M, N] block product in registers, NT threads. Thread t owns TM x TN outputs: rows
+// row(a), columns col(b). The threads form a (M / TM) x (N / TN) grid, each warp a 4 x 8
+// piece of it (conflict-free reads with odd or 4-mod-32 row strides); rows and columns
+// interleave (row(a) = tr + (M / TM) a), or, with RB / CB, come in runs of 4 (row(a) =
+// 4 (tr + (M / TM) (a / 4)) + a % 4) so that an operand contiguous along them is read 16
+// bytes at a time. Where no such grid exists (tile_rows == 0) each warp is one grid row
+// of 32 threads (rows ty + W a, columns tx + 32 b). Every product accumulates over k in
+// order with fmaf, whatever the layout.
+template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
+  static constexpr int TM0 = tile_rows<M, N, NT>();
+  static constexpr bool WIDE = TM0 == 0;  // one warp per grid row
+  static constexpr int RA = WIDE ? M / (NT / 32) : TM0;
+  static constexpr int RBN = M * N / NT / RA;
+  static constexpr int TR = M / RA, TC = N / RBN;  // the thread grid
+  static constexpr int WR = WIDE ? 1 : 4, WC = WIDE ? 32 : 8;  // a warp's piece
+  static constexpr bool RB4 = RB && RA % 4 == 0, CB4 = CB && RBN % 4 == 0;
+  static_assert(M * N % NT == 0 && M % RA == 0 && N % RBN == 0, "Tile: shape");
+  static_assert(TR * TC == NT && TR % WR == 0 && TC % WC == 0, "Tile: thread grid");
+  float v[RA][RBN];
+  int tr, tc;
   __device__ __forceinline__ Tile() {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wpr = TC / WC;
+    tr = (w / wpr) * WR + lane / WC;
+    tc = (w % wpr) * WC + lane % WC;
 #pragma unroll
     for (int a = 0; a < RA; ++a)
 #pragma unroll
-      for (int b = 0; b < RB; ++b) v[a][b] = 0.f;
+      for (int b = 0; b < RBN; ++b) v[a][b] = 0.f;
   }
-  // v += A B with A(i, k) = fa(i, k), B(k, j) = fb(k, j), k < K.
+  __device__ __forceinline__ int row(int a) const {
+    return RB4 ? 4 * (tr + TR * (a / 4)) + a % 4 : tr + TR * a;
+  }
+  __device__ __forceinline__ int col(int b) const {
+    return CB4 ? 4 * (tc + TC * (b / 4)) + b % 4 : tc + TC * b;
+  }
+  // v += A B with A(i, k) = fa(i, k), B(k, j) = fb(k, j), k < K (one value per call).
   template <int K, class FA, class FB> __device__ __forceinline__ void mm(FA fa, FB fb) {
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
 #pragma unroll 4
     for (int k = 0; k < K; ++k) {
-      float av[RA], bv[RB];
+      float av[RA], bv[RBN];
 #pragma unroll
-      for (int a = 0; a < RA; ++a) av[a] = fa(ty + W * a, k);
+      for (int a = 0; a < RA; ++a) av[a] = fa(row(a), k);
 #pragma unroll
-      for (int b = 0; b < RB; ++b) bv[b] = fb(k, tx + 32 * b);
+      for (int b = 0; b < RBN; ++b) bv[b] = fb(k, col(b));
 #pragma unroll
       for (int a = 0; a < RA; ++a)
 #pragma unroll
-        for (int b = 0; b < RB; ++b) v[a][b] = fmaf(av[a], bv[b], v[a][b]);
+        for (int b = 0; b < RBN; ++b) v[a][b] = fmaf(av[a], bv[b], v[a][b]);
+    }
+  }
+  // v += A B, four k at a time (K a multiple of 4). Each operand is an Op in shared
+  // memory, read 16 bytes at a time along k (KC) or along runs of 4 rows / columns
+  // (RB4 / CB4), else one value at a time; or a functor fa(i, k) / fb(k, j).
+  template <int K, class TA, class TB> __device__ __forceinline__ void mm4(TA A, TB B) {
+    static_assert(K % 4 == 0, "Tile::mm4: K % 4 == 0");
+#pragma unroll 2
+    for (int k = 0; k < K; k += 4) {
+      float av[RA][4], bv[RBN][4];
+      load_a(A, av, k);
+      load_b(B, bv, k);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int a = 0; a < RA; ++a)
+#pragma unroll
+          for (int b = 0; b < RBN; ++b) v[a][b] = fmaf(av[a][q], bv[b][q], v[a][b]);
+    }
+  }
+  template <class F>
+  __device__ __forceinline__ void load_a(const F& fa, float (&av)[RA][4], int k) const {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int a = 0; a < RA; ++a) av[a][q] = fa(row(a), k + q);
+  }
+  __device__ __forceinline__ void load_a(Op<true> A, float (&av)[RA][4], int k) const {
+#pragma unroll
+    for (int a = 0; a < RA; ++a) put4(av[a], ld4(A.p + row(a) * A.ld + k));
+  }
+  __device__ __forceinline__ void load_a(Op<false> A, float (&av)[RA][4], int k) const {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float* r = A.p + (k + q) * A.ld;
+      if constexpr (RB4) {
+#pragma unroll
+        for (int a = 0; a < RA; a += 4) {
+          const float4 x = ld4(r + row(a));
+          av[a][q] = x.x; av[a + 1][q] = x.y; av[a + 2][q] = x.z; av[a + 3][q] = x.w;
+        }
+      } else {
+#pragma unroll
+        for (int a = 0; a < RA; ++a) av[a][q] = r[row(a)];
+      }
+    }
+  }
+  template <class F>
+  __device__ __forceinline__ void load_b(const F& fb, float (&bv)[RBN][4], int k) const {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int b = 0; b < RBN; ++b) bv[b][q] = fb(k + q, col(b));
+  }
+  __device__ __forceinline__ void load_b(Op<true> B, float (&bv)[RBN][4], int k) const {
+#pragma unroll
+    for (int b = 0; b < RBN; ++b) put4(bv[b], ld4(B.p + col(b) * B.ld + k));
+  }
+  __device__ __forceinline__ void load_b(Op<false> B, float (&bv)[RBN][4], int k) const {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float* r = B.p + (k + q) * B.ld;
+      if constexpr (CB4) {
+#pragma unroll
+        for (int b = 0; b < RBN; b += 4) {
+          const float4 x = ld4(r + col(b));
+          bv[b][q] = x.x; bv[b + 1][q] = x.y; bv[b + 2][q] = x.z; bv[b + 3][q] = x.w;
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < RBN; ++b) bv[b][q] = r[col(b)];
+      }
     }
   }
   // fn(row, column, value, a, b) for every owned output.
   template <class F> __device__ __forceinline__ void each(F fn) const {
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
 #pragma unroll
     for (int a = 0; a < RA; ++a)
 #pragma unroll
-      for (int b = 0; b < RB; ++b) fn(ty + W * a, tx + 32 * b, v[a][b], a, b);
+      for (int b = 0; b < RBN; ++b) fn(row(a), col(b), v[a][b], a, b);
   }
 };
 
@@ -158,18 +294,22 @@ template <int C> __device__ __forceinline__ void chunk_gates(const float* gf, fl
     ten[i] = expf(r);
   }
 }
-// gam[i][j] = exp(g_{j+1} + .. + g_i) for j <= i, else 0 (row stride LD).
+// gam[i][j] = exp(g_{j+1} + .. + g_i) for j <= i, else 0 (row stride LD). Thread j
+// walks column j down from the diagonal with a running sum: the same sums, in the same
+// order, as summing each span afresh (bitwise equal), C steps per thread, not a new sum
+// per entry.
 template <int C, int LD, int NT>
 __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
-  for (int e = threadIdx.x; e < C * C; e += NT) {
-    const int i = e / C, j = e % C;
-    float val = 0.f;
-    if (j <= i) {
-      float s = 0.f;
-      for (int t = j + 1; t <= i; ++t) s += gf[t];
-      val = expf(s);
+  static_assert(NT >= C, "fill_gam: a thread per column");
+  const int j = threadIdx.x;
+  if (j < C) {
+    for (int i = 0; i < j; ++i) gam[i * LD + j] = 0.f;
+    float s = 0.f;
+    gam[j * LD + j] = 1.f;
+    for (int i = j + 1; i < C; ++i) {
+      s += gf[i];
+      gam[i * LD + j] = expf(s);
     }
-    gam[i * LD + j] = val;
   }
 }
 }  // namespace csg
@@ -184,16 +324,17 @@ _COMMON = r"""
   const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
   const size_t cl = size_t(l) * n + j;         // (lane, chunk)
   constexpr int LDC = C + 1, LDK = DK + 1, LDV = DV + 1;
+  constexpr int LDC4 = C + 4, LDK4 = DK + 4, LDV4 = DV + 4;  // rows read 16 B at a time
   const float scale = params[0];
   CS_PROF_BEGIN;
 """
 
 # prepare: a, p, w, u, kt, decay.
 _PREPARE = r"""
-  constexpr int DM = DK > DV ? DK : DV, LDM = DM + 1;
+  constexpr int DM = DK > DV ? DK : DV, LDM = DM + 4;
   CS_DYN_SMEM(sm);
-  float* Ks = sm;               // [C][LDK] k
-  float* Xs = Ks + C * LDK;     // [C][LDM] q, then k beta gamma, then v beta
+  float* Ks = sm;               // [C][LDK4] k
+  float* Xs = Ks + C * LDK4;     // [C][LDM] q, then k beta gamma, then v beta
   float* Ls = Xs + C * LDM;     // [C][LDC] gam, then L = beta_i gam kk (strict)
   float* As = Ls + C * LDC;     // [C][LDC] (I + L)^-1
   float* gf = As + C * LDC;
@@ -207,7 +348,7 @@ _PREPARE = r"""
   for (int e = tid; e < C * DK; e += NT) {
     const int i = e / DK, d = e % DK;
     const size_t src = (tok + i) * HK * DK + hk * DK + d;
-    Ks[i * LDK + d] = csg::fin(csg::f(k[src]));
+    Ks[i * LDK4 + d] = csg::fin(csg::f(k[src]));
     Xs[i * LDM + d] = csg::fin(csg::f(q[src]));
   }
   __syncthreads();
@@ -219,10 +360,8 @@ _PREPARE = r"""
   for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
   {
     csg::Tile<C, C, NT> kk, qk;
-    kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
-              [&](int d, int t) { return Ks[t * LDK + d]; });
-    qk.mm<DK>([&](int i, int d) { return Xs[i * LDM + d]; },
-              [&](int d, int t) { return Ks[t * LDK + d]; });
+    kk.mm4<DK>(csg::op<true>(Ks, LDK4), csg::op<true>(Ks, LDK4));
+    qk.mm4<DK>(csg::op<true>(Xs, LDM), csg::op<true>(Ks, LDK4));
     // Both tiles own the same (i, t): gam is read, then replaced by L, by one thread.
     kk.each([&](int i, int t, float x, int a, int b) {
       const float gm = Ls[i * LDC + t];
@@ -239,20 +378,24 @@ _PREPARE = r"""
   // blocks above the diagonal stay zero (As was cleared with the kk, qk phase).
   {
     constexpr int B0 = 16;
-    for (int r = 0; r < B0; ++r) {
-      if (tid < C) {
-        const int q0 = (tid / B0) * B0, m = tid % B0, i = q0 + r;
+    if (tid < C) {  // thread (block q0, column m) owns column m of its block: no barriers
+      const int q0 = (tid / B0) * B0, m = tid % B0;
+      float col[B0];  // A[q0 + t][q0 + m], t < B0
+#pragma unroll
+      for (int r = 0; r < B0; ++r) {
         float val = m == r ? 1.f : 0.f;
         if (m < r) {
           float s = 0.f;
-          for (int t = m; t < r; ++t)
-            s = fmaf(Ls[i * LDC + q0 + t], As[(q0 + t) * LDC + q0 + m], s);
+#pragma unroll
+          for (int t = 0; t < r; ++t)
+            if (t >= m) s = fmaf(Ls[(q0 + r) * LDC + q0 + t], col[t], s);
           val = -s;
         }
-        As[i * LDC + q0 + m] = val;
+        col[r] = val;
+        As[(q0 + r) * LDC + q0 + m] = val;
       }
-      __syncthreads();
     }
+    __syncthreads();
     float* Ts = Xs;  // [pairs][s][s]: L21 A11 (q is no longer needed)
     for (int s = B0; s < C; s *= 2) {
       const int pairs = C / (2 * s);
@@ -277,7 +420,7 @@ _PREPARE = r"""
   for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
   for (int e = tid; e < C * DK; e += NT) {
     const int i = e / DK, d = e % DK;
-    const float kv = Ks[i * LDK + d];
+    const float kv = Ks[i * LDK4 + d];
     Xs[i * LDM + d] = kv * (bt[i] * gma[i]);
     KT[(cl * C + i) * DK + d] = kv * ten[i];
   }
@@ -285,9 +428,8 @@ _PREPARE = r"""
   __syncthreads();
   CS_MARK();  // 3: the inverse, stores
   {
-    csg::Tile<C, DK, NT> w;
-    w.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
-            [&](int t, int d) { return Xs[t * LDM + d]; });
+    csg::Tile<C, DK, NT, false, true> w;
+    w.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
     w.each([&](int i, int d, float x, int, int) { W[(cl * C + i) * DK + d] = x; });
   }
   __syncthreads();
@@ -297,9 +439,8 @@ _PREPARE = r"""
   }
   __syncthreads();
   {
-    csg::Tile<C, DV, NT> u;
-    u.mm<C>([&](int i, int t) { return As[i * LDC + t]; },
-            [&](int t, int c) { return Xs[t * LDM + c]; });
+    csg::Tile<C, DV, NT, false, true> u;
+    u.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
     u.each([&](int i, int c, float x, int, int) { U[(cl * C + i) * DV + c] = x; });
   }
   CS_PROF_END("prepare");  // 4: w, v loads, u
@@ -308,36 +449,35 @@ _PREPARE = r"""
 # outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
-  constexpr int BIG0 = (DV * LDK > C * LDV ? DV * LDK : C * LDV);
-  constexpr int BIG = (BIG0 > C * LDK ? BIG0 : C * LDK);
+  constexpr int BIG0 = (DV * LDK4 > C * LDV4 ? DV * LDK4 : C * LDV4);
+  constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
   CS_DYN_SMEM(sm);
-  float* Xs = sm;               // [C][LDK] q, then X = qg - p w
-  float* Ps = Xs + C * LDK;     // [C][LDC] p
-  float* Bs = Ps + C * LDC;     // [C][LDK] w, then [DV][LDK] S or [C][LDV] d_o
-  float* Us = Bs + BIG;         // [C][LDV] u (outputs only)
-  float* gf = Us + (MODE_H ? 0 : C * LDV);
+  float* Xs = sm;               // [C][LDK4] q, then X = qg - p w
+  float* Ps = Xs + C * LDK4;     // [C][LDC4] p
+  float* Bs = Ps + C * LDC4;     // [C][LDK4] w, then [DV][LDK4] S or [C][LDV4] d_o
+  float* Us = Bs + BIG;         // [C][LDV4] u (outputs only)
+  float* gf = Us + (MODE_H ? 0 : C * LDV4);
   float* gma = gf + C;
   float* ten = gma + C;
   for (int i = tid; i < C; i += NT) gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
   for (int e = tid; e < C * DK; e += NT) {
     const int i = e / DK, d = e % DK;
-    Xs[i * LDK + d] = csg::fin(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
-    Bs[i * LDK + d] = W[(cl * C + i) * DK + d];
+    Xs[i * LDK4 + d] = csg::fin(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
+    Bs[i * LDK4 + d] = W[(cl * C + i) * DK + d];
   }
-  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC + e % C] = P[cl * C * C + e];
+  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC4 + e % C] = P[cl * C * C + e];
   if (!MODE_H) {
-    for (int e = tid; e < C * DV; e += NT) Us[(e / DV) * LDV + e % DV] = U[cl * C * DV + e];
+    for (int e = tid; e < C * DV; e += NT) Us[(e / DV) * LDV4 + e % DV] = U[cl * C * DV + e];
   }
   __syncthreads();
   CS_MARK();  // 0: loads
   csg::chunk_gates<C>(gf, gma, ten);
   __syncthreads();
   {
-    csg::Tile<C, DK, NT> x;
-    x.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
-            [&](int t, int d) { return Bs[t * LDK + d]; });
+    csg::Tile<C, DK, NT, false, true> x;
+    x.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Bs, LDK4));
     x.each([&](int i, int d, float val, int, int) {
-      Xs[i * LDK + d] = scale * gma[i] * Xs[i * LDK + d] - val;
+      Xs[i * LDK4 + d] = scale * gma[i] * Xs[i * LDK4 + d] - val;
     });
   }
   __syncthreads();
@@ -346,27 +486,24 @@ _OUTPUT = r"""
     for (int e = tid; e < C * DV; e += NT) {
       const int i = e / DV, c = e % DV;
       const size_t o = (tok + i) * HV + h;
-      Bs[i * LDV + c] = obad[o] ? 0.f : csg::f(dout[o * DV + c]);
+      Bs[i * LDV4 + c] = obad[o] ? 0.f : csg::f(dout[o * DV + c]);
     }
   } else {
     for (int e = tid; e < DV * DK; e += NT) {
       const int c = e / DK, d = e % DK;
-      Bs[c * LDK + d] = S[(cl * DV + c) * DK + d];
+      Bs[c * LDK4 + d] = S[(cl * DV + c) * DK + d];
     }
   }
   __syncthreads();
   CS_MARK();  // 2: S or d_o loads
   if (MODE_H) {
-    csg::Tile<DV, DK, NT> hm;
-    hm.mm<C>([&](int c, int i) { return Bs[i * LDV + c]; },
-             [&](int i, int d) { return Xs[i * LDK + d]; });
+    csg::Tile<DV, DK, NT, true, true> hm;
+    hm.mm4<C>(csg::op<false>(Bs, LDV4), csg::op<false>(Xs, LDK4));
     hm.each([&](int c, int d, float val, int, int) { Hm[(cl * DV + c) * DK + d] = val; });
   } else {
     csg::Tile<C, DV, NT> o;
-    o.mm<DK>([&](int i, int d) { return Xs[i * LDK + d]; },
-             [&](int d, int c) { return Bs[c * LDK + d]; });
-    o.mm<C>([&](int i, int t) { return Ps[i * LDC + t]; },
-            [&](int t, int c) { return Us[t * LDV + c]; });
+    o.mm4<DK>(csg::op<true>(Xs, LDK4), csg::op<true>(Bs, LDK4));
+    o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDV4));
     o.each([&](int i, int c, float val, int, int) {
       const size_t r = (tok + i) * HV + h;
       out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
@@ -377,17 +514,17 @@ _OUTPUT = r"""
 
 # state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
 _STATE_GRADS = r"""
-  constexpr int LDT = TV + 1;
+  constexpr int LDT = TV + 4;
   CS_DYN_SMEM(sm);
-  float* Ss = sm;               // [TV][LDK] S slice
-  float* DSs = Ss + TV * LDK;   // [TV][LDK] dS slice
-  float* Ps = DSs + TV * LDK;   // [C][LDC] p
-  float* Do = Ps + C * LDC;     // [C][LDT] d_o slice (0 where o_bad)
+  float* Ss = sm;               // [TV][LDK4] S slice
+  float* DSs = Ss + TV * LDK4;   // [TV][LDK4] dS slice
+  float* Ps = DSs + TV * LDK4;   // [C][LDC4] p
+  float* Do = Ps + C * LDC4;     // [C][LDT] d_o slice (0 where o_bad)
   float* Vn = Do + C * LDT;     // [C][LDT] v_new = u - w S^T
   float* DVn = Vn + C * LDT;    // [C][LDT] d_vnew = p^T d_o + kt dS^T
   float* Vt = DVn + C * LDT;    // [C][LDT] v
   float* red = Vt + C * LDT;    // [NT]
-  constexpr int KS = 32, LDS = KS + 1;
+  constexpr int KS = 32, LDS = KS + 4;
   float* Wk = red + NT;         // [C][LDS] w, KS columns of Dk at a time
   float* Kk = Wk + C * LDS;     // [C][LDS] kt, the same columns
   const int z = blockIdx.z, e0 = z * TV;
@@ -397,14 +534,14 @@ _STATE_GRADS = r"""
     const int r = e / DK, d = e % DK;
     const size_t src = (cl * DV + e0 + r) * DK + d;
     const float s = S[src], ds = DS[src];
-    Ss[r * LDK + d] = s;
-    DSs[r * LDK + d] = ds;
+    Ss[r * LDK4 + d] = s;
+    DSs[r * LDK4 + d] = ds;
     dec = fmaf(s, ds, dec);
   }
   red[tid] = dec;
   __syncthreads();
   CS_MARK();  // 0: S, dS loads
-  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC + e % C] = P[cl * C * C + e];
+  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC4 + e % C] = P[cl * C * C + e];
   for (int e = tid; e < C * TV; e += NT) {
     const int i = e / TV, r = e % TV;
     const size_t o = (tok + i) * HV + h;
@@ -421,8 +558,7 @@ _STATE_GRADS = r"""
   CS_MARK();  // 2: d_decay
   {
     csg::Tile<C, TV, NT> vn, dvn;
-    dvn.mm<C>([&](int i, int t) { return Ps[t * LDC + i]; },
-              [&](int t, int r) { return Do[t * LDT + r]; });
+    dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
     for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
       for (int e = tid; e < C * KS; e += NT) {
         const int i = e / KS, d = e % KS;
@@ -431,10 +567,8 @@ _STATE_GRADS = r"""
         Kk[i * LDS + d] = KT[src];
       }
       __syncthreads();
-      vn.mm<KS>([&](int i, int d) { return Wk[i * LDS + d]; },
-                [&](int d, int r) { return Ss[r * LDK + k0 + d]; });
-      dvn.mm<KS>([&](int i, int d) { return Kk[i * LDS + d]; },
-                 [&](int d, int r) { return DSs[r * LDK + k0 + d]; });
+      vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Ss + k0, LDK4));
+      dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSs + k0, LDK4));
       __syncthreads();
     }
     vn.each([&](int i, int r, float x, int, int) {
@@ -448,13 +582,10 @@ _STATE_GRADS = r"""
   __syncthreads();
   CS_MARK();  // 3: v_new, d_vnew
   {
-    csg::Tile<C, DK, NT> dw, dqg, dkt;
-    dw.mm<TV>([&](int i, int r) { return DVn[i * LDT + r]; },
-              [&](int r, int d) { return Ss[r * LDK + d]; });
-    dqg.mm<TV>([&](int i, int r) { return Do[i * LDT + r]; },
-               [&](int r, int d) { return Ss[r * LDK + d]; });
-    dkt.mm<TV>([&](int i, int r) { return Vn[i * LDT + r]; },
-               [&](int r, int d) { return DSs[r * LDK + d]; });
+    csg::Tile<C, DK, NT, false, true> dw, dqg, dkt;
+    dw.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<false>(Ss, LDK4));
+    dqg.mm4<TV>(csg::op<true>(Do, LDT), csg::op<false>(Ss, LDK4));
+    dkt.mm4<TV>(csg::op<true>(Vn, LDT), csg::op<false>(DSs, LDK4));
     dw.each([&](int i, int d, float x, int, int) { DWp[(pz * C + i) * DK + d] = -x; });
     dqg.each([&](int i, int d, float x, int, int) { DQGp[(pz * C + i) * DK + d] = x; });
     dkt.each([&](int i, int d, float x, int, int) { DKTp[(pz * C + i) * DK + d] = x; });
@@ -462,10 +593,8 @@ _STATE_GRADS = r"""
   CS_MARK();  // 4: d_w, d_qg, d_kt
   {
     csg::Tile<C, C, NT> dp, m2;
-    dp.mm<TV>([&](int i, int r) { return Do[i * LDT + r]; },
-              [&](int r, int t) { return Vn[t * LDT + r]; });
-    m2.mm<TV>([&](int i, int r) { return DVn[i * LDT + r]; },
-              [&](int r, int t) { return Vt[t * LDT + r]; });
+    dp.mm4<TV>(csg::op<true>(Do, LDT), csg::op<true>(Vn, LDT));
+    m2.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<true>(Vt, LDT));
     dp.each([&](int i, int t, float x, int, int) {
       DPp[(pz * C + i) * C + t] = t <= i ? x : 0.f;
     });
@@ -478,17 +607,17 @@ _STATE_GRADS = r"""
 # the G heads of a key head by the caller).
 _INPUT_GRADS = r"""
   CS_DYN_SMEM(sm);
-  float* As = sm;               // [C][LDC] a
-  float* Gs = As + C * LDC;     // [C][LDC] gam
-  float* KKs = Gs + C * LDC;    // [C][LDC] kk
-  float* QKs = KKs + C * LDC;   // [C][LDC] qk
-  float* DPs = QKs + C * LDC;   // [C][LDC] d_p, then d_qk = scale d_p gam
-  float* M2s = DPs + C * LDC;   // [C][LDC] d_vnew v^T, then d_a, then d_l, then d_kk
-  float* M1s = M2s + C * LDC;   // [C][LDC] d_w k^T, then T1 = d_a a^T, then d_gam gam
-  float* Ks = M1s + C * LDC;    // [C][LDK] k
-  float* Qs = Ks + C * LDK;     // [C][LDK] q
-  float* Ws = Qs + C * LDK;     // [C][LDK] d_w (the NV partial sums added)
-  float* red = Ws + C * LDK;    // [2][NT] row-dot partial sums
+  float* As = sm;               // [C][LDC4] a
+  float* Gs = As + C * LDC4;     // [C][LDC4] gam
+  float* KKs = Gs + C * LDC4;    // [C][LDC4] kk
+  float* QKs = KKs + C * LDC4;   // [C][LDC4] qk
+  float* DPs = QKs + C * LDC4;   // [C][LDC4] d_p, then d_qk = scale d_p gam
+  float* M2s = DPs + C * LDC4;   // [C][LDC4] d_vnew v^T, then d_a, then d_l, then d_kk
+  float* M1s = M2s + C * LDC4;   // [C][LDC4] d_w k^T, then T1 = d_a a^T, then d_gam gam
+  float* Ks = M1s + C * LDC4;    // [C][LDK4] k
+  float* Qs = Ks + C * LDK4;     // [C][LDK4] q
+  float* Ws = Qs + C * LDK4;     // [C][LDK4] d_w (the NV partial sums added)
+  float* red = Ws + C * LDK4;    // [2][NT] row-dot partial sums
   float* gf = red + 2 * NT;
   float* bt = gf + C;
   float* gma = bt + C;
@@ -512,31 +641,28 @@ _INPUT_GRADS = r"""
   for (int e = tid; e < C * DK; e += NT) {
     const int i = e / DK, d = e % DK;
     const size_t src = (tok + i) * HK * DK + hk * DK + d;
-    Ks[i * LDK + d] = csg::fin(csg::f(k[src]));
-    Qs[i * LDK + d] = csg::fin(csg::f(q[src]));
-    Ws[i * LDK + d] = part(DWp, DK, i, d);
+    Ks[i * LDK4 + d] = csg::fin(csg::f(k[src]));
+    Qs[i * LDK4 + d] = csg::fin(csg::f(q[src]));
+    Ws[i * LDK4 + d] = part(DWp, DK, i, d);
   }
   for (int e = tid; e < C * C; e += NT) {
     const int i = e / C, t = e % C;
-    As[i * LDC + t] = A[cl * C * C + e];
-    DPs[i * LDC + t] = part(DPp, C, i, t);
-    M2s[i * LDC + t] = part(M2p, C, i, t);
+    As[i * LDC4 + t] = A[cl * C * C + e];
+    DPs[i * LDC4 + t] = part(DPp, C, i, t);
+    M2s[i * LDC4 + t] = part(M2p, C, i, t);
   }
   __syncthreads();
   CS_MARK();  // 0: loads (partial sums added)
   csg::chunk_gates<C>(gf, gma, ten);
-  csg::fill_gam<C, LDC, NT>(gf, Gs);
+  csg::fill_gam<C, LDC4, NT>(gf, Gs);
   {
     csg::Tile<C, C, NT> kk, qk, m1;
-    kk.mm<DK>([&](int i, int d) { return Ks[i * LDK + d]; },
-              [&](int d, int t) { return Ks[t * LDK + d]; });
-    qk.mm<DK>([&](int i, int d) { return Qs[i * LDK + d]; },
-              [&](int d, int t) { return Ks[t * LDK + d]; });
-    m1.mm<DK>([&](int i, int d) { return Ws[i * LDK + d]; },
-              [&](int d, int t) { return Ks[t * LDK + d]; });
-    kk.each([&](int i, int t, float x, int, int) { KKs[i * LDC + t] = x; });
-    qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC + t] = x; });
-    m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC + t] = x; });
+    kk.mm4<DK>(csg::op<true>(Ks, LDK4), csg::op<true>(Ks, LDK4));
+    qk.mm4<DK>(csg::op<true>(Qs, LDK4), csg::op<true>(Ks, LDK4));
+    m1.mm4<DK>(csg::op<true>(Ws, LDK4), csg::op<true>(Ks, LDK4));
+    kk.each([&](int i, int t, float x, int, int) { KKs[i * LDC4 + t] = x; });
+    qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC4 + t] = x; });
+    m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC4 + t] = x; });
   }
   __syncthreads();
   CS_MARK();  // 1: gates, kk, qk, m1
@@ -545,8 +671,8 @@ _INPUT_GRADS = r"""
     const int i = tid;
     float s1 = 0.f, s2 = 0.f;
     for (int t = i; t < C; ++t) {
-      s1 = fmaf(As[t * LDC + i], M1s[t * LDC + i], s1);
-      s2 = fmaf(As[t * LDC + i], M2s[t * LDC + i], s2);
+      s1 = fmaf(As[t * LDC4 + i], M1s[t * LDC4 + i], s1);
+      s2 = fmaf(As[t * LDC4 + i], M2s[t * LDC4 + i], s2);
     }
     kdkb[i] = s1;
     dvbv[i] = s2;
@@ -555,22 +681,20 @@ _INPUT_GRADS = r"""
   // d_a = d_w kb^T + d_vnew vb^T (kb = k beta gamma, vb = v beta).
   for (int e = tid; e < C * C; e += NT) {
     const int i = e / C, t = e % C;
-    M2s[i * LDC + t] = (M1s[i * LDC + t] * gma[t] + M2s[i * LDC + t]) * bt[t];
+    M2s[i * LDC4 + t] = (M1s[i * LDC4 + t] * gma[t] + M2s[i * LDC4 + t]) * bt[t];
   }
   __syncthreads();
   {
     csg::Tile<C, C, NT> t1;  // d_a a^T
-    t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t]; },
-             [&](int t, int m) { return As[m * LDC + t]; });
-    t1.each([&](int i, int m, float x, int, int) { M1s[i * LDC + m] = x; });
+    t1.mm4<C>(csg::op<true>(M2s, LDC4), csg::op<true>(As, LDC4));
+    t1.each([&](int i, int m, float x, int, int) { M1s[i * LDC4 + m] = x; });
   }
   __syncthreads();
   {
-    csg::Tile<C, C, NT> dl;  // d_l = -(a^T d_a a^T), strictly lower
-    dl.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
-             [&](int t, int m) { return M1s[t * LDC + m]; });
+    csg::Tile<C, C, NT, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
+    dl.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(M1s, LDC4));
     __syncthreads();
-    dl.each([&](int i, int m, float x, int, int) { M2s[i * LDC + m] = m < i ? -x : 0.f; });
+    dl.each([&](int i, int m, float x, int, int) { M2s[i * LDC4 + m] = m < i ? -x : 0.f; });
   }
   __syncthreads();
   CS_MARK();  // 2: kdkb, d_a, t1, d_l
@@ -581,8 +705,8 @@ _INPUT_GRADS = r"""
     const int i = tid / NS, sl = tid % NS;
     float s1 = 0.f, s2 = 0.f;
     for (int d = sl; d < DK; d += NS) {
-      s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK + d], s1);
-      s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK + d], s2);
+      s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK4 + d], s1);
+      s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK4 + d], s2);
     }
     red[tid] = s1;
     red[NT + tid] = s2;
@@ -593,7 +717,7 @@ _INPUT_GRADS = r"""
     constexpr int NS = NT / C;
     const int i = tid;
     float dls = 0.f, dqgq = 0.f, dto = 0.f;
-    for (int t = 0; t < i; ++t) dls += M2s[i * LDC + t] * Gs[i * LDC + t] * KKs[i * LDC + t];
+    for (int t = 0; t < i; ++t) dls += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
     for (int sl = 0; sl < NS; ++sl) {
       dqgq += red[i * NS + sl];
       dto += red[NT + i * NS + sl];
@@ -606,7 +730,7 @@ _INPUT_GRADS = r"""
   // d_gam gam (strict) -> M1s; d_qk = scale d_p gam -> DPs; d_kk = d_l beta_i gam -> M2s.
   for (int e = tid; e < C * C; e += NT) {
     const int i = e / C, t = e % C;
-    const int x = i * LDC + t;
+    const int x = i * LDC4 + t;
     const float gm = Gs[x], dl = M2s[x], dp = DPs[x];
     M1s[x] = t < i ? (scale * dp * QKs[x] + dl * bt[i] * KKs[x]) * gm : 0.f;
     DPs[x] = scale * dp * gm;
@@ -618,8 +742,8 @@ _INPUT_GRADS = r"""
     const int i = tid;
     float r = 0.f;
     for (int t = 0; t < C; ++t) {
-      const float x = M1s[i * LDC + t];
-      M1s[i * LDC + t] = r;
+      const float x = M1s[i * LDC4 + t];
+      M1s[i * LDC4 + t] = r;
       r += x;
     }
   }
@@ -627,7 +751,7 @@ _INPUT_GRADS = r"""
   if (tid < C) {
     const int m = tid;  // d_g[m]: every span that covers gate m (t < m <= i)
     float s = 0.f;
-    for (int i = m; i < C; ++i) s += M1s[i * LDC + m];
+    for (int i = m; i < C; ++i) s += M1s[i * LDC4 + m];
     for (int i = m; i < C; ++i) s += vg[i];
     for (int t = 0; t < m; ++t) s += vt[t];
     float dd = 0.f;
@@ -641,9 +765,8 @@ _INPUT_GRADS = r"""
   CS_MARK();  // 5: prefix sums, d_g, d_beta
   const int gi = h % G;
   {
-    csg::Tile<C, DK, NT> dq;
-    dq.mm<C>([&](int i, int t) { return DPs[i * LDC + t]; },
-             [&](int t, int d) { return Ks[t * LDK + d]; });
+    csg::Tile<C, DK, NT, false, true> dq;
+    dq.mm4<C>(csg::op<true>(DPs, LDC4), csg::op<false>(Ks, LDK4));
     dq.each([&](int i, int d, float x, int, int) {
       DQ[(((tok + i) * HK + hk) * G + gi) * DK + d] =
           x + scale * gma[i] * part(DQGp, DK, i, d);
@@ -651,13 +774,11 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 6: dq
   {
-    csg::Tile<C, DK, NT> t1, t2;
-    t1.mm<C>([&](int i, int t) { return DPs[t * LDC + i]; },
-             [&](int t, int d) { return Qs[t * LDK + d]; });
-    t1.mm<C>([&](int i, int t) { return M2s[i * LDC + t] + M2s[t * LDC + i]; },
-             [&](int t, int d) { return Ks[t * LDK + d]; });
-    t2.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
-             [&](int t, int d) { return Ws[t * LDK + d]; });
+    csg::Tile<C, DK, NT, true, true> t1, t2;
+    t1.mm4<C>(csg::op<false>(DPs, LDC4), csg::op<false>(Qs, LDK4));
+    t1.mm4<C>([&](int i, int t) { return M2s[i * LDC4 + t] + M2s[t * LDC4 + i]; },
+              csg::op<false>(Ks, LDK4));
+    t2.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(Ws, LDK4));
     t1.each([&](int i, int d, float x, int a, int bb) {
       DKm[(((tok + i) * HK + hk) * G + gi) * DK + d] =
           x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
@@ -665,13 +786,13 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 7: dk
   __syncthreads();
-  float* DVs = Gs;  // [C][LDV] d_vnew, over gam .. d_w (none read any more)
-  for (int e = tid; e < C * DV; e += NT) DVs[(e / DV) * LDV + e % DV] = DVN[cl * C * DV + e];
+  float* DVs = Gs;  // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
+  static_assert(DV + 4 <= 6 * (C + 4), "d_vnew fits over gam .. m1");
+  for (int e = tid; e < C * DV; e += NT) DVs[(e / DV) * LDV4 + e % DV] = DVN[cl * C * DV + e];
   __syncthreads();
   {
-    csg::Tile<C, DV, NT> tv;
-    tv.mm<C>([&](int i, int t) { return As[t * LDC + i]; },
-             [&](int t, int c) { return DVs[t * LDV + c]; });
+    csg::Tile<C, DV, NT, true, true> tv;
+    tv.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(DVs, LDV4));
     tv.each([&](int i, int c, float x, int, int) {
       const size_t r = ((tok + i) * HV + h) * DV + c;
       dv[r] = static_cast<TVO>(isfinite(csg::f(v[r])) ? x * bt[i] : 0.f);
@@ -736,15 +857,17 @@ def smem_bytes(
     ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
     nt = threads(which, C) if nt is None else nt
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
-    ldc, ldk, ldv = C + 1, Dk + 1, Dv + 1
+    # Row strides: C + 1 for prepare's L and A (read a value at a time), else D + 4
+    # (rows read 16 bytes at a time; see the kernels' comments).
+    c1, c4, k4, v4 = C + 1, C + 4, Dk + 4, Dv + 4
     if which == "prepare":
-        floats = C * ldk + C * (max(Dk, Dv) + 1) + 2 * C * ldc + 4 * C
+        floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c1 + 4 * C
     elif which == "output":
-        floats = C * ldk + C * ldc + max(Dv * ldk, C * ldv, C * ldk) + C * ldv + 3 * C
+        floats = C * k4 + C * c4 + max(Dv * k4, C * v4, C * k4) + C * v4 + 3 * C
     elif which == "state_grads":
-        floats = 2 * tv * ldk + C * ldc + 4 * C * (tv + 1) + nt + 2 * C * 33
+        floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt + 2 * C * 36
     else:
-        floats = 7 * C * ldc + 3 * C * ldk + 2 * nt + 9 * C
+        floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
 
 
