@@ -123,9 +123,24 @@ __device__ __forceinline__ float4 ld4(const float* p) {
 #endif
   return *reinterpret_cast<const float4*>(p);
 }
+// 16-byte global store (p 16-byte aligned).
+__device__ __forceinline__ void st4(float* p, float4 x) {
+#ifdef CS_EMULATE
+  if (reinterpret_cast<uintptr_t>(p) % 16) {
+    std::fprintf(stderr, "csg::st4: misaligned store\n");
+    std::abort();
+  }
+#endif
+  *reinterpret_cast<float4*>(p) = x;
+}
 __device__ __forceinline__ void put4(float (&d)[4], float4 x) {
   d[0] = x.x; d[1] = x.y; d[2] = x.z; d[3] = x.w;
 }
+
+// The value as it is (Tile::store's val).
+struct Same {
+  __device__ __forceinline__ float operator()(int, int, float x, int, int) const { return x; }
+};
 
 // Rows per thread TM of an [M, N] product on NT threads (TN = M N / NT / TM columns):
 // the most square TM x TN, both at most 8, that lets each warp own a 4 x 8 piece of
@@ -268,6 +283,27 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
       } else {
 #pragma unroll
         for (int b = 0; b < RBN; ++b) bv[b][q] = r[col(b)];
+      }
+    }
+  }
+  // *ptr(row, col) = val(row, col, value, a, b) for every owned output; with CB4, 16
+  // bytes at a time along each run of 4 columns (ptr 16-byte aligned at a run's start),
+  // so that a warp writes whole 32-byte sectors, as it does without CB.
+  template <class P, class V> __device__ __forceinline__ void store(P ptr, V val) const {
+#pragma unroll
+    for (int a = 0; a < RA; ++a) {
+      const int i = row(a);
+      if constexpr (CB4) {
+#pragma unroll
+        for (int b = 0; b < RBN; b += 4) {
+          const int j = col(b);
+          st4(ptr(i, j), make_float4(val(i, j, v[a][b], a, b), val(i, j + 1, v[a][b + 1], a, b + 1),
+                                     val(i, j + 2, v[a][b + 2], a, b + 2),
+                                     val(i, j + 3, v[a][b + 3], a, b + 3)));
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < RBN; ++b) *ptr(i, col(b)) = val(i, col(b), v[a][b], a, b);
       }
     }
   }
@@ -430,7 +466,7 @@ _PREPARE = r"""
   {
     csg::Tile<C, DK, NT, false, true> w;
     w.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
-    w.each([&](int i, int d, float x, int, int) { W[(cl * C + i) * DK + d] = x; });
+    w.store([&](int i, int d) { return W + (cl * C + i) * DK + d; }, csg::Same());
   }
   __syncthreads();
   for (int e = tid; e < C * DV; e += NT) {
@@ -441,7 +477,7 @@ _PREPARE = r"""
   {
     csg::Tile<C, DV, NT, false, true> u;
     u.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
-    u.each([&](int i, int c, float x, int, int) { U[(cl * C + i) * DV + c] = x; });
+    u.store([&](int i, int c) { return U + (cl * C + i) * DV + c; }, csg::Same());
   }
   CS_PROF_END("prepare");  // 4: w, v loads, u
 """
@@ -499,7 +535,7 @@ _OUTPUT = r"""
   if (MODE_H) {
     csg::Tile<DV, DK, NT, true, true> hm;
     hm.mm4<C>(csg::op<false>(Bs, LDV4), csg::op<false>(Xs, LDK4));
-    hm.each([&](int c, int d, float val, int, int) { Hm[(cl * DV + c) * DK + d] = val; });
+    hm.store([&](int c, int d) { return Hm + (cl * DV + c) * DK + d; }, csg::Same());
   } else {
     csg::Tile<C, DV, NT> o;
     o.mm4<DK>(csg::op<true>(Xs, LDK4), csg::op<true>(Bs, LDK4));
@@ -525,8 +561,11 @@ _STATE_GRADS = r"""
   float* Vt = DVn + C * LDT;    // [C][LDT] v
   float* red = Vt + C * LDT;    // [NT]
   constexpr int KS = 32, LDS = KS + 4;
-  float* Wk = red + NT;         // [C][LDS] w, KS columns of Dk at a time
-  float* Kk = Wk + C * LDS;     // [C][LDS] kt, the same columns
+  // w and kt, KS columns of Dk at a time, over v_new and d_vnew (written only after the
+  // last of them is read): the C = 32 block then fits twice on a multiprocessor.
+  static_assert(LDS <= LDT, "w, kt slices fit over v_new, d_vnew");
+  float* Wk = Vn;               // [C][LDS] w
+  float* Kk = DVn;              // [C][LDS] kt
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   float dec = 0.f;
@@ -586,9 +625,10 @@ _STATE_GRADS = r"""
     dw.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<false>(Ss, LDK4));
     dqg.mm4<TV>(csg::op<true>(Do, LDT), csg::op<false>(Ss, LDK4));
     dkt.mm4<TV>(csg::op<true>(Vn, LDT), csg::op<false>(DSs, LDK4));
-    dw.each([&](int i, int d, float x, int, int) { DWp[(pz * C + i) * DK + d] = -x; });
-    dqg.each([&](int i, int d, float x, int, int) { DQGp[(pz * C + i) * DK + d] = x; });
-    dkt.each([&](int i, int d, float x, int, int) { DKTp[(pz * C + i) * DK + d] = x; });
+    dw.store([&](int i, int d) { return DWp + (pz * C + i) * DK + d; },
+             [](int, int, float x, int, int) { return -x; });
+    dqg.store([&](int i, int d) { return DQGp + (pz * C + i) * DK + d; }, csg::Same());
+    dkt.store([&](int i, int d) { return DKTp + (pz * C + i) * DK + d; }, csg::Same());
   }
   CS_MARK();  // 4: d_w, d_qg, d_kt
   {
@@ -767,10 +807,10 @@ _INPUT_GRADS = r"""
   {
     csg::Tile<C, DK, NT, false, true> dq;
     dq.mm4<C>(csg::op<true>(DPs, LDC4), csg::op<false>(Ks, LDK4));
-    dq.each([&](int i, int d, float x, int, int) {
-      DQ[(((tok + i) * HK + hk) * G + gi) * DK + d] =
-          x + scale * gma[i] * part(DQGp, DK, i, d);
-    });
+    dq.store([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
+             [&](int i, int d, float x, int, int) {
+               return x + scale * gma[i] * part(DQGp, DK, i, d);
+             });
   }
   CS_MARK();  // 6: dq
   {
@@ -779,10 +819,10 @@ _INPUT_GRADS = r"""
     t1.mm4<C>([&](int i, int t) { return M2s[i * LDC4 + t] + M2s[t * LDC4 + i]; },
               csg::op<false>(Ks, LDK4));
     t2.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(Ws, LDK4));
-    t1.each([&](int i, int d, float x, int a, int bb) {
-      DKm[(((tok + i) * HK + hk) * G + gi) * DK + d] =
-          x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
-    });
+    t1.store([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
+             [&](int i, int d, float x, int a, int bb) {
+               return x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
+             });
   }
   CS_MARK();  // 7: dk
   __syncthreads();
@@ -865,7 +905,7 @@ def smem_bytes(
     elif which == "output":
         floats = C * k4 + C * c4 + max(Dv * k4, C * v4, C * k4) + C * v4 + 3 * C
     elif which == "state_grads":
-        floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt + 2 * C * 36
+        floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt
     else:
         floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
