@@ -136,21 +136,6 @@ def test_cuda_config_fits_smaller_devices(monkeypatch, kib):
                 assert cfg is not None and cfg.smem <= kib * 1024, (C, Dk, R, has_e, cfg)
 
 
-def test_cuda_row_tile_fills_the_device(monkeypatch):
-    """The default row tile is the largest of 32 / 16 / 8 whose grid still fills 90% of
-    the multiprocessors (132 here): 32 at the Qwen3-Next shape (32 lanes x 128 rows ->
-    128 blocks, the fastest on the H200), 16 with 16 lanes, 8 with 8; with one lane none
-    fills the device and the old order (16 first) stands; CHUNKSCAN_PASS_TR still wins."""
-    fake_cuda_limits(monkeypatch, 227, 228)
-    assert _pass_cuda.choose_config(64, 128, 128, True, L=32).TR == 32
-    assert _pass_cuda.choose_config(64, 128, 128, True, L=16).TR == 16
-    assert _pass_cuda.choose_config(64, 128, 128, True, L=8).TR == 8
-    assert _pass_cuda.choose_config(64, 128, 128, True, L=1).TR == 16
-    assert _pass_cuda.choose_config(64, 128, 128, True).TR == 16  # L unknown
-    monkeypatch.setenv("CHUNKSCAN_PASS_TR", "8")
-    assert _pass_cuda.choose_config(64, 128, 128, True, L=32).TR == 8
-
-
 def test_cuda_supports_rejects():
     inp = make_inputs(L=1, n=2, C=16, R=32, Dk=32)
     F, G, E = inp["F"], inp["G"], inp["E"]

@@ -391,21 +391,6 @@ def _budget(L: int | None, R: int | None, TR: int) -> int:
     return max(budget, 16 * 1024)
 
 
-def _row_tiles(L: int | None, R: int | None) -> list[int]:
-    """Row tiles to try, best first: the largest of 32, 16, 8 whose grid (``L * R / TR``
-    blocks) still fills 90% of the multiprocessors, then the others. At the Qwen3-Next
-    shape (32 lanes, R = 128) that is 32 (128 blocks on 132 multiprocessors), which ran
-    15-20% faster than 16 on the H200 (``bench/state_pass.py --n 256 --tr 8 16 32``,
-    ``bench/results/h200/state_pass_tr_h200_3312e5d.json``: 2.89 / 2.77 ms forward /
-    reverse against 3.42 / 2.95)."""
-    tiles = [16, 8, 32]
-    if L is None or R is None:
-        return tiles
-    sms = cuda_limits().sm_count
-    full = [tr for tr in (32, 16, 8) if R % tr == 0 and L * (R // tr) >= 0.9 * sms]
-    return full[:1] + [tr for tr in tiles if tr not in full[:1]]
-
-
 def choose_config(
     C: int, Dk: int, R: int | None, has_e: bool, TR: int | None = None, L: int | None = None
 ) -> Config | None:
@@ -418,7 +403,7 @@ def choose_config(
     env_tr = os.environ.get("CHUNKSCAN_PASS_TR")
     if TR is None and env_tr:
         TR = int(env_tr)
-    trs = [TR] if TR else _row_tiles(L, R)
+    trs = [TR] if TR else [16, 8, 32]
     limit = cuda_limits().smem_per_block
     for tr in trs:
         if tr % 4 or (R is not None and R % tr):
