@@ -43,7 +43,8 @@ Phase clocks for tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
 through ``tools/cuda_emulate.py`` (``_backend.RUNNER``) on every machine with ``g++``, and
-compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.txt``).
+compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.txt`` and
+``tests_h200_cuda_*.txt``).
 """
 
 from __future__ import annotations
