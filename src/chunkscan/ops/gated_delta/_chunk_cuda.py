@@ -27,19 +27,19 @@ pass -> :func:`state_gradients` -> :func:`input_gradients`. What each returns:
 
 Shapes handled (:func:`supports`): ``C`` 32 or 64, ``Dk`` and ``Dv`` multiples of 32 up
 to 128, at most 65535 lanes. The block products (``csg::Tile``) give each of the ``NT``
-threads (256 or 512, per kernel: :func:`threads`) a ``TM x TN`` block of outputs (4 x 4
-or 4 x 8 at these shapes), each warp a 4 x 8 piece of the thread grid, and read
-shared-memory operands four values of ``k`` at a time: 16-byte reads along ``k`` where
-a row holds the operand that way (row strides ``D + 4``), else along runs of 4 output
-rows or columns (the ``RB`` / ``CB`` layouts). For 64 multiply-adds (a 4 x 4 block, four
-``k``) a thread reads 8 times 16 bytes, where the layout before (8 x 2 outputs, each warp
-one row of 32 threads) read 40 single values. Every output still sums over ``k`` in
-order with ``fmaf``, as before.
-``prepare`` inverts ``I + L`` in
-blocks (16-row diagonal blocks by forward substitution, then doubling), not row by row;
-``state_grads`` stages ``w`` and ``kt`` through shared memory 32 columns at a time.
-Phase clocks for tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py
---profile``).
+threads (256 or 512, per kernel: :func:`threads`) a ``TM x TN`` block of outputs (2 x 2
+to 8 x 8; 4 x 4 or 4 x 8 for most products at C = 64), each warp a 4 x 8 piece of the
+thread grid, and read shared-memory operands four values of ``k`` at a time: 16-byte
+reads along ``k`` where a row holds the operand that way (row strides ``D + 4``), else
+along runs of 4 output rows or columns (the ``RB`` / ``CB`` layouts). For 64
+multiply-adds (a 4 x 4 block, four ``k``) a thread reads 8 times 16 bytes, where the
+layout before (8 x 2 outputs, each warp one row of 32 threads) read 40 single values.
+Every output still sums over ``k`` in order with ``fmaf``, as before (measured on the
+H200: the op's time within 2% of the layout before; ``docs/benchmarks.md``, runs 20-22).
+``prepare`` inverts ``I + L`` in blocks (16-row diagonal blocks by forward substitution,
+each thread a column in registers, then doubling), not row by row; ``state_grads``
+stages ``w`` and ``kt`` through shared memory 32 columns at a time. Phase clocks for
+tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py --profile``).
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
 through ``tools/cuda_emulate.py`` (``_backend.RUNNER``) on every machine with ``g++``, and
@@ -370,10 +370,10 @@ _COMMON = r"""
 _PREPARE = r"""
   constexpr int DM = DK > DV ? DK : DV, LDM = DM + 4;
   CS_DYN_SMEM(sm);
-  float* Ks = sm;               // [C][LDK4] k
-  float* Xs = Ks + C * LDK4;     // [C][LDM] q, then k beta gamma, then v beta
-  float* Ls = Xs + C * LDM;     // [C][LDC] gam, then L = beta_i gam kk (strict)
-  float* As = Ls + C * LDC;     // [C][LDC] (I + L)^-1
+  float* Ks = sm;             // [C][LDK4] k
+  float* Xs = Ks + C * LDK4;  // [C][LDM] q, then k beta gamma, then v beta
+  float* Ls = Xs + C * LDM;   // [C][LDC] gam, then L = beta_i gam kk (strict)
+  float* As = Ls + C * LDC;   // [C][LDC] (I + L)^-1
   float* gf = As + C * LDC;
   float* bt = gf + C;
   float* gma = bt + C;
@@ -489,10 +489,10 @@ _OUTPUT = r"""
   constexpr int BIG0 = (DV * LDK4 > C * LDV4 ? DV * LDK4 : C * LDV4);
   constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
   CS_DYN_SMEM(sm);
-  float* Xs = sm;               // [C][LDK4] q, then X = qg - p w
-  float* Ps = Xs + C * LDK4;     // [C][LDC4] p
-  float* Bs = Ps + C * LDC4;     // [C][LDK4] w, then [DV][LDK4] S or [C][LDV4] d_o
-  float* Us = Bs + BIG;         // [C][LDV4] u (outputs only)
+  float* Xs = sm;             // [C][LDK4] q, then X = qg - p w
+  float* Ps = Xs + C * LDK4;  // [C][LDC4] p
+  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then [DV][LDK4] S or [C][LDV4] d_o
+  float* Us = Bs + BIG;       // [C][LDV4] u (outputs only)
   float* gf = Us + (MODE_H ? 0 : C * LDV4);
   float* gma = gf + C;
   float* ten = gma + C;
@@ -553,20 +553,20 @@ _OUTPUT = r"""
 _STATE_GRADS = r"""
   constexpr int LDT = TV + 4;
   CS_DYN_SMEM(sm);
-  float* Ss = sm;               // [TV][LDK4] S slice
-  float* DSs = Ss + TV * LDK4;   // [TV][LDK4] dS slice
-  float* Ps = DSs + TV * LDK4;   // [C][LDC4] p
-  float* Do = Ps + C * LDC4;     // [C][LDT] d_o slice (0 where o_bad)
-  float* Vn = Do + C * LDT;     // [C][LDT] v_new = u - w S^T
-  float* DVn = Vn + C * LDT;    // [C][LDT] d_vnew = p^T d_o + kt dS^T
-  float* Vt = DVn + C * LDT;    // [C][LDT] v
-  float* red = Vt + C * LDT;    // [NT]
+  float* Ss = sm;             // [TV][LDK4] S slice
+  float* DSs = Ss + TV * LDK4;  // [TV][LDK4] dS slice
+  float* Ps = DSs + TV * LDK4;  // [C][LDC4] p
+  float* Do = Ps + C * LDC4;  // [C][LDT] d_o slice (0 where o_bad)
+  float* Vn = Do + C * LDT;   // [C][LDT] v_new = u - w S^T
+  float* DVn = Vn + C * LDT;  // [C][LDT] d_vnew = p^T d_o + kt dS^T
+  float* Vt = DVn + C * LDT;  // [C][LDT] v
+  float* red = Vt + C * LDT;  // [NT]
   constexpr int KS = 32, LDS = KS + 4;
   // w and kt, KS columns of Dk at a time, over v_new and d_vnew (written only after the
   // last of them is read): the C = 32 block then fits twice on a multiprocessor.
   static_assert(LDS <= LDT, "w, kt slices fit over v_new, d_vnew");
-  float* Wk = Vn;               // [C][LDS] w
-  float* Kk = DVn;              // [C][LDS] kt
+  float* Wk = Vn;             // [C][LDS] w
+  float* Kk = DVn;            // [C][LDS] kt
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   float dec = 0.f;
@@ -648,26 +648,26 @@ _STATE_GRADS = r"""
 # the G heads of a key head by the caller).
 _INPUT_GRADS = r"""
   CS_DYN_SMEM(sm);
-  float* As = sm;               // [C][LDC4] a
-  float* Gs = As + C * LDC4;     // [C][LDC4] gam
-  float* KKs = Gs + C * LDC4;    // [C][LDC4] kk
-  float* QKs = KKs + C * LDC4;   // [C][LDC4] qk
-  float* DPs = QKs + C * LDC4;   // [C][LDC4] d_p, then d_qk = scale d_p gam
-  float* M2s = DPs + C * LDC4;   // [C][LDC4] d_vnew v^T, then d_a, then d_l, then d_kk
-  float* M1s = M2s + C * LDC4;   // [C][LDC4] d_w k^T, then T1 = d_a a^T, then d_gam gam
-  float* Ks = M1s + C * LDC4;    // [C][LDK4] k
-  float* Qs = Ks + C * LDK4;     // [C][LDK4] q
-  float* Ws = Qs + C * LDK4;     // [C][LDK4] d_w (the NV partial sums added)
-  float* red = Ws + C * LDK4;    // [2][NT] row-dot partial sums
+  float* As = sm;             // [C][LDC4] a
+  float* Gs = As + C * LDC4;  // [C][LDC4] gam
+  float* KKs = Gs + C * LDC4; // [C][LDC4] kk
+  float* QKs = KKs + C * LDC4;  // [C][LDC4] qk
+  float* DPs = QKs + C * LDC4;  // [C][LDC4] d_p, then d_qk = scale d_p gam
+  float* M2s = DPs + C * LDC4;  // [C][LDC4] d_vnew v^T, then d_a, then d_l, then d_kk
+  float* M1s = M2s + C * LDC4;  // [C][LDC4] d_w k^T, then T1 = d_a a^T, then d_gam gam
+  float* Ks = M1s + C * LDC4; // [C][LDK4] k
+  float* Qs = Ks + C * LDK4;  // [C][LDK4] q
+  float* Ws = Qs + C * LDK4;  // [C][LDK4] d_w (the NV partial sums added)
+  float* red = Ws + C * LDK4; // [2][NT] row-dot partial sums
   float* gf = red + 2 * NT;
   float* bt = gf + C;
   float* gma = bt + C;
   float* ten = gma + C;
   float* kdkb = ten + C;
   float* dvbv = kdkb + C;
-  float* vg = dvbv + C;         // d_gamma gamma
-  float* vt = vg + C;           // d_to_end to_end
-  float* vb = vt + C;           // d_beta
+  float* vg = dvbv + C;       // d_gamma gamma
+  float* vt = vg + C;         // d_to_end to_end
+  float* vb = vt + C;         // d_beta
   const size_t LN = size_t(gridDim.y) * n;
   auto part = [&](const float* X, int cols, int i, int c) {  // the NV partial sums
     float s = 0.f;
@@ -827,7 +827,7 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 7: dk
   __syncthreads();
-  float* DVs = Gs;  // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
+  float* DVs = Gs;            // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
   static_assert(DV + 4 <= 6 * (C + 4), "d_vnew fits over gam .. m1");
   for (int e = tid; e < C * DV; e += NT) DVs[(e / DV) * LDV4 + e % DV] = DVN[cl * C * DV + e];
   __syncthreads();
