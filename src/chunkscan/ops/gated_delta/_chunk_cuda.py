@@ -200,21 +200,6 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
   __device__ __forceinline__ int col(int b) const {
     return CB4 ? 4 * (tc + TC * (b / 4)) + b % 4 : tc + TC * b;
   }
-  // v += A B with A(i, k) = fa(i, k), B(k, j) = fb(k, j), k < K (one value per call).
-  template <int K, class FA, class FB> __device__ __forceinline__ void mm(FA fa, FB fb) {
-#pragma unroll 4
-    for (int k = 0; k < K; ++k) {
-      float av[RA], bv[RBN];
-#pragma unroll
-      for (int a = 0; a < RA; ++a) av[a] = fa(row(a), k);
-#pragma unroll
-      for (int b = 0; b < RBN; ++b) bv[b] = fb(k, col(b));
-#pragma unroll
-      for (int a = 0; a < RA; ++a)
-#pragma unroll
-        for (int b = 0; b < RBN; ++b) v[a][b] = fmaf(av[a], bv[b], v[a][b]);
-    }
-  }
   // v += A B, four k at a time (K a multiple of 4). Each operand is an Op in shared
   // memory, read 16 bytes at a time along k (KC) or along runs of 4 rows / columns
   // (RB4 / CB4), else one value at a time; or a functor fa(i, k) / fb(k, j).
@@ -360,7 +345,7 @@ _COMMON = r"""
   const int b = l / HV, h = l % HV, hk = h / G;
   const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
   const size_t cl = size_t(l) * n + j;         // (lane, chunk)
-  constexpr int LDC = C + 1, LDK = DK + 1, LDV = DV + 1;
+  constexpr int LDC = C + 1;  // prepare's L and A (read a value at a time)
   constexpr int LDC4 = C + 4, LDK4 = DK + 4, LDV4 = DV + 4;  // rows read 16 B at a time
   const float scale = params[0];
   CS_PROF_BEGIN;
