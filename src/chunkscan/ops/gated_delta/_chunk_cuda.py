@@ -165,6 +165,27 @@ template <int M, int N, int NT> __host__ __device__ constexpr int tile_rows() {
 template <bool KC> struct Op { const float* p; int ld; };
 template <bool KC> __device__ __forceinline__ Op<KC> op(const float* p, int ld) { return {p, ld}; }
 
+// out[x][q] = X.p[(k + q) X.ld + idx(x)], x < N, q < 4: an operand not contiguous along
+// k (Tile::load_a / load_b), 16 bytes at a time where idx runs in 4s (BLK), else a value
+// at a time.
+template <int N, bool BLK, class I>
+__device__ __forceinline__ void gather_k(Op<false> X, int k, I idx, float (&out)[N][4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float* r = X.p + (k + q) * X.ld;
+    if constexpr (BLK) {
+#pragma unroll
+      for (int x = 0; x < N; x += 4) {
+        const float4 v = ld4(r + idx(x));
+        out[x][q] = v.x; out[x + 1][q] = v.y; out[x + 2][q] = v.z; out[x + 3][q] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int x = 0; x < N; ++x) out[x][q] = r[idx(x)];
+    }
+  }
+}
+
 // An [M, N] block product in registers, NT threads. Thread t owns TM x TN outputs: rows
 // row(a), columns col(b). The threads form a (M / TM) x (N / TN) grid, each warp a 4 x 8
 // piece of it (conflict-free reads with odd or 4-mod-32 row strides); rows and columns
@@ -230,20 +251,7 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
     for (int a = 0; a < RA; ++a) put4(av[a], ld4(A.p + row(a) * A.ld + k));
   }
   __device__ __forceinline__ void load_a(Op<false> A, float (&av)[RA][4], int k) const {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float* r = A.p + (k + q) * A.ld;
-      if constexpr (RB4) {
-#pragma unroll
-        for (int a = 0; a < RA; a += 4) {
-          const float4 x = ld4(r + row(a));
-          av[a][q] = x.x; av[a + 1][q] = x.y; av[a + 2][q] = x.z; av[a + 3][q] = x.w;
-        }
-      } else {
-#pragma unroll
-        for (int a = 0; a < RA; ++a) av[a][q] = r[row(a)];
-      }
-    }
+    gather_k<RA, RB4>(A, k, [&](int a) { return row(a); }, av);
   }
   template <class F>
   __device__ __forceinline__ void load_b(const F& fb, float (&bv)[RBN][4], int k) const {
@@ -257,20 +265,7 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
     for (int b = 0; b < RBN; ++b) put4(bv[b], ld4(B.p + col(b) * B.ld + k));
   }
   __device__ __forceinline__ void load_b(Op<false> B, float (&bv)[RBN][4], int k) const {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float* r = B.p + (k + q) * B.ld;
-      if constexpr (CB4) {
-#pragma unroll
-        for (int b = 0; b < RBN; b += 4) {
-          const float4 x = ld4(r + col(b));
-          bv[b][q] = x.x; bv[b + 1][q] = x.y; bv[b + 2][q] = x.z; bv[b + 3][q] = x.w;
-        }
-      } else {
-#pragma unroll
-        for (int b = 0; b < RBN; ++b) bv[b][q] = r[col(b)];
-      }
-    }
+    gather_k<RBN, CB4>(B, k, [&](int b) { return col(b); }, bv);
   }
   // *ptr(row, col) = val(row, col, value, a, b) for every owned output; with CB4, 16
   // bytes at a time along each run of 4 columns (ptr 16-byte aligned at a run's start),
