@@ -1,0 +1,91 @@
+"""One Gated DeltaNet fwd+bwd (chunkscan or fla) for Nsight Compute to profile.
+
+Run under ``ncu --profile-from-start off``: the script warms the op up (MLX's and
+chunkscan's kernel builds, Triton's autotuning), then brackets exactly one more
+fwd+bwd with ``cudaProfilerStart`` / ``cudaProfilerStop`` (through PyTorch's
+``torch.cuda.profiler``: MLX and PyTorch share the device's primary context), so ncu
+sees that call's kernels and nothing else. Shape: the Qwen3-Next layer of
+``bench/gdn_vs_fla.py`` (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16, gradients of all six
+inputs).
+
+    ncu --profile-from-start off --clock-control none --csv --page details \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        --log-file out.csv python3 bench/ncu_op.py --impl chunkscan --T 16384
+    python3 bench/ncu_summary.py out.csv        # one line per kernel
+
+Without ncu it only runs the op (a smoke test); ``--impl fla`` needs fla-core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def chunkscan_call(T: int, chunk_size: int | None, kernels: bool | None):
+    import mlx.core as mx
+    from gated_delta import _inputs
+
+    import chunkscan
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
+    mx.eval(xs, w, w_s)
+    C = chunk_size or chunk_module.default_chunk_size(kernels)
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = chunkscan.gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, chunk_size=C, kernels=kernels
+        )
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+
+    def call():
+        mx.eval(step(*xs))
+        mx.synchronize()
+
+    return call
+
+
+def fla_call(T: int):
+    import fla_gdn
+    import torch
+
+    fla_gdn.lift_hopper_guard()
+    xs, w, w_s = fla_gdn.make_inputs(T)
+
+    def call():
+        fla_gdn.fwd_bwd(xs, w, w_s)
+        torch.cuda.synchronize()
+
+    return call
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    impls = ("chunkscan", "chunkscan-portable", "fla")
+    p.add_argument("--impl", choices=impls, default="chunkscan")
+    p.add_argument("--T", type=int, default=16384)
+    p.add_argument("--C", type=int, default=None, help="chunkscan's chunk size")
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.cuda.init()
+    if args.impl == "fla":
+        call = fla_call(args.T)
+    else:
+        call = chunkscan_call(args.T, args.C, False if args.impl == "chunkscan-portable" else None)
+    for _ in range(args.warmup):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call()
+    torch.cuda.profiler.stop()
+    print(f"ncu_op: {args.impl} T={args.T} profiled one fwd+bwd", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""One line per kernel (or per kernel name) from an Nsight Compute raw CSV.
+
+    python3 bench/ncu_summary.py out.csv [--by-name] [--json rows.json]
+
+``out.csv``: ``ncu --csv --page raw ... --log-file out.csv`` (``bench/ncu_op.py``).
+Columns printed where the CSV holds them: time (``gpu__time_duration.sum``), grid and
+block, registers per thread, dynamic shared memory per block, theoretical and achieved
+occupancy, SM and memory throughput (% of peak), issue-slot use, and the three largest
+warp stall reasons (warps stalled per issued instruction). ``--by-name`` sums the time
+of the kernels that share a name (the hash suffix of chunkscan's names dropped) and
+keeps the other columns of the longest one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+
+COLUMNS = {
+    "us": "gpu__time_duration.sum",
+    "regs": "launch__registers_per_thread",
+    "smem_kib": "launch__shared_mem_per_block_dynamic",
+    "occ_theory": "sm__maximum_warps_per_active_cycle_pct",
+    "occ_achieved": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "mem_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+}
+STALL = re.compile(
+    r"smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio"
+)
+
+
+def read_rows(path: str) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """The kernels' rows and the units row of ``ncu --csv --page raw`` output."""
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    reader = csv.DictReader(lines)
+    rows = list(reader)
+    units, rows = rows[0], rows[1:]
+    return rows, units
+
+
+def number(text: str | None) -> float | None:
+    if text in (None, "", "n/a"):
+        return None
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def scaled(value: float | None, unit: str, to: str) -> float | None:
+    """``value`` in ``unit`` converted to ``to`` (time: us; memory: KiB)."""
+    if value is None:
+        return None
+    factors = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+               "byte": 1 / 1024, "Kbyte": 1000 / 1024, "Mbyte": 1e6 / 1024}  # fmt: skip
+    return value * factors.get(unit, 1.0) if to else value
+
+
+def summarise(row: dict[str, str], units: dict[str, str]) -> dict[str, object]:
+    name = row.get("Kernel Name", "?")
+    out: dict[str, object] = {
+        "kernel": re.sub(r"_[0-9a-f]{16}$", "", name.split("(")[0]),
+        "grid": row.get("Grid Size"),
+        "block": row.get("Block Size"),
+    }
+    for key, metric in COLUMNS.items():
+        val = number(row.get(metric))
+        if key == "us":
+            val = scaled(val, units.get(metric, ""), "us")
+        elif key == "smem_kib":
+            val = scaled(val, units.get(metric, ""), "kib")
+        out[key] = val
+    stalls = []
+    for metric, text in row.items():
+        m = STALL.fullmatch(metric or "")
+        if m and number(text):
+            stalls.append((number(text), m.group(1)))
+    stalls.sort(reverse=True)
+    out["stalls"] = {name: round(v, 2) for v, name in stalls[:4]}
+    return out
+
+
+def by_name(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    merged: dict[str, dict[str, object]] = {}
+    for r in rows:
+        m = merged.get(r["kernel"])
+        if m is None:
+            merged[r["kernel"]] = dict(r, launches=1)
+            continue
+        total = (m["us"] or 0) + (r["us"] or 0)
+        if (r["us"] or 0) > (m.get("_longest") or m["us"] or 0):
+            keep = dict(r, launches=m["launches"])
+            keep["_longest"] = r["us"]
+            m = merged[r["kernel"]] = keep
+        m["us"] = total
+        m["launches"] += 1
+    for m in merged.values():
+        m.pop("_longest", None)
+    return sorted(merged.values(), key=lambda r: -(r["us"] or 0))
+
+
+def fmt(v: object, width: int, digits: int = 1) -> str:
+    if v is None:
+        return "-".rjust(width)
+    if isinstance(v, float):
+        return f"{v:{width}.{digits}f}"
+    return str(v).rjust(width)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("csv")
+    p.add_argument("--by-name", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    raw, units = read_rows(args.csv)
+    rows = [summarise(r, units) for r in raw]
+    if args.by_name:
+        rows = by_name(rows)
+    total = sum(r["us"] or 0 for r in rows)
+    print(f"{len(raw)} kernels, {total / 1e3:.2f} ms in all")
+    head = "  ".join(h.rjust(w) for h, w in
+                     [("us", 9), ("%", 5), ("regs", 4), ("smemK", 6), ("occT", 5), ("occA", 5),
+                      ("sm%", 5), ("mem%", 5), ("iss%", 5)])  # fmt: skip
+    print(f"{'kernel':40s} {'n':>3s}  {head}  stalls (per issue)")
+    for r in rows:
+        pct = 100 * (r["us"] or 0) / total if total else 0
+        cells = [fmt(r["us"], 9), fmt(pct, 5), fmt(r["regs"], 4, 0), fmt(r["smem_kib"], 6),
+                 fmt(r["occ_theory"], 5), fmt(r["occ_achieved"], 5), fmt(r["sm_pct"], 5),
+                 fmt(r["mem_pct"], 5), fmt(r["issue_pct"], 5)]  # fmt: skip
+        stalls = " ".join(f"{k}={v}" for k, v in r["stalls"].items())
+        name, n = str(r["kernel"])[:40], r.get("launches", 1)
+        print(f"{name:40s} {n:>3}  {'  '.join(cells)}  {stalls}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
