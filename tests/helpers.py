@@ -163,6 +163,32 @@ def run_target(name: str, config: dict[str, Any], timeout: float = 300) -> dict[
     return run_isolated(f"_targets:{name}", config, timeout=timeout, env={"PYTHONPATH": path})
 
 
+def peak_growth(
+    target: str,
+    config: dict[str, Any],
+    lengths: tuple[int, int] = (256, 1024),
+    key: str = "peak",
+    repeats: int = 3,
+    timeout: float = 120,
+) -> float:
+    """How much ``_targets.<target>``'s ``key`` (a peak in bytes) grows from
+    ``T = lengths[0]`` to ``lengths[1]``: at each length the median over ``repeats``
+    fresh processes. One process's peak moves by up to ~45 KB from run to run at the
+    Gated DeltaNet tests' shapes (which buffer the CPU stream's thread frees before
+    the next is allocated), 3% of their growth; one sample per length once put the
+    forward's growth 0.5 KB over a bound that sits 6% above its typical value."""
+
+    def median_peak(T: int) -> float:
+        peaks = []
+        for _ in range(repeats):
+            res = run_target(target, dict(config, T=T), timeout=timeout)
+            assert "error" not in res, res
+            peaks.append(res[key])
+        return sorted(peaks)[len(peaks) // 2]
+
+    return median_peak(lengths[1]) - median_peak(lengths[0])
+
+
 def gdn_outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
     """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents. With five
     inputs (no h0) ``fn`` gets ``initial_state=None`` and the list has no dh0."""

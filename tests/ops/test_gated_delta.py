@@ -12,7 +12,7 @@ import pytest
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
-from helpers import max_rel, rel_rmse, run_target
+from helpers import max_rel, peak_growth, rel_rmse
 
 from chunkscan.ops.gated_delta import (
     chunk as chunk_module,
@@ -440,11 +440,8 @@ def _chunk_groups(n: int) -> int:
 
 
 def _growth(target: str, **cfg) -> float:
-    T1, T4 = 256, 1024
-    small = run_target(target, dict(MEM_SHAPE, T=T1, **cfg), timeout=120)
-    large = run_target(target, dict(MEM_SHAPE, T=T4, **cfg), timeout=120)
-    assert "error" not in small and "error" not in large, (small, large)
-    return large["peak"] - small["peak"]
+    """Peak growth from T = 256 to 1024 (medians of fresh processes)."""
+    return peak_growth(target, dict(MEM_SHAPE, **cfg))
 
 
 def _per_token_bytes():
@@ -460,9 +457,9 @@ def _per_token_bytes():
 def test_backward_memory_is_linear_in_inputs_and_states(no_edge):
     """Peak growth from T = 256 to 1024 (all six gradients, fresh processes) within the
     inputs' gradients, the output and its cotangent, a 1/C share of a saved state and
-    slack of a few states. Measured 1.86 MiB against a bound of 2.34 MiB; with rule 3 off
-    (the cotangent leaving a group no longer waits for the group's input gradients)
-    5.64 MiB: the negative control must break the bound."""
+    slack of a few states. Measured 1.85-1.86 MiB over six runs against a bound of 2.34
+    MiB; with rule 3 off (the cotangent leaving a group no longer waits for the group's
+    input gradients) 5.64-5.66 MiB: the negative control must break the bound."""
     state, inputs, output = _per_token_bytes()
     bound = (1024 - 256) * (inputs + 2 * output + state / MEM_SHAPE["C"]) + 4 * state
     growth = _growth("gated_delta_backward_peak", group_bytes=_chunk_groups(2),
@@ -479,8 +476,8 @@ def test_backward_keeps_one_state_per_group(save):
     state entering each group, the backward recomputing the states entering its chunks.
     At groups of 8 chunks, growth from T = 256 to 1024 within the inputs' gradients, the
     output's cotangent, an 8 C-th share of a state and slack of a few states: measured
-    1.11 MiB against a bound of 1.30 MiB; keeping every chunk's entering state instead
-    (the control, ``"chunks"``) 1.76 MiB."""
+    1.14 MiB (six runs) against a bound of 1.30 MiB; keeping every chunk's entering
+    state instead (the control, ``"chunks"``) 1.75-1.76 MiB."""
     state, inputs, output = _per_token_bytes()
     bound = (1024 - 256) * (inputs + output + state / (8 * MEM_SHAPE["C"])) + 4 * state
     growth = _growth("gated_delta_backward_peak", group_bytes=_chunk_groups(8), save=save)
@@ -494,11 +491,14 @@ def test_backward_keeps_one_state_per_group(save):
                          ids=["ordered", "control-no-rule1"])  # fmt: skip
 def test_forward_memory_is_linear_in_outputs_and_states(no_edge):
     """The forward alone: growth within the output (twice: the groups' outputs and
-    their concatenation), a 1/C share of a saved state and a few states. Measured 1.47
-    MiB against 1.56; with rule 1 off (a group's outgoing state no longer waits for its
-    outputs, so the groups' preparations pile up) 2.45 MiB."""
+    their concatenation), a 1/C share of a saved state and slack of six states, two of
+    them for the peak's run-to-run noise (one process's peak moves by up to ~45 KB,
+    :func:`helpers.peak_growth`). Measured 1.49-1.53 MiB over six runs (one process per
+    length: 1.47-1.56) against a bound of 1.59 MiB; with rule 1 off (a group's outgoing
+    state no longer waits for its outputs, so the groups' preparations pile up)
+    2.45-2.46 MiB."""
     state, _, output = _per_token_bytes()
-    bound = (1024 - 256) * (2 * output + state / MEM_SHAPE["C"]) + 4 * state
+    bound = (1024 - 256) * (2 * output + state / MEM_SHAPE["C"]) + 6 * state
     growth = _growth("gated_delta_forward_peak", no_edge=no_edge)
     if no_edge is None:
         assert growth <= bound, f"peak grew by {growth / 2**20:.2f} > {bound / 2**20:.2f} MiB"

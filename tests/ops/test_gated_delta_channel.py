@@ -13,7 +13,7 @@ import re
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import gated_delta_inputs, max_rel, run_target
+from helpers import gated_delta_inputs, max_rel, peak_growth
 from helpers import gdn_outputs_and_grads as outputs_and_grads
 
 from chunkscan.ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
@@ -249,10 +249,7 @@ def test_backward_memory_is_linear_in_inputs_and_states():
 
     def growth(group_bytes, no_edge=None):
         cfg = dict(MEM, B=1, group_bytes=group_bytes, channel=True, no_edge=no_edge)
-        small = run_target(target, dict(cfg, T=T1), timeout=120)
-        large = run_target(target, dict(cfg, T=T4), timeout=120)
-        assert "error" not in small and "error" not in large, (small, large)
-        return large["peak"] - small["peak"]
+        return peak_growth(target, cfg, lengths=(T1, T4))
 
     state = 4 * s["Hv"] * s["Dv"] * s["Dk"]
     inputs = 4 * (2 * s["Hk"] * s["Dk"] + s["Hv"] * s["Dv"] + s["Hv"] * s["Dk"] + s["Hv"])
