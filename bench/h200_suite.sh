@@ -51,6 +51,23 @@ if want gdn_mem; then
   done
   unset MLX_MAX_MB_PER_BUFFER
 fi
+if want ncu; then
+  stage ncu  # Nsight Compute (bench/ncu_op.py): every kernel of one chunkscan fwd+bwd at 16384
+  # (times only), chunkscan's own kernels in full at 4096, fla's kernels in full at 16384
+  N="ncu --profile-from-start off --clock-control none --csv --page raw"
+  FULL="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats"
+  FULL="$FULL --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis"
+  (cd bench
+   timeout 150 $N --section SpeedOfLight --log-file "$OUT/ncu_chunkscan_16k_sol.csv" \
+     python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -2
+   python3 ncu_summary.py "$OUT/ncu_chunkscan_16k_sol.csv" --by-name | head -30
+   timeout 150 $N $FULL --kernel-name regex:chunkscan_ --log-file "$OUT/ncu_chunkscan_4k_full.csv" \
+     python3 ncu_op.py --impl chunkscan --T 4096 2>&1 | tail -2
+   python3 ncu_summary.py "$OUT/ncu_chunkscan_4k_full.csv"
+   timeout 280 $N $FULL --log-file "$OUT/ncu_fla_16k_full.csv" \
+     python3 ncu_op.py --impl fla --T 16384 2>&1 | tail -2
+   python3 ncu_summary.py "$OUT/ncu_fla_16k_full.csv" --by-name | head -30)
+fi
 if want tune; then
   stage tune  # the chunk kernels' threads per block (NT) and state_grads' columns (TV)
   for C in 64 32; do

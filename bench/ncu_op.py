@@ -13,7 +13,8 @@ inputs).
         --log-file out.csv python3 bench/ncu_op.py --impl chunkscan --T 16384
     python3 bench/ncu_summary.py out.csv        # one line per kernel
 
-Without ncu it only runs the op (a smoke test); ``--impl fla`` needs fla-core.
+Without ncu it only runs the op; without a CUDA PyTorch it brackets nothing (the CPU
+smoke test, ``tests/test_bench_smoke.py``). ``--impl fla`` needs fla-core.
 """
 
 from __future__ import annotations
@@ -70,21 +71,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--C", type=int, default=None, help="chunkscan's chunk size")
     p.add_argument("--warmup", type=int, default=2)
     args = p.parse_args(argv)
-    import torch
-
-    torch.cuda.init()
+    torch = _torch_cuda()
     if args.impl == "fla":
         call = fla_call(args.T)
     else:
         call = chunkscan_call(args.T, args.C, False if args.impl == "chunkscan-portable" else None)
     for _ in range(args.warmup):
         call()
+    if torch is None:
+        call()
+        print(f"ncu_op: {args.impl} T={args.T} ran (no CUDA PyTorch: nothing bracketed)")
+        return 0
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     call()
     torch.cuda.profiler.stop()
-    print(f"ncu_op: {args.impl} T={args.T} profiled one fwd+bwd", file=sys.stderr)
+    print(f"ncu_op: {args.impl} T={args.T} profiled one fwd+bwd")
     return 0
+
+
+def _torch_cuda():
+    """PyTorch with CUDA initialised (it brackets the profiled call), else ``None``."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.init()
+    return torch
 
 
 if __name__ == "__main__":

@@ -29,3 +29,40 @@ def test_gdn_phases_runs(gate, tmp_path, monkeypatch):
     assert len(row["phase_ms_per_group"]) == 7
     assert all(ms > 0 for ms in row["phase_ms_per_group"].values())
     sys.modules.pop("gdn_phases", None)
+
+
+def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys):
+    """``bench/ncu_op.py`` runs the op off CUDA (nothing to bracket), and
+    ``bench/ncu_summary.py`` turns a raw CSV of ncu's layout (its units row, thousands
+    separators, hashed kernel names, ``==PROF==`` lines) into one line per kernel name."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import ncu_op
+    import ncu_summary
+
+    assert ncu_op.main(["--impl", "chunkscan-portable", "--T", "40", "--C", "16",
+                        "--warmup", "0"]) == 0  # fmt: skip
+    assert "ran (no CUDA PyTorch" in capsys.readouterr().out
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    head = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum",
+            "launch__shared_mem_per_block_dynamic", stall.format("barrier"),
+            stall.format("long_scoreboard")]  # fmt: skip
+    units = ["", "", "", "", "usecond", "Kbyte", "ratio", "ratio"]
+    rows = [["0", "chunkscan_gdn_prepare_0123456789abcdef(float *)", "(64, 32, 1)",
+             "(256, 1, 1)", "1,200.5", "100", "3.5", "1.25"],
+            ["1", "chunkscan_gdn_prepare_fedcba9876543210(float *)", "(64, 32, 1)",
+             "(256, 1, 1)", "800", "100", "2", "4"],
+            ["2", "copy_kernel", "(8, 1, 1)", "(128, 1, 1)", "10", "0", "", ""]]  # fmt: skip
+    lines = ["==PROF== Connected to process 1\n"]
+    lines += [",".join(f'"{c}"' for c in r) + "\n" for r in [head, units, *rows]]
+    path = tmp_path / "raw.csv"
+    path.write_text("".join(lines))
+    out = tmp_path / "rows.json"
+    assert ncu_summary.main([str(path), "--by-name", "--json", str(out)]) == 0
+    prepare, copy = json.loads(out.read_text())["rows"]
+    assert prepare["kernel"] == "chunkscan_gdn_prepare" and prepare["launches"] == 2
+    assert prepare["us"] == pytest.approx(2000.5)
+    assert prepare["stalls"] == {"barrier": 3.5, "long_scoreboard": 1.25}  # the longest's
+    assert prepare["smem_kib"] == pytest.approx(100 * 1000 / 1024)
+    assert copy["kernel"] == "copy_kernel" and copy["stalls"] == {}
+    for name in ("ncu_op", "ncu_summary"):
+        sys.modules.pop(name, None)
