@@ -698,33 +698,56 @@ def test_cu_seqlens_array_under_compile_says_it_is_static():
         assert max_rel(compiled(q, cu), ref) <= 1e-5
 
 
+@pytest.mark.parametrize("in_axes", [(0, 0, 0, None, None), (None, 0, 0, 0, 0), (0, 0, None, 0, 0)],
+                         ids=["g-beta-shared", "q-shared", "v-shared"])  # fmt: skip
+def test_vmap_of_the_forward_within_one_group_matches_the_oracle(in_axes):
+    """The forward under ``mx.vmap`` where the call is one group of chunks (no ordering
+    edge on the way to the outputs), some inputs shared by every slice: each slice is
+    the oracle's (measured max relative error 3e-7). Before the NaN masks used
+    ``mx.logical_or`` (``|`` is MLX's ``bitwise_or``, which reads garbage under vmap with
+    one operand unmapped) slices came back partly or wholly NaN, with no error."""
+    S = 3
+    full = make_inputs(S, 20, 2, 4, 8, 8)[:5]  # B = S: slice i is row i
+    xs = [x[:, None] if ax == 0 else x[:1] for x, ax in zip(full, in_axes)]
+
+    def f(q, k, v, g, beta):
+        return gated_delta_rule(q, k, v, g, beta, chunk_size=8)
+
+    o, state = mx.vmap(f, in_axes=in_axes)(*xs)
+    for i in range(S):
+        row = [x[i] if ax == 0 else x for x, ax in zip(xs, in_axes)]
+        o_ref, state_ref = naive_recurrent_gated_delta_rule(*row)
+        assert max_rel(o[i], o_ref) <= 1e-5 and max_rel(state[i], state_ref) <= 1e-5, i
+
+
 def test_vmap_jvp_and_shapeless_compile_fail_loudly():
     """Not supported (docs/design.md): MLX's own errors at the first call, never a silent
     result. chunkscan cannot raise its own: MLX transforms the forward's ordering edges
-    before any rule of the custom function is reached."""
+    before any rule of the custom function is reached. vmap and jvp are right where the
+    call is one group of chunks (no ordering edge on the way to the outputs) and loud
+    where there are several; vmap of a gradient is loud always."""
     q, k, v, g, beta = [x[:1] for x in _good()]
 
     def o(q):
         return gated_delta_rule(q, k, v, g, beta, chunk_size=4)[0]
 
-    # vmap fails on the first op that mixes batched and unbatched inputs, or on Depends.
-    vmap_errors = "|".join(
-        re.escape(m)
-        for m in ("[Primitive::vmap] Not implemented for Depends", "[vmap] Inconsistent axis")
-    )
-    with pytest.raises(ValueError, match=vmap_errors):
-        mx.vmap(o)(mx.stack([q, q]))
-    # jvp: right where the call is one group of chunks (no ordering edge on the way to
-    # the outputs), loud where there are several.
+    def o_ref(q):
+        return naive_recurrent_gated_delta_rule(q, k, v, g, beta)[0]
+
+    depends = "[Primitive::{}] Not implemented for Depends"
+    qs = mx.stack([q, 2 * q])
+    assert max_rel(mx.vmap(o)(qs), mx.vmap(o_ref)(qs)) <= 1e-5
+    with pytest.raises(ValueError, match=re.escape(depends.format("vmap"))):
+        mx.vmap(mx.grad(lambda q: o(q).sum()))(qs)
     t = mx.random.normal(q.shape)
-    ref = mx.jvp(lambda q: naive_recurrent_gated_delta_rule(q, k, v, g, beta)[0], [q], [t])
+    ref = mx.jvp(o_ref, [q], [t])
     assert max_rel(mx.jvp(o, [q], [t])[1][0], ref[1][0]) <= 1e-5
     previous, chunk_module._GROUP_BYTES = chunk_module._GROUP_BYTES, 1
     try:
-        with pytest.raises(
-            ValueError, match=re.escape("[Primitive::jvp] Not implemented for Depends")
-        ):
+        with pytest.raises(ValueError, match=re.escape(depends.format("jvp"))):
             mx.jvp(o, [q], [t])
+        with pytest.raises(ValueError, match=re.escape(depends.format("vmap"))):
+            mx.vmap(o)(qs)
     finally:
         chunk_module._GROUP_BYTES = previous
     with pytest.raises(ValueError, match="cannot infer output shapes"):

@@ -471,7 +471,7 @@ def _finite(x: mx.array) -> mx.array:
 
 def _finite_gate(g: mx.array) -> mx.array:
     """``g`` with NaN and ``+inf`` replaced by zero (``-inf`` is a valid reset)."""
-    bad = mx.isnan(g) | (g == math.inf)
+    bad = mx.logical_or(mx.isnan(g), g == math.inf)
     return mx.where(bad, mx.zeros((), dtype=g.dtype), g)
 
 
@@ -615,7 +615,7 @@ def _input_layout(xs, d_q, d_k, d_v, d_g, d_beta) -> list[mx.array]:
     d_beta = d_beta.transpose(0, 3, 4, 1, 2).reshape(beta.shape)
     read = (
         mx.isfinite(q), mx.isfinite(k), mx.isfinite(v),
-        ~(mx.isnan(g) | (g == math.inf)), mx.isfinite(beta),
+        mx.logical_not(mx.logical_or(mx.isnan(g), g == math.inf)), mx.isfinite(beta),
     )  # fmt: skip
     return [
         mx.where(ok, d, 0.0).astype(x.dtype)
@@ -664,15 +664,18 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
     def per_value_head(bad_k):  # [B, T, Hk] -> [B, T, Hv]
         return mx.broadcast_to(bad_k[..., None], (B, T, Hk, G)).reshape(B, T, Hv)
 
-    g_bad = mx.isnan(g) | (g == math.inf)
+    # Boolean algebra through mx.logical_*, not | and ~: under mx.vmap with one operand
+    # unmapped, MLX 0.32.4's bitwise_or / bitwise_and read garbage (all-False inputs
+    # gave True), which turned whole outputs NaN; the logical ops are right.
+    g_bad = mx.logical_or(mx.isnan(g), g == math.inf)
     if spec.channel:
         g_bad = mx.any(g_bad, axis=-1)
-    state_bad = (
-        per_value_head(mx.any(~mx.isfinite(k), axis=-1))
-        | mx.any(~mx.isfinite(v), axis=-1)
-        | ~mx.isfinite(beta)
-        | g_bad
-    )
+    state_bad = functools.reduce(mx.logical_or, (
+        per_value_head(mx.logical_not(mx.all(mx.isfinite(k), axis=-1))),
+        mx.logical_not(mx.all(mx.isfinite(v), axis=-1)),
+        mx.logical_not(mx.isfinite(beta)),
+        g_bad,
+    ))  # fmt: skip
     count = mx.cumsum(state_bad.astype(mx.int32), axis=1)  # [B, T, Hv]
     if spec.seqs is not None:
         # Count within each sequence: subtract the count before its first token.
@@ -683,7 +686,8 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
         seq_bad = mx.take(count, last, axis=1)[0] > 0
     else:
         seq_bad = count[:, -1] > 0
-    o_bad = (count > 0) | per_value_head(mx.any(~mx.isfinite(q), axis=-1))
+    q_bad = per_value_head(mx.logical_not(mx.all(mx.isfinite(q), axis=-1)))
+    o_bad = mx.logical_or(count > 0, q_bad)
     return o_bad, seq_bad
 
 
