@@ -82,7 +82,8 @@ def scan(
             ``params``, ``f`` (or the step) must take a third argument. Default:
             ``None``.
         axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf; a
-            negative axis counts from the end of each leaf. Default: ``0``.
+            negative axis counts from the end of each leaf. ``stepwise(step)`` steps
+            along it. Default: ``0``.
         xs_grad (bool or tree of bool, optional): ``False`` (for all of ``xs``, or per
             leaf as a tree like ``xs``) declares that no gradient is needed for those
             inputs: they are treated as constants (``mx.stop_gradient``), which saves
@@ -107,6 +108,7 @@ def scan(
     axes, length = _check_xs(xs_leaves, xs_def, axis)
     grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def)
     _check_arity(f, params is not None)
+    f = _on_scan_axis(f, axis, xs_leaves, xs_def)
 
     module = params if isinstance(params, nn.Module) else None
     if module is not None:
@@ -350,6 +352,31 @@ def _check_arity(f: Callable, has_params: bool) -> None:
         f"but {name}{sig} does not take two positional arguments. Pass params= (the third "
         f"argument), or give {name} two parameters."
     )
+
+
+def _on_scan_axis(f: Callable, axis: int, leaves: list[mx.array], treedef: tuple) -> Callable:
+    """``f``, or, for a ``stepwise`` chunk function made without an axis, the same on
+    ``scan``'s ``axis``. One made with an axis that is not ``scan``'s (compared per xs
+    leaf, negative axes counted from its end) raises: it would step along another axis,
+    silently where the lengths agree (a batch as long as the chunk)."""
+    step = getattr(f, "_chunkscan_step", None)
+    if step is None:
+        return f
+    own = getattr(f, "_chunkscan_axis", None)
+    if own is None:
+        from .stepwise import stepwise
+
+        return stepwise(step, axis=axis)
+    for x, name in zip(leaves, _tree.paths(treedef, "xs")):
+        steps_on = normalize_axis("stepwise", own, x.ndim, name)
+        if steps_on != axis % x.ndim:
+            raise ValueError(
+                f"[scan] axis={axis} but f is stepwise(step, axis={own}), which steps along "
+                f"axis {steps_on} of {name} (shape {tuple(x.shape)}), not {axis % x.ndim}. "
+                "Give stepwise the same axis as scan, or leave its axis out: it then takes "
+                "scan's."
+            )
+    return f
 
 
 def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:

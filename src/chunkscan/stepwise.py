@@ -12,7 +12,7 @@ from .split import check_axis, normalize_axis, split_at
 
 
 def stepwise(
-    step: Callable[..., tuple[Any, Any]], *, axis: int = 0
+    step: Callable[..., tuple[Any, Any]], *, axis: int | None = None
 ) -> Callable[..., tuple[Any, Any]]:
     """Lift ``step(carry, x[, params]) -> (carry, y)`` to a chunk function for ``scan``.
 
@@ -35,7 +35,9 @@ def stepwise(
         step (callable): The step function; returns a pair ``(carry, y)`` with ``y``
             a tree of arrays (or ``None``) of the same structure, shapes and dtypes at
             every step.
-        axis (int, optional): The time axis, as given to ``scan``. Default: ``0``.
+        axis (int, optional): The time axis. Default: ``None``, ``scan``'s ``axis``
+            (``0`` where the chunk function is called outside ``scan``). An axis given
+            here that is not ``scan``'s raises a ``ValueError`` in ``scan``.
 
     Returns:
         callable: ``f(carry, xs_chunk[, params]) -> (carry, ys_chunk)``.
@@ -55,12 +57,14 @@ def stepwise(
     """
     if not callable(step):
         raise TypeError(f"[stepwise] step must be callable but got {type(step).__name__}.")
-    check_axis("stepwise", axis)
+    if axis is not None:
+        check_axis("stepwise", axis)
+    time_axis = 0 if axis is None else axis
 
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
-        axes = [normalize_axis("stepwise", axis, x.ndim, n) for x, n in zip(leaves, names)]
+        axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
         steps = leaves[0].shape[axes[0]] if leaves else 0
         per_leaf = [
             split_at(x, list(range(1, steps)), ax) if steps > 1 else [x]
@@ -86,10 +90,11 @@ def stepwise(
             ys.append(y_leaves)
         if first is None:  # no steps: scan never passes an empty chunk
             return carry, None
-        stacked = [mx.stack(list(parts), axis=axis) for parts in zip(*ys)]
+        stacked = [mx.stack(list(parts), axis=time_axis) for parts in zip(*ys)]
         return carry, _tree.unflatten(first[0], stacked)
 
     chunk_fn._chunkscan_step = step  # type: ignore[attr-defined]  # read by scan's checks
+    chunk_fn._chunkscan_axis = axis  # type: ignore[attr-defined]  # None: scan's (scan.py)
     return chunk_fn
 
 
