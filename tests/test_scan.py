@@ -123,6 +123,51 @@ def test_tanh_rnn_with_weight_params():
     assert_trees_close(g_g, g_r, 1e-5, "grads")
 
 
+@pytest.mark.parametrize("chunk", [29, 6, 1], ids=["one-chunk", "chunks-of-6", "chunks-of-1"])
+def test_second_derivatives_match_plain_autograd(chunk):
+    """A gradient of the gradient (w.r.t. the params, h0 and x) through several chunks.
+    The saved carries are outputs of scan's custom function, so differentiating its
+    backward sends them cotangents; before the backward added those, every second
+    derivative through more than one chunk was wrong with no error (a 4-step tanh RNN:
+    0.023 against 0.180). Measured max relative error here: 3e-7."""
+    B, T, Din, Dh = 2, 29, 3, 4
+    keys = mx.random.split(mx.random.key(11), 6)
+    x = mx.random.normal((T, B, Din), key=keys[0])
+    h0 = mx.random.normal((B, Dh), key=keys[1])
+    params = {
+        "w_in": mx.random.normal((Din, Dh), key=keys[2]) * 0.5,
+        "w_h": mx.random.normal((Dh, Dh), key=keys[3]) * 0.3,
+        "b": mx.random.normal((Dh,), key=keys[4]),
+        "out": mx.random.normal((Dh,), key=keys[5]),
+    }
+
+    def loss(scan_fn):
+        def f(h0, x, params):
+            h, ys = scan_fn(h0, x, params)
+            return (ys**2).sum() + (h**3).sum()
+
+        return f
+
+    def plain(h0, x, params):
+        return plain_loop(rnn_step, h0, (x,), params)
+
+    def chunked(h0, x, params):
+        return chunkscan.scan(
+            chunkscan.stepwise(rnn_step), h0, (x,), chunk_size=chunk, params=params
+        )
+
+    def grad_norm(f):  # d/d(h0, x, params) of |grad_params f|^2
+        inner = mx.grad(f, argnums=2)
+        return mx.grad(
+            lambda h0, x, p: sum((g**2).sum() for g in _tree.flatten(inner(h0, x, p))[0]),
+            argnums=(0, 1, 2),
+        )
+
+    ref = grad_norm(loss(plain))(h0, x, params)
+    got = grad_norm(loss(chunked))(h0, x, params)
+    assert_trees_close(got, ref, 1e-5, "second derivatives")
+
+
 def test_pytree_carry_and_inputs_on_axis_1():
     """Dict carry, dict xs, tuple ys, time on axis 1 ([B, T, D])."""
     B, T, D = 2, 23, 6
