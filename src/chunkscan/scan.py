@@ -54,8 +54,9 @@ def scan(
 
     Unlike the loop (with or without ``mx.checkpoint``), backward memory is
     ``T / chunk_size`` carries plus one chunk's recomputation plus the gradients
-    themselves, whichever of ``init``, ``xs`` and ``params`` the gradient is taken
-    with respect to. Works eagerly, under ``mx.compile`` and under
+    themselves (and about ``sqrt(T / chunk_size)`` carries of zeros: MLX's cotangents
+    of the saved carries, which the backward reads for second derivatives), whichever
+    of ``init``, ``xs`` and ``params`` the gradient is taken with respect to. Works eagerly, under ``mx.compile`` and under
     ``nn.value_and_grad``. Use :func:`chunkscan.stepwise` to write ``f`` per step.
 
     Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
