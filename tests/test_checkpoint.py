@@ -82,3 +82,33 @@ def test_error_non_array_output():
         TypeError, match=re.escape("[checkpoint] every leaf of the output must be an mx.array")
     ):
         chunkscan.checkpoint(lambda x: (x, 1.0))(mx.zeros((2,)))
+
+
+def test_random_ops_draw_the_same_numbers_in_the_recomputation():
+    """A dropout in the checkpointed function: its recomputation starts from the global
+    key its forward started from (``chunkscan._random``), so the gradient is the plain
+    loop's under the same seed, and the backward takes nothing from the user's stream
+    (``mx.checkpoint`` recomputes with new masks: a different gradient, no error)."""
+    xs = mx.random.normal((6, 4), key=mx.random.key(1))
+    w = mx.random.normal((4,), key=mx.random.key(2))
+
+    def chunk(h, x, w):
+        for t in range(x.shape[0]):
+            keep = mx.random.bernoulli(0.5, h.shape)
+            h = mx.tanh(mx.where(keep, 2 * h * w, 0.0) + x[t])
+        return h
+
+    def loss(w, wrap):
+        h, run = mx.ones((4,)), wrap(chunk)
+        for x in chunkscan.split(xs, 2):
+            h = run(h, x, w)
+        return (h**2).sum()
+
+    results = []
+    for wrap in (lambda f: f, chunkscan.checkpoint):
+        mx.random.seed(0)
+        value, grad = mx.value_and_grad(loss)(w, wrap)
+        results.append((value, grad, mx.random.normal((2,))))
+    (v0, g0, n0), (v1, g1, n1) = results
+    assert mx.allclose(v0, v1, rtol=1e-6).item() and mx.allclose(g0, g1, rtol=1e-5).item()
+    assert mx.array_equal(n0, n1).item()

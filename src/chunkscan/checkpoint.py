@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import mlx.core as mx
 
-from . import _ordering, _tree
+from . import _ordering, _random, _tree
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,7 +39,10 @@ def checkpoint(fun: F) -> F:
     Note:
         As with ``mx.checkpoint``, arrays that ``fun`` captures by closure are
         constants: they get no gradient. Pass everything you differentiate (weights
-        included) as arguments.
+        included) as arguments. Unlike ``mx.checkpoint``, random ops in ``fun`` that
+        draw from MLX's global key (``nn.Dropout``, ``mx.random.*`` without ``key=``)
+        draw the same numbers in the recomputation as in the forward, and the
+        backward leaves the global key as it found it.
 
     Example:
         >>> step = chunkscan.checkpoint(run_chunk)    # run_chunk(s, q, k, v) -> (s, y)
@@ -60,6 +63,7 @@ def checkpoint(fun: F) -> F:
         template = [None if isinstance(leaf, mx.array) else leaf for leaf in leaves]
         del leaves, args, kwargs
         out_defs: list[tuple] = []
+        start_key: list[Any] = [None]  # the global random key, if the forward drew (_random)
 
         def call(values: list[mx.array]) -> list[mx.array]:
             full = list(template)
@@ -74,13 +78,17 @@ def checkpoint(fun: F) -> F:
 
         @mx.custom_function
         def forward(*primals):
-            return call(list(primals))
+            before = _random.key()
+            outs = call(list(primals))
+            start_key[0] = _random.drawn_from(before)
+            return outs
 
         @forward.vjp
         def backward(primals, cotangents, outputs):
             cotangents = _tree.as_list(cotangents)
             primals = _ordering.recompute_after_cotangent(_tree.as_list(primals), cotangents)
-            _, grads = mx.vjp(lambda *a: call(list(a)), primals, cotangents)
+            with _random.replaying(start_key[0]):
+                _, grads = mx.vjp(lambda *a: call(list(a)), primals, cotangents)
             return _ordering.all_together(grads)
 
         outs = forward(*arrays)

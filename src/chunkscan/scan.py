@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _capture, _ordering, _tree
+from . import _capture, _ordering, _random, _tree
 from .split import check_chunk_size, chunk_bounds, normalize_axis, slices_at
 
 
@@ -56,8 +56,13 @@ def scan(
     ``T / chunk_size`` carries plus one chunk's recomputation plus the gradients
     themselves (and about ``sqrt(T / chunk_size)`` carries of zeros: MLX's cotangents
     of the saved carries, which the backward reads for second derivatives), whichever
-    of ``init``, ``xs`` and ``params`` the gradient is taken with respect to. Works eagerly, under ``mx.compile`` and under
-    ``nn.value_and_grad``. Use :func:`chunkscan.stepwise` to write ``f`` per step.
+    of ``init``, ``xs`` and ``params`` the gradient is taken with respect to. Works
+    eagerly, under ``mx.compile`` and under ``nn.value_and_grad``. Use
+    :func:`chunkscan.stepwise` to write ``f`` per step.
+
+    Random ops in ``f`` that draw from MLX's global key (``nn.Dropout``,
+    ``mx.random.*`` without ``key=``) draw the same numbers when the backward recomputes
+    a chunk as in its forward; the backward leaves the global key as it found it.
 
     Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
     ``nn.value_and_grad``), also nested (second derivatives), and ``mx.compile`` (which
@@ -189,6 +194,9 @@ class _Plan:
         self.diff_axes = diff_axes
         self.const_chunks = self.chunked(constants, const_axes)
         self.ys_spec = _YsSpec()
+        # Per chunk, the global random key its forward call started from, where it drew
+        # from it (_random): the recomputation draws the same numbers.
+        self.keys: dict[int, Any] = {}
 
     def n_ys(self, n_outputs: int) -> int:
         return n_outputs - self.n_init * (1 + len(self.saved_blocks))
@@ -245,7 +253,10 @@ class _Plan:
                 # rather than all at the end of the forward.
                 carry = _ordering.carry_after_outputs(carry, stacked)
             xs_i = self.xs_chunk([c[i] for c in diff_chunks], [c[i] for c in self.const_chunks])
+            before = _random.key()
             carry, ys = self.call_chunk(i, carry, xs_i, p)
+            if (drew := _random.drawn_from(before)) is not None:
+                self.keys[i] = drew
             # Rule 1: the carry leaves the chunk only after the chunk's outputs exist.
             # (Not in the recomputation: its outgoing carry is never used, and the
             # Depends would make the vjp recompute ys a state-only gradient never needs.)
@@ -309,11 +320,12 @@ class _Plan:
                 new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp)
                 return new_c + ys
 
-            _, grads = mx.vjp(
-                chunk_fn,
-                waited + p,
-                ct_carry + [c[i] for c in ct_ys_chunks],
-            )
+            with _random.replaying(self.keys.get(i)):
+                _, grads = mx.vjp(
+                    chunk_fn,
+                    waited + p,
+                    ct_carry + [c[i] for c in ct_ys_chunks],
+                )
             d_carry, d_x, d_p_i = self.split_primals(list(grads))
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
             if i in ct_saved:
