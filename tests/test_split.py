@@ -74,3 +74,29 @@ def test_many_pieces_use_primitives_of_bounded_fan_out():
     assert mx.array_equal(g, weights)
     # The check itself sees a wide primitive: mx.split into 9 pieces is one Split.
     assert max_outputs_of_one_primitive(mx.split(x, 8)) == 8
+
+
+def test_numpy_integers_and_reals_are_accepted_numpy_bools_are_not():
+    """A NumPy integer ``chunk_size`` (``np.int64`` from an array's shape arithmetic) and
+    a NumPy ``scale`` work as their Python values everywhere (before, ``np.int64`` and
+    ``np.float32`` were rejected while ``np.float64``, a float subclass, passed); a
+    NumPy bool is no chunk size, like a Python bool."""
+    np = pytest.importorskip("numpy")
+    x = mx.arange(10.0)
+    assert [p.tolist() for p in chunkscan.split(x, np.int64(4))] == [
+        p.tolist() for p in chunkscan.split(x, 4)
+    ]
+    step = chunkscan.stepwise(lambda c, x: (c + x, c))
+    for size in (np.int32(3), 3):
+        assert chunkscan.scan(step, mx.zeros(()), x, chunk_size=size)[0].item() == 45.0
+    with pytest.raises(TypeError, match=re.escape("[split] chunk_size must be an int")):
+        chunkscan.split(x, np.bool_(True))
+    q = mx.random.normal((1, 2, 8, 4), key=mx.random.key(0))
+    for scale in (np.float32(0.5), np.float64(0.5)):
+        got = chunkscan.attention(q, q, q, scale=scale, mask="causal")
+        assert mx.array_equal(got, chunkscan.attention(q, q, q, scale=0.5, mask="causal")).item()
+    g = -mx.ones((1, 8, 2)) * 0.1
+    k = q.transpose(0, 2, 1, 3) / 2
+    args = (k, k, k, g, mx.ones((1, 8, 2)) * 0.5)
+    o, _ = chunkscan.gated_delta_rule(*args, scale=np.float32(0.5), chunk_size=np.int64(4))
+    assert mx.array_equal(o, chunkscan.gated_delta_rule(*args, scale=0.5, chunk_size=4)[0]).item()

@@ -483,7 +483,9 @@ def patch(
         ValueError: ``chunk_size`` is an int below 1, or ``save_states`` is not
             ``"chunks"``, ``"groups"`` or ``None``.
     """
-    check_chunk_size("chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default")
+    chunk_size = check_chunk_size(
+        "chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default"
+    )
     check_bool("chunkscan.mlx_lm.patch", "verify", verify)
     check_bool("chunkscan.mlx_lm.patch", "attention", attention)
     if save_states not in (None, *SAVE_MODES):

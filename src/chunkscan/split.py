@@ -16,6 +16,8 @@ equivalent multi-output primitives in the wrong direction (``tape_order`` in
 
 from __future__ import annotations
 
+import numbers
+
 import mlx.core as mx
 
 from . import _tree
@@ -32,7 +34,8 @@ def check_chunk_size(
     """The one check of every ``chunk_size`` argument in chunkscan (scan, split, the
     ops, :func:`chunkscan.mlx_lm.patch`, ``chunkscan lora``).
 
-    ``chunk_size`` must be an ``int >= 1`` (a ``bool`` is not an int here); ``None``
+    ``chunk_size`` must be an integer ``>= 1`` (a Python or NumPy int; a ``bool`` is not
+    an int here); ``None``
     passes only where ``none`` says what it means (e.g. ``"for the automatic size"``).
     ``example`` is the value the fix suggests. Returns ``chunk_size``.
 
@@ -43,7 +46,7 @@ def check_chunk_size(
     if chunk_size is None and none is not None:
         return None
     or_none = f", or None {none}" if none is not None else ""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+    if isinstance(chunk_size, (bool, np_bool())) or not isinstance(chunk_size, numbers.Integral):
         raise TypeError(
             f"[{fn}] chunk_size must be an int{' or None' if none is not None else ''} but "
             f"got {chunk_size!r}. Pass e.g. chunk_size={example}{or_none}."
@@ -53,7 +56,17 @@ def check_chunk_size(
             f"[{fn}] chunk_size must be at least 1 but got {chunk_size}. Pass a positive "
             f"int such as {example}{or_none}."
         )
-    return chunk_size
+    return int(chunk_size)
+
+
+def np_bool() -> type:
+    """NumPy's bool scalar type where NumPy is installed (it is no ``numbers.Integral``
+    but reads as an int to a careless check), else a type nothing is an instance of."""
+    try:
+        import numpy
+    except ImportError:
+        return type("NoNumpyBool", (), {})
+    return numpy.bool_
 
 
 def check_axis(fn: str, axis: object) -> int:
@@ -93,7 +106,7 @@ def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
     """
     if not isinstance(x, mx.array):
         raise TypeError(f"[split] x must be an mx.array but got {type(x).__name__}.")
-    check_chunk_size("split", chunk_size)
+    chunk_size = check_chunk_size("split", chunk_size)
     axis = normalize_axis("split", axis, x.ndim, "x")
     length = x.shape[axis]
     if length == 0:

@@ -7,8 +7,11 @@ Nothing here uses ``assert``: user input is always checked with an explicit rais
 from __future__ import annotations
 
 import math
+import numbers
 
 import mlx.core as mx
+
+from ..split import np_bool
 
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 DTYPE_NAMES = "float32, bfloat16 or float16"
@@ -44,12 +47,13 @@ def check_dtypes(fn: str, named: dict[str, mx.array]) -> None:
         )
 
 
-def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: str) -> None:
-    """``scale`` is a finite Python number (or ``None`` where ``none_ok``); ``example``
-    and ``why`` make the fix in the message (``scale={example}`` + ``why``)."""
+def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: str) -> float | None:
+    """``scale`` as a Python float: it must be a finite real number (a NumPy scalar
+    too; not a bool), or ``None`` where ``none_ok`` (returned as is); ``example`` and
+    ``why`` make the fix in the message (``scale={example}`` + ``why``)."""
     if scale is None and none_ok:
-        return
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        return None
+    if isinstance(scale, (bool, np_bool())) or not isinstance(scale, numbers.Real):
         kind = "a Python float or None" if none_ok else "a Python float"
         raise TypeError(
             f"[{fn}] scale must be {kind} but got {type(scale).__name__}. "
@@ -60,6 +64,7 @@ def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: s
             f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
             f"inf. Pass e.g. scale={example:.6g} {why}."
         )
+    return float(scale)
 
 
 def check_bool(fn: str, name: str, value: object) -> None:

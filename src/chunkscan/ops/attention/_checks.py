@@ -82,8 +82,8 @@ def check_inputs(
             f"key/value heads Hkv but got Hq={Hq} (q shape {_shape(q)}) and Hkv={Hkv} (k shape "
             f"{_shape(k)}). Query head h uses key/value head h // (Hq // Hkv); pass Hq = m * Hkv."
         )
-    check_scale(fn, scale, D**-0.5 if D else 1.0, none_ok=False, why="(1 / sqrt(D))")
-    check_chunk_size(fn, chunk_size, example=256, none="for the automatic size")
+    scale = check_scale(fn, scale, D**-0.5 if D else 1.0, none_ok=False, why="(1 / sqrt(D))")
+    chunk_size = check_chunk_size(fn, chunk_size, example=256, none="for the automatic size")
     kind, mask_shape = _check_mask(fn, mask, q.dtype, (B, Hq, T, S))
     return Spec(B, Hq, Hkv, T, S, D, Dv, float(scale), kind, mask_shape, chunk_size)
 

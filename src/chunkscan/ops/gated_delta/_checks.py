@@ -125,10 +125,10 @@ def check_inputs(
                 f"{_shape(x)}. Pass one {name} value per token and value head."
             )
     default_scale = Dk**-0.5 if Dk else 1.0  # Dk = 0: every product with q is empty
-    check_scale(fn, scale, default_scale, none_ok=True, why="(the default, Dk ** -0.5)")
+    scale = check_scale(fn, scale, default_scale, none_ok=True, why="(the default, Dk ** -0.5)")
     if scale is None:
         scale = default_scale
-    check_chunk_size(fn, chunk_size, example=64)
+    chunk_size = check_chunk_size(fn, chunk_size, example=64)
     seqs = _check_cu_seqlens(fn, cu_seqlens, B, T)
     n_states = B if seqs is None else len(seqs)
     if initial_state is not None:
