@@ -553,6 +553,11 @@ def test_attention_with_cache_or_sinks_goes_to_stock(attn_spy):
         out = cmlx.scaled_dot_product_attention(q, q, q, None, 0.3, "causal", sinks)
         ref = STOCK_ATTN(q, q, q, None, 0.3, "causal", sinks)
         assert attn_spy == [] and mx.array_equal(out, ref).item()
+        # Mixed dtypes: mlx-lm's function promotes them; chunkscan.attention wants one.
+        kv = q.astype(mx.bfloat16)
+        out = cmlx.scaled_dot_product_attention(q, kv, kv, None, 0.3, "causal")
+        ref = STOCK_ATTN(q, kv, kv, None, 0.3, "causal")
+        assert attn_spy == [] and mx.array_equal(out, ref).item()
         model(prompt)  # no cache: the op
         assert attn_spy
     assert toks1 == toks0 and mx.array_equal(last1, last0).item()

@@ -549,7 +549,9 @@ def scaled_dot_product_attention(
 ) -> mx.array:
     """Drop-in for mlx-lm's ``base.scaled_dot_product_attention`` (what :func:`patch`
     installs): calls with no cache and no sinks whose mask is ``None``, ``"causal"`` or
-    boolean run :func:`chunkscan.attention`, every other call mlx-lm's function.
+    boolean and whose queries, keys and values share one dtype run
+    :func:`chunkscan.attention`, every other call mlx-lm's function (which promotes
+    mixed dtypes where :func:`chunkscan.attention` asks for one).
 
     Floating (additive) masks go to mlx-lm's function: some families compute them from
     trainable weights (kimi_linear's and DeepSeek's MLA add rotary-position scores as
@@ -559,6 +561,7 @@ def scaled_dot_product_attention(
         cache is not None
         or sinks is not None
         or not isinstance(keys, mx.array)
+        or not queries.dtype == keys.dtype == values.dtype
         or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
     ):
         return _attn_stock["fn"](queries, keys, values, cache, scale, mask, sinks)
