@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import re
 
 import mlx.core as mx
 import pytest
 
+import chunkscan
 from chunkscan import _backend
 
 
@@ -101,3 +103,18 @@ def test_cuda_limits_come_from_the_driver():
     limits = _backend.cuda_limits()
     assert limits.source == "driver", limits
     assert limits.smem_per_block >= 48 * 1024 and limits.sm_count > 0
+
+
+def test_integer_environment_variables_name_themselves_when_malformed(monkeypatch):
+    """A tuning variable that is no int raises a message naming it and the op (before:
+    a bare ``invalid literal for int()``)."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_GROUP_MIB", " 256 ")
+    assert _backend.env_int("CHUNKSCAN_GDN_GROUP_MIB", "op", "MiB") == 256
+    monkeypatch.setenv("CHUNKSCAN_GDN_GROUP_MIB", "")
+    assert _backend.env_int("CHUNKSCAN_GDN_GROUP_MIB", "op", "MiB") is None
+    monkeypatch.setenv("CHUNKSCAN_GDN_GROUP_MIB", "1.5")
+    q = mx.random.normal((1, 8, 2, 4))
+    msg = ("[gated_delta_rule] the environment variable CHUNKSCAN_GDN_GROUP_MIB must be a "
+           "whole number of MiB such as 1024 but is '1.5'.")  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)

@@ -33,6 +33,22 @@ def check_kernels(fn: str, kernels: object) -> None:
         )
 
 
+def env_int(name: str, fn: str, what: str) -> int | None:
+    """The environment variable ``name`` as an int (``None`` where unset or empty);
+    anything else raises a ``ValueError`` that names the variable, ``fn`` and ``what``
+    it means (e.g. ``"a whole number of MiB such as 1024"``)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"[{fn}] the environment variable {name} must be {what} but is {text!r}. "
+            f"Set it to such a number, or unset it for the default."
+        ) from None
+
+
 def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     """Whether the fused CUDA kernels are used: ``kernels`` if given, else on when the
     default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``

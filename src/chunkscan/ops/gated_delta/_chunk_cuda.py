@@ -54,7 +54,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel, cuda_limits
+from ..._backend import cuda_kernel, cuda_limits, env_int
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -839,15 +839,15 @@ def threads(which: str, C: int, Dk: int | None = None, Dv: int | None = None) ->
     """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`; 256
     where, given ``Dk`` and ``Dv``, 512 would not fit the device's shared memory), or
     ``CHUNKSCAN_GDN_NT`` where set (256 or 512)."""
-    env = os.environ.get("CHUNKSCAN_GDN_NT")
-    if not env:
+    env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512")
+    if env is None:
         nt = 512 if (which, C) in _NT_512 else NT
         if nt == 512 and Dk is not None and Dv is not None:
             tv = slice_columns(Dv, C, Dk)
             if smem_bytes(which, C, Dk, Dv, 512, tv) > cuda_limits().smem_per_block:
                 nt = NT
         return nt
-    nt = int(env)
+    nt = env
     if nt not in (256, 512):
         raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {nt}")
     return nt
@@ -858,13 +858,13 @@ def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     ``CHUNKSCAN_GDN_TV`` where set (32 or 64); 32 where that does not divide ``Dv`` or,
     for the default and given ``C`` and ``Dk``, where 64 would not fit the device's
     shared memory."""
-    env = os.environ.get("CHUNKSCAN_GDN_TV")
-    tv = int(env or TV)
+    env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32 or 64")
+    tv = TV if env is None else env
     if tv not in (32, 64):
         raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32 or 64, not {tv}")
     if Dv % tv:
         return 32
-    if not env and tv == 64 and C is not None and Dk is not None:
+    if env is None and tv == 64 and C is not None and Dk is not None:
         nt = threads("state_grads", C)
         if smem_bytes("state_grads", C, Dk, Dv, nt, 64) > cuda_limits().smem_per_block:
             return 32

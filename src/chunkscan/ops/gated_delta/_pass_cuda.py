@@ -38,12 +38,11 @@ per piece ``CP`` when it does not fit).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel, cuda_limits
+from ..._backend import cuda_kernel, cuda_limits, env_int
 
 F32 = mx.float32
 # The device's shared memory (opt-in maximum per block; per multiprocessor, 1 KiB of it
@@ -380,9 +379,9 @@ def _phase2(Dk: int, TR: int, NT: int) -> tuple[int, int] | None:
 def _budget(L: int | None, R: int | None, TR: int) -> int:
     """Shared memory per block: ``CHUNKSCAN_PASS_SMEM_KB`` if set, else at most 100 KiB
     and small enough that the whole grid (``L * R / TR`` blocks) is resident at once."""
-    env = os.environ.get("CHUNKSCAN_PASS_SMEM_KB")
-    if env:
-        return int(env) * 1024
+    env = env_int("CHUNKSCAN_PASS_SMEM_KB", "gated_delta_rule", "a number of KiB such as 100")
+    if env is not None:
+        return env * 1024
     budget = 100 * 1024
     if L is not None and R is not None:
         limits = cuda_limits()
@@ -400,9 +399,9 @@ def choose_config(
         return None
     if R is not None and (R % 8 or not 8 <= R <= 256):
         return None
-    env_tr = os.environ.get("CHUNKSCAN_PASS_TR")
+    env_tr = env_int("CHUNKSCAN_PASS_TR", "gated_delta_rule", "a row tile such as 16")
     if TR is None and env_tr:
-        TR = int(env_tr)
+        TR = env_tr
     trs = [TR] if TR else [16, 8, 32]
     limit = cuda_limits().smem_per_block
     for tr in trs:

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from ... import _ordering, _tree
+from ..._backend import env_int
 from . import _chunk_cuda, _passes
 from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
@@ -457,8 +458,10 @@ def _group_size(
         per_chunk += 4 * spec.B * spec.Hv * spec.Dk * C * (4 * (C // b) + 8 * b)
     if budget is None:
         budget = _GROUP_BYTES
-    if budget is None and os.environ.get("CHUNKSCAN_GDN_GROUP_MIB"):
-        budget = int(os.environ["CHUNKSCAN_GDN_GROUP_MIB"]) << 20
+    if budget is None:
+        mib = env_int("CHUNKSCAN_GDN_GROUP_MIB", "gated_delta_rule",
+                      "a whole number of MiB such as 1024")  # fmt: skip
+        budget = None if mib is None else mib << 20
     if budget is None:
         budget = (64 if mx.default_device() == mx.cpu else 1024) << 20
     return max(1, budget // per_chunk)
