@@ -84,8 +84,12 @@ def gated_delta_rule(
 
     Causal also for non-finite input: a NaN or infinity in ``k``, ``v``, ``beta`` or
     ``g`` (``g = +inf`` or NaN; ``g = -inf`` is a valid hard reset) at token ``t`` makes
-    the outputs from ``t`` on and the final state NaN, as in the loop, but never the
-    outputs or gradients of earlier tokens; a non-finite ``q[t]`` makes ``o[t]`` NaN.
+    the head's outputs from ``t`` on (all its value channels, where the loop loses only
+    the channel of a NaN in ``v``) and its final state NaN, but never the outputs or
+    gradients of earlier tokens; a non-finite ``q[t]`` makes ``o[t]`` NaN. Not so for
+    finite input whose chunk products overflow float32 (a key of norm ~1e19, or
+    positive gates summing to more than ~88 within one chunk): the whole chunk reads
+    NaN, and through the backward the earlier chunks' gradients too.
 
     Args:
         q (array): Queries ``[B, T, Hk, Dk]``.
@@ -93,8 +97,10 @@ def gated_delta_rule(
         v (array): Values ``[B, T, Hv, Dv]``, ``Hv`` a multiple of ``Hk``.
         g (array): Log-decay ``[B, T, Hv]`` (the state is multiplied by ``exp(g)``:
             ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``). Usually ``<= 0``;
-            positive values (growth) are allowed and exact while the products stay in
-            float32 range. Or per key channel, ``[B, T, Hv, Dk]`` (Kimi Delta
+            positive values (growth) are allowed and exact while ``exp`` of their sum
+            over one chunk stays in float32 range (a sum below ~88; at 1.4 per token
+            and ``chunk_size=64`` every output is NaN, where the loop's stay finite).
+            Or per key channel, ``[B, T, Hv, Dk]`` (Kimi Delta
             Attention): ``S = S * exp(g[t])[None, :]`` scales the state's key columns.
             Every decay of the chunk form is then a product of exactly the factors
             ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
