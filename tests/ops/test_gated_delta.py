@@ -425,6 +425,10 @@ def test_oracle_checks_too():
         ValueError, match=re.escape("[naive_recurrent_gated_delta_rule] chunk_size")
     ):
         naive_recurrent_gated_delta_rule(q, k, v, g, beta, chunk_size=-1)
+    with pytest.raises(
+        TypeError, match=re.escape("[naive_recurrent_gated_delta_rule] kernels must be True")
+    ):
+        naive_recurrent_gated_delta_rule(q, k, v, g, beta, kernels="no")
 
 
 # -------------------------------------------------------------------- memory scaling

@@ -121,8 +121,9 @@ def gated_delta_rule(
             (``x / sqrt(sum(x**2) + 1e-6)``, differentiated). Default: ``False``.
         cu_seqlens (list of int or array, optional): Packed sequences: offsets
             ``[0, t1, ..., T]`` of ``N`` sequences concatenated along ``T`` in one row
-            (``B`` must be 1). The state restarts from ``initial_state[n]`` (or zeros)
-            at each start. Static: read once, not traced. Default: ``None``.
+            (``B`` must be 1; strictly increasing: no sequence is empty). The state
+            restarts from ``initial_state[n]`` (or zeros) at each start. Static: read
+            once, not traced. Default: ``None``.
         kernels (bool, optional): Use the CUDA kernels where they apply: the
             sequential passes, and for scalar gates with ``chunk_size`` 32 or 64 and
             head sizes that are multiples of 32 up to 128, every chunk-parallel stage

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..._backend import check_kernels
 from ._checks import check_inputs, empty_result
 
 L2_EPS = 1e-6
@@ -32,7 +33,7 @@ def naive_recurrent_gated_delta_rule(
     """The Gated DeltaNet recurrence, one token at a time, in float32.
 
     Same signature, shapes and conventions as :func:`chunkscan.gated_delta_rule`
-    (``chunk_size`` is checked and otherwise ignored, as is ``kernels``). Per value
+    (``chunk_size`` and ``kernels`` are checked as there and otherwise ignored). Per value
     head, with the state ``S`` of shape ``[Dv, Dk]``::
 
         S = exp(g_t) * S                  # g_t [Dk] (per channel): S * exp(g_t)[None, :]
@@ -41,6 +42,7 @@ def naive_recurrent_gated_delta_rule(
 
     Slow (``T`` sequential steps, autograd through every step); meant as the oracle.
     """
+    check_kernels("naive_recurrent_gated_delta_rule", kernels)
     spec = check_inputs(
         "naive_recurrent_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
         64 if chunk_size is None else chunk_size, cu_seqlens, normalize_qk=normalize_qk,
