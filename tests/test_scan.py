@@ -464,6 +464,11 @@ def test_error_xs_grad_structure():
         TypeError, match=re.escape("[scan] xs_grad must be a bool or a tree of bools")
     ):
         chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), xs_grad=(True, False))
+    xs = (mx.zeros((4, 3)), mx.zeros((4, 3)))
+    msg = ("but got [True, False] (list) for xs of 2 leaves (tuple: a tuple takes a tuple, "
+           "a list a list, a dict the same keys).")  # fmt: skip
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(lambda c, x: (c, None), mx.zeros(()), xs, xs_grad=[True, False])
 
 
 def test_error_axis_out_of_range():

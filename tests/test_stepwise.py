@@ -200,3 +200,12 @@ def test_y_dict_key_order_may_change_between_steps():
     x = mx.arange(4, dtype=mx.float32)
     _, ys = chunkscan.scan(chunkscan.stepwise(step), mx.zeros(()), x, chunk_size=4)
     assert mx.array_equal(ys["a"], x) and mx.array_equal(ys["b"], 2 * x)
+
+
+def test_error_y_without_the_axis_to_stack_on():
+    """A scalar y per step cannot stack on axis 1: a stepwise message, not MLX's
+    ``[stack] Axis 1 is out of bounds``."""
+    msg = "[stepwise] y has shape () at each step, so the steps cannot be stacked along axis 1"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.scan(chunkscan.stepwise(lambda c, x: (c, x.sum())), mx.zeros(()),
+                       mx.zeros((2, 4)), axis=1)  # fmt: skip

@@ -113,7 +113,7 @@ def scan(
     init_leaves, init_def = _tree.require_arrays("scan", "init", init)
     xs_leaves, xs_def = _tree.require_arrays("scan", "xs", xs)
     axes, length = _check_xs(xs_leaves, xs_def, axis)
-    grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def)
+    grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def, xs)
     _check_arity(f, params is not None)
     f = _on_scan_axis(f, axis, xs_leaves, xs_def)
 
@@ -425,7 +425,7 @@ def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[i
     return axes, lengths[0]
 
 
-def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple) -> list[bool]:
+def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple, xs: Any) -> list[bool]:
     if isinstance(xs_grad, bool):
         mask = [xs_grad] * len(leaves)
     else:
@@ -435,8 +435,10 @@ def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple) -> list[bool]:
         ):
             raise TypeError(
                 "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
-                f"but got {xs_grad!r}. Use e.g. xs_grad=False, or (True, False, True) for "
-                "xs=(q, k, v)."
+                f"but got {xs_grad!r} ({type(xs_grad).__name__}) for xs of "
+                f"{len(leaves)} leaves ({type(xs).__name__}: a tuple takes a tuple, a list a "
+                "list, a dict the same keys). Use e.g. xs_grad=False, or (True, False, True) "
+                "for xs=(q, k, v)."
             )
     # Integer and boolean leaves (token ids, masks) have no gradient: constants.
     return [m and mx.issubdtype(x.dtype, mx.inexact) for m, x in zip(mask, leaves)]

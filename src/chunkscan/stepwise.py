@@ -90,6 +90,15 @@ def stepwise(
             ys.append(y_leaves)
         if first is None:  # no steps: scan never passes an empty chunk
             return carry, None
+        y_names = _tree.paths(first[0], "y")
+        for name, spec in zip(y_names, first[1]):
+            if not -(len(spec.shape) + 1) <= time_axis <= len(spec.shape):
+                raise ValueError(
+                    f"[stepwise] {name} has shape {spec.shape} at each step, so the steps "
+                    f"cannot be stacked along axis {time_axis} (a stack of rank "
+                    f"{len(spec.shape) + 1}). Return a y with an axis {time_axis} to stack "
+                    "on, or scan along another axis."
+                )
         stacked = [mx.stack(list(parts), axis=time_axis) for parts in zip(*ys)]
         return carry, _tree.unflatten(first[0], stacked)
 
