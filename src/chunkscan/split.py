@@ -35,9 +35,9 @@ def check_chunk_size(
     ops, :func:`chunkscan.mlx_lm.patch`, ``chunkscan lora``).
 
     ``chunk_size`` must be an integer ``>= 1`` (a Python or NumPy int; a ``bool`` is not
-    an int here); ``None``
-    passes only where ``none`` says what it means (e.g. ``"for the automatic size"``).
-    ``example`` is the value the fix suggests. Returns ``chunk_size``.
+    an int here); ``None`` passes only where ``none`` says what it means (e.g. ``"for
+    the automatic size"``). ``example`` is the value the fix suggests. Returns
+    ``chunk_size`` as a Python int (or ``None``).
 
     Raises:
         TypeError: ``chunk_size`` is not an int (nor an allowed ``None``).
