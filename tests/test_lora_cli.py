@@ -4,6 +4,7 @@ alias --scan-chunk-size), a real run whose adapters load back, and --demo."""
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import types
 
@@ -218,6 +219,44 @@ def test_missing_model_path_is_reported_before_loading(tmp_path, no_load):
         lora.main(["--model", str(model), "--data", str(missing), "--train"])
     with pytest.raises(SystemExit, match=re.escape("chunkscan lora: nothing to do: pass --train")):
         lora.main(["--model", str(model), "--data", str(data)])
+
+
+def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_load):
+    """Found by probing the CLI: a missing -c file was a raw FileNotFoundError; a data
+    folder without train.jsonl (or test.jsonl for --test) was mlx-lm's error after the
+    model loaded; a quoted '~/...' model folder passed the check and reached mlx-lm
+    unexpanded (read as a repo id)."""
+    with pytest.raises(SystemExit, match=re.escape("chunkscan lora: -c nope.yaml: the config")):
+        lora.main(["-c", "nope.yaml", "--train"])
+    model = small_model(tmp_path / "my model")
+    empty = tmp_path / "empty data"
+    empty.mkdir()
+    msg = f"chunkscan lora: --data {empty} has no train.jsonl, which --train reads"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--model", str(model), "--data", str(empty), "--train"])
+    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    with pytest.raises(SystemExit, match=re.escape("has no test.jsonl, which --test reads")):
+        lora.main(["--model", str(model), "--data", str(data), "--test"])
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train"])
+    lora.check_args(args)
+    assert (args.model, args.data) == (str(model), str(data))
+
+
+@pytest.mark.parametrize("how", ["--dem", "yaml"])
+def test_demo_from_an_abbreviation_or_the_yaml_key(how, tmp_path, monkeypatch):
+    """argparse takes ``--dem`` for ``--demo`` and ``-c`` may say ``demo: true``; both
+    used to end in 'nothing to do' (main looked for the literal string)."""
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
+    argv = ["--dem"]
+    if how == "yaml":
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("demo: true\n")
+        argv = ["-c", str(cfg)]
+    assert lora.main([*argv, "--iters", "1"]) == 0
+    (args,) = ran
+    assert args.demo and args.train and pathlib.Path(args.model).name == "model"
 
 
 def test_uncached_repo_offline_is_reported(monkeypatch, no_load):

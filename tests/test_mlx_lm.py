@@ -244,6 +244,30 @@ def test_patch_handle_nested_and_idempotent():
     assert qwen3_next.gated_delta_update is STOCK
 
 
+def test_an_undone_handle_does_not_enter_again_and_a_decorator_patches_each_call():
+    """Re-entering a handle after its ``with`` block ran mlx-lm's own path silently
+    (found by probing the API); it raises now. ``@patch()`` crashed with Python's 'not
+    callable' and left the patch on; it now undoes itself and patches each call."""
+    handle = cmlx.patch(chunk_size=16, verify=False)
+    with handle:
+        assert handle.active
+    with pytest.raises(
+        RuntimeError, match=re.escape("[chunkscan.mlx_lm.patch] this handle is undone")
+    ):
+        with handle:
+            pass
+    assert qwen3_next.gated_delta_update is STOCK
+
+    @cmlx.patch(chunk_size=8, verify=False, attention=False)
+    def inside():
+        (live,) = cmlx._stack
+        return qwen3_next.gated_delta_update is cmlx.gated_delta_update, live.chunk_size
+
+    assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack  # not at decoration
+    assert inside() == (True, 8) and inside.__name__ == "inside"
+    assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack
+
+
 def test_bad_chunk_size():
     fn = "[chunkscan.mlx_lm.patch]"
     with pytest.raises(

@@ -69,11 +69,13 @@ values and gradients against the stock function.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import pathlib
 import threading
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -396,7 +398,11 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
 
 
 class Patch:
-    """A live :func:`patch`; also a context manager. ``undo()`` is idempotent."""
+    """A live :func:`patch`; also a context manager and a decorator. ``undo()`` is
+    idempotent. A handle applies once: entering it again after its ``with`` block (or
+    ``undo()``) raises, since it would run mlx-lm's own path with no sign of it. As a
+    decorator (``@patch()``) it undoes itself at once and patches each call of the
+    function instead, with the same options."""
 
     def __init__(
         self,
@@ -404,11 +410,13 @@ class Patch:
         families: tuple[str, ...],
         attention: bool = False,
         save_states: str | None = "groups",
+        verify: bool = True,
     ):
         self.chunk_size = chunk_size
         self.families = families
         self.attention = attention
         self.save_states = save_states
+        self.verify = verify
 
     @property
     def active(self) -> bool:
@@ -429,7 +437,30 @@ class Patch:
                 _saved.clear()
 
     def __enter__(self) -> Patch:
+        if not self.active:
+            raise RuntimeError(
+                f"[chunkscan.mlx_lm.patch] this handle is undone ({self!r}): its with block "
+                "ended or undo() was called, and a handle applies once. Call "
+                "chunkscan.mlx_lm.patch() again for each with block."
+            )
         return self
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``@patch(...)``: each call of ``fn`` runs patched (with these options)."""
+        if not callable(fn):
+            raise TypeError(
+                f"[chunkscan.mlx_lm.patch] a Patch decorates a function, not a {type(fn).__name__}."
+            )
+        self.undo()
+        options = dict(chunk_size=self.chunk_size, verify=self.verify,
+                       attention=self.attention, save_states=self.save_states)  # fmt: skip
+
+        @functools.wraps(fn)
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            with patch(**options):
+                return fn(*args, **kwargs)
+
+        return patched
 
     def __exit__(self, *exc: object) -> None:
         self.undo()
@@ -474,7 +505,8 @@ def patch(
             ``"groups"``.
 
     Returns:
-        Patch: a handle; ``handle.undo()`` or ``with patch(): ...`` restores mlx-lm.
+        Patch: a handle; ``handle.undo()`` or ``with patch(): ...`` restores mlx-lm;
+        ``@patch()`` on a function patches each of its calls.
 
     Raises:
         IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
@@ -509,7 +541,7 @@ def patch(
                 _saved[name] = getattr(module, _NAME)
                 setattr(module, _NAME, gated_delta_update)
         names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
-        handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states)
+        handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
         _stack.append(handle)
         _sync_attention()
         return handle

@@ -155,8 +155,14 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     lora = _mlx_lm_lora()
     args = vars(build_parser().parse_args(argv))
     if args.get("config"):
-        with open(args["config"]) as f:
-            config = lora.yaml.load(f, lora.yaml_loader) or {}
+        try:
+            with open(args["config"]) as f:
+                config = lora.yaml.load(f, lora.yaml_loader) or {}
+        except OSError as e:
+            raise SystemExit(
+                f"{PROG}: -c {args['config']}: the config file cannot be read "
+                f"({e.strerror or e}). Pass the path of a YAML file."
+            ) from None
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
             config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
@@ -293,14 +299,24 @@ def check_args(args: types.SimpleNamespace) -> None:
             "chunkscan lora: nothing to do: pass --train (finetune) and/or --test "
             "(evaluate), as with mlx_lm.lora; or --demo for an offline demo."
         )
-    _check_source("--model", args.model, "an MLX model folder", model=True)
+    args.model = _check_source("--model", args.model, "an MLX model folder", model=True)
     if not getattr(args, "hf_dataset", None):
-        _check_source("--data", args.data, "a data folder (train.jsonl, valid.jsonl)")
+        args.data = _check_source("--data", args.data, "a data folder (train.jsonl, valid.jsonl)")
+        data = pathlib.Path(args.data)
+        for wanted, split in ((args.train, "train"), (args.test, "test")):
+            if wanted and data.is_dir() and not (data / f"{split}.jsonl").is_file():
+                raise SystemExit(
+                    f"chunkscan lora: --data {args.data} has no {split}.jsonl, which "
+                    f"--{split} reads (mlx_lm.lora reads train.jsonl, valid.jsonl and "
+                    f"test.jsonl from the folder). Add it, or pass another folder."
+                )
 
 
-def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> None:
+def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
     """``value`` must be an existing folder (a model's with config.json) or a repo id
-    (``namespace/name``), and with ``HF_HUB_OFFLINE`` a model repo must be cached."""
+    (``namespace/name``), and with ``HF_HUB_OFFLINE`` a model repo must be cached.
+    Returns what to pass on: a folder with ``~`` expanded (mlx-lm would read an
+    unexpanded one as a repo id), else ``value``."""
     value = str(value)
     p = pathlib.Path(value).expanduser()
     if p.is_dir():
@@ -310,7 +326,7 @@ def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> No
                 f"{folder} (config.json, *.safetensors, tokenizer files) or a Hugging "
                 f"Face repo id."
             )
-        return
+        return str(p)
     if p.exists():
         raise SystemExit(f"chunkscan lora: {flag} {value} is a file; pass {folder}.")
     if not _REPO_ID.match(value) or value.startswith((".", "~")):
@@ -325,6 +341,7 @@ def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> No
             f"Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot be downloaded. "
             f"Unset HF_HUB_OFFLINE, or pass {folder} that exists."
         )
+    return value
 
 
 def _hub_errors() -> tuple[type[BaseException], ...]:
@@ -368,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if "--demo" not in argv:
-        args = resolve_args(argv)
+    args = resolve_args(argv)  # --demo (or an abbreviation, or demo: true in -c) decides
+    if not args.demo:
         check_args(args)
         try:
             run(args)
