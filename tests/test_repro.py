@@ -35,11 +35,14 @@ def test_repro_command_end_to_end(tmp_path):
     data = json.loads((out / "repro.json").read_text())
     assert len(data["rows"]) == 20 and all("peak_mib" in r for r in data["rows"])
     # Every non-plain row (T <= --check-max-T) was compared with plain autograd; the
-    # plain rows hold 0.0 by definition and say nothing. Measured: 0.0 on the CPU (the
-    # same float32 operations in the same order); 1e-6 is ~10 float32 epsilons.
+    # plain rows are the reference and carry no difference. Measured: 0.0 on the CPU
+    # (the same float32 operations in the same order); 1e-6 is ~10 float32 epsilons.
     compared = [r for r in data["rows"] if r["mode"] != "plain"]
     assert len(compared) == 16
     assert all(r["max_grad_diff"] <= 1e-6 for r in compared), compared
+    plain = [r for r in data["rows"] if r["mode"] == "plain"]
+    assert all(r["reference"] and "max_grad_diff" not in r for r in plain)
+    assert "| (reference) |" in proc.stdout and data["meta"]["modes"] == list(repro.MODES)
     pytest.importorskip("matplotlib", reason="the PNG needs the bench extra")
     assert (out / "repro.png").stat().st_size > 10_000
 
@@ -47,7 +50,7 @@ def test_repro_command_end_to_end(tmp_path):
 def test_gradient_comparison_can_fail(tmp_path):
     """measure() really compares: a wrong saved reference shows as a large difference."""
     config = dict(grads="qkv", T=16, H=1, D=8, chunk=4, ref_dir=str(tmp_path))
-    assert repro.measure("plain", **config)["max_grad_diff"] == 0.0  # saves the reference
+    assert repro.measure("plain", **config)["reference"]  # saves the reference
     assert repro.measure("cs.scan", **config)["max_grad_diff"] <= 1e-6
     (path,) = tmp_path.glob("*.npz")
     saved = mx.load(str(path))
@@ -120,6 +123,8 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
         "chunkscan repro: 1 of 2 configurations failed:\n"
         "  state plain T=8: exit -9: killed (out of memory?)"
     ) in err
-    assert len(json.loads((tmp_path / "repro.json").read_text())["rows"]) == 2
+    data = json.loads((tmp_path / "repro.json").read_text())
+    assert len(data["rows"]) == 2
+    assert (data["meta"]["modes"], data["meta"]["grads"]) == (["plain", "cs.scan"], ["state"])
     monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: fake(None, {"mode": "x"}))
     assert repro.main(argv + ["--out", str(tmp_path)]) == 0

@@ -58,10 +58,10 @@ def measure(
     if T > check_max_T:
         return out
     ref_path = os.path.join(ref_dir, f"{grads}-T{T}-H{H}-D{D}-s{seed}.npz") if ref_dir else None
-    if mode == "plain":
+    if mode == "plain":  # the reference itself: nothing to compare
         if ref_path:
             mx.savez(ref_path, *got)
-        out["max_grad_diff"] = 0.0
+        out["reference"] = True
         return out
     if ref_path and os.path.exists(ref_path):
         loaded = mx.load(ref_path)
@@ -206,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "D": args.D,
         "chunk": args.chunk,
         "compiled": args.compile,
-        "modes": MODES,
-        "grads": GRADS,
+        "modes": list(args.modes),
+        "grads": list(args.grads),
     }
     with open(os.path.join(args.out, "repro.json"), "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
@@ -248,7 +248,11 @@ def format_table(rows: list[dict], Ts: list[int]) -> str:
         mem = [_cell(by_T.get(T), "peak_mib", "{:.1f}") for T in Ts]
         sec = [_cell(by_T.get(T), "seconds", "{:.2f}") for T in Ts]
         diffs = [r.get("max_grad_diff") for r in by_T.values() if "max_grad_diff" in r]
-        diff = f"{max(diffs):.1e}" if diffs else "n/a"
+        if diffs:
+            diff = f"{max(diffs):.1e}"
+        else:
+            reference = any(r.get("reference") for r in by_T.values())
+            diff = "(reference)" if reference else "n/a"
         lines.append(f"| {grads} | {mode} | " + " | ".join(mem + sec) + f" | {diff} |")
     return "\n".join(lines)
 
