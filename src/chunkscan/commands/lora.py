@@ -204,7 +204,7 @@ class _PeakMemory:
         print(
             f"  iter {info['iteration']:>4}: loss {info['train_loss']:.3f}, "
             f"{info['tokens_per_second']:,.0f} tok/s, "
-            f"peak memory {mx.get_peak_memory() / MiB:,.0f} MiB",
+            f"process peak memory so far {mx.get_peak_memory() / MiB:,.0f} MiB",
             flush=True,
         )
         if self.inner is not None:
