@@ -474,15 +474,32 @@ def _group_size(
     return max(1, budget // per_chunk)
 
 
+# The non-finite checks run per group, forward and backward. Under mx.grad MLX runs the
+# groups' compiled functions as plain ops (no fusion), so on a GPU each elementwise op
+# is a launch of tens of microseconds: these use two ops where mx.isfinite takes six
+# (two Equal, NotEqual, two LogicalOr, LogicalNot) and mx.zeros(()) one more.
+
+
+def _finite_mask(x: mx.array) -> mx.array:
+    """``mx.isfinite(x)``: ``x - x`` is exactly 0 for every finite ``x`` and NaN for
+    NaN and +-inf."""
+    return (x - x) == 0
+
+
+def _gate_ok(g: mx.array) -> mx.array:
+    """True where the gate is read as given: finite or ``-inf`` (a reset); False for
+    NaN (every comparison with it is False) and ``+inf``."""
+    return g < math.inf
+
+
 def _finite(x: mx.array) -> mx.array:
     """``x`` with every non-finite value replaced by zero."""
-    return mx.where(mx.isfinite(x), x, mx.zeros((), dtype=x.dtype))
+    return mx.where(_finite_mask(x), x, 0.0)
 
 
 def _finite_gate(g: mx.array) -> mx.array:
     """``g`` with NaN and ``+inf`` replaced by zero (``-inf`` is a valid reset)."""
-    bad = mx.logical_or(mx.isnan(g), g == math.inf)
-    return mx.where(bad, mx.zeros((), dtype=g.dtype), g)
+    return mx.where(_gate_ok(g), g, 0.0)
 
 
 def _prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
@@ -624,8 +641,7 @@ def _input_layout(xs, d_q, d_k, d_v, d_g, d_beta) -> list[mx.array]:
     d_g = d_g.transpose((0, 3, 4, 1, 2, 5)[: d_g.ndim]).reshape(g.shape)
     d_beta = d_beta.transpose(0, 3, 4, 1, 2).reshape(beta.shape)
     read = (
-        mx.isfinite(q), mx.isfinite(k), mx.isfinite(v),
-        mx.logical_not(mx.logical_or(mx.isnan(g), g == math.inf)), mx.isfinite(beta),
+        _finite_mask(q), _finite_mask(k), _finite_mask(v), _gate_ok(g), _finite_mask(beta),
     )  # fmt: skip
     return [
         mx.where(ok, d, 0.0).astype(x.dtype)
@@ -647,12 +663,21 @@ def _compiled(fn):
     return _COMPILED[fn]
 
 
+@functools.cache
+def _triangle(C: int, offset: int) -> mx.array:
+    """``[C, C]`` bool, True where ``j - i <= offset`` (row ``i``, column ``j``). Built
+    from Python data once per shape (``mx.tril`` is four ops at every call, per group,
+    forward and backward); an array with data and no graph, so a compiled trace can
+    capture it as a constant."""
+    return mx.array([[j - i <= offset for j in range(C)] for i in range(C)], dtype=mx.bool_)
+
+
 def _causal(C: int) -> mx.array:
-    return mx.tril(mx.ones((C, C), dtype=mx.bool_))
+    return _triangle(C, 0)
 
 
 def _strict(C: int) -> mx.array:
-    return mx.tril(mx.ones((C, C), dtype=mx.bool_), k=-1)
+    return _triangle(C, -1)
 
 
 def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]:
@@ -677,13 +702,13 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
     # Boolean algebra through mx.logical_*, not | and ~: under mx.vmap with one operand
     # unmapped, MLX 0.32.4's bitwise_or / bitwise_and read garbage (all-False inputs
     # gave True), which turned whole outputs NaN; the logical ops are right.
-    g_bad = mx.logical_or(mx.isnan(g), g == math.inf)
+    g_bad = mx.logical_not(_gate_ok(g))
     if spec.channel:
         g_bad = mx.any(g_bad, axis=-1)
     state_bad = functools.reduce(mx.logical_or, (
-        per_value_head(mx.logical_not(mx.all(mx.isfinite(k), axis=-1))),
-        mx.logical_not(mx.all(mx.isfinite(v), axis=-1)),
-        mx.logical_not(mx.isfinite(beta)),
+        per_value_head(mx.logical_not(mx.all(_finite_mask(k), axis=-1))),
+        mx.logical_not(mx.all(_finite_mask(v), axis=-1)),
+        mx.logical_not(_finite_mask(beta)),
         g_bad,
     ))  # fmt: skip
     count = mx.cumsum(state_bad.astype(mx.int32), axis=1)  # [B, T, Hv]
@@ -696,7 +721,7 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
         seq_bad = mx.take(count, last, axis=1)[0] > 0
     else:
         seq_bad = count[:, -1] > 0
-    q_bad = per_value_head(mx.logical_not(mx.all(mx.isfinite(q), axis=-1)))
+    q_bad = per_value_head(mx.logical_not(mx.all(_finite_mask(q), axis=-1)))
     o_bad = mx.logical_or(count > 0, q_bad)
     return o_bad, seq_bad
 
@@ -822,7 +847,7 @@ def _mask_where(mask: mx.array, x: mx.array, fill: float) -> mx.array:
 
 def _later(m: int) -> mx.array:
     """``[J, I]``: ``I > J``."""
-    return mx.triu(mx.ones((m, m), dtype=mx.bool_), k=1)
+    return mx.logical_not(_triangle(m, 0))
 
 
 def _group_backward_channel(p: SimpleNamespace, xs, s, d_s, d_o) -> list[mx.array]:
