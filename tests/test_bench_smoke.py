@@ -66,3 +66,18 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     assert copy["kernel"] == "copy_kernel" and copy["stalls"] == {}
     for name in ("ncu_op", "ncu_summary"):
         sys.modules.pop(name, None)
+
+
+def test_op_count_reads_the_graph(tmp_path, monkeypatch):
+    """``bench/op_count.py`` builds the portable fwd+bwd graph and counts it: more
+    launches for two groups than for one, and the per-chunk addmm of each pass."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import op_count
+
+    out = tmp_path / "ops.json"
+    assert op_count.main(["--T", "256", "512", "--C", "128", "--group-mib", "80",
+                          "--json", str(out)]) == 0  # fmt: skip
+    one, two = json.loads(out.read_text())["rows"]
+    assert (one["groups"], two["groups"]) == (1, 2) and two["launches"] > one["launches"]
+    assert one["by_kind"]["AddMM"] == 2 * 2  # two chunks, forward and reverse pass
+    sys.modules.pop("op_count", None)
