@@ -84,6 +84,13 @@ def test_error_non_array_output():
         chunkscan.checkpoint(lambda x: (x, 1.0))(mx.zeros((2,)))
 
 
+def _chunk_loop(run, h, xs, w):
+    """``h`` after ``run(h, x_chunk, w)`` over ``xs`` in chunks of 2 steps."""
+    for x in chunkscan.split(xs, 2):
+        h = run(h, x, w)
+    return h
+
+
 def test_random_ops_draw_the_same_numbers_in_the_recomputation():
     """A dropout in the checkpointed function: its recomputation starts from the global
     key its forward started from (``chunkscan._random``), so the gradient is the plain
@@ -99,10 +106,7 @@ def test_random_ops_draw_the_same_numbers_in_the_recomputation():
         return h
 
     def loss(w, wrap):
-        h, run = mx.ones((4,)), wrap(chunk)
-        for x in chunkscan.split(xs, 2):
-            h = run(h, x, w)
-        return (h**2).sum()
+        return (_chunk_loop(wrap(chunk), mx.ones((4,)), xs, w) ** 2).sum()
 
     results = []
     for wrap in (lambda f: f, chunkscan.checkpoint):
@@ -110,7 +114,8 @@ def test_random_ops_draw_the_same_numbers_in_the_recomputation():
         value, grad = mx.value_and_grad(loss)(w, wrap)
         results.append((value, grad, mx.random.normal((2,))))
     (v0, g0, n0), (v1, g1, n1) = results
-    assert mx.allclose(v0, v1, rtol=1e-6).item() and mx.allclose(g0, g1, rtol=1e-5).item()
+    # Measured difference 0: the recomputation runs the forward's ops on the same masks.
+    assert mx.array_equal(v0, v1).item() and mx.array_equal(g0, g1).item()
     assert mx.array_equal(n0, n1).item()
 
 
@@ -127,10 +132,7 @@ def test_second_derivatives_match_plain_autograd():
         return h
 
     def loss(w, wrap):
-        h, run = mx.ones((3,)), wrap(chunk)
-        for x in chunkscan.split(xs, 2):
-            h = run(h, x, w)
-        return (h**3).sum()
+        return (_chunk_loop(wrap(chunk), mx.ones((3,)), xs, w) ** 3).sum()
 
     def second(wrap):
         return mx.grad(lambda w: (mx.grad(loss)(w, wrap) ** 2).sum())(w0)

@@ -207,6 +207,16 @@ class _Plan:
             return [[x] for x in leaves]
         return [slices_at(x, self.cuts, ax) for x, ax in zip(leaves, axes)]
 
+    def unstacked(self, blocks: list[mx.array]) -> list[list[mx.array]]:
+        """Per chunk ``1..n-1``, its carry leaves, from the stacked blocks the forward
+        returns (or from their cotangents)."""
+        n = self.n_init
+        out = []
+        for b, (lo, hi) in enumerate(self.saved_blocks):
+            stacked = blocks[b * n : (b + 1) * n]
+            out.extend([leaf[j] for leaf in stacked] for j in range(hi - lo))
+        return out
+
     def split_primals(self, primals: list) -> tuple[list, list, list]:
         n0, n1 = self.n_init, self.n_init + self.n_dx
         return primals[:n0], primals[n0:n1], primals[n1:]
@@ -276,11 +286,7 @@ class _Plan:
         n_init, n_dx, n_chunks = self.n_init, self.n_dx, len(self.bounds)
         n_ys = self.n_ys(len(outputs))
         init, diff_xs, p = self.split_primals(primals)
-        saved = outputs[n_init + n_ys :]
-        carries_in = [init]
-        for b, (lo, hi) in enumerate(self.saved_blocks):
-            stacked = saved[b * n_init : (b + 1) * n_init]
-            carries_in.extend([leaf[j] for leaf in stacked] for j in range(hi - lo))
+        carries_in = [init, *self.unstacked(outputs[n_init + n_ys :])]
         ct_carry = cotangents[:n_init]
         ct_ys = cotangents[n_init : n_init + n_ys]
         # The saved carries are outputs too: a gradient of this backward (a second
@@ -288,11 +294,7 @@ class _Plan:
         # In a first derivative they are MLX's zeros, and one block of them (about
         # sqrt(n) carries) is alive while its chunks are processed: at T = 2048, C = 16
         # in tests/test_memory.py's shape, 14.2 MiB peak against 13.3 without them.
-        ct_saved = {}
-        ct_blocks = cotangents[n_init + n_ys :]
-        for b, (lo, hi) in enumerate(self.saved_blocks):
-            stacked = ct_blocks[b * n_init : (b + 1) * n_init]
-            ct_saved.update({lo + j: [leaf[j] for leaf in stacked] for j in range(hi - lo)})
+        ct_saved = [None, *self.unstacked(cotangents[n_init + n_ys :])]
         ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys])
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
 
@@ -328,7 +330,7 @@ class _Plan:
                 )
             d_carry, d_x, d_p_i = self.split_primals(list(grads))
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
-            if i in ct_saved:
+            if i > 0:
                 d_carry = [a + b for a, b in zip(d_carry, ct_saved[i])]
             # Rule 3: the carry cotangent moves on only after this chunk's gradients.
             ct_carry = _ordering.cotangent_after_gradients(d_carry, d_x + d_p)

@@ -16,6 +16,7 @@ equivalent multi-output primitives in the wrong direction (``tape_order`` in
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import mlx.core as mx
@@ -59,6 +60,7 @@ def check_chunk_size(
     return int(chunk_size)
 
 
+@functools.cache
 def np_bool() -> type:
     """NumPy's bool scalar type where NumPy is installed (it is no ``numbers.Integral``
     but reads as an int to a careless check), else a type nothing is an instance of."""
