@@ -57,9 +57,14 @@ def scaled(value: float | None, unit: str, to: str) -> float | None:
     """``value`` in ``unit`` converted to ``to`` (time: us; memory: KiB)."""
     if value is None:
         return None
-    factors = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
-               "byte": 1 / 1024, "Kbyte": 1000 / 1024, "Mbyte": 1e6 / 1024}  # fmt: skip
-    return value * factors.get(unit, 1.0) if to else value
+    # ncu 2025.3 writes "ns" and "byte/block"; older releases spell them out
+    factors = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+               "msecond": 1e3, "s": 1e6, "second": 1e6, "byte": 1 / 1024,
+               "Kbyte": 1000 / 1024, "Mbyte": 1e6 / 1024}  # fmt: skip
+    unit = unit.split("/")[0]
+    if unit not in factors:
+        raise ValueError(f"ncu_summary: unknown unit {unit!r}; add it to scaled()")
+    return value * factors[unit]
 
 
 def summarise(row: dict[str, str], units: dict[str, str]) -> dict[str, object]:

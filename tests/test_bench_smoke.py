@@ -34,7 +34,8 @@ def test_gdn_phases_runs(gate, tmp_path, monkeypatch):
 def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys):
     """``bench/ncu_op.py`` runs the op off CUDA (nothing to bracket), and
     ``bench/ncu_summary.py`` turns a raw CSV of ncu's layout (its units row, thousands
-    separators, hashed kernel names, ``==PROF==`` lines) into one line per kernel name."""
+    separators, hashed kernel names, ``==PROF==`` lines) into one line per kernel name,
+    in microseconds and KiB; a unit it does not know is an error, not a silent 1x."""
     monkeypatch.syspath_prepend(str(BENCH))
     import ncu_op
     import ncu_summary
@@ -46,11 +47,11 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     head = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum",
             "launch__shared_mem_per_block_dynamic", stall.format("barrier"),
             stall.format("long_scoreboard")]  # fmt: skip
-    units = ["", "", "", "", "usecond", "Kbyte", "ratio", "ratio"]
+    units = ["", "", "", "", "ns", "byte/block", "ratio", "ratio"]  # ncu 2025.3.1's
     rows = [["0", "chunkscan_gdn_prepare_0123456789abcdef(float *)", "(64, 32, 1)",
-             "(256, 1, 1)", "1,200.5", "100", "3.5", "1.25"],
+             "(256, 1, 1)", "1,200,500", "102,400", "3.5", "1.25"],
             ["1", "chunkscan_gdn_prepare_fedcba9876543210(float *)", "(64, 32, 1)",
-             "(256, 1, 1)", "800", "100", "2", "4"],
+             "(256, 1, 1)", "800,000", "102,400", "2", "4"],
             ["2", "copy_kernel", "(8, 1, 1)", "(128, 1, 1)", "10", "0", "", ""]]  # fmt: skip
     lines = ["==PROF== Connected to process 1\n"]
     lines += [",".join(f'"{c}"' for c in r) + "\n" for r in [head, units, *rows]]
@@ -62,8 +63,11 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     assert prepare["kernel"] == "chunkscan_gdn_prepare" and prepare["launches"] == 2
     assert prepare["us"] == pytest.approx(2000.5)
     assert prepare["stalls"] == {"barrier": 3.5, "long_scoreboard": 1.25}  # the longest's
-    assert prepare["smem_kib"] == pytest.approx(100 * 1000 / 1024)
+    assert prepare["smem_kib"] == pytest.approx(100)
     assert copy["kernel"] == "copy_kernel" and copy["stalls"] == {}
+    assert copy["us"] == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="unknown unit 'furlong'"):
+        ncu_summary.scaled(1.0, "furlong", "us")
     for name in ("ncu_op", "ncu_summary"):
         sys.modules.pop(name, None)
 
