@@ -319,7 +319,9 @@ def test_emulated_mixed_input_dtypes(emulated):
 
 
 @needs_cxx
-@pytest.mark.parametrize("name, value", [("k", math.nan), ("g", math.inf), ("beta", math.nan)])
+@pytest.mark.parametrize(
+    "name, value", [("q", -math.inf), ("k", math.nan), ("g", math.inf), ("beta", math.nan)]
+)
 def test_emulated_non_finite_input_is_causal(emulated, name, value):
     """NaN where the per-step loop has it, nothing before: the kernels read non-finite
     inputs as zero and give them no gradient, as the batched ops do."""

@@ -625,7 +625,7 @@ _STATE_GRADS = r"""
 """
 
 # input_gradients: back through the preparation; dq, dk per value head (summed over
-# the G heads of a key head by the caller).
+# the G heads of a key head by the caller), zero where q or k is non-finite.
 _INPUT_GRADS = r"""
   CS_DYN_SMEM(sm);
   float* As = sm;             // [C][LDC4] a
@@ -789,8 +789,9 @@ _INPUT_GRADS = r"""
     csg::Tile<C, DK, NT, false, true> dq;
     dq.mm4<C>(csg::op<true>(DPs, LDC4), csg::op<false>(Ks, LDK4));
     dq.store([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
-             [&](int i, int d, float x, int, int) {
-               return x + scale * gma[i] * part(DQGp, DK, i, d);
+             [&](int i, int d, float x, int, int) {  // none for a non-finite q
+               const bool ok = isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
+               return ok ? x + scale * gma[i] * part(DQGp, DK, i, d) : 0.f;
              });
   }
   CS_MARK();  // 6: dq
@@ -801,8 +802,10 @@ _INPUT_GRADS = r"""
               csg::op<false>(Ks, LDK4));
     t2.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(Ws, LDK4));
     t1.store([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
-             [&](int i, int d, float x, int a, int bb) {
-               return x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i];
+             [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
+               const bool ok = isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
+               return ok ? x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i]
+                         : 0.f;
              });
   }
   CS_MARK();  // 7: dk
@@ -1035,8 +1038,8 @@ def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.arra
          _params(p.scale)],
         tmpl, B * Hv, n, 1, outs, C, Dk, Dv,
     )  # fmt: skip
-    dq = dq.sum(axis=4) if G > 1 else dq.squeeze(4)
-    dk = dk.sum(axis=4) if G > 1 else dk.squeeze(4)
-    dq = mx.where(mx.isfinite(q), dq, 0.0).astype(q.dtype)
-    dk = mx.where(mx.isfinite(k), dk, 0.0).astype(k.dtype)
+    # The kernel writes no gradient for a non-finite q or k (each of the G partial sums
+    # is zero there): summing over the G value heads and the cast are all that is left.
+    dq = (dq.sum(axis=4) if G > 1 else dq.squeeze(4)).astype(q.dtype)
+    dk = (dk.sum(axis=4) if G > 1 else dk.squeeze(4)).astype(k.dtype)
     return [dq, dk, dv, dg, dbeta]
