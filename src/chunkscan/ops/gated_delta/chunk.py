@@ -717,9 +717,11 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
         per_value_head(_bad_rows(k)), _bad_rows(v), (beta - beta) != 0, g_bad,
     ))  # fmt: skip
     # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here, of
-    # stride Hv) runs one thread per column, 0.66 ms at T = 16384 on an H200 (ncu, run
-    # 23), where the copy and a row scan take microseconds.
-    count = mx.cumsum(state_bad.astype(mx.int32).swapaxes(1, 2), axis=-1).swapaxes(1, 2)
+    # stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200 (ncu,
+    # runs 23 and 25; a transposed view alone still takes that path), where the copy and
+    # a row scan take 12 us (run 26).
+    bad_rows = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
+    count = mx.cumsum(bad_rows, axis=-1).swapaxes(1, 2)
     if spec.seqs is not None:
         # Count within each sequence: subtract the count before its first token.
         before = [lo for lo, hi in spec.seqs for _ in range(hi - lo)]
