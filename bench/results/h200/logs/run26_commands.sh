@@ -1,0 +1,5 @@
+# device call of session 7's third machine (committed as bench/results/h200/logs/run26_commands.sh),
+# on the working tree of 31e4b99 plus the one-line change committed next as 2e563eb (mx.contiguous
+# before the non-finite count's scan). CHUNKSCAN_COMMIT was not set, so the JSONs' meta.commit reads
+# the copied tree's stale git metadata (014b303+dirty): the code is 2e563eb's.
+source bench/device_setup.sh >/dev/null 2>&1; export CHUNKSCAN_CUDA_CACHE=/tmp/c_new; cd bench && timeout 100 ncu --profile-from-start off --clock-control none --csv --page raw --section SpeedOfLight --log-file $OUT/ncu_chunkscan_16k_sol_contig.csv python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1; python3 ncu_summary.py $OUT/ncu_chunkscan_16k_sol_contig.csv --by-name > $OUT/s.txt; head -14 $OUT/s.txt; grep -i scan $OUT/s.txt; G="python3 gdn_vs_fla.py --T 16384 --repeats 5 --impls chunkscan --chunk-sizes 64"; for m in compiled eager; do timeout 45 $G --modes $m --json $OUT/gdn_16k_${m}_contig_h200.json | grep -E "chunkscan|rror"; done
