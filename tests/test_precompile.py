@@ -72,12 +72,13 @@ class FakeCompiler:
     version = "0.0"
 
     def __init__(self, fail: bool = False):
-        self.fail, self.sources = fail, []
+        self.fail, self.sources, self.archs = fail, [], []
 
     def compile(self, source, arch, ptx=False):
         if self.fail:
             raise RuntimeError("NVRTC compile failed (status 6): nope")
         self.sources.append(source)
+        self.archs.append(arch)
         return b"binary:" + source.encode()
 
 
@@ -114,6 +115,11 @@ def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
     other = _kernel(fallbacks)  # a new process: the disk cache, no compile
     other(inputs=[x, y], **args)
     assert len(fake.sources) == 2 and launched[3]["name"] == call["name"]
+    # another architecture (a second, different GPU as the default device): its own
+    # build, not the cubin already held for sm_90
+    monkeypatch.setattr(_precompile, "device_arch", lambda: "80")
+    kernel(inputs=[x, y], **args)
+    assert fake.archs == ["90", "90", "80"]
     assert not fallbacks
 
 

@@ -272,13 +272,14 @@ class Kernel:
         self.shaped = shape_inputs(source, input_names)
 
     def binary(self, inputs, template, output_dtypes) -> tuple[str, bytes]:
-        """``(symbol, cubin)`` for a call's dtypes, ranks and template."""
-        spec = (tuple((x.dtype, x.ndim) for x in inputs), tuple(output_dtypes),
+        """``(symbol, cubin)`` for a call's dtypes, ranks and template on the default
+        device's architecture (a process may use GPUs of more than one)."""
+        arch = device_arch()
+        spec = (arch, tuple((x.dtype, x.ndim) for x in inputs), tuple(output_dtypes),
                 tuple((n, v) for n, v in template))  # fmt: skip
         hit = self._binaries.get(spec)
         if hit is None:
             nvrtc = compiler()
-            arch = device_arch()
             # The symbol carries a hash of the source: MLX caches modules by name.
             probe = build_source("SYMBOL", self.header, self.source,
                                  [(n, x.dtype, x.ndim) for n, x in zip(self.input_names, inputs)],
