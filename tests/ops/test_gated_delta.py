@@ -595,6 +595,25 @@ def test_non_finite_input_is_causal(name, value):
     assert max_rel(grads[5], grads_ref[5]) <= 1e-4
 
 
+@pytest.mark.parametrize("name, value", BAD_INPUTS, ids=[f"{n}={v}" for n, v in BAD_INPUTS])
+def test_non_finite_input_under_compile(name, value):
+    """The same NaN pattern when the caller compiles the call (as mlx-lm's trainer
+    compiles its step): the non-finite checks are ``x - x`` chains, which a compiler
+    allowed to assume finite math could fold to zero."""
+    T, t, C = 20, 10, 8
+    bad = _with_bad(make_inputs(1, T, 1, 2, 4, 3), name, value, t)
+
+    def f(*xs):
+        return gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=C)
+
+    o, s = f(*bad)
+    o_c, s_c = mx.compile(f)(*bad)
+    assert mx.array_equal(mx.isnan(o_c), mx.isnan(o)).item()
+    assert mx.array_equal(mx.isnan(s_c), mx.isnan(s)).item()
+    assert not mx.all(mx.isfinite(o)).item()
+    assert mx.array_equal(o_c, o, equal_nan=True).item()  # measured on CPU: identical
+
+
 def test_non_finite_input_stays_in_its_packed_sequence():
     cu = [0, 7, 20]
     inputs = make_inputs(1, 20, 1, 2, 4, 3, n_states=2)
