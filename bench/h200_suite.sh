@@ -60,13 +60,13 @@ if want ncu; then
   (cd bench
    timeout 150 $N --section SpeedOfLight --log-file "$OUT/ncu_chunkscan_16k_sol.csv" \
      python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -2
-   python3 ncu_summary.py "$OUT/ncu_chunkscan_16k_sol.csv" --by-name | head -30
+   python3 ncu_summary.py "$OUT/ncu_chunkscan_16k_sol.csv" --by-name --top 30
    timeout 150 $N $FULL --kernel-name regex:chunkscan_ --log-file "$OUT/ncu_chunkscan_4k_full.csv" \
      python3 ncu_op.py --impl chunkscan --T 4096 2>&1 | tail -2
    python3 ncu_summary.py "$OUT/ncu_chunkscan_4k_full.csv"
    timeout 280 $N $FULL --log-file "$OUT/ncu_fla_16k_full.csv" \
      python3 ncu_op.py --impl fla --T 16384 2>&1 | tail -2
-   python3 ncu_summary.py "$OUT/ncu_fla_16k_full.csv" --by-name | head -30)
+   python3 ncu_summary.py "$OUT/ncu_fla_16k_full.csv" --by-name --top 30)
 fi
 if want tune; then
   stage tune  # the chunk kernels' threads per block (NT) and state_grads' columns (TV)

@@ -1,6 +1,6 @@
 """One line per kernel (or per kernel name) from an Nsight Compute raw CSV.
 
-    python3 bench/ncu_summary.py out.csv [--by-name] [--json rows.json]
+    python3 bench/ncu_summary.py out.csv [--by-name] [--top N] [--json rows.json]
 
 ``out.csv``: ``ncu --csv --page raw ... --log-file out.csv`` (``bench/ncu_op.py``).
 Columns printed where the CSV holds them: time (``gpu__time_duration.sum``), grid and
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("csv")
     p.add_argument("--by-name", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--top", type=int, default=0, help="print the N longest rows only")
     args = p.parse_args(argv)
     raw, units = read_rows(args.csv)
     rows = [summarise(r, units) for r in raw]
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                      [("us", 9), ("%", 5), ("regs", 4), ("smemK", 6), ("occT", 5), ("occA", 5),
                       ("sm%", 5), ("mem%", 5), ("iss%", 5)])  # fmt: skip
     print(f"{'kernel':40s} {'n':>3s}  {head}  stalls (per issue)")
-    for r in rows:
+    shown = sorted(rows, key=lambda r: -(r["us"] or 0))[: args.top] if args.top else rows
+    for r in shown:
         pct = 100 * (r["us"] or 0) / total if total else 0
         cells = [fmt(r["us"], 9), fmt(pct, 5), fmt(r["regs"], 4, 0), fmt(r["smem_kib"], 6),
                  fmt(r["occ_theory"], 5), fmt(r["occ_achieved"], 5), fmt(r["sm_pct"], 5),

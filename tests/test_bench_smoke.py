@@ -66,6 +66,11 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     assert prepare["smem_kib"] == pytest.approx(100)
     assert copy["kernel"] == "copy_kernel" and copy["stalls"] == {}
     assert copy["us"] == pytest.approx(0.01)
+    capsys.readouterr()
+    assert ncu_summary.main([str(path), "--top", "1"]) == 0  # the longest launch only
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and printed[2].startswith("chunkscan_gdn_prepare")
+    assert "1200.5" in printed[2]
     with pytest.raises(ValueError, match="unknown unit 'furlong'"):
         ncu_summary.scaled(1.0, "furlong", "us")
     for name in ("ncu_op", "ncu_summary"):
