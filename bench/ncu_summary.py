@@ -53,8 +53,9 @@ def number(text: str | None) -> float | None:
         return None
 
 
-def scaled(value: float | None, unit: str, to: str) -> float | None:
-    """``value`` in ``unit`` converted to ``to`` (time: us; memory: KiB)."""
+def scaled(value: float | None, unit: str) -> float | None:
+    """``value`` in ``unit`` converted to this script's units: times to us, sizes to
+    KiB."""
     if value is None:
         return None
     # ncu 2025.3 writes "ns" and "byte/block"; older releases spell them out
@@ -76,10 +77,8 @@ def summarise(row: dict[str, str], units: dict[str, str]) -> dict[str, object]:
     }
     for key, metric in COLUMNS.items():
         val = number(row.get(metric))
-        if key == "us":
-            val = scaled(val, units.get(metric, ""), "us")
-        elif key == "smem_kib":
-            val = scaled(val, units.get(metric, ""), "kib")
+        if key in ("us", "smem_kib"):
+            val = scaled(val, units.get(metric, ""))
         out[key] = val
     stalls = []
     for metric, text in row.items():

@@ -72,7 +72,7 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     assert len(printed) == 3 and printed[2].startswith("chunkscan_gdn_prepare")
     assert "1200.5" in printed[2]
     with pytest.raises(ValueError, match="unknown unit 'furlong'"):
-        ncu_summary.scaled(1.0, "furlong", "us")
+        ncu_summary.scaled(1.0, "furlong")
     for name in ("ncu_op", "ncu_summary"):
         sys.modules.pop(name, None)
 
