@@ -68,6 +68,21 @@ if want ncu; then
      python3 ncu_op.py --impl fla --T 16384 2>&1 | tail -2
    python3 ncu_summary.py "$OUT/ncu_fla_16k_full.csv" --by-name --top 30)
 fi
+if want tc_pass; then
+  stage tc_pass  # the tensor-core state pass (CHUNKSCAN_PASS_TC=1, work in progress): its
+  # CUDA tests, the pass beside the FMA kernel, then the op at 16384 with it
+  CHUNKSCAN_PASS_TC=1 MLX_ENABLE_TF32=0 timeout 150 python3 -m pytest -q -s -p no:cacheprovider \
+    -rs tests/ops/test_gated_delta_passes.py -k cuda 2>&1 | tee "$OUT/tests_h200_tc_pass.txt" | tail -3
+  for tc in 0 1; do
+    CHUNKSCAN_PASS_TC=$tc timeout 60 python3 bench/state_pass.py --n 256 --tr 16 --runs 7 \
+      --skip-portable-above 0 --out "$OUT/state_pass_tc${tc}_h200.json" 2>&1 | grep "^| kernel"
+  done
+  for m in compiled eager; do
+    (cd bench && CHUNKSCAN_PASS_TC=1 timeout 45 python3 gdn_vs_fla.py --T 16384 --repeats 5 \
+      --impls chunkscan --chunk-sizes 64 --modes $m --json "$OUT/gdn_16k_${m}_tc_h200.json") \
+      | grep -E "chunkscan|rror"
+  done
+fi
 if want tune; then
   stage tune  # the chunk kernels' threads per block (NT) and state_grads' columns (TV)
   for C in 64 32; do

@@ -93,8 +93,9 @@ def kernels():
     from chunkscan.ops.gated_delta import _pass_cuda as sp
 
     out = []
-    passes = [(64, 128, 128, True, False), (128, 128, 128, False, True),
-              (16, 32, 32, True, True), (128, 256, 32, True, False)]  # fmt: skip
+    passes = [(64, 128, 128, True, False), (64, 128, 128, False, False),
+              (128, 128, 128, False, True), (16, 32, 32, True, True),
+              (128, 256, 32, True, False)]  # fmt: skip
     for C, Dk, R, has_e, channel in passes:
         cfg = sp.choose_config(C, Dk, R, has_e, L=32)
         t = sp.template(cfg, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
@@ -103,6 +104,12 @@ def kernels():
         outs = [(n, "float32") for n in sp._OUTPUTS]
         label = f"state_pass C={C} Dk={Dk} R={R} E={has_e} channel={channel}"
         out.append((label, "chunkscan_state_pass", sp._HEADER, sp._SOURCE, ins, outs, t))
+        tc = None if channel else sp.choose_tc_config(C, Dk, R, has_e, False)
+        if tc is not None:  # the tensor-core kernel (work in progress)
+            t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
+                               reverse=not has_e)  # fmt: skip
+            out.append((label.replace("state_pass", "state_pass_tc"), "chunkscan_state_pass_tc",
+                        sp._HEADER_TC, sp._SOURCE_TC, ins, outs, t))  # fmt: skip
     for D, Dv, causal, dt in ((256, 256, True, "bfloat16"), (64, 128, False, "float16"),
                               (128, 64, True, "bfloat16"), (64, 256, True, "float16")):  # fmt: skip
         spec = Spec(1, 16, 2, 1000, 1000, D, Dv, 0.06, "causal" if causal else "none", None,

@@ -15,7 +15,9 @@ Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDi
 has a barrier of its own), dynamic shared memory (``extern __shared__ T name[];`` or
 ``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments used through ``fill_fragment``,
 ``load_matrix_sync``, ``mma_sync`` and ``store_matrix_sync`` (every lane holds the whole
-tile), ``uint4`` / ``float4`` copies, float math from ``<cmath>``, ``__int_as_float``,
+tile; ``precision::tf32`` fragments, whose operands lose all but 10 mantissa bits in
+``mma_sync``, and ``__float_to_tf32``), ``uint4`` / ``float4`` copies, float math from
+``<cmath>``, ``__int_as_float``,
 ``__nv_bfloat16`` / ``__half`` storage with float conversions, and input dtypes
 float32, bfloat16, float16, int32 and bool.
 
@@ -139,6 +141,18 @@ inline int __syncthreads_or(int pred) {
 // act on all of it, so any code that uses fragments only through these calls (and
 // fill_fragment) computes what the tensor cores would, in float32 order.
 namespace nvcuda { namespace wmma {
+namespace precision { struct tf32 {}; }
+// float -> tf32 (10 mantissa bits kept), to nearest with ties away from zero, as
+// cvt.rna.tf32.f32 does; the tensor cores then read the value as it is
+inline float __float_to_tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
 struct row_major {}; struct col_major {};
 struct matrix_a {}; struct matrix_b {}; struct accumulator {};
 enum layout_t { mem_row_major, mem_col_major };
@@ -182,11 +196,23 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
                      const fragment<matrix_a, M, N, K, TA, LA>& a,
                      const fragment<matrix_b, M, N, K, TB, LB>& b,
                      const fragment<accumulator, M, N, K, T>& c) {
+  // tf32 operands: the tensor cores read 10 mantissa bits and drop the rest (a value
+  // not passed through __float_to_tf32 is truncated, as on the device)
+  auto tf = [](float x, bool on) {
+    if (!on || !std::isfinite(x)) return x;
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u &= 0xffffe000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  constexpr bool ta = std::is_same_v<TA, precision::tf32>, tb = std::is_same_v<TB, precision::tf32>;
   float out[M * N];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       float s = c.x[i * N + j];
-      for (int k = 0; k < K; ++k) s = std::fma(a.x[i * K + k], b.x[k * N + j], s);
+      for (int k = 0; k < K; ++k)
+        s = std::fma(tf(a.x[i * K + k], ta), tf(b.x[k * N + j], tb), s);
       out[i * N + j] = s;
     }
   for (int e = 0; e < M * N; ++e) d.x[e] = out[e];

@@ -301,6 +301,34 @@ def test_emulated_state_pass(shape, case, channel, monkeypatch):
     assert err < 2e-5, err
 
 
+TC_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, None), (CUDA_SHAPES[1], 3, None),
+                    (CUDA_SHAPES[2], 3, None), (CUDA_SHAPES[2], 1, 16)]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+@pytest.mark.parametrize(
+    "shape,case,cp", TC_EMULATED_RUNS,
+    ids=[f"L{sh[0]}-C{sh[2]}-Dk{sh[4]}-case{c}-cp{cp}" for sh, c, cp in TC_EMULATED_RUNS],
+)  # fmt: skip
+def test_emulated_tc_state_pass(shape, case, cp, monkeypatch):
+    """The tensor-core kernel (CHUNKSCAN_PASS_TC=1, work in progress) run on the CPU
+    (wmma fragments emulated, tf32 rounding included) against the float64 loop, under
+    the FMA kernel's bound; ``cp``: rows per staged piece (16 at C = 32: two pieces)."""
+    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
+    if cp:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_CP", str(cp))
+    args, kw = _kernel_case(shape, case, False, monkeypatch)
+    L, n, C, R, Dk, _ = shape
+    cfg = _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False)
+    assert cfg is not None and (cp is None or cfg.CP == cp)
+    got = _np(_pass_cuda.state_pass(*args, **kw))
+    err = _max_err(got, reference_pass(*args, **kw))
+    print(f"tc kernel-ref {err:.2e}")
+    assert len(got[2]) == len(kw["stores"])
+    assert err < 2e-5, err
+
+
 def test_per_channel_decay_reaches_the_kernel(monkeypatch):
     """Where the kernel is used, a per-channel decay ``[L, n, Dk]`` goes to it too (the
     CHANNEL template), unchanged; the values are checked by test_cuda_state_pass."""

@@ -38,6 +38,7 @@ per piece ``CP`` when it does not fit).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -309,6 +310,276 @@ _SOURCE = r"""
 """
 
 
+# The same pass on tensor cores (work in progress, off by default: CHUNKSCAN_PASS_TC=1).
+# Each block keeps its X tile [TR, DK] in wmma accumulators (warp w owns columns
+# 16 w*JT .. of both 16-row tiles) and stages F, G, E as the FMA kernel does. The
+# products are 3xTF32 (x = big + small, both tf32; big*big + big*small + small*big):
+# float32 accuracy at three tensor-core products per tile. Scalar decay only.
+_HEADER_TC_OWN = r"""
+#include <mma.h>
+using namespace nvcuda;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> cs_acc;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> cs_a_row;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> cs_a_col;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> cs_b_row;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> cs_b_col;
+template <class Frag>
+__device__ __forceinline__ void cs_split(Frag& big, Frag& small) {
+#pragma unroll
+  for (int e = 0; e < big.num_elements; ++e) {
+    const float x = big.x[e];
+    const float b = wmma::__float_to_tf32(x);
+    big.x[e] = b;
+    small.x[e] = wmma::__float_to_tf32(x - b);
+  }
+}
+template <class A, class B>
+__device__ __forceinline__ void cs_mma3(cs_acc& d, const A& a, const A& as, const B& b,
+                                        const B& bs) {
+  wmma::mma_sync(d, as, b, d);
+  wmma::mma_sync(d, a, bs, d);
+  wmma::mma_sync(d, a, b, d);
+}
+"""
+_HEADER_TC = _HEADER + _HEADER_TC_OWN
+
+# Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE.
+_SOURCE_TC = r"""
+  constexpr int NP = C / CP;
+  constexpr int XSTR = DK + 4, FSTR = DK + 4, GSTR = DK + 8, ESTR = TR + 4, VSTR = TR + 4;
+  constexpr int NW = NT / 32;             // warps
+  constexpr int MT = TR / 16;             // 16-row tiles of X
+  constexpr int T1 = (CP / 16) * MT;      // phase-1 output tiles [16 rows i, 16 rows r]
+  constexpr int BUF = CP * FSTR + CP * GSTR + (HAS_E ? CP * ESTR : 0);
+  static_assert(TR % 16 == 0 && CP % 16 == 0 && C % CP == 0, "16-row tiles");
+  static_assert(DK == 16 * NW * JT, "each warp owns JT column tiles of X");
+  static_assert(R % TR == 0, "row tiles");
+
+  extern __shared__ float4 cs_smem4[];
+  float* smem = reinterpret_cast<float*>(cs_smem4);
+  float* xs = smem;                       // [TR][XSTR] X at the chunk start
+  float* bufs = xs + TR * XSTR;           // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
+  float* vs = bufs + 2 * BUF;             // [CP][VSTR] V
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int r0 = blockIdx.x * TR;
+  const int lane = blockIdx.y;
+  const int L = gridDim.y;
+  const int n = decay_shape[1];
+  const int NS = n * NP;
+  const size_t RD = static_cast<size_t>(R) * DK;
+
+  cs_acc xr[MT][JT];
+  cs_acc acc[MT][JT];
+  auto col = [&](int q) { return 16 * (warp * JT + q); };
+  auto load_x = [&](const float* src) {  // X tile from a [R, DK] row-major state
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < JT; ++q)
+        wmma::load_matrix_sync(xr[m][q], src + static_cast<size_t>(r0 + 16 * m) * DK + col(q),
+                               DK, wmma::mem_row_major);
+  };
+  auto store_x = [&](float* dst, unsigned ld) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < JT; ++q)
+        wmma::store_matrix_sync(dst + static_cast<size_t>(16 * m) * ld + col(q), xr[m][q], ld,
+                                wmma::mem_row_major);
+  };
+
+  if constexpr (HAS_X) {
+    load_x(xin + lane * RD);
+  } else {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < JT; ++q) wmma::fill_fragment(xr[m][q], 0.f);
+  }
+
+  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
+  auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    float* fs = bufs + (s & 1) * BUF;
+    float* gs = fs + CP * FSTR;
+    const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
+    const float* fsrc = Fm + row0 * DK;
+    const float* gsrc = Gm + row0 * DK;
+    constexpr int V4 = DK / 4;
+    for (int e = tid; e < CP * V4; e += NT) {
+      const int row = e / V4;
+      const int cc = 4 * (e % V4);
+      cs_cp_async16(fs + row * FSTR + cc, fsrc + row * DK + cc);
+      cs_cp_async16(gs + row * GSTR + cc, gsrc + row * DK + cc);
+    }
+    if constexpr (HAS_E) {
+      float* es = gs + CP * GSTR;
+      const float* esrc = Em + row0 * R + r0;
+      constexpr int T4 = TR / 4;
+      for (int e = tid; e < CP * T4; e += NT) {
+        const int row = e / T4;
+        const int cc = 4 * (e % T4);
+        cs_cp_async16(es + row * ESTR + cc, esrc + static_cast<size_t>(row) * R + cc);
+      }
+    }
+    cs_cp_async_commit();
+  };
+
+  stage(0);
+  for (int s = 0; s < NS; ++s) {
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
+    if (p == 0) {
+      // Chunk start: load, write entering[c] and X to shared memory, start acc.
+      const int ld = loads[c];
+      if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
+      store_x(entering + tile + static_cast<size_t>(r0) * DK, DK);
+      store_x(xs, XSTR);
+      const float d = decay[static_cast<size_t>(lane) * n + c];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int q = 0; q < JT; ++q)
+#pragma unroll
+          for (int e = 0; e < acc[m][q].num_elements; ++e) acc[m][q].x[e] = d * xr[m][q].x[e];
+    }
+    cs_cp_async_wait_all();
+    __syncthreads();  // step s staged; xs written; step s-1 done with its buffer and vs
+    if (s + 1 < NS) stage(s + 1);
+
+    const float* fs = bufs + (s & 1) * BUF;
+    const float* gs = fs + CP * FSTR;
+
+    // Phase 1: V[i, r] = E[i, r] - F[i, :] . X[r, :], one 16 x 16 tile per warp at a time
+    for (int t = warp; t < T1; t += NW) {
+      const int i = t / MT, m = t % MT;
+      cs_acc v, fx;
+      if constexpr (HAS_E) {
+        wmma::load_matrix_sync(v, gs + CP * GSTR + 16 * i * ESTR + 16 * m, ESTR,
+                               wmma::mem_row_major);
+      } else {
+        wmma::fill_fragment(v, 0.f);
+      }
+      wmma::fill_fragment(fx, 0.f);
+#pragma unroll 4
+      for (int k = 0; k < DK; k += 8) {
+        cs_a_row a, as;
+        cs_b_col b, bs;
+        wmma::load_matrix_sync(a, fs + 16 * i * FSTR + k, FSTR);
+        wmma::load_matrix_sync(b, xs + 16 * m * XSTR + k, XSTR);
+        cs_split(a, as);
+        cs_split(b, bs);
+        cs_mma3(fx, a, as, b, bs);
+      }
+#pragma unroll
+      for (int e = 0; e < v.num_elements; ++e) v.x[e] -= fx.x[e];
+      wmma::store_matrix_sync(vs + 16 * i * VSTR + 16 * m, v, VSTR, wmma::mem_row_major);
+    }
+    __syncthreads();  // vs complete
+
+    // Phase 2: acc[r, j] += sum_i V[i, r] G[i, j]
+#pragma unroll 2
+    for (int k = 0; k < CP; k += 8) {
+      cs_b_row b[JT], bs[JT];
+#pragma unroll
+      for (int q = 0; q < JT; ++q) {
+        wmma::load_matrix_sync(b[q], gs + k * GSTR + col(q), GSTR);
+        cs_split(b[q], bs[q]);
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        cs_a_col a, as;
+        wmma::load_matrix_sync(a, vs + k * VSTR + 16 * m, VSTR);
+        cs_split(a, as);
+#pragma unroll
+        for (int q = 0; q < JT; ++q) cs_mma3(acc[m][q], a, as, b[q], bs[q]);
+      }
+    }
+
+    if (p == NP - 1) {
+      // Chunk end: X = acc + H; store if asked.
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int q = 0; q < JT; ++q) {
+          if constexpr (HAS_H) {
+            cs_acc h;
+            wmma::load_matrix_sync(h, Hm + tile + static_cast<size_t>(r0 + 16 * m) * DK + col(q),
+                                   DK, wmma::mem_row_major);
+#pragma unroll
+            for (int e = 0; e < h.num_elements; ++e) xr[m][q].x[e] = acc[m][q].x[e] + h.x[e];
+          } else {
+#pragma unroll
+            for (int e = 0; e < acc[m][q].num_elements; ++e) xr[m][q].x[e] = acc[m][q].x[e];
+          }
+        }
+      const int st = stores[c];
+      if (st >= 0) store_x(stored + (static_cast<size_t>(st) * L + lane) * RD + r0 * DK, DK);
+    }
+  }
+  store_x(xout + lane * RD + static_cast<size_t>(r0) * DK, DK);
+"""
+
+
+@dataclass(frozen=True)
+class TcConfig:
+    """One tiling of the tensor-core kernel."""
+
+    TR: int  # rows of X per block (16 or 32)
+    NT: int  # threads per block: 32 * DK / (16 * JT)
+    CP: int  # rows of F/E/G per staged piece (a multiple of 16)
+    JT: int  # 16-column tiles of X per warp
+    smem: int  # dynamic shared memory, bytes
+
+
+def tc_enabled() -> bool:
+    """``CHUNKSCAN_PASS_TC=1``: the tensor-core kernel where it takes the shape (work in
+    progress: not yet run on a GPU, so off by default)."""
+    return os.environ.get("CHUNKSCAN_PASS_TC", "0") == "1"
+
+
+def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool) -> int:
+    buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 4) if has_e else 0)
+    return 4 * (TR * (Dk + 4) + 2 * buf + CP * (TR + 4))
+
+
+def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcConfig | None:
+    """The tensor-core tiling for a shape, or ``None`` (scalar decay; C, R, Dk multiples
+    of 16; at most 16 warps; shared memory within the device's per-block limit)."""
+    if channel or C % 16 or R % 16 or Dk % 16 or not 16 <= Dk <= 256:
+        return None
+    JT = 1 if Dk <= 128 else 2
+    NT = 32 * Dk // (16 * JT)
+    TR = 32 if R % 32 == 0 else 16
+    limit = cuda_limits().smem_per_block
+    forced = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
+    for CP in _divisors_desc(C):
+        if CP % 16 or (forced and CP != forced):
+            continue
+        sm = tc_smem_bytes(Dk, TR, CP, has_e)
+        if sm <= limit:
+            return TcConfig(TR, NT, CP, JT, sm)
+    return None
+
+
+def tc_template(cfg: TcConfig, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool,
+                has_h: bool, reverse: bool) -> list[tuple[str, object]]:  # fmt: skip
+    return [("C", C), ("DK", Dk), ("R", R), ("TR", cfg.TR), ("NT", cfg.NT), ("CP", cfg.CP),
+            ("JT", cfg.JT), ("HAS_X", bool(has_x)), ("HAS_E", bool(has_e)),
+            ("HAS_H", bool(has_h)), ("REVERSE", bool(reverse))]  # fmt: skip
+
+
+def _tc_kernel(smem: int):
+    return cuda_kernel(
+        "state_pass_tc", "chunkscan_state_pass_tc", _INPUTS, _OUTPUTS, _SOURCE_TC, _HEADER_TC,
+        smem,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Config:
     """One tiling of the kernel (all template ints but the problem sizes)."""
@@ -520,8 +791,10 @@ def state_pass(
             f"[state_pass] x_in may be None only when the first processed chunk loads, "
             f"but chunk {first} has no entry in loads={loads}. Fix: pass x_in."
         )
+    channel = decay.ndim == 3
+    tc = choose_tc_config(C, Dk, R, E is not None, channel) if tc_enabled() else None
     cfg = choose_config(C, Dk, R, E is not None, L=L)
-    if cfg is None:
+    if cfg is None and tc is None:
         from ._passes import portable_state_pass
 
         return portable_state_pass(
@@ -545,22 +818,18 @@ def state_pass(
         mx.array(load_idx, dtype=mx.int32),
         mx.array(store_idx, dtype=mx.int32),
     ]
-    tmpl = template(
-        cfg,
-        C,
-        Dk,
-        R,
-        has_x=x_in is not None,
-        has_e=E is not None,
-        has_h=H is not None,
-        reverse=reverse,
-        channel=decay.ndim == 3,
-    )
-    entering, x_out, stored = _kernel(cfg.smem)(
+    flags = dict(has_x=x_in is not None, has_e=E is not None, has_h=H is not None,
+                 reverse=reverse)  # fmt: skip
+    if tc is not None:
+        kernel, tmpl, NT, TR = _tc_kernel(tc.smem), tc_template(tc, C, Dk, R, **flags), tc.NT, tc.TR
+    else:
+        tmpl = template(cfg, C, Dk, R, channel=channel, **flags)
+        kernel, NT, TR = _kernel(cfg.smem), cfg.NT, cfg.TR
+    entering, x_out, stored = kernel(
         inputs=inputs,
         template=tmpl,
-        grid=(cfg.NT * (R // cfg.TR), L, 1),
-        threadgroup=(cfg.NT, 1, 1),
+        grid=(NT * (R // TR), L, 1),
+        threadgroup=(NT, 1, 1),
         output_shapes=[(L, n, R, Dk), (L, R, Dk), (max(S, 1), L, R, Dk)],
         output_dtypes=[F32, F32, F32],
     )
