@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -102,16 +101,6 @@ def _accuracy(args, reverse: bool) -> dict[str, float]:
     return out
 
 
-def _git_commit() -> str | None:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(
-            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except Exception:
-        return None
-
-
 def _device() -> dict[str, Any]:
     info: dict[str, Any] = {"default_device": str(mx.default_device())}
     try:
@@ -166,6 +155,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for tr in args.tr:
             os.environ["CHUNKSCAN_PASS_TR"] = str(tr)
             cfg = _pass_cuda.choose_config(args.C, args.Dk, args.R, not reverse, L=args.L)
+            if _pass_cuda.tc_enabled():  # CHUNKSCAN_PASS_TC=1: the tensor-core kernel's tiling
+                cfg = (
+                    _pass_cuda.choose_tc_config(args.C, args.Dk, args.R, not reverse, False) or cfg
+                )
             try:
                 acc = _accuracy(args, reverse)
                 accuracy.append({"direction": direction, "tr": tr, "n": args.check_n, **acc})
@@ -200,7 +193,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "direction": direction,
                         "n": n,
                         "tr": tr if impl == "kernel" else None,
-                        "config": cfg.__dict__ if (impl == "kernel" and cfg) else None,
+                        "config": (
+                            {"kernel": type(cfg).__name__, **cfg.__dict__}
+                            if (impl == "kernel" and cfg)
+                            else None
+                        ),
                         "first_ms": 1e3 * first,
                         "ms": 1e3 * statistics.median(times),
                         "min_ms": 1e3 * min(times),
@@ -240,16 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print()
     print(table(result["rows"]))
+    from _common import meta as provenance  # bench/ is this script's sys.path[0]
+
+    # argv, commit (CHUNKSCAN_COMMIT where the tree is a copy), date, versions, and the
+    # CHUNKSCAN_* / MLX_* variables set (CHUNKSCAN_PASS_TC picks the kernel)
     meta = {
-        "argv": sys.argv,
-        "git_commit": _git_commit(),
-        "device": _device(),
-        "versions": {
-            "mlx": mx.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        },
-        "env": {k: os.environ.get(k) for k in ("MLX_ENABLE_TF32", "CHUNKSCAN_PASS_SMEM_KB")},
+        **provenance(),
+        "device_info": _device(),
         "shape": {"L": args.L, "R": args.R, "Dk": args.Dk, "C": args.C},
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -140,6 +140,9 @@ inline int __syncthreads_or(int pred) {
 // nvcuda::wmma: every lane holds the whole tile (as float); load, store and mma_sync
 // act on all of it, so any code that uses fragments only through these calls (and
 // fill_fragment) computes what the tensor cores would, in float32 order.
+#ifndef CS_TC_BITS
+#define CS_TC_BITS 23  // significand bits the tensor cores keep when they align the terms
+#endif
 namespace nvcuda { namespace wmma {
 namespace precision { struct tf32 {}; }
 // float -> tf32 (10 mantissa bits kept), to nearest with ties away from zero, as
@@ -207,13 +210,31 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
     return x;
   };
   constexpr bool ta = std::is_same_v<TA, precision::tf32>, tb = std::is_same_v<TB, precision::tf32>;
+  // The float32 accumulation as the tensor cores do it (Fasi, Higham, Mikaitis and
+  // Pranesh, "Numerical behavior of NVIDIA tensor cores", 2021): the K products are
+  // exact, the K + 1 terms (c included) are aligned to the largest one with the bits
+  // below its 24-bit significand cut off (no rounding bits), and the sum is truncated
+  // to float32. So each mma_sync errs by up to ~K + 1 units in the last place of its
+  // largest term, always toward zero, where a chain of fmaf would round to nearest.
   float out[M * N];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
-      float s = c.x[i * N + j];
-      for (int k = 0; k < K; ++k)
-        s = std::fma(tf(a.x[i * K + k], ta), tf(b.x[k * N + j], tb), s);
-      out[i * N + j] = s;
+      double t[K + 1], big = std::fabs(double(c.x[i * N + j]));
+      t[K] = c.x[i * N + j];
+      for (int k = 0; k < K; ++k) {
+        t[k] = double(tf(a.x[i * K + k], ta)) * double(tf(b.x[k * N + j], tb));
+        big = std::fmax(big, std::fabs(t[k]));
+      }
+      double s = 0.0;
+      if (big == 0.0 || !std::isfinite(big)) {
+        for (int k = 0; k <= K; ++k) s += t[k];
+      } else {
+        const double ulp = std::ldexp(1.0, std::ilogb(big) + 1 - CS_TC_BITS);
+        for (int k = 0; k <= K; ++k) s += std::trunc(t[k] / ulp) * ulp;
+      }
+      float f = float(s);  // to nearest; then toward zero
+      if (std::isfinite(f) && std::fabs(double(f)) > std::fabs(s)) f = std::nextafter(f, 0.f);
+      out[i * N + j] = f;
     }
   for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
 }
