@@ -16,7 +16,8 @@ has a barrier of its own), dynamic shared memory (``extern __shared__ T name[];`
 ``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments used through ``fill_fragment``,
 ``load_matrix_sync``, ``mma_sync`` and ``store_matrix_sync`` (every lane holds the whole
 tile; ``precision::tf32`` fragments, whose operands lose all but 10 mantissa bits in
-``mma_sync``, and ``__float_to_tf32``), ``uint4`` / ``float4`` copies, float math from
+``mma_sync``, summed as the H200's tensor cores sum them, bit for bit, and
+``__float_to_tf32``), ``uint4`` / ``float4`` copies, float math from
 ``<cmath>``, ``__int_as_float``,
 ``__nv_bfloat16`` / ``__half`` storage with float conversions, and input dtypes
 float32, bfloat16, float16, int32 and bool.
@@ -59,6 +60,7 @@ _TYPES = {
 
 _PRELUDE = r"""
 #include <barrier>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -140,9 +142,6 @@ inline int __syncthreads_or(int pred) {
 // nvcuda::wmma: every lane holds the whole tile (as float); load, store and mma_sync
 // act on all of it, so any code that uses fragments only through these calls (and
 // fill_fragment) computes what the tensor cores would, in float32 order.
-#ifndef CS_TC_BITS
-#define CS_TC_BITS 23  // significand bits the tensor cores keep when they align the terms
-#endif
 namespace nvcuda { namespace wmma {
 namespace precision { struct tf32 {}; }
 // float -> tf32 (10 mantissa bits kept), to nearest with ties away from zero, as
@@ -210,31 +209,43 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
     return x;
   };
   constexpr bool ta = std::is_same_v<TA, precision::tf32>, tb = std::is_same_v<TB, precision::tf32>;
-  // The float32 accumulation as the tensor cores do it (Fasi, Higham, Mikaitis and
-  // Pranesh, "Numerical behavior of NVIDIA tensor cores", 2021): the K products are
-  // exact, the K + 1 terms (c included) are aligned to the largest one with the bits
-  // below its 24-bit significand cut off (no rounding bits), and the sum is truncated
-  // to float32. So each mma_sync errs by up to ~K + 1 units in the last place of its
-  // largest term, always toward zero, where a chain of fmaf would round to nearest.
+  // The float32 accumulation as the H200's tensor cores do it, bit for bit on the 24576
+  // outputs of bench/tc_probe.py (run 29, bench/results/h200/tc_probe_h200_3d40356.npz;
+  // tests/tools/test_cuda_emulate.py): K is taken four products at a time; each step
+  // adds its four exact products to the accumulator with every term cut (toward zero) at
+  // 2^(e - 25), e the largest exponent among the accumulator's and the products' (a
+  // product's exponent is the sum of its operands', before normalising), and truncates
+  // the sum to float32. So each step errs by up to a few units in the last place, always
+  // toward zero, where a chain of fmaf would round to nearest.
+  static_assert(K % 4 == 0, "tensor-core steps of four products");
   float out[M * N];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
-      double t[K + 1], big = std::fabs(double(c.x[i * N + j]));
-      t[K] = c.x[i * N + j];
-      for (int k = 0; k < K; ++k) {
-        t[k] = double(tf(a.x[i * K + k], ta)) * double(tf(b.x[k * N + j], tb));
-        big = std::fmax(big, std::fabs(t[k]));
+      float acc = c.x[i * N + j];
+      for (int k0 = 0; k0 < K; k0 += 4) {
+        double t[5];
+        int e = acc != 0.f ? std::ilogb(acc) : INT_MIN;
+        bool finite = std::isfinite(acc);
+        t[4] = acc;
+        for (int k = 0; k < 4; ++k) {
+          const float x = tf(a.x[i * K + k0 + k], ta), y = tf(b.x[(k0 + k) * N + j], tb);
+          t[k] = double(x) * double(y);
+          finite = finite && std::isfinite(t[k]);
+          if (x != 0.f && y != 0.f) e = std::max(e, std::ilogb(x) + std::ilogb(y));
+        }
+        double sum = 0.0;
+        if (!finite || e == INT_MIN) {
+          for (int k = 0; k < 5; ++k) sum += t[k];
+          acc = float(sum);
+          continue;
+        }
+        const double cut = std::ldexp(1.0, e - 25);
+        for (int k = 0; k < 5; ++k) sum += std::trunc(t[k] / cut) * cut;
+        acc = float(sum);  // to nearest; then toward zero
+        if (std::isfinite(acc) && std::fabs(double(acc)) > std::fabs(sum))
+          acc = std::nextafter(acc, 0.f);
       }
-      double s = 0.0;
-      if (big == 0.0 || !std::isfinite(big)) {
-        for (int k = 0; k <= K; ++k) s += t[k];
-      } else {
-        const double ulp = std::ldexp(1.0, std::ilogb(big) + 1 - CS_TC_BITS);
-        for (int k = 0; k <= K; ++k) s += std::trunc(t[k] / ulp) * ulp;
-      }
-      float f = float(s);  // to nearest; then toward zero
-      if (std::isfinite(f) && std::fabs(double(f)) > std::fabs(s)) f = std::nextafter(f, 0.f);
-      out[i * N + j] = f;
+      out[i * N + j] = acc;
     }
   for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
 }
