@@ -204,7 +204,8 @@ def test_cuda_precompiled_kernels_equal_mlx_s(monkeypatch, tmp_path):
     built = list(_backend._CUDA_KERNELS.values())
     assert built and all(isinstance(k, _precompile.Kernel) and k._mlx is None for k in built)
     names = {k.name for k in built}
-    assert {"chunkscan_state_pass", "chunkscan_gdn_prepare", "chunkscan_attn_dkdv"} <= names
+    assert {"chunkscan_gdn_prepare", "chunkscan_attn_dkdv"} <= names
+    assert names & {"chunkscan_state_pass", "chunkscan_state_pass_tc"}  # FMA / tensor cores
     assert len(os.listdir(tmp_path)) >= len(built)
     monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", "0")
     mlx = _gdn_and_attention_results()

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel, cuda_limits, env_int
+from ..._backend import compute_capability, cuda_kernel, cuda_limits, env_int
 
 F32 = mx.float32
 # The device's shared memory (opt-in maximum per block; per multiprocessor, 1 KiB of it
@@ -310,11 +310,11 @@ _SOURCE = r"""
 """
 
 
-# The same pass on tensor cores (work in progress, off by default: CHUNKSCAN_PASS_TC=1).
-# Each block keeps its X tile [TR, DK] in wmma accumulators (warp w owns columns
-# 16 w*JT .. of both 16-row tiles) and stages F, G, E as the FMA kernel does. The
-# products are 3xTF32 (x = big + small, both tf32; big*big + big*small + small*big):
-# float32 accuracy at three tensor-core products per tile. Scalar decay only.
+# The same pass on tensor cores (the default where it takes the shape; CHUNKSCAN_PASS_TC=0
+# keeps the FMA kernel above). Each block keeps its X tile [TR, DK] in wmma accumulators
+# (warp w owns columns 16 w*JT .. of both 16-row tiles) and stages F, G, E as the FMA
+# kernel does. The products are 3xTF32 (x = big + small, both tf32; big*big + big*small +
+# small*big): float32 accuracy at three tensor-core products per tile. Scalar decay only.
 _HEADER_TC_OWN = r"""
 #include <mma.h>
 using namespace nvcuda;
@@ -333,11 +333,11 @@ __device__ __forceinline__ void cs_split(Frag& big, Frag& small) {
     small.x[e] = wmma::__float_to_tf32(x - b);
   }
 }
-// d_big += a * b; d_small += as * b + a * bs. The tensor cores truncate each sum (toward
-// zero, at about 23 significand bits of its largest term, measured on the H200: run 28),
-// so the small terms get their own accumulator, and each product starts from zero and
-// joins a float32 total by a rounded add: a long chain of mma_sync into one accumulator
-// (the state across chunks) drifted by ~2e-5 on O(1) values.
+// d_big += a * b; d_small += as * b + a * bs. The tensor cores truncate each step's sum
+// toward zero (four products and the accumulator, cut at 2^-25 of the largest: probed on
+// the H200, bench/tc_probe.py, run 29), so the small terms get their own accumulator, and
+// each product starts from zero and joins a float32 total by a rounded add: one long
+// chain of mma_sync into the state across chunks drifted by 2e-5 on O(1) values (run 28).
 template <class A, class B>
 __device__ __forceinline__ void cs_mma3(cs_acc& d_big, cs_acc& d_small, const A& a,
                                         const A& as, const B& b, const B& bs) {
@@ -362,9 +362,13 @@ _SOURCE_TC = r"""
 
   extern __shared__ float4 cs_smem4[];
   float* smem = reinterpret_cast<float*>(cs_smem4);
-  float* xs = smem;                       // [TR][XSTR] X at the chunk start
-  float* bufs = xs + TR * XSTR;           // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
-  float* vs = bufs + 2 * BUF;             // [CP][VSTR] V
+  // X and V are split (tf32 big + small parts) once, where they are written, not by
+  // every warp that reads them
+  float* xs = smem;                       // [TR][XSTR] X at the chunk start, big part
+  float* xs2 = xs + TR * XSTR;            // [TR][XSTR] its small part
+  float* bufs = xs2 + TR * XSTR;          // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
+  float* vs = bufs + 2 * BUF;             // [CP][VSTR] V, big part
+  float* vs2 = vs + CP * VSTR;            // [CP][VSTR] its small part
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -443,7 +447,16 @@ _SOURCE_TC = r"""
       const int ld = loads[c];
       if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
       store_x(entering + tile + static_cast<size_t>(r0) * DK, DK);
-      store_x(xs, XSTR);
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int q = 0; q < JT; ++q) {
+          cs_acc big = xr[m][q], small;
+          cs_split(big, small);
+          wmma::store_matrix_sync(xs + 16 * m * XSTR + col(q), big, XSTR, wmma::mem_row_major);
+          wmma::store_matrix_sync(xs2 + 16 * m * XSTR + col(q), small, XSTR,
+                                  wmma::mem_row_major);
+        }
       const float d = decay[static_cast<size_t>(lane) * n + c];
 #pragma unroll
       for (int m = 0; m < MT; ++m)
@@ -481,14 +494,17 @@ _SOURCE_TC = r"""
         cs_b_col b, bs;
         wmma::load_matrix_sync(a, fs + 16 * i * FSTR + k, FSTR);
         wmma::load_matrix_sync(b, xs + 16 * m * XSTR + k, XSTR);
+        wmma::load_matrix_sync(bs, xs2 + 16 * m * XSTR + k, XSTR);
         cs_split(a, as);
-        cs_split(b, bs);
         cs_mma3(fb[(k / 8) & 1], fsm[(k / 8) & 1], a, as, b, bs);
       }
 #pragma unroll
       for (int e = 0; e < v.num_elements; ++e)
         v.x[e] -= (fb[0].x[e] + fb[1].x[e]) + (fsm[0].x[e] + fsm[1].x[e]);
+      cs_acc v2;
+      cs_split(v, v2);
       wmma::store_matrix_sync(vs + 16 * i * VSTR + 16 * m, v, VSTR, wmma::mem_row_major);
+      wmma::store_matrix_sync(vs2 + 16 * i * VSTR + 16 * m, v2, VSTR, wmma::mem_row_major);
     }
     __syncthreads();  // vs complete
 
@@ -513,7 +529,7 @@ _SOURCE_TC = r"""
       for (int m = 0; m < MT; ++m) {
         cs_a_col a, as;
         wmma::load_matrix_sync(a, vs + k * VSTR + 16 * m, VSTR);
-        cs_split(a, as);
+        wmma::load_matrix_sync(as, vs2 + k * VSTR + 16 * m, VSTR);
 #pragma unroll
         for (int q = 0; q < JT; ++q) cs_mma3(pb[m][q], psm[m][q], a, as, b[q], bs[q]);
       }
@@ -563,20 +579,30 @@ class TcConfig:
 
 
 def tc_enabled() -> bool:
-    """``CHUNKSCAN_PASS_TC=1``: the tensor-core kernel where it takes the shape (work in
-    progress: not yet run on a GPU, so off by default)."""
-    return os.environ.get("CHUNKSCAN_PASS_TC", "0") == "1"
+    """Whether the state pass may take the tensor-core kernel (where it takes the shape):
+    yes unless ``CHUNKSCAN_PASS_TC=0``, which keeps the FMA kernel (read at each call)."""
+    value = os.environ.get("CHUNKSCAN_PASS_TC", "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC must be 0 (the state pass's FMA kernel) "
+            f"or 1 (its tensor-core kernel, the default) but got {value!r}."
+        )
+    return value != "0"
 
 
 def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool) -> int:
     buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 4) if has_e else 0)
-    return 4 * (TR * (Dk + 4) + 2 * buf + CP * (TR + 4))
+    return 4 * (2 * TR * (Dk + 4) + 2 * buf + 2 * CP * (TR + 4))
 
 
 def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcConfig | None:
     """The tensor-core tiling for a shape, or ``None`` (scalar decay; C, R, Dk multiples
-    of 16; at most 16 warps; shared memory within the device's per-block limit)."""
+    of 16; at most 16 warps; shared memory within the device's per-block limit; a GPU
+    with tf32 tensor cores, compute capability 8.0 or above, where it reports one)."""
     if channel or C % 16 or R % 16 or Dk % 16 or not 16 <= Dk <= 256:
+        return None
+    cc = compute_capability()
+    if cc is not None and cc < (8, 0):
         return None
     JT = 1 if Dk <= 128 else 2
     NT = 32 * Dk // (16 * JT)
