@@ -437,6 +437,10 @@ _SOURCE_TC = r"""
     cs_cp_async_commit();
   };
 
+  // The per-chunk scalars are read one chunk ahead, and H before the chunk's products,
+  // so that no global load's latency sits between two chunks' products.
+  float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
+  int ld_next = loads[chunk_of(0)];
   stage(0);
   for (int s = 0; s < NS; ++s) {
     const int c = chunk_of(s);
@@ -444,7 +448,12 @@ _SOURCE_TC = r"""
     const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
     if (p == 0) {
       // Chunk start: load, write entering[c] and X to shared memory, start acc.
-      const int ld = loads[c];
+      const int ld = ld_next;
+      const float d = d_next;
+      if (s + NP < NS) {
+        d_next = decay[static_cast<size_t>(lane) * n + chunk_of(s + NP)];
+        ld_next = loads[chunk_of(s + NP)];
+      }
       if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
       store_x(entering + tile + static_cast<size_t>(r0) * DK, DK);
 #pragma unroll
@@ -457,7 +466,6 @@ _SOURCE_TC = r"""
           wmma::store_matrix_sync(xs2 + 16 * m * XSTR + col(q), small, XSTR,
                                   wmma::mem_row_major);
         }
-      const float d = decay[static_cast<size_t>(lane) * n + c];
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -471,6 +479,20 @@ _SOURCE_TC = r"""
 
     const float* fs = bufs + (s & 1) * BUF;
     const float* gs = fs + CP * FSTR;
+    int st = -1;
+    cs_acc h[MT][JT];
+    if (p == NP - 1) {
+      st = stores[c];
+      if constexpr (HAS_H) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int q = 0; q < JT; ++q)
+            wmma::load_matrix_sync(h[m][q],
+                                   Hm + tile + static_cast<size_t>(r0 + 16 * m) * DK + col(q), DK,
+                                   wmma::mem_row_major);
+      }
+    }
 
     // Phase 1: V[i, r] = E[i, r] - F[i, :] . X[r, :], one 16 x 16 tile per warp at a time
     for (int t = warp; t < T1; t += NW) {
@@ -549,17 +571,14 @@ _SOURCE_TC = r"""
 #pragma unroll
         for (int q = 0; q < JT; ++q) {
           if constexpr (HAS_H) {
-            cs_acc h;
-            wmma::load_matrix_sync(h, Hm + tile + static_cast<size_t>(r0 + 16 * m) * DK + col(q),
-                                   DK, wmma::mem_row_major);
 #pragma unroll
-            for (int e = 0; e < h.num_elements; ++e) xr[m][q].x[e] = acc[m][q].x[e] + h.x[e];
+            for (int e = 0; e < acc[m][q].num_elements; ++e)
+              xr[m][q].x[e] = acc[m][q].x[e] + h[m][q].x[e];
           } else {
 #pragma unroll
             for (int e = 0; e < acc[m][q].num_elements; ++e) xr[m][q].x[e] = acc[m][q].x[e];
           }
         }
-      const int st = stores[c];
       if (st >= 0) store_x(stored + (static_cast<size_t>(st) * L + lane) * RD + r0 * DK, DK);
     }
   }
