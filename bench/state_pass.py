@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for tr in args.tr:
             os.environ["CHUNKSCAN_PASS_TR"] = str(tr)
             cfg = _pass_cuda.choose_config(args.C, args.Dk, args.R, not reverse, L=args.L)
-            if _pass_cuda.tc_enabled():  # CHUNKSCAN_PASS_TC=1: the tensor-core kernel's tiling
+            if _pass_cuda.tc_enabled(reverse):  # the tensor-core kernel's tiling
                 cfg = (
                     _pass_cuda.choose_tc_config(args.C, args.Dk, args.R, not reverse, False) or cfg
                 )

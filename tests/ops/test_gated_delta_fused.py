@@ -255,7 +255,7 @@ def test_tuning_knobs_reject_other_values(monkeypatch):
 def test_emulated_with_every_kernel(monkeypatch):
     """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device; the
-    state pass on tensor cores, its default at this shape)."""
+    forward state pass on tensor cores and the reverse one on FMAs, their defaults)."""
     from chunkscan.ops.gated_delta import _passes
 
     run = cuda_emulator().run
@@ -270,8 +270,8 @@ def test_emulated_with_every_kernel(monkeypatch):
     cu = [0, 45, 100]
     inputs = make_inputs(1, 100, 1, 2, 32, 64, n_states=2)
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, cu_seqlens=cu)
-    assert set(names) == {"chunkscan_state_pass_tc"} | {f"chunkscan_gdn_{w}" for w in
-                                                     _chunk_cuda._KERNELS}  # fmt: skip
+    passes = {"chunkscan_state_pass_tc", "chunkscan_state_pass"}
+    assert set(names) == passes | {f"chunkscan_gdn_{w}" for w in _chunk_cuda._KERNELS}
     assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))
 
 

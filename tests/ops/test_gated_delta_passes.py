@@ -380,16 +380,39 @@ def test_per_channel_decay_reaches_the_kernel(monkeypatch):
 
 
 def test_tensor_core_switch(monkeypatch):
-    """``CHUNKSCAN_PASS_TC``: unset or 1 takes the tensor-core kernel, 0 the FMA kernel,
-    anything else raises naming the variable; a GPU without tf32 tensor cores (compute
-    capability below 8.0) never gets it."""
+    """``CHUNKSCAN_PASS_TC``: unset or auto takes the tensor-core kernel forward only, 1
+    in both directions, 0 in neither; anything else raises naming the variable. A GPU
+    without tf32 tensor cores (compute capability below 8.0) never gets it."""
     monkeypatch.delenv("CHUNKSCAN_PASS_TC", raising=False)
-    assert _pass_cuda.tc_enabled()
+    assert _pass_cuda.tc_enabled(reverse=False) and not _pass_cuda.tc_enabled(reverse=True)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "auto")
+    assert _pass_cuda.tc_enabled(reverse=False) and not _pass_cuda.tc_enabled(reverse=True)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
+    assert _pass_cuda.tc_enabled(reverse=False) and _pass_cuda.tc_enabled(reverse=True)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "0")
-    assert not _pass_cuda.tc_enabled()
-    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "off")
-    with pytest.raises(ValueError, match="CHUNKSCAN_PASS_TC must be 0"):
-        _pass_cuda.tc_enabled()
+    assert not _pass_cuda.tc_enabled(reverse=False) and not _pass_cuda.tc_enabled(reverse=True)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "on")
+    with pytest.raises(ValueError, match="CHUNKSCAN_PASS_TC must be auto"):
+        _pass_cuda.tc_enabled(reverse=False)
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is not None
     monkeypatch.setattr(_pass_cuda, "compute_capability", lambda: (7, 5))
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+def test_default_dispatch_of_the_passes(monkeypatch):
+    """With ``CHUNKSCAN_PASS_TC`` unset, the forward pass launches the tensor-core kernel
+    and the reverse pass the FMA kernel (names of the launched kernels, emulated)."""
+    monkeypatch.delenv("CHUNKSCAN_PASS_TC", raising=False)
+    names, run = [], cuda_emulator().run
+
+    def runner(name, *args):
+        names.append(name)
+        return run(name, *args)
+
+    monkeypatch.setattr(_backend, "RUNNER", runner)
+    for reverse, case in ((False, 1), (True, 3)):
+        args, kw = _kernel_case(CUDA_SHAPES[1], case, False, monkeypatch)
+        assert kw["reverse"] is reverse
+        _pass_cuda.state_pass(*args, **kw)
+    assert names == ["chunkscan_state_pass_tc", "chunkscan_state_pass"]

@@ -310,8 +310,8 @@ _SOURCE = r"""
 """
 
 
-# The same pass on tensor cores (the default where it takes the shape; CHUNKSCAN_PASS_TC=0
-# keeps the FMA kernel above). Each block keeps its X tile [TR, DK] in wmma accumulators
+# The same pass on tensor cores (the forward pass's default where it takes the shape; see
+# tc_enabled). Each block keeps its X tile [TR, DK] in wmma accumulators
 # (warp w owns columns 16 w*JT .. of both 16-row tiles) and stages F, G, E as the FMA
 # kernel does. The products are 3xTF32 (x = big + small, both tf32; big*big + big*small +
 # small*big): float32 accuracy at three tensor-core products per tile. Scalar decay only.
@@ -597,16 +597,20 @@ class TcConfig:
     smem: int  # dynamic shared memory, bytes
 
 
-def tc_enabled() -> bool:
-    """Whether the state pass may take the tensor-core kernel (where it takes the shape):
-    yes unless ``CHUNKSCAN_PASS_TC=0``, which keeps the FMA kernel (read at each call)."""
-    value = os.environ.get("CHUNKSCAN_PASS_TC", "1").strip()
-    if value not in ("0", "1", ""):
+def tc_enabled(reverse: bool) -> bool:
+    """Whether the state pass in this direction may take the tensor-core kernel (where it
+    takes the shape), by ``CHUNKSCAN_PASS_TC`` (read at each call): unset or ``auto``, the
+    forward pass only; ``1``, both; ``0``, neither (the FMA kernel). On the H200 the
+    tensor-core kernel was 8-22% faster forward than the FMA kernel and 3-8% slower in
+    reverse (``bench/state_pass.py --n 256``, runs 29-31), and 4x more accurate in both."""
+    value = os.environ.get("CHUNKSCAN_PASS_TC", "auto").strip() or "auto"
+    if value not in ("0", "1", "auto"):
         raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC must be 0 (the state pass's FMA kernel) "
-            f"or 1 (its tensor-core kernel, the default) but got {value!r}."
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC must be auto (the tensor-core state-pass "
+            f"kernel forward, the default), 1 (forward and reverse) or 0 (the FMA kernel "
+            f"only) but got {value!r}."
         )
-    return value != "0"
+    return value == "1" or (value == "auto" and not reverse)
 
 
 def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool) -> int:
@@ -863,7 +867,7 @@ def state_pass(
             f"but chunk {first} has no entry in loads={loads}. Fix: pass x_in."
         )
     channel = decay.ndim == 3
-    tc = choose_tc_config(C, Dk, R, E is not None, channel) if tc_enabled() else None
+    tc = choose_tc_config(C, Dk, R, E is not None, channel) if tc_enabled(reverse) else None
     cfg = choose_config(C, Dk, R, E is not None, L=L)
     if cfg is None and tc is None:
         from ._passes import portable_state_pass
