@@ -69,7 +69,7 @@ if want ncu; then
    python3 ncu_summary.py "$OUT/ncu_fla_16k_full.csv" --by-name --top 30)
 fi
 if want tc_pass; then
-  stage tc_pass  # the tensor-core state pass (CHUNKSCAN_PASS_TC=1, work in progress): its
+  stage tc_pass  # the tensor-core state pass in both directions (CHUNKSCAN_PASS_TC=1): its
   # CUDA tests, the pass beside the FMA kernel, then the op at 16384 with it
   CHUNKSCAN_PASS_TC=1 MLX_ENABLE_TF32=0 timeout 150 python3 -m pytest -q -s -p no:cacheprovider \
     -rs tests/ops/test_gated_delta_passes.py -k cuda 2>&1 | tee "$OUT/tests_h200_tc_pass.txt" | tail -3
