@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlx-src", required=True, help="an MLX source checkout (its headers)")
     p.add_argument("--only", nargs="+", default=None,
                    help="compile only the kernels whose label contains one of these")  # fmt: skip
+    p.add_argument("--dump", default=None,
+                   help="write each precompiled cubin into this folder (to compare two versions "
+                        "of a source: `cmp` the files of two runs)")  # fmt: skip
     args = p.parse_args(argv)
     root = _nvidia_root()
     nvrtc = ctypes.CDLL(sorted(glob.glob(f"{root}/cuda_nvrtc/lib/libnvrtc.so*"))[0])
@@ -201,8 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         start = time.perf_counter()
         try:
-            ours.compile(src, "90")
+            cubin = ours.compile(src, "90")
             totals[1] += time.perf_counter() - start
+            if args.dump:
+                os.makedirs(args.dump, exist_ok=True)
+                safe = "".join(ch if ch.isalnum() or ch in "=_-" else "_" for ch in label)
+                with open(os.path.join(args.dump, safe + ".cubin"), "wb") as fh:
+                    fh.write(cubin)
             print(f"ok   {label}  [precompiled form {time.perf_counter() - start:.2f} s]")
         except RuntimeError as e:
             failed += 1
