@@ -486,6 +486,11 @@ def _finite_mask(x: mx.array) -> mx.array:
     return (x - x) == 0
 
 
+def _non_finite_mask(x: mx.array) -> mx.array:
+    """``~mx.isfinite(x)`` in two ops, as :func:`_finite_mask`."""
+    return (x - x) != 0
+
+
 def _bad_rows(x: mx.array) -> mx.array:
     """``[..., D] -> [...]``: True where a row holds a non-finite value. ``x - x`` is 0
     where finite and NaN elsewhere, so its row sum is exactly 0 or NaN: three launches
@@ -714,7 +719,7 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
     if spec.channel:
         g_bad = mx.any(g_bad, axis=-1)
     state_bad = functools.reduce(mx.logical_or, (
-        per_value_head(_bad_rows(k)), _bad_rows(v), (beta - beta) != 0, g_bad,
+        per_value_head(_bad_rows(k)), _bad_rows(v), _non_finite_mask(beta), g_bad,
     ))  # fmt: skip
     # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here, of
     # stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200 (ncu,
