@@ -83,6 +83,19 @@ if want tc_pass; then
       | grep -E "chunkscan|rror"
   done
 fi
+if want tc_tune; then
+  stage tc_tune  # the tensor-core pass's tiling: rows per block (16: twice the blocks, two to a
+  # multiprocessor at 32-row pieces) x rows per piece; its CUDA tests at 16 rows first
+  CHUNKSCAN_PASS_TC=1 CHUNKSCAN_PASS_TC_TR=16 MLX_ENABLE_TF32=0 timeout 100 python3 -m pytest -q \
+    -p no:cacheprovider tests/ops/test_gated_delta_passes.py -k "cuda and tc" 2>&1 | tail -1
+  for cfg in "32 64" "32 32" "16 64" "16 32"; do
+    set -- $cfg
+    echo "--- TR=$1 CP=$2"
+    CHUNKSCAN_PASS_TC=1 CHUNKSCAN_PASS_TC_TR=$1 CHUNKSCAN_PASS_TC_CP=$2 timeout 40 \
+      python3 bench/state_pass.py --n 256 --tr 16 --runs 7 --skip-portable-above 0 \
+      --out "$OUT/state_pass_tc_tr$1_cp$2_h200.json" 2>&1 | grep -E "^\| kernel|rror"
+  done
+fi
 if want tune; then
   stage tune  # the chunk kernels' threads per block (NT) and state_grads' columns (TV)
   for C in 64 32; do

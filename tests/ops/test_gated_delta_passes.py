@@ -313,17 +313,18 @@ def test_emulated_state_pass(shape, case, channel, monkeypatch):
     assert err < 2e-5, err
 
 
-TC_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, None), (CUDA_SHAPES[1], 3, None),
-                    (CUDA_SHAPES[2], 3, None), (CUDA_SHAPES[2], 1, 16),
-                    (CUDA_SHAPES[2], 3, 16)]  # fmt: skip
+TC_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, None, None), (CUDA_SHAPES[1], 3, None, None),
+                    (CUDA_SHAPES[2], 3, None, None), (CUDA_SHAPES[2], 1, 16, None),
+                    (CUDA_SHAPES[2], 3, 16, None), (CUDA_SHAPES[2], 3, None, 16)]  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 @pytest.mark.parametrize(
-    "shape,case,cp", TC_EMULATED_RUNS,
-    ids=[f"L{sh[0]}-C{sh[2]}-Dk{sh[4]}-case{c}-cp{cp}" for sh, c, cp in TC_EMULATED_RUNS],
+    "shape,case,cp,tr", TC_EMULATED_RUNS,
+    ids=[f"L{sh[0]}-C{sh[2]}-Dk{sh[4]}-case{c}-cp{cp}-tr{tr}"
+         for sh, c, cp, tr in TC_EMULATED_RUNS],
 )  # fmt: skip
-def test_emulated_tc_state_pass(shape, case, cp, monkeypatch):
+def test_emulated_tc_state_pass(shape, case, cp, tr, monkeypatch):
     """The tensor-core kernel run on the CPU against the float64 loop; ``cp``: rows per
     staged piece (16 at C = 32: two pieces). The emulator sums each ``mma_sync`` as the
     H200 does, bit for bit (tests/tools/test_cuda_emulate.py), and reproduced run 28's
@@ -335,10 +336,12 @@ def test_emulated_tc_state_pass(shape, case, cp, monkeypatch):
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
     if cp:
         monkeypatch.setenv("CHUNKSCAN_PASS_TC_CP", str(cp))
+    if tr:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", str(tr))
     args, kw = _kernel_case(shape, case, False, monkeypatch)
     L, n, C, R, Dk, _ = shape
     cfg = _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False)
-    assert cfg is not None and (cp is None or cfg.CP == cp)
+    assert cfg is not None and (cp is None or cfg.CP == cp) and (tr is None or cfg.TR == tr)
     got = _np(_pass_cuda.state_pass(*args, **kw))
     err = _max_err(got, reference_pass(*args, **kw))
     print(f"tc kernel-ref {err:.2e}")
@@ -394,6 +397,12 @@ def test_tensor_core_switch(monkeypatch):
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "on")
     with pytest.raises(ValueError, match="CHUNKSCAN_PASS_TC must be auto"):
         _pass_cuda.tc_enabled(reverse=False)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "16")
+    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False).TR == 16
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "8")
+    with pytest.raises(ValueError, match="CHUNKSCAN_PASS_TC_TR must be 16 or 32"):
+        _pass_cuda.choose_tc_config(64, 128, 128, True, False)
+    monkeypatch.delenv("CHUNKSCAN_PASS_TC_TR")
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is not None
     monkeypatch.setattr(_pass_cuda, "compute_capability", lambda: (7, 5))
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is None

@@ -630,6 +630,14 @@ def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcC
     JT = 1 if Dk <= 128 else 2
     NT = 32 * Dk // (16 * JT)
     TR = 32 if R % 32 == 0 else 16
+    forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16 or 32 rows per block")
+    if forced_tr is not None:  # a tuning knob: 16 gives twice the blocks, at twice the reads
+        if forced_tr not in (16, 32) or R % forced_tr:
+            raise ValueError(
+                f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16 or 32 and divide the "
+                f"state's {R} rows but is {forced_tr}. Unset it for the default."
+            )
+        TR = forced_tr
     limit = cuda_limits().smem_per_block
     forced = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
     for CP in _divisors_desc(C):
