@@ -105,7 +105,7 @@ def kernels():
         label = f"state_pass C={C} Dk={Dk} R={R} E={has_e} channel={channel}"
         out.append((label, "chunkscan_state_pass", sp._HEADER, sp._SOURCE, ins, outs, t))
         tc = None if channel else sp.choose_tc_config(C, Dk, R, has_e, False)
-        if tc is not None:  # the tensor-core kernel (work in progress)
+        if tc is not None:  # the tensor-core kernel, where it takes the shape
             t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
                                reverse=not has_e)  # fmt: skip
             out.append((label.replace("state_pass", "state_pass_tc"), "chunkscan_state_pass_tc",

@@ -10,7 +10,12 @@ Same interface and semantics as :func:`._passes.portable_state_pass`::
         X = decay[c] * X + V^T @ G[c] + H[c]   # decay[c] [Dk]: X * decay[c][None, :]
         if c in stores: stored[stores[c]] = X
 
-Design (plain fp32 FMA, no tensor cores). The ``R`` rows of ``X`` are independent, so
+Two kernels. The FMA kernel (``_SOURCE``, plain fp32 FMA, every shape below) and the
+tensor-core kernel (``_SOURCE_TC``, 3xTF32 ``wmma`` products, scalar decay; see
+:func:`tc_enabled` and :func:`choose_tc_config`), which by default runs the forward
+pass where it takes the shape. Both tile and stage as follows.
+
+Design of the FMA kernel. The ``R`` rows of ``X`` are independent, so
 the grid is ``L`` lanes x ``R / TR`` row tiles, one thread block each, ``NT`` threads.
 A block keeps its tile ``X[TR, Dk]`` in registers (each thread owns ``B2`` rows x
 ``4 J4`` columns, the phase-2 outputs) and a copy in shared memory (read by phase 1).
