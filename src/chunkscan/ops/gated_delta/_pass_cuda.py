@@ -13,7 +13,7 @@ Same interface and semantics as :func:`._passes.portable_state_pass`::
 Two kernels. The FMA kernel (``_SOURCE``, plain fp32 FMA, every shape below) and the
 tensor-core kernel (``_SOURCE_TC``, 3xTF32 ``wmma`` products, scalar decay; see
 :func:`tc_enabled` and :func:`choose_tc_config`), which by default runs the forward
-pass where it takes the shape. Both tile and stage as follows.
+pass where it takes the shape. Both stage ``F``, ``G`` and ``E`` as described below.
 
 Design of the FMA kernel. The ``R`` rows of ``X`` are independent, so
 the grid is ``L`` lanes x ``R / TR`` row tiles, one thread block each, ``NT`` threads.
