@@ -320,6 +320,28 @@ def test_emulated_mixed_input_dtypes(emulated):
 
 
 @needs_cxx
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=str)
+def test_emulated_wide_and_single_loads_agree(emulated, monkeypatch, dtype):
+    """``csg::load_tile`` reads 16 bytes per load (8 bf16 / fp16 or 4 float32 values,
+    unpacked from their bits) where the addresses allow, else one element per load
+    (``CHUNKSCAN_GDN_SCALAR_LOADS=1`` forces that): both give every value and gradient
+    bit for bit, for each input dtype, with two partial sums per state-gradient slice
+    (``CHUNKSCAN_GDN_TV=32``, Dv = 64)."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "32")
+    inputs = make_inputs(1, 40, 1, 2, 32, 64, dtype=dtype)
+    runs = []
+    for scalar in ("0", "1"):
+        monkeypatch.setenv("CHUNKSCAN_GDN_SCALAR_LOADS", scalar)
+        runs.append(outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, kernels=False))
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+    for name, a, b in zip(NAMES, *runs):
+        assert mx.array_equal(a, b).item(), name
+    assert_close([x.astype(mx.float32) for x in runs[0]],
+                 outputs_and_grads(naive, [x.astype(mx.float32) for x in inputs]),
+                 tol=1e-4 if dtype == mx.float32 else 2**-7)  # fmt: skip
+
+
+@needs_cxx
 @pytest.mark.parametrize(
     "name, value", [("q", -math.inf), ("k", math.nan), ("g", math.inf), ("beta", math.nan)]
 )
@@ -384,6 +406,30 @@ def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype):
     got, ref = low_precision_pair(make_inputs(*QWEN, dtype=dtype), chunk_size=64)
     for name, a, b in zip(NAMES, got, ref):
         assert mx.array_equal(a, b.astype(a.dtype)).item(), name
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
+def test_cuda_wide_loads_single_loads_and_odd_offsets_agree(monkeypatch, dtype):
+    """The kernels' 16-byte loads against one element per load
+    (``CHUNKSCAN_GDN_SCALAR_LOADS=1``), and inputs given as views one element into a
+    buffer (MLX passes such views to the kernels as they are: the 16-byte path would be
+    misaligned, so ``load_tile`` takes the other): every value and gradient equal."""
+    inputs = make_inputs(1, 256, 2, 4, 128, 128, dtype=dtype)  # T a multiple of C: views
+    runs = []
+    for scalar in ("0", "1"):
+        monkeypatch.setenv("CHUNKSCAN_GDN_SCALAR_LOADS", scalar)
+        runs.append(outputs_and_grads(gated_delta_rule, inputs, chunk_size=64))
+    monkeypatch.setenv("CHUNKSCAN_GDN_SCALAR_LOADS", "0")
+    odd = list(inputs)
+    for i in range(3):  # q, k, v one element into a buffer
+        flat = mx.concatenate([mx.zeros((1,), dtype=dtype), inputs[i].reshape(-1)])
+        odd[i] = flat[1:].reshape(inputs[i].shape)
+    mx.eval(odd)
+    runs.append(outputs_and_grads(gated_delta_rule, odd, chunk_size=64))
+    for name, a, b, c in zip(NAMES, *runs):
+        assert mx.array_equal(a, b).item(), name
+        assert mx.array_equal(a, c).item(), name
 
 
 @needs_cuda

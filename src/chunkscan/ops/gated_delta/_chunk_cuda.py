@@ -138,6 +138,104 @@ __device__ __forceinline__ void put4(float (&d)[4], float4 x) {
   d[0] = x.x; d[1] = x.y; d[2] = x.z; d[3] = x.w;
 }
 
+// Global loads, many in flight per thread. A loop that converts and stores each value
+// as it arrives waits one memory latency per step: 20-38k cycles of a block for a
+// chunk's q and k (the phase clocks of runs 14 and 20). load_tile first issues up to
+// LU loads of 16 bytes per thread (VW = 16 / sizeof(T) consecutive columns each), then
+// converts them and hands on every value: put(r, c, x), x = float(src[r * ld + c]),
+// r < ROWS, c < COLS; with NS > 1, x = 0 + y_0 + .. + y_{NS-1} in that order, y_z the
+// value zs elements further on (the NV partial sums of state_gradients). 16-byte
+// loads need src, ld and zs at 16-byte multiples; otherwise (an input given as a view
+// at an odd offset) each element is read alone, one piece of VW columns at a time in
+// flight, with the same values and the same sums. The raw bits are kept until the values
+// are handed on (4 registers per 16-byte load, whatever T): converting first took
+// prepare from 118 registers to 168 (NVRTC, sm_90), too many for two blocks per SM.
+// CS_SCALAR_LOADS (CHUNKSCAN_GDN_SCALAR_LOADS=1) takes that path everywhere (tests).
+__device__ __forceinline__ unsigned word(const uint4& r, int i) {
+  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
+__device__ __forceinline__ float unpack(const float*, const uint4& r, int q) {
+  return __int_as_float(int(word(r, q)));
+}
+__device__ __forceinline__ unsigned half_bits(const uint4& r, int q) {
+  const unsigned w = word(r, q / 2);
+  return q % 2 ? w >> 16 : w & 0xffffu;
+}
+__device__ __forceinline__ float unpack(const __nv_bfloat16*, const uint4& r, int q) {
+  return __int_as_float(int(half_bits(r, q) << 16));  // bf16 -> float: exact
+}
+__device__ __forceinline__ float unpack(const __half*, const uint4& r, int q) {
+#ifdef CS_EMULATE
+  const unsigned short b = static_cast<unsigned short>(half_bits(r, q));
+  __half x;
+  std::memcpy(&x, &b, 2);
+  return static_cast<float>(x);
+#else
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(half_bits(r, q))));
+#endif
+}
+template <int ROWS, int COLS, int NT, int NS = 1, class T, class F>
+__device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t zs = 0) {
+  constexpr int VW = 16 / sizeof(T), PR = COLS / VW, ITEMS = ROWS * PR, LU = 4;
+  static_assert(COLS % VW == 0, "load_tile: rows of whole 16-byte pieces");
+#ifdef CS_SCALAR_LOADS
+  const bool vec = false;
+#else
+  const bool vec =
+      ((reinterpret_cast<unsigned long long>(src) | (ld * sizeof(T)) | (zs * sizeof(T))) & 15) == 0;
+#endif
+  if (vec) {
+#pragma unroll 1
+    for (int e0 = threadIdx.x; e0 < ITEMS; e0 += LU * NT) {
+      uint4 r[LU][NS];  // the raw bits: 4 registers per load, whatever T
+#pragma unroll
+      for (int u = 0; u < LU; ++u) {
+        const int e = e0 + u * NT;
+#pragma unroll
+        for (int z = 0; z < NS; ++z)
+          if (e < ITEMS)
+            r[u][z] = *reinterpret_cast<const uint4*>(src + size_t(e / PR) * ld +
+                                                      (e % PR) * VW + z * zs);
+      }
+#pragma unroll
+      for (int u = 0; u < LU; ++u) {
+        const int e = e0 + u * NT;
+        if (e < ITEMS) {
+#pragma unroll
+          for (int q = 0; q < VW; ++q) {
+            float s = unpack(src, r[u][0], q);
+            if (NS > 1) {
+              s = 0.f + s;
+#pragma unroll
+              for (int z = 1; z < NS; ++z) s += unpack(src, r[u][z], q);
+            }
+            put(e / PR, (e % PR) * VW + q, s);
+          }
+        }
+      }
+    }
+  } else {  // one piece at a time: its VW x NS loads in flight
+    for (int e = threadIdx.x; e < ITEMS; e += NT) {
+      const T* p = src + size_t(e / PR) * ld + (e % PR) * VW;
+      float x[NS][VW];
+#pragma unroll
+      for (int z = 0; z < NS; ++z)
+#pragma unroll
+        for (int q = 0; q < VW; ++q) x[z][q] = f(p[z * zs + q]);
+#pragma unroll
+      for (int q = 0; q < VW; ++q) {
+        float s = x[0][q];
+        if (NS > 1) {
+          s = 0.f + s;
+#pragma unroll
+          for (int z = 1; z < NS; ++z) s += x[z][q];
+        }
+        put(e / PR, (e % PR) * VW + q, s);
+      }
+    }
+  }
+}
+
 // The value as it is (Tile::store's val).
 struct Same {
   __device__ __forceinline__ float operator()(int, int, float x, int, int) const { return x; }
@@ -362,12 +460,11 @@ _PREPARE = r"""
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
   }
-  for (int e = tid; e < C * DK; e += NT) {
-    const int i = e / DK, d = e % DK;
-    const size_t src = (tok + i) * HK * DK + hk * DK + d;
-    Ks[i * LDK4 + d] = csg::fin(csg::f(k[src]));
-    Xs[i * LDM + d] = csg::fin(csg::f(q[src]));
-  }
+  const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
+  csg::load_tile<C, DK, NT>(k + qk0, HK * DK,
+                            [&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
+  csg::load_tile<C, DK, NT>(q + qk0, HK * DK,
+                            [&](int i, int d, float x) { Xs[i * LDM + d] = csg::fin(x); });
   __syncthreads();
   CS_MARK();  // 0: loads
   csg::chunk_gates<C>(gf, gma, ten);
@@ -450,10 +547,9 @@ _PREPARE = r"""
     w.store([&](int i, int d) { return W + (cl * C + i) * DK + d; }, csg::Same());
   }
   __syncthreads();
-  for (int e = tid; e < C * DV; e += NT) {
-    const int i = e / DV, c = e % DV;
-    Xs[i * LDM + c] = csg::fin(csg::f(v[(tok + i) * HV * DV + h * DV + c])) * bt[i];
-  }
+  csg::load_tile<C, DV, NT>(v + tok * HV * DV + h * DV, HV * DV, [&](int i, int c, float x) {
+    Xs[i * LDM + c] = csg::fin(x) * bt[i];
+  });
   __syncthreads();
   {
     csg::Tile<C, DV, NT, false, true> u;
@@ -477,14 +573,14 @@ _OUTPUT = r"""
   float* gma = gf + C;
   float* ten = gma + C;
   for (int i = tid; i < C; i += NT) gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
-  for (int e = tid; e < C * DK; e += NT) {
-    const int i = e / DK, d = e % DK;
-    Xs[i * LDK4 + d] = csg::fin(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
-    Bs[i * LDK4 + d] = W[(cl * C + i) * DK + d];
-  }
-  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC4 + e % C] = P[cl * C * C + e];
+  csg::load_tile<C, DK, NT>(q + tok * HK * DK + hk * DK, HK * DK,
+                            [&](int i, int d, float x) { Xs[i * LDK4 + d] = csg::fin(x); });
+  csg::load_tile<C, DK, NT>(W + cl * C * DK, DK,
+                            [&](int i, int d, float x) { Bs[i * LDK4 + d] = x; });
+  csg::load_tile<C, C, NT>(P + cl * C * C, C, [&](int i, int t, float x) { Ps[i * LDC4 + t] = x; });
   if (!MODE_H) {
-    for (int e = tid; e < C * DV; e += NT) Us[(e / DV) * LDV4 + e % DV] = U[cl * C * DV + e];
+    csg::load_tile<C, DV, NT>(U + cl * C * DV, DV,
+                              [&](int i, int c, float x) { Us[i * LDV4 + c] = x; });
   }
   __syncthreads();
   CS_MARK();  // 0: loads
@@ -500,16 +596,12 @@ _OUTPUT = r"""
   __syncthreads();
   CS_MARK();  // 1: gates, X
   if (MODE_H) {
-    for (int e = tid; e < C * DV; e += NT) {
-      const int i = e / DV, c = e % DV;
-      const size_t o = (tok + i) * HV + h;
-      Bs[i * LDV4 + c] = obad[o] ? 0.f : csg::f(dout[o * DV + c]);
-    }
+    csg::load_tile<C, DV, NT>(dout + (tok * HV + h) * DV, HV * DV, [&](int i, int c, float x) {
+      Bs[i * LDV4 + c] = obad[(tok + i) * HV + h] ? 0.f : x;
+    });
   } else {
-    for (int e = tid; e < DV * DK; e += NT) {
-      const int c = e / DK, d = e % DK;
-      Bs[c * LDK4 + d] = S[(cl * DV + c) * DK + d];
-    }
+    csg::load_tile<DV, DK, NT>(S + cl * DV * DK, DK,
+                               [&](int c, int d, float x) { Bs[c * LDK4 + d] = x; });
   }
   __syncthreads();
   CS_MARK();  // 2: S or d_o loads
@@ -549,27 +641,26 @@ _STATE_GRADS = r"""
   float* Kk = DVn;            // [C][LDS] kt
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
-  float dec = 0.f;
+  const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
+  csg::load_tile<TV, DK, NT>(S + s0, DK, [&](int r, int d, float x) { Ss[r * LDK4 + d] = x; });
+  csg::load_tile<TV, DK, NT>(DS + s0, DK, [&](int r, int d, float x) { DSs[r * LDK4 + d] = x; });
+  csg::load_tile<C, C, NT>(P + cl * C * C, C, [&](int i, int t, float x) { Ps[i * LDC4 + t] = x; });
+  const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
+  csg::load_tile<C, TV, NT>(dout + o0, HV * DV, [&](int i, int r, float x) {
+    Do[i * LDT + r] = obad[(tok + i) * HV + h] ? 0.f : x;
+  });
+  csg::load_tile<C, TV, NT>(v + o0, HV * DV,
+                            [&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
+  __syncthreads();
+  CS_MARK();  // 0: S, dS, p, d_o, v loads
+  float dec = 0.f;  // this thread's part of sum(S * dS), in the order of the loop before
   for (int e = tid; e < TV * DK; e += NT) {
-    const int r = e / DK, d = e % DK;
-    const size_t src = (cl * DV + e0 + r) * DK + d;
-    const float s = S[src], ds = DS[src];
-    Ss[r * LDK4 + d] = s;
-    DSs[r * LDK4 + d] = ds;
-    dec = fmaf(s, ds, dec);
+    const int x = (e / DK) * LDK4 + e % DK;
+    dec = fmaf(Ss[x], DSs[x], dec);
   }
   red[tid] = dec;
   __syncthreads();
-  CS_MARK();  // 0: S, dS loads
-  for (int e = tid; e < C * C; e += NT) Ps[(e / C) * LDC4 + e % C] = P[cl * C * C + e];
-  for (int e = tid; e < C * TV; e += NT) {
-    const int i = e / TV, r = e % TV;
-    const size_t o = (tok + i) * HV + h;
-    Do[i * LDT + r] = obad[o] ? 0.f : csg::f(dout[o * DV + e0 + r]);
-    Vt[i * LDT + r] = csg::fin(csg::f(v[o * DV + e0 + r]));
-  }
-  __syncthreads();
-  CS_MARK();  // 1: p, d_o, v loads
+  CS_MARK();  // 1: S . dS
   for (int w = NT / 2; w > 0; w /= 2) {  // tree sum of red[] (fixed order)
     if (tid < w) red[tid] += red[tid + w];
     __syncthreads();
@@ -580,12 +671,9 @@ _STATE_GRADS = r"""
     csg::Tile<C, TV, NT> vn, dvn;
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
     for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
-      for (int e = tid; e < C * KS; e += NT) {
-        const int i = e / KS, d = e % KS;
-        const size_t src = (cl * C + i) * DK + k0 + d;
-        Wk[i * LDS + d] = W[src];
-        Kk[i * LDS + d] = KT[src];
-      }
+      const size_t w0 = cl * C * DK + k0;
+      csg::load_tile<C, KS, NT>(W + w0, DK, [&](int i, int d, float x) { Wk[i * LDS + d] = x; });
+      csg::load_tile<C, KS, NT>(KT + w0, DK, [&](int i, int d, float x) { Kk[i * LDS + d] = x; });
       __syncthreads();
       vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Ss + k0, LDK4));
       dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSs + k0, LDK4));
@@ -659,19 +747,18 @@ _INPUT_GRADS = r"""
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
   }
-  for (int e = tid; e < C * DK; e += NT) {
-    const int i = e / DK, d = e % DK;
-    const size_t src = (tok + i) * HK * DK + hk * DK + d;
-    Ks[i * LDK4 + d] = csg::fin(csg::f(k[src]));
-    Qs[i * LDK4 + d] = csg::fin(csg::f(q[src]));
-    Ws[i * LDK4 + d] = part(DWp, DK, i, d);
-  }
-  for (int e = tid; e < C * C; e += NT) {
-    const int i = e / C, t = e % C;
-    As[i * LDC4 + t] = A[cl * C * C + e];
-    DPs[i * LDC4 + t] = part(DPp, C, i, t);
-    M2s[i * LDC4 + t] = part(M2p, C, i, t);
-  }
+  const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
+  csg::load_tile<C, DK, NT>(k + qk0, HK * DK,
+                            [&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
+  csg::load_tile<C, DK, NT>(q + qk0, HK * DK,
+                            [&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
+  csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,  // the NV partial sums, added
+                                [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
+  csg::load_tile<C, C, NT>(A + cl * C * C, C, [&](int i, int t, float x) { As[i * LDC4 + t] = x; });
+  csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C,
+                               [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
+  csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
+                               [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
   __syncthreads();
   CS_MARK();  // 0: loads (partial sums added)
   csg::chunk_gates<C>(gf, gma, ten);
@@ -725,6 +812,7 @@ _INPUT_GRADS = r"""
     constexpr int NS = NT / C;
     const int i = tid / NS, sl = tid % NS;
     float s1 = 0.f, s2 = 0.f;
+#pragma unroll 4  // the partial sums' loads of four steps in flight
     for (int d = sl; d < DK; d += NS) {
       s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK4 + d], s1);
       s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK4 + d], s2);
@@ -812,7 +900,8 @@ _INPUT_GRADS = r"""
   __syncthreads();
   float* DVs = Gs;            // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
   static_assert(DV + 4 <= 6 * (C + 4), "d_vnew fits over gam .. m1");
-  for (int e = tid; e < C * DV; e += NT) DVs[(e / DV) * LDV4 + e % DV] = DVN[cl * C * DV + e];
+  csg::load_tile<C, DV, NT>(DVN + cl * C * DV, DV,
+                            [&](int i, int c, float x) { DVs[i * LDV4 + c] = x; });
   __syncthreads();
   {
     csg::Tile<C, DV, NT, true, true> tv;
@@ -919,6 +1008,14 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     return all(smem_bytes(w, C, Dk, Dv, threads(w, C, Dk, Dv), tv) <= limit for w in _KERNELS)
 
 
+# Compile-time switches of the kernels, for tuning and tests (read at each call): the
+# phase clocks, and one element per global load everywhere (csg::load_tile).
+_SWITCHES = (
+    ("CHUNKSCAN_GDN_PROFILE", "CS_PROFILE"),
+    ("CHUNKSCAN_GDN_SCALAR_LOADS", "CS_SCALAR_LOADS"),
+)
+
+
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, source = _KERNELS[which]
     nt = threads(which, C, Dk, Dv)
@@ -928,8 +1025,9 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     shapes = [s for s, _ in outputs]
     dtypes = [d for _, d in outputs]
     header = (
-        "#define CS_PROFILE 1\n" if os.environ.get("CHUNKSCAN_GDN_PROFILE") == "1" else ""
-    ) + _HEADER
+        "".join(f"#define {macro} 1\n" for var, macro in _SWITCHES if os.environ.get(var) == "1")
+        + _HEADER
+    )
     kernel = cuda_kernel(
         "gated_delta_rule", f"chunkscan_gdn_{which}", names, outs, _COMMON + source, header,
         smem,
