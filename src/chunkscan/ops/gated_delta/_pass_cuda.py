@@ -69,6 +69,31 @@ __device__ __forceinline__ void cs_cp_async_commit() {
 __device__ __forceinline__ void cs_cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
+// rows (from fsrc, gsrc) into Fs [CP][FSTR] and Gs [CP][GSTR], and with HAS_E the
+// block's [CP, TR] slice of E (from esrc, row stride R) into Es [CP][ESTR]; committed.
+template <int CP, int DK, int R, int TR, int NT, int FSTR, int GSTR, int ESTR, bool HAS_E>
+__device__ __forceinline__ void cs_stage_piece(float* fs, const float* fsrc, const float* gsrc,
+                                               const float* esrc, int tid) {
+  float* gs = fs + CP * FSTR;
+  constexpr int V4 = DK / 4;
+  for (int e = tid; e < CP * V4; e += NT) {
+    const int row = e / V4;
+    const int col = 4 * (e % V4);
+    cs_cp_async16(fs + row * FSTR + col, fsrc + row * DK + col);
+    cs_cp_async16(gs + row * GSTR + col, gsrc + row * DK + col);
+  }
+  if constexpr (HAS_E) {
+    float* es = gs + CP * GSTR;
+    constexpr int T4 = TR / 4;
+    for (int e = tid; e < CP * T4; e += NT) {
+      const int row = e / T4;
+      const int col = 4 * (e % T4);
+      cs_cp_async16(es + row * ESTR + col, esrc + static_cast<size_t>(row) * R + col);
+    }
+  }
+  cs_cp_async_commit();
+}
 """
 
 # The body of the kernel. Template constants (injected by MLX as constexpr):
@@ -137,29 +162,9 @@ _SOURCE = r"""
   auto stage = [&](int s) {
     const int c = chunk_of(s);
     const int p = s % NP;
-    float* fs = bufs + (s & 1) * BUF;
-    float* gs = fs + CP * FSTR;
     const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
-    const float* fsrc = Fm + row0 * DK;
-    const float* gsrc = Gm + row0 * DK;
-    constexpr int V4 = DK / 4;
-    for (int e = tid; e < CP * V4; e += NT) {
-      const int row = e / V4;
-      const int col = 4 * (e % V4);
-      cs_cp_async16(fs + row * FSTR + col, fsrc + row * DK + col);
-      cs_cp_async16(gs + row * GSTR + col, gsrc + row * DK + col);
-    }
-    if constexpr (HAS_E) {
-      float* es = gs + CP * GSTR;
-      const float* esrc = Em + row0 * R + r0;
-      constexpr int T4 = TR / 4;
-      for (int e = tid; e < CP * T4; e += NT) {
-        const int row = e / T4;
-        const int col = 4 * (e % T4);
-        cs_cp_async16(es + row * ESTR + col, esrc + static_cast<size_t>(row) * R + col);
-      }
-    }
-    cs_cp_async_commit();
+    cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
+        bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
   };
 
   stage(0);
@@ -417,29 +422,9 @@ _SOURCE_TC = r"""
   auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
     const int c = chunk_of(s);
     const int p = s % NP;
-    float* fs = bufs + (s & 1) * BUF;
-    float* gs = fs + CP * FSTR;
     const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
-    const float* fsrc = Fm + row0 * DK;
-    const float* gsrc = Gm + row0 * DK;
-    constexpr int V4 = DK / 4;
-    for (int e = tid; e < CP * V4; e += NT) {
-      const int row = e / V4;
-      const int cc = 4 * (e % V4);
-      cs_cp_async16(fs + row * FSTR + cc, fsrc + row * DK + cc);
-      cs_cp_async16(gs + row * GSTR + cc, gsrc + row * DK + cc);
-    }
-    if constexpr (HAS_E) {
-      float* es = gs + CP * GSTR;
-      const float* esrc = Em + row0 * R + r0;
-      constexpr int T4 = TR / 4;
-      for (int e = tid; e < CP * T4; e += NT) {
-        const int row = e / T4;
-        const int cc = 4 * (e % T4);
-        cs_cp_async16(es + row * ESTR + cc, esrc + static_cast<size_t>(row) * R + cc);
-      }
-    }
-    cs_cp_async_commit();
+    cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
+        bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
   };
 
   // The per-chunk scalars are read one chunk ahead, and H before the chunk's products,
