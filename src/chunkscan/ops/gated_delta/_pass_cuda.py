@@ -619,8 +619,9 @@ def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcC
         return None
     JT = 1 if Dk <= 128 else 2
     NT = 32 * Dk // (16 * JT)
-    # 32 rows per block: the tiling run on the H200 (runs 29-32). 16 rows, twice the
-    # blocks at twice the reads, is a tuning knob not yet run on a GPU.
+    # 32 rows per block: the fastest tiling on the H200. 16 rows (twice the blocks at
+    # twice the reads, a tuning knob) passed the CUDA tests there and was 11-59% slower
+    # forward over 256 chunks (run 34, suite stage tc_tune).
     TR = 32
     forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16 or 32 rows per block")
     if forced_tr is None and R % 32:
