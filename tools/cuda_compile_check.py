@@ -151,6 +151,10 @@ def kernels():
             label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
             out.append((label, f"chunkscan_gdn_{which}", cc._HEADER, cc._COMMON + source,
                         ins, outs_t, base + extra))  # fmt: skip
+            if which in cc._TC_KERNELS:  # the q / k products on tensor cores (the default)
+                out.append((label + " tc", f"chunkscan_gdn_{which}_tc",
+                            cc._HEADER + cc._HEADER_TC, cc._COMMON + source, ins, outs_t,
+                            base + extra))  # fmt: skip
             if nt == 512 and C == 64:  # the phase clocks (CHUNKSCAN_GDN_PROFILE=1)
                 out.append((label + " profile", f"chunkscan_gdn_{which}",
                             "#define CS_PROFILE 1\n" + cc._HEADER, cc._COMMON + source,

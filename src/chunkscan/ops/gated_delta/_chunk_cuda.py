@@ -54,7 +54,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel, cuda_limits, env_int
+from ..._backend import compute_capability, cuda_kernel, cuda_limits, env_int
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -430,6 +430,87 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 }  // namespace csg
 """
 
+# The products whose operands are q and k (kk, qk; m1 = d_w k^T) on the tensor cores
+# (CS_TC, prepended by _launch where tc_products() holds). bf16 / fp16 inputs are exact in
+# tf32 (8 / 11 significant bits of tf32's 11), so kk and qk of such inputs take one
+# tensor-core product per tile and their products are exact: only the sums differ from
+# the FMA loop's (the tensor cores truncate each step's sum, _pass_cuda and
+# bench/tc_probe.py). Other operands are split, 3xTF32, the small products in their own
+# accumulators. The same values in float32 (an upcast of bf16 inputs) have zero small
+# parts and give the same results bit for bit.
+_HEADER_TC = r"""
+#define CS_TC 1
+#include <mma.h>
+namespace csg {
+namespace wm = nvcuda::wmma;
+using TcAcc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
+using TcA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major>;
+using TcB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major>;
+template <class F> __device__ __forceinline__ void tc_round(F& f) {
+#pragma unroll
+  for (int e = 0; e < f.num_elements; ++e) f.x[e] = wm::__float_to_tf32(f.x[e]);
+}
+// x = big + small, both tf32 (small is zero where x is exact in tf32).
+template <class F> __device__ __forceinline__ void tc_split(F& big, F& small) {
+#pragma unroll
+  for (int e = 0; e < big.num_elements; ++e) {
+    const float x = big.x[e], b = wm::__float_to_tf32(x);
+    big.x[e] = b;
+    small.x[e] = wm::__float_to_tf32(x - b);
+  }
+}
+// D = A B^T ([M, K] times [N, K]^T, both in shared memory with rows along k) on the
+// tensor cores: run() multiplies into the warps' accumulators, store() writes D
+// (row-major). Warp w owns tiles w, w + NW, .. of the (M / 16) x (N / 16) grid. EA / EB:
+// that operand is exact in tf32 (its small part zero: the products with it skipped).
+// Rows 32-byte aligned, lda / ldb / ldd multiples of 4 (wmma's rules).
+template <int M, int N, int K, int NW, bool EA, bool EB> struct TcAbt {
+  static_assert(M % 16 == 0 && N % 16 == 0 && K % 8 == 0, "TcAbt: tiles of 16 x 16 x 8");
+  static constexpr int TN = N / 16, TILES = (M / 16) * TN, PER = (TILES + NW - 1) / NW;
+  static constexpr bool SMALL = !(EA && EB);
+  TcAcc big[PER], small[SMALL ? PER : 1];
+  __device__ __forceinline__ void run(const float* A, int lda, const float* B, int ldb) {
+    const int w = threadIdx.x / 32;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int t = w + p * NW;
+      if (t >= TILES) break;  // the same for the whole warp
+      const int r0 = (t / TN) * 16, c0 = (t % TN) * 16;
+      wm::fill_fragment(big[p], 0.f);
+      if (SMALL) wm::fill_fragment(small[p], 0.f);
+#pragma unroll 2
+      for (int k = 0; k < K; k += 8) {
+        TcA a, as;
+        TcB b, bs;
+        wm::load_matrix_sync(a, A + r0 * lda + k, lda);
+        wm::load_matrix_sync(b, B + c0 * ldb + k, ldb);
+        if (EA) tc_round(a); else tc_split(a, as);
+        if (EB) tc_round(b); else tc_split(b, bs);
+        if (!EA) wm::mma_sync(small[p], as, b, small[p]);
+        if (!EB) wm::mma_sync(small[p], a, bs, small[p]);
+        wm::mma_sync(big[p], a, b, big[p]);
+      }
+    }
+  }
+  // Once, after run(): D = big + small (a rounded float32 add).
+  __device__ __forceinline__ void store(float* D, int ldd) {
+    const int w = threadIdx.x / 32;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int t = w + p * NW;
+      if (t >= TILES) break;
+      if (SMALL) {
+#pragma unroll
+        for (int e = 0; e < big[p].num_elements; ++e) big[p].x[e] += small[p].x[e];
+      }
+      wm::store_matrix_sync(D + (t / TN) * 16 * ldd + (t % TN) * 16, big[p], ldd,
+                            wm::mem_row_major);
+    }
+  }
+};
+}  // namespace csg
+"""
+
 # Every kernel: grid (n * NT, L, Z): blockIdx.x = chunk j of the group, blockIdx.y =
 # lane l = b * HV + h (value head h, key head h / G). Raw inputs in the chunk layout
 # [B, n, C, H, D] (token tok + i of chunk j: tok = (b * n + j) * C).
@@ -471,6 +552,31 @@ _PREPARE = r"""
   csg::fill_gam<C, LDC, NT>(gf, Ls);
   __syncthreads();
   CS_MARK();  // 1: gates
+#ifdef CS_TC
+  {
+    constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;  // bf16 / fp16: exact in tf32
+    csg::TcAbt<C, C, DK, NT / 32, EX, EX> kk, qk;
+    kk.run(Ks, LDK4, Ks, LDK4);
+    qk.run(Xs, LDM, Ks, LDK4);
+    float* T2 = As;  // [C][C]: qk, then kk (As is cleared after)
+    qk.store(T2, C);
+    __syncthreads();
+    for (int e = tid; e < C * C; e += NT) {
+      const int i = e / C, t = e % C;
+      P[cl * C * C + e] = t <= i ? scale * T2[e] * Ls[i * LDC + t] : 0.f;
+    }
+    __syncthreads();
+    kk.store(T2, C);
+    __syncthreads();
+    for (int e = tid; e < C * C; e += NT) {
+      const int i = e / C, t = e % C;
+      const float gm = Ls[i * LDC + t];
+      Ls[i * LDC + t] = t < i ? bt[i] * gm * T2[e] : 0.f;
+    }
+    __syncthreads();
+    for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
+  }
+#else
   for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
   {
     csg::Tile<C, C, NT> kk, qk;
@@ -483,6 +589,7 @@ _PREPARE = r"""
       Ls[i * LDC + t] = t < i ? bt[i] * gm * x : 0.f;
     });
   }
+#endif
   __syncthreads();
   CS_MARK();  // 2: kk, qk
   // A = (I + L)^-1 (L strictly lower) in blocks: the diagonal blocks of B0 = 16 rows by
@@ -763,6 +870,19 @@ _INPUT_GRADS = r"""
   CS_MARK();  // 0: loads (partial sums added)
   csg::chunk_gates<C>(gf, gma, ten);
   csg::fill_gam<C, LDC4, NT>(gf, Gs);
+#ifdef CS_TC
+  {
+    constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;  // bf16 / fp16: exact in tf32
+    csg::TcAbt<C, C, DK, NT / 32, EX, EX> kk, qk;
+    kk.run(Ks, LDK4, Ks, LDK4);
+    kk.store(KKs, LDC4);
+    qk.run(Qs, LDK4, Ks, LDK4);
+    qk.store(QKs, LDC4);
+    csg::TcAbt<C, C, DK, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
+    m1.run(Ws, LDK4, Ks, LDK4);
+    m1.store(M1s, LDC4);
+  }
+#else
   {
     csg::Tile<C, C, NT> kk, qk, m1;
     kk.mm4<DK>(csg::op<true>(Ks, LDK4), csg::op<true>(Ks, LDK4));
@@ -772,6 +892,7 @@ _INPUT_GRADS = r"""
     qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC4 + t] = x; });
     m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC4 + t] = x; });
   }
+#endif
   __syncthreads();
   CS_MARK();  // 1: gates, kk, qk, m1
   // kdkb_i = sum_d (a^T d_w)[i, d] k[i, d]; dvbv_i = sum_c (a^T d_vnew)[i, c] v[i, c].
@@ -1010,10 +1131,25 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
 
 # Compile-time switches of the kernels, for tuning and tests (read at each call): the
 # phase clocks, and one element per global load everywhere (csg::load_tile).
+_TC_KERNELS = ("prepare", "input_grads")  # the kernels with CS_TC products
 _SWITCHES = (
     ("CHUNKSCAN_GDN_PROFILE", "CS_PROFILE"),
     ("CHUNKSCAN_GDN_SCALAR_LOADS", "CS_SCALAR_LOADS"),
 )
+
+
+def tc_products() -> bool:
+    """Whether ``prepare`` and ``input_grads`` run their q / k products on the tensor
+    cores (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
+    ``auto`` or unset: yes unless the device reports a compute capability below 8.0
+    (tf32 ``wmma`` needs sm_80)."""
+    env = os.environ.get("CHUNKSCAN_GDN_TC", "auto")
+    if env not in ("auto", "0", "1"):
+        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TC must be auto, 0 or 1, not {env!r}")
+    if env != "auto":
+        return env == "1"
+    cc = compute_capability()
+    return cc is None or cc >= (8, 0)
 
 
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
@@ -1024,14 +1160,15 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     template = [("NT", nt)] + list(template)
     shapes = [s for s, _ in outputs]
     dtypes = [d for _, d in outputs]
-    header = (
-        "".join(f"#define {macro} 1\n" for var, macro in _SWITCHES if os.environ.get(var) == "1")
-        + _HEADER
-    )
-    kernel = cuda_kernel(
-        "gated_delta_rule", f"chunkscan_gdn_{which}", names, outs, _COMMON + source, header,
-        smem,
-    )  # fmt: skip
+    on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
+    header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
+    if which in _TC_KERNELS and tc_products():
+        on.append("CS_TC")
+        header += _HEADER_TC
+    # The switches in the name too: MLX's own kernel cache (CHUNKSCAN_CUDA_PRECOMPILE=0)
+    # knows a kernel by its name.
+    name = "_".join([f"chunkscan_gdn_{which}"] + [m[3:].lower() for m in on])
+    kernel = cuda_kernel("gated_delta_rule", name, names, outs, _COMMON + source, header, smem)
     return kernel(
         inputs=inputs, template=template, grid=grid, threadgroup=group,
         output_shapes=shapes, output_dtypes=dtypes,
