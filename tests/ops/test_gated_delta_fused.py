@@ -255,8 +255,8 @@ def test_tuning_knobs_reject_other_values(monkeypatch):
 def test_emulated_with_every_kernel(monkeypatch):
     """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device; the
-    forward state pass on tensor cores and the reverse one on FMAs, ``prepare`` and
-    ``input_grads`` with their q / k products on tensor cores: the defaults)."""
+    forward state pass on tensor cores and the reverse one on FMAs, ``input_grads``
+    with its q / k products on tensor cores: the defaults)."""
     from chunkscan.ops.gated_delta import _passes
 
     run = cuda_emulator().run
@@ -342,7 +342,7 @@ def test_tensor_core_products_switch(monkeypatch):
 
 @needs_cxx
 def test_emulated_tensor_core_and_fma_products(emulated, monkeypatch):
-    """``prepare`` and ``input_grads`` with their q / k products on the tensor cores
+    """``input_grads`` with its q / k products on the tensor cores
     (emulated as the H200 sums, ``tools/cuda_emulate.py``) and as FMA loops
     (``CHUNKSCAN_GDN_TC=0``): both within the issue's 1e-4 of the oracle (measured at
     this shape, float32: 1.1e-6 for dg, the rest 1.2e-7 to 6.6e-7, the same for both),

@@ -6,8 +6,10 @@ and float32 intermediates of ``[C, C]`` or ``[C, D]`` per chunk and head written
 memory between them. Here each of those stages is ONE CUDA kernel launch
 per group, one thread block per (chunk, lane) (a lane is one value head of one batch
 row), with the chunk's intermediates in shared memory. The math is :mod:`.chunk`'s,
-line for line (``docs/gated_delta.md``); all arithmetic is float32 (plain FMA, no
-tensor cores), inputs of any float dtype are read and converted on load.
+line for line (``docs/gated_delta.md``); all arithmetic is float32 (FMA loops, but for
+``input_grads``' products with q and k: tensor cores, exact products for bf16 / fp16
+inputs and 3xTF32 otherwise, ``_HEADER_TC``, ``CHUNKSCAN_GDN_TC``), inputs of any float
+dtype are read and converted on load.
 
 Per group, forward: :func:`prepare` -> state pass (:mod:`._passes`) -> :func:`outputs`.
 Backward: :func:`prepare` (recompute) -> :func:`state_gradient_input` -> reverse state
@@ -430,14 +432,17 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 }  // namespace csg
 """
 
-# The products whose operands are q and k (kk, qk; m1 = d_w k^T) on the tensor cores
-# (CS_TC, prepended by _launch where tc_products() holds). bf16 / fp16 inputs are exact in
-# tf32 (8 / 11 significant bits of tf32's 11), so kk and qk of such inputs take one
+# input_grads' products with q and k (kk, qk; m1 = d_w k^T) on the tensor cores (CS_TC,
+# prepended by _launch where tc_products() holds). bf16 / fp16 inputs are exact in tf32
+# (8 / 11 significant bits of tf32's 11), so kk and qk of such inputs take one
 # tensor-core product per tile and their products are exact: only the sums differ from
 # the FMA loop's (the tensor cores truncate each step's sum, _pass_cuda and
 # bench/tc_probe.py). Other operands are split, 3xTF32, the small products in their own
 # accumulators. The same values in float32 (an upcast of bf16 inputs) have zero small
-# parts and give the same results bit for bit.
+# parts and give the same results bit for bit. On the H200 (run 35) the phase with these
+# products took 23k cycles of a block against 39k (the kernel 127k against 155k); the same
+# in prepare (kk, qk) gained nothing (27k against 26k: its stores and barriers, not its
+# products, set that phase), so prepare keeps the FMA loops.
 _HEADER_TC = r"""
 #define CS_TC 1
 #include <mma.h>
@@ -552,31 +557,6 @@ _PREPARE = r"""
   csg::fill_gam<C, LDC, NT>(gf, Ls);
   __syncthreads();
   CS_MARK();  // 1: gates
-#ifdef CS_TC
-  {
-    constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;  // bf16 / fp16: exact in tf32
-    csg::TcAbt<C, C, DK, NT / 32, EX, EX> kk, qk;
-    kk.run(Ks, LDK4, Ks, LDK4);
-    qk.run(Xs, LDM, Ks, LDK4);
-    float* T2 = As;  // [C][C]: qk, then kk (As is cleared after)
-    qk.store(T2, C);
-    __syncthreads();
-    for (int e = tid; e < C * C; e += NT) {
-      const int i = e / C, t = e % C;
-      P[cl * C * C + e] = t <= i ? scale * T2[e] * Ls[i * LDC + t] : 0.f;
-    }
-    __syncthreads();
-    kk.store(T2, C);
-    __syncthreads();
-    for (int e = tid; e < C * C; e += NT) {
-      const int i = e / C, t = e % C;
-      const float gm = Ls[i * LDC + t];
-      Ls[i * LDC + t] = t < i ? bt[i] * gm * T2[e] : 0.f;
-    }
-    __syncthreads();
-    for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
-  }
-#else
   for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
   {
     csg::Tile<C, C, NT> kk, qk;
@@ -589,7 +569,6 @@ _PREPARE = r"""
       Ls[i * LDC + t] = t < i ? bt[i] * gm * x : 0.f;
     });
   }
-#endif
   __syncthreads();
   CS_MARK();  // 2: kk, qk
   // A = (I + L)^-1 (L strictly lower) in blocks: the diagonal blocks of B0 = 16 rows by
@@ -1131,7 +1110,7 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
 
 # Compile-time switches of the kernels, for tuning and tests (read at each call): the
 # phase clocks, and one element per global load everywhere (csg::load_tile).
-_TC_KERNELS = ("prepare", "input_grads")  # the kernels with CS_TC products
+_TC_KERNELS = ("input_grads",)  # the kernels with CS_TC products
 _SWITCHES = (
     ("CHUNKSCAN_GDN_PROFILE", "CS_PROFILE"),
     ("CHUNKSCAN_GDN_SCALAR_LOADS", "CS_SCALAR_LOADS"),
@@ -1139,8 +1118,8 @@ _SWITCHES = (
 
 
 def tc_products() -> bool:
-    """Whether ``prepare`` and ``input_grads`` run their q / k products on the tensor
-    cores (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
+    """Whether ``input_grads`` runs its q / k products on the tensor cores
+    (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
     ``auto`` or unset: yes unless the device reports a compute capability below 8.0
     (tf32 ``wmma`` needs sm_80)."""
     env = os.environ.get("CHUNKSCAN_GDN_TC", "auto")
