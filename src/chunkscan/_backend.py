@@ -75,6 +75,20 @@ _CUDA_KERNELS: dict[tuple, object] = {}
 # to ``tools/cuda_emulate.py``'s ``run`` to run the kernel sources on the CPU.
 RUNNER = None
 
+# The kernels' inputs that carry nothing: one array for every launch and every call, so a
+# group adds no fill op (the slots a launch does not read: UNUSED), and one float32 scalar
+# array per value (a kernel's parameters: param).
+UNUSED = mx.zeros((4,), dtype=mx.float32)
+_PARAMS: dict[float, mx.array] = {}
+
+
+def param(x: float) -> mx.array:
+    """``[x]`` as a float32 array, the same array for every launch with that value."""
+    a = _PARAMS.get(x)
+    if a is None:
+        a = _PARAMS[x] = mx.array([x], dtype=mx.float32)
+    return a
+
 
 def cuda_kernel(
     fn: str,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..._backend import cuda_kernel, cuda_limits
+from ..._backend import cuda_kernel, cuda_limits, param
 from ._checks import Spec
 
 F32 = mx.float32
@@ -534,16 +534,12 @@ def template(spec: Spec, dtype: mx.Dtype) -> list[tuple[str, object]]:
     ]
 
 
-def _params(spec: Spec) -> mx.array:
-    return mx.array([spec.scale], dtype=F32)
-
-
 def forward(spec: Spec, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
     """``o = attention(q, k, v)`` ``[B, Hq, T, Dv]`` in the input dtype (the float32
     statistics stay inside); requires :func:`supports`."""
     B, Hq, T = spec.B, spec.Hq, spec.T
     o, _ = _kernel("fwd", smem_bytes(spec.D, spec.Dv)["fwd"])(
-        inputs=[q, k, v, _params(spec)],
+        inputs=[q, k, v, param(spec.scale)],
         template=template(spec, q.dtype),
         grid=(-(-T // BR) * NT, Hq, B),
         threadgroup=(NT, 1, 1),
@@ -560,7 +556,7 @@ def dq_pass(
     both); ``do`` and ``o`` in the input dtype."""
     B, Hq, T = spec.B, spec.Hq, spec.T
     return _kernel("dq", smem_bytes(spec.D, spec.Dv)["dq"])(
-        inputs=[q, k, v, do, o, _params(spec)],
+        inputs=[q, k, v, do, o, param(spec.scale)],
         template=template(spec, q.dtype),
         grid=(-(-T // BR) * NT, Hq, B),
         threadgroup=(NT, 1, 1),
@@ -580,7 +576,7 @@ def dkdv_pass(
 ) -> tuple[mx.array, mx.array]:
     """The ``dk``/``dv`` kernel, given :func:`dq_pass`'s ``delta`` and ``lse``."""
     return _kernel("dkdv", smem_bytes(spec.D, spec.Dv)["dkdv"])(
-        inputs=[q, k, v, do, delta, lse, _params(spec)],
+        inputs=[q, k, v, do, delta, lse, param(spec.scale)],
         template=template(spec, q.dtype),
         grid=(-(-spec.S // BC) * NT, spec.Hkv, spec.B),
         threadgroup=(NT, 1, 1),

@@ -56,7 +56,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ..._backend import compute_capability, cuda_kernel, cuda_limits, env_int
+from ..._backend import UNUSED, compute_capability, cuda_kernel, cuda_limits, env_int, param
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -1164,10 +1164,6 @@ def _base(C, Dk, Dv, Hk, Hv) -> list[tuple[str, object]]:
     return [("C", C), ("DK", Dk), ("DV", Dv), ("G", Hv // Hk), ("HK", Hk), ("HV", Hv)]
 
 
-def _params(scale: float) -> mx.array:
-    return mx.array([scale], dtype=F32)
-
-
 def prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
     """Raw group inputs in the chunk layout (``[B, n, C, H, D]``, ``[B, n, C, Hv]``) ->
     ``a, p, w, u, kt, decay`` in lane layout (see the module docstring)."""
@@ -1176,15 +1172,10 @@ def prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
     outs = [((L, n, C, C), F32), ((L, n, C, C), F32), ((L, n, C, Dk), F32),
             ((L, n, C, Dv), F32), ((L, n, C, Dk), F32), ((L, n), F32)]  # fmt: skip
     a, p, w, u, kt, decay = _launch(
-        "prepare", [q, k, v, g, beta, _params(scale)], _base(C, Dk, Dv, Hk, Hv), L, n, 1,
+        "prepare", [q, k, v, g, beta, param(scale)], _base(C, Dk, Dv, Hk, Hv), L, n, 1,
         outs, C, Dk, Dv,
     )  # fmt: skip
     return SimpleNamespace(a=a, p=p, w=w, u=u, kt=kt, decay=decay, scale=scale)
-
-
-# The input in the slots a launch does not read (one array for every call: no fill op
-# per group).
-_UNUSED = mx.zeros((1,), dtype=F32)
 
 
 def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.array:
@@ -1196,7 +1187,7 @@ def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.ar
     tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", False), ("TO", dtype)]
     outs = [((B, n, C, Hv, Dv), dtype), ((1,), F32)]
     o, _ = _launch(
-        "output", [q, g, p.p, p.w, p.u, entering, _UNUSED, o_bad, _params(p.scale)], tmpl,
+        "output", [q, g, p.p, p.w, p.u, entering, UNUSED, o_bad, param(p.scale)], tmpl,
         L, n, 1, outs, C, Dk, Dv,
     )  # fmt: skip
     return o
@@ -1211,7 +1202,7 @@ def state_gradient_input(q, g, p: SimpleNamespace, d_o, o_bad) -> mx.array:
     tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", True), ("TO", F32)]
     outs = [((1,), F32), ((L, n, Dv, Dk), F32)]
     _, hm = _launch(
-        "output", [q, g, p.p, p.w, _UNUSED, _UNUSED, d_o, o_bad, _params(p.scale)], tmpl,
+        "output", [q, g, p.p, p.w, UNUSED, UNUSED, d_o, o_bad, param(p.scale)], tmpl,
         L, n, 1, outs, C, Dk, Dv,
     )  # fmt: skip
     return hm
@@ -1229,7 +1220,7 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
-        "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v, _params(p.scale)], tmpl,
+        "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v, param(p.scale)], tmpl,
         L, n, nv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return SimpleNamespace(dvn=dvn, dw=dw, dqg=dqg, dkt=dkt, dp=dp, m2=m2, ddec=ddec, nv=nv)
@@ -1249,7 +1240,7 @@ def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.arra
     dq, dk, dv, dg, dbeta = _launch(
         "input_grads",
         [q, k, v, g, beta, p.a, sg.dvn, sg.dw, sg.dqg, sg.dkt, sg.dp, sg.m2, sg.ddec,
-         _params(p.scale)],
+         param(p.scale)],
         tmpl, B * Hv, n, 1, outs, C, Dk, Dv,
     )  # fmt: skip
     # The kernel writes no gradient for a non-finite q or k (each of the G partial sums

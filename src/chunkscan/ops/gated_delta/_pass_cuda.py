@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..._backend import compute_capability, cuda_kernel, cuda_limits, env_int
+from ..._backend import UNUSED, compute_capability, cuda_kernel, cuda_limits, env_int
 
 F32 = mx.float32
 # The device's shared memory (opt-in maximum per block; per multiprocessor, 1 KiB of it
@@ -796,10 +796,6 @@ def supports(F: mx.array, G: mx.array, E: mx.array | None, H: mx.array | None) -
     return choose_config(C, Dk, R, E is not None) is not None
 
 
-# The input in the slots a launch does not read (one array for every call).
-_UNUSED = mx.zeros((4,), dtype=F32)
-
-
 def _kernel(smem: int):
     """The kernel object for a shared-memory size."""
     return cuda_kernel(
@@ -886,13 +882,13 @@ def state_pass(
         store_idx[c] = k
     S = len(stores)
     inputs = [
-        x_in.astype(F32) if x_in is not None else _UNUSED,
+        x_in.astype(F32) if x_in is not None else UNUSED,
         decay.astype(F32),
         F,
-        E if E is not None else _UNUSED,
+        E if E is not None else UNUSED,
         G,
-        H if H is not None else _UNUSED,
-        inits.astype(F32) if inits is not None else _UNUSED,
+        H if H is not None else UNUSED,
+        inits.astype(F32) if inits is not None else UNUSED,
         mx.array(load_idx, dtype=mx.int32),
         mx.array(store_idx, dtype=mx.int32),
     ]
