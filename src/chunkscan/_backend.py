@@ -49,6 +49,21 @@ def env_int(name: str, fn: str, what: str) -> int | None:
         ) from None
 
 
+def env_choice(name: str, fn: str, choices: tuple[str, ...], what: str) -> str | None:
+    """The environment variable ``name`` as one of ``choices`` (``None`` where unset or
+    empty); anything else raises a ``ValueError`` that names the variable, ``fn`` and
+    ``what`` the choices mean."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if text not in choices:
+        raise ValueError(
+            f"[{fn}] the environment variable {name} must be {what} but is {text!r}. "
+            f"Set it to one of those, or unset it for the default."
+        )
+    return text
+
+
 def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     """Whether the fused CUDA kernels are used: ``kernels`` if given, else on when the
     default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``

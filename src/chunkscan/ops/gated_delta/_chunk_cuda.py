@@ -56,7 +56,15 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ..._backend import UNUSED, compute_capability, cuda_kernel, cuda_limits, env_int, param
+from ..._backend import (
+    UNUSED,
+    compute_capability,
+    cuda_kernel,
+    cuda_limits,
+    env_choice,
+    env_int,
+    param,
+)
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -1122,9 +1130,11 @@ def tc_products() -> bool:
     (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
     ``auto`` or unset: yes unless the device reports a compute capability below 8.0
     (tf32 ``wmma`` needs sm_80)."""
-    env = os.environ.get("CHUNKSCAN_GDN_TC", "auto")
-    if env not in ("auto", "0", "1"):
-        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TC must be auto, 0 or 1, not {env!r}")
+    env = env_choice(
+        "CHUNKSCAN_GDN_TC", "gated_delta_rule", ("auto", "0", "1"),
+        "auto (tensor cores where the GPU has them, the default), 1 (always) or 0 (the FMA "
+        "loops)",
+    ) or "auto"  # fmt: skip
     if env != "auto":
         return env == "1"
     cc = compute_capability()

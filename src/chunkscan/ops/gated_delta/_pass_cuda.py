@@ -43,12 +43,11 @@ per piece ``CP`` when it does not fit).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..._backend import UNUSED, compute_capability, cuda_kernel, cuda_limits, env_int
+from ..._backend import UNUSED, compute_capability, cuda_kernel, cuda_limits, env_choice, env_int
 
 F32 = mx.float32
 # The device's shared memory (opt-in maximum per block; per multiprocessor, 1 KiB of it
@@ -593,13 +592,11 @@ def tc_enabled(reverse: bool) -> bool:
     forward pass only; ``1``, both; ``0``, neither (the FMA kernel). On the H200 the
     tensor-core kernel was 8-22% faster forward than the FMA kernel and 3-8% slower in
     reverse (``bench/state_pass.py --n 256``, runs 29-31), and 4x more accurate in both."""
-    value = os.environ.get("CHUNKSCAN_PASS_TC", "auto").strip() or "auto"
-    if value not in ("0", "1", "auto"):
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC must be auto (the tensor-core state-pass "
-            f"kernel forward, the default), 1 (forward and reverse) or 0 (the FMA kernel "
-            f"only) but got {value!r}."
-        )
+    value = env_choice(
+        "CHUNKSCAN_PASS_TC", "gated_delta_rule", ("auto", "0", "1"),
+        "auto (the tensor-core state-pass kernel forward, the default), 1 (forward and "
+        "reverse) or 0 (the FMA kernel only)",
+    ) or "auto"  # fmt: skip
     return value == "1" or (value == "auto" and not reverse)
 
 
