@@ -110,6 +110,10 @@ def kernels():
                                reverse=not has_e)  # fmt: skip
             out.append((label.replace("state_pass", "state_pass_tc"), "chunkscan_state_pass_tc",
                         sp._HEADER_TC, sp._SOURCE_TC, ins, outs, t))  # fmt: skip
+            t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
+                               reverse=not has_e, tf32=True)  # fmt: skip
+            out.append((label.replace("state_pass", "state_pass_tc") + " tf32",
+                        "chunkscan_state_pass_tc", sp._HEADER_TC, sp._SOURCE_TC, ins, outs, t))
     for D, Dv, causal, dt in ((256, 256, True, "bfloat16"), (64, 128, False, "float16"),
                               (128, 64, True, "bfloat16"), (64, 256, True, "float16")):  # fmt: skip
         spec = Spec(1, 16, 2, 1000, 1000, D, Dv, 0.06, "causal" if causal else "none", None,
@@ -155,6 +159,10 @@ def kernels():
                 out.append((label + " tc", f"chunkscan_gdn_{which}_tc",
                             cc._HEADER + cc._HEADER_TC, cc._COMMON + source, ins, outs_t,
                             base + extra))  # fmt: skip
+            if which in cc._TF32_KERNELS:  # one tf32 product per tile (CS_TF32)
+                out.append((label + " tf32", f"chunkscan_gdn_{which}_tf32_tc",
+                            "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC,
+                            cc._COMMON + source, ins, outs_t, base + extra))  # fmt: skip
             if nt == 512 and C == 64:  # the phase clocks (CHUNKSCAN_GDN_PROFILE=1)
                 out.append((label + " profile", f"chunkscan_gdn_{which}",
                             "#define CS_PROFILE 1\n" + cc._HEADER, cc._COMMON + source,

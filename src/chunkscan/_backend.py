@@ -84,6 +84,29 @@ def cuda_device() -> bool:
         return False
 
 
+def tf32_products(fn: str = "chunkscan") -> bool:
+    """Whether the kernels may multiply float32 operands in TF32 (one tensor-core
+    product, each operand rounded to 10 mantissa bits, float32 sums), by
+    ``CHUNKSCAN_GDN_TF32`` (read at each call): ``1`` yes, ``0`` no, ``auto`` or unset:
+    as MLX's own float32 matmuls on this device, that is on a CUDA GPU unless
+    ``MLX_ENABLE_TF32=0`` (MLX's default is TF32 there; it reads the variable once per
+    process, this at each call). Elsewhere (the CPU, the emulator) auto is float32."""
+    value = env_choice(
+        "CHUNKSCAN_GDN_TF32", fn, ("auto", "0", "1"),
+        "auto (TF32 products where MLX multiplies float32 in TF32: CUDA with "
+        "MLX_ENABLE_TF32 unset or not 0, the default), 1 (always) or 0 (float32 products)",
+    ) or "auto"  # fmt: skip
+    if value != "auto":
+        return value == "1"
+    if not cuda_device():
+        return False
+    text = os.environ.get("MLX_ENABLE_TF32", "").strip()
+    try:
+        return int(text) != 0 if text else True
+    except ValueError:  # MLX itself would fail to parse it; take MLX's default
+        return True
+
+
 _CUDA_KERNELS: dict[tuple, object] = {}
 
 # Where every kernel of the package runs: None, ``mx.fast.cuda_kernel``; the tests set it

@@ -412,6 +412,62 @@ def test_emulated_non_finite_input_is_causal(emulated, name, value):
 
 # ------------------------------------------------------------------- on a CUDA device
 
+# TF32 products (CHUNKSCAN_GDN_TF32=1): every operand rounded to tf32 (unit roundoff
+# 2^-11 ~ 4.9e-4), float32 sums. Emulated at the shape below (C = 64, float32, portable
+# state passes) the errors were 2.5e-4 to 4.0e-4 against the oracle (o 3.5e-4, dk 4.0e-4);
+# the bound is ~4x that, far below what a wrong tile, layout or sign gives (O(1)).
+TF32_TOL = 1.5e-3
+
+
+@needs_cxx
+def test_emulated_tf32_products(emulated, monkeypatch):
+    """``output``, ``state_grads`` and ``input_grads`` with one tf32 product per tile:
+    within :data:`TF32_TOL` of the oracle, and not the float32 kernels' values."""
+    inputs = make_inputs(1, 70, 1, 2, 32, 64)
+    ref = outputs_and_grads(naive, inputs)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
+    print({n: f"{max_rel(a, b):.2e}" for n, a, b in zip(NAMES, got, ref)})
+    assert_close(got, ref, tol=TF32_TOL)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
+    exact = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
+    assert_close(exact, ref)
+    # o and every input gradient come from a TF32 kernel (final_state and dh0 from the
+    # portable state passes here)
+    assert all(not mx.array_equal(a, b).item() for a, b in zip(got[2:7], exact[2:7]))
+    assert not mx.array_equal(got[0], exact[0]).item()
+
+
+def test_tf32_products_switch(monkeypatch):
+    """``CHUNKSCAN_GDN_TF32``: auto (the default) follows MLX's own float32 matmuls, TF32
+    on a CUDA device unless ``MLX_ENABLE_TF32=0``, float32 elsewhere; 1 / 0 force it;
+    anything else raises naming the variable."""
+    monkeypatch.delenv("CHUNKSCAN_GDN_TF32", raising=False)
+    monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+    for cuda, mlx_tf32, on in (
+        (False, None, False),
+        (True, None, True),
+        (True, "0", False),
+        (True, "1", True),
+        (True, "", True),
+        (False, "1", False),
+    ):
+        monkeypatch.setattr(_backend, "cuda_device", lambda cuda=cuda: cuda)
+        if mlx_tf32 is None:
+            monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+        else:
+            monkeypatch.setenv("MLX_ENABLE_TF32", mlx_tf32)
+        assert _backend.tf32_products() is on, (cuda, mlx_tf32)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    assert _backend.tf32_products()
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    assert not _backend.tf32_products()
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "fast")
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_TF32"):
+        _backend.tf32_products()
+
+
 QWEN = (1, 300, 2, 4, 128, 128)  # T not a multiple of 64, Hv = 2 Hk, two Dv slices
 
 
@@ -445,6 +501,22 @@ def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype):
     got, ref = low_precision_pair(make_inputs(*QWEN, dtype=dtype), chunk_size=64)
     for name, a, b in zip(NAMES, got, ref):
         assert mx.array_equal(a, b.astype(a.dtype)).item(), name
+
+
+@needs_cuda
+def test_cuda_tf32_products_match_oracle(monkeypatch):
+    """The op with TF32 products (``CHUNKSCAN_GDN_TF32=1``: the chunk kernels' and both
+    state passes'; the default on CUDA unless ``MLX_ENABLE_TF32=0``) within
+    :data:`TF32_TOL` of the float32 oracle, and not the float32 kernels' values."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    inputs = make_inputs(*QWEN)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    ref = outputs_and_grads(naive, inputs)
+    print({n: f"{max_rel(a, b):.2e}" for n, a, b in zip(NAMES, got, ref)})
+    assert_close(got, ref, tol=TF32_TOL)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
+    exact = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    assert not any(mx.array_equal(a, b).item() for a, b in zip(got, exact))
 
 
 @needs_cuda

@@ -64,6 +64,7 @@ from ..._backend import (
     env_choice,
     env_int,
     param,
+    tf32_products,
 )
 
 F32 = mx.float32
@@ -472,55 +473,89 @@ template <class F> __device__ __forceinline__ void tc_split(F& big, F& small) {
     small.x[e] = wm::__float_to_tf32(x - b);
   }
 }
-// D = A B^T ([M, K] times [N, K]^T, both in shared memory with rows along k) on the
-// tensor cores: run() multiplies into the warps' accumulators, store() writes D
-// (row-major). Warp w owns tiles w, w + NW, .. of the (M / 16) x (N / 16) grid. EA / EB:
-// that operand is exact in tf32 (its small part zero: the products with it skipped).
-// Rows 32-byte aligned, lda / ldb / ldd multiples of 4 (wmma's rules).
-template <int M, int N, int K, int NW, bool EA, bool EB> struct TcAbt {
-  static_assert(M % 16 == 0 && N % 16 == 0 && K % 8 == 0, "TcAbt: tiles of 16 x 16 x 8");
+template <bool B, class T, class F> struct pick { using type = T; };
+template <class T, class F> struct pick<false, T, F> { using type = F; };
+// D += A B ([M, K] times [K, N]) on the tensor cores, the accumulators in the warps'
+// fragments: zero(), then tc_run<K, KA, KB>() once or more, then each() or store(). Warp w
+// owns tiles w, w + NW, .. of the (M / 16) x (N / 16) grid. Operands in memory (shared or
+// global): KA, A(i, k) = A[i lda + k], else A[k lda + i]; KB, B(k, j) = B[j ldb + k], else
+// B[k ldb + j]. EA / EB: that operand is exact in tf32 (one product per tile; otherwise
+// it is split, 3xTF32, the small products in their own accumulators). With CS_TF32 every
+// operand is taken as exact: one tf32 product per tile, each operand rounded to tf32
+// (MLX's own float32 matmul precision on CUDA by default; CHUNKSCAN_GDN_TF32). Pointers
+// 32-byte aligned at every tile's corner, lda / ldb / ldd multiples of 4 (wmma's rules).
+template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
+  static_assert(M % 16 == 0 && N % 16 == 0, "TcMM: tiles of 16 x 16");
+#ifdef CS_TF32
+  static constexpr bool EA = true, EB = true;
+#else
+  static constexpr bool EA = EA0, EB = EB0;
+#endif
   static constexpr int TN = N / 16, TILES = (M / 16) * TN, PER = (TILES + NW - 1) / NW;
   static constexpr bool SMALL = !(EA && EB);
   TcAcc big[PER], small[SMALL ? PER : 1];
-  __device__ __forceinline__ void run(const float* A, int lda, const float* B, int ldb) {
-    const int w = threadIdx.x / 32;
+  __device__ __forceinline__ int tile(int p) const { return threadIdx.x / 32 + p * NW; }
+  __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
-      const int t = w + p * NW;
-      if (t >= TILES) break;  // the same for the whole warp
-      const int r0 = (t / TN) * 16, c0 = (t % TN) * 16;
       wm::fill_fragment(big[p], 0.f);
       if (SMALL) wm::fill_fragment(small[p], 0.f);
-#pragma unroll 2
-      for (int k = 0; k < K; k += 8) {
-        TcA a, as;
-        TcB b, bs;
-        wm::load_matrix_sync(a, A + r0 * lda + k, lda);
-        wm::load_matrix_sync(b, B + c0 * ldb + k, ldb);
-        if (EA) tc_round(a); else tc_split(a, as);
-        if (EB) tc_round(b); else tc_split(b, bs);
-        if (!EA) wm::mma_sync(small[p], as, b, small[p]);
-        if (!EB) wm::mma_sync(small[p], a, bs, small[p]);
-        wm::mma_sync(big[p], a, b, big[p]);
-      }
     }
   }
-  // Once, after run(): D = big + small (a rounded float32 add).
-  __device__ __forceinline__ void store(float* D, int ldd) {
-    const int w = threadIdx.x / 32;
+  // Once, after the last tc_run(): fn(r0, c0, D) for each owned tile (rows r0.., columns
+  // c0..), D = big + small (a rounded float32 add) as a fragment that fn may change and
+  // store.
+  template <class F> __device__ __forceinline__ void each(F fn) {
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
-      const int t = w + p * NW;
+      const int t = tile(p);
       if (t >= TILES) break;
       if (SMALL) {
 #pragma unroll
         for (int e = 0; e < big[p].num_elements; ++e) big[p].x[e] += small[p].x[e];
       }
-      wm::store_matrix_sync(D + (t / TN) * 16 * ldd + (t % TN) * 16, big[p], ldd,
-                            wm::mem_row_major);
+      fn((t / TN) * 16, (t % TN) * 16, big[p]);
     }
   }
+  // Once, after the last tc_run(): D (row-major, shared or global memory) = the product,
+  // or (neg) minus it.
+  __device__ __forceinline__ void store(float* D, size_t ldd, bool neg = false) {
+    each([&](int r0, int c0, TcAcc& d) {
+      if (neg) {
+#pragma unroll
+        for (int e = 0; e < d.num_elements; ++e) d.x[e] = -d.x[e];
+      }
+      wm::store_matrix_sync(D + r0 * ldd + c0, d, unsigned(ldd), wm::mem_row_major);
+    });
+  }
 };
+// mm += A B over K (TcMM's operand rules).
+template <int K, bool KA, bool KB, class MM>
+__device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const float* B, int ldb) {
+  static_assert(K % 8 == 0, "TcMM: k in steps of 8");
+  using FA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32,
+                          typename pick<KA, wm::row_major, wm::col_major>::type>;
+  using FB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32,
+                          typename pick<KB, wm::col_major, wm::row_major>::type>;
+#pragma unroll
+  for (int p = 0; p < MM::PER; ++p) {
+    const int t = mm.tile(p);
+    if (t >= MM::TILES) break;  // the same for the whole warp
+    const int r0 = (t / MM::TN) * 16, c0 = (t % MM::TN) * 16;
+#pragma unroll 2
+    for (int k = 0; k < K; k += 8) {
+      FA a, as;
+      FB b, bs;
+      wm::load_matrix_sync(a, KA ? A + r0 * lda + k : A + k * lda + r0, lda);
+      wm::load_matrix_sync(b, KB ? B + c0 * ldb + k : B + k * ldb + c0, ldb);
+      if (MM::EA) tc_round(a); else tc_split(a, as);
+      if (MM::EB) tc_round(b); else tc_split(b, bs);
+      if (!MM::EA) wm::mma_sync(mm.small[p], as, b, mm.small[p]);
+      if (!MM::EB) wm::mma_sync(mm.small[p], a, bs, mm.small[p]);
+      wm::mma_sync(mm.big[p], a, b, mm.big[p]);
+    }
+  }
+}
 }  // namespace csg
 """
 
@@ -680,6 +715,24 @@ _OUTPUT = r"""
   CS_MARK();  // 0: loads
   csg::chunk_gates<C>(gf, gma, ten);
   __syncthreads();
+#ifdef CS_TF32
+  for (int e = tid; e < C * DK; e += NT) {  // scale gamma q, then minus p w by tile
+    const int i = e / DK, x = i * LDK4 + e % DK;
+    Xs[x] = scale * gma[i] * Xs[x];
+  }
+  __syncthreads();
+  {
+    csg::TcMM<C, DK, NT / 32, true, true> x;
+    x.zero();
+    csg::tc_run<C, true, false>(x, Ps, LDC4, Bs, LDK4);
+    x.each([&](int i0, int d0, csg::TcAcc& val) {  // each tile read and written by its warp
+      csg::TcAcc qg;
+      csg::wm::load_matrix_sync(qg, Xs + i0 * LDK4 + d0, LDK4, csg::wm::mem_row_major);
+      for (int e = 0; e < val.num_elements; ++e) val.x[e] = qg.x[e] - val.x[e];
+      csg::wm::store_matrix_sync(Xs + i0 * LDK4 + d0, val, LDK4, csg::wm::mem_row_major);
+    });
+  }
+#else
   {
     csg::Tile<C, DK, NT, false, true> x;
     x.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Bs, LDK4));
@@ -687,6 +740,7 @@ _OUTPUT = r"""
       Xs[i * LDK4 + d] = scale * gma[i] * Xs[i * LDK4 + d] - val;
     });
   }
+#endif
   __syncthreads();
   CS_MARK();  // 1: gates, X
   if (MODE_H) {
@@ -699,6 +753,27 @@ _OUTPUT = r"""
   }
   __syncthreads();
   CS_MARK();  // 2: S or d_o loads
+#ifdef CS_TF32
+  if (MODE_H) {
+    csg::TcMM<DV, DK, NT / 32, true, true> hm;
+    hm.zero();
+    csg::tc_run<C, false, false>(hm, Bs, LDV4, Xs, LDK4);
+    hm.store(Hm + cl * DV * DK, DK);
+  } else {
+    csg::TcMM<C, DV, NT / 32, true, true> o;
+    o.zero();
+    csg::tc_run<DK, true, true>(o, Xs, LDK4, Bs, LDK4);
+    csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDV4);
+    __syncthreads();  // every warp done with S: o through shared memory, then out
+    o.store(Bs, LDV4);
+    __syncthreads();
+    for (int e = tid; e < C * DV; e += NT) {
+      const int i = e / DV, c = e % DV;
+      const size_t r = (tok + i) * HV + h;
+      out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : Bs[i * LDV4 + c]);
+    }
+  }
+#else
   if (MODE_H) {
     csg::Tile<DV, DK, NT, true, true> hm;
     hm.mm4<C>(csg::op<false>(Bs, LDV4), csg::op<false>(Xs, LDK4));
@@ -712,6 +787,7 @@ _OUTPUT = r"""
       out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
     });
   }
+#endif
   CS_PROF_END(MODE_H ? "output_h" : "output");  // 3: h or o
 """
 
@@ -761,6 +837,61 @@ _STATE_GRADS = r"""
   }
   if (tid == 0) DDECp[pz] = red[0];
   CS_MARK();  // 2: d_decay
+#ifdef CS_TF32
+  // The same products on the tensor cores, one tf32 product per tile (CS_TF32), the
+  // results stored from the fragments.
+  {
+    csg::TcMM<C, TV, NT / 32, true, true> vn, dvn;
+    vn.zero();
+    dvn.zero();
+    csg::tc_run<C, false, false>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
+    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
+      const size_t w0 = cl * C * DK + k0;
+      csg::load_tile<C, KS, NT>(W + w0, DK, [&](int i, int d, float x) { Wk[i * LDS + d] = x; });
+      csg::load_tile<C, KS, NT>(KT + w0, DK, [&](int i, int d, float x) { Kk[i * LDS + d] = x; });
+      __syncthreads();
+      csg::tc_run<KS, true, true>(vn, Wk, LDS, Ss + k0, LDK4);
+      csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSs + k0, LDK4);
+      __syncthreads();
+    }
+    vn.each([&](int i0, int r0, csg::TcAcc& x) {  // v_new = u - w S^T
+      csg::TcAcc u;
+      csg::wm::load_matrix_sync(u, U + (cl * C + i0) * DV + e0 + r0, DV, csg::wm::mem_row_major);
+      for (int e = 0; e < x.num_elements; ++e) x.x[e] = u.x[e] - x.x[e];
+      csg::wm::store_matrix_sync(Vn + i0 * LDT + r0, x, LDT, csg::wm::mem_row_major);
+    });
+    dvn.each([&](int i0, int r0, csg::TcAcc& x) {
+      csg::wm::store_matrix_sync(DVn + i0 * LDT + r0, x, LDT, csg::wm::mem_row_major);
+      csg::wm::store_matrix_sync(DVN + (cl * C + i0) * DV + e0 + r0, x, DV,
+                                 csg::wm::mem_row_major);
+    });
+  }
+  __syncthreads();
+  CS_MARK();  // 3: v_new, d_vnew
+  {
+    csg::TcMM<C, DK, NT / 32, true, true> dw, dqg, dkt;  // one at a time: registers
+    dw.zero();
+    csg::tc_run<TV, true, false>(dw, DVn, LDT, Ss, LDK4);
+    dw.store(DWp + pz * C * DK, DK, true);
+    dqg.zero();
+    csg::tc_run<TV, true, false>(dqg, Do, LDT, Ss, LDK4);
+    dqg.store(DQGp + pz * C * DK, DK);
+    dkt.zero();
+    csg::tc_run<TV, true, false>(dkt, Vn, LDT, DSs, LDK4);
+    dkt.store(DKTp + pz * C * DK, DK);
+  }
+  CS_MARK();  // 4: d_w, d_qg, d_kt
+  {
+    // d_p in full (input_grads keeps its causal part), m2
+    csg::TcMM<C, C, NT / 32, true, true> dp, m2;
+    dp.zero();
+    csg::tc_run<TV, true, true>(dp, Do, LDT, Vn, LDT);
+    dp.store(DPp + pz * C * C, C);
+    m2.zero();
+    csg::tc_run<TV, true, true>(m2, DVn, LDT, Vt, LDT);
+    m2.store(M2p + pz * C * C, C);
+  }
+#else
   {
     csg::Tile<C, TV, NT> vn, dvn;
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
@@ -803,6 +934,7 @@ _STATE_GRADS = r"""
     });
     m2.each([&](int i, int t, float x, int, int) { M2p[(pz * C + i) * C + t] = x; });
   }
+#endif
   CS_PROF_END("state_grads");  // 5: d_p, m2
 """
 
@@ -849,8 +981,10 @@ _INPUT_GRADS = r"""
   csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,  // the NV partial sums, added
                                 [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
   csg::load_tile<C, C, NT>(A + cl * C * C, C, [&](int i, int t, float x) { As[i * LDC4 + t] = x; });
-  csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C,
-                               [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
+  // d_p's causal part (state_grads' tensor-core form writes it in full)
+  csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C, [&](int i, int t, float x) {
+    DPs[i * LDC4 + t] = t <= i ? x : 0.f;
+  }, LN * C * C);
   csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
                                [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
   __syncthreads();
@@ -860,13 +994,16 @@ _INPUT_GRADS = r"""
 #ifdef CS_TC
   {
     constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;  // bf16 / fp16: exact in tf32
-    csg::TcAbt<C, C, DK, NT / 32, EX, EX> kk, qk;
-    kk.run(Ks, LDK4, Ks, LDK4);
+    csg::TcMM<C, C, NT / 32, EX, EX> kk, qk;
+    kk.zero();
+    csg::tc_run<DK, true, true>(kk, Ks, LDK4, Ks, LDK4);
     kk.store(KKs, LDC4);
-    qk.run(Qs, LDK4, Ks, LDK4);
+    qk.zero();
+    csg::tc_run<DK, true, true>(qk, Qs, LDK4, Ks, LDK4);
     qk.store(QKs, LDC4);
-    csg::TcAbt<C, C, DK, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
-    m1.run(Ws, LDK4, Ks, LDK4);
+    csg::TcMM<C, C, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
+    m1.zero();
+    csg::tc_run<DK, true, true>(m1, Ws, LDK4, Ks, LDK4);
     m1.store(M1s, LDC4);
   }
 #else
@@ -1119,6 +1256,9 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
 # Compile-time switches of the kernels, for tuning and tests (read at each call): the
 # phase clocks, and one element per global load everywhere (csg::load_tile).
 _TC_KERNELS = ("input_grads",)  # the kernels with CS_TC products
+# The kernels whose products go to the tensor cores in one tf32 product each where
+# tf32_products() holds (CS_TF32; prepare keeps its float32 FMA loops).
+_TF32_KERNELS = ("output", "state_grads", "input_grads")
 _SWITCHES = (
     ("CHUNKSCAN_GDN_PROFILE", "CS_PROFILE"),
     ("CHUNKSCAN_GDN_SCALAR_LOADS", "CS_SCALAR_LOADS"),
@@ -1151,7 +1291,12 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     dtypes = [d for _, d in outputs]
     on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
-    if which in _TC_KERNELS and tc_products():
+    tc = which in _TC_KERNELS and tc_products()
+    if which in _TF32_KERNELS and tc_products() and tf32_products("gated_delta_rule"):
+        on.append("CS_TF32")
+        header = "#define CS_TF32 1\n" + header
+        tc = True
+    if tc:
         on.append("CS_TC")
         header += _HEADER_TC
     # The switches in the name too: MLX's own kernel cache (CHUNKSCAN_CUDA_PRECOMPILE=0)

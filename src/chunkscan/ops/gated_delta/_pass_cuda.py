@@ -47,7 +47,15 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..._backend import UNUSED, compute_capability, cuda_kernel, cuda_limits, env_choice, env_int
+from ..._backend import (
+    UNUSED,
+    compute_capability,
+    cuda_kernel,
+    cuda_limits,
+    env_choice,
+    env_int,
+    tf32_products,
+)
 
 F32 = mx.float32
 # The device's shared memory (opt-in maximum per block; per multiprocessor, 1 KiB of it
@@ -342,6 +350,12 @@ __device__ __forceinline__ void cs_split(Frag& big, Frag& small) {
     small.x[e] = wmma::__float_to_tf32(x - b);
   }
 }
+// x rounded to tf32 (the TF32 form: one product per tile, no small parts).
+template <class Frag>
+__device__ __forceinline__ void cs_round(Frag& f) {
+#pragma unroll
+  for (int e = 0; e < f.num_elements; ++e) f.x[e] = wmma::__float_to_tf32(f.x[e]);
+}
 // d_big += a * b; d_small += as * b + a * bs. The tensor cores truncate each step's sum
 // toward zero (four products and the accumulator, cut at 2^-25 of the largest: probed on
 // the H200, bench/tc_probe.py, run 29), so the small terms get their own accumulator, and
@@ -357,7 +371,8 @@ __device__ __forceinline__ void cs_mma3(cs_acc& d_big, cs_acc& d_small, const A&
 """
 _HEADER_TC = _HEADER + _HEADER_TC_OWN
 
-# Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE.
+# Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE, TF32
+# (one tf32 product per tile, each operand rounded: _backend.tf32_products).
 _SOURCE_TC = r"""
   constexpr int NP = C / CP;
   constexpr int XSTR = DK + 4, FSTR = DK + 4, GSTR = DK + 8, ESTR = TR + 4, VSTR = TR + 4;
@@ -450,10 +465,14 @@ _SOURCE_TC = r"""
 #pragma unroll
         for (int q = 0; q < JT; ++q) {
           cs_acc big = xr[m][q], small;
-          cs_split(big, small);
+          if constexpr (TF32) {
+            cs_round(big);
+          } else {
+            cs_split(big, small);
+            wmma::store_matrix_sync(xs2 + 16 * m * XSTR + col(q), small, XSTR,
+                                    wmma::mem_row_major);
+          }
           wmma::store_matrix_sync(xs + 16 * m * XSTR + col(q), big, XSTR, wmma::mem_row_major);
-          wmma::store_matrix_sync(xs2 + 16 * m * XSTR + col(q), small, XSTR,
-                                  wmma::mem_row_major);
         }
 #pragma unroll
       for (int m = 0; m < MT; ++m)
@@ -505,17 +524,26 @@ _SOURCE_TC = r"""
         cs_b_col b, bs;
         wmma::load_matrix_sync(a, fs + 16 * i * FSTR + k, FSTR);
         wmma::load_matrix_sync(b, xs + 16 * m * XSTR + k, XSTR);
-        wmma::load_matrix_sync(bs, xs2 + 16 * m * XSTR + k, XSTR);
-        cs_split(a, as);
-        cs_mma3(fb[(k / 8) & 1], fsm[(k / 8) & 1], a, as, b, bs);
+        if constexpr (TF32) {
+          cs_round(a);
+          wmma::mma_sync(fb[(k / 8) & 1], a, b, fb[(k / 8) & 1]);
+        } else {
+          wmma::load_matrix_sync(bs, xs2 + 16 * m * XSTR + k, XSTR);
+          cs_split(a, as);
+          cs_mma3(fb[(k / 8) & 1], fsm[(k / 8) & 1], a, as, b, bs);
+        }
       }
 #pragma unroll
       for (int e = 0; e < v.num_elements; ++e)
         v.x[e] -= (fb[0].x[e] + fb[1].x[e]) + (fsm[0].x[e] + fsm[1].x[e]);
-      cs_acc v2;
-      cs_split(v, v2);
+      if constexpr (TF32) {
+        cs_round(v);
+      } else {
+        cs_acc v2;
+        cs_split(v, v2);
+        wmma::store_matrix_sync(vs2 + 16 * i * VSTR + 16 * m, v2, VSTR, wmma::mem_row_major);
+      }
       wmma::store_matrix_sync(vs + 16 * i * VSTR + 16 * m, v, VSTR, wmma::mem_row_major);
-      wmma::store_matrix_sync(vs2 + 16 * i * VSTR + 16 * m, v2, VSTR, wmma::mem_row_major);
     }
     __syncthreads();  // vs complete
 
@@ -534,15 +562,20 @@ _SOURCE_TC = r"""
 #pragma unroll
       for (int q = 0; q < JT; ++q) {
         wmma::load_matrix_sync(b[q], gs + k * GSTR + col(q), GSTR);
-        cs_split(b[q], bs[q]);
+        if constexpr (TF32) cs_round(b[q]); else cs_split(b[q], bs[q]);
       }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         cs_a_col a, as;
         wmma::load_matrix_sync(a, vs + k * VSTR + 16 * m, VSTR);
-        wmma::load_matrix_sync(as, vs2 + k * VSTR + 16 * m, VSTR);
+        if constexpr (TF32) {
 #pragma unroll
-        for (int q = 0; q < JT; ++q) cs_mma3(pb[m][q], psm[m][q], a, as, b[q], bs[q]);
+          for (int q = 0; q < JT; ++q) wmma::mma_sync(pb[m][q], a, b[q], pb[m][q]);
+        } else {
+          wmma::load_matrix_sync(as, vs2 + k * VSTR + 16 * m, VSTR);
+#pragma unroll
+          for (int q = 0; q < JT; ++q) cs_mma3(pb[m][q], psm[m][q], a, as, b[q], bs[q]);
+        }
       }
     }
 #pragma unroll
@@ -589,15 +622,19 @@ class TcConfig:
 def tc_enabled(reverse: bool) -> bool:
     """Whether the state pass in this direction may take the tensor-core kernel (where it
     takes the shape), by ``CHUNKSCAN_PASS_TC`` (read at each call): unset or ``auto``, the
-    forward pass only; ``1``, both; ``0``, neither (the FMA kernel). On the H200 the
-    tensor-core kernel was 8-22% faster forward than the FMA kernel and 3-8% slower in
-    reverse (``bench/state_pass.py --n 256``, runs 29-31), and 4x more accurate in both."""
+    forward pass, and the reverse pass too where its products are TF32
+    (:func:`chunkscan._backend.tf32_products`); ``1``, both; ``0``, neither (the FMA
+    kernel). On the H200 the 3xTF32 kernel was 8-22% faster forward than the FMA kernel
+    and 3-8% slower in reverse (``bench/state_pass.py --n 256``, runs 29-31), and 4x more
+    accurate in both."""
     value = env_choice(
         "CHUNKSCAN_PASS_TC", "gated_delta_rule", ("auto", "0", "1"),
         "auto (the tensor-core state-pass kernel forward, the default), 1 (forward and "
         "reverse) or 0 (the FMA kernel only)",
     ) or "auto"  # fmt: skip
-    return value == "1" or (value == "auto" and not reverse)
+    if value != "auto":
+        return value == "1"
+    return not reverse or tf32_products("gated_delta_rule")
 
 
 def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool) -> int:
@@ -642,10 +679,12 @@ def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcC
 
 
 def tc_template(cfg: TcConfig, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool,
-                has_h: bool, reverse: bool) -> list[tuple[str, object]]:  # fmt: skip
+                has_h: bool, reverse: bool,
+                tf32: bool = False) -> list[tuple[str, object]]:  # fmt: skip
     return [("C", C), ("DK", Dk), ("R", R), ("TR", cfg.TR), ("NT", cfg.NT), ("CP", cfg.CP),
             ("JT", cfg.JT), ("HAS_X", bool(has_x)), ("HAS_E", bool(has_e)),
-            ("HAS_H", bool(has_h)), ("REVERSE", bool(reverse))]  # fmt: skip
+            ("HAS_H", bool(has_h)), ("REVERSE", bool(reverse)),
+            ("TF32", bool(tf32))]  # fmt: skip
 
 
 def _tc_kernel(smem: int):
@@ -892,7 +931,8 @@ def state_pass(
     flags = dict(has_x=x_in is not None, has_e=E is not None, has_h=H is not None,
                  reverse=reverse)  # fmt: skip
     if tc is not None:
-        kernel, tmpl, NT, TR = _tc_kernel(tc.smem), tc_template(tc, C, Dk, R, **flags), tc.NT, tc.TR
+        tmpl = tc_template(tc, C, Dk, R, tf32=tf32_products("gated_delta_rule"), **flags)
+        kernel, NT, TR = _tc_kernel(tc.smem), tc.NT, tc.TR
     else:
         tmpl = template(cfg, C, Dk, R, channel=channel, **flags)
         kernel, NT, TR = _kernel(cfg.smem), cfg.NT, cfg.TR
