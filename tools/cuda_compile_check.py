@@ -144,7 +144,7 @@ def kernels():
             base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
                     ("HV", 4 * G)]  # fmt: skip
             raw = {"q", "k", "v", "g", "beta", "dout"}
-            extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt)],
+            extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
                      "state_grads": [("TV", tv)],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip

@@ -69,11 +69,12 @@ from ..._backend import (
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
-# NT / 32): 512 for input_grads, and for output at C = 64, 256 otherwise (what ran
-# fastest on the H200 at the Qwen3-Next shape: bench/results/h200/tune_e0a0f1c/). For
-# tuning, CHUNKSCAN_GDN_NT sets every kernel's (read at each call).
+# NT / 32): 512 for input_grads, 256 otherwise (what ran fastest on the H200 at the
+# Qwen3-Next shape: bench/results/h200/tune_e0a0f1c/; output took 512 there, before its
+# blocks took TV columns each). For tuning, CHUNKSCAN_GDN_NT sets every kernel's (read
+# at each call).
 NT = 256
-_NT_512 = {("input_grads", 32), ("input_grads", 64), ("output", 64)}
+_NT_512 = {("input_grads", 32), ("input_grads", 64)}
 # Columns of Dv per block of state_gradients (NV = Dv / TV partial sums): 64 where it
 # divides Dv (fewer partial sums to write and add; faster on the H200 at both chunk
 # sizes), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
@@ -691,14 +692,17 @@ _PREPARE = r"""
 # outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
-  constexpr int BIG0 = (DV * LDK4 > C * LDV4 ? DV * LDK4 : C * LDV4);
+  // Each block: TV columns of o (rows of S and of h) from e0 on, blockIdx.z = e0 / TV.
+  constexpr int LDT = TV + 4;
+  constexpr int BIG0 = (TV * LDK4 > C * LDT ? TV * LDK4 : C * LDT);
   constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
+  const int e0 = blockIdx.z * TV;
   CS_DYN_SMEM(sm);
   float* Xs = sm;             // [C][LDK4] q, then X = qg - p w
   float* Ps = Xs + C * LDK4;  // [C][LDC4] p
-  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then [DV][LDK4] S or [C][LDV4] d_o
-  float* Us = Bs + BIG;       // [C][LDV4] u (outputs only)
-  float* gf = Us + (MODE_H ? 0 : C * LDV4);
+  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then [TV][LDK4] S or [C][LDT] d_o slice
+  float* Us = Bs + BIG;       // [C][LDT] u slice (outputs only)
+  float* gf = Us + (MODE_H ? 0 : C * LDT);
   float* gma = gf + C;
   float* ten = gma + C;
   for (int i = tid; i < C; i += NT) gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
@@ -708,8 +712,8 @@ _OUTPUT = r"""
                             [&](int i, int d, float x) { Bs[i * LDK4 + d] = x; });
   csg::load_tile<C, C, NT>(P + cl * C * C, C, [&](int i, int t, float x) { Ps[i * LDC4 + t] = x; });
   if (!MODE_H) {
-    csg::load_tile<C, DV, NT>(U + cl * C * DV, DV,
-                              [&](int i, int c, float x) { Us[i * LDV4 + c] = x; });
+    csg::load_tile<C, TV, NT>(U + cl * C * DV + e0, DV,
+                              [&](int i, int c, float x) { Us[i * LDT + c] = x; });
   }
   __syncthreads();
   CS_MARK();  // 0: loads
@@ -744,47 +748,47 @@ _OUTPUT = r"""
   __syncthreads();
   CS_MARK();  // 1: gates, X
   if (MODE_H) {
-    csg::load_tile<C, DV, NT>(dout + (tok * HV + h) * DV, HV * DV, [&](int i, int c, float x) {
-      Bs[i * LDV4 + c] = obad[(tok + i) * HV + h] ? 0.f : x;
+    csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
+      Bs[i * LDT + c] = obad[(tok + i) * HV + h] ? 0.f : x;
     });
   } else {
-    csg::load_tile<DV, DK, NT>(S + cl * DV * DK, DK,
+    csg::load_tile<TV, DK, NT>(S + (cl * DV + e0) * DK, DK,
                                [&](int c, int d, float x) { Bs[c * LDK4 + d] = x; });
   }
   __syncthreads();
   CS_MARK();  // 2: S or d_o loads
 #ifdef CS_TF32
   if (MODE_H) {
-    csg::TcMM<DV, DK, NT / 32, true, true> hm;
+    csg::TcMM<TV, DK, NT / 32, true, true> hm;
     hm.zero();
-    csg::tc_run<C, false, false>(hm, Bs, LDV4, Xs, LDK4);
-    hm.store(Hm + cl * DV * DK, DK);
+    csg::tc_run<C, false, false>(hm, Bs, LDT, Xs, LDK4);
+    hm.store(Hm + (cl * DV + e0) * DK, DK);
   } else {
-    csg::TcMM<C, DV, NT / 32, true, true> o;
+    csg::TcMM<C, TV, NT / 32, true, true> o;
     o.zero();
     csg::tc_run<DK, true, true>(o, Xs, LDK4, Bs, LDK4);
-    csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDV4);
+    csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDT);
     __syncthreads();  // every warp done with S: o through shared memory, then out
-    o.store(Bs, LDV4);
+    o.store(Bs, LDT);
     __syncthreads();
-    for (int e = tid; e < C * DV; e += NT) {
-      const int i = e / DV, c = e % DV;
+    for (int e = tid; e < C * TV; e += NT) {
+      const int i = e / TV, c = e % TV;
       const size_t r = (tok + i) * HV + h;
-      out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : Bs[i * LDV4 + c]);
+      out[r * DV + e0 + c] = static_cast<TO>(obad[r] ? CS_NAN : Bs[i * LDT + c]);
     }
   }
 #else
   if (MODE_H) {
-    csg::Tile<DV, DK, NT, true, true> hm;
-    hm.mm4<C>(csg::op<false>(Bs, LDV4), csg::op<false>(Xs, LDK4));
-    hm.store([&](int c, int d) { return Hm + (cl * DV + c) * DK + d; }, csg::Same());
+    csg::Tile<TV, DK, NT, true, true> hm;
+    hm.mm4<C>(csg::op<false>(Bs, LDT), csg::op<false>(Xs, LDK4));
+    hm.store([&](int c, int d) { return Hm + (cl * DV + e0 + c) * DK + d; }, csg::Same());
   } else {
-    csg::Tile<C, DV, NT> o;
+    csg::Tile<C, TV, NT> o;
     o.mm4<DK>(csg::op<true>(Xs, LDK4), csg::op<true>(Bs, LDK4));
-    o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDV4));
+    o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDT));
     o.each([&](int i, int c, float val, int, int) {
       const size_t r = (tok + i) * HV + h;
-      out[r * DV + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
+      out[r * DV + e0 + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
     });
   }
 #endif
@@ -1217,11 +1221,12 @@ def smem_bytes(
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
     # Row strides: C + 1 for prepare's L and A (read a value at a time), else D + 4
     # (rows read 16 bytes at a time; see the kernels' comments).
-    c1, c4, k4, v4 = C + 1, C + 4, Dk + 4, Dv + 4
+    c1, c4, k4 = C + 1, C + 4, Dk + 4
     if which == "prepare":
         floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c1 + 4 * C
     elif which == "output":
-        floats = C * k4 + C * c4 + max(Dv * k4, C * v4, C * k4) + C * v4 + 3 * C
+        t4 = tv + 4
+        floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 3 * C
     elif which == "state_grads":
         floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt
     else:
@@ -1339,11 +1344,12 @@ def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.ar
     B, n, C, Hk, Dk = q.shape
     L, Dv = entering.shape[0], entering.shape[2]
     Hv = L // B
-    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", False), ("TO", dtype)]
+    tv = slice_columns(Dv, C, Dk)
+    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", False), ("TO", dtype), ("TV", tv)]
     outs = [((B, n, C, Hv, Dv), dtype), ((1,), F32)]
     o, _ = _launch(
         "output", [q, g, p.p, p.w, p.u, entering, UNUSED, o_bad, param(p.scale)], tmpl,
-        L, n, 1, outs, C, Dk, Dv,
+        L, n, Dv // tv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return o
 
@@ -1354,11 +1360,12 @@ def state_gradient_input(q, g, p: SimpleNamespace, d_o, o_bad) -> mx.array:
     B, n, C, Hk, Dk = q.shape
     Hv, Dv = d_o.shape[-2:]
     L = B * Hv
-    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", True), ("TO", F32)]
+    tv = slice_columns(Dv, C, Dk)
+    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", True), ("TO", F32), ("TV", tv)]
     outs = [((1,), F32), ((L, n, Dv, Dk), F32)]
     _, hm = _launch(
         "output", [q, g, p.p, p.w, UNUSED, UNUSED, d_o, o_bad, param(p.scale)], tmpl,
-        L, n, 1, outs, C, Dk, Dv,
+        L, n, Dv // tv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return hm
 
