@@ -3,8 +3,8 @@
 # output's blocks take TV columns each (two blocks per multiprocessor at the Qwen3-Next shape):
 # the CUDA tests (MLX's TF32 off, the TF32 tests forcing ours on); the op at 16384 against base
 # in the same call, TF32 products (the default) and float32, and with 32 columns per state_grads
-# block (CHUNKSCAN_GDN_TV=32: two blocks per multiprocessor there too); the LoRA step at 8192;
-# fla and chunkscan side by side; the phase clocks. Outputs in $OUT/run38.tgz.
+# block (CHUNKSCAN_GDN_TV=32: two blocks per multiprocessor there too); Nsight Compute's kernel
+# times of one fwd+bwd at 16384. Outputs in $OUT/run38.tgz. Run 39 follows on the same machine.
 source bench/device_setup.sh >/dev/null 2>&1
 st() { echo "=== $1 ($(date +%T))"; }
 export CHUNKSCAN_COMMIT=$1 CHUNKSCAN_CUDA_CACHE=/tmp/c_new
@@ -27,18 +27,10 @@ done
 CHUNKSCAN_GDN_TF32=0 timeout 40 $G --json $S/gdn_16k_new_f32.json | grep -E "chunkscan|rror"
 CHUNKSCAN_GDN_TF32=0 timeout 40 $BASE $G --json $S/gdn_16k_base_f32.json | grep -E "chunkscan|rror"
 pack
-cd ..
-st lora
-CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
-timeout 100 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 90 \
-  --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -2
-pack
-cd bench
-st side_by_side
-timeout 190 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
-  --chunk-sizes 64 --repeats 3 --budget 180 --json $S/gdn_vs_fla_h200.json | grep -E "fla|chunkscan|rror"
-pack
-st profile
-timeout 25 python3 gdn_fused_kernels.py --profile --C 64 --json $S/gdn_profile_C64.json 2>&1 | tail -1
+st ncu
+timeout 100 ncu --profile-from-start off --clock-control none --csv --page raw --section SpeedOfLight \
+  --log-file $S/ncu_chunkscan_16k_sol.csv python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
+python3 ncu_summary.py $S/ncu_chunkscan_16k_sol.csv --by-name | head -16
+gzip -f $S/ncu_chunkscan_16k_sol.csv
 pack
 st done
