@@ -5,11 +5,18 @@ of chunks: dozens of ops per group, each tens of microseconds on MLX's CUDA back
 and float32 intermediates of ``[C, C]`` or ``[C, D]`` per chunk and head written to
 memory between them. Here each of those stages is ONE CUDA kernel launch
 per group, one thread block per (chunk, lane) (a lane is one value head of one batch
-row), with the chunk's intermediates in shared memory. The math is :mod:`.chunk`'s,
-line for line (``docs/gated_delta.md``); all arithmetic is float32 (FMA loops, but for
-``input_grads``' products with q and k: tensor cores, exact products for bf16 / fp16
-inputs and 3xTF32 otherwise, ``_HEADER_TC``, ``CHUNKSCAN_GDN_TC``), inputs of any float
-dtype are read and converted on load.
+row; ``output`` and ``state_grads``: per slice of ``TV`` columns of ``Dv`` too), with the
+chunk's intermediates in shared memory. The math is :mod:`.chunk`'s, line for line
+(``docs/gated_delta.md``); inputs of any float dtype are read and converted on load.
+The arithmetic is float32, with products of one of two kinds (``_HEADER_TC``):
+
+- float32 products (FMA loops; but for ``input_grads``' products with q and k: tensor
+  cores, exact products for bf16 / fp16 inputs and 3xTF32 otherwise,
+  ``CHUNKSCAN_GDN_TC``), where :func:`chunkscan._backend.tf32_products` does not hold;
+- TF32 products where it does (``CS_TF32``; by default on CUDA unless
+  ``MLX_ENABLE_TF32=0``, as MLX's own float32 matmuls): every product of ``output``,
+  ``state_grads`` and ``input_grads``' q / k products on the tensor cores, each operand
+  rounded to tf32, float32 sums (``csg::TcMM``); ``prepare`` keeps its FMA loops.
 
 Per group, forward: :func:`prepare` -> state pass (:mod:`._passes`) -> :func:`outputs`.
 Backward: :func:`prepare` (recompute) -> :func:`state_gradient_input` -> reverse state
@@ -1124,16 +1131,22 @@ _INPUT_GRADS = r"""
   const int gi = h % G;
   {
     csg::Tile<C, DK, NT, false, true> dq;
+    // The epilogue's partial sums read before the products, so that their latency hides
+    // behind them.
+    float pre[dq.RA][dq.RBN];
+    dq.each([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DQGp, DK, i, d); });
     dq.mm4<C>(csg::op<true>(DPs, LDC4), csg::op<false>(Ks, LDK4));
     dq.store([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
-             [&](int i, int d, float x, int, int) {  // none for a non-finite q
+             [&](int i, int d, float x, int a, int bb) {  // none for a non-finite q
                const bool ok = isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
-               return ok ? x + scale * gma[i] * part(DQGp, DK, i, d) : 0.f;
+               return ok ? x + scale * gma[i] * pre[a][bb] : 0.f;
              });
   }
   CS_MARK();  // 6: dq
   {
     csg::Tile<C, DK, NT, true, true> t1, t2;
+    float pre[t1.RA][t1.RBN];  // as for dq: the partial sums of d_kt
+    t1.each([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DKTp, DK, i, d); });
     t1.mm4<C>(csg::op<false>(DPs, LDC4), csg::op<false>(Qs, LDK4));
     t1.mm4<C>([&](int i, int t) { return M2s[i * LDC4 + t] + M2s[t * LDC4 + i]; },
               csg::op<false>(Ks, LDK4));
@@ -1141,8 +1154,7 @@ _INPUT_GRADS = r"""
     t1.store([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
                const bool ok = isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
-               return ok ? x + t2.v[a][bb] * bt[i] * gma[i] + part(DKTp, DK, i, d) * ten[i]
-                         : 0.f;
+               return ok ? x + t2.v[a][bb] * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
              });
   }
   CS_MARK();  // 7: dk
