@@ -129,8 +129,11 @@ def gated_delta_rule(
             head sizes that are multiples of 32 up to 128, every chunk-parallel stage
             (``docs/gated_delta.md``, "On CUDA"). ``None``: on a CUDA device unless
             the environment variable ``CHUNKSCAN_CUDA_KERNELS=0``; ``False``: always
-            the portable MLX ops. Values and gradients agree to float32 tolerance.
-            Default: ``None``.
+            the portable MLX ops. The kernels' products are TF32 where MLX's own
+            float32 matmuls are (on CUDA unless ``MLX_ENABLE_TF32=0``; relative errors
+            ~5e-4, as the portable path's there), float32 otherwise
+            (``CHUNKSCAN_GDN_TF32=0`` or ``1`` forces either); with float32 products
+            both paths agree to float32 tolerance. Default: ``None``.
         save_states (str, optional): What the forward keeps for the backward:
             ``"chunks"``, the float32 state entering every chunk (``T / chunk_size``
             states: 32 KiB per token at the Qwen3-Next shape with C = 64), or ``"groups"``, the
