@@ -113,7 +113,8 @@ def kernels():
             t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
                                reverse=not has_e, tf32=True)  # fmt: skip
             out.append((label.replace("state_pass", "state_pass_tc") + " tf32",
-                        "chunkscan_state_pass_tc", sp._HEADER_TC, sp._SOURCE_TC, ins, outs, t))
+                        "chunkscan_state_pass_tc", sp._HEADER_TC, sp._SOURCE_TC, ins, outs,
+                        t))  # fmt: skip
     for D, Dv, causal, dt in ((256, 256, True, "bfloat16"), (64, 128, False, "float16"),
                               (128, 64, True, "bfloat16"), (64, 256, True, "float16")):  # fmt: skip
         spec = Spec(1, 16, 2, 1000, 1000, D, Dv, 0.06, "causal" if causal else "none", None,

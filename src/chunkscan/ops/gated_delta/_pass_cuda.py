@@ -11,9 +11,11 @@ Same interface and semantics as :func:`._passes.portable_state_pass`::
         if c in stores: stored[stores[c]] = X
 
 Two kernels. The FMA kernel (``_SOURCE``, plain fp32 FMA, every shape below) and the
-tensor-core kernel (``_SOURCE_TC``, 3xTF32 ``wmma`` products, scalar decay; see
+tensor-core kernel (``_SOURCE_TC``, ``wmma`` products, scalar decay: 3xTF32, or one
+tf32 product per tile where :func:`chunkscan._backend.tf32_products` holds; see
 :func:`tc_enabled` and :func:`choose_tc_config`), which by default runs the forward
-pass where it takes the shape. Both stage ``F``, ``G`` and ``E`` as described below.
+pass where it takes the shape, and the reverse pass too with TF32 products. Both stage
+``F``, ``G`` and ``E`` as described below.
 
 Design of the FMA kernel. The ``R`` rows of ``X`` are independent, so
 the grid is ``L`` lanes x ``R / TR`` row tiles, one thread block each, ``NT`` threads.
@@ -327,11 +329,13 @@ _SOURCE = r"""
 """
 
 
-# The same pass on tensor cores (the forward pass's default where it takes the shape; see
-# tc_enabled). Each block keeps its X tile [TR, DK] in wmma accumulators
-# (warp w owns columns 16 w*JT .. of both 16-row tiles) and stages F, G, E as the FMA
-# kernel does. The products are 3xTF32 (x = big + small, both tf32; big*big + big*small +
-# small*big): float32 accuracy at three tensor-core products per tile. Scalar decay only.
+# The same pass on tensor cores (the forward pass's default where it takes the shape, and
+# the reverse pass's with TF32 products; see tc_enabled). Each block keeps its X tile
+# [TR, DK] in wmma accumulators (warp w owns columns 16 w*JT .. of both 16-row tiles) and
+# stages F, G, E as the FMA kernel does. The products are 3xTF32 (x = big + small, both
+# tf32; big*big + big*small + small*big): float32 accuracy at three tensor-core products
+# per tile; with TF32 (the template constant) one product of the rounded operands.
+# Scalar decay only.
 _HEADER_TC_OWN = r"""
 #include <mma.h>
 using namespace nvcuda;
@@ -629,8 +633,8 @@ def tc_enabled(reverse: bool) -> bool:
     accurate in both."""
     value = env_choice(
         "CHUNKSCAN_PASS_TC", "gated_delta_rule", ("auto", "0", "1"),
-        "auto (the tensor-core state-pass kernel forward, the default), 1 (forward and "
-        "reverse) or 0 (the FMA kernel only)",
+        "auto (the tensor-core state-pass kernel forward, and in reverse with TF32 "
+        "products; the default), 1 (forward and reverse) or 0 (the FMA kernel only)",
     ) or "auto"  # fmt: skip
     if value != "auto":
         return value == "1"
