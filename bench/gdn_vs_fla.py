@@ -77,18 +77,22 @@ def measure_mlx(
     first = time.perf_counter() - t0
     _, peak = peak_above_active(lambda: step(*xs))
     seconds = median_seconds(lambda: step(*xs), repeats=repeats, warmup=1)
+    from chunkscan import _backend
     from chunkscan.ops.gated_delta import _chunk_cuda, _passes
 
+    fused = bool(
+        kernels is None and _passes.use_kernels(None)
+        and _chunk_cuda.supports(chunk_size, 128, 128, False)
+    )  # fmt: skip
     return {
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
         "group_mib": group_mib, "compile_groups": compile_groups,
         "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(save),
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
-        "fused_kernels": bool(
-            kernels is None and _passes.use_kernels(None)
-            and _chunk_cuda.supports(chunk_size, 128, 128, False)
-        ),
+        "fused_kernels": fused,
+        # the kernels' products: TF32 or float32 (CHUNKSCAN_GDN_TF32, MLX_ENABLE_TF32)
+        "tf32_products": fused and _backend.tf32_products("gdn_vs_fla"),
     }  # fmt: skip
 
 
@@ -202,6 +206,7 @@ def _line(row: dict[str, Any]) -> str:
         + (f"  memory limit +{row['memory_limit_mib']} MiB" if row.get("memory_limit_mib") else "")
         + (f"  save={row['save']}" if row.get("save") else "")
         + ("  fused kernels" if row.get("fused_kernels") else "")
+        + ("  tf32" if row.get("tf32_products") else "")
     )
 
 
