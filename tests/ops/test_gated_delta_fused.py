@@ -292,9 +292,12 @@ def test_emulated_packed_sequences(emulated):
 
 
 @needs_cxx
-def test_emulated_low_precision_is_the_float32_call_rounded(emulated):
+@pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
+def test_emulated_low_precision_is_the_float32_call_rounded(emulated, monkeypatch, tf32):
     """bf16 inputs are read and converted by the kernels, everything else is float32:
-    o and every gradient equal the float32 call rounded, exactly."""
+    o and every gradient equal the float32 call rounded, exactly; with TF32 products too
+    (the same float32 values are rounded to tf32 the same way)."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", tf32)
     inputs = make_inputs(1, 40, 1, 2, 32, 32, dtype=mx.bfloat16)
     got, ref = low_precision_pair(inputs, chunk_size=32, kernels=False)
     assert emulated
@@ -498,8 +501,10 @@ def test_cuda_fused_packed_and_compiled():
 
 
 @needs_cuda
+@pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
-def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype):
+def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype, tf32, monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", tf32)
     got, ref = low_precision_pair(make_inputs(*QWEN, dtype=dtype), chunk_size=64)
     for name, a, b in zip(NAMES, got, ref):
         assert mx.array_equal(a, b.astype(a.dtype)).item(), name
