@@ -82,9 +82,10 @@ F32 = mx.float32
 # at each call).
 NT = 256
 _NT_512 = {("input_grads", 32), ("input_grads", 64)}
-# Columns of Dv per block of state_gradients (NV = Dv / TV partial sums): 64 where it
-# divides Dv (fewer partial sums to write and add; faster on the H200 at both chunk
-# sizes), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
+# Columns of Dv per block of state_gradients (NV = Dv / TV partial sums) and of output:
+# 64 where it divides Dv (fewer partial sums to write and add; faster on the H200 at
+# both chunk sizes, and with TF32 products 26.9-27.6 ms against 23.5-24.2 for the op at
+# T = 16384, run 38), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
 TV = 64
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 
@@ -1207,7 +1208,7 @@ def threads(which: str, C: int, Dk: int | None = None, Dv: int | None = None) ->
 
 
 def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
-    """Columns of ``Dv`` per block of ``state_grads``: :data:`TV`, or
+    """Columns of ``Dv`` per block of ``output`` and ``state_grads``: :data:`TV`, or
     ``CHUNKSCAN_GDN_TV`` where set (32 or 64); 32 where that does not divide ``Dv`` or,
     for the default and given ``C`` and ``Dk``, where 64 would not fit the device's
     shared memory."""
@@ -1228,7 +1229,7 @@ def smem_bytes(
     which: str, C: int, Dk: int, Dv: int, nt: int | None = None, tv: int | None = None
 ) -> int:
     """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
-    ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
+    ``output`` and ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
     nt = threads(which, C) if nt is None else nt
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
     # Row strides: C + 1 for prepare's L and A (read a value at a time), else D + 4
