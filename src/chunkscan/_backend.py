@@ -64,6 +64,14 @@ def env_choice(name: str, fn: str, choices: tuple[str, ...], what: str) -> str |
     return text
 
 
+def env_switch(name: str, fn: str, what: str) -> bool | None:
+    """An ``auto`` / ``0`` / ``1`` environment variable (:func:`env_choice`): ``True``
+    for ``1``, ``False`` for ``0``, ``None`` for ``auto``, unset or empty (the caller's
+    default)."""
+    value = env_choice(name, fn, ("auto", "0", "1"), what)
+    return None if value in (None, "auto") else value == "1"
+
+
 def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     """Whether the fused CUDA kernels are used: ``kernels`` if given, else on when the
     default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``
@@ -91,13 +99,13 @@ def tf32_products(fn: str = "chunkscan") -> bool:
     as MLX's own float32 matmuls on this device, that is on a CUDA GPU unless
     ``MLX_ENABLE_TF32=0`` (MLX's default is TF32 there; it reads the variable once per
     process, this at each call). Elsewhere (the CPU, the emulator) auto is float32."""
-    value = env_choice(
-        "CHUNKSCAN_GDN_TF32", fn, ("auto", "0", "1"),
+    forced = env_switch(
+        "CHUNKSCAN_GDN_TF32", fn,
         "auto (TF32 products where MLX multiplies float32 in TF32: CUDA with "
         "MLX_ENABLE_TF32 unset or not 0, the default), 1 (always) or 0 (float32 products)",
-    ) or "auto"  # fmt: skip
-    if value != "auto":
-        return value == "1"
+    )  # fmt: skip
+    if forced is not None:
+        return forced
     if not cuda_device():
         return False
     text = os.environ.get("MLX_ENABLE_TF32", "").strip()

@@ -68,8 +68,8 @@ from ..._backend import (
     compute_capability,
     cuda_kernel,
     cuda_limits,
-    env_choice,
     env_int,
+    env_switch,
     param,
     tf32_products,
 )
@@ -1288,13 +1288,13 @@ def tc_products() -> bool:
     (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
     ``auto`` or unset: yes unless the device reports a compute capability below 8.0
     (tf32 ``wmma`` needs sm_80)."""
-    env = env_choice(
-        "CHUNKSCAN_GDN_TC", "gated_delta_rule", ("auto", "0", "1"),
+    forced = env_switch(
+        "CHUNKSCAN_GDN_TC", "gated_delta_rule",
         "auto (tensor cores where the GPU has them, the default), 1 (always) or 0 (the FMA "
         "loops)",
-    ) or "auto"  # fmt: skip
-    if env != "auto":
-        return env == "1"
+    )  # fmt: skip
+    if forced is not None:
+        return forced
     cc = compute_capability()
     return cc is None or cc >= (8, 0)
 
@@ -1309,8 +1309,9 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     dtypes = [d for _, d in outputs]
     on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
-    tc = which in _TC_KERNELS and tc_products()
-    if which in _TF32_KERNELS and tc_products() and tf32_products("gated_delta_rule"):
+    cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
+    tc = cores and which in _TC_KERNELS
+    if cores and which in _TF32_KERNELS and tf32_products("gated_delta_rule"):
         on.append("CS_TF32")
         header = "#define CS_TF32 1\n" + header
         tc = True

@@ -54,8 +54,8 @@ from ..._backend import (
     compute_capability,
     cuda_kernel,
     cuda_limits,
-    env_choice,
     env_int,
+    env_switch,
     tf32_products,
 )
 
@@ -631,13 +631,13 @@ def tc_enabled(reverse: bool) -> bool:
     kernel). On the H200 the 3xTF32 kernel was 8-22% faster forward than the FMA kernel
     and 3-8% slower in reverse (``bench/state_pass.py --n 256``, runs 29-31), and 4x more
     accurate in both."""
-    value = env_choice(
-        "CHUNKSCAN_PASS_TC", "gated_delta_rule", ("auto", "0", "1"),
+    forced = env_switch(
+        "CHUNKSCAN_PASS_TC", "gated_delta_rule",
         "auto (the tensor-core state-pass kernel forward, and in reverse with TF32 "
         "products; the default), 1 (forward and reverse) or 0 (the FMA kernel only)",
-    ) or "auto"  # fmt: skip
-    if value != "auto":
-        return value == "1"
+    )  # fmt: skip
+    if forced is not None:
+        return forced
     return not reverse or tf32_products("gated_delta_rule")
 
 
