@@ -539,42 +539,19 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
     });
   }
 };
-// One k step of mm's tiles (rows r0 of A from k on; b, bs: B's fragment of the warp's
-// column of tiles, rounded or split as mm's EB asks).
-template <bool KA, class MM, class FB>
-__device__ __forceinline__ void tc_step(MM& mm, const float* A, int lda, int k, const FB& b,
-                                        const FB& bs) {
-  using FA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32,
-                          typename pick<KA, wm::row_major, wm::col_major>::type>;
-#pragma unroll
-  for (int p = 0; p < MM::PER; ++p) {
-    const int t = mm.tile(p);
-    if (t >= MM::TILES) break;  // the same for the whole warp
-    const int r0 = (t / MM::TN) * 16;
-    FA a, as;
-    wm::load_matrix_sync(a, KA ? A + r0 * lda + k : A + k * lda + r0, lda);
-    if (MM::EA) tc_round(a); else tc_split(a, as);
-    if (!MM::EA) wm::mma_sync(mm.small[p], as, b, mm.small[p]);
-    if (!MM::EB) wm::mma_sync(mm.small[p], a, bs, mm.small[p]);
-    wm::mma_sync(mm.big[p], a, b, mm.big[p]);
-  }
-}
-// mm += A B over K (TcMM's operand rules), and where given mm2 += A2 B, mm3 += A3 B (the
-// same B, tiles and operand layouts). The k steps are the outer loop and the warp's
-// tiles (of every product) the inner one, so that a warp keeps that many independent
-// accumulator chains in flight; each tile's own sum still runs over k in order, so the
-// values are those of one tile, and one product, after another. NW is a multiple of the
-// tiles per row (every kernel's case): all of a warp's tiles lie in one column of tiles
-// and share one B fragment per k step.
-template <int K, bool KA, bool KB, class MM, class MM2 = MM, class MM3 = MM>
-__device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const float* B, int ldb,
-                                       MM2* mm2 = nullptr, const float* A2 = nullptr,
-                                       MM3* mm3 = nullptr, const float* A3 = nullptr) {
+// mm += A B over K (TcMM's operand rules). The k steps are the outer loop and the warp's
+// tiles the inner one, so that a warp keeps PER independent accumulator chains in flight;
+// each tile's own sum still runs over k in order, so the values are those of one tile
+// after another. NW is a multiple of the tiles per row (every kernel's case): all of a
+// warp's tiles lie in one column of tiles and share one B fragment per k step. (Three
+// products sharing B in one run, input_grads' kk, qk and d_w k^T, took its float32
+// variants past 128 registers, which 512 threads cannot launch: run 41.)
+template <int K, bool KA, bool KB, class MM>
+__device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const float* B, int ldb) {
   static_assert(K % 8 == 0, "TcMM: k in steps of 8");
   static_assert(MM::NWARPS % MM::TN == 0, "tc_run: a warp's tiles in one column of tiles");
-  static_assert(MM2::TILES == MM::TILES && MM2::TN == MM::TN && MM2::EB == MM::EB &&
-                MM3::TILES == MM::TILES && MM3::TN == MM::TN && MM3::EB == MM::EB,
-                "tc_run: the products share B's fragments");
+  using FA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32,
+                          typename pick<KA, wm::row_major, wm::col_major>::type>;
   using FB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32,
                           typename pick<KB, wm::col_major, wm::row_major>::type>;
   if (mm.tile(0) >= MM::TILES) return;  // a warp without tiles (the same for the warp)
@@ -584,9 +561,18 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
     FB b, bs;
     wm::load_matrix_sync(b, KB ? B + c0 * ldb + k : B + k * ldb + c0, ldb);
     if (MM::EB) tc_round(b); else tc_split(b, bs);
-    tc_step<KA>(mm, A, lda, k, b, bs);
-    if (mm2) tc_step<KA>(*mm2, A2, lda, k, b, bs);
-    if (mm3) tc_step<KA>(*mm3, A3, lda, k, b, bs);
+#pragma unroll
+    for (int p = 0; p < MM::PER; ++p) {
+      const int t = mm.tile(p);
+      if (t >= MM::TILES) break;  // the same for the whole warp
+      const int r0 = (t / MM::TN) * 16;
+      FA a, as;
+      wm::load_matrix_sync(a, KA ? A + r0 * lda + k : A + k * lda + r0, lda);
+      if (MM::EA) tc_round(a); else tc_split(a, as);
+      if (!MM::EA) wm::mma_sync(mm.small[p], as, b, mm.small[p]);
+      if (!MM::EB) wm::mma_sync(mm.small[p], a, bs, mm.small[p]);
+      wm::mma_sync(mm.big[p], a, b, mm.big[p]);
+    }
   }
 }
 }  // namespace csg
@@ -1031,14 +1017,15 @@ _INPUT_GRADS = r"""
   {
     constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;  // bf16 / fp16: exact in tf32
     csg::TcMM<C, C, NT / 32, EX, EX> kk, qk;
-    csg::TcMM<C, C, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
     kk.zero();
-    qk.zero();
-    m1.zero();
-    // the three share k: one run, three accumulator chains per warp
-    csg::tc_run<DK, true, true>(kk, Ks, LDK4, Ks, LDK4, &qk, Qs, &m1, Ws);
+    csg::tc_run<DK, true, true>(kk, Ks, LDK4, Ks, LDK4);
     kk.store(KKs, LDC4);
+    qk.zero();
+    csg::tc_run<DK, true, true>(qk, Qs, LDK4, Ks, LDK4);
     qk.store(QKs, LDC4);
+    csg::TcMM<C, C, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
+    m1.zero();
+    csg::tc_run<DK, true, true>(m1, Ws, LDK4, Ks, LDK4);
     m1.store(M1s, LDC4);
   }
 #else
