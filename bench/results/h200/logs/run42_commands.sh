@@ -37,8 +37,10 @@ if [ "$1" = a ]; then
 else
   cd bench
   st side_by_side
-  timeout 200 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
-    --chunk-sizes 64 --repeats 3 --budget 190 --json $S/gdn_vs_fla_h200.json | grep -E "fla|chunkscan|rror"
+  for T in 16384 65536; do
+    timeout 150 python3 gdn_vs_fla.py --T $T --impls fla chunkscan --modes eager compiled \
+      --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_${T}_h200.json | grep -E "fla|chunkscan|rror"
+  done
   pack b
   cd ..
   st lora
