@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import glob
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,7 @@ def kernels():
     # (C, Dk, Dv, G, dtype, threads per block, columns per state_grads block; None: the
     # defaults, cc.threads and cc.slice_columns)
     for C, Dk, Dv, G, dt, nt_, tv_ in ((64, 128, 128, 2, "bfloat16", None, None),
+                                       (64, 128, 128, 2, "float32", None, None),
                                        (32, 128, 128, 2, "bfloat16", None, None),
                                        (32, 64, 96, 1, "float32", None, None),
                                        (64, 128, 64, 4, "float16", None, None),
@@ -171,9 +173,25 @@ def kernels():
     return out
 
 
+REGISTERS_PER_BLOCK = 65536  # sm_80 .. sm_90: a kernel of NT threads launches with <= 65536 / NT
+
+
+def ptxas_info(ptxas: str, ptx: bytes, arch: str) -> str:
+    """ptxas -v's register, stack and spill line for ``ptx``."""
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/k.ptx", "wb") as fh:
+            fh.write(ptx)
+        res = subprocess.run([ptxas, f"-arch={arch}", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True)  # fmt: skip
+    return " | ".join(ln.split(":", 1)[-1].strip() for ln in res.stderr.splitlines()
+                      if "registers" in ln or "spill" in ln)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mlx-src", required=True, help="an MLX source checkout (its headers)")
+    p.add_argument("--mlx-src", default=None,
+                   help="an MLX source checkout (its headers); without it only the precompiled "
+                        "form is compiled")  # fmt: skip
     p.add_argument("--only", nargs="+", default=None,
                    help="compile only the kernels whose label contains one of these")  # fmt: skip
     p.add_argument("--dump", default=None,
@@ -182,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = _nvidia_root()
     nvrtc = ctypes.CDLL(sorted(glob.glob(f"{root}/cuda_nvrtc/lib/libnvrtc.so*"))[0])
-    includes = [args.mlx_src] + [f"{root}/{pkg}/include" for pkg in
-                                 ("cuda_runtime", "cuda_cccl", "cuda_nvcc")
-                                 if os.path.isdir(f"{root}/{pkg}/include")]  # fmt: skip
+    cuda_includes = [f"{root}/{pkg}/include" for pkg in ("cuda_runtime", "cuda_cccl", "cuda_nvcc")
+                     if os.path.isdir(f"{root}/{pkg}/include")]  # fmt: skip
+    includes = ([args.mlx_src] if args.mlx_src else []) + cuda_includes
     ptxas = next(iter(glob.glob(f"{root}/cuda_nvcc/bin/ptxas")), None)
     from chunkscan import _precompile
 
@@ -192,24 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     failed, totals = 0, [0.0, 0.0]
     chosen = [k for k in kernels() if not args.only or any(o in k[0] for o in args.only)]
     for label, name, header, source, ins, outs, t in chosen:
-        start = time.perf_counter()
-        ok, log, ptx = compile_ptx(nvrtc, build_source(name, header, source, ins, outs, t),
-                                   includes)  # fmt: skip
-        seconds = time.perf_counter() - start
-        totals[0] += seconds
-        info = ""
-        if ok and ptxas:
-            with tempfile.TemporaryDirectory() as d:
-                with open(f"{d}/k.ptx", "wb") as fh:
-                    fh.write(ptx)
-                res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o",
-                                      f"{d}/k.cubin"], capture_output=True, text=True)  # fmt: skip
-                info = " | ".join(ln.split(":", 1)[-1].strip() for ln in res.stderr.splitlines()
-                                  if "registers" in ln or "spill" in ln)  # fmt: skip
-        print(f"{'ok  ' if ok else 'FAIL'} {label}  {info}  [MLX form {seconds:.2f} s]")
-        if not ok:
-            failed += 1
-            print(log)
+        if args.mlx_src:
+            start = time.perf_counter()
+            ok, log, ptx = compile_ptx(nvrtc, build_source(name, header, source, ins, outs, t),
+                                       includes)  # fmt: skip
+            seconds = time.perf_counter() - start
+            totals[0] += seconds
+            info = ptxas_info(ptxas, ptx, "sm_90a") if ok and ptxas else ""
+            print(f"{'ok  ' if ok else 'FAIL'} {label}  {info}  [MLX form {seconds:.2f} s]")
+            if not ok:
+                failed += 1
+                print(log)
         src = _precompile.build_source(
             name, header, source, [(n, MX_DTYPES[d], nd) for n, d, nd in ins],
             [(n, MX_DTYPES[d]) for n, d in outs],
@@ -224,10 +235,21 @@ def main(argv: list[str] | None = None) -> int:
                 safe = "".join(ch if ch.isalnum() or ch in "=_-" else "_" for ch in label)
                 with open(os.path.join(args.dump, safe + ".cubin"), "wb") as fh:
                     fh.write(cubin)
-            print(f"ok   {label}  [precompiled form {time.perf_counter() - start:.2f} s]")
+            seconds = time.perf_counter() - start
         except RuntimeError as e:
             failed += 1
             print(f"FAIL {label}  [precompiled form]\n{e}")
+            continue
+        info, over = "", ""
+        if ptxas:  # the same source through PTX: registers against the block's threads
+            info = ptxas_info(ptxas, ours.compile(src, "90", ptx=True), "sm_90")
+            nt = dict(t).get("NT")
+            regs = re.search(r"Used (\d+) registers", info)
+            if nt and regs and int(regs.group(1)) * nt > REGISTERS_PER_BLOCK:
+                over = f"  {regs.group(1)} registers x {nt} threads: too many for one block"
+                failed += 1
+        print(f"{'FAIL' if over else 'ok  '} {label}  {info}{over}  [precompiled form "
+              f"{seconds:.2f} s]")  # fmt: skip
     print(f"compile time in total: MLX form (PTX) {totals[0]:.1f} s, precompiled form (cubin) "
           f"{totals[1]:.1f} s, {len(chosen)} kernels")  # fmt: skip
     return 1 if failed else 0
