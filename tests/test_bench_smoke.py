@@ -77,6 +77,33 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
         sys.modules.pop(name, None)
 
 
+def test_ncu_source_summary_reads_the_source_page(tmp_path, monkeypatch, capsys):
+    """``bench/ncu_source_summary.py`` splits each launch's warp-stall samples of ncu's
+    source page (SASS) by stall reason and by opcode, predicates skipped, and lists the
+    instructions with the most samples."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import ncu_source_summary
+
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb",
+            "stall_wait", "stall_long_sb (Not Issued)"]  # fmt: skip
+    rows = [["0x10", "      LDG.E.128 R8, desc[UR12][R32.64]", "6", "6", "0", "6"],
+            ["0x20", "@!P0  HMMA.1684.F32.TF32 R4, R8, R10, R4", "3", "0", "3", "0"],
+            ["0x30", "      LDG.E.U8 R6, desc[UR12][R6.64]", "1", "1", "0", "1"]]  # fmt: skip
+    text = '"Kernel Name","k_0123",\n' + "".join(
+        ",".join(f'"{c}"' for c in r) + "\n" for r in [head, *rows]
+    )
+    path = tmp_path / "src.csv"
+    path.write_text(text)
+    assert ncu_source_summary.main([str(path), "--top", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "k_0123: 10 samples, 3 instructions"
+    assert out[1] == "  by stall reason: long_sb 70%, wait 30%"
+    assert out[2] == "  by opcode: LDG 70.0%, HMMA 30.0%"
+    assert out[3].startswith("   60.0%  LDG.E.128") and out[4].startswith("   30.0%  @!P0  HMMA")
+    assert len(out) == 5
+    sys.modules.pop("ncu_source_summary", None)
+
+
 def test_op_count_reads_the_graph(tmp_path, monkeypatch):
     """``bench/op_count.py`` builds the portable fwd+bwd graph and counts it: more
     launches for two groups than for one, and the per-chunk addmm of each pass."""

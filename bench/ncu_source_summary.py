@@ -1,0 +1,96 @@
+"""Summarise Nsight Compute's per-instruction warp-stall samples (SourceCounters).
+
+Input: the CSV of ``ncu -i <report> --page source --csv --print-source sass`` (gzipped or
+not), one block per profiled launch. Per launch it prints the samples' split by stall
+reason and by opcode (the SASS mnemonic before its first dot), and the instructions with
+the most samples::
+
+    python3 bench/ncu_source_summary.py bench/results/h200/ncu/ncu_src_sass_4k_16d0b84.csv.gz
+
+A sample is charged to the instruction a warp was stalled on (or issuing), so the
+opcode split says where the warps wait: a load's latency shows up on the first
+instruction that reads its register.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import gzip
+import io
+import sys
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def launches(text: str) -> list[dict]:
+    """``[{name, header, rows}]``, one per profiled launch, in the file's order."""
+    out: list[dict] = []
+    for row in csv.reader(io.StringIO(text)):
+        if not row:
+            continue
+        if row[0] == "Kernel Name":
+            out.append({"name": row[1], "header": None, "rows": []})
+        elif row[0] == "Address" and out:
+            out[-1]["header"] = row
+        elif out and out[-1]["header"]:
+            out[-1]["rows"].append(row)
+    return out
+
+
+def opcode(sass: str) -> str:
+    words = sass.split()
+    if words and words[0].startswith("@"):  # a predicate
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def number(x: str) -> float:
+    try:
+        return float(x)
+    except ValueError:
+        return 0.0
+
+
+def summarise(launch: dict, top: int) -> list[str]:
+    col = {c: i for i, c in enumerate(launch["header"])}
+    rows = launch["rows"]
+    total = sum(number(r[col[SAMPLES]]) for r in rows)
+    if not total:
+        return [f"{launch['name']}: no samples"]
+    reasons = collections.Counter()
+    for c, i in col.items():
+        if c.startswith("stall_") and "(Not" not in c:
+            reasons[c[6:]] = sum(number(r[i]) for r in rows)
+    rsum = sum(reasons.values()) or 1.0
+    ops = collections.Counter()
+    for r in rows:
+        ops[opcode(r[col["Source"]])] += number(r[col[SAMPLES]])
+    lines = [
+        f"{launch['name']}: {int(total)} samples, {len(rows)} instructions",
+        "  by stall reason: "
+        + ", ".join(f"{k} {v / rsum * 100:.0f}%" for k, v in reasons.most_common(8)),
+        "  by opcode: " + ", ".join(f"{k} {v / total * 100:.1f}%" for k, v in ops.most_common(12)),
+    ]
+    for r in sorted(rows, key=lambda r: -number(r[col[SAMPLES]]))[:top]:
+        share = number(r[col[SAMPLES]]) / total * 100
+        lines.append(f"  {share:5.1f}%  {r[col['Source']].strip()[:72]}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("csv", help="the source page's CSV (.csv or .csv.gz)")
+    p.add_argument("--top", type=int, default=8, help="instructions listed per launch")
+    args = p.parse_args(argv)
+    opener = gzip.open if args.csv.endswith(".gz") else open
+    with opener(args.csv, "rt") as f:
+        text = f.read()
+    for launch in launches(text):
+        print("\n".join(summarise(launch, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
