@@ -6,8 +6,11 @@ costs a device run. This script builds each kernel's full source the way MLX 0.3
 names, the template constants), compiles it for ``sm_90a`` with NVRTC and, where
 ``ptxas`` is found, reports registers and spills. It then compiles the form the package
 itself builds by default (``chunkscan._precompile.build_source``: no MLX header, a cubin
-for ``sm_90``) with the package's own NVRTC call, and reports both compile times. It
-needs no GPU and no MLX CUDA build:
+for ``sm_90``) with the package's own NVRTC call, and reports both compile times; where
+``ptxas`` is found, it reports that form's registers too and fails a kernel whose
+registers times its threads per block (``NT``) pass 65536, which CUDA cannot launch
+("too many resources requested for launch": run 41). Without ``--mlx-src`` only the
+package's form is compiled. It needs no GPU and no MLX CUDA build:
 
     pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-cccl-cu12 \\
         nvidia-cuda-nvcc-cu12                       # NVRTC, headers, ptxas
