@@ -21,6 +21,8 @@ import gzip
 import io
 import sys
 
+from ncu_summary import number as parse_number
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -47,10 +49,8 @@ def opcode(sass: str) -> str:
 
 
 def number(x: str) -> float:
-    try:
-        return float(x)
-    except ValueError:
-        return 0.0
+    """A cell as a float (ncu_summary's parse: thousands separators, empty or n/a as 0)."""
+    return parse_number(x) or 0.0
 
 
 def summarise(launch: dict, top: int) -> list[str]:
