@@ -723,7 +723,11 @@ _OUTPUT = r"""
   float* gf = Us + (MODE_H ? 0 : C * LDT);
   float* gma = gf + C;
   float* ten = gma + C;
-  for (int i = tid; i < C; i += NT) gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
+  float* bad = ten + C;  // o_bad of the chunk's rows (1 or 0), read once per block
+  for (int i = tid; i < C; i += NT) {
+    gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
+    bad[i] = obad[(tok + i) * HV + h] ? 1.f : 0.f;
+  }
   csg::load_tile<C, DK, NT>(q + tok * HK * DK + hk * DK, HK * DK,
                             [&](int i, int d, float x) { Xs[i * LDK4 + d] = csg::fin(x); });
   csg::load_tile<C, DK, NT>(W + cl * C * DK, DK,
@@ -767,7 +771,7 @@ _OUTPUT = r"""
   CS_MARK();  // 1: gates, X
   if (MODE_H) {
     csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
-      Bs[i * LDT + c] = obad[(tok + i) * HV + h] ? 0.f : x;
+      Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
     });
   } else {
     csg::load_tile<TV, DK, NT>(S + (cl * DV + e0) * DK, DK,
@@ -792,7 +796,7 @@ _OUTPUT = r"""
     for (int e = tid; e < C * TV; e += NT) {
       const int i = e / TV, c = e % TV;
       const size_t r = (tok + i) * HV + h;
-      out[r * DV + e0 + c] = static_cast<TO>(obad[r] ? CS_NAN : Bs[i * LDT + c]);
+      out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : Bs[i * LDT + c]);
     }
   }
 #else
@@ -806,7 +810,7 @@ _OUTPUT = r"""
     o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDT));
     o.each([&](int i, int c, float val, int, int) {
       const size_t r = (tok + i) * HV + h;
-      out[r * DV + e0 + c] = static_cast<TO>(obad[r] ? CS_NAN : val);
+      out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : val);
     });
   }
 #endif
@@ -825,6 +829,7 @@ _STATE_GRADS = r"""
   float* DVn = Vn + C * LDT;  // [C][LDT] d_vnew = p^T d_o + kt dS^T
   float* Vt = DVn + C * LDT;  // [C][LDT] v
   float* red = Vt + C * LDT;  // [NT]
+  float* bad = red + NT;      // [C] o_bad of the chunk's rows (1 or 0)
   constexpr int KS = 32, LDS = KS + 4;
   // w and kt, KS columns of Dk at a time, over v_new and d_vnew (written only after the
   // last of them is read): the C = 32 block then fits twice on a multiprocessor.
@@ -834,12 +839,18 @@ _STATE_GRADS = r"""
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
+  // The o_bad flags: read first (their loads in flight with S's), put in shared memory
+  // before d_o's loads, each of which reads its row's flag there.
+  static_assert(NT >= C, "state_grads: a thread per row's flag");
+  const bool my_bad = tid < C && obad[(tok + tid) * HV + h];
   csg::load_tile<TV, DK, NT>(S + s0, DK, [&](int r, int d, float x) { Ss[r * LDK4 + d] = x; });
   csg::load_tile<TV, DK, NT>(DS + s0, DK, [&](int r, int d, float x) { DSs[r * LDK4 + d] = x; });
   csg::load_tile<C, C, NT>(P + cl * C * C, C, [&](int i, int t, float x) { Ps[i * LDC4 + t] = x; });
+  if (tid < C) bad[tid] = my_bad ? 1.f : 0.f;
+  __syncthreads();
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
   csg::load_tile<C, TV, NT>(dout + o0, HV * DV, [&](int i, int r, float x) {
-    Do[i * LDT + r] = obad[(tok + i) * HV + h] ? 0.f : x;
+    Do[i * LDT + r] = bad[i] != 0.f ? 0.f : x;
   });
   csg::load_tile<C, TV, NT>(v + o0, HV * DV,
                             [&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
@@ -1249,9 +1260,9 @@ def smem_bytes(
         floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c1 + 4 * C
     elif which == "output":
         t4 = tv + 4
-        floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 3 * C
+        floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
     elif which == "state_grads":
-        floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt
+        floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt + C
     else:
         floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
