@@ -73,6 +73,7 @@ from ..._backend import (
     param,
     tf32_products,
 )
+from ._pass_cuda import CP_ASYNC
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -89,7 +90,9 @@ _NT_512 = {("input_grads", 32), ("input_grads", 64)}
 TV = 64
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 
-_HEADER = r"""
+_HEADER = (
+    CP_ASYNC
+    + r"""
 #ifndef CS_EMULATE
 #define CS_DYN_SMEM(name) \
   extern __shared__ float4 name##_4[]; \
@@ -254,6 +257,36 @@ __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t
       }
     }
   }
+}
+
+// A float32 tile of global memory into shared memory (dst row stride ldd, a multiple of
+// 4) with 16-byte cp.async copies: no registers held, so every copy of a phase is in
+// flight at once (load_tile holds up to four 16-byte loads per thread and stores them
+// before the next; Nsight Compute charged a third of output's stall samples to those
+// loads, run 42). copies_land() (commit, then wait for the thread's own copies) and a
+// barrier before any thread reads dst. Where src or ld is not a 16-byte multiple, or
+// with CS_SCALAR_LOADS, it is load_tile (the same values, now in place).
+template <int ROWS, int COLS, int NT>
+__device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src, size_t ld) {
+  static_assert(COLS % 4 == 0, "copy_tile: rows of whole 16-byte pieces");
+#ifdef CS_SCALAR_LOADS
+  const bool vec = false;
+#else
+  const bool vec = ((reinterpret_cast<unsigned long long>(src) | (ld * sizeof(float))) & 15) == 0;
+#endif
+  if (vec) {
+    constexpr int PR = COLS / 4;
+    for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
+      const int r = e / PR, c = 4 * (e % PR);
+      cs_cp_async16(dst + r * ldd + c, src + size_t(r) * ld + c);
+    }
+  } else {
+    load_tile<ROWS, COLS, NT>(src, ld, [&](int r, int c, float x) { dst[r * ldd + c] = x; });
+  }
+}
+__device__ __forceinline__ void copies_land() {
+  cs_cp_async_commit();
+  cs_cp_async_wait_all();
 }
 
 // The value as it is (Tile::store's val).
@@ -449,6 +482,7 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 }
 }  // namespace csg
 """
+)
 
 # input_grads' products with q and k (kk, qk; m1 = d_w k^T) on the tensor cores (CS_TC,
 # prepended by _launch where tc_products() holds). bf16 / fp16 inputs are exact in tf32
@@ -724,19 +758,17 @@ _OUTPUT = r"""
   float* gma = gf + C;
   float* ten = gma + C;
   float* bad = ten + C;  // o_bad of the chunk's rows (1 or 0), read once per block
+  // w, p (and u) copied in the background while q comes through registers
+  csg::copy_tile<C, DK, NT>(Bs, LDK4, W + cl * C * DK, DK);
+  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
+  if (!MODE_H) csg::copy_tile<C, TV, NT>(Us, LDT, U + cl * C * DV + e0, DV);
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bad[i] = obad[(tok + i) * HV + h] ? 1.f : 0.f;
   }
   csg::load_tile<C, DK, NT>(q + tok * HK * DK + hk * DK, HK * DK,
                             [&](int i, int d, float x) { Xs[i * LDK4 + d] = csg::fin(x); });
-  csg::load_tile<C, DK, NT>(W + cl * C * DK, DK,
-                            [&](int i, int d, float x) { Bs[i * LDK4 + d] = x; });
-  csg::load_tile<C, C, NT>(P + cl * C * C, C, [&](int i, int t, float x) { Ps[i * LDC4 + t] = x; });
-  if (!MODE_H) {
-    csg::load_tile<C, TV, NT>(U + cl * C * DV + e0, DV,
-                              [&](int i, int c, float x) { Us[i * LDT + c] = x; });
-  }
+  csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads
   csg::chunk_gates<C>(gf, gma, ten);
@@ -774,8 +806,8 @@ _OUTPUT = r"""
       Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
     });
   } else {
-    csg::load_tile<TV, DK, NT>(S + (cl * DV + e0) * DK, DK,
-                               [&](int c, int d, float x) { Bs[c * LDK4 + d] = x; });
+    csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
+    csg::copies_land();
   }
   __syncthreads();
   CS_MARK();  // 2: S or d_o loads
@@ -839,14 +871,13 @@ _STATE_GRADS = r"""
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
-  // The o_bad flags: read first (their loads in flight with S's), put in shared memory
-  // before d_o's loads, each of which reads its row's flag there.
+  // S, dS and p are copied in the background; the o_bad flags go to shared memory before
+  // d_o's loads, each of which reads its row's flag there.
   static_assert(NT >= C, "state_grads: a thread per row's flag");
-  const bool my_bad = tid < C && obad[(tok + tid) * HV + h];
-  csg::load_tile<TV, DK, NT>(S + s0, DK, [&](int r, int d, float x) { Ss[r * LDK4 + d] = x; });
-  csg::load_tile<TV, DK, NT>(DS + s0, DK, [&](int r, int d, float x) { DSs[r * LDK4 + d] = x; });
-  csg::load_tile<C, C, NT>(P + cl * C * C, C, [&](int i, int t, float x) { Ps[i * LDC4 + t] = x; });
-  if (tid < C) bad[tid] = my_bad ? 1.f : 0.f;
+  csg::copy_tile<TV, DK, NT>(Ss, LDK4, S + s0, DK);  // in the background from here on
+  csg::copy_tile<TV, DK, NT>(DSs, LDK4, DS + s0, DK);
+  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
+  if (tid < C) bad[tid] = obad[(tok + tid) * HV + h] ? 1.f : 0.f;
   __syncthreads();
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
   csg::load_tile<C, TV, NT>(dout + o0, HV * DV, [&](int i, int r, float x) {
@@ -854,6 +885,7 @@ _STATE_GRADS = r"""
   });
   csg::load_tile<C, TV, NT>(v + o0, HV * DV,
                             [&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
+  csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: S, dS, p, d_o, v loads
   float dec = 0.f;  // this thread's part of sum(S * dS), in the order of the loop before
@@ -880,8 +912,9 @@ _STATE_GRADS = r"""
     csg::tc_run<C, false, false>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
     for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
       const size_t w0 = cl * C * DK + k0;
-      csg::load_tile<C, KS, NT>(W + w0, DK, [&](int i, int d, float x) { Wk[i * LDS + d] = x; });
-      csg::load_tile<C, KS, NT>(KT + w0, DK, [&](int i, int d, float x) { Kk[i * LDS + d] = x; });
+      csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+      csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+      csg::copies_land();
       __syncthreads();
       csg::tc_run<KS, true, true>(vn, Wk, LDS, Ss + k0, LDK4);
       csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSs + k0, LDK4);
@@ -930,8 +963,9 @@ _STATE_GRADS = r"""
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
     for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
       const size_t w0 = cl * C * DK + k0;
-      csg::load_tile<C, KS, NT>(W + w0, DK, [&](int i, int d, float x) { Wk[i * LDS + d] = x; });
-      csg::load_tile<C, KS, NT>(KT + w0, DK, [&](int i, int d, float x) { Kk[i * LDS + d] = x; });
+      csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+      csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+      csg::copies_land();
       __syncthreads();
       vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Ss + k0, LDK4));
       dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSs + k0, LDK4));
@@ -1002,6 +1036,7 @@ _INPUT_GRADS = r"""
     for (int z = 0; z < NV; ++z) s += X[((z * LN + cl) * C + i) * cols + c];
     return s;
   };
+  csg::copy_tile<C, C, NT>(As, LDC4, A + cl * C * C, C);  // in the background
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
@@ -1013,13 +1048,13 @@ _INPUT_GRADS = r"""
                             [&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
   csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,  // the NV partial sums, added
                                 [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
-  csg::load_tile<C, C, NT>(A + cl * C * C, C, [&](int i, int t, float x) { As[i * LDC4 + t] = x; });
   // d_p's causal part (state_grads' tensor-core form writes it in full)
   csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C, [&](int i, int t, float x) {
     DPs[i * LDC4 + t] = t <= i ? x : 0.f;
   }, LN * C * C);
   csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
                                [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
+  csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads (partial sums added)
   csg::chunk_gates<C>(gf, gma, ten);

@@ -67,7 +67,10 @@ F32 = mx.float32
 _INPUTS = ["xin", "decay", "Fm", "Em", "Gm", "Hm", "inits", "loads", "stores"]
 _OUTPUTS = ["entering", "xout", "stored"]
 
-_HEADER = r"""
+# 16-byte global -> shared copies that hold no registers (cp.async, sm_80 and later), their
+# commit and the wait for all of a thread's copies; the chunk kernels use them too.
+# tools/cuda_emulate.py makes the copy a memcpy and drops the commit and the wait.
+CP_ASYNC = r"""
 __device__ __forceinline__ void cs_cp_async16(float* dst, const float* src) {
   unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
@@ -78,7 +81,10 @@ __device__ __forceinline__ void cs_cp_async_commit() {
 __device__ __forceinline__ void cs_cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
+"""
+
+_HEADER = CP_ASYNC + (
+    r"""// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
 // rows (from fsrc, gsrc) into Fs [CP][FSTR] and Gs [CP][GSTR], and with HAS_E the
 // block's [CP, TR] slice of E (from esrc, row stride R) into Es [CP][ESTR]; committed.
 template <int CP, int DK, int R, int TR, int NT, int FSTR, int GSTR, int ESTR, bool HAS_E>
@@ -104,6 +110,7 @@ __device__ __forceinline__ void cs_stage_piece(float* fs, const float* fsrc, con
   cs_cp_async_commit();
 }
 """
+)
 
 # The body of the kernel. Template constants (injected by MLX as constexpr):
 # C, DK, R, TR, NT, CP, A1, B1, B2, J4 (ints); HAS_X, HAS_E, HAS_H, REVERSE, CHANNEL
