@@ -140,6 +140,7 @@ def kernels():
                                        (64, 128, 128, 2, "float32", None, None),
                                        (32, 128, 128, 2, "bfloat16", None, None),
                                        (32, 64, 96, 1, "float32", None, None),
+                                       (64, 96, 96, 1, "bfloat16", None, None),
                                        (64, 128, 64, 4, "float16", None, None),
                                        (64, 128, 128, 1, "bfloat16", 256, 32),
                                        (64, 128, 128, 1, "bfloat16", 512, 64),

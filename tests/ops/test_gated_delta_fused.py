@@ -443,6 +443,18 @@ def test_emulated_tf32_products(emulated, monkeypatch):
     assert not mx.array_equal(got[0], exact[0]).item()
 
 
+@needs_cxx
+def test_emulated_tf32_heads_of_96(emulated, monkeypatch):
+    """Heads of 96 (six 16-wide tiles per row, which 8 warps do not divide: each tile
+    loads its own B fragment in csg::tc_run) with TF32 products, against the oracle.
+    Session 11's tc_run did not compile there (a static_assert)."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    inputs = make_inputs(1, 70, 1, 2, 96, 96)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+    assert_close(got, outputs_and_grads(naive, inputs), tol=TF32_TOL)
+
+
 def test_tf32_products_switch(monkeypatch):
     """``CHUNKSCAN_GDN_TF32``: auto (the default) follows MLX's own float32 matmuls, TF32
     on a CUDA device unless ``MLX_ENABLE_TF32=0``, float32 elsewhere; 1 / 0 force it;
@@ -558,6 +570,18 @@ def test_cuda_wide_loads_single_loads_and_odd_offsets_agree(monkeypatch, dtype):
     for name, a, b, c in zip(NAMES, *runs):
         assert mx.array_equal(a, b).item(), name
         assert mx.array_equal(a, c).item(), name
+
+
+@needs_cuda
+def test_cuda_tf32_heads_of_96(monkeypatch):
+    """Heads of 96 on the device with TF32 products (csg::tc_run's per-tile B
+    fragments), against the oracle."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    inputs = make_inputs(1, 300, 2, 4, 96, 96)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    ref = outputs_and_grads(naive, inputs)
+    print("heads of 96, TF32:", {n: f"{max_rel(a, b):.2e}" for n, a, b in zip(NAMES, got, ref)})
+    assert_close(got, ref, tol=TF32_TOL)
 
 
 @needs_cuda

@@ -576,29 +576,37 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
 // mm += A B over K (TcMM's operand rules). The k steps are the outer loop and the warp's
 // tiles the inner one, so that a warp keeps PER independent accumulator chains in flight;
 // each tile's own sum still runs over k in order, so the values are those of one tile
-// after another. NW is a multiple of the tiles per row (every kernel's case): all of a
-// warp's tiles lie in one column of tiles and share one B fragment per k step. (Three
-// products sharing B in one run, input_grads' kk, qk and d_w k^T, took its float32
-// variants past 128 registers, which 512 threads cannot launch: run 41.)
+// after another. Where NW is a multiple of the tiles per row (N / 16; every kernel at
+// heads of 32, 64 or 128), all of a warp's tiles lie in one column of tiles and share
+// one B fragment per k step; otherwise (a head of 96: 6 tiles per row) each tile loads
+// its own. (Three products sharing B in one run, input_grads' kk, qk and d_w k^T, took
+// its float32 variants past 128 registers, which 512 threads cannot launch: run 41.)
 template <int K, bool KA, bool KB, class MM>
 __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const float* B, int ldb) {
   static_assert(K % 8 == 0, "TcMM: k in steps of 8");
-  static_assert(MM::NWARPS % MM::TN == 0, "tc_run: a warp's tiles in one column of tiles");
+  constexpr bool SHARED_B = MM::NWARPS % MM::TN == 0;
   using FA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32,
                           typename pick<KA, wm::row_major, wm::col_major>::type>;
   using FB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32,
                           typename pick<KB, wm::col_major, wm::row_major>::type>;
   if (mm.tile(0) >= MM::TILES) return;  // a warp without tiles (the same for the warp)
-  const int c0 = (mm.tile(0) % MM::TN) * 16;  // the warp's column of tiles
+  const int c0 = (mm.tile(0) % MM::TN) * 16;  // the warp's column of tiles (SHARED_B)
 #pragma unroll 2
   for (int k = 0; k < K; k += 8) {
     FB b, bs;
-    wm::load_matrix_sync(b, KB ? B + c0 * ldb + k : B + k * ldb + c0, ldb);
-    if (MM::EB) tc_round(b); else tc_split(b, bs);
+    if constexpr (SHARED_B) {
+      wm::load_matrix_sync(b, KB ? B + c0 * ldb + k : B + k * ldb + c0, ldb);
+      if (MM::EB) tc_round(b); else tc_split(b, bs);
+    }
 #pragma unroll
     for (int p = 0; p < MM::PER; ++p) {
       const int t = mm.tile(p);
       if (t >= MM::TILES) break;  // the same for the whole warp
+      if constexpr (!SHARED_B) {
+        const int c = (t % MM::TN) * 16;
+        wm::load_matrix_sync(b, KB ? B + c * ldb + k : B + k * ldb + c, ldb);
+        if (MM::EB) tc_round(b); else tc_split(b, bs);
+      }
       const int r0 = (t / MM::TN) * 16;
       FA a, as;
       wm::load_matrix_sync(a, KA ? A + r0 * lda + k : A + k * lda + r0, lda);
