@@ -1465,8 +1465,9 @@ def _launch(
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
     cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
     tc = cores and which in _TC_KERNELS
-    tf32 = which != "prepare" or prepare_tf32()
-    if cores and which in _TF32_KERNELS and tf32 and tf32_products("gated_delta_rule"):
+    if cores and which in _TF32_KERNELS and tf32_products("gated_delta_rule") and (
+        which != "prepare" or prepare_tf32()
+    ):
         on.append("CS_TF32")
         header = "#define CS_TF32 1\n" + header
         tc = True
