@@ -498,26 +498,6 @@ def test_emulated_tf32_heads_of_96(emulated, monkeypatch):
     assert_close(got, outputs_and_grads(naive, inputs), tol=TF32_TOL)
 
 
-@needs_cxx
-def test_emulated_prepare_tf32_switch(emulated, monkeypatch):
-    """With TF32 products, prepare's w and u are TF32 products too unless
-    CHUNKSCAN_GDN_PREPARE_TF32=0: the final state (the portable state pass here, fed by
-    w and u) differs between the two, and both are within TF32_TOL of the oracle."""
-    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
-    inputs = make_inputs(1, 70, 1, 2, 32, 64)
-    ref = outputs_and_grads(naive, inputs)
-    runs = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("CHUNKSCAN_GDN_PREPARE_TF32", on)
-        assert _chunk_cuda.prepare_tf32() is (on == "1")
-        runs[on] = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
-        assert_close(runs[on], ref, tol=TF32_TOL)
-    assert not mx.array_equal(runs["1"][1], runs["0"][1]).item()
-    monkeypatch.setenv("CHUNKSCAN_GDN_PREPARE_TF32", "fast")
-    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_PREPARE_TF32"):
-        _chunk_cuda.prepare_tf32()
-
-
 def test_tf32_products_switch(monkeypatch):
     """``CHUNKSCAN_GDN_TF32``: auto (the default) follows MLX's own float32 matmuls, TF32
     on a CUDA device unless ``MLX_ENABLE_TF32=0``, float32 elsewhere; 1 / 0 force it;

@@ -16,8 +16,7 @@ The arithmetic is float32, with products of one of two kinds (``_HEADER_TC``):
 - TF32 products where it does (``CS_TF32``; by default on CUDA unless
   ``MLX_ENABLE_TF32=0``, as MLX's own float32 matmuls): every product of ``output``,
   ``state_grads`` and ``input_grads``' q / k products on the tensor cores, each operand
-  rounded to tf32, float32 sums (``csg::TcMM``); ``prepare``'s ``w`` and ``u`` too
-  (:func:`prepare_tf32`), its ``kk`` and ``qk`` stay FMA loops.
+  rounded to tf32, float32 sums (``csg::TcMM``); ``prepare`` keeps its FMA loops.
 
 Per group, forward: :func:`prepare` -> state pass (:mod:`._passes`) -> :func:`outputs`.
 Backward: :func:`prepare` (recompute) -> :func:`state_gradient_input` -> reverse state
@@ -496,7 +495,7 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 # parts and give the same results bit for bit. On the H200 (run 35) the phase with these
 # products took 23k cycles of a block against 39k (the kernel 127k against 155k); the same
 # in prepare (kk, qk) gained nothing (27k against 26k: its stores and barriers, not its
-# products, set that phase), so prepare keeps FMA loops for kk and qk.
+# products, set that phase), so prepare keeps the FMA loops.
 _HEADER_TC = r"""
 #define CS_TC 1
 #include <mma.h>
@@ -644,9 +643,8 @@ _COMMON = r"""
 _PREPARE = r"""
   constexpr int DM = DK > DV ? DK : DV, LDM = DM + 4;
   CS_DYN_SMEM(sm);
-  constexpr int KSZ = (DK > C ? DK : C) + 4;  // room for A in rows of C + 4 (CS_TF32)
   float* Ks = sm;             // [C][LDK4] k
-  float* Xs = Ks + C * KSZ;   // [C][LDM] q, then k beta gamma, then v beta
+  float* Xs = Ks + C * LDK4;  // [C][LDM] q, then k beta gamma, then v beta
   float* Ls = Xs + C * LDM;   // [C][LDC] gam, then L = beta_i gam kk (strict)
   float* As = Ls + C * LDC;   // [C][LDC] (I + L)^-1
   float* gf = As + C * LDC;
@@ -738,44 +736,21 @@ _PREPARE = r"""
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
   CS_MARK();  // 3: the inverse, stores
-#ifdef CS_TF32
-  // w = A (k beta gamma) and u = A (v beta) on the tensor cores, one tf32 product per
-  // tile, A in rows of C + 4 (wmma's strides) over k, which is no longer needed.
-  float* A4 = Ks;
-  for (int e = tid; e < C * C; e += NT) A4[(e / C) * LDC4 + e % C] = As[(e / C) * LDC + e % C];
-  __syncthreads();
-  {
-    csg::TcMM<C, DK, NT / 32, true, true> w;
-    w.zero();
-    csg::tc_run<C, true, false>(w, A4, LDC4, Xs, LDM);
-    w.store(W + cl * C * DK, DK);
-  }
-#else
   {
     csg::Tile<C, DK, NT, false, true> w;
     w.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
     w.store([&](int i, int d) { return W + (cl * C + i) * DK + d; }, csg::Same());
   }
-#endif
   __syncthreads();
   csg::load_tile<C, DV, NT>(v + tok * HV * DV + h * DV, HV * DV, [&](int i, int c, float x) {
     Xs[i * LDM + c] = csg::fin(x) * bt[i];
   });
   __syncthreads();
-#ifdef CS_TF32
-  {
-    csg::TcMM<C, DV, NT / 32, true, true> u;
-    u.zero();
-    csg::tc_run<C, true, false>(u, A4, LDC4, Xs, LDM);
-    u.store(U + cl * C * DV, DV);
-  }
-#else
   {
     csg::Tile<C, DV, NT, false, true> u;
     u.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
     u.store([&](int i, int c) { return U + (cl * C + i) * DV + c; }, csg::Same());
   }
-#endif
   CS_PROF_END("prepare");  // 4: w, v loads, u
 """
 
@@ -1344,7 +1319,7 @@ def smem_bytes(
     # (rows read 16 bytes at a time; see the kernels' comments).
     c1, c4, k4 = C + 1, C + 4, Dk + 4
     if which == "prepare":
-        floats = C * max(k4, c4) + C * (max(Dk, Dv) + 4) + 2 * C * c1 + 4 * C
+        floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c1 + 4 * C
     elif which == "output":
         t4 = tv + 4
         floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
@@ -1414,9 +1389,8 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
 # phase clocks, and one element per global load everywhere (csg::load_tile).
 _TC_KERNELS = ("input_grads",)  # the kernels with CS_TC products
 # The kernels whose products go to the tensor cores in one tf32 product each where
-# tf32_products() holds (CS_TF32; prepare: w and u, its kk / qk stay FMA loops, and
-# CHUNKSCAN_GDN_PREPARE_TF32=0 keeps all of its FMA loops).
-_TF32_KERNELS = ("prepare", "output", "state_grads", "input_grads")
+# tf32_products() holds (CS_TF32; prepare keeps its float32 FMA loops).
+_TF32_KERNELS = ("output", "state_grads", "input_grads")
 _SWITCHES = (
     ("CHUNKSCAN_GDN_PROFILE", "CS_PROFILE"),
     ("CHUNKSCAN_GDN_SCALAR_LOADS", "CS_SCALAR_LOADS"),
@@ -1439,17 +1413,6 @@ def tc_products() -> bool:
     return cc is None or cc >= (8, 0)
 
 
-def prepare_tf32() -> bool:
-    """Whether ``prepare`` takes TF32 products (``w``, ``u``) where the other kernels do:
-    ``CHUNKSCAN_GDN_PREPARE_TF32`` (read at each call) ``0`` keeps its float32 FMA
-    loops; ``auto``, ``1`` or unset: yes."""
-    return env_switch(
-        "CHUNKSCAN_GDN_PREPARE_TF32", "gated_delta_rule",
-        "auto or 1 (w and u as TF32 products where the other kernels take them, the "
-        "default) or 0 (prepare's float32 FMA loops)",
-    ) is not False  # fmt: skip
-
-
 def _launch(
     which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None,
     wf=False,
@@ -1465,9 +1428,7 @@ def _launch(
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
     cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
     tc = cores and which in _TC_KERNELS
-    if cores and which in _TF32_KERNELS and tf32_products("gated_delta_rule") and (
-        which != "prepare" or prepare_tf32()
-    ):
+    if cores and which in _TF32_KERNELS and tf32_products("gated_delta_rule"):
         on.append("CS_TF32")
         header = "#define CS_TF32 1\n" + header
         tc = True
