@@ -148,12 +148,11 @@ def kernels():
         for which, (names, outs, source) in cc._KERNELS.items():
             nt = nt_ or cc.threads(which, C)
             tv = tv_ or cc.slice_columns(Dv)
-            nz = Dv // tv if which in ("output", "state_grads") else 1
-            base = [("NT", nt), ("NZ", nz), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G),
-                    ("HK", 4), ("HV", 4 * G)]  # fmt: skip
+            base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
+                    ("HV", 4 * G)]  # fmt: skip
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
-                     "state_grads": [("TV", tv), ("WF", cc.whole_w(C, Dk, Dv, nt, tv))],
+                     "state_grads": [("TV", tv)],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)
@@ -161,7 +160,6 @@ def kernels():
             odt = {"out": dt, "dv": dt, "dg": dt, "dbeta": dt}
             outs_t = [(x, odt.get(x, "float32")) for x in outs]
             label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
-            label += " WF" if ("WF", True) in extra else ""
             out.append((label, f"chunkscan_gdn_{which}", cc._HEADER, cc._COMMON + source,
                         ins, outs_t, base + extra))  # fmt: skip
             if which in cc._TC_KERNELS:  # the q / k products on tensor cores (the default)

@@ -242,49 +242,6 @@ def test_default_chunk_size_follows_the_device(monkeypatch, kib, default):
         assert chunk_module.default_chunk_size(None, 64, 64) == 32
 
 
-def test_whole_w_keeps_the_blocks_per_multiprocessor(monkeypatch):
-    """state_grads stages all of w and kt at once (WF) where that fits and leaves as many
-    blocks per multiprocessor as the 32-column pieces: Qwen3-Next's shape at C = 64 on an
-    H100 / H200 (one block either way), not at C = 32 there (two blocks against one);
-    CHUNKSCAN_GDN_WHOLE_W=0 never, =1 wherever it fits."""
-    fake_cuda_limits(monkeypatch, 227, 228)
-    sizes = [_chunk_cuda.smem_bytes("state_grads", 64, 128, 128, 256, 64, w) for w in (0, 1)]
-    assert sizes == [155904, 223488]  # 152.25 and 218.25 KiB
-    assert _chunk_cuda.whole_w(64, 128, 128)
-    assert not _chunk_cuda.whole_w(32, 128, 128)
-    monkeypatch.setenv("CHUNKSCAN_GDN_WHOLE_W", "1")
-    assert _chunk_cuda.whole_w(32, 128, 128)
-    fake_cuda_limits(monkeypatch, 163, 164)  # an A100: C = 64 would not fit
-    assert not _chunk_cuda.whole_w(64, 128, 128, 256, 64)
-    monkeypatch.setenv("CHUNKSCAN_GDN_WHOLE_W", "0")
-    assert not _chunk_cuda.whole_w(32, 128, 128)
-    monkeypatch.setenv("CHUNKSCAN_GDN_WHOLE_W", "yes")
-    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_WHOLE_W"):
-        _chunk_cuda.whole_w(64, 128, 128)
-
-
-@needs_cxx
-@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
-@pytest.mark.parametrize("tf32", ["0", "1"], ids=["fp32", "tf32"])
-def test_emulated_whole_w_and_pieces_agree(emulated, monkeypatch, dtype, tf32):
-    """state_grads with w and kt staged whole (WF) and in 32-column pieces: the same
-    products in the same order, so every value and gradient bit for bit, with two
-    slices of Dv per (chunk, lane) (Dv = 128: the slices' blocks are neighbours)."""
-    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", tf32)
-    inputs = make_inputs(1, 70, 1, 2, 64, 128, dtype=dtype)
-    runs = []
-    for whole in ("0", "1"):
-        monkeypatch.setenv("CHUNKSCAN_GDN_WHOLE_W", whole)
-        assert _chunk_cuda.whole_w(64, 64, 128) == (whole == "1")
-        runs.append(outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False))
-    assert set(emulated) == set(_chunk_cuda._KERNELS)
-    for name, a, b in zip(NAMES, *runs):
-        assert mx.array_equal(a, b).item(), name
-    if dtype == mx.float32:  # and both right (the low-precision bounds: other tests)
-        ref = outputs_and_grads(naive, inputs)
-        assert_close(runs[0], ref, tol=TF32_TOL if tf32 == "1" else 1e-4)
-
-
 def test_tuning_knobs_reject_other_values(monkeypatch):
     monkeypatch.setenv("CHUNKSCAN_GDN_NT", "128")
     with pytest.raises(ValueError, match="CHUNKSCAN_GDN_NT must be 256 or 512"):
@@ -625,20 +582,6 @@ def test_cuda_tf32_heads_of_96(monkeypatch):
     ref = outputs_and_grads(naive, inputs)
     print("heads of 96, TF32:", {n: f"{max_rel(a, b):.2e}" for n, a, b in zip(NAMES, got, ref)})
     assert_close(got, ref, tol=TF32_TOL)
-
-
-@needs_cuda
-def test_cuda_whole_w_and_pieces_agree(monkeypatch):
-    """On the device: state_grads with w and kt staged whole (the default at this shape
-    on an H100 / H200) and in pieces, every value and gradient equal."""
-    inputs = make_inputs(*QWEN)
-    runs = []
-    for whole in ("0", "1"):
-        monkeypatch.setenv("CHUNKSCAN_GDN_WHOLE_W", whole)
-        runs.append(outputs_and_grads(gated_delta_rule, inputs, chunk_size=64))
-    for name, a, b in zip(NAMES, *runs):
-        assert mx.array_equal(a, b).item(), name
-    assert_close(runs[1], outputs_and_grads(naive, inputs))
 
 
 @needs_cuda

@@ -47,9 +47,7 @@ Every output still sums over ``k`` in order with ``fmaf``, as before (measured o
 H200: the op's time within 2% of the layout before; ``docs/benchmarks.md``, runs 20-22).
 ``prepare`` inverts ``I + L`` in blocks (16-row diagonal blocks by forward substitution,
 each thread a column in registers, then doubling), not row by row; ``state_grads``
-copies all of ``w`` and ``kt`` into shared memory at its start where that costs no
-blocks per multiprocessor (:func:`whole_w`), else 32 columns at a time. The ``Dv`` slices
-of one (chunk, lane) are neighbours in the launch order (``_COMMON``). Phase clocks for
+stages ``w`` and ``kt`` through shared memory 32 columns at a time. Phase clocks for
 tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py --profile``).
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
@@ -118,7 +116,8 @@ _HEADER = (
 #define CS_PROF_END(kname)                                                              \
   do {                                                                                  \
     CS_MARK();                                                                          \
-    if (threadIdx.x == 0 && zs == 0 && (j == 0 || j == n / 2) &&                        \
+    if (threadIdx.x == 0 && blockIdx.z == 0 &&                                          \
+        (blockIdx.x == 0 || blockIdx.x == gridDim.x / 2) &&                             \
         (blockIdx.y == 0 || blockIdx.y == gridDim.y / 2))                               \
       printf("CSPROF %s %d %d %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "  \
              "%lld %lld %lld\n", kname, int(blockIdx.x), int(blockIdx.y), cs_d[0],      \
@@ -621,15 +620,11 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
 }  // namespace csg
 """
 
-# Every kernel: grid (NZ * n * NT, L, 1): blockIdx.x = NZ j + zs for chunk j of the
-# group and slice zs of Dv (output, state_grads: NZ = Dv / TV; 1 for the others),
-# blockIdx.y = lane l = b * HV + h (value head h, key head h / G). The slices of one
-# (chunk, lane) are neighbours in the launch order, so they run at the same time and
-# the second one's reads of w, p, kt, q come from L2. Raw inputs in the chunk layout
+# Every kernel: grid (n * NT, L, Z): blockIdx.x = chunk j of the group, blockIdx.y =
+# lane l = b * HV + h (value head h, key head h / G). Raw inputs in the chunk layout
 # [B, n, C, H, D] (token tok + i of chunk j: tok = (b * n + j) * C).
 _COMMON = r"""
-  const int tid = threadIdx.x, l = blockIdx.y;
-  const int j = blockIdx.x / NZ, zs = blockIdx.x % NZ, n = gridDim.x / NZ;
+  const int tid = threadIdx.x, j = blockIdx.x, l = blockIdx.y, n = gridDim.x;
   const int b = l / HV, h = l % HV, hk = h / G;
   const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
   const size_t cl = size_t(l) * n + j;         // (lane, chunk)
@@ -757,11 +752,11 @@ _PREPARE = r"""
 # outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
-  // Each block: TV columns of o (rows of S and of h) from e0 on, slice zs = e0 / TV.
+  // Each block: TV columns of o (rows of S and of h) from e0 on, blockIdx.z = e0 / TV.
   constexpr int LDT = TV + 4;
   constexpr int BIG0 = (TV * LDK4 > C * LDT ? TV * LDK4 : C * LDT);
   constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
-  const int e0 = zs * TV;
+  const int e0 = blockIdx.z * TV;
   CS_DYN_SMEM(sm);
   float* Xs = sm;             // [C][LDK4] q, then X = qg - p w
   float* Ps = Xs + C * LDK4;  // [C][LDC4] p
@@ -876,16 +871,12 @@ _STATE_GRADS = r"""
   float* red = Vt + C * LDT;  // [NT]
   float* bad = red + NT;      // [C] o_bad of the chunk's rows (1 or 0)
   constexpr int KS = 32, LDS = KS + 4;
-  // w and kt: with WF, whole, in buffers of their own, copied in the background with S,
-  // dS and p (where that keeps the blocks per multiprocessor: whole_w()); else KS
-  // columns of Dk at a time, over v_new and d_vnew (written only after the last of them
-  // is read), each piece waited for before its products.
+  // w and kt, KS columns of Dk at a time, over v_new and d_vnew (written only after the
+  // last of them is read): the C = 32 block then fits twice on a multiprocessor.
   static_assert(LDS <= LDT, "w, kt slices fit over v_new, d_vnew");
-  constexpr int WOFF = ((2 * TV * LDK4 + C * LDC4 + 4 * C * LDT + NT + C + 7) / 8) * 8;
-  constexpr int LDW = WF ? LDK4 : LDS;
-  float* Wk = WF ? sm + WOFF : Vn;          // [C][LDW] w
-  float* Kk = WF ? Wk + C * LDK4 : DVn;     // [C][LDW] kt
-  const int z = zs, e0 = z * TV;
+  float* Wk = Vn;             // [C][LDS] w
+  float* Kk = DVn;            // [C][LDS] kt
+  const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
   // S, dS and p are copied in the background; the o_bad flags go to shared memory before
@@ -894,10 +885,6 @@ _STATE_GRADS = r"""
   csg::copy_tile<TV, DK, NT>(Ss, LDK4, S + s0, DK);  // in the background from here on
   csg::copy_tile<TV, DK, NT>(DSs, LDK4, DS + s0, DK);
   csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
-  if (WF) {
-    csg::copy_tile<C, DK, NT>(Wk, LDK4, W + cl * C * DK, DK);
-    csg::copy_tile<C, DK, NT>(Kk, LDK4, KT + cl * C * DK, DK);
-  }
   if (tid < C) bad[tid] = obad[(tok + tid) * HV + h] ? 1.f : 0.f;
   __syncthreads();
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
@@ -931,17 +918,15 @@ _STATE_GRADS = r"""
     vn.zero();
     dvn.zero();
     csg::tc_run<C, false, false>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
-    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt in pieces of KS columns
-      const int wk = WF ? k0 : 0;
-      if (!WF) {
-        csg::copy_tile<C, KS, NT>(Wk, LDS, W + cl * C * DK + k0, DK);
-        csg::copy_tile<C, KS, NT>(Kk, LDS, KT + cl * C * DK + k0, DK);
-        csg::copies_land();
-        __syncthreads();
-      }
-      csg::tc_run<KS, true, true>(vn, Wk + wk, LDW, Ss + k0, LDK4);
-      csg::tc_run<KS, true, true>(dvn, Kk + wk, LDW, DSs + k0, LDK4);
-      if (!WF) __syncthreads();
+    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
+      const size_t w0 = cl * C * DK + k0;
+      csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+      csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+      csg::copies_land();
+      __syncthreads();
+      csg::tc_run<KS, true, true>(vn, Wk, LDS, Ss + k0, LDK4);
+      csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSs + k0, LDK4);
+      __syncthreads();
     }
     vn.each([&](int i0, int r0, csg::TcAcc& x) {  // v_new = u - w S^T
       csg::TcAcc u;
@@ -984,17 +969,15 @@ _STATE_GRADS = r"""
   {
     csg::Tile<C, TV, NT> vn, dvn;
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
-    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt in pieces of KS columns
-      const int wk = WF ? k0 : 0;
-      if (!WF) {
-        csg::copy_tile<C, KS, NT>(Wk, LDS, W + cl * C * DK + k0, DK);
-        csg::copy_tile<C, KS, NT>(Kk, LDS, KT + cl * C * DK + k0, DK);
-        csg::copies_land();
-        __syncthreads();
-      }
-      vn.mm4<KS>(csg::op<true>(Wk + wk, LDW), csg::op<true>(Ss + k0, LDK4));
-      dvn.mm4<KS>(csg::op<true>(Kk + wk, LDW), csg::op<true>(DSs + k0, LDK4));
-      if (!WF) __syncthreads();
+    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
+      const size_t w0 = cl * C * DK + k0;
+      csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+      csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+      csg::copies_land();
+      __syncthreads();
+      vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Ss + k0, LDK4));
+      dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSs + k0, LDK4));
+      __syncthreads();
     }
     vn.each([&](int i, int r, float x, int, int) {
       Vn[i * LDT + r] = U[(cl * C + i) * DV + e0 + r] - x;
@@ -1307,12 +1290,10 @@ def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
 
 
 def smem_bytes(
-    which: str, C: int, Dk: int, Dv: int, nt: int | None = None, tv: int | None = None,
-    whole_w: bool = False,
-) -> int:  # fmt: skip
+    which: str, C: int, Dk: int, Dv: int, nt: int | None = None, tv: int | None = None
+) -> int:
     """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
-    ``output`` and ``state_grads`` block; default :func:`threads`, :func:`slice_columns`;
-    ``whole_w``: ``state_grads`` with all of ``w`` and ``kt`` staged, :func:`whole_w`)."""
+    ``output`` and ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
     nt = threads(which, C) if nt is None else nt
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
     # Row strides: C + 1 for prepare's L and A (read a value at a time), else D + 4
@@ -1325,40 +1306,9 @@ def smem_bytes(
         floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
     elif which == "state_grads":
         floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt + C
-        if whole_w:  # w and kt after the rest, at a 32-byte boundary (wmma's tiles)
-            floats = -(-floats // 8) * 8 + 2 * C * k4
     else:
         floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
-
-
-def whole_w(C: int, Dk: int, Dv: int, nt: int | None = None, tv: int | None = None) -> bool:
-    """Whether ``state_grads`` copies all of ``w`` and ``kt`` into shared memory at its
-    start, in the background with ``S``, ``dS`` and ``p`` (template ``WF``), instead of 32
-    columns at a time, each piece waited for before its products: where that fits the
-    device's shared memory per block and leaves as many blocks per multiprocessor
-    (Qwen3-Next's shape on an H100 / H200: one either way, 218 KiB against 152). The
-    values are the same either way. ``CHUNKSCAN_GDN_WHOLE_W`` (read at each call): ``0``
-    never, ``1`` wherever it fits, ``auto`` or unset the rule above."""
-    forced = env_switch(
-        "CHUNKSCAN_GDN_WHOLE_W", "gated_delta_rule",
-        "auto (where it keeps the blocks per multiprocessor, the default), 1 (wherever it "
-        "fits) or 0 (never)",
-    )  # fmt: skip
-    if forced is False:
-        return False
-    nt = threads("state_grads", C, Dk, Dv) if nt is None else nt
-    tv = slice_columns(Dv, C, Dk) if tv is None else tv
-    limits = cuda_limits()
-    pieces = smem_bytes("state_grads", C, Dk, Dv, nt, tv)
-    whole = smem_bytes("state_grads", C, Dk, Dv, nt, tv, whole_w=True)
-    if whole > limits.smem_per_block:
-        return False
-
-    def per_sm(smem: int) -> int:  # CUDA reserves 1 KiB per block (sm_80 and later)
-        return limits.smem_per_sm // (smem + 1024)
-
-    return forced or per_sm(whole) >= per_sm(pieces)
 
 
 def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
@@ -1413,15 +1363,12 @@ def tc_products() -> bool:
     return cc is None or cc >= (8, 0)
 
 
-def _launch(
-    which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None,
-    wf=False,
-):  # fmt: skip
+def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, source = _KERNELS[which]
     nt = threads(which, C, Dk, Dv)
-    smem = smem_bytes(which, C, Dk, Dv, nt, tv, wf)
-    grid, group = (z * n * nt, L, 1), (nt, 1, 1)
-    template = [("NT", nt), ("NZ", z)] + list(template)
+    smem = smem_bytes(which, C, Dk, Dv, nt, tv)
+    grid, group = (n * nt, L, z), (nt, 1, 1)
+    template = [("NT", nt)] + list(template)
     shapes = [s for s, _ in outputs]
     dtypes = [d for _, d in outputs]
     on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
@@ -1509,14 +1456,12 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     L, Dk = s.shape[0], s.shape[-1]
     tv = slice_columns(Dv, C, Dk)
     nv = Dv // tv
-    wf = whole_w(C, Dk, Dv, tv=tv)
-    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv),
-            ("WF", wf)]  # fmt: skip
+    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
         "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v, param(p.scale)], tmpl,
-        L, n, nv, outs, C, Dk, Dv, tv, wf,
+        L, n, nv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return SimpleNamespace(dvn=dvn, dw=dw, dqg=dqg, dkt=dkt, dp=dp, m2=m2, ddec=ddec, nv=nv)
 
