@@ -72,14 +72,15 @@ class FakeCompiler:
     version = "0.0"
 
     def __init__(self, fail: bool = False):
-        self.fail, self.sources, self.archs = fail, [], []
+        self.fail, self.sources, self.archs, self.paths = fail, [], [], []
 
-    def compile(self, source, arch, ptx=False):
+    def compile(self, source, arch, ptx=False, source_path=None):
         if self.fail:
             raise RuntimeError("NVRTC compile failed (status 6): nope")
         self.sources.append(source)
         self.archs.append(arch)
-        return b"binary:" + source.encode()
+        self.paths.append(source_path)
+        return b"binary:" + source.encode() + (b"+lines" if source_path else b"")
 
 
 def _kernel(fallback_calls):
@@ -121,6 +122,33 @@ def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
     kernel(inputs=[x, y], **args)
     assert fake.archs == ["90", "90", "80"]
     assert not fallbacks
+
+
+def test_line_information_for_profiling(tmp_path, monkeypatch):
+    """CHUNKSCAN_CUDA_LINEINFO=1: the source written to <cache>/src/<symbol>.cu and
+    compiled under that name with line information, cached under its own key (a build
+    without it is not reused, nor reuses it)."""
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
+    fake = FakeCompiler()
+    monkeypatch.setattr(_precompile, "compiler", lambda: fake)
+    monkeypatch.setattr(_precompile, "device_arch", lambda: "90")
+    launched = []
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", lambda **kw: launched.append(kw) or [])
+    args = dict(inputs=[mx.zeros((2, 5)), mx.zeros((3,), dtype=mx.int32)],
+                template=[("n", 2), ("T", mx.float32)], grid=(64, 1, 1), threadgroup=(64, 1, 1),
+                output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip
+    _kernel([])(**args)
+    monkeypatch.setenv("CHUNKSCAN_CUDA_LINEINFO", "1")
+    _kernel([])(**args)
+    monkeypatch.delenv("CHUNKSCAN_CUDA_LINEINFO")
+    _kernel([])(**args)  # from the disk cache: the build without line information
+    assert fake.paths[0] is None and len(fake.paths) == 2
+    path = fake.paths[1]
+    assert path == str(tmp_path / "src" / f"{launched[1]['name']}.cu")
+    assert open(path).read() == fake.sources[1]
+    assert launched[1]["compiled_source"].endswith(b"+lines")
+    assert not launched[0]["compiled_source"].endswith(b"+lines")
+    assert launched[2]["compiled_source"] == launched[0]["compiled_source"]
 
 
 def test_kernel_falls_back_to_mlx_with_one_warning(tmp_path, monkeypatch):

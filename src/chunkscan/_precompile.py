@@ -22,6 +22,13 @@ before, after one warning. A failure when MLX loads the module (at evaluation) i
 caught: ``CHUNKSCAN_CUDA_PRECOMPILE=0`` (read when a kernel is first built) switches all
 of this off; ``=ptx`` keeps PTX instead of a cubin (the driver then translates it when
 the module loads).
+
+For profiling, ``CHUNKSCAN_CUDA_LINEINFO=1`` compiles with line information
+(``--generate-line-info``) and writes each kernel's full source to
+``<cache>/src/<symbol>.cu``, the file name NVRTC records, so that Nsight Compute can
+show the warp-stall samples per source line (``ncu --import-source yes ...``, then
+``--page source --print-source cuda,sass``). Such binaries are cached under their own
+keys; the code is the same.
 """
 
 from __future__ import annotations
@@ -128,15 +135,21 @@ class Nvrtc:
         if status != 0:
             raise RuntimeError(f"NVRTC {what} failed (status {status}){': ' + log if log else ''}")
 
-    def compile(self, source: str, arch: str, ptx: bool = False) -> bytes:
-        """The cubin (or, with ``ptx``, the PTX) of ``source`` for ``sm_<arch>``."""
+    def compile(
+        self, source: str, arch: str, ptx: bool = False, source_path: str | None = None
+    ) -> bytes:
+        """The cubin (or, with ``ptx``, the PTX) of ``source`` for ``sm_<arch>``; with
+        ``source_path`` (where ``source`` is written), with line information naming it."""
         lib, prog = self.lib, ctypes.c_void_p()
+        name = (source_path or "k.cu").encode()
         self._check(
-            lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"k.cu", 0, None, None),
+            lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name, 0, None, None),
             "create",
         )
         try:
             opts = [f"--gpu-architecture={'compute' if ptx else 'sm'}_{arch}".encode()]
+            if source_path:
+                opts.append(b"--generate-line-info")
             opts += [f"--include-path={d}".encode() for d in self.includes]
             status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
             if status != 0:
@@ -245,6 +258,16 @@ def cached_binary(
     return key, binary
 
 
+def _write_source(source: str, symbol: str) -> str:
+    """``source`` written to ``<cache>/src/<symbol>.cu`` (CHUNKSCAN_CUDA_LINEINFO=1);
+    its absolute path."""
+    path = os.path.abspath(os.path.join(cache_dir(), "src", f"{symbol}.cu"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(source)
+    return path
+
+
 def device_arch() -> str:
     """The default CUDA device's compute capability as ``"90"`` (for ``sm_90``): from
     ``mx.device_info()``, else the driver."""
@@ -287,9 +310,13 @@ class Kernel:
             digest = hashlib.sha256(probe.encode()).hexdigest()[:16]
             symbol = f"{self.name}_{digest}"
             src = probe.replace("void SYMBOL(", f"void {symbol}(", 1)
-            kind = mode()
+            kind, version = mode(), nvrtc.version
             compile_fn = functools.partial(nvrtc.compile, ptx=kind == "ptx")
-            hit = (symbol, cached_binary(src, arch, compile_fn, nvrtc.version, kind)[1])
+            if os.environ.get("CHUNKSCAN_CUDA_LINEINFO") == "1":
+                path = _write_source(src, symbol)
+                compile_fn = functools.partial(compile_fn, source_path=path)
+                version += "+lineinfo"  # its own cache key
+            hit = (symbol, cached_binary(src, arch, compile_fn, version, kind)[1])
             self._binaries[spec] = hit
         return hit
 
