@@ -91,13 +91,20 @@ def _kernel(fallback_calls):
     return _precompile.Kernel("k", ["x", "y"], ["out"], SOURCE, "", 4096, fallback)
 
 
-def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
+def _fake_device(monkeypatch, tmp_path, fake) -> list[dict]:
+    """Builds by ``fake`` into a cache under ``tmp_path`` for sm_90; the launches
+    ``mx.fast.precompiled_cuda_kernel`` would make are recorded in the returned list."""
     monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
-    fake = FakeCompiler()
     monkeypatch.setattr(_precompile, "compiler", lambda: fake)
     monkeypatch.setattr(_precompile, "device_arch", lambda: "90")
-    launched = []
+    launched: list[dict] = []
     monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", lambda **kw: launched.append(kw) or [])
+    return launched
+
+
+def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
+    fake = FakeCompiler()
+    launched = _fake_device(monkeypatch, tmp_path, fake)
     fallbacks = []
     kernel = _kernel(fallbacks)
     x, y = mx.zeros((2, 5)), mx.zeros((3,), dtype=mx.int32)
@@ -128,12 +135,8 @@ def test_line_information_for_profiling(tmp_path, monkeypatch):
     """CHUNKSCAN_CUDA_LINEINFO=1: the source written to <cache>/src/<symbol>.cu and
     compiled under that name with line information, cached under its own key (a build
     without it is not reused, nor reuses it)."""
-    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
     fake = FakeCompiler()
-    monkeypatch.setattr(_precompile, "compiler", lambda: fake)
-    monkeypatch.setattr(_precompile, "device_arch", lambda: "90")
-    launched = []
-    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", lambda **kw: launched.append(kw) or [])
+    launched = _fake_device(monkeypatch, tmp_path, fake)
     args = dict(inputs=[mx.zeros((2, 5)), mx.zeros((3,), dtype=mx.int32)],
                 template=[("n", 2), ("T", mx.float32)], grid=(64, 1, 1), threadgroup=(64, 1, 1),
                 output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip
