@@ -149,9 +149,10 @@ def kernels():
             nt = nt_ or cc.threads(which, C)
             tv = tv_ or cc.slice_columns(Dv)
             base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
-                    ("HV", 4 * G)]  # fmt: skip
+                    ("HV", 4 * G), ("SCALE_BITS", cc.scale_bits(Dk**-0.5))]  # fmt: skip
             raw = {"q", "k", "v", "g", "beta", "dout"}
-            extra = {"prepare": [], "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
+            extra = {"prepare": [("WRITE_A", dt != "float32")],
+                     "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
                      "state_grads": [("TV", tv)],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip

@@ -95,7 +95,9 @@ def test_scratch_sizes_the_groups():
 def test_emulated_stages_match_the_batched_ops(emulated):
     """Each kernel against the batched MLX function it replaces, one group of two
     chunks (measured max relative differences 6.8e-8 to 4.1e-7; bound 1e-5): a failure
-    names the stage."""
+    names the stage. The scale is not the default (the kernels compile it in: a kernel
+    built for another scale would fail here), and ``prepare`` without ``a`` (the
+    forward's) gives the same other outputs bit for bit."""
     from types import SimpleNamespace
 
     B, n, C, Hk, Hv, Dk, Dv = 1, 2, 32, 1, 2, 32, 64
@@ -110,7 +112,7 @@ def test_emulated_stages_match_the_batched_ops(emulated):
     dS = 0.1 * mx.random.normal((L, n, Dv, Dk), key=keys[6])
     d_o = mx.random.normal((B, n, C, Hv, Dv), key=keys[0])
     o_bad = mx.zeros((B, n, C, Hv), dtype=mx.bool_)
-    scale = Dk**-0.5
+    scale = 0.7 * Dk**-0.5
     ref = chunk_module._prepare_arrays(q, k, v, g, beta, scale)
     pr = SimpleNamespace(**ref, scale=scale)
 
@@ -122,6 +124,10 @@ def test_emulated_stages_match_the_batched_ops(emulated):
         return x.reshape((B, Hk, G) + tuple(x.shape[1:]))
 
     p = _chunk_cuda.prepare(q, k, v, g, beta, scale)
+    p_fwd = _chunk_cuda.prepare(q, k, v, g, beta, scale, with_a=False)
+    assert p_fwd.a is None
+    for key in ("p", "w", "u", "kt", "decay"):
+        assert mx.array_equal(getattr(p_fwd, key), getattr(p, key)).item(), key
     d_o6 = d_o.reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
     sg = _chunk_cuda.state_gradients(p, S, dS, d_o, o_bad, v)
     got = {

@@ -59,6 +59,7 @@ compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.tx
 from __future__ import annotations
 
 import os
+import struct
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -70,7 +71,6 @@ from ..._backend import (
     cuda_limits,
     env_int,
     env_switch,
-    param,
     tf32_products,
 )
 from ._pass_cuda import CP_ASYNC
@@ -131,6 +131,17 @@ _HEADER = (
 #endif
 namespace csg {
 template <typename T> __device__ __forceinline__ float f(T x) { return static_cast<float>(x); }
+// The float with these bits (the template constant SCALE_BITS: the scale is compiled in,
+// not read from global memory at each block's start).
+__device__ __forceinline__ float bits_float(int b) {
+#ifdef CS_EMULATE
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+#else
+  return __int_as_float(b);
+#endif
+}
 // Non-finite inputs read as zero (the wrapper puts NaN back where the loop has it).
 __device__ __forceinline__ float fin(float x) { return isfinite(x) ? x : 0.f; }
 // Gates: NaN and +inf read as zero; -inf (a reset) is kept.
@@ -450,33 +461,51 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
 
 // Log-decays of one chunk from its gates gf[C] (each a sum of exactly the gates it
 // spans): gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. + g_{C-1}).
-template <int C> __device__ __forceinline__ void chunk_gates(const float* gf, float* gma,
-                                                             float* ten) {
+// gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. + g_{C-1}), each summed in
+// order; the two on different threads where there are 2 C of them.
+template <int C, int NT>
+__device__ __forceinline__ void chunk_gates(const float* gf, float* gma, float* ten) {
+  static_assert(NT >= C, "chunk_gates: a thread per row");
   const int i = threadIdx.x;
   if (i < C) {
     float s = 0.f;
     for (int t = 0; t <= i; ++t) s += gf[t];
     gma[i] = expf(s);
-    float r = 0.f;
-    for (int t = i + 1; t < C; ++t) r += gf[t];
-    ten[i] = expf(r);
+  }
+  const int r = NT >= 2 * C ? i - C : i;
+  if (r >= 0 && r < C) {
+    float s = 0.f;
+    for (int t = r + 1; t < C; ++t) s += gf[t];
+    ten[r] = expf(s);
   }
 }
-// gam[i][j] = exp(g_{j+1} + .. + g_i) for j <= i, else 0 (row stride LD). Thread j
-// walks column j down from the diagonal with a running sum: the same sums, in the same
-// order, as summing each span afresh (bitwise equal), C steps per thread, not a new sum
-// per entry.
+// gam[i][j] = exp(g_{j+1} + .. + g_i) for j <= i, else 0 (row stride LD). Each column is
+// cut into S = NT / C runs of R = C / S rows, one thread each (thread tid: column
+// tid % C, rows R (tid / C) ..): a thread sums the gates from j + 1 up to its first row,
+// then walks its rows with a running sum. So every entry is the same sum, in the same
+// order, as summing its span afresh (bitwise equal), and a thread does at most C - R
+// additions and R exponentials (one thread per column before: up to C - 1 of each, while
+// the block's other warps waited at the barrier after).
 template <int C, int LD, int NT>
 __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
-  static_assert(NT >= C, "fill_gam: a thread per column");
-  const int j = threadIdx.x;
-  if (j < C) {
-    for (int i = 0; i < j; ++i) gam[i * LD + j] = 0.f;
+  static_assert(NT >= C && NT % C == 0, "fill_gam: threads a multiple of the columns");
+  constexpr int S = NT / C < C ? NT / C : C;
+  constexpr int R = C / S;
+  static_assert(C % S == 0, "fill_gam: runs of equal length");
+  const int tid = threadIdx.x;
+  if (tid < C * S) {
+    const int j = tid % C, i0 = (tid / C) * R;
     float s = 0.f;
-    gam[j * LD + j] = 1.f;
-    for (int i = j + 1; i < C; ++i) {
-      s += gf[i];
-      gam[i * LD + j] = expf(s);
+    for (int t = j + 1; t < i0; ++t) s += gf[t];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int i = i0 + q;
+      float x = i == j ? 1.f : 0.f;
+      if (i > j) {
+        s += gf[i];
+        x = expf(s);
+      }
+      gam[i * LD + j] = x;
     }
   }
 }
@@ -630,7 +659,7 @@ _COMMON = r"""
   const size_t cl = size_t(l) * n + j;         // (lane, chunk)
   constexpr int LDC = C + 1;  // prepare's L and A (read a value at a time)
   constexpr int LDC4 = C + 4, LDK4 = DK + 4, LDV4 = DV + 4;  // rows read 16 B at a time
-  const float scale = params[0];
+  const float scale = csg::bits_float(SCALE_BITS);
   CS_PROF_BEGIN;
 """
 
@@ -657,7 +686,7 @@ _PREPARE = r"""
                             [&](int i, int d, float x) { Xs[i * LDM + d] = csg::fin(x); });
   __syncthreads();
   CS_MARK();  // 0: loads
-  csg::chunk_gates<C>(gf, gma, ten);
+  csg::chunk_gates<C, NT>(gf, gma, ten);
   csg::fill_gam<C, LDC, NT>(gf, Ls);
   __syncthreads();
   CS_MARK();  // 1: gates
@@ -698,9 +727,19 @@ _PREPARE = r"""
         col[r] = val;
         As[(q0 + r) * LDC + q0 + m] = val;
       }
+    } else {  // the other warps meanwhile: k beta gamma into Xs (q is no longer needed), K~
+      static_assert(NT > C, "prepare: warps beside the forward substitution");
+      for (int e = tid - C; e < C * DK; e += NT - C) {
+        const int i = e / DK, d = e % DK;
+        const float kv = Ks[i * LDK4 + d];
+        Xs[i * LDM + d] = kv * (bt[i] * gma[i]);
+        KT[(cl * C + i) * DK + d] = kv * ten[i];
+      }
     }
     __syncthreads();
-    float* Ts = Xs;  // [pairs][s][s]: L21 A11 (q is no longer needed)
+    // T = L21 A11 of the pair at rows and columns b0 .. b0 + 2 s goes to Ls' block above
+    // the pair's diagonal (rows b0 .., columns b0 + s ..): L is strictly lower, so that
+    // block is free, and no level reads it again.
     for (int s = B0; s < C; s *= 2) {
       const int pairs = C / (2 * s);
       for (int e = tid; e < pairs * s * s; e += NT) {
@@ -708,26 +747,21 @@ _PREPARE = r"""
         float acc = 0.f;
         for (int t = m; t < s; ++t)
           acc = fmaf(Ls[(b0 + s + i) * LDC + b0 + t], As[(b0 + t) * LDC + b0 + m], acc);
-        Ts[e] = acc;
+        Ls[(b0 + i) * LDC + b0 + s + m] = acc;
       }
       __syncthreads();
       for (int e = tid; e < pairs * s * s; e += NT) {
-        const int pr = e / (s * s), b0 = pr * 2 * s, i = (e / s) % s, m = e % s;
+        const int b0 = (e / (s * s)) * 2 * s, i = (e / s) % s, m = e % s;
         float acc = 0.f;
         for (int t = 0; t <= i; ++t)
-          acc = fmaf(As[(b0 + s + i) * LDC + b0 + s + t], Ts[(pr * s + t) * s + m], acc);
+          acc = fmaf(As[(b0 + s + i) * LDC + b0 + s + t], Ls[(b0 + t) * LDC + b0 + s + m], acc);
         As[(b0 + s + i) * LDC + b0 + m] = -acc;
       }
       __syncthreads();
     }
   }
-  for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
-  for (int e = tid; e < C * DK; e += NT) {
-    const int i = e / DK, d = e % DK;
-    const float kv = Ks[i * LDK4 + d];
-    Xs[i * LDM + d] = kv * (bt[i] * gma[i]);
-    KT[(cl * C + i) * DK + d] = kv * ten[i];
-  }
+  if (WRITE_A)  // the backward's (the forward needs no A)
+    for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
   CS_MARK();  // 3: the inverse, stores
@@ -779,7 +813,7 @@ _OUTPUT = r"""
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads
-  csg::chunk_gates<C>(gf, gma, ten);
+  csg::chunk_gates<C, NT>(gf, gma, ten);
   __syncthreads();
 #ifdef CS_TF32
   for (int e = tid; e < C * DK; e += NT) {  // scale gamma q, then minus p w by tile
@@ -1065,7 +1099,7 @@ _INPUT_GRADS = r"""
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads (partial sums added)
-  csg::chunk_gates<C>(gf, gma, ten);
+  csg::chunk_gates<C, NT>(gf, gma, ten);
   csg::fill_gam<C, LDC4, NT>(gf, Gs);
 #ifdef CS_TC
   {
@@ -1241,14 +1275,14 @@ _INPUT_GRADS = r"""
 """
 
 _KERNELS = {
-    "prepare": (["q", "k", "v", "g", "beta", "params"], ["A", "P", "W", "U", "KT", "DECAY"],
+    "prepare": (["q", "k", "v", "g", "beta"], ["A", "P", "W", "U", "KT", "DECAY"],
                 _PREPARE),
-    "output": (["q", "g", "P", "W", "U", "S", "dout", "obad", "params"], ["out", "Hm"],
+    "output": (["q", "g", "P", "W", "U", "S", "dout", "obad"], ["out", "Hm"],
                _OUTPUT),
-    "state_grads": (["P", "W", "U", "KT", "S", "DS", "dout", "obad", "v", "params"],
+    "state_grads": (["P", "W", "U", "KT", "S", "DS", "dout", "obad", "v"],
                     ["DVN", "DWp", "DQGp", "DKTp", "DPp", "M2p", "DDECp"], _STATE_GRADS),
     "input_grads": (["q", "k", "v", "g", "beta", "A", "DVN", "DWp", "DQGp", "DKTp", "DPp",
-                     "M2p", "DDECp", "params"], ["DQ", "DKm", "dv", "dg", "dbeta"],
+                     "M2p", "DDECp"], ["DQ", "DKm", "dv", "dg", "dbeta"],
                     _INPUT_GRADS),
 }  # fmt: skip
 
@@ -1398,22 +1432,31 @@ def _dims(q: mx.array, v: mx.array) -> tuple[int, int, int, int, int, int, int]:
     return B, n, C, Hk, Hv, Dk, Dv
 
 
-def _base(C, Dk, Dv, Hk, Hv) -> list[tuple[str, object]]:
-    return [("C", C), ("DK", Dk), ("DV", Dv), ("G", Hv // Hk), ("HK", Hk), ("HV", Hv)]
+def _base(C, Dk, Dv, Hk, Hv, scale: float) -> list[tuple[str, object]]:
+    return [("C", C), ("DK", Dk), ("DV", Dv), ("G", Hv // Hk), ("HK", Hk), ("HV", Hv),
+            ("SCALE_BITS", scale_bits(scale))]  # fmt: skip
 
 
-def prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
+def scale_bits(scale: float) -> int:
+    """The bits of ``scale`` as a float32, as a signed 32-bit int: the template constant
+    ``SCALE_BITS`` that the kernels turn back into their scale (compiled in, so that no
+    block waits for a global load of it before its first loads; one kernel per scale)."""
+    return struct.unpack("<i", struct.pack("<f", scale))[0]
+
+
+def prepare(q, k, v, g, beta, scale: float, with_a: bool = True) -> SimpleNamespace:
     """Raw group inputs in the chunk layout (``[B, n, C, H, D]``, ``[B, n, C, Hv]``) ->
-    ``a, p, w, u, kt, decay`` in lane layout (see the module docstring)."""
+    ``a, p, w, u, kt, decay`` in lane layout (see the module docstring). ``with_a=False``
+    (the forward, which needs no ``a``): ``a`` is ``None``, neither written nor kept."""
     B, n, C, Hk, Hv, Dk, Dv = _dims(q, v)
     L = B * Hv
-    outs = [((L, n, C, C), F32), ((L, n, C, C), F32), ((L, n, C, Dk), F32),
-            ((L, n, C, Dv), F32), ((L, n, C, Dk), F32), ((L, n), F32)]  # fmt: skip
-    a, p, w, u, kt, decay = _launch(
-        "prepare", [q, k, v, g, beta, param(scale)], _base(C, Dk, Dv, Hk, Hv), L, n, 1,
-        outs, C, Dk, Dv,
-    )  # fmt: skip
-    return SimpleNamespace(a=a, p=p, w=w, u=u, kt=kt, decay=decay, scale=scale)
+    a_shape = (L, n, C, C) if with_a else (1,)
+    outs = [(a_shape, F32), ((L, n, C, C), F32), ((L, n, C, Dk), F32), ((L, n, C, Dv), F32),
+            ((L, n, C, Dk), F32), ((L, n), F32)]  # fmt: skip
+    tmpl = _base(C, Dk, Dv, Hk, Hv, scale) + [("WRITE_A", with_a)]
+    a, p, w, u, kt, decay = _launch("prepare", [q, k, v, g, beta], tmpl, L, n, 1, outs, C, Dk, Dv)
+    return SimpleNamespace(a=a if with_a else None, p=p, w=w, u=u, kt=kt, decay=decay,
+                           scale=scale)  # fmt: skip
 
 
 def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.array:
@@ -1423,10 +1466,10 @@ def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.ar
     L, Dv = entering.shape[0], entering.shape[2]
     Hv = L // B
     tv = slice_columns(Dv, C, Dk)
-    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", False), ("TO", dtype), ("TV", tv)]
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", False), ("TO", dtype), ("TV", tv)]
     outs = [((B, n, C, Hv, Dv), dtype), ((1,), F32)]
     o, _ = _launch(
-        "output", [q, g, p.p, p.w, p.u, entering, UNUSED, o_bad, param(p.scale)], tmpl,
+        "output", [q, g, p.p, p.w, p.u, entering, UNUSED, o_bad], tmpl,
         L, n, Dv // tv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return o
@@ -1439,10 +1482,10 @@ def state_gradient_input(q, g, p: SimpleNamespace, d_o, o_bad) -> mx.array:
     Hv, Dv = d_o.shape[-2:]
     L = B * Hv
     tv = slice_columns(Dv, C, Dk)
-    tmpl = _base(C, Dk, Dv, Hk, Hv) + [("MODE_H", True), ("TO", F32), ("TV", tv)]
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", True), ("TO", F32), ("TV", tv)]
     outs = [((1,), F32), ((L, n, Dv, Dk), F32)]
     _, hm = _launch(
-        "output", [q, g, p.p, p.w, UNUSED, UNUSED, d_o, o_bad, param(p.scale)], tmpl,
+        "output", [q, g, p.p, p.w, UNUSED, UNUSED, d_o, o_bad], tmpl,
         L, n, Dv // tv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return hm
@@ -1456,11 +1499,11 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     L, Dk = s.shape[0], s.shape[-1]
     tv = slice_columns(Dv, C, Dk)
     nv = Dv // tv
-    tmpl = [("C", C), ("DK", Dk), ("DV", Dv), ("G", 1), ("HK", Hv), ("HV", Hv), ("TV", tv)]
+    tmpl = _base(C, Dk, Dv, Hv, Hv, p.scale) + [("TV", tv)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
-        "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v, param(p.scale)], tmpl,
+        "state_grads", [p.p, p.w, p.u, p.kt, s, d_s, d_o, o_bad, v], tmpl,
         L, n, nv, outs, C, Dk, Dv, tv,
     )  # fmt: skip
     return SimpleNamespace(dvn=dvn, dw=dw, dqg=dqg, dkt=dkt, dp=dp, m2=m2, ddec=ddec, nv=nv)
@@ -1472,15 +1515,14 @@ def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.arra
     q, k, v, g, beta = xs
     B, n, C, Hk, Hv, Dk, Dv = _dims(q, v)
     G = Hv // Hk
-    tmpl = _base(C, Dk, Dv, Hk, Hv) + [
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [
         ("NV", sg.nv), ("TG", g.dtype), ("TB", beta.dtype), ("TVO", v.dtype),
     ]  # fmt: skip
     outs = [((B, n, C, Hk, G, Dk), F32), ((B, n, C, Hk, G, Dk), F32), (v.shape, v.dtype),
             (g.shape, g.dtype), (beta.shape, beta.dtype)]  # fmt: skip
     dq, dk, dv, dg, dbeta = _launch(
         "input_grads",
-        [q, k, v, g, beta, p.a, sg.dvn, sg.dw, sg.dqg, sg.dkt, sg.dp, sg.m2, sg.ddec,
-         param(p.scale)],
+        [q, k, v, g, beta, p.a, sg.dvn, sg.dw, sg.dqg, sg.dkt, sg.dp, sg.m2, sg.ddec],
         tmpl, B * Hv, n, 1, outs, C, Dk, Dv,
     )  # fmt: skip
     # The kernel writes no gradient for a non-finite q or k (each of the G partial sums

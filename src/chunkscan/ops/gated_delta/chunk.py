@@ -338,7 +338,7 @@ def _make_core(
             xs = _ordering.prepare_after_carry(xs, [] if state is None else [state])
             ends = chunks.local(chunks.ends, c0, c1)
             if fused:
-                p = _chunk_cuda.prepare(*xs, spec.scale)
+                p = _chunk_cuda.prepare(*xs, spec.scale, with_a=False)
                 operands = (p.decay, p.w, p.u, p.kt)
             else:
                 p = prepare(*xs, spec.scale)
