@@ -117,3 +117,14 @@ def test_op_count_reads_the_graph(tmp_path, monkeypatch):
     assert (one["groups"], two["groups"]) == (1, 2) and two["launches"] > one["launches"]
     assert one["by_kind"]["AddMM"] == 2 * 2  # two chunks, forward and reverse pass
     sys.modules.pop("op_count", None)
+
+
+def test_gpu_gaps_summarises_kernel_intervals(monkeypatch):
+    """``bench/gpu_gaps.py``'s summary (the run itself needs CUDA PyTorch): overlapping
+    kernels count once in the busy time, idle stretches are the gaps."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_gaps
+
+    span, busy, gaps = gpu_gaps.summarise([(0.0, 10.0), (5.0, 12.0), (8.0, 9.0), (40.0, 50.0)])
+    assert (span, busy, gaps) == (50.0, 22.0, [28.0])
+    assert gpu_gaps.summarise([(3.0, 4.0)]) == (1.0, 1.0, [])

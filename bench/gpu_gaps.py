@@ -1,0 +1,82 @@
+"""Where the wall time of one Gated DeltaNet fwd+bwd goes on a CUDA GPU: the span of its
+kernels on the device, the time some kernel runs (their union), and the idle gaps
+between them, from PyTorch's profiler (CUPTI sees MLX's kernels too: both use the
+device's primary context). Eager and compiled (``mx.compile`` of the value-and-grad).
+
+    python3 bench/gpu_gaps.py --T 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def summarise(intervals: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
+    """``(span, busy, gaps)`` of kernel intervals ``(start, end)`` sorted by start: the
+    time from the first start to the last end, the time some interval covers (their
+    union; overlaps counted once) and the idle stretches between them."""
+    busy, gaps, end = 0.0, [], intervals[0][0]
+    for a, b in intervals:
+        if a > end:
+            gaps.append(a - end)
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return end - intervals[0][0], busy, gaps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, default=16384)
+    args = p.parse_args()
+    import mlx.core as mx
+    import torch
+    from gated_delta import _inputs
+    from torch.profiler import ProfilerActivity, profile
+
+    import chunkscan
+
+    xs, w, w_s = _inputs(args.T, 1, 16, 32, 128, 128, "bfloat16", 0)
+    mx.eval(xs, w, w_s)
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    for label, fn in (("eager", step), ("compiled", mx.compile(step))):
+        for _ in range(3):
+            mx.eval(fn(*xs))
+        mx.synchronize()
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            mx.eval(fn(*xs))
+            mx.synchronize()
+            walls.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            mx.eval(fn(*xs))
+            mx.synchronize()
+            wall = time.perf_counter() - t0
+        ks = sorted(
+            (e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+        )
+        if not ks:
+            print(f"{label}: no device events")
+            continue
+        span, busy, gaps = summarise(ks)
+        big = [x for x in gaps if x > 20]
+        print(
+            f"{label}: wall {sorted(walls)[1] * 1e3:.2f} ms (profiled {wall * 1e3:.2f}), "
+            f"{len(ks)} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
+            f"gaps {sum(gaps) / 1e3:.2f} ms ({len(big)} over 20 us: {sum(big) / 1e3:.2f} ms, "
+            f"largest {max(gaps, default=0) / 1e3:.2f} ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()
