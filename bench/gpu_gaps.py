@@ -1,7 +1,9 @@
 """Where the wall time of one Gated DeltaNet fwd+bwd goes on a CUDA GPU: the span of its
-kernels on the device, the time some kernel runs (their union), and the idle gaps
-between them, from PyTorch's profiler (CUPTI sees MLX's kernels too: both use the
-device's primary context). Eager and compiled (``mx.compile`` of the value-and-grad).
+kernels on the device, the time some kernel runs (their union), the idle gaps between
+them, and how far into the call the first kernel starts (the CPU's time before the GPU
+has work; added after run 47, not yet run), from PyTorch's profiler (CUPTI sees MLX's
+kernels too: both use the device's primary context). Eager and compiled (``mx.compile``
+of the value-and-grad).
 
     python3 bench/gpu_gaps.py --T 16384
 """
@@ -32,7 +34,7 @@ def main() -> None:
     import mlx.core as mx
     import torch
     from gated_delta import _inputs
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     import chunkscan
 
@@ -55,14 +57,16 @@ def main() -> None:
             mx.synchronize()
             walls.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            mx.eval(fn(*xs))
-            mx.synchronize()
+            with record_function("fwd_bwd"):
+                mx.eval(fn(*xs))
+                mx.synchronize()
             wall = time.perf_counter() - t0
+        events = prof.events()
         ks = sorted(
             (e.time_range.start, e.time_range.end)
-            for e in prof.events()
+            for e in events
             if e.device_type == torch.autograd.DeviceType.CUDA
         )
         if not ks:
@@ -70,8 +74,10 @@ def main() -> None:
             continue
         span, busy, gaps = summarise(ks)
         big = [x for x in gaps if x > 20]
+        call = [e.time_range for e in events if e.name == "fwd_bwd"]
+        lead = f", first kernel {(ks[0][0] - call[0].start) / 1e3:.2f} ms in" if call else ""
         print(
-            f"{label}: wall {sorted(walls)[1] * 1e3:.2f} ms (profiled {wall * 1e3:.2f}), "
+            f"{label}: wall {sorted(walls)[1] * 1e3:.2f} ms (profiled {wall * 1e3:.2f}{lead}), "
             f"{len(ks)} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
             f"gaps {sum(gaps) / 1e3:.2f} ms ({len(big)} over 20 us: {sum(big) / 1e3:.2f} ms, "
             f"largest {max(gaps, default=0) / 1e3:.2f} ms)"
