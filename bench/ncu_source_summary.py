@@ -7,6 +7,12 @@ the most samples::
 
     python3 bench/ncu_source_summary.py bench/results/h200/ncu/ncu_src_sass_4k_16d0b84.csv.gz
 
+The page of ``--print-source cuda,sass`` (kernels built with line information) gives the
+samples per CUDA source line instead::
+
+    python3 bench/ncu_source_summary.py \
+        bench/results/h200/ncu/ncu_src_cuda_sass_prepare_4k_ca24fef.csv.gz
+
 A sample is charged to the instruction a warp was stalled on (or issuing), so the
 opcode split says where the warps wait: a load's latency shows up on the first
 instruction that reads its register.
@@ -79,14 +85,48 @@ def summarise(launch: dict, top: int) -> list[str]:
     return lines
 
 
+def source_lines(text: str) -> list[dict]:
+    """``[{name, lines: [(line number, source, samples)]}]`` of the page that ``ncu -i
+    <report> --page source --csv --print-source cuda,sass`` prints (kernels built with
+    line information: ``CHUNKSCAN_CUDA_LINEINFO=1``): per function, each CUDA source
+    line with the warp samples of its instructions (the SASS rows under it, which carry
+    no line number, are not counted again)."""
+    out: list[dict] = []
+    col = None
+    for row in csv.reader(io.StringIO(text)):
+        if not row:
+            continue
+        if row[0] == "Function Name":
+            out.append({"name": row[1], "lines": []})
+        elif row[0] == "Line No":
+            col = row.index(SAMPLES)
+        elif out and col is not None and row[0].strip().isdigit():
+            out[-1]["lines"].append((int(row[0]), row[1], number(row[col])))
+    return out
+
+
+def summarise_lines(function: dict, top: int) -> list[str]:
+    total = sum(s for _, _, s in function["lines"])
+    if not total:
+        return [f"{function['name']}: no samples"]
+    lines = [f"{function['name']}: {int(total)} samples, {len(function['lines'])} source lines"]
+    for no, src, s in sorted(function["lines"], key=lambda x: -x[2])[:top]:
+        lines.append(f"  {s / total * 100:5.1f}%  L{no:<5} {src.strip()[:80]}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", help="the source page's CSV (.csv or .csv.gz)")
-    p.add_argument("--top", type=int, default=8, help="instructions listed per launch")
+    p.add_argument("--top", type=int, default=8, help="instructions (or lines) listed per launch")
     args = p.parse_args(argv)
     opener = gzip.open if args.csv.endswith(".gz") else open
     with opener(args.csv, "rt") as f:
         text = f.read()
+    if text.lstrip().startswith('"File Path"'):  # the cuda,sass page
+        for function in source_lines(text):
+            print("\n".join(summarise_lines(function, args.top)))
+        return 0
     for launch in launches(text):
         print("\n".join(summarise(launch, args.top)))
     return 0

@@ -128,3 +128,30 @@ def test_gpu_gaps_summarises_kernel_intervals(monkeypatch):
     span, busy, gaps = gpu_gaps.summarise([(0.0, 10.0), (5.0, 12.0), (8.0, 9.0), (40.0, 50.0)])
     assert (span, busy, gaps) == (50.0, 22.0, [28.0])
     assert gpu_gaps.summarise([(3.0, 4.0)]) == (1.0, 1.0, [])
+
+
+def test_ncu_source_summary_reads_the_cuda_sass_page(tmp_path, monkeypatch, capsys):
+    """The ``--print-source cuda,sass`` page (kernels with line information): samples per
+    CUDA source line, the SASS rows under a line not counted again."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import ncu_source_summary
+
+    rows = [
+        ["File Path", "/tmp/c/src/k_01.cu"],
+        ["Function Name", "k_01"],
+        ["Line No", "Source", "Address", "Source", "Warp Stall Sampling (All Samples)"],
+        ["12", "  acc = fmaf(a, b, acc);", "-", "-", "30"],
+        ["", "", "0x10", "  FFMA R1, R2, R3, R1", "30"],
+        ["7", "  x = ld4(p);", "-", "-", "10"],
+        ["", "", "0x20", "  LDS.128 R4, [R8]", "10"],
+        ["9", "  // a comment", "-", "-", "0"],
+    ]
+    path = tmp_path / "src.csv"
+    path.write_text("".join(",".join(f'"{c}"' for c in r) + "\n" for r in rows))
+    assert ncu_source_summary.main([str(path), "--top", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "k_01: 40 samples, 3 source lines"
+    assert out[1].startswith("   75.0%  L12") and out[1].endswith("acc = fmaf(a, b, acc);")
+    assert out[2].startswith("   25.0%  L7")
+    assert len(out) == 3
+    sys.modules.pop("ncu_source_summary", None)
