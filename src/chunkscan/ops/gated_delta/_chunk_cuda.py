@@ -460,9 +460,8 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
 };
 
 // Log-decays of one chunk from its gates gf[C] (each a sum of exactly the gates it
-// spans): gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. + g_{C-1}).
-// gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. + g_{C-1}), each summed in
-// order; the two on different threads where there are 2 C of them.
+// spans, added in order): gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. +
+// g_{C-1}); the two on different threads where the block has 2 C of them.
 template <int C, int NT>
 __device__ __forceinline__ void chunk_gates(const float* gf, float* gma, float* ten) {
   static_assert(NT >= C, "chunk_gates: a thread per row");
