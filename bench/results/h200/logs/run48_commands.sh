@@ -11,19 +11,13 @@
 #   before the first kernel).
 # part c: the LoRA step at 8192 (1.66x the stub in run 44).
 # Outputs in $OUT/run48<part>.tgz.
-source bench/device_setup.sh >/dev/null 2>&1
-st() { echo "=== $1 ($(date +%T))"; }
-export CHUNKSCAN_COMMIT=$2 CHUNKSCAN_CUDA_CACHE=/tmp/c_new
-BASE="env PYTHONPATH=$PWD/base/src:$PYTHONPATH CHUNKSCAN_COMMIT=$3 CHUNKSCAN_CUDA_CACHE=/tmp/c_base"
-test -d base/src/chunkscan || echo "NO BASE"
-S=/tmp/so48$1; mkdir -p $S
-pack() { tar czf $OUT/run48$1.tgz -C $S . ; }
+source bench/device_run.sh 48 "$@"  # st, $BASE, $S, pack
 if [ "$1" = a ]; then
   st tests
   MLX_ENABLE_TF32=0 timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs \
     tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py -k "cuda or tf32" 2>&1 \
     | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error" | tail -8
-  pack a
+  pack
   cd bench
   st ncu
   for w in new base; do
@@ -32,14 +26,14 @@ if [ "$1" = a ]; then
       --log-file $S/ncu_16k_sol_$w.csv python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
     python3 ncu_summary.py $S/ncu_16k_sol_$w.csv --by-name > $S/ncu_by_name_$w.txt 2>&1
     head -8 $S/ncu_by_name_$w.txt; gzip -f $S/ncu_16k_sol_$w.csv
-    pack a
+    pack
   done
   st gaps
   for i in 1 2; do
     timeout 60 python3 gpu_gaps.py --T 16384 2>&1 | grep -E "^(eager|compiled)" | sed 's/^/new  /'
     timeout 60 $BASE python3 gpu_gaps.py --T 16384 2>&1 | grep -E "^(eager|compiled)" | sed 's/^/base /'
   done | tee $S/gpu_gaps.txt
-  pack a
+  pack
 elif [ "$1" = b ]; then
   cd bench
   for ENV in "" "MLX_MAX_MB_PER_BUFFER=64" "MLX_MAX_OPS_PER_BUFFER=20"; do
@@ -49,7 +43,7 @@ elif [ "$1" = b ]; then
     for T in 16384 65536; do
       env $ENV timeout 150 python3 gdn_vs_fla.py --T $T --impls fla chunkscan --modes eager compiled \
         --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_${T}_${tag}_h200.json | grep -E "fla|chunkscan|rror"
-      pack b
+      pack
     done
   done
 else
@@ -57,6 +51,6 @@ else
   CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
   timeout 300 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 280 \
     --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
-  pack c
+  pack
 fi
 st done
