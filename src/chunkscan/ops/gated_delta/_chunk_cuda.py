@@ -73,7 +73,7 @@ from ..._backend import (
     env_switch,
     tf32_products,
 )
-from ._pass_cuda import CP_ASYNC
+from ._pass_cuda import CP_ASYNC, TF32_FRAGMENTS
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -523,27 +523,14 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 # products took 23k cycles of a block against 39k (the kernel 127k against 155k); the same
 # in prepare (kk, qk) gained nothing (27k against 26k: its stores and barriers, not its
 # products, set that phase), so prepare keeps the FMA loops.
-_HEADER_TC = r"""
-#define CS_TC 1
-#include <mma.h>
-namespace csg {
+_HEADER_TC = (
+    "\n#define CS_TC 1"
+    + TF32_FRAGMENTS
+    + r"""namespace csg {
 namespace wm = nvcuda::wmma;
 using TcAcc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
 using TcA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major>;
 using TcB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major>;
-template <class F> __device__ __forceinline__ void tc_round(F& f) {
-#pragma unroll
-  for (int e = 0; e < f.num_elements; ++e) f.x[e] = wm::__float_to_tf32(f.x[e]);
-}
-// x = big + small, both tf32 (small is zero where x is exact in tf32).
-template <class F> __device__ __forceinline__ void tc_split(F& big, F& small) {
-#pragma unroll
-  for (int e = 0; e < big.num_elements; ++e) {
-    const float x = big.x[e], b = wm::__float_to_tf32(x);
-    big.x[e] = b;
-    small.x[e] = wm::__float_to_tf32(x - b);
-  }
-}
 template <bool B, class T, class F> struct pick { using type = T; };
 template <class T, class F> struct pick<false, T, F> { using type = F; };
 // D += A B ([M, K] times [K, N]) on the tensor cores, the accumulators in the warps'
@@ -624,7 +611,7 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
     FB b, bs;
     if constexpr (SHARED_B) {
       wm::load_matrix_sync(b, KB ? B + c0 * ldb + k : B + k * ldb + c0, ldb);
-      if (MM::EB) tc_round(b); else tc_split(b, bs);
+      if (MM::EB) cs_round(b); else cs_split(b, bs);
     }
 #pragma unroll
     for (int p = 0; p < MM::PER; ++p) {
@@ -633,12 +620,12 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
       if constexpr (!SHARED_B) {
         const int c = (t % MM::TN) * 16;
         wm::load_matrix_sync(b, KB ? B + c * ldb + k : B + k * ldb + c, ldb);
-        if (MM::EB) tc_round(b); else tc_split(b, bs);
+        if (MM::EB) cs_round(b); else cs_split(b, bs);
       }
       const int r0 = (t / MM::TN) * 16;
       FA a, as;
       wm::load_matrix_sync(a, KA ? A + r0 * lda + k : A + k * lda + r0, lda);
-      if (MM::EA) tc_round(a); else tc_split(a, as);
+      if (MM::EA) cs_round(a); else cs_split(a, as);
       if (!MM::EA) wm::mma_sync(mm.small[p], as, b, mm.small[p]);
       if (!MM::EB) wm::mma_sync(mm.small[p], a, bs, mm.small[p]);
       wm::mma_sync(mm.big[p], a, b, mm.big[p]);
@@ -647,6 +634,7 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
 }
 }  // namespace csg
 """
+)
 
 # Every kernel: grid (n * NT, L, Z): blockIdx.x = chunk j of the group, blockIdx.y =
 # lane l = b * HV + h (value head h, key head h / G). Raw inputs in the chunk layout

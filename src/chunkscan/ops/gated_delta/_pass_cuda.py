@@ -343,30 +343,36 @@ _SOURCE = r"""
 # tf32; big*big + big*small + small*big): float32 accuracy at three tensor-core products
 # per tile; with TF32 (the template constant) one product of the rounded operands.
 # Scalar decay only.
-_HEADER_TC_OWN = r"""
+# wmma fragments rounded to tf32 (cs_round: the TF32 form, one product per tile) or split
+# in two tf32 parts (cs_split: x = big + small, small zero where x is exact in tf32);
+# the chunk kernels' tensor-core header (_chunk_cuda._HEADER_TC) begins with it too.
+TF32_FRAGMENTS = r"""
 #include <mma.h>
+template <class Frag>
+__device__ __forceinline__ void cs_split(Frag& big, Frag& small) {
+#pragma unroll
+  for (int e = 0; e < big.num_elements; ++e) {
+    const float x = big.x[e];
+    const float b = nvcuda::wmma::__float_to_tf32(x);
+    big.x[e] = b;
+    small.x[e] = nvcuda::wmma::__float_to_tf32(x - b);
+  }
+}
+template <class Frag>
+__device__ __forceinline__ void cs_round(Frag& f) {
+#pragma unroll
+  for (int e = 0; e < f.num_elements; ++e) f.x[e] = nvcuda::wmma::__float_to_tf32(f.x[e]);
+}
+"""
+_HEADER_TC_OWN = (
+    TF32_FRAGMENTS
+    + r"""
 using namespace nvcuda;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> cs_acc;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> cs_a_row;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> cs_a_col;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> cs_b_row;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> cs_b_col;
-template <class Frag>
-__device__ __forceinline__ void cs_split(Frag& big, Frag& small) {
-#pragma unroll
-  for (int e = 0; e < big.num_elements; ++e) {
-    const float x = big.x[e];
-    const float b = wmma::__float_to_tf32(x);
-    big.x[e] = b;
-    small.x[e] = wmma::__float_to_tf32(x - b);
-  }
-}
-// x rounded to tf32 (the TF32 form: one product per tile, no small parts).
-template <class Frag>
-__device__ __forceinline__ void cs_round(Frag& f) {
-#pragma unroll
-  for (int e = 0; e < f.num_elements; ++e) f.x[e] = wmma::__float_to_tf32(f.x[e]);
-}
 // d_big += a * b; d_small += as * b + a * bs. The tensor cores truncate each step's sum
 // toward zero (four products and the accumulator, cut at 2^-25 of the largest: probed on
 // the H200, bench/tc_probe.py, run 29), so the small terms get their own accumulator, and
@@ -380,6 +386,7 @@ __device__ __forceinline__ void cs_mma3(cs_acc& d_big, cs_acc& d_small, const A&
   wmma::mma_sync(d_small, a, bs, d_small);
 }
 """
+)
 _HEADER_TC = _HEADER + _HEADER_TC_OWN
 
 # Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE, TF32
