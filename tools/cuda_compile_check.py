@@ -149,7 +149,9 @@ def kernels():
             nt = nt_ or cc.threads(which, C)
             tv = tv_ or cc.slice_columns(Dv)
             base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
-                    ("HV", 4 * G), ("SCALE_BITS", cc.scale_bits(Dk**-0.5))]  # fmt: skip
+                    ("HV", 4 * G)]  # fmt: skip
+            scale = 0.0 if which == "state_grads" else Dk**-0.5  # as cc.state_gradients
+            base.append(("SCALE_BITS", cc.scale_bits(scale)))
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [("WRITE_A", dt != "float32")],
                      "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],

@@ -1486,7 +1486,8 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     L, Dk = s.shape[0], s.shape[-1]
     tv = slice_columns(Dv, C, Dk)
     nv = Dv // tv
-    tmpl = _base(C, Dk, Dv, Hv, Hv, p.scale) + [("TV", tv)]
+    # No use of the scale here: 0 whatever it is, so one kernel serves every scale.
+    tmpl = _base(C, Dk, Dv, Hv, Hv, 0.0) + [("TV", tv)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
