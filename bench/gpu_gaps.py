@@ -1,9 +1,10 @@
 """Where the wall time of one Gated DeltaNet fwd+bwd goes on a CUDA GPU: the span of its
 kernels on the device, the time some kernel runs (their union), the idle gaps between
-them, and how far into the call the first kernel starts (the CPU's time before the GPU
-has work; added after run 47, not yet run), from PyTorch's profiler (CUPTI sees MLX's
-kernels too: both use the device's primary context). Eager and compiled (``mx.compile``
-of the value-and-grad).
+them and how far into the call the first kernel starts (the CPU's time before the GPU
+has work; added after run 47), from PyTorch's profiler (CUPTI sees MLX's kernels too:
+both use the device's primary context); and how long building the lazy graph takes (the
+call of the value-and-grad before ``mx.eval``: for eager, the op's Python and MLX's vjp).
+Eager and compiled (``mx.compile`` of the value-and-grad).
 
     python3 bench/gpu_gaps.py --T 16384
 """
@@ -50,10 +51,12 @@ def main() -> None:
         for _ in range(3):
             mx.eval(fn(*xs))
         mx.synchronize()
-        walls = []
+        walls, builds = [], []
         for _ in range(3):
             t0 = time.perf_counter()
-            mx.eval(fn(*xs))
+            out = fn(*xs)  # the lazy graph (eager: the op's Python and MLX's vjp)
+            builds.append(time.perf_counter() - t0)
+            mx.eval(out)
             mx.synchronize()
             walls.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
@@ -77,7 +80,8 @@ def main() -> None:
         call = [e.time_range for e in events if e.name == "fwd_bwd"]
         lead = f", first kernel {(ks[0][0] - call[0].start) / 1e3:.2f} ms in" if call else ""
         print(
-            f"{label}: wall {sorted(walls)[1] * 1e3:.2f} ms (profiled {wall * 1e3:.2f}{lead}), "
+            f"{label}: wall {sorted(walls)[1] * 1e3:.2f} ms (graph built in "
+            f"{sorted(builds)[1] * 1e3:.2f}; profiled {wall * 1e3:.2f}{lead}), "
             f"{len(ks)} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
             f"gaps {sum(gaps) / 1e3:.2f} ms ({len(big)} over 20 us: {sum(big) / 1e3:.2f} ms, "
             f"largest {max(gaps, default=0) / 1e3:.2f} ms)"

@@ -1,15 +1,13 @@
-# Prepared in session 13 for the next machine (committed as
-# bench/results/h200/logs/run48_commands.sh; not run yet): `bash <this> <part> <commit> <base>`,
-# base/ = `git archive <base> src` carried beside it.
+# Prepared in session 13, revised in session 14 before it ran:
+# `bash <this> <part> <commit> <base>`, base/ = `git archive <base> src` carried beside it.
 # part a (the working tree at branch wip/doubling-unrolled, base/ = main): the CUDA tests
 #   of both fused-kernel files; Nsight Compute's kernel times at 16384, new and base;
-#   bench/gpu_gaps.py, new and base twice (the device's busy time, and how far into the
-#   call the first kernel starts).
-# part b (main): MLX's command-graph sizes, which the user sets for the process: the op
-#   at 16384 and 65536 side by side with fla, and gpu_gaps at 16384, under the defaults,
-#   MLX_MAX_MB_PER_BUFFER=64 and MLX_MAX_OPS_PER_BUFFER=20 (time, peak, the CPU's lead
-#   before the first kernel).
-# part c: the LoRA step at 8192 (1.66x the stub in run 44).
+#   bench/gpu_gaps.py, new and base twice (the device's busy time, how far into the
+#   call the first kernel starts, how long the lazy graph takes to build).
+# part b (main): the op under MLX's memory limit with save_states="groups" (the peak
+#   MLX's in-flight command graphs leave, and its price in time), at 16384 and 65536;
+#   MLX_MAX_MB_PER_BUFFER=64 (smaller command graphs, the user's process-wide setting):
+#   gpu_gaps and the op at 16384; then the LoRA step at 8192 (1.66x the stub in run 44).
 # Outputs in $OUT/run48<part>.tgz.
 source bench/device_run.sh 48 "$@"  # st, $BASE, $S, pack
 if [ "$1" = a ]; then
@@ -34,22 +32,24 @@ if [ "$1" = a ]; then
     timeout 60 $BASE python3 gpu_gaps.py --T 16384 2>&1 | grep -E "^(eager|compiled)" | sed 's/^/base /'
   done | tee $S/gpu_gaps.txt
   pack
-elif [ "$1" = b ]; then
-  cd bench
-  for ENV in "" "MLX_MAX_MB_PER_BUFFER=64" "MLX_MAX_OPS_PER_BUFFER=20"; do
-    tag=${ENV:-default}; tag=${tag%%=*}
-    st "buffers $ENV"
-    env $ENV timeout 60 python3 gpu_gaps.py --T 16384 2>&1 | grep -E "^(eager|compiled)" | tee $S/gpu_gaps_$tag.txt
-    for T in 16384 65536; do
-      env $ENV timeout 150 python3 gdn_vs_fla.py --T $T --impls fla chunkscan --modes eager compiled \
-        --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_${T}_${tag}_h200.json | grep -E "fla|chunkscan|rror"
-      pack
-    done
-  done
 else
+  cd bench
+  st memlimit
+  timeout 200 python3 gdn_vs_fla.py --T 16384 65536 --impls chunkscan --modes compiled eager \
+    --chunk-sizes 64 --save groups --memory-limit-mib 0 1024 --repeats 3 \
+    --json $S/gdn_memlimit_h200.json | grep -E "chunkscan|rror"
+  pack
+  st "MLX_MAX_MB_PER_BUFFER=64"
+  export MLX_MAX_MB_PER_BUFFER=64
+  timeout 60 python3 gpu_gaps.py --T 16384 2>&1 | grep -E "^(eager|compiled)" | tee $S/gpu_gaps_mb64.txt
+  timeout 90 python3 gdn_vs_fla.py --T 16384 --impls chunkscan --modes compiled eager \
+    --chunk-sizes 64 --repeats 3 --json $S/gdn_mb64_16384_h200.json | grep -E "chunkscan|rror"
+  unset MLX_MAX_MB_PER_BUFFER
+  pack
+  cd ..
   st lora
   CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
-  timeout 300 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 280 \
+  timeout 270 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 250 \
     --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
   pack
 fi
