@@ -727,7 +727,13 @@ _PREPARE = r"""
     // T = L21 A11 of the pair at rows and columns b0 .. b0 + 2 s goes to Ls' block above
     // the pair's diagonal (rows b0 .., columns b0 + s ..): L is strictly lower, so that
     // block is free, and no level reads it again.
-    for (int s = B0; s < C; s *= 2) {
+    // The levels unrolled, so that s is a constant in each: the index arithmetic below
+    // (divisions by s and s * s) becomes shifts and masks.
+    constexpr int LEVELS = (C >= 2 * B0) + (C >= 4 * B0);
+    static_assert((B0 << LEVELS) == C, "prepare: C is 16, 32 or 64");
+#pragma unroll
+    for (int lv = 0; lv < LEVELS; ++lv) {
+      const int s = B0 << lv;
       const int pairs = C / (2 * s);
       for (int e = tid; e < pairs * s * s; e += NT) {
         const int b0 = (e / (s * s)) * 2 * s, i = (e / s) % s, m = e % s;
