@@ -263,3 +263,4 @@ def fake_cuda_limits(monkeypatch, kib_per_block: int, kib_per_sm: int | None = N
     limits = _backend.CudaLimits(kib_per_block * 1024, per_sm, 132, "test")
     monkeypatch.setattr(_backend, "cuda_device", lambda: True)
     monkeypatch.setattr(_backend, "_LIMITS", {0: limits})
+    monkeypatch.setattr(_backend, "_CAPABILITY", {})  # what it asks under the fake stays here

@@ -91,6 +91,29 @@ def test_cuda_limits_falls_back_in_order(monkeypatch):
     assert _backend.cuda_limits() == a100
 
 
+def test_compute_capability_is_asked_once_per_cuda_device(monkeypatch):
+    """On a CUDA device ``mx.device_info()`` (which also reads the free memory through
+    NVML) is asked once per device; elsewhere, and for an ``info`` given, at each call."""
+    calls = []
+
+    def info():
+        calls.append(1)
+        return {"compute_capability_major": 9, "compute_capability_minor": 0}
+
+    monkeypatch.setattr(mx, "device_info", info)
+    monkeypatch.setattr(_backend, "_CAPABILITY", {})
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    assert _backend.compute_capability() == (9, 0)
+    assert _backend.compute_capability() == (9, 0)
+    assert len(calls) == 1
+    given = {"compute_capability_major": 8, "compute_capability_minor": 6}
+    assert _backend.compute_capability(given) == (8, 6)
+    monkeypatch.setattr(_backend, "cuda_device", lambda: False)
+    _backend.compute_capability()
+    _backend.compute_capability()
+    assert len(calls) == 3
+
+
 def test_device_index():
     assert _backend._device_index(mx.Device(mx.gpu, 3)) == 3
     assert _backend._device_index(mx.Device(mx.cpu, 0)) == 0

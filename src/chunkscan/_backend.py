@@ -292,7 +292,21 @@ def _driver_limits(index: int, lib=None) -> CudaLimits | None:
 
 def compute_capability(info: dict | None = None) -> tuple[int, int] | None:
     """``(major, minor)`` of the default device from ``mx.device_info()`` (or ``info``),
-    ``None`` where it reports none."""
+    ``None`` where it reports none. On a CUDA device it is asked once per device and
+    kept: MLX's ``device_info()`` there also reads the device's free memory (through
+    NVML) at every call, and launches ask for the capability every time."""
+    if info is None and cuda_device():
+        index = _device_index(mx.default_device())
+        if index not in _CAPABILITY:
+            _CAPABILITY[index] = _read_capability(None)
+        return _CAPABILITY[index]
+    return _read_capability(info)
+
+
+_CAPABILITY: dict[int, tuple[int, int] | None] = {}
+
+
+def _read_capability(info: dict | None) -> tuple[int, int] | None:
     try:
         info = mx.device_info() if info is None else info
         return int(info["compute_capability_major"]), int(info["compute_capability_minor"])

@@ -351,6 +351,30 @@ def test_tensor_core_products_switch(monkeypatch):
         _chunk_cuda.tc_products()
 
 
+def test_launch_plans_follow_the_environment_at_each_call(monkeypatch):
+    """A launch's plan (the kernel's name, header and threads) is worked out once per shape
+    and environment, since every group launches; a variable changed between two calls
+    still changes the next launch."""
+    seen = []
+
+    def runner(name, header, source, inputs, outputs, template, grid, group, smem):
+        seen.append((name, "#define CS_SCALAR_LOADS 1" in header, group[0]))
+        return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
+
+    monkeypatch.setattr(_backend, "RUNNER", runner)
+    q, v, g = mx.zeros((1, 2, 32, 1, 32)), mx.zeros((1, 2, 32, 2, 32)), mx.zeros((1, 2, 32, 2))
+    for loads, nt in ((None, None), ("1", None), (None, None), (None, "512")):
+        for var, value in (("CHUNKSCAN_GDN_SCALAR_LOADS", loads), ("CHUNKSCAN_GDN_NT", nt)):
+            if value is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, value)
+        _chunk_cuda.prepare(q, q, v, g, g, 0.5)
+    plain = "chunkscan_gdn_prepare"
+    assert seen == [(plain, False, 256), (plain + "_scalar_loads", True, 256),
+                    (plain, False, 256), (plain, False, 512)]  # fmt: skip
+
+
 @needs_cxx
 def test_emulated_tensor_core_and_fma_products(emulated, monkeypatch):
     """``input_grads`` with its q / k products on the tensor cores

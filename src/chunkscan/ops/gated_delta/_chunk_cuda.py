@@ -67,6 +67,7 @@ import mlx.core as mx
 from ..._backend import (
     UNUSED,
     compute_capability,
+    cuda_device,
     cuda_kernel,
     cuda_limits,
     env_int,
@@ -1391,13 +1392,36 @@ def tc_products() -> bool:
 
 
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
-    names, outs, source = _KERNELS[which]
+    names, outs, _ = _KERNELS[which]
+    # The launch's plan depends on the shapes, the variables below (read at each call),
+    # the device's limits and capability only: worked out once per combination (every
+    # group of every call launches).
+    key = (which, C, Dk, Dv, tv, tuple(os.environ.get(var) for var in _PLAN_ENV),
+           cuda_limits(), compute_capability(), cuda_device())  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(which, C, Dk, Dv, tv)
+    name, source, header, nt, smem = plan
+    kernel = cuda_kernel("gated_delta_rule", name, names, outs, source, header, smem)
+    return kernel(
+        inputs=inputs, template=[("NT", nt)] + list(template), grid=(n * nt, L, z),
+        threadgroup=(nt, 1, 1), output_shapes=[s for s, _ in outputs],
+        output_dtypes=[d for _, d in outputs],
+    )  # fmt: skip
+
+
+# What a launch's plan reads from the environment (see _launch).
+_PLAN_ENV = tuple(var for var, _ in _SWITCHES) + (
+    "CHUNKSCAN_GDN_NT", "CHUNKSCAN_GDN_TV", "CHUNKSCAN_GDN_TC", "CHUNKSCAN_GDN_TF32",
+    "MLX_ENABLE_TF32",
+)  # fmt: skip
+_PLANS: dict[tuple, tuple[str, str, str, int, int]] = {}
+
+
+def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, str, str, int, int]:
+    """``(name, source, header, threads, shared memory)`` of a launch of ``which``."""
     nt = threads(which, C, Dk, Dv)
     smem = smem_bytes(which, C, Dk, Dv, nt, tv)
-    grid, group = (n * nt, L, z), (nt, 1, 1)
-    template = [("NT", nt)] + list(template)
-    shapes = [s for s, _ in outputs]
-    dtypes = [d for _, d in outputs]
     on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
     cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
@@ -1412,11 +1436,7 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     # The switches in the name too: MLX's own kernel cache (CHUNKSCAN_CUDA_PRECOMPILE=0)
     # knows a kernel by its name.
     name = "_".join([f"chunkscan_gdn_{which}"] + [m[3:].lower() for m in on])
-    kernel = cuda_kernel("gated_delta_rule", name, names, outs, _COMMON + source, header, smem)
-    return kernel(
-        inputs=inputs, template=template, grid=grid, threadgroup=group,
-        output_shapes=shapes, output_dtypes=dtypes,
-    )  # fmt: skip
+    return name, _COMMON + _KERNELS[which][2], header, nt, smem
 
 
 def _dims(q: mx.array, v: mx.array) -> tuple[int, int, int, int, int, int, int]:

@@ -45,12 +45,14 @@ per piece ``CP`` when it does not fit).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from ..._backend import (
     UNUSED,
+    CudaLimits,
     compute_capability,
     cuda_kernel,
     cuda_limits,
@@ -663,32 +665,40 @@ def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool) -> int:
 def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcConfig | None:
     """The tensor-core tiling for a shape, or ``None`` (scalar decay; C and Dk multiples
     of 16, R of 32; at most 16 warps; shared memory within the device's per-block limit; a GPU
-    with tf32 tensor cores, compute capability 8.0 or above, where it reports one)."""
+    with tf32 tensor cores, compute capability 8.0 or above, where it reports one).
+    Reads ``CHUNKSCAN_PASS_TC_TR`` and ``CHUNKSCAN_PASS_TC_CP`` at each call; the search
+    itself is cached."""
     if channel or C % 16 or R % 16 or Dk % 16 or not 16 <= Dk <= 256:
         return None
     cc = compute_capability()
     if cc is not None and cc < (8, 0):
         return None
+    forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16 or 32 rows per block")
+    if forced_tr is not None and (forced_tr not in (16, 32) or R % forced_tr):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16 or 32 and divide the "
+            f"state's {R} rows but is {forced_tr}. Unset it for the default."
+        )
+    forced_cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
+    return _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, cuda_limits().smem_per_block)
+
+
+@functools.lru_cache(maxsize=1024)
+def _search_tc_config(
+    C: int, Dk: int, R: int, has_e: bool, forced_tr: int | None, forced_cp: int | None,
+    limit: int,
+) -> TcConfig | None:  # fmt: skip
+    """:func:`choose_tc_config` given its variables and the per-block shared memory."""
     JT = 1 if Dk <= 128 else 2
     NT = 32 * Dk // (16 * JT)
     # 32 rows per block: the fastest tiling on the H200. 16 rows (twice the blocks at
     # twice the reads, a tuning knob) passed the CUDA tests there and was 11-59% slower
     # forward over 256 chunks (run 34, suite stage tc_tune).
-    TR = 32
-    forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16 or 32 rows per block")
     if forced_tr is None and R % 32:
         return None
-    if forced_tr is not None:
-        if forced_tr not in (16, 32) or R % forced_tr:
-            raise ValueError(
-                f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16 or 32 and divide the "
-                f"state's {R} rows but is {forced_tr}. Unset it for the default."
-            )
-        TR = forced_tr
-    limit = cuda_limits().smem_per_block
-    forced = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
+    TR = 32 if forced_tr is None else forced_tr
     for CP in _divisors_desc(C):
-        if CP % 16 or (forced and CP != forced):
+        if CP % 16 or (forced_cp and CP != forced_cp):
             continue
         sm = tc_smem_bytes(Dk, TR, CP, has_e)
         if sm <= limit:
@@ -779,15 +789,15 @@ def _phase2(Dk: int, TR: int, NT: int) -> tuple[int, int] | None:
     return None if best is None else (best[1], best[2])
 
 
-def _budget(L: int | None, R: int | None, TR: int) -> int:
-    """Shared memory per block: ``CHUNKSCAN_PASS_SMEM_KB`` if set, else at most 100 KiB
-    and small enough that the whole grid (``L * R / TR`` blocks) is resident at once."""
-    env = env_int("CHUNKSCAN_PASS_SMEM_KB", "gated_delta_rule", "a number of KiB such as 100")
-    if env is not None:
-        return env * 1024
+def _budget(L: int | None, R: int | None, TR: int, env_kib: int | None,
+            limits: CudaLimits) -> int:  # fmt: skip
+    """Shared memory per block: ``CHUNKSCAN_PASS_SMEM_KB`` (``env_kib``) if set, else at
+    most 100 KiB and small enough that the whole grid (``L * R / TR`` blocks) is resident
+    at once on a device with ``limits``."""
+    if env_kib is not None:
+        return env_kib * 1024
     budget = 100 * 1024
     if L is not None and R is not None:
-        limits = cuda_limits()
         per_sm = -(-(L * (R // TR)) // limits.sm_count)
         budget = min(budget, limits.smem_per_sm // per_sm - 1024)
     return max(budget, 16 * 1024)
@@ -797,20 +807,31 @@ def choose_config(
     C: int, Dk: int, R: int | None, has_e: bool, TR: int | None = None, L: int | None = None
 ) -> Config | None:
     """The tiling used for a shape, or ``None`` when the kernel does not handle it
-    (``R=None``: any ``R`` the row tile divides; ``L``, the lanes, sizes the budget)."""
+    (``R=None``: any ``R`` the row tile divides; ``L``, the lanes, sizes the budget).
+    Reads ``CHUNKSCAN_PASS_TR`` and ``CHUNKSCAN_PASS_SMEM_KB`` at each call; the search
+    itself is cached (every launch asks)."""
+    env_tr = env_int("CHUNKSCAN_PASS_TR", "gated_delta_rule", "a row tile such as 16")
+    env_kib = env_int("CHUNKSCAN_PASS_SMEM_KB", "gated_delta_rule", "a number of KiB such as 100")
+    return _search_config(C, Dk, R, has_e, TR or env_tr or None, L, env_kib, cuda_limits())
+
+
+@functools.lru_cache(maxsize=1024)
+def _search_config(
+    C: int, Dk: int, R: int | None, has_e: bool, TR: int | None, L: int | None,
+    env_kib: int | None, limits: CudaLimits,
+) -> Config | None:  # fmt: skip
+    """:func:`choose_config` given the row tile (``None``: the search's), the shared-memory
+    budget's variable and the device's limits."""
     if C % 8 or not 8 <= C <= 256 or Dk % 32 or not 32 <= Dk <= 256:
         return None
     if R is not None and (R % 8 or not 8 <= R <= 256):
         return None
-    env_tr = env_int("CHUNKSCAN_PASS_TR", "gated_delta_rule", "a row tile such as 16")
-    if TR is None and env_tr:
-        TR = env_tr
     trs = [TR] if TR else [16, 8, 32]
-    limit = cuda_limits().smem_per_block
+    limit = limits.smem_per_block
     for tr in trs:
         if tr % 4 or (R is not None and R % tr):
             continue
-        budget = _budget(L, R, tr)
+        budget = _budget(L, R, tr, env_kib, limits)
         for NT in (256, 128, 64):
             if tr * Dk // 4 < NT:
                 continue
@@ -921,7 +942,7 @@ def state_pass(
         )
     channel = decay.ndim == 3
     tc = choose_tc_config(C, Dk, R, E is not None, channel) if tc_enabled(reverse) else None
-    cfg = choose_config(C, Dk, R, E is not None, L=L)
+    cfg = choose_config(C, Dk, R, E is not None, L=L) if tc is None else None
     if cfg is None and tc is None:
         from ._passes import portable_state_pass
 
