@@ -63,9 +63,12 @@ def measure(
     config: dict[str, Any] | None = None,
     dtype: str = "float32",
     save_states: str | None = None,
+    memory_limit_mib: int | None = None,
 ) -> dict[str, Any]:
     """One configuration (run in its own process by :func:`main`); ``save_states``:
-    ``patch()``'s (``None``: its default)."""
+    ``patch()``'s (``None``: its default); ``memory_limit_mib``: MLX's memory limit set
+    this far above the active memory once the model and the tokens exist
+    (``mx.set_memory_limit``; MLX then waits for committed work to free memory)."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -103,6 +106,9 @@ def measure(
     lengths = mx.array([[0, T + 1]] * batch)
     loss_value_and_grad = nn.value_and_grad(model, default_loss)
     state = [model.state, optimizer.state, mx.random.state]
+    if memory_limit_mib:
+        mx.eval(tokens, lengths, model.parameters())
+        mx.set_memory_limit(mx.get_active_memory() + (memory_limit_mib << 20))
 
     def step(tokens, lengths):
         (loss, ntoks), grad = loss_value_and_grad(model, tokens, lengths)
@@ -141,6 +147,7 @@ def measure(
         "device": str(mx.default_device()),
         "dtype": dtype,
         "save_states": None if handle is None else handle.save_states,
+        "memory_limit_mib": memory_limit_mib,
     }
 
 
@@ -253,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-states", choices=SAVE_MODES, default=None,
                         help="what the patched op keeps for the backward (default: "
                         "patch()'s, groups)")  # fmt: skip
+    parser.add_argument("--memory-limit-mib", type=int, default=None,
+                        help="MLX's memory limit this far above the model and tokens "
+                        "(mx.set_memory_limit); with MLX_MAX_MB_PER_BUFFER=64 in the "
+                        "environment it bounds the op's peak on CUDA (docs/mlx_lm.md)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-stock-gib", type=float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
@@ -292,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                    "repeats": args.repeats, "dtype": args.dtype}  # fmt: skip
             if args.save_states:
                 cfg["save_states"] = args.save_states
+            if args.memory_limit_mib:
+                cfg["memory_limit_mib"] = args.memory_limit_mib
             if args.config:
                 cfg["config"] = args.config
             if mode == "stock" and stock_per_token is not None:
