@@ -335,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.json.exists():
         old = json.loads(args.json.read_text())
 
-        # A row is replaced only by one of the same mode, T, chunk size and save mode.
+        # A row is replaced only by one of the same mode, T, chunk size, save mode and
+        # memory limit.
         def key(r):
-            return r["mode"], r["T"], r.get("chunk_size"), r.get("save_states")
+            return (r["mode"], r["T"], r.get("chunk_size"), r.get("save_states"),
+                    r.get("memory_limit_mib"))  # fmt: skip
 
         new_keys = {key(r) for r in rows}
         rows = [r for r in old["rows"] if key(r) not in new_keys] + rows
