@@ -1,0 +1,42 @@
+# Prepared in session 14 for the next machine (not run yet): `bash <this> <part> <commit>`.
+# part a: fla and chunkscan side by side at 65536 (not run in session 14); `output` and
+#   `state_grads` with 32 columns of Dv per block (CHUNKSCAN_GDN_TV=32: 87 KiB of shared
+#   memory for state_grads, two blocks per multiprocessor, against one at 64; measured
+#   slower in run 13, before the tensor-core products and the cp.async copies) against the
+#   default, the op at 16384 and Nsight Compute's kernel times.
+# part b: the LoRA step at 8192 under the defaults and under docs/mlx_lm.md's settings
+#   (MLX_MAX_MB_PER_BUFFER=64, a memory limit 1024 MiB above the model, 256 MiB groups).
+# Outputs in $OUT/run50<part>.tgz.
+source bench/device_run.sh 50 "$1" "$2" "$2"  # st, $S, pack (no base/)
+if [ "$1" = a ]; then
+  cd bench
+  st fla65k
+  timeout 200 python3 gdn_vs_fla.py --T 65536 --impls fla chunkscan --modes eager compiled \
+    --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_65536_h200.json | grep -E "fla|chunkscan|rror"
+  pack
+  st tv32
+  for tv in 64 32; do
+    CHUNKSCAN_GDN_TV=$tv timeout 60 python3 gdn_vs_fla.py --T 16384 --impls chunkscan \
+      --modes compiled eager --chunk-sizes 64 --repeats 5 --json $S/gdn_16k_tv${tv}_h200.json \
+      | grep -E "chunkscan|rror"
+  done
+  for tv in 64 32; do
+    CHUNKSCAN_GDN_TV=$tv timeout 90 ncu --profile-from-start off --clock-control none --csv \
+      --page raw --section SpeedOfLight --log-file $S/ncu_16k_sol_tv$tv.csv \
+      python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
+    python3 ncu_summary.py $S/ncu_16k_sol_tv$tv.csv --by-name | head -8
+    gzip -f $S/ncu_16k_sol_tv$tv.csv
+  done
+  pack
+else
+  st lora
+  CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
+  timeout 250 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 230 \
+    --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
+  pack
+  MLX_MAX_MB_PER_BUFFER=64 CHUNKSCAN_GDN_GROUP_MIB=256 timeout 250 python3 bench/lora.py \
+    --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 230 --T 8192 --modes stub patched \
+    --memory-limit-mib 1024 --json $S/lora_h200_8192_bounded.json 2>&1 | tail -3
+  pack
+fi
+st done
