@@ -3,7 +3,9 @@
 #   `state_grads` with 32 columns of Dv per block (CHUNKSCAN_GDN_TV=32: 87 KiB of shared
 #   memory for state_grads, two blocks per multiprocessor, against one at 64; measured
 #   slower in run 13, before the tensor-core products and the cp.async copies) against the
-#   default, the op at 16384 and Nsight Compute's kernel times.
+#   default, the op at 16384 and Nsight Compute's kernel times; gpu_gaps under
+#   MLX_MAX_OPS_PER_BUFFER=20 against the default (MLX commits its first command graph
+#   after 100 ops: does eager's first kernel start sooner?).
 # part b: the LoRA step at 8192 under the defaults and under docs/mlx_lm.md's settings
 #   (MLX_MAX_MB_PER_BUFFER=64, a memory limit 1024 MiB above the model, 256 MiB groups).
 # Outputs in $OUT/run50<part>.tgz.
@@ -27,6 +29,12 @@ if [ "$1" = a ]; then
     python3 ncu_summary.py $S/ncu_16k_sol_tv$tv.csv --by-name | head -8
     gzip -f $S/ncu_16k_sol_tv$tv.csv
   done
+  pack
+  st ops20
+  for ops in 100 20 100 20; do
+    MLX_MAX_OPS_PER_BUFFER=$ops timeout 60 python3 gpu_gaps.py --T 16384 2>&1 \
+      | grep -E "^(eager|compiled)" | sed "s/^/ops $ops /"
+  done | tee $S/gpu_gaps_ops.txt
   pack
 else
   st lora
