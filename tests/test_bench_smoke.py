@@ -110,6 +110,11 @@ def test_op_count_reads_the_graph(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import op_count
 
+    from chunkscan.ops.gated_delta import _passes, chunk
+
+    # The bench sets both for its process: put them back for the tests after this one.
+    monkeypatch.setattr(chunk, "_GROUP_BYTES", chunk._GROUP_BYTES)
+    monkeypatch.setattr(_passes, "portable_state_pass", _passes.portable_state_pass)
     out = tmp_path / "ops.json"
     assert op_count.main(["--T", "256", "512", "--C", "128", "--group-mib", "80",
                           "--json", str(out)]) == 0  # fmt: skip
