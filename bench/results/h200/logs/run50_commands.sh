@@ -4,6 +4,9 @@
 #   memory for state_grads, two blocks per multiprocessor, against one at 64; measured
 #   slower in run 13, before the tensor-core products and the cp.async copies) against the
 #   default, the op at 16384 and Nsight Compute's kernel times; gpu_gaps under
+#   CHUNKSCAN_GDN_NT=256 and =512 (every kernel at that many threads per block; the
+#   per-kernel choice of run 13 predates the tensor-core products and the copies):
+#   Nsight Compute's time of each kernel under both; gpu_gaps under
 #   MLX_MAX_OPS_PER_BUFFER=20 against the default (MLX commits its first command graph
 #   after 100 ops: does eager's first kernel start sooner?).
 # part b: the LoRA step at 8192 under the defaults and under docs/mlx_lm.md's settings
@@ -28,6 +31,15 @@ if [ "$1" = a ]; then
       python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
     python3 ncu_summary.py $S/ncu_16k_sol_tv$tv.csv --by-name | head -8
     gzip -f $S/ncu_16k_sol_tv$tv.csv
+  done
+  pack
+  st nt
+  for nt in 256 512; do
+    CHUNKSCAN_GDN_NT=$nt timeout 90 ncu --profile-from-start off --clock-control none --csv \
+      --page raw --section SpeedOfLight --log-file $S/ncu_16k_sol_nt$nt.csv \
+      python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
+    python3 ncu_summary.py $S/ncu_16k_sol_nt$nt.csv --by-name | head -8
+    gzip -f $S/ncu_16k_sol_nt$nt.csv
   done
   pack
   st ops20
