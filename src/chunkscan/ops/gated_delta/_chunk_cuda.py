@@ -1400,6 +1400,8 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
            cuda_limits(), compute_capability(), cuda_device())  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
+        if len(_PLANS) >= 1024:  # a process that keeps changing its variables: start over
+            _PLANS.clear()
         plan = _PLANS[key] = _plan(which, C, Dk, Dv, tv)
     name, source, header, nt, smem = plan
     kernel = cuda_kernel("gated_delta_rule", name, names, outs, source, header, smem)
