@@ -58,16 +58,17 @@ compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.tx
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from types import SimpleNamespace
 
 import mlx.core as mx
 
+from ... import _backend
 from ..._backend import (
     UNUSED,
     compute_capability,
-    cuda_device,
     cuda_kernel,
     cuda_limits,
     env_int,
@@ -1394,16 +1395,12 @@ def tc_products() -> bool:
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, _ = _KERNELS[which]
     # The launch's plan depends on the shapes, the variables below (read at each call),
-    # the device's limits and capability only: worked out once per combination (every
-    # group of every call launches).
-    key = (which, C, Dk, Dv, tv, tuple(os.environ.get(var) for var in _PLAN_ENV),
-           cuda_limits(), compute_capability(), cuda_device())  # fmt: skip
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= 1024:  # a process that keeps changing its variables: start over
-            _PLANS.clear()
-        plan = _PLANS[key] = _plan(which, C, Dk, Dv, tv)
-    name, source, header, nt, smem = plan
+    # the device's limits, capability and kind only (the kind as tf32_products() asks
+    # it): worked out once per combination (every group of every call launches).
+    env = tuple(os.environ.get(var) for var in _PLAN_ENV)
+    name, source, header, nt, smem = _kept_plan(
+        which, C, Dk, Dv, tv, env, cuda_limits(), compute_capability(), _backend.cuda_device()
+    )
     kernel = cuda_kernel("gated_delta_rule", name, names, outs, source, header, smem)
     return kernel(
         inputs=inputs, template=[("NT", nt)] + list(template), grid=(n * nt, L, z),
@@ -1417,7 +1414,13 @@ _PLAN_ENV = tuple(var for var, _ in _SWITCHES) + (
     "CHUNKSCAN_GDN_NT", "CHUNKSCAN_GDN_TV", "CHUNKSCAN_GDN_TC", "CHUNKSCAN_GDN_TF32",
     "MLX_ENABLE_TF32",
 )  # fmt: skip
-_PLANS: dict[tuple, tuple[str, str, str, int, int]] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _kept_plan(which, C, Dk, Dv, tv, env, limits, capability, cuda) -> tuple:
+    """:func:`_plan`, kept per shape and per value of what it reads (``env``: the
+    variables of ``_PLAN_ENV``; the device's limits, capability and kind)."""
+    return _plan(which, C, Dk, Dv, tv)
 
 
 def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, str, str, int, int]:
