@@ -7,7 +7,10 @@
 #   $BASE        a prefix that runs a command on base/'s sources (`git archive <base> src`,
 #                carried beside the tree) with their own kernel cache;
 #   $S           the folder for this part's outputs, packed into $OUT/run<N><part>.tgz by
-#   pack         (call it after each stage, so a run cut by its limit still returns them).
+#   pack         (call it after each stage, so a run cut by its limit still returns them);
+#   ncu_kernels <tag> [VAR=value ...]   (in bench/) Nsight Compute's kernel times of one
+#                fwd+bwd at 16384 under those variables: $S/ncu_16k_sol_<tag>.csv.gz and
+#                the by-name summary's first lines printed.
 # CHUNKSCAN_COMMIT names the code in every JSON (the copied tree's git metadata does not).
 source bench/device_setup.sh >/dev/null 2>&1
 st() { echo "=== $1 ($(date +%T))"; }
@@ -18,3 +21,11 @@ test -d base/src/chunkscan || echo "NO BASE"
 S=/tmp/so$RUN_N$RUN_PART
 mkdir -p "$S"
 pack() { tar czf "$OUT/run$RUN_N$RUN_PART.tgz" -C "$S" . ; }
+ncu_kernels() {
+  local tag=$1; shift
+  env "$@" timeout 90 ncu --profile-from-start off --clock-control none --csv --page raw \
+    --section SpeedOfLight --log-file $S/ncu_16k_sol_$tag.csv \
+    python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
+  python3 ncu_summary.py $S/ncu_16k_sol_$tag.csv --by-name | head -8
+  gzip -f $S/ncu_16k_sol_$tag.csv
+}

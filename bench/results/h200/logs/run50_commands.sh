@@ -12,7 +12,7 @@
 # part b: the LoRA step at 8192 under the defaults and under docs/mlx_lm.md's settings
 #   (MLX_MAX_MB_PER_BUFFER=64, a memory limit 1024 MiB above the model, 256 MiB groups).
 # Outputs in $OUT/run50<part>.tgz.
-source bench/device_run.sh 50 "$1" "$2" "$2"  # st, $S, pack (no base/)
+source bench/device_run.sh 50 "$1" "$2" "$2"  # st, $S, pack, ncu_kernels (no base/)
 if [ "$1" = a ]; then
   cd bench
   st fla65k
@@ -25,22 +25,10 @@ if [ "$1" = a ]; then
       --modes compiled eager --chunk-sizes 64 --repeats 5 --json $S/gdn_16k_tv${tv}_h200.json \
       | grep -E "chunkscan|rror"
   done
-  for tv in 64 32; do
-    CHUNKSCAN_GDN_TV=$tv timeout 90 ncu --profile-from-start off --clock-control none --csv \
-      --page raw --section SpeedOfLight --log-file $S/ncu_16k_sol_tv$tv.csv \
-      python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
-    python3 ncu_summary.py $S/ncu_16k_sol_tv$tv.csv --by-name | head -8
-    gzip -f $S/ncu_16k_sol_tv$tv.csv
-  done
+  for tv in 64 32; do ncu_kernels tv$tv CHUNKSCAN_GDN_TV=$tv; done
   pack
   st nt
-  for nt in 256 512; do
-    CHUNKSCAN_GDN_NT=$nt timeout 90 ncu --profile-from-start off --clock-control none --csv \
-      --page raw --section SpeedOfLight --log-file $S/ncu_16k_sol_nt$nt.csv \
-      python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
-    python3 ncu_summary.py $S/ncu_16k_sol_nt$nt.csv --by-name | head -8
-    gzip -f $S/ncu_16k_sol_nt$nt.csv
-  done
+  for nt in 256 512; do ncu_kernels nt$nt CHUNKSCAN_GDN_NT=$nt; done
   pack
   st ops20
   for ops in 100 20 100 20; do
