@@ -124,6 +124,30 @@ def test_op_count_reads_the_graph(tmp_path, monkeypatch):
     sys.modules.pop("op_count", None)
 
 
+def test_graph_build_times_the_fused_paths_graph(monkeypatch, capsys):
+    """``bench/graph_build.py`` builds the fused path's fwd+bwd graph with faked kernels
+    (a small T): every fused kernel is launched, and the build's times are printed."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import graph_build
+
+    from chunkscan import _backend
+    from chunkscan.ops.gated_delta import _chunk_cuda, _passes, chunk
+
+    # The bench fakes these for its process: put them back for the tests after this one.
+    for module, name in ((_backend, "RUNNER"), (chunk, "_fused"), (chunk, "_GROUP_BYTES"),
+                         (_passes, "use_kernels")):  # fmt: skip
+        monkeypatch.setattr(module, name, getattr(module, name))
+    launched = set()
+    real = _chunk_cuda._launch
+    monkeypatch.setattr(
+        _chunk_cuda, "_launch", lambda w, *a, **k: launched.add(w) or real(w, *a, **k)
+    )
+    assert graph_build.main(["--T", "256", "--repeats", "3"]) == 0
+    assert "T=256: graph build median" in capsys.readouterr().out
+    assert launched == set(_chunk_cuda._KERNELS)
+    sys.modules.pop("graph_build", None)
+
+
 def test_gpu_gaps_summarises_kernel_intervals(monkeypatch):
     """``bench/gpu_gaps.py``'s summary (the run itself needs CUDA PyTorch): overlapping
     kernels count once in the busy time, idle stretches are the gaps."""

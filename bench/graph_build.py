@@ -1,0 +1,74 @@
+"""How long the Python side of one eager Gated DeltaNet fwd+bwd on the fused CUDA path
+takes: building the lazy graph of ``mx.value_and_grad`` of the op's loss (the op's own
+code, its hand-written vjp, the kernels' launch plans, MLX's vjp), without running it.
+
+The kernels are faked (each launch returns lazy zeros of its outputs' shapes, through
+``chunkscan._backend.RUNNER``) and taken as on a CUDA GPU, so this runs on any machine,
+the CPU included, and builds the graph the H200 builds: Qwen3-Next layer shape (B=1,
+Hk=16, Hv=32, Dk=Dv=128, bf16), C = 64, groups of ``--group-mib`` (a GPU's default 1024:
+five groups at T = 16384). On the device itself ``bench/gpu_gaps.py`` times the same
+build ("graph built in"). Run a tree's own sources with ``PYTHONPATH=<tree>/src``.
+
+    python bench/graph_build.py --T 16384 --repeats 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def build_times(T: int, repeats: int, group_mib: int) -> list[float]:
+    """Seconds of ``repeats`` builds (after three to warm up), sorted."""
+    import mlx.core as mx
+    from gated_delta import _inputs
+
+    import chunkscan
+    from chunkscan import _backend
+    from chunkscan.ops.gated_delta import _chunk_cuda, _passes
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    def fake(name, header, source, inputs, outputs, template, grid, group, smem):
+        return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
+
+    _backend.RUNNER = fake
+    chunk_module._fused = lambda spec, C, kernels: _chunk_cuda.supports(
+        C, spec.Dk, spec.Dv, spec.channel
+    )
+    _passes.use_kernels = lambda kernels=None, fn="": kernels is not False
+    chunk_module._GROUP_BYTES = group_mib << 20
+    xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
+    mx.eval(xs, w, w_s)
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=64)
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    for _ in range(3):
+        step(*xs)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step(*xs)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, default=16384)
+    p.add_argument("--repeats", type=int, default=80)
+    p.add_argument("--group-mib", type=int, default=1024)
+    args = p.parse_args(argv)
+    ts = build_times(args.T, args.repeats, args.group_mib)
+    print(
+        f"T={args.T}: graph build median {ts[len(ts) // 2] * 1e3:.2f} ms "
+        f"(min {ts[0] * 1e3:.2f}, 10th percentile {ts[len(ts) // 10] * 1e3:.2f}; "
+        f"{args.repeats} builds)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
