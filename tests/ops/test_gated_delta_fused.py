@@ -224,9 +224,11 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     choices; where they would not fit, 32 columns and 256 threads."""
     fake_cuda_limits(monkeypatch, 227)
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 64
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
-    fake_cuda_limits(monkeypatch, 104)  # C=32: state_grads 105.5 KiB with 64 columns
-    assert _chunk_cuda.slice_columns(128, 32, 128) == 32
+    fake_cuda_limits(monkeypatch, 104)  # C=64: state_grads 104.25 KiB with 64 columns
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 32
+    assert _chunk_cuda.slice_columns(128, 32, 128) == 64  # 57.6 KiB
     assert _chunk_cuda.supports(32, 128, 128, False)
     fake_cuda_limits(monkeypatch, 85)  # input_grads: 86.1 KiB with 512 threads, 84.1 with 256
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 256

@@ -47,7 +47,9 @@ Every output still sums over ``k`` in order with ``fmaf``, as before (measured o
 H200: the op's time within 2% of the layout before; ``docs/benchmarks.md``, runs 20-22).
 ``prepare`` inverts ``I + L`` in blocks (16-row diagonal blocks by forward substitution,
 each thread a column in registers, then doubling), not row by row; ``state_grads``
-stages ``w`` and ``kt`` through shared memory 32 columns at a time. Phase clocks for
+stages ``w``, ``kt``, ``S`` and ``dS`` through shared memory 32 columns of ``Dk`` at a
+time (``S`` and ``dS`` twice: 104 KiB per block at the Qwen3-Next shape, two blocks per
+multiprocessor). Phase clocks for
 tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py --profile``).
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
@@ -888,32 +890,32 @@ _OUTPUT = r"""
 
 # state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
 _STATE_GRADS = r"""
-  constexpr int LDT = TV + 4;
+  constexpr int LDT = TV + 4, KS = 32, LDS = KS + 4;
   CS_DYN_SMEM(sm);
-  float* Ss = sm;             // [TV][LDK4] S slice
-  float* DSs = Ss + TV * LDK4;  // [TV][LDK4] dS slice
-  float* Ps = DSs + TV * LDK4;  // [C][LDC4] p
+  // S and dS pass through shared memory KS columns of Dk at a time, twice (the products
+  // that sum over Dk, then those that give Dk's columns): about 104 KiB at C = 64, TV = 64
+  // and Dk = 128, so two blocks share a multiprocessor (the whole slices took 152 KiB, one).
+  float* Ps = sm;             // [C][LDC4] p
   float* Do = Ps + C * LDC4;  // [C][LDT] d_o slice (0 where o_bad)
   float* Vn = Do + C * LDT;   // [C][LDT] v_new = u - w S^T
   float* DVn = Vn + C * LDT;  // [C][LDT] d_vnew = p^T d_o + kt dS^T
   float* Vt = DVn + C * LDT;  // [C][LDT] v
-  float* red = Vt + C * LDT;  // [NT]
+  float* Sk = Vt + C * LDT;   // [TV][LDS] S, KS columns
+  float* DSk = Sk + TV * LDS; // [TV][LDS] dS, the same columns
+  float* red = DSk + TV * LDS;  // [NT]
   float* bad = red + NT;      // [C] o_bad of the chunk's rows (1 or 0)
-  constexpr int KS = 32, LDS = KS + 4;
-  // w and kt, KS columns of Dk at a time, over v_new and d_vnew (written only after the
-  // last of them is read): the C = 32 block then fits twice on a multiprocessor.
+  // w and kt, KS columns at a time, over v_new and d_vnew (written only after the last
+  // of them is read).
   static_assert(LDS <= LDT, "w, kt slices fit over v_new, d_vnew");
   float* Wk = Vn;             // [C][LDS] w
   float* Kk = DVn;            // [C][LDS] kt
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
-  // S, dS and p are copied in the background; the o_bad flags go to shared memory before
-  // d_o's loads, each of which reads its row's flag there.
+  // p is copied in the background; the o_bad flags go to shared memory before d_o's
+  // loads, each of which reads its row's flag there.
   static_assert(NT >= C, "state_grads: a thread per row's flag");
-  csg::copy_tile<TV, DK, NT>(Ss, LDK4, S + s0, DK);  // in the background from here on
-  csg::copy_tile<TV, DK, NT>(DSs, LDK4, DS + s0, DK);
-  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
+  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // in the background from here on
   if (tid < C) bad[tid] = obad[(tok + tid) * HV + h] ? 1.f : 0.f;
   __syncthreads();
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
@@ -924,37 +926,42 @@ _STATE_GRADS = r"""
                             [&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
   csg::copies_land();
   __syncthreads();
-  CS_MARK();  // 0: S, dS, p, d_o, v loads
-  float dec = 0.f;  // this thread's part of sum(S * dS), in the order of the loop before
-  for (int e = tid; e < TV * DK; e += NT) {
-    const int x = (e / DK) * LDK4 + e % DK;
-    dec = fmaf(Ss[x], DSs[x], dec);
-  }
-  red[tid] = dec;
-  __syncthreads();
-  CS_MARK();  // 1: S . dS
-  for (int w = NT / 2; w > 0; w /= 2) {  // tree sum of red[] (fixed order)
-    if (tid < w) red[tid] += red[tid + w];
-    __syncthreads();
-  }
-  if (tid == 0) DDECp[pz] = red[0];
-  CS_MARK();  // 2: d_decay
+  CS_MARK();  // 0: p, d_o, v loads
+  // The KS columns from k0 of S, dS (and w, kt) into shared memory.
+  auto load_s = [&](int k0) {
+    csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
+    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
+  };
+  auto load_wk = [&](int k0) {
+    const size_t w0 = cl * C * DK + k0;
+    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+  };
+  // This thread's part of sum(S * dS) over one piece (a fixed order: piece by piece).
+  float dec = 0.f;
+  auto dot_s = [&]() {
+    for (int e = tid; e < TV * KS; e += NT) {
+      const int x = (e / KS) * LDS + e % KS;
+      dec = fmaf(Sk[x], DSk[x], dec);
+    }
+  };
+  constexpr int LAST = DK - KS;  // pass 2 starts from the piece pass 1 left in place
 #ifdef CS_TF32
-  // The same products on the tensor cores, one tf32 product per tile (CS_TF32), the
-  // results stored from the fragments.
+  // The products on the tensor cores, one tf32 product per tile (CS_TF32), the results
+  // stored from the fragments.
   {
     csg::TcMM<C, TV, NT / 32, true, true> vn, dvn;
     vn.zero();
     dvn.zero();
     csg::tc_run<C, false, false>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
-    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
-      const size_t w0 = cl * C * DK + k0;
-      csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
-      csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+    for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
+      load_s(k0);
+      load_wk(k0);
       csg::copies_land();
       __syncthreads();
-      csg::tc_run<KS, true, true>(vn, Wk, LDS, Ss + k0, LDK4);
-      csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSs + k0, LDK4);
+      dot_s();
+      csg::tc_run<KS, true, true>(vn, Wk, LDS, Sk, LDS);
+      csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSk, LDS);
       __syncthreads();
     }
     vn.each([&](int i0, int r0, csg::TcAcc& x) {  // v_new = u - w S^T
@@ -969,21 +976,70 @@ _STATE_GRADS = r"""
                                  csg::wm::mem_row_major);
     });
   }
-  __syncthreads();
-  CS_MARK();  // 3: v_new, d_vnew
+#else
   {
-    csg::TcMM<C, DK, NT / 32, true, true> dw, dqg, dkt;  // one at a time: registers
-    dw.zero();
-    csg::tc_run<TV, true, false>(dw, DVn, LDT, Ss, LDK4);
-    dw.store(DWp + pz * C * DK, DK, true);
-    dqg.zero();
-    csg::tc_run<TV, true, false>(dqg, Do, LDT, Ss, LDK4);
-    dqg.store(DQGp + pz * C * DK, DK);
-    dkt.zero();
-    csg::tc_run<TV, true, false>(dkt, Vn, LDT, DSs, LDK4);
-    dkt.store(DKTp + pz * C * DK, DK);
+    csg::Tile<C, TV, NT> vn, dvn;
+    dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
+    for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
+      load_s(k0);
+      load_wk(k0);
+      csg::copies_land();
+      __syncthreads();
+      dot_s();
+      vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Sk, LDS));
+      dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSk, LDS));
+      __syncthreads();
+    }
+    vn.each([&](int i, int r, float x, int, int) {
+      Vn[i * LDT + r] = U[(cl * C + i) * DV + e0 + r] - x;
+    });
+    dvn.each([&](int i, int r, float x, int, int) {
+      DVn[i * LDT + r] = x;
+      DVN[(cl * C + i) * DV + e0 + r] = x;
+    });
   }
-  CS_MARK();  // 4: d_w, d_qg, d_kt
+#endif
+  red[tid] = dec;
+  __syncthreads();
+  CS_MARK();  // 1: v_new, d_vnew, S . dS
+  for (int w = NT / 2; w > 0; w /= 2) {  // tree sum of red[] (fixed order)
+    if (tid < w) red[tid] += red[tid + w];
+    __syncthreads();
+  }
+  if (tid == 0) DDECp[pz] = red[0];
+  CS_MARK();  // 2: d_decay
+  for (int k0 = LAST; k0 >= 0; k0 -= KS) {  // pass 2: d_w, d_qg, d_kt, KS columns each
+    if (k0 != LAST) {
+      __syncthreads();  // every thread is done with the piece before
+      load_s(k0);
+      csg::copies_land();
+      __syncthreads();
+    }
+    const size_t d0 = pz * C * DK + k0;
+#ifdef CS_TF32
+    csg::TcMM<C, KS, NT / 32, true, true> dw, dqg, dkt;
+    dw.zero();
+    csg::tc_run<TV, true, false>(dw, DVn, LDT, Sk, LDS);
+    dw.store(DWp + d0, DK, true);
+    dqg.zero();
+    csg::tc_run<TV, true, false>(dqg, Do, LDT, Sk, LDS);
+    dqg.store(DQGp + d0, DK);
+    dkt.zero();
+    csg::tc_run<TV, true, false>(dkt, Vn, LDT, DSk, LDS);
+    dkt.store(DKTp + d0, DK);
+#else
+    csg::Tile<C, KS, NT, false, true> dw, dqg, dkt;
+    dw.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<false>(Sk, LDS));
+    dqg.mm4<TV>(csg::op<true>(Do, LDT), csg::op<false>(Sk, LDS));
+    dkt.mm4<TV>(csg::op<true>(Vn, LDT), csg::op<false>(DSk, LDS));
+    dw.store([&](int i, int d) { return DWp + d0 + i * DK + d; },
+             [](int, int, float x, int, int) { return -x; });
+    dqg.store([&](int i, int d) { return DQGp + d0 + i * DK + d; }, csg::Same());
+    dkt.store([&](int i, int d) { return DKTp + d0 + i * DK + d; }, csg::Same());
+#endif
+  }
+  CS_MARK();  // 3: d_w, d_qg, d_kt
+#ifdef CS_TF32
   {
     // d_p in full (input_grads keeps its causal part), m2
     csg::TcMM<C, C, NT / 32, true, true> dp, m2;
@@ -996,40 +1052,6 @@ _STATE_GRADS = r"""
   }
 #else
   {
-    csg::Tile<C, TV, NT> vn, dvn;
-    dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
-    for (int k0 = 0; k0 < DK; k0 += KS) {  // w and kt through shared memory, KS columns
-      const size_t w0 = cl * C * DK + k0;
-      csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
-      csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
-      csg::copies_land();
-      __syncthreads();
-      vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Ss + k0, LDK4));
-      dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSs + k0, LDK4));
-      __syncthreads();
-    }
-    vn.each([&](int i, int r, float x, int, int) {
-      Vn[i * LDT + r] = U[(cl * C + i) * DV + e0 + r] - x;
-    });
-    dvn.each([&](int i, int r, float x, int, int) {
-      DVn[i * LDT + r] = x;
-      DVN[(cl * C + i) * DV + e0 + r] = x;
-    });
-  }
-  __syncthreads();
-  CS_MARK();  // 3: v_new, d_vnew
-  {
-    csg::Tile<C, DK, NT, false, true> dw, dqg, dkt;
-    dw.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<false>(Ss, LDK4));
-    dqg.mm4<TV>(csg::op<true>(Do, LDT), csg::op<false>(Ss, LDK4));
-    dkt.mm4<TV>(csg::op<true>(Vn, LDT), csg::op<false>(DSs, LDK4));
-    dw.store([&](int i, int d) { return DWp + (pz * C + i) * DK + d; },
-             [](int, int, float x, int, int) { return -x; });
-    dqg.store([&](int i, int d) { return DQGp + (pz * C + i) * DK + d; }, csg::Same());
-    dkt.store([&](int i, int d) { return DKTp + (pz * C + i) * DK + d; }, csg::Same());
-  }
-  CS_MARK();  // 4: d_w, d_qg, d_kt
-  {
     csg::Tile<C, C, NT> dp, m2;
     dp.mm4<TV>(csg::op<true>(Do, LDT), csg::op<true>(Vn, LDT));
     m2.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<true>(Vt, LDT));
@@ -1039,7 +1061,7 @@ _STATE_GRADS = r"""
     m2.each([&](int i, int t, float x, int, int) { M2p[(pz * C + i) * C + t] = x; });
   }
 #endif
-  CS_PROF_END("state_grads");  // 5: d_p, m2
+  CS_PROF_END("state_grads");  // 4: d_p, m2
 """
 
 # input_gradients: back through the preparation; dq, dk per value head (summed over
@@ -1333,8 +1355,8 @@ def smem_bytes(
     elif which == "output":
         t4 = tv + 4
         floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
-    elif which == "state_grads":
-        floats = 2 * tv * k4 + C * c4 + 4 * C * (tv + 4) + nt + C
+    elif which == "state_grads":  # S and dS 32 columns of Dk at a time
+        floats = 2 * tv * 36 + C * c4 + 4 * C * (tv + 4) + nt + C
     else:
         floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
