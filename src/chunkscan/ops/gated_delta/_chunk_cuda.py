@@ -660,9 +660,11 @@ _PREPARE = r"""
   CS_DYN_SMEM(sm);
   float* Ks = sm;             // [C][LDK4] k
   float* Xs = Ks + C * LDK4;  // [C][LDM] q, then k beta gamma, then v beta
+  // Ls and As hold [C][LDC] matrices, their regions [C][LDC4] (the tensor-core products'
+  // results and operands in between, CS_TC / CS_TF32: wmma needs row strides of 4s).
   float* Ls = Xs + C * LDM;   // [C][LDC] gam, then L = beta_i gam kk (strict)
-  float* As = Ls + C * LDC;   // [C][LDC] (I + L)^-1
-  float* gf = As + C * LDC;
+  float* As = Ls + C * LDC4;  // [C][LDC] (I + L)^-1
+  float* gf = As + C * LDC4;
   float* bt = gf + C;
   float* gma = bt + C;
   float* ten = gma + C;
@@ -681,6 +683,40 @@ _PREPARE = r"""
   csg::fill_gam<C, LDC, NT>(gf, Ls);
   __syncthreads();
   CS_MARK();  // 1: gates
+#ifdef CS_TC
+  {
+    // On the tensor cores (exact products for bf16 / fp16 inputs, 3xTF32 otherwise, as
+    // input_grads' kk and qk; one tf32 product each with CS_TF32), each result stored in
+    // As' region ([C][LDC4]) and combined with gam from there: qk into p, then kk into L.
+    constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;
+    float* St = As;
+    {
+      csg::TcMM<C, C, NT / 32, EX, EX> qk;
+      qk.zero();
+      csg::tc_run<DK, true, true>(qk, Xs, LDM, Ks, LDK4);
+      qk.store(St, LDC4);
+    }
+    __syncthreads();
+    for (int e = tid; e < C * C; e += NT) {
+      const int i = e / C, t = e % C;
+      P[cl * C * C + e] = t <= i ? scale * St[i * LDC4 + t] * Ls[i * LDC + t] : 0.f;
+    }
+    __syncthreads();
+    {
+      csg::TcMM<C, C, NT / 32, EX, EX> kk;
+      kk.zero();
+      csg::tc_run<DK, true, true>(kk, Ks, LDK4, Ks, LDK4);
+      kk.store(St, LDC4);
+    }
+    __syncthreads();
+    for (int e = tid; e < C * C; e += NT) {  // gam read, then replaced by L, in place
+      const int i = e / C, t = e % C;
+      Ls[i * LDC + t] = t < i ? bt[i] * Ls[i * LDC + t] * St[i * LDC4 + t] : 0.f;
+    }
+    __syncthreads();
+    for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
+  }
+#else
   for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
   {
     csg::Tile<C, C, NT> kk, qk;
@@ -693,6 +729,7 @@ _PREPARE = r"""
       Ls[i * LDC + t] = t < i ? bt[i] * gm * x : 0.f;
     });
   }
+#endif
   __syncthreads();
   CS_MARK();  // 2: kk, qk
   // A = (I + L)^-1 (L strictly lower) in blocks: the diagonal blocks of B0 = 16 rows by
@@ -762,21 +799,44 @@ _PREPARE = r"""
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
   CS_MARK();  // 3: the inverse, stores
+#ifdef CS_TF32
+  // w and u on the tensor cores, one tf32 product per tile: a copied into Ls' region
+  // with row stride LDC4 (the inverse's scratch there is no longer read).
+  float* A4 = Ls;
+  for (int e = tid; e < C * C; e += NT) A4[(e / C) * LDC4 + e % C] = As[(e / C) * LDC + e % C];
+  __syncthreads();
+  {
+    csg::TcMM<C, DK, NT / 32, true, true> w;
+    w.zero();
+    csg::tc_run<C, true, false>(w, A4, LDC4, Xs, LDM);
+    w.store(W + cl * C * DK, DK);
+  }
+#else
   {
     csg::Tile<C, DK, NT, false, true> w;
     w.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
     w.store([&](int i, int d) { return W + (cl * C + i) * DK + d; }, csg::Same());
   }
+#endif
   __syncthreads();
   csg::load_tile<C, DV, NT>(v + tok * HV * DV + h * DV, HV * DV, [&](int i, int c, float x) {
     Xs[i * LDM + c] = csg::fin(x) * bt[i];
   });
   __syncthreads();
+#ifdef CS_TF32
+  {
+    csg::TcMM<C, DV, NT / 32, true, true> u;
+    u.zero();
+    csg::tc_run<C, true, false>(u, A4, LDC4, Xs, LDM);
+    u.store(U + cl * C * DV, DV);
+  }
+#else
   {
     csg::Tile<C, DV, NT, false, true> u;
     u.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
     u.store([&](int i, int c) { return U + (cl * C + i) * DV + c; }, csg::Same());
   }
+#endif
   CS_PROF_END("prepare");  // 4: w, v loads, u
 """
 
@@ -1347,11 +1407,12 @@ def smem_bytes(
     ``output`` and ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
     nt = threads(which, C) if nt is None else nt
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
-    # Row strides: C + 1 for prepare's L and A (read a value at a time), else D + 4
-    # (rows read 16 bytes at a time; see the kernels' comments).
-    c1, c4, k4 = C + 1, C + 4, Dk + 4
+    # Row strides: C + 1 for prepare's L and A (read a value at a time; each in a region
+    # of C + 4 for the tensor cores' operands), else D + 4 (rows read 16 bytes at a time;
+    # see the kernels' comments).
+    c4, k4 = C + 4, Dk + 4
     if which == "prepare":
-        floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c1 + 4 * C
+        floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c4 + 4 * C
     elif which == "output":
         t4 = tv + 4
         floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
@@ -1388,10 +1449,10 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
 
 # Compile-time switches of the kernels, for tuning and tests (read at each call): the
 # phase clocks, and one element per global load everywhere (csg::load_tile).
-_TC_KERNELS = ("input_grads",)  # the kernels with CS_TC products
+_TC_KERNELS = ("prepare", "input_grads")  # the kernels with CS_TC products (q, k)
 # The kernels whose products go to the tensor cores in one tf32 product each where
-# tf32_products() holds (CS_TF32; prepare keeps its float32 FMA loops).
-_TF32_KERNELS = ("output", "state_grads", "input_grads")
+# tf32_products() holds (CS_TF32; prepare's inverse keeps its float32 FMA loops).
+_TF32_KERNELS = ("prepare", "output", "state_grads", "input_grads")
 _SWITCHES = (
     ("CHUNKSCAN_GDN_PROFILE", "CS_PROFILE"),
     ("CHUNKSCAN_GDN_SCALAR_LOADS", "CS_SCALAR_LOADS"),
