@@ -10,13 +10,14 @@ chunk's intermediates in shared memory. The math is :mod:`.chunk`'s, line for li
 (``docs/gated_delta.md``); inputs of any float dtype are read and converted on load.
 The arithmetic is float32, with products of one of two kinds (``_HEADER_TC``):
 
-- float32 products (FMA loops; but for ``input_grads``' products with q and k: tensor
-  cores, exact products for bf16 / fp16 inputs and 3xTF32 otherwise,
+- float32 products (FMA loops; but for ``prepare``'s and ``input_grads``' products with
+  q and k: tensor cores, exact products for bf16 / fp16 inputs and 3xTF32 otherwise,
   ``CHUNKSCAN_GDN_TC``), where :func:`chunkscan._backend.tf32_products` does not hold;
 - TF32 products where it does (``CS_TF32``; by default on CUDA unless
-  ``MLX_ENABLE_TF32=0``, as MLX's own float32 matmuls): every product of ``output``,
-  ``state_grads`` and ``input_grads``' q / k products on the tensor cores, each operand
-  rounded to tf32, float32 sums (``csg::TcMM``); ``prepare`` keeps its FMA loops.
+  ``MLX_ENABLE_TF32=0``, as MLX's own float32 matmuls): every product of ``prepare``
+  (but its inverse's), ``output`` and ``state_grads`` and ``input_grads``' q / k
+  products on the tensor cores, each operand rounded to tf32, float32 sums
+  (``csg::TcMM``).
 
 Per group, forward: :func:`prepare` -> state pass (:mod:`._passes`) -> :func:`outputs`.
 Backward: :func:`prepare` (recompute) -> :func:`state_gradient_input` -> reverse state
@@ -516,17 +517,19 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 """
 )
 
-# input_grads' products with q and k (kk, qk; m1 = d_w k^T) on the tensor cores (CS_TC,
-# prepended by _launch where tc_products() holds). bf16 / fp16 inputs are exact in tf32
-# (8 / 11 significant bits of tf32's 11), so kk and qk of such inputs take one
-# tensor-core product per tile and their products are exact: only the sums differ from
-# the FMA loop's (the tensor cores truncate each step's sum, _pass_cuda and
+# prepare's and input_grads' products with q and k (kk, qk; input_grads' m1 = d_w k^T) on
+# the tensor cores (CS_TC, prepended by _launch where tc_products() holds). bf16 / fp16
+# inputs are exact in tf32 (8 / 11 significant bits of tf32's 11), so kk and qk of such
+# inputs take one tensor-core product per tile and their products are exact: only the
+# sums differ from the FMA loop's (the tensor cores truncate each step's sum, _pass_cuda and
 # bench/tc_probe.py). Other operands are split, 3xTF32, the small products in their own
 # accumulators. The same values in float32 (an upcast of bf16 inputs) have zero small
 # parts and give the same results bit for bit. On the H200 (run 35) the phase with these
 # products took 23k cycles of a block against 39k (the kernel 127k against 155k); the same
-# in prepare (kk, qk) gained nothing (27k against 26k: its stores and barriers, not its
-# products, set that phase), so prepare keeps the FMA loops.
+# in prepare (kk, qk) gained nothing then (27k against 26k: its stores and barriers, not
+# its products, set that phase). Since run 51 prepare stages both results through shared
+# memory and combines them in two passes; with w and u on TF32 too its time went from
+# 3264 to 2812 us per fwd+bwd at T = 16384 (3013 with kk, qk on the FMA loops).
 _HEADER_TC = (
     "\n#define CS_TC 1"
     + TF32_FRAGMENTS
@@ -1460,8 +1463,8 @@ _SWITCHES = (
 
 
 def tc_products() -> bool:
-    """Whether ``input_grads`` runs its q / k products on the tensor cores
-    (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
+    """Whether ``prepare`` and ``input_grads`` run their q / k products on the tensor
+    cores (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
     ``auto`` or unset: yes unless the device reports a compute capability below 8.0
     (tf32 ``wmma`` needs sm_80)."""
     forced = env_switch(
