@@ -11,6 +11,10 @@
 #   ncu_kernels <tag> [VAR=value ...]   (in bench/) Nsight Compute's kernel times of one
 #                fwd+bwd at 16384 under those variables: $S/ncu_16k_sol_<tag>.csv.gz and
 #                the by-name summary's first lines printed.
+#   cuda_tests   (at the tree's root) the CUDA and TF32 tests of both fused-kernel files,
+#                TF32 off for the rest: $S/tests_h200_cuda.txt, its summary and errors printed;
+#   lora_8192    (at the tree's root) the LoRA step of the 4-layer model at T = 8192, stub
+#                and patched: $S/lora_h200_8192.{json,md,png}.
 # CHUNKSCAN_COMMIT names the code in every JSON (the copied tree's git metadata does not).
 source bench/device_setup.sh >/dev/null 2>&1
 st() { echo "=== $1 ($(date +%T))"; }
@@ -28,4 +32,14 @@ ncu_kernels() {
     python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
   python3 ncu_summary.py $S/ncu_16k_sol_$tag.csv --by-name | head -8
   gzip -f $S/ncu_16k_sol_$tag.csv
+}
+cuda_tests() {
+  MLX_ENABLE_TF32=0 timeout 240 python3 -m pytest -q -s -p no:cacheprovider -rs \
+    tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py -k "cuda or tf32" 2>&1 \
+    | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error|\{'o'" | tail -12
+}
+lora_8192() {
+  local cfg='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
+  timeout 280 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$cfg" --timeout 250 \
+    --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
 }

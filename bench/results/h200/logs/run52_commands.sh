@@ -9,7 +9,7 @@
 #   TF32, so two blocks per multiprocessor as before unless the registers come down), and
 #   the CUDA tests of both fused-kernel files.
 # Outputs in $OUT/run52<part>.tgz.
-source bench/device_run.sh 52 "$@"  # st, $BASE, $S, pack, ncu_kernels
+source bench/device_run.sh 52 "$@"  # st, $BASE, $S, pack, ncu_kernels, cuda_tests, lora_8192
 if [ "$1" = a ]; then
   cd bench
   st op16k
@@ -26,9 +26,7 @@ if [ "$1" = a ]; then
   pack
 elif [ "$1" = b ]; then
   st lora
-  CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
-  timeout 280 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$CFG" --timeout 250 \
-    --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
+  lora_8192
   pack
 else
   cd bench
@@ -39,9 +37,7 @@ else
   pack
   cd ..
   st tests
-  MLX_ENABLE_TF32=0 timeout 240 python3 -m pytest -q -s -p no:cacheprovider -rs \
-    tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py -k "cuda or tf32" 2>&1 \
-    | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error|\{'o'" | tail -12
+  cuda_tests
   pack
 fi
 st done
