@@ -94,6 +94,8 @@ _NT_512 = {("input_grads", 32), ("input_grads", 64)}
 # T = 16384, run 38), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
 TV = 64
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
+# Columns of Dk per piece of w, kt, S and dS in state_grads (its KS; rows of KS + 4).
+KS = 32
 
 _HEADER = (
     CP_ASYNC
@@ -1419,8 +1421,8 @@ def smem_bytes(
     elif which == "output":
         t4 = tv + 4
         floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
-    elif which == "state_grads":  # S and dS 32 columns of Dk at a time
-        floats = 2 * tv * 36 + C * c4 + 4 * C * (tv + 4) + nt + C
+    elif which == "state_grads":  # S and dS KS columns of Dk at a time
+        floats = 2 * tv * (KS + 4) + C * c4 + 4 * C * (tv + 4) + nt + C
     else:
         floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
