@@ -5,7 +5,7 @@
 #   Compute only); then fla and chunkscan side by side at 16384 and 65536.
 # part b: the LoRA step at 8192 (run 50's 1.62x was before prepare's change).
 # part c (working tree = branch wip/output-pieces rebased onto main, base/ = main): Nsight
-#   Compute new and base (output with q, w, S in pieces: 63.5 KiB and, with load_tile's
+#   Compute new and base (output with q, w, S in pieces: 62.0 KiB and, with load_tile's
 #   loads in flight sized to the tile, 80 registers in NVRTC for bf16 with TF32, so three
 #   blocks per multiprocessor; load_tile's change reaches every kernel), and the CUDA tests
 #   of both fused-kernel files.
