@@ -108,15 +108,14 @@ def kernels():
         outs = [(n, "float32") for n in sp._OUTPUTS]
         label = f"state_pass C={C} Dk={Dk} R={R} E={has_e} channel={channel}"
         out.append((label, "chunkscan_state_pass", sp._HEADER, sp._SOURCE, ins, outs, t))
-        tc = None if channel else sp.choose_tc_config(C, Dk, R, has_e, False)
-        if tc is not None:  # the tensor-core kernel, where it takes the shape
+        for tf32 in (False, True):  # the tensor-core kernel, where it takes the shape
+            tc = None if channel else sp.choose_tc_config(C, Dk, R, has_e, False, tf32)
+            if tc is None:
+                continue
             t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
                                reverse=not has_e)  # fmt: skip
-            out.append((label.replace("state_pass", "state_pass_tc"), "chunkscan_state_pass_tc",
-                        sp._HEADER_TC, sp._SOURCE_TC, ins, outs, t))  # fmt: skip
-            t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,
-                               reverse=not has_e, tf32=True)  # fmt: skip
-            out.append((label.replace("state_pass", "state_pass_tc") + " tf32",
+            out.append((label.replace("state_pass", "state_pass_tc")
+                        + f" TR={tc.TR}" + (" tf32" if tf32 else ""),
                         "chunkscan_state_pass_tc", sp._HEADER_TC, sp._SOURCE_TC, ins, outs,
                         t))  # fmt: skip
     for D, Dv, causal, dt in ((256, 256, True, "bfloat16"), (64, 128, False, "float16"),

@@ -242,6 +242,8 @@ CUDA_RUNS = [(sh, c, ch, "0") for sh, c, ch in CUDA_RUNS] + [
 # And the tensor-core kernel with TF32 products (CHUNKSCAN_GDN_TF32=1), every case at the
 # Qwen3-Next shape.
 CUDA_RUNS += [(CUDA_SHAPES[0], c, False, "tf32") for c in range(5)]
+# (64 rows per block, TF32's default here); and with 32 rows (CHUNKSCAN_PASS_TC_TR=32).
+CUDA_RUNS += [(CUDA_SHAPES[0], c, False, "tf32-tr32") for c in (1, 3)]
 
 
 def _kernel_case(shape, case, channel, monkeypatch):
@@ -263,17 +265,21 @@ def _kernel_case(shape, case, channel, monkeypatch):
     CUDA_RUNS,
     ids=[
         "L{}-n{}-C{}-R{}-Dk{}-TR{}".format(*sh) + f"-case{c}" + ("-channel" if ch else "")
-        + {"0": "", "1": "-tc", "tf32": "-tf32"}[tc]
+        + {"0": "", "1": "-tc", "tf32": "-tf32", "tf32-tr32": "-tf32-tr32"}[tc]
         for sh, c, ch, tc in CUDA_RUNS
     ],
 )  # fmt: skip
 def test_cuda_state_pass(shape, case, channel, tc, monkeypatch):
-    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1" if tc == "tf32" else tc)
-    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1" if tc == "tf32" else "0")
+    tf32 = tc.startswith("tf32")
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1" if tf32 else tc)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1" if tf32 else "0")
+    if tc == "tf32-tr32":
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "32")
     args, kw = _kernel_case(shape, case, channel, monkeypatch)
     if tc != "0":
         L, n, C, R, Dk, _ = shape
-        assert _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False) is not None
+        cfg = _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False)
+        assert cfg is not None and cfg.TR == (64 if tc == "tf32" else 32), cfg
     stores = kw["stores"]
     assert _pass_cuda.supports(args[2], args[4], args[3], args[5])
     got = _np(_pass_cuda.state_pass(*args, **kw))
@@ -288,7 +294,7 @@ def test_cuda_state_pass(shape, case, channel, tc, monkeypatch):
     # (run 25), the tensor-core kernel up to 7.7e-7 (run 29); 2e-5 is ~6x above. (The
     # tensor-core kernel's first version, 2.4e-5, failed it: run 28.)
     # TF32 products: emulated 3.6e-4..3.9e-4 (test_emulated_tf32_state_pass), bound 2e-3.
-    assert err_k < (2e-3 if tc == "tf32" else 2e-5), err_k
+    assert err_k < (2e-3 if tf32 else 2e-5), err_k
     # Dispatch: the automatic path is the kernel (the same launch, bitwise).
     assert _max_err(auto, got) == 0.0
     # The portable path's matmuls run in TF32 on CUDA (MLX_ENABLE_TF32 defaults to 1):
@@ -355,17 +361,24 @@ def test_emulated_tc_state_pass(shape, case, cp, tr, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
-@pytest.mark.parametrize("shape,case", [(CUDA_SHAPES[1], 1), (CUDA_SHAPES[2], 3)],
-                         ids=["C16-case1", "C32-case3"])  # fmt: skip
-def test_emulated_tf32_state_pass(shape, case, monkeypatch):
+@pytest.mark.parametrize("shape,case,tr", [(CUDA_SHAPES[1], 1, 32), (CUDA_SHAPES[2], 3, 64),
+                                           (CUDA_SHAPES[2], 1, 32)],
+                         ids=["C16-case1-tr32", "C32-case3-tr64", "C32-case1-tr32"])  # fmt: skip
+def test_emulated_tf32_state_pass(shape, case, tr, monkeypatch):
     """The tensor-core kernel with one tf32 product per tile (``CHUNKSCAN_GDN_TF32=1``)
     against the float64 loop: emulated errors 3.6e-4 and 3.9e-4 on these O(1) values
     (tf32's unit roundoff is 4.9e-4); the bound, 2e-3, is ~5x that and fails a wrong
-    piece, row or sign by orders of magnitude. The 3xTF32 form errs 2e-7..5e-7 here."""
+    piece, row or sign by orders of magnitude. The 3xTF32 form errs 2e-7..5e-7 here.
+    ``tr``: the rows per block, 64 (TF32's default where R is a multiple of 64) or 32
+    (``CHUNKSCAN_PASS_TC_TR=32`` on the last case)."""
     monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    if shape[3] % 64 == 0 and tr == 32:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "32")
     args, kw = _kernel_case(shape, case, False, monkeypatch)
+    L, n, C, R, Dk, _ = shape
+    assert _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False).TR == tr
     got = _np(_pass_cuda.state_pass(*args, **kw))
     err = _max_err(got, reference_pass(*args, **kw))
     print(f"tf32 kernel-ref {err:.2e}")
@@ -422,11 +435,17 @@ def test_tensor_core_switch(monkeypatch):
         _pass_cuda.tc_enabled(reverse=False)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "16")
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False).TR == 16
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "64")
+    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=False).TR == 64
     monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "8")
-    with pytest.raises(ValueError, match="CHUNKSCAN_PASS_TC_TR must be 16 or 32"):
+    with pytest.raises(ValueError, match="CHUNKSCAN_PASS_TC_TR must be 16, 32 or 64"):
         _pass_cuda.choose_tc_config(64, 128, 128, True, False)
     monkeypatch.delenv("CHUNKSCAN_PASS_TC_TR")
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is not None
+    # Unforced: 64 rows with TF32 products (no small parts: a whole chunk fits), else 32
+    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=True).TR == 64
+    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=False).TR == 32
+    assert _pass_cuda.choose_tc_config(64, 128, 96, True, False, tf32=True).TR == 32
     monkeypatch.setattr(_pass_cuda, "compute_capability", lambda: (7, 5))
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is None
 

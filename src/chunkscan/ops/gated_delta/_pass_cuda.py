@@ -407,12 +407,14 @@ _SOURCE_TC = r"""
   extern __shared__ float4 cs_smem4[];
   float* smem = reinterpret_cast<float*>(cs_smem4);
   // X and V are split (tf32 big + small parts) once, where they are written, not by
-  // every warp that reads them
+  // every warp that reads them; with TF32 products there are no small parts (and no room
+  // is taken for them: tc_smem_bytes)
+  constexpr int SPLIT = TF32 ? 0 : 1;
   float* xs = smem;                       // [TR][XSTR] X at the chunk start, big part
-  float* xs2 = xs + TR * XSTR;            // [TR][XSTR] its small part
-  float* bufs = xs2 + TR * XSTR;          // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
+  float* xs2 = xs + TR * XSTR;            // [TR][XSTR] its small part (3xTF32 only)
+  float* bufs = xs + (1 + SPLIT) * TR * XSTR;  // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
   float* vs = bufs + 2 * BUF;             // [CP][VSTR] V, big part
-  float* vs2 = vs + CP * VSTR;            // [CP][VSTR] its small part
+  float* vs2 = vs + CP * VSTR;            // [CP][VSTR] its small part (3xTF32 only)
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -632,11 +634,12 @@ _SOURCE_TC = r"""
 class TcConfig:
     """One tiling of the tensor-core kernel."""
 
-    TR: int  # rows of X per block (16 or 32)
+    TR: int  # rows of X per block (16, 32 or 64)
     NT: int  # threads per block: 32 * DK / (16 * JT)
     CP: int  # rows of F/E/G per staged piece (a multiple of 16)
     JT: int  # 16-column tiles of X per warp
     smem: int  # dynamic shared memory, bytes
+    tf32: bool = False  # one tf32 product per tile (else 3xTF32)
 
 
 def tc_enabled(reverse: bool) -> bool:
@@ -657,15 +660,21 @@ def tc_enabled(reverse: bool) -> bool:
     return not reverse or tf32_products("gated_delta_rule")
 
 
-def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool) -> int:
+def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool, tf32: bool = False) -> int:
+    """The tensor-core kernel's shared memory: X's tile and V's piece (each twice, big and
+    small parts, for 3xTF32 products; once for TF32) and two staging buffers."""
     buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 4) if has_e else 0)
-    return 4 * (2 * TR * (Dk + 4) + 2 * buf + 2 * CP * (TR + 4))
+    parts = 1 if tf32 else 2
+    return 4 * (parts * TR * (Dk + 4) + 2 * buf + parts * CP * (TR + 4))
 
 
-def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcConfig | None:
+def choose_tc_config(
+    C: int, Dk: int, R: int, has_e: bool, channel: bool, tf32: bool | None = None
+) -> TcConfig | None:
     """The tensor-core tiling for a shape, or ``None`` (scalar decay; C and Dk multiples
     of 16, R of 32; at most 16 warps; shared memory within the device's per-block limit; a GPU
     with tf32 tensor cores, compute capability 8.0 or above, where it reports one).
+    ``tf32``: the products' kind (default: :func:`chunkscan._backend.tf32_products`).
     Reads ``CHUNKSCAN_PASS_TC_TR`` and ``CHUNKSCAN_PASS_TC_CP`` at each call; the search
     itself is cached."""
     if channel or C % 16 or R % 16 or Dk % 16 or not 16 <= Dk <= 256:
@@ -673,46 +682,56 @@ def choose_tc_config(C: int, Dk: int, R: int, has_e: bool, channel: bool) -> TcC
     cc = compute_capability()
     if cc is not None and cc < (8, 0):
         return None
-    forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16 or 32 rows per block")
-    if forced_tr is not None and (forced_tr not in (16, 32) or R % forced_tr):
+    forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16, 32 or 64 rows per block")
+    if forced_tr is not None and (forced_tr not in (16, 32, 64) or R % forced_tr):
         raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16 or 32 and divide the "
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16, 32 or 64 and divide the "
             f"state's {R} rows but is {forced_tr}. Unset it for the default."
         )
     forced_cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
-    return _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, cuda_limits().smem_per_block)
+    if tf32 is None:
+        tf32 = tf32_products("gated_delta_rule")
+    limit = cuda_limits().smem_per_block
+    return _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, limit, bool(tf32))
 
 
 @functools.lru_cache(maxsize=1024)
 def _search_tc_config(
     C: int, Dk: int, R: int, has_e: bool, forced_tr: int | None, forced_cp: int | None,
-    limit: int,
+    limit: int, tf32: bool,
 ) -> TcConfig | None:  # fmt: skip
     """:func:`choose_tc_config` given its variables and the per-block shared memory."""
     JT = 1 if Dk <= 128 else 2
     NT = 32 * Dk // (16 * JT)
-    # 32 rows per block: the fastest tiling on the H200. 16 rows (twice the blocks at
-    # twice the reads, a tuning knob) passed the CUDA tests there and was 11-59% slower
-    # forward over 256 chunks (run 34, suite stage tc_tune).
+    # Rows per block: every block of a lane reads the lane's whole F and G for each chunk,
+    # so fewer, taller blocks read less in all. 3xTF32: 32 rows, the fastest tiling on the
+    # H200 (16 rows, twice the blocks at twice the reads, passed the CUDA tests there and
+    # was 11-59% slower forward over 256 chunks: run 34, suite stage tc_tune). TF32: 64
+    # rows where a whole chunk's piece fits (no small parts to hold), else 32.
     if forced_tr is None and R % 32:
         return None
-    TR = 32 if forced_tr is None else forced_tr
-    for CP in _divisors_desc(C):
-        if CP % 16 or (forced_cp and CP != forced_cp):
-            continue
-        sm = tc_smem_bytes(Dk, TR, CP, has_e)
-        if sm <= limit:
-            return TcConfig(TR, NT, CP, JT, sm)
+    if forced_tr is not None:
+        candidates = [forced_tr]
+    elif tf32 and R % 64 == 0 and tc_smem_bytes(Dk, 64, C, has_e, True) <= limit:
+        candidates = [64]
+    else:
+        candidates = [32]
+    for TR in candidates:
+        for CP in _divisors_desc(C):
+            if CP % 16 or (forced_cp and CP != forced_cp):
+                continue
+            sm = tc_smem_bytes(Dk, TR, CP, has_e, tf32)
+            if sm <= limit:
+                return TcConfig(TR, NT, CP, JT, sm, tf32)
     return None
 
 
 def tc_template(cfg: TcConfig, C: int, Dk: int, R: int, *, has_x: bool, has_e: bool,
-                has_h: bool, reverse: bool,
-                tf32: bool = False) -> list[tuple[str, object]]:  # fmt: skip
+                has_h: bool, reverse: bool) -> list[tuple[str, object]]:  # fmt: skip
     return [("C", C), ("DK", Dk), ("R", R), ("TR", cfg.TR), ("NT", cfg.NT), ("CP", cfg.CP),
             ("JT", cfg.JT), ("HAS_X", bool(has_x)), ("HAS_E", bool(has_e)),
             ("HAS_H", bool(has_h)), ("REVERSE", bool(reverse)),
-            ("TF32", bool(tf32))]  # fmt: skip
+            ("TF32", cfg.tf32)]  # fmt: skip
 
 
 def _tc_kernel(smem: int):
@@ -970,7 +989,7 @@ def state_pass(
     flags = dict(has_x=x_in is not None, has_e=E is not None, has_h=H is not None,
                  reverse=reverse)  # fmt: skip
     if tc is not None:
-        tmpl = tc_template(tc, C, Dk, R, tf32=tf32_products("gated_delta_rule"), **flags)
+        tmpl = tc_template(tc, C, Dk, R, **flags)
         kernel, NT, TR = _tc_kernel(tc.smem), tc.NT, tc.TR
     else:
         tmpl = template(cfg, C, Dk, R, channel=channel, **flags)
