@@ -218,8 +218,7 @@ __device__ __forceinline__ float unpack(const __half*, const uint4& r, int q) {
 }
 template <int ROWS, int COLS, int NT, int NS = 1, class T, class F>
 __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t zs = 0) {
-  constexpr int VW = 16 / sizeof(T), PR = COLS / VW, ITEMS = ROWS * PR;
-  constexpr int LU = ITEMS <= NT ? 1 : ITEMS <= 2 * NT ? 2 : 4;  // loads in flight per thread
+  constexpr int VW = 16 / sizeof(T), PR = COLS / VW, ITEMS = ROWS * PR, LU = 4;
   static_assert(COLS % VW == 0, "load_tile: rows of whole 16-byte pieces");
 #ifdef CS_SCALAR_LOADS
   const bool vec = false;
