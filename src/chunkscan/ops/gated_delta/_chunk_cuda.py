@@ -94,8 +94,7 @@ _NT_512 = {("input_grads", 32), ("input_grads", 64)}
 # T = 16384, run 38), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
 TV = 64
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
-# Columns of Dk per piece of w, kt, S and dS in state_grads and of q, w, S in output
-# (their KS; rows of KS + 4).
+# Columns of Dk per piece of w, kt, S and dS in state_grads (its KS; rows of KS + 4).
 KS = 32
 
 _HEADER = (
@@ -850,117 +849,108 @@ _PREPARE = r"""
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
   // Each block: TV columns of o (rows of S and of h) from e0 on, blockIdx.z = e0 / TV.
-  // q, w, S and X pass through shared memory KS columns of Dk at a time: each piece of X
-  // is made and used at once (o += X S^T over the piece's k, or the piece's columns of
-  // h), about 64 KiB per block at C = 64, TV = 64, Dk = 128, so that three blocks share
-  // a multiprocessor (the whole of q, w and S took 101 KiB, two).
-  constexpr int LDT = TV + 4, KS = 32, LDS = KS + 4;
-  static_assert(DK % KS == 0, "output: Dk in pieces of KS");
-  static_assert(2 * LDS >= LDT, "output: o's [C][LDT] fits over the q / X and w pieces");
+  constexpr int LDT = TV + 4;
+  constexpr int BIG0 = (TV * LDK4 > C * LDT ? TV * LDK4 : C * LDT);
+  constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
   const int e0 = blockIdx.z * TV;
   CS_DYN_SMEM(sm);
-  float* Ps = sm;             // [C][LDC4] p
-  float* Ts = Ps + C * LDC4;  // [C][LDT] u slice (outputs), d_o slice (h)
-  float* Xk = Ts + C * LDT;   // [C][LDS] q, then X = qg - p w, KS columns; then o (outputs)
-  float* Wk = Xk + C * LDS;   // [C][LDS] w, the same columns
-  float* Sk = Wk + C * LDS;   // [TV][LDS] S, the same columns (outputs only)
-  float* gf = Sk + (MODE_H ? 0 : TV * LDS);
+  float* Xs = sm;             // [C][LDK4] q, then X = qg - p w
+  float* Ps = Xs + C * LDK4;  // [C][LDC4] p
+  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then [TV][LDK4] S or [C][LDT] d_o slice
+  float* Us = Bs + BIG;       // [C][LDT] u slice (outputs only)
+  float* gf = Us + (MODE_H ? 0 : C * LDT);
   float* gma = gf + C;
   float* ten = gma + C;
   float* bad = ten + C;  // o_bad of the chunk's rows (1 or 0), read once per block
-  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // in the background
-  if (!MODE_H) csg::copy_tile<C, TV, NT>(Ts, LDT, U + cl * C * DV + e0, DV);
+  // w, p (and u) copied in the background while q comes through registers
+  csg::copy_tile<C, DK, NT>(Bs, LDK4, W + cl * C * DK, DK);
+  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
+  if (!MODE_H) csg::copy_tile<C, TV, NT>(Us, LDT, U + cl * C * DV + e0, DV);
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bad[i] = obad[(tok + i) * HV + h] ? 1.f : 0.f;
   }
-  __syncthreads();
-  if (MODE_H)
-    csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
-      Ts[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
-    });
-  csg::chunk_gates<C, NT>(gf, gma, ten);
+  csg::load_tile<C, DK, NT>(q + tok * HK * DK + hk * DK, HK * DK,
+                            [&](int i, int d, float x) { Xs[i * LDK4 + d] = csg::fin(x); });
   csg::copies_land();
   __syncthreads();
-  CS_MARK();  // 0: p, u or d_o loads, gates
+  CS_MARK();  // 0: loads
+  csg::chunk_gates<C, NT>(gf, gma, ten);
+  __syncthreads();
 #ifdef CS_TF32
-  csg::TcMM<C, TV, NT / 32, true, true> o;
-  if (!MODE_H) o.zero();
-#else
-  csg::Tile<C, TV, NT> o;  // zeros
-#endif
-#pragma unroll 1  // one piece at a time: registers for three blocks per multiprocessor
-  for (int k0 = 0; k0 < DK; k0 += KS) {
-    const size_t wk0 = cl * C * DK + k0;
-    csg::copy_tile<C, KS, NT>(Wk, LDS, W + wk0, DK);
-    if (!MODE_H) csg::copy_tile<TV, KS, NT>(Sk, LDS, S + (cl * DV + e0) * DK + k0, DK);
-    csg::load_tile<C, KS, NT>(q + tok * HK * DK + hk * DK + k0, HK * DK,
-                              [&](int i, int d, float x) { Xk[i * LDS + d] = csg::fin(x); });
-    csg::copies_land();
-    __syncthreads();
-#ifdef CS_TF32
-    {  // p w stored over the w piece, then X = scale gamma q - p w value by value
-      csg::TcMM<C, KS, NT / 32, true, true> x;
-      x.zero();
-      csg::tc_run<C, true, false>(x, Ps, LDC4, Wk, LDS);
-      __syncthreads();  // every warp done with the w piece
-      x.store(Wk, LDS);
-    }
-    __syncthreads();
-    for (int e = tid; e < C * KS; e += NT) {
-      const int i = e / KS, x = i * LDS + e % KS;
-      const float qg = scale * gma[i] * Xk[x];
-      Xk[x] = qg - Wk[x];
-    }
-    __syncthreads();
-    if (MODE_H) {
-      csg::TcMM<TV, KS, NT / 32, true, true> hm;
-      hm.zero();
-      csg::tc_run<C, false, false>(hm, Ts, LDT, Xk, LDS);
-      hm.store(Hm + (cl * DV + e0) * DK + k0, DK);
-    } else {
-      csg::tc_run<KS, true, true>(o, Xk, LDS, Sk, LDS);
-    }
-#else
-    {
-      csg::Tile<C, KS, NT, false, true> x;
-      x.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Wk, LDS));
-      x.each([&](int i, int d, float val, int, int) {
-        Xk[i * LDS + d] = scale * gma[i] * Xk[i * LDS + d] - val;
-      });
-    }
-    __syncthreads();
-    if (MODE_H) {
-      csg::Tile<TV, KS, NT, true, true> hm;
-      hm.mm4<C>(csg::op<false>(Ts, LDT), csg::op<false>(Xk, LDS));
-      hm.store([&](int c, int d) { return Hm + (cl * DV + e0 + c) * DK + k0 + d; }, csg::Same());
-    } else {
-      o.mm4<KS>(csg::op<true>(Xk, LDS), csg::op<true>(Sk, LDS));
-    }
-#endif
-    __syncthreads();  // every warp done with the pieces before the next overwrites them
+  for (int e = tid; e < C * DK; e += NT) {  // scale gamma q, then minus p w by tile
+    const int i = e / DK, x = i * LDK4 + e % DK;
+    Xs[x] = scale * gma[i] * Xs[x];
   }
-  CS_MARK();  // 1: X, and h or X S^T, piece by piece
-  if (!MODE_H) {
+  __syncthreads();
+  {
+    csg::TcMM<C, DK, NT / 32, true, true> x;
+    x.zero();
+    csg::tc_run<C, true, false>(x, Ps, LDC4, Bs, LDK4);
+    x.each([&](int i0, int d0, csg::TcAcc& val) {  // each tile read and written by its warp
+      csg::TcAcc qg;
+      csg::wm::load_matrix_sync(qg, Xs + i0 * LDK4 + d0, LDK4, csg::wm::mem_row_major);
+      for (int e = 0; e < val.num_elements; ++e) val.x[e] = qg.x[e] - val.x[e];
+      csg::wm::store_matrix_sync(Xs + i0 * LDK4 + d0, val, LDK4, csg::wm::mem_row_major);
+    });
+  }
+#else
+  {
+    csg::Tile<C, DK, NT, false, true> x;
+    x.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Bs, LDK4));
+    x.each([&](int i, int d, float val, int, int) {
+      Xs[i * LDK4 + d] = scale * gma[i] * Xs[i * LDK4 + d] - val;
+    });
+  }
+#endif
+  __syncthreads();
+  CS_MARK();  // 1: gates, X
+  if (MODE_H) {
+    csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
+      Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
+    });
+  } else {
+    csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
+    csg::copies_land();
+  }
+  __syncthreads();
+  CS_MARK();  // 2: S or d_o loads
 #ifdef CS_TF32
-    csg::tc_run<C, true, false>(o, Ps, LDC4, Ts, LDT);
-    float* Os = Xk;  // [C][LDT] o, over the q / X and w pieces
-    o.store(Os, LDT);
+  if (MODE_H) {
+    csg::TcMM<TV, DK, NT / 32, true, true> hm;
+    hm.zero();
+    csg::tc_run<C, false, false>(hm, Bs, LDT, Xs, LDK4);
+    hm.store(Hm + (cl * DV + e0) * DK, DK);
+  } else {
+    csg::TcMM<C, TV, NT / 32, true, true> o;
+    o.zero();
+    csg::tc_run<DK, true, true>(o, Xs, LDK4, Bs, LDK4);
+    csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDT);
+    __syncthreads();  // every warp done with S: o through shared memory, then out
+    o.store(Bs, LDT);
     __syncthreads();
     for (int e = tid; e < C * TV; e += NT) {
       const int i = e / TV, c = e % TV;
       const size_t r = (tok + i) * HV + h;
-      out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : Os[i * LDT + c]);
+      out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : Bs[i * LDT + c]);
     }
+  }
 #else
-    o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Ts, LDT));
+  if (MODE_H) {
+    csg::Tile<TV, DK, NT, true, true> hm;
+    hm.mm4<C>(csg::op<false>(Bs, LDT), csg::op<false>(Xs, LDK4));
+    hm.store([&](int c, int d) { return Hm + (cl * DV + e0 + c) * DK + d; }, csg::Same());
+  } else {
+    csg::Tile<C, TV, NT> o;
+    o.mm4<DK>(csg::op<true>(Xs, LDK4), csg::op<true>(Bs, LDK4));
+    o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDT));
     o.each([&](int i, int c, float val, int, int) {
       const size_t r = (tok + i) * HV + h;
       out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : val);
     });
-#endif
   }
-  CS_PROF_END(MODE_H ? "output_h" : "output");  // 2: o
+#endif
+  CS_PROF_END(MODE_H ? "output_h" : "output");  // 3: h or o
 """
 
 # state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
@@ -1428,8 +1418,9 @@ def smem_bytes(
     c4, k4 = C + 4, Dk + 4
     if which == "prepare":
         floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c4 + 4 * C
-    elif which == "output":  # q, w, S KS columns of Dk at a time (the kernel's KS too)
-        floats = C * c4 + C * (tv + 4) + (2 * C + tv) * (KS + 4) + 4 * C
+    elif which == "output":
+        t4 = tv + 4
+        floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
     elif which == "state_grads":  # S and dS KS columns of Dk at a time
         floats = 2 * tv * (KS + 4) + C * c4 + 4 * C * (tv + 4) + nt + C
     else:
