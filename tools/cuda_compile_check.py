@@ -118,6 +118,10 @@ def kernels():
                         + f" TR={tc.TR}" + (" tf32" if tf32 else ""),
                         "chunkscan_state_pass_tc", sp._HEADER_TC, sp._SOURCE_TC, ins, outs,
                         t))  # fmt: skip
+            if tf32:  # and TF32's default, the mma.sync kernel
+                out.append((label.replace("state_pass", "state_pass_mma") + f" TR={tc.TR}",
+                            "chunkscan_state_pass_mma", sp._HEADER_MMA, sp._SOURCE_MMA, ins,
+                            outs, t))  # fmt: skip
     for D, Dv, causal, dt in ((256, 256, True, "bfloat16"), (64, 128, False, "float16"),
                               (128, 64, True, "bfloat16"), (64, 256, True, "float16")):  # fmt: skip
         spec = Spec(1, 16, 2, 1000, 1000, D, Dv, 0.06, "causal" if causal else "none", None,

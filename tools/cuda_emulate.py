@@ -12,7 +12,8 @@ helper function, cannot run here.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
 ``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync`` (each warp
-has a barrier of its own), dynamic shared memory (``extern __shared__ T name[];`` or
+has a barrier of its own), ``cs_emu_allgather`` (every lane's value, for a kernel's own
+emulated form of a warp-wide instruction), ``float2``, dynamic shared memory (``extern __shared__ T name[];`` or
 ``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments used through ``fill_fragment``,
 ``load_matrix_sync``, ``mma_sync`` and ``store_matrix_sync`` (every lane holds the whole
 tile; ``precision::tf32`` fragments, whose operands lose all but 10 mantissa bits in
@@ -109,6 +110,8 @@ namespace cuda { namespace std = ::std; }  // cuda::std::numeric_limits
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, sizeof f); return f; }
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
@@ -127,6 +130,15 @@ template <class V> V __shfl_xor_sync(unsigned, V v, int lane_mask) {
   std::memcpy(&r, &cs_warp_slots[cs_warp()][cs_lane() ^ lane_mask], sizeof(V));
   __syncwarp();
   return r;
+}
+// Every lane's v, by lane: for emulated forms of warp-wide instructions (such as
+// mma.sync with its operands spread over the lanes) that kernels keep behind CS_EMULATE.
+template <class V> void cs_emu_allgather(const V& v, V (&out)[32]) {
+  static_assert(sizeof(V) <= sizeof(double), "gather of a wider type");
+  std::memcpy(&cs_warp_slots[cs_warp()][cs_lane()], &v, sizeof(V));
+  __syncwarp();
+  for (int i = 0; i < 32; ++i) std::memcpy(&out[i], &cs_warp_slots[cs_warp()][i], sizeof(V));
+  __syncwarp();
 }
 inline int __syncthreads_or(int pred) {
   __syncthreads();

@@ -242,8 +242,9 @@ CUDA_RUNS = [(sh, c, ch, "0") for sh, c, ch in CUDA_RUNS] + [
 # And the tensor-core kernel with TF32 products (CHUNKSCAN_GDN_TF32=1), every case at the
 # Qwen3-Next shape.
 CUDA_RUNS += [(CUDA_SHAPES[0], c, False, "tf32") for c in range(5)]
-# (64 rows per block, TF32's default here); and with 32 rows (CHUNKSCAN_PASS_TC_TR=32).
-CUDA_RUNS += [(CUDA_SHAPES[0], c, False, "tf32-tr32") for c in (1, 3)]
+# (the mma.sync kernel, TF32's default); the wmma kernel's TF32 form
+# (CHUNKSCAN_PASS_MMA=0), and the mma.sync kernel at 64 rows per block.
+CUDA_RUNS += [(CUDA_SHAPES[0], c, False, k) for k in ("tf32-wmma", "tf32-tr64") for c in (1, 3)]
 
 
 def _kernel_case(shape, case, channel, monkeypatch):
@@ -265,7 +266,7 @@ def _kernel_case(shape, case, channel, monkeypatch):
     CUDA_RUNS,
     ids=[
         "L{}-n{}-C{}-R{}-Dk{}-TR{}".format(*sh) + f"-case{c}" + ("-channel" if ch else "")
-        + {"0": "", "1": "-tc", "tf32": "-tf32", "tf32-tr32": "-tf32-tr32"}[tc]
+        + {"0": "", "1": "-tc"}.get(tc, "-" + tc)
         for sh, c, ch, tc in CUDA_RUNS
     ],
 )  # fmt: skip
@@ -273,13 +274,14 @@ def test_cuda_state_pass(shape, case, channel, tc, monkeypatch):
     tf32 = tc.startswith("tf32")
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1" if tf32 else tc)
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1" if tf32 else "0")
-    if tc == "tf32-tr32":
-        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "32")
+    monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "0" if tc == "tf32-wmma" else "1")
+    if tc == "tf32-tr64":
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "64")
     args, kw = _kernel_case(shape, case, channel, monkeypatch)
     if tc != "0":
         L, n, C, R, Dk, _ = shape
         cfg = _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False)
-        assert cfg is not None and cfg.TR == (64 if tc == "tf32" else 32), cfg
+        assert cfg is not None and cfg.TR == (64 if tc == "tf32-tr64" else 32), cfg
     stores = kw["stores"]
     assert _pass_cuda.supports(args[2], args[4], args[3], args[5])
     got = _np(_pass_cuda.state_pass(*args, **kw))
@@ -360,28 +362,43 @@ def test_emulated_tc_state_pass(shape, case, cp, tr, monkeypatch):
     assert err < 2e-6, err
 
 
+TF32_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, 32, "mma"), (CUDA_SHAPES[2], 3, 32, "mma"),
+                      (CUDA_SHAPES[2], 1, 64, "mma"), (CUDA_SHAPES[2], 3, 32, "wmma"),
+                      (CUDA_SHAPES[2], 1, 64, "wmma")]  # fmt: skip
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
-@pytest.mark.parametrize("shape,case,tr", [(CUDA_SHAPES[1], 1, 32), (CUDA_SHAPES[2], 3, 64),
-                                           (CUDA_SHAPES[2], 1, 32)],
-                         ids=["C16-case1-tr32", "C32-case3-tr64", "C32-case1-tr32"])  # fmt: skip
-def test_emulated_tf32_state_pass(shape, case, tr, monkeypatch):
+@pytest.mark.parametrize(
+    "shape,case,tr,kind", TF32_EMULATED_RUNS,
+    ids=[f"C{sh[2]}-case{c}-tr{tr}-{k}" for sh, c, tr, k in TF32_EMULATED_RUNS],
+)  # fmt: skip
+def test_emulated_tf32_state_pass(shape, case, tr, kind, monkeypatch):
     """The tensor-core kernel with one tf32 product per tile (``CHUNKSCAN_GDN_TF32=1``)
     against the float64 loop: emulated errors 3.6e-4 and 3.9e-4 on these O(1) values
     (tf32's unit roundoff is 4.9e-4); the bound, 2e-3, is ~5x that and fails a wrong
     piece, row or sign by orders of magnitude. The 3xTF32 form errs 2e-7..5e-7 here.
-    ``tr``: the rows per block, 64 (TF32's default where R is a multiple of 64) or 32
-    (``CHUNKSCAN_PASS_TC_TR=32`` on the last case)."""
-    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
+    ``kind``: the mma.sync kernel (TF32's default; its fragments gathered by the
+    emulator) or the wmma kernel's TF32 form (``CHUNKSCAN_PASS_MMA=0``); ``tr``: rows
+    per block (64: ``CHUNKSCAN_PASS_TC_TR=64``)."""
+    names, run = [], cuda_emulator().run
+
+    def runner(name, *args, **kwargs):
+        names.append(name)
+        return run(name, *args, **kwargs)
+
+    monkeypatch.setattr(_backend, "RUNNER", runner)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
-    if shape[3] % 64 == 0 and tr == 32:
-        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "32")
+    monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "1" if kind == "mma" else "0")
+    if tr == 64:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "64")
     args, kw = _kernel_case(shape, case, False, monkeypatch)
     L, n, C, R, Dk, _ = shape
     assert _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False).TR == tr
     got = _np(_pass_cuda.state_pass(*args, **kw))
     err = _max_err(got, reference_pass(*args, **kw))
-    print(f"tf32 kernel-ref {err:.2e}")
+    print(f"tf32 {kind} kernel-ref {err:.2e}")
+    assert names == [f"chunkscan_state_pass_{'mma' if kind == 'mma' else 'tc'}"], names
     assert 1e-5 < err < 2e-3, err  # above 1e-5: the products are TF32 (the switch acts)
 
 
@@ -442,10 +459,18 @@ def test_tensor_core_switch(monkeypatch):
         _pass_cuda.choose_tc_config(64, 128, 128, True, False)
     monkeypatch.delenv("CHUNKSCAN_PASS_TC_TR")
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is not None
-    # Unforced: 64 rows with TF32 products (no small parts: a whole chunk fits), else 32
-    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=True).TR == 64
+    # Unforced: 32 rows, for either kind of product
+    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=True).TR == 32
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=False).TR == 32
-    assert _pass_cuda.choose_tc_config(64, 128, 96, True, False, tf32=True).TR == 32
+    monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "0")
+    assert not _pass_cuda.mma_enabled()
+    monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "auto")
+    assert _pass_cuda.mma_enabled()
+    monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "yes")
+    with pytest.raises(ValueError, match="CHUNKSCAN_PASS_MMA must be auto"):
+        _pass_cuda.mma_enabled()
+    monkeypatch.delenv("CHUNKSCAN_PASS_MMA")
+    assert _pass_cuda.mma_enabled()
     monkeypatch.setattr(_pass_cuda, "compute_capability", lambda: (7, 5))
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is None
 

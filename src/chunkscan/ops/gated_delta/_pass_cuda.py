@@ -630,6 +630,273 @@ _SOURCE_TC = r"""
 """
 
 
+# The TF32 form of the tensor-core kernel on mma.sync (m16n8k8) instead of wmma: the same
+# pass, staging and sums, with the operands' fragments read from shared memory by each
+# lane at offsets fixed at compile time. wmma's loads (generic addresses, the stride a
+# run-time value) cost a 64-bit address computation per element: in the wmma kernel's
+# SASS, 32 HMMA among ~1200 instructions, most of them address arithmetic. Fragment
+# layouts are those of the PTX ISA for mma.m16n8k8 with .tf32 (g = lane / 4, t = lane %
+# 4): A [16, 8] a0..a3 = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B [8, 8] b0, b1 =
+# (t, g), (t + 4, g); C [16, 8] c0..c3 = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+# Under tools/cuda_emulate.py (CS_EMULATE) cs_mma8 gathers the warp's fragments into whole
+# tiles and runs the emulator's tensor-core sum.
+_MMA8 = r"""
+#ifndef CS_EMULATE
+// d += a b, one m16n8k8 tensor-core product; a and b hold tf32 values (rounded by the
+// caller: the tensor cores would drop the low bits)
+__device__ __forceinline__ void cs_mma8(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+        "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+}
+#else
+inline void cs_mma8(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+  using namespace nvcuda::wmma;
+  fragment<matrix_a, 16, 8, 8, precision::tf32, row_major> fa;
+  fragment<matrix_b, 16, 8, 8, precision::tf32, col_major> fb;
+  fragment<accumulator, 16, 8, 8, float> fc;
+  float all[32];
+  for (int e = 0; e < 4; ++e) {
+    cs_emu_allgather(a[e], all);
+    for (int ln = 0; ln < 32; ++ln)
+      fa.x[(ln / 4 + 8 * (e % 2)) * 8 + ln % 4 + 4 * (e / 2)] = all[ln];
+    cs_emu_allgather(d[e], all);
+    for (int ln = 0; ln < 32; ++ln) fc.x[(ln / 4 + 8 * (e / 2)) * 8 + 2 * (ln % 4) + e % 2] = all[ln];
+  }
+  for (int e = 0; e < 2; ++e) {
+    cs_emu_allgather(b[e], all);
+    for (int ln = 0; ln < 32; ++ln) fb.x[(ln % 4 + 4 * e) * 8 + ln / 4] = all[ln];
+  }
+  mma_sync(fc, fa, fb, fc);
+  const int g = cs_lane() / 4, t = cs_lane() % 4;
+  for (int e = 0; e < 4; ++e) d[e] = fc.x[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2];
+}
+#endif
+__device__ __forceinline__ float cs_tf32(float x) { return nvcuda::wmma::__float_to_tf32(x); }
+"""
+_HEADER_MMA = _HEADER + TF32_FRAGMENTS + _MMA8
+
+# Template constants: those of _SOURCE_TC but TF32 (always one tf32 product per tile).
+# Each block keeps its X tile [TR, DK] in registers in mma's C layout: warp w owns the
+# 8-column tiles q < NQ at columns 16 w JT + 8 q of every 16-row tile m; its element e is
+# X[16 m + g + 8 (e / 2), 16 w JT + 8 q + 2 t + e % 2].
+_SOURCE_MMA = r"""
+  constexpr int NP = C / CP;
+  constexpr int XSTR = DK + 4, FSTR = DK + 4, GSTR = DK + 8, ESTR = TR + 8, VSTR = TR + 8;
+  constexpr int NW = NT / 32;             // warps
+  constexpr int MT = TR / 16;             // 16-row tiles of X
+  constexpr int NQ = 2 * JT;              // 8-column tiles of X per warp
+  constexpr int T1 = (CP / 16) * MT;      // phase-1 output tiles [16 rows i, 16 rows r]
+  constexpr int BUF = CP * FSTR + CP * GSTR + (HAS_E ? CP * ESTR : 0);
+  static_assert(TR % 16 == 0 && CP % 16 == 0 && C % CP == 0 && DK % 16 == 0, "16-row tiles");
+  static_assert(DK == 16 * NW * JT, "each warp owns JT 16-column tiles of X");
+  static_assert(R % TR == 0, "row tiles");
+  // Row strides: 4 (mod 32) where a fragment reads 4 rows x 8 columns or 8 x 4 of a
+  // row-major operand (F, X), 8 where it reads down columns (G, V): no bank conflicts.
+
+  extern __shared__ float4 cs_smem4[];
+  float* smem = reinterpret_cast<float*>(cs_smem4);
+  float* xs = smem;                       // [TR][XSTR] X at the chunk start, tf32
+  float* bufs = xs + TR * XSTR;           // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
+  float* vs = bufs + 2 * BUF;             // [CP][VSTR] V, tf32
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  const int r0 = blockIdx.x * TR;
+  const int lane = blockIdx.y;
+  const int L = gridDim.y;
+  const int n = decay_shape[1];
+  const int NS = n * NP;
+  const size_t RD = static_cast<size_t>(R) * DK;
+
+  float xr[MT][NQ][4], acc[MT][NQ][4];
+  // the offset of element pair (e = 2 hi, 2 hi + 1) of tile (m, q) in a [.., ld] row-major tile
+  auto at = [&](int m, int q, int hi, int ld) {
+    return (16 * m + g + 8 * hi) * ld + 16 * warp * JT + 8 * q + 2 * t;
+  };
+  auto load_x = [&](const float* src) {  // X tile from a [R, DK] row-major state
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < NQ; ++q)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const float2 v = *reinterpret_cast<const float2*>(src + static_cast<size_t>(r0) * DK +
+                                                            at(m, q, hi, DK));
+          xr[m][q][2 * hi] = v.x;
+          xr[m][q][2 * hi + 1] = v.y;
+        }
+  };
+  auto store_x = [&](float* dst) {  // into a [R, DK] row-major state, this block's rows
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < NQ; ++q)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+          *reinterpret_cast<float2*>(dst + static_cast<size_t>(r0) * DK + at(m, q, hi, DK)) =
+              make_float2(xr[m][q][2 * hi], xr[m][q][2 * hi + 1]);
+  };
+
+  if constexpr (HAS_X) {
+    load_x(xin + lane * RD);
+  } else {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < NQ; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xr[m][q][e] = 0.f;
+  }
+
+  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
+  auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
+    cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
+        bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
+  };
+
+  // The per-chunk scalars are read one chunk ahead, and H before the chunk's products.
+  float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
+  int ld_next = loads[chunk_of(0)];
+  stage(0);
+  for (int s = 0; s < NS; ++s) {
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
+    if (p == 0) {
+      // Chunk start: load, write entering[c] and X (rounded to tf32) to shared memory,
+      // start acc.
+      const int ld = ld_next;
+      const float d = d_next;
+      if (s + NP < NS) {
+        d_next = decay[static_cast<size_t>(lane) * n + chunk_of(s + NP)];
+        ld_next = loads[chunk_of(s + NP)];
+      }
+      if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
+      store_x(entering + tile);
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int q = 0; q < NQ; ++q) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi)
+            *reinterpret_cast<float2*>(xs + at(m, q, hi, XSTR)) =
+                make_float2(cs_tf32(xr[m][q][2 * hi]), cs_tf32(xr[m][q][2 * hi + 1]));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][q][e] = d * xr[m][q][e];
+        }
+    }
+    cs_cp_async_wait_all();
+    __syncthreads();  // step s staged; xs written; step s-1 done with its buffer and vs
+    if (s + 1 < NS) stage(s + 1);
+
+    const float* fs = bufs + (s & 1) * BUF;
+    const float* gs = fs + CP * FSTR;
+    const float* es = gs + CP * GSTR;
+    int st = -1;
+    float h[MT][NQ][4];
+    if (p == NP - 1) {
+      st = stores[c];
+      if constexpr (HAS_H) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int q = 0; q < NQ; ++q)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+              const float2 v = *reinterpret_cast<const float2*>(
+                  Hm + tile + static_cast<size_t>(r0) * DK + at(m, q, hi, DK));
+              h[m][q][2 * hi] = v.x;
+              h[m][q][2 * hi + 1] = v.y;
+            }
+      }
+    }
+
+    // Phase 1: V[i, r] = E[i, r] - F[i, :] . X[r, :], one 16 x 16 tile per warp at a
+    // time (two 8-column halves sharing F's fragment; even and odd k steps in their own
+    // accumulators: four chains)
+    for (int u = warp; u < T1; u += NW) {
+      const int i0 = 16 * (u / MT), n0 = 16 * (u % MT);
+      float pe[2][4] = {}, po[2][4] = {};
+      const float* fa = fs + (i0 + g) * FSTR + t;
+      const float* xb = xs + (n0 + g) * XSTR + t;
+#pragma unroll 2
+      for (int k = 0; k < DK; k += 16) {
+        float a0[4] = {cs_tf32(fa[k]), cs_tf32(fa[8 * FSTR + k]), cs_tf32(fa[k + 4]),
+                       cs_tf32(fa[8 * FSTR + k + 4])};
+        float a1[4] = {cs_tf32(fa[k + 8]), cs_tf32(fa[8 * FSTR + k + 8]), cs_tf32(fa[k + 12]),
+                       cs_tf32(fa[8 * FSTR + k + 12])};
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float* xh = xb + 8 * hh * XSTR;
+          const float b0[2] = {xh[k], xh[k + 4]};
+          const float b1[2] = {xh[k + 8], xh[k + 12]};
+          cs_mma8(pe[hh], a0, b0);
+          cs_mma8(po[hh], a1, b1);
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int i = i0 + g + 8 * hi, r = n0 + 8 * hh + 2 * t;
+          float2 v = make_float2(0.f, 0.f);
+          if constexpr (HAS_E) v = *reinterpret_cast<const float2*>(es + i * ESTR + r);
+          v.x -= pe[hh][2 * hi] + po[hh][2 * hi];
+          v.y -= pe[hh][2 * hi + 1] + po[hh][2 * hi + 1];
+          *reinterpret_cast<float2*>(vs + i * VSTR + r) = make_float2(cs_tf32(v.x), cs_tf32(v.y));
+        }
+    }
+    __syncthreads();  // vs complete
+
+    // Phase 2: acc[r, j] += sum_i V[i, r] G[i, j], this piece's product from zero
+    float pb[MT][NQ][4] = {};
+    const float* gb = gs + t * GSTR + 16 * warp * JT + g;
+    const float* va = vs + t * VSTR + g;
+#pragma unroll 2
+    for (int k = 0; k < CP; k += 8) {
+      float b[NQ][2];
+#pragma unroll
+      for (int q = 0; q < NQ; ++q) {
+        b[q][0] = cs_tf32(gb[k * GSTR + 8 * q]);
+        b[q][1] = cs_tf32(gb[(k + 4) * GSTR + 8 * q]);
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const float a[4] = {va[k * VSTR + 16 * m], va[k * VSTR + 16 * m + 8],
+                            va[(k + 4) * VSTR + 16 * m], va[(k + 4) * VSTR + 16 * m + 8]};
+#pragma unroll
+        for (int q = 0; q < NQ; ++q) cs_mma8(pb[m][q], a, b[q]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int q = 0; q < NQ; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][q][e] += pb[m][q][e];
+
+    if (p == NP - 1) {
+      // Chunk end: X = acc + H; store if asked.
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) xr[m][q][e] = acc[m][q][e] + (HAS_H ? h[m][q][e] : 0.f);
+      if (st >= 0) store_x(stored + (static_cast<size_t>(st) * L + lane) * RD);
+    }
+  }
+  store_x(xout + lane * RD);
+"""
+
+
 @dataclass(frozen=True)
 class TcConfig:
     """One tiling of the tensor-core kernel."""
@@ -661,11 +928,26 @@ def tc_enabled(reverse: bool) -> bool:
 
 
 def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool, tf32: bool = False) -> int:
-    """The tensor-core kernel's shared memory: X's tile and V's piece (each twice, big and
-    small parts, for 3xTF32 products; once for TF32) and two staging buffers."""
+    """The tensor-core kernels' shared memory: X's tile, two staging buffers and V's piece;
+    3xTF32 (``_SOURCE_TC``): X and V twice (big and small parts); TF32: once, at
+    ``_SOURCE_MMA``'s strides (more than the wmma kernel's TF32 form takes)."""
+    if tf32:
+        buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 8) if has_e else 0)
+        return 4 * (TR * (Dk + 4) + 2 * buf + CP * (TR + 8))
     buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 4) if has_e else 0)
-    parts = 1 if tf32 else 2
-    return 4 * (parts * TR * (Dk + 4) + 2 * buf + parts * CP * (TR + 4))
+    return 4 * (2 * TR * (Dk + 4) + 2 * buf + 2 * CP * (TR + 4))
+
+
+def mma_enabled() -> bool:
+    """Whether TF32 products take the ``mma.sync`` kernel (``_SOURCE_MMA``) rather than
+    the wmma kernel's TF32 form, by ``CHUNKSCAN_PASS_MMA`` (read at each call): unset,
+    ``auto`` or ``1``, yes; ``0``, no (for comparison)."""
+    forced = env_switch(
+        "CHUNKSCAN_PASS_MMA", "gated_delta_rule",
+        "auto or 1 (TF32 products on the mma.sync kernel; the default) or 0 (the wmma "
+        "kernel)",
+    )  # fmt: skip
+    return True if forced is None else forced
 
 
 def choose_tc_config(
@@ -703,26 +985,20 @@ def _search_tc_config(
     """:func:`choose_tc_config` given its variables and the per-block shared memory."""
     JT = 1 if Dk <= 128 else 2
     NT = 32 * Dk // (16 * JT)
-    # Rows per block: every block of a lane reads the lane's whole F and G for each chunk,
-    # so fewer, taller blocks read less in all. 3xTF32: 32 rows, the fastest tiling on the
-    # H200 (16 rows, twice the blocks at twice the reads, passed the CUDA tests there and
-    # was 11-59% slower forward over 256 chunks: run 34, suite stage tc_tune). TF32: 64
-    # rows where a whole chunk's piece fits (no small parts to hold), else 32.
+    # 32 rows per block: the fastest tiling on the H200. 16 rows (twice the blocks at
+    # twice the reads, a tuning knob) passed the CUDA tests there and was 11-59% slower
+    # forward over 256 chunks (run 34, suite stage tc_tune); 64 (TF32's wmma kernel, half
+    # the blocks at twice the products each) took 4.43 ms for the op's ten passes at
+    # T = 16384 against 2.56 (run 53).
     if forced_tr is None and R % 32:
         return None
-    if forced_tr is not None:
-        candidates = [forced_tr]
-    elif tf32 and R % 64 == 0 and tc_smem_bytes(Dk, 64, C, has_e, True) <= limit:
-        candidates = [64]
-    else:
-        candidates = [32]
-    for TR in candidates:
-        for CP in _divisors_desc(C):
-            if CP % 16 or (forced_cp and CP != forced_cp):
-                continue
-            sm = tc_smem_bytes(Dk, TR, CP, has_e, tf32)
-            if sm <= limit:
-                return TcConfig(TR, NT, CP, JT, sm, tf32)
+    TR = 32 if forced_tr is None else forced_tr
+    for CP in _divisors_desc(C):
+        if CP % 16 or (forced_cp and CP != forced_cp):
+            continue
+        sm = tc_smem_bytes(Dk, TR, CP, has_e, tf32)
+        if sm <= limit:
+            return TcConfig(TR, NT, CP, JT, sm, tf32)
     return None
 
 
@@ -734,7 +1010,12 @@ def tc_template(cfg: TcConfig, C: int, Dk: int, R: int, *, has_x: bool, has_e: b
             ("TF32", cfg.tf32)]  # fmt: skip
 
 
-def _tc_kernel(smem: int):
+def _tc_kernel(smem: int, mma: bool = False):
+    if mma:
+        return cuda_kernel(
+            "state_pass_mma", "chunkscan_state_pass_mma", _INPUTS, _OUTPUTS, _SOURCE_MMA,
+            _HEADER_MMA, smem,
+        )  # fmt: skip
     return cuda_kernel(
         "state_pass_tc", "chunkscan_state_pass_tc", _INPUTS, _OUTPUTS, _SOURCE_TC, _HEADER_TC,
         smem,
@@ -990,7 +1271,7 @@ def state_pass(
                  reverse=reverse)  # fmt: skip
     if tc is not None:
         tmpl = tc_template(tc, C, Dk, R, **flags)
-        kernel, NT, TR = _tc_kernel(tc.smem), tc.NT, tc.TR
+        kernel, NT, TR = _tc_kernel(tc.smem, tc.tf32 and mma_enabled()), tc.NT, tc.TR
     else:
         tmpl = template(cfg, C, Dk, R, channel=channel, **flags)
         kernel, NT, TR = _kernel(cfg.smem), cfg.NT, cfg.TR
