@@ -13,15 +13,15 @@ helper function, cannot run here.
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
 ``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync`` (each warp
 has a barrier of its own), ``cs_emu_allgather`` (every lane's value, for a kernel's own
-emulated form of a warp-wide instruction), ``float2``, dynamic shared memory (``extern __shared__ T name[];`` or
-``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments used through ``fill_fragment``,
-``load_matrix_sync``, ``mma_sync`` and ``store_matrix_sync`` (every lane holds the whole
-tile; ``precision::tf32`` fragments, whose operands lose all but 10 mantissa bits in
-``mma_sync``, summed as the H200's tensor cores sum them, bit for bit, and
-``__float_to_tf32``), ``uint4`` / ``float4`` copies, float math from
-``<cmath>``, ``__int_as_float``,
-``__nv_bfloat16`` / ``__half`` storage with float conversions, and input dtypes
-float32, bfloat16, float16, int32 and bool.
+emulated form of a warp-wide instruction), ``float2``, dynamic shared memory
+(``extern __shared__ T name[];`` or ``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments
+used through ``fill_fragment``, ``load_matrix_sync``, ``mma_sync`` and
+``store_matrix_sync`` (every lane holds the whole tile; ``precision::tf32`` fragments,
+whose operands lose all but 10 mantissa bits in ``mma_sync``, summed as the H200's
+tensor cores sum them, bit for bit, and ``__float_to_tf32``), ``uint4`` / ``float4``
+copies, float math from ``<cmath>``, ``__int_as_float``, ``__nv_bfloat16`` / ``__half``
+storage with float conversions, and input dtypes float32, bfloat16, float16, int32 and
+bool.
 
     outs = run(name, header, source, inputs, outputs, template, grid, threadgroup, smem)
 

@@ -78,7 +78,7 @@ from ..._backend import (
     env_switch,
     tf32_products,
 )
-from ._pass_cuda import CP_ASYNC, TF32_FRAGMENTS
+from ._pass_cuda import CP_ASYNC, MMA_TF32, TF32_FRAGMENTS
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
@@ -535,9 +535,53 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
 _HEADER_TC = (
     "\n#define CS_TC 1"
     + TF32_FRAGMENTS
+    + MMA_TF32
     + r"""namespace csg {
 namespace wm = nvcuda::wmma;
+#ifdef CS_TF32
+// TF32 builds: the products on mma.sync (m16n8k8, _pass_cuda.MMA_TF32), a 16 x 16 tile
+// as two 8-column halves in mma's C layout: x[4 h + c] is row g + 8 (c / 2), column
+// 8 h + 2 t + c % 2 (g = lane / 4, t = lane % 4); each lane reads its operands' elements
+// itself (wmma's loads cost a 64-bit address computation per element).
+struct TcAcc {
+  static constexpr int num_elements = 8;
+  float x[8];
+};
+__device__ __forceinline__ void fill(TcAcc& f, float v) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f.x[e] = v;
+}
+// f = the 16 x 16 row-major tile at p (row stride ld), or store f there
+__device__ __forceinline__ void load_acc(TcAcc& f, const float* p, size_t ld) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float2 v = *reinterpret_cast<const float2*>(p + (g + 8 * hi) * ld + 8 * h + 2 * t);
+      f.x[4 * h + 2 * hi] = v.x;
+      f.x[4 * h + 2 * hi + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void store_acc(float* p, const TcAcc& f, size_t ld) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi)
+      *reinterpret_cast<float2*>(p + (g + 8 * hi) * ld + 8 * h + 2 * t) =
+          make_float2(f.x[4 * h + 2 * hi], f.x[4 * h + 2 * hi + 1]);
+}
+#else
 using TcAcc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
+__device__ __forceinline__ void fill(TcAcc& f, float v) { wm::fill_fragment(f, v); }
+__device__ __forceinline__ void load_acc(TcAcc& f, const float* p, size_t ld) {
+  wm::load_matrix_sync(f, p, unsigned(ld), wm::mem_row_major);
+}
+__device__ __forceinline__ void store_acc(float* p, const TcAcc& f, size_t ld) {
+  wm::store_matrix_sync(p, f, unsigned(ld), wm::mem_row_major);
+}
+#endif
 using TcA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major>;
 using TcB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major>;
 template <bool B, class T, class F> struct pick { using type = T; };
@@ -566,8 +610,8 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
-      wm::fill_fragment(big[p], 0.f);
-      if (SMALL) wm::fill_fragment(small[p], 0.f);
+      fill(big[p], 0.f);
+      if (SMALL) fill(small[p], 0.f);
     }
   }
   // Once, after the last tc_run(): fn(r0, c0, D) for each owned tile (rows r0.., columns
@@ -593,7 +637,7 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
 #pragma unroll
         for (int e = 0; e < d.num_elements; ++e) d.x[e] = -d.x[e];
       }
-      wm::store_matrix_sync(D + r0 * ldd + c0, d, unsigned(ldd), wm::mem_row_major);
+      store_acc(D + r0 * ldd + c0, d, ldd);
     });
   }
 };
@@ -608,6 +652,45 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
 template <int K, bool KA, bool KB, class MM>
 __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const float* B, int ldb) {
   static_assert(K % 8 == 0, "TcMM: k in steps of 8");
+#ifdef CS_TF32
+  // mma.sync: per k step of 8 and tile, A's fragment [16, 8] and B's two [8, 8] (the
+  // tile's column halves), each element rounded to tf32, as cs_round rounds wmma's
+  constexpr bool SHARED_B = MM::NWARPS % MM::TN == 0;
+  if (mm.tile(0) >= MM::TILES) return;  // a warp without tiles (the same for the warp)
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  auto a_at = [&](int i, int k) { return cs_tf32(KA ? A[i * lda + k] : A[k * lda + i]); };
+  auto b_at = [&](int k, int j) { return cs_tf32(KB ? B[j * ldb + k] : B[k * ldb + j]); };
+  const int c0 = (mm.tile(0) % MM::TN) * 16;  // the warp's column of tiles (SHARED_B)
+#pragma unroll 2
+  for (int k = 0; k < K; k += 8) {
+    float b[2][2];
+    if constexpr (SHARED_B) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        b[h][0] = b_at(k + t, c0 + 8 * h + g);
+        b[h][1] = b_at(k + t + 4, c0 + 8 * h + g);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < MM::PER; ++p) {
+      const int tl = mm.tile(p);
+      if (tl >= MM::TILES) break;  // the same for the whole warp
+      if constexpr (!SHARED_B) {
+        const int c = (tl % MM::TN) * 16;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          b[h][0] = b_at(k + t, c + 8 * h + g);
+          b[h][1] = b_at(k + t + 4, c + 8 * h + g);
+        }
+      }
+      const int r0 = (tl / MM::TN) * 16;
+      const float a[4] = {a_at(r0 + g, k + t), a_at(r0 + g + 8, k + t), a_at(r0 + g, k + t + 4),
+                          a_at(r0 + g + 8, k + t + 4)};
+      cs_mma8(mm.big[p].x, a, b[0]);
+      cs_mma8(mm.big[p].x + 4, a, b[1]);
+    }
+  }
+#else
   constexpr bool SHARED_B = MM::NWARPS % MM::TN == 0;
   using FA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32,
                           typename pick<KA, wm::row_major, wm::col_major>::type>;
@@ -640,6 +723,7 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
       wm::mma_sync(mm.big[p], a, b, mm.big[p]);
     }
   }
+#endif
 }
 }  // namespace csg
 """
@@ -889,9 +973,9 @@ _OUTPUT = r"""
     csg::tc_run<C, true, false>(x, Ps, LDC4, Bs, LDK4);
     x.each([&](int i0, int d0, csg::TcAcc& val) {  // each tile read and written by its warp
       csg::TcAcc qg;
-      csg::wm::load_matrix_sync(qg, Xs + i0 * LDK4 + d0, LDK4, csg::wm::mem_row_major);
+      csg::load_acc(qg, Xs + i0 * LDK4 + d0, LDK4);
       for (int e = 0; e < val.num_elements; ++e) val.x[e] = qg.x[e] - val.x[e];
-      csg::wm::store_matrix_sync(Xs + i0 * LDK4 + d0, val, LDK4, csg::wm::mem_row_major);
+      csg::store_acc(Xs + i0 * LDK4 + d0, val, LDK4);
     });
   }
 #else
@@ -1031,14 +1115,13 @@ _STATE_GRADS = r"""
     }
     vn.each([&](int i0, int r0, csg::TcAcc& x) {  // v_new = u - w S^T
       csg::TcAcc u;
-      csg::wm::load_matrix_sync(u, U + (cl * C + i0) * DV + e0 + r0, DV, csg::wm::mem_row_major);
+      csg::load_acc(u, U + (cl * C + i0) * DV + e0 + r0, DV);
       for (int e = 0; e < x.num_elements; ++e) x.x[e] = u.x[e] - x.x[e];
-      csg::wm::store_matrix_sync(Vn + i0 * LDT + r0, x, LDT, csg::wm::mem_row_major);
+      csg::store_acc(Vn + i0 * LDT + r0, x, LDT);
     });
     dvn.each([&](int i0, int r0, csg::TcAcc& x) {
-      csg::wm::store_matrix_sync(DVn + i0 * LDT + r0, x, LDT, csg::wm::mem_row_major);
-      csg::wm::store_matrix_sync(DVN + (cl * C + i0) * DV + e0 + r0, x, DV,
-                                 csg::wm::mem_row_major);
+      csg::store_acc(DVn + i0 * LDT + r0, x, LDT);
+      csg::store_acc(DVN + (cl * C + i0) * DV + e0 + r0, x, DV);
     });
   }
 #else

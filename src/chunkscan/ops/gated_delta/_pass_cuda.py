@@ -639,12 +639,13 @@ _SOURCE_TC = r"""
 # 4): A [16, 8] a0..a3 = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B [8, 8] b0, b1 =
 # (t, g), (t + 4, g); C [16, 8] c0..c3 = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
 # Under tools/cuda_emulate.py (CS_EMULATE) cs_mma8 gathers the warp's fragments into whole
-# tiles and runs the emulator's tensor-core sum.
-_MMA8 = r"""
+# tiles and runs the emulator's tensor-core sum. The chunk kernels' TF32 products
+# (_chunk_cuda._HEADER_TC's TcMM under CS_TF32) use it too.
+MMA_TF32 = r"""
 #ifndef CS_EMULATE
-// d += a b, one m16n8k8 tensor-core product; a and b hold tf32 values (rounded by the
-// caller: the tensor cores would drop the low bits)
-__device__ __forceinline__ void cs_mma8(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+// d[4] += a[4] b[2], one m16n8k8 tensor-core product (each lane's fragments); a and b
+// hold tf32 values (rounded by the caller: the tensor cores would drop the low bits)
+__device__ __forceinline__ void cs_mma8(float* d, const float* a, const float* b) {
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -653,7 +654,7 @@ __device__ __forceinline__ void cs_mma8(float (&d)[4], const float (&a)[4], cons
         "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
 }
 #else
-inline void cs_mma8(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+inline void cs_mma8(float* d, const float* a, const float* b) {
   using namespace nvcuda::wmma;
   fragment<matrix_a, 16, 8, 8, precision::tf32, row_major> fa;
   fragment<matrix_b, 16, 8, 8, precision::tf32, col_major> fb;
@@ -664,7 +665,8 @@ inline void cs_mma8(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
     for (int ln = 0; ln < 32; ++ln)
       fa.x[(ln / 4 + 8 * (e % 2)) * 8 + ln % 4 + 4 * (e / 2)] = all[ln];
     cs_emu_allgather(d[e], all);
-    for (int ln = 0; ln < 32; ++ln) fc.x[(ln / 4 + 8 * (e / 2)) * 8 + 2 * (ln % 4) + e % 2] = all[ln];
+    for (int ln = 0; ln < 32; ++ln)
+      fc.x[(ln / 4 + 8 * (e / 2)) * 8 + 2 * (ln % 4) + e % 2] = all[ln];
   }
   for (int e = 0; e < 2; ++e) {
     cs_emu_allgather(b[e], all);
@@ -677,7 +679,7 @@ inline void cs_mma8(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
 #endif
 __device__ __forceinline__ float cs_tf32(float x) { return nvcuda::wmma::__float_to_tf32(x); }
 """
-_HEADER_MMA = _HEADER + TF32_FRAGMENTS + _MMA8
+_HEADER_MMA = _HEADER + TF32_FRAGMENTS + MMA_TF32
 
 # Template constants: those of _SOURCE_TC but TF32 (always one tf32 product per tile).
 # Each block keeps its X tile [TR, DK] in registers in mma's C layout: warp w owns the
