@@ -1,4 +1,5 @@
-# Prepared in session 15 for the next machine (not run yet): `bash <this> <part> <commit> <base commit>`,
+# Prepared in session 15 for the next machine and never run (session 16 ran run 53-55 instead;
+# its part c, output in pieces, ran in run 53): `bash <this> <part> <commit> <base commit>`,
 # base/ = `git archive <base> src` carried beside the tree.
 # part a (main, base/ = e590d34: before prepare's products took the tensor cores): the op's
 #   timer at 16384 new and base alternating twice (run 51 measured prepare under Nsight

@@ -17,7 +17,9 @@ The arithmetic is float32, with products of one of two kinds (``_HEADER_TC``):
   ``MLX_ENABLE_TF32=0``, as MLX's own float32 matmuls): every product of ``prepare``
   (but its inverse's), ``output`` and ``state_grads`` and ``input_grads``' q / k
   products on the tensor cores, each operand rounded to tf32, float32 sums
-  (``csg::TcMM``).
+  (``csg::TcMM``: PTX ``mma.sync.m16n8k8``, each lane reading its fragments' elements
+  itself, ``_pass_cuda.MMA_TF32``; the 3xTF32 products of the float32 form stay on
+  ``wmma``).
 
 Per group, forward: :func:`prepare` -> state pass (:mod:`._passes`) -> :func:`outputs`.
 Backward: :func:`prepare` (recompute) -> :func:`state_gradient_input` -> reverse state

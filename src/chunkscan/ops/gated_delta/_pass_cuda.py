@@ -10,12 +10,13 @@ Same interface and semantics as :func:`._passes.portable_state_pass`::
         X = decay[c] * X + V^T @ G[c] + H[c]   # decay[c] [Dk]: X * decay[c][None, :]
         if c in stores: stored[stores[c]] = X
 
-Two kernels. The FMA kernel (``_SOURCE``, plain fp32 FMA, every shape below) and the
-tensor-core kernel (``_SOURCE_TC``, ``wmma`` products, scalar decay: 3xTF32, or one
-tf32 product per tile where :func:`chunkscan._backend.tf32_products` holds; see
-:func:`tc_enabled` and :func:`choose_tc_config`), which by default runs the forward
-pass where it takes the shape, and the reverse pass too with TF32 products. Both stage
-``F``, ``G`` and ``E`` as described below.
+Three kernels. The FMA kernel (``_SOURCE``, plain fp32 FMA, every shape below) and the
+tensor-core kernels (scalar decay; see :func:`tc_enabled` and :func:`choose_tc_config`):
+``_SOURCE_TC`` (``wmma`` products, 3xTF32) and, where
+:func:`chunkscan._backend.tf32_products` holds, ``_SOURCE_MMA`` (one tf32 product per
+tile on ``mma.sync``; :func:`mma_enabled`), which by default run the forward pass where
+they take the shape, and the reverse pass too with TF32 products. All stage ``F``,
+``G`` and ``E`` as described below.
 
 Design of the FMA kernel. The ``R`` rows of ``X`` are independent, so
 the grid is ``L`` lanes x ``R / TR`` row tiles, one thread block each, ``NT`` threads.
