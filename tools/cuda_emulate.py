@@ -133,11 +133,13 @@ template <class V> V __shfl_xor_sync(unsigned, V v, int lane_mask) {
 }
 // Every lane's v, by lane: for emulated forms of warp-wide instructions (such as
 // mma.sync with its operands spread over the lanes) that kernels keep behind CS_EMULATE.
+// Values of up to 64 bytes (a lane's whole set of fragments: one gather per instruction).
+static double cs_warp_wide[64][32][8];
 template <class V> void cs_emu_allgather(const V& v, V (&out)[32]) {
-  static_assert(sizeof(V) <= sizeof(double), "gather of a wider type");
-  std::memcpy(&cs_warp_slots[cs_warp()][cs_lane()], &v, sizeof(V));
+  static_assert(sizeof(V) <= sizeof(cs_warp_wide[0][0]), "gather of a wider type");
+  std::memcpy(cs_warp_wide[cs_warp()][cs_lane()], &v, sizeof(V));
   __syncwarp();
-  for (int i = 0; i < 32; ++i) std::memcpy(&out[i], &cs_warp_slots[cs_warp()][i], sizeof(V));
+  for (int i = 0; i < 32; ++i) std::memcpy(&out[i], cs_warp_wide[cs_warp()][i], sizeof(V));
   __syncwarp();
 }
 inline int __syncthreads_or(int pred) {

@@ -392,9 +392,28 @@ __device__ __forceinline__ void cs_mma3(cs_acc& d_big, cs_acc& d_small, const A&
 )
 _HEADER_TC = _HEADER + _HEADER_TC_OWN
 
+# The tensor-core kernels' chunk steps (both kernels): the chunk of step s, the staging of
+# its piece, and the first step's scalars and copies.
+_TC_STEPS = r"""  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
+  auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
+    const int c = chunk_of(s);
+    const int p = s % NP;
+    const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
+    cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
+        bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
+  };
+
+  // The per-chunk scalars are read one chunk ahead, and H before the chunk's products,
+  // so that no global load's latency sits between two chunks' products.
+  float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
+  int ld_next = loads[chunk_of(0)];
+  stage(0);
+"""
+
 # Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE, TF32
 # (one tf32 product per tile, each operand rounded: _backend.tf32_products).
-_SOURCE_TC = r"""
+_SOURCE_TC = (
+    r"""
   constexpr int NP = C / CP;
   constexpr int XSTR = DK + 4, FSTR = DK + 4, GSTR = DK + 8, ESTR = TR + 4, VSTR = TR + 4;
   constexpr int NW = NT / 32;             // warps
@@ -455,21 +474,9 @@ _SOURCE_TC = r"""
       for (int q = 0; q < JT; ++q) wmma::fill_fragment(xr[m][q], 0.f);
   }
 
-  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
-  auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
-    const int c = chunk_of(s);
-    const int p = s % NP;
-    const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
-    cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
-        bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
-  };
-
-  // The per-chunk scalars are read one chunk ahead, and H before the chunk's products,
-  // so that no global load's latency sits between two chunks' products.
-  float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
-  int ld_next = loads[chunk_of(0)];
-  stage(0);
-  for (int s = 0; s < NS; ++s) {
+"""
+    + _TC_STEPS
+    + r"""  for (int s = 0; s < NS; ++s) {
     const int c = chunk_of(s);
     const int p = s % NP;
     const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
@@ -629,6 +636,7 @@ _SOURCE_TC = r"""
   }
   store_x(xout + lane * RD + static_cast<size_t>(r0) * DK, DK);
 """
+)
 
 
 # The TF32 form of the tensor-core kernel on mma.sync (m16n8k8) instead of wmma: the same
@@ -655,23 +663,23 @@ __device__ __forceinline__ void cs_mma8(float* d, const float* a, const float* b
         "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
 }
 #else
+struct cs_frags8 { float a[4], b[2], d[4]; };
 inline void cs_mma8(float* d, const float* a, const float* b) {
   using namespace nvcuda::wmma;
   fragment<matrix_a, 16, 8, 8, precision::tf32, row_major> fa;
   fragment<matrix_b, 16, 8, 8, precision::tf32, col_major> fb;
   fragment<accumulator, 16, 8, 8, float> fc;
-  float all[32];
-  for (int e = 0; e < 4; ++e) {
-    cs_emu_allgather(a[e], all);
-    for (int ln = 0; ln < 32; ++ln)
-      fa.x[(ln / 4 + 8 * (e % 2)) * 8 + ln % 4 + 4 * (e / 2)] = all[ln];
-    cs_emu_allgather(d[e], all);
-    for (int ln = 0; ln < 32; ++ln)
-      fc.x[(ln / 4 + 8 * (e / 2)) * 8 + 2 * (ln % 4) + e % 2] = all[ln];
-  }
-  for (int e = 0; e < 2; ++e) {
-    cs_emu_allgather(b[e], all);
-    for (int ln = 0; ln < 32; ++ln) fb.x[(ln % 4 + 4 * e) * 8 + ln / 4] = all[ln];
+  cs_frags8 mine, all[32];
+  for (int e = 0; e < 4; ++e) mine.a[e] = a[e], mine.d[e] = d[e];
+  mine.b[0] = b[0], mine.b[1] = b[1];
+  cs_emu_allgather(mine, all);
+  for (int ln = 0; ln < 32; ++ln) {
+    const int g = ln / 4, t = ln % 4;
+    for (int e = 0; e < 4; ++e) {
+      fa.x[(g + 8 * (e % 2)) * 8 + t + 4 * (e / 2)] = all[ln].a[e];
+      fc.x[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2] = all[ln].d[e];
+    }
+    for (int e = 0; e < 2; ++e) fb.x[(t + 4 * e) * 8 + g] = all[ln].b[e];
   }
   mma_sync(fc, fa, fb, fc);
   const int g = cs_lane() / 4, t = cs_lane() % 4;
@@ -686,7 +694,8 @@ _HEADER_MMA = _HEADER + TF32_FRAGMENTS + MMA_TF32
 # Each block keeps its X tile [TR, DK] in registers in mma's C layout: warp w owns the
 # 8-column tiles q < NQ at columns 16 w JT + 8 q of every 16-row tile m; its element e is
 # X[16 m + g + 8 (e / 2), 16 w JT + 8 q + 2 t + e % 2].
-_SOURCE_MMA = r"""
+_SOURCE_MMA = (
+    r"""
   constexpr int NP = C / CP;
   constexpr int XSTR = DK + 4, FSTR = DK + 4, GSTR = DK + 8, ESTR = TR + 8, VSTR = TR + 8;
   constexpr int NW = NT / 32;             // warps
@@ -755,20 +764,9 @@ _SOURCE_MMA = r"""
         for (int e = 0; e < 4; ++e) xr[m][q][e] = 0.f;
   }
 
-  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
-  auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
-    const int c = chunk_of(s);
-    const int p = s % NP;
-    const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
-    cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
-        bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
-  };
-
-  // The per-chunk scalars are read one chunk ahead, and H before the chunk's products.
-  float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
-  int ld_next = loads[chunk_of(0)];
-  stage(0);
-  for (int s = 0; s < NS; ++s) {
+"""
+    + _TC_STEPS
+    + r"""  for (int s = 0; s < NS; ++s) {
     const int c = chunk_of(s);
     const int p = s % NP;
     const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
@@ -898,6 +896,7 @@ _SOURCE_MMA = r"""
   }
   store_x(xout + lane * RD);
 """
+)
 
 
 @dataclass(frozen=True)
