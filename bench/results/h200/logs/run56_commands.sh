@@ -11,14 +11,14 @@ if [ "$1" = a ]; then
   cd bench
   st fla
   timeout 330 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
-    --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_h200.json | grep -E "fla|chunkscan|rror"
+    --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_h200.json | grep --line-buffered -E "fla|chunkscan|rror"
   pack
   st op16k
   for i in 1 2; do
     timeout 60 python3 gdn_vs_fla.py --T 16384 --impls chunkscan --modes compiled eager \
-      --chunk-sizes 64 --repeats 5 --json $S/gdn_16k_new_$i.json | grep -E "chunkscan|rror" | sed 's/^/new /'
+      --chunk-sizes 64 --repeats 5 --json $S/gdn_16k_new_$i.json | grep --line-buffered -E "chunkscan|rror" | sed 's/^/new /'
     timeout 60 $BASE python3 gdn_vs_fla.py --T 16384 --impls chunkscan --modes compiled eager \
-      --chunk-sizes 64 --repeats 5 --json $S/gdn_16k_base_$i.json | grep -E "chunkscan|rror" | sed 's/^/base/'
+      --chunk-sizes 64 --repeats 5 --json $S/gdn_16k_base_$i.json | grep --line-buffered -E "chunkscan|rror" | sed 's/^/base/'
   done
   pack
 else
