@@ -453,9 +453,10 @@ def test_emulated_non_finite_input_is_causal(emulated, name, value):
 
 # TF32 products (CHUNKSCAN_GDN_TF32=1): every operand rounded to tf32 (unit roundoff
 # 2^-11 ~ 4.9e-4), float32 sums. Emulated at the shape below (C = 64, float32, portable
-# state passes) the errors were 2.3e-4 to 7.1e-4 against the oracle (o 5.1e-4, dg 7.1e-4;
-# 2.5e-4 to 4.0e-4 before prepare's products took TF32 too); the bound is ~2x that, far
-# below what a wrong tile, layout or sign gives (O(1)).
+# state passes) the errors were 2.4e-4 to 7.4e-4 against the oracle (o 5.1e-4, dq 7.4e-4,
+# dg 7.1e-4; 2.3e-4 to 7.1e-4 before input_grads' FMA products took TF32 too, 2.5e-4 to
+# 4.0e-4 before prepare's did); the bound is ~2x that, far below what a wrong tile,
+# layout or sign gives (O(1)).
 TF32_TOL = 1.5e-3
 
 

@@ -15,8 +15,8 @@ The arithmetic is float32, with products of one of two kinds (``_HEADER_TC``):
   ``CHUNKSCAN_GDN_TC``), where :func:`chunkscan._backend.tf32_products` does not hold;
 - TF32 products where it does (``CS_TF32``; by default on CUDA unless
   ``MLX_ENABLE_TF32=0``, as MLX's own float32 matmuls): every product of ``prepare``
-  (but its inverse's), ``output`` and ``state_grads`` and ``input_grads``' q / k
-  products on the tensor cores, each operand rounded to tf32, float32 sums
+  (but its inverse's), ``output``, ``state_grads`` and ``input_grads`` on the tensor
+  cores, each operand rounded to tf32, float32 sums
   (``csg::TcMM``: PTX ``mma.sync.m16n8k8``, each lane reading its fragments' elements
   itself, ``_pass_cuda.MMA_TF32``; the 3xTF32 products of the float32 form stay on
   ``wmma``).
@@ -466,7 +466,33 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
 #pragma unroll
       for (int b = 0; b < RBN; ++b) fn(row(a), col(b), v[a][b], a, b);
   }
+  // The interface that csg::Prod shares with the tensor-core TcMM (CS_TF32): zero(),
+  // each_out(fn) (= each), store_out(ptr, val) (= store) and at(a, b), the owned output
+  // that each_out names (a, b).
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < RBN; ++b) v[a][b] = 0.f;
+  }
+  template <class F> __device__ __forceinline__ void each_out(F fn) const { each(fn); }
+  template <class P, class V> __device__ __forceinline__ void store_out(P ptr, V val) const {
+    store(ptr, val);
+  }
+  __device__ __forceinline__ float at(int a, int b) const { return v[a][b]; }
 };
+#ifndef CS_TF32
+// A product of M x N outputs on NT threads, the same code for both kinds (input_grads):
+// Prod<..> x; x.zero(); prod<K, KA, KB>(x, A, lda, B, ldb) (TcMM's operand rules); then
+// x.each_out / store_out / at. Here the FMA Tile (RB / CB: its layouts); with CS_TF32 a
+// TcMM, one tf32 product per tile (_HEADER_TC).
+template <int M, int N, int NT, bool RB = false, bool CB = false>
+using Prod = Tile<M, N, NT, RB, CB>;
+template <int K, bool KA, bool KB, class MM>
+__device__ __forceinline__ void prod(MM& mm, const float* A, int lda, const float* B, int ldb) {
+  mm.template mm4<K>(op<KA>(A, lda), op<KB>(B, ldb));
+}
+#endif
 
 // Log-decays of one chunk from its gates gf[C] (each a sum of exactly the gates it
 // spans, added in order): gma[i] = exp(g_0 + .. + g_i), ten[i] = exp(g_{i+1} + .. +
@@ -642,6 +668,29 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
       store_acc(D + r0 * ldd + c0, d, ldd);
     });
   }
+#ifdef CS_TF32
+  // csg::Prod's interface (Tile's each / store / v under other names): each_out(fn) calls
+  // fn(row, column, value, a, b) for every output the lane holds, a = the tile (p), b =
+  // its element (TcAcc's layout); RA x RBN names them all (at(a, b)). After the last
+  // tc_run() and without each() (whose small parts it does not add: none with CS_TF32).
+  static constexpr int RA = PER, RBN = 8;
+  template <class F> __device__ __forceinline__ void each_out(F fn) const {
+    const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int tl = tile(p);
+      if (tl >= TILES) break;  // the same for the whole warp
+      const int r0 = (tl / TN) * 16 + g, c0 = (tl % TN) * 16 + 2 * t;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        fn(r0 + 8 * ((e / 2) % 2), c0 + 8 * (e / 4) + e % 2, big[p].x[e], p, e);
+    }
+  }
+  template <class P, class V> __device__ __forceinline__ void store_out(P ptr, V val) const {
+    each_out([&](int i, int j, float x, int a, int b) { *ptr(i, j) = val(i, j, x, a, b); });
+  }
+  __device__ __forceinline__ float at(int a, int b) const { return big[a].x[b]; }
+#endif
 };
 // mm += A B over K (TcMM's operand rules). The k steps are the outer loop and the warp's
 // tiles the inner one, so that a warp keeps PER independent accumulator chains in flight;
@@ -727,6 +776,15 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
   }
 #endif
 }
+#ifdef CS_TF32
+// Prod (see Tile): with CS_TF32 a TcMM, the product on the tensor cores (NT / 32 warps).
+template <int M, int N, int NT, bool RB = false, bool CB = false>
+using Prod = TcMM<M, N, NT / 32, true, true>;
+template <int K, bool KA, bool KB, class MM>
+__device__ __forceinline__ void prod(MM& mm, const float* A, int lda, const float* B, int ldb) {
+  tc_run<K, KA, KB>(mm, A, lda, B, ldb);
+}
+#endif
 }  // namespace csg
 """
 )
@@ -1314,33 +1372,41 @@ _INPUT_GRADS = r"""
     M2s[i * LDC4 + t] = (M1s[i * LDC4 + t] * gma[t] + M2s[i * LDC4 + t]) * bt[t];
   }
   __syncthreads();
+  // The products from here on: csg::Prod, FMA loops or (CS_TF32) the tensor cores.
   {
-    csg::Tile<C, C, NT> t1;  // d_a a^T
-    t1.mm4<C>(csg::op<true>(M2s, LDC4), csg::op<true>(As, LDC4));
-    t1.each([&](int i, int m, float x, int, int) { M1s[i * LDC4 + m] = x; });
+    csg::Prod<C, C, NT> t1;  // d_a a^T
+    t1.zero();
+    csg::prod<C, true, true>(t1, M2s, LDC4, As, LDC4);
+    t1.each_out([&](int i, int m, float x, int, int) { M1s[i * LDC4 + m] = x; });
   }
   __syncthreads();
   {
-    csg::Tile<C, C, NT, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
-    dl.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(M1s, LDC4));
-    __syncthreads();
-    dl.each([&](int i, int m, float x, int, int) { M2s[i * LDC4 + m] = m < i ? -x : 0.f; });
+    csg::Prod<C, C, NT, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
+    dl.zero();
+    csg::prod<C, false, false>(dl, As, LDC4, M1s, LDC4);
+    dl.each_out([&](int i, int m, float x, int, int) { M2s[i * LDC4 + m] = m < i ? -x : 0.f; });
   }
   __syncthreads();
   CS_MARK();  // 2: kdkb, d_a, t1, d_l
   {
-    // Row dots d_qg . q and d_kt . k: NS threads per row, each a fixed slice of
-    // columns, then summed in order (deterministic).
+    // Row dots d_qg . q and d_kt . k and the row sums of d_l gam kk (strict): NS threads
+    // per row, each a fixed slice of columns, then summed in order (deterministic). Eight
+    // steps' loads of partial sums in flight at once (all of them took a head of 96 past
+    // 128 registers). M1s (d_a a^T, read no more) holds the third sums' parts.
     constexpr int NS = NT / C;
+    static_assert(DK % NS == 0 && C % NS == 0, "input_grads: whole slices per row");
     const int i = tid / NS, sl = tid % NS;
-    float s1 = 0.f, s2 = 0.f;
-#pragma unroll 4  // the partial sums' loads of four steps in flight
-    for (int d = sl; d < DK; d += NS) {
+    float s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll 8
+    for (int j = 0; j < DK / NS; ++j) {
+      const int d = sl + j * NS;
       s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK4 + d], s1);
       s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK4 + d], s2);
     }
+    for (int t = sl; t < i; t += NS) s3 += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
     red[tid] = s1;
     red[NT + tid] = s2;
+    M1s[i * LDC4 + sl] = s3;
   }
   __syncthreads();
   CS_MARK();  // 3: row dots
@@ -1348,10 +1414,10 @@ _INPUT_GRADS = r"""
     constexpr int NS = NT / C;
     const int i = tid;
     float dls = 0.f, dqgq = 0.f, dto = 0.f;
-    for (int t = 0; t < i; ++t) dls += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
     for (int sl = 0; sl < NS; ++sl) {
       dqgq += red[i * NS + sl];
       dto += red[NT + i * NS + sl];
+      dls += M1s[i * LDC4 + sl];
     }
     vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
     vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
@@ -1368,23 +1434,50 @@ _INPUT_GRADS = r"""
     M2s[x] = dl * bt[i] * gm;
   }
   __syncthreads();
+  // d_kk, strictly lower, made symmetric: d_kk + d_kk^T, the operand of dk's product (each
+  // entry one of the two, the other a zero, so the sum is exact).
+  for (int e = tid; e < C * C; e += NT) {
+    const int i = e / C, t = e % C;
+    if (t > i) M2s[i * LDC4 + t] = M2s[t * LDC4 + i];
+  }
+  __syncthreads();
   CS_MARK();  // 4: per-row sums, d_gam
-  if (tid < C) {  // row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]
-    const int i = tid;
+  {
+    // Row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]. NS threads per
+    // row, each a segment of C / NS columns: its own running sum, then the totals of the
+    // segments before it added.
+    constexpr int NS = NT / C, SEG = C / NS;
+    const int i = tid / NS, sl = tid % NS;
+    float* row = M1s + i * LDC4 + sl * SEG;
     float r = 0.f;
-    for (int t = 0; t < C; ++t) {
-      const float x = M1s[i * LDC4 + t];
-      M1s[i * LDC4 + t] = r;
+#pragma unroll
+    for (int t = 0; t < SEG; ++t) {
+      const float x = row[t];
+      row[t] = r;
       r += x;
     }
+    red[tid] = r;
+    __syncthreads();
+    float before = 0.f;
+    for (int z = 0; z < sl; ++z) before += red[i * NS + z];
+#pragma unroll
+    for (int t = 0; t < SEG; ++t) row[t] += before;
+    // d_g[m]: every span that covers gate m (t < m <= i). NS threads per gate, each the
+    // rows i = m + sl, m + sl + NS, .. and the gates t = sl, sl + NS, .. < m; the parts
+    // then summed in order.
+    __syncthreads();
+    const int m = i;
+    float s = 0.f;
+    for (int r2 = m + sl; r2 < C; r2 += NS) s += M1s[r2 * LDC4 + m] + vg[r2];
+    for (int t = sl; t < m; t += NS) s += vt[t];
+    red[NT + tid] = s;
   }
   __syncthreads();
   if (tid < C) {
-    const int m = tid;  // d_g[m]: every span that covers gate m (t < m <= i)
+    constexpr int NS = NT / C;
+    const int m = tid;
     float s = 0.f;
-    for (int i = m; i < C; ++i) s += M1s[i * LDC4 + m];
-    for (int i = m; i < C; ++i) s += vg[i];
-    for (int t = 0; t < m; ++t) s += vt[t];
+    for (int sl = 0; sl < NS; ++sl) s += red[NT + m * NS + sl];
     float dd = 0.f;
 #pragma unroll
     for (int z = 0; z < NV; ++z) dd += DDECp[z * LN + cl];
@@ -1396,13 +1489,14 @@ _INPUT_GRADS = r"""
   CS_MARK();  // 5: prefix sums, d_g, d_beta
   const int gi = h % G;
   {
-    csg::Tile<C, DK, NT, false, true> dq;
+    csg::Prod<C, DK, NT, false, true> dq;
+    dq.zero();
     // The epilogue's partial sums read before the products, so that their latency hides
     // behind them.
     float pre[dq.RA][dq.RBN];
-    dq.each([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DQGp, DK, i, d); });
-    dq.mm4<C>(csg::op<true>(DPs, LDC4), csg::op<false>(Ks, LDK4));
-    dq.store([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
+    dq.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DQGp, DK, i, d); });
+    csg::prod<C, true, false>(dq, DPs, LDC4, Ks, LDK4);
+    dq.store_out([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite q
                const bool ok = isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
                return ok ? x + scale * gma[i] * pre[a][bb] : 0.f;
@@ -1410,17 +1504,18 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 6: dq
   {
-    csg::Tile<C, DK, NT, true, true> t1, t2;
+    csg::Prod<C, DK, NT, true, true> t1, t2;
+    t1.zero();
+    t2.zero();
     float pre[t1.RA][t1.RBN];  // as for dq: the partial sums of d_kt
-    t1.each([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DKTp, DK, i, d); });
-    t1.mm4<C>(csg::op<false>(DPs, LDC4), csg::op<false>(Qs, LDK4));
-    t1.mm4<C>([&](int i, int t) { return M2s[i * LDC4 + t] + M2s[t * LDC4 + i]; },
-              csg::op<false>(Ks, LDK4));
-    t2.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(Ws, LDK4));
-    t1.store([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
+    t1.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DKTp, DK, i, d); });
+    csg::prod<C, false, false>(t1, DPs, LDC4, Qs, LDK4);
+    csg::prod<C, true, false>(t1, M2s, LDC4, Ks, LDK4);  // d_kk + d_kk^T, symmetric
+    csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
+    t1.store_out([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
                const bool ok = isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
-               return ok ? x + t2.v[a][bb] * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
+               return ok ? x + t2.at(a, bb) * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
              });
   }
   CS_MARK();  // 7: dk
@@ -1431,9 +1526,10 @@ _INPUT_GRADS = r"""
                             [&](int i, int c, float x) { DVs[i * LDV4 + c] = x; });
   __syncthreads();
   {
-    csg::Tile<C, DV, NT, true, true> tv;
-    tv.mm4<C>(csg::op<false>(As, LDC4), csg::op<false>(DVs, LDV4));
-    tv.each([&](int i, int c, float x, int, int) {
+    csg::Prod<C, DV, NT, true, true> tv;
+    tv.zero();
+    csg::prod<C, false, false>(tv, As, LDC4, DVs, LDV4);
+    tv.each_out([&](int i, int c, float x, int, int) {
       const size_t r = ((tok + i) * HV + h) * DV + c;
       dv[r] = static_cast<TVO>(isfinite(csg::f(v[r])) ? x * bt[i] : 0.f);
     });
