@@ -612,6 +612,8 @@ __device__ __forceinline__ void store_acc(float* p, const TcAcc& f, size_t ld) {
 #endif
 using TcA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major>;
 using TcB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major>;
+template <class P> struct is_float_ptr { static constexpr bool value = false; };
+template <> struct is_float_ptr<float*> { static constexpr bool value = true; };
 template <bool B, class T, class F> struct pick { using type = T; };
 template <class T, class F> struct pick<false, T, F> { using type = F; };
 // D += A B ([M, K] times [K, N]) on the tensor cores, the accumulators in the warps'
@@ -686,8 +688,20 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
         fn(r0 + 8 * ((e / 2) % 2), c0 + 8 * (e / 4) + e % 2, big[p].x[e], p, e);
     }
   }
+  // *ptr(i, j) = val(i, j, x, a, b) for every output the lane holds; the lane's two
+  // neighbouring columns (j even) in one 8-byte store where ptr gives a float*
+  // (8-byte aligned at even j: Tile::store writes 16 bytes at a time there).
   template <class P, class V> __device__ __forceinline__ void store_out(P ptr, V val) const {
-    each_out([&](int i, int j, float x, int a, int b) { *ptr(i, j) = val(i, j, x, a, b); });
+    each_out([&](int i, int j, float x, int a, int b) {
+      if constexpr (is_float_ptr<decltype(ptr(i, j))>::value) {
+        if (b % 2 == 0) {
+          const float y = val(i, j + 1, big[a].x[b + 1], a, b + 1);
+          *reinterpret_cast<float2*>(ptr(i, j)) = make_float2(val(i, j, x, a, b), y);
+        }
+      } else {
+        *ptr(i, j) = val(i, j, x, a, b);
+      }
+    });
   }
   __device__ __forceinline__ float at(int a, int b) const { return big[a].x[b]; }
 #endif
