@@ -180,6 +180,11 @@ def kernels():
                 out.append((label + " profile", f"chunkscan_gdn_{which}",
                             "#define CS_PROFILE 1\n" + cc._HEADER, cc._COMMON + source,
                             ins, outs_t, base + extra))  # fmt: skip
+                if which in cc._TF32_KERNELS:  # and with TF32, as on a CUDA device
+                    out.append((label + " tf32 profile", f"chunkscan_gdn_{which}_tf32_tc",
+                                "#define CS_PROFILE 1\n#define CS_TF32 1\n" + cc._HEADER
+                                + cc._HEADER_TC, cc._COMMON + source, ins, outs_t,
+                                base + extra))  # fmt: skip
     return out
 
 

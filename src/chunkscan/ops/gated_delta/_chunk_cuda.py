@@ -180,6 +180,24 @@ __device__ __forceinline__ void st4(float* p, float4 x) {
 __device__ __forceinline__ void put4(float (&d)[4], float4 x) {
   d[0] = x.x; d[1] = x.y; d[2] = x.z; d[3] = x.w;
 }
+// p[0], p[1] = x, y in one 8-byte store (p 8-byte aligned). In PTX: NVRTC split the same
+// store written as a float2 into two 4-byte ones (csg::TcMM::store_out's, to global memory).
+__device__ __forceinline__ void st2(float* p, float x, float y) {
+#ifdef CS_EMULATE
+  if (reinterpret_cast<uintptr_t>(p) % 8) {
+    std::fprintf(stderr, "csg::st2: misaligned store\n");
+    std::abort();
+  }
+  p[0] = x;
+  p[1] = y;
+#else
+  asm volatile("st.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+#endif
+}
+// *p = x in p's type; whether p is a float* (then 8- and 16-byte stores are possible).
+template <class T> __device__ __forceinline__ void put(T* p, float x) { *p = static_cast<T>(x); }
+template <class P> struct is_float_ptr { static constexpr bool value = false; };
+template <> struct is_float_ptr<float*> { static constexpr bool value = true; };
 
 // Global loads, many in flight per thread. A loop that converts and stores each value
 // as it arrives waits one memory latency per step: 20-38k cycles of a block for a
@@ -438,24 +456,28 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
   __device__ __forceinline__ void load_b(Op<false> B, float (&bv)[RBN][4], int k) const {
     gather_k<RBN, CB4>(B, k, [&](int b) { return col(b); }, bv);
   }
-  // *ptr(row, col) = val(row, col, value, a, b) for every owned output; with CB4, 16
-  // bytes at a time along each run of 4 columns (ptr 16-byte aligned at a run's start),
-  // so that a warp writes whole 32-byte sectors, as it does without CB.
+  // *ptr(row, col) = val(row, col, value, a, b) (converted to ptr's type) for every owned
+  // output; with CB4 and a float* ptr, 16 bytes at a time along each run of 4 columns
+  // (ptr 16-byte aligned at a run's start), so that a warp writes whole 32-byte sectors,
+  // as it does without CB. Every val first, then the stores: a load in val (of an input
+  // the compiler cannot tell from the output) would otherwise wait for the store before
+  // it, one memory latency per output.
   template <class P, class V> __device__ __forceinline__ void store(P ptr, V val) const {
+    float out[RA][RBN];
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < RBN; ++b) out[a][b] = val(row(a), col(b), v[a][b], a, b);
 #pragma unroll
     for (int a = 0; a < RA; ++a) {
       const int i = row(a);
-      if constexpr (CB4) {
+      if constexpr (CB4 && is_float_ptr<decltype(ptr(0, 0))>::value) {
 #pragma unroll
-        for (int b = 0; b < RBN; b += 4) {
-          const int j = col(b);
-          st4(ptr(i, j), make_float4(val(i, j, v[a][b], a, b), val(i, j + 1, v[a][b + 1], a, b + 1),
-                                     val(i, j + 2, v[a][b + 2], a, b + 2),
-                                     val(i, j + 3, v[a][b + 3], a, b + 3)));
-        }
+        for (int b = 0; b < RBN; b += 4)
+          st4(ptr(i, col(b)), make_float4(out[a][b], out[a][b + 1], out[a][b + 2], out[a][b + 3]));
       } else {
 #pragma unroll
-        for (int b = 0; b < RBN; ++b) *ptr(i, col(b)) = val(i, col(b), v[a][b], a, b);
+        for (int b = 0; b < RBN; ++b) put(ptr(i, col(b)), out[a][b]);
       }
     }
   }
@@ -612,8 +634,6 @@ __device__ __forceinline__ void store_acc(float* p, const TcAcc& f, size_t ld) {
 #endif
 using TcA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major>;
 using TcB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major>;
-template <class P> struct is_float_ptr { static constexpr bool value = false; };
-template <> struct is_float_ptr<float*> { static constexpr bool value = true; };
 template <bool B, class T, class F> struct pick { using type = T; };
 template <class T, class F> struct pick<false, T, F> { using type = F; };
 // D += A B ([M, K] times [K, N]) on the tensor cores, the accumulators in the warps'
@@ -688,20 +708,33 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
         fn(r0 + 8 * ((e / 2) % 2), c0 + 8 * (e / 4) + e % 2, big[p].x[e], p, e);
     }
   }
-  // *ptr(i, j) = val(i, j, x, a, b) for every output the lane holds; the lane's two
-  // neighbouring columns (j even) in one 8-byte store where ptr gives a float*
+  // *ptr(i, j) = val(i, j, x, a, b) (converted to ptr's type) for every output the lane
+  // holds, a tile at a time: its 8 vals first, then their stores (as Tile::store; all
+  // tiles' vals at once took input_grads at heads of 96 past 128 registers); the lane's
+  // two neighbouring columns (j even) in one 8-byte store where ptr gives a float*
   // (8-byte aligned at even j: Tile::store writes 16 bytes at a time there).
   template <class P, class V> __device__ __forceinline__ void store_out(P ptr, V val) const {
-    each_out([&](int i, int j, float x, int a, int b) {
-      if constexpr (is_float_ptr<decltype(ptr(i, j))>::value) {
-        if (b % 2 == 0) {
-          const float y = val(i, j + 1, big[a].x[b + 1], a, b + 1);
-          *reinterpret_cast<float2*>(ptr(i, j)) = make_float2(val(i, j, x, a, b), y);
+    const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int tl = tile(p);
+      if (tl >= TILES) break;  // the same for the whole warp
+      const int r0 = (tl / TN) * 16 + g, c0 = (tl % TN) * 16 + 2 * t;
+      float out[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        out[e] = val(r0 + 8 * ((e / 2) % 2), c0 + 8 * (e / 4) + e % 2, big[p].x[e], p, e);
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int i = r0 + 8 * ((e / 2) % 2), j = c0 + 8 * (e / 4);
+        if constexpr (is_float_ptr<decltype(ptr(i, j))>::value) {
+          st2(ptr(i, j), out[e], out[e + 1]);
+        } else {
+          put(ptr(i, j), out[e]);
+          put(ptr(i, j + 1), out[e + 1]);
         }
-      } else {
-        *ptr(i, j) = val(i, j, x, a, b);
       }
-    });
+    }
   }
   __device__ __forceinline__ float at(int a, int b) const { return big[a].x[b]; }
 #endif
@@ -1543,10 +1576,11 @@ _INPUT_GRADS = r"""
     csg::Prod<C, DV, NT, true, true> tv;
     tv.zero();
     csg::prod<C, false, false>(tv, As, LDC4, DVs, LDV4);
-    tv.each_out([&](int i, int c, float x, int, int) {
-      const size_t r = ((tok + i) * HV + h) * DV + c;
-      dv[r] = static_cast<TVO>(isfinite(csg::f(v[r])) ? x * bt[i] : 0.f);
-    });
+    tv.store_out([&](int i, int c) { return dv + ((tok + i) * HV + h) * DV + c; },
+                 [&](int i, int c, float x, int, int) {  // none for a non-finite v
+                   const bool ok = isfinite(csg::f(v[((tok + i) * HV + h) * DV + c]));
+                   return ok ? x * bt[i] : 0.f;
+                 });
   }
   CS_PROF_END("input_grads");  // 8: dv
 """
