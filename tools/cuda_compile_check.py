@@ -158,7 +158,7 @@ def kernels():
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [("WRITE_A", dt != "float32")],
                      "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
-                     "state_grads": [("TV", tv)],
+                     "state_grads": [("TV", tv), ("KS", cc.KS)],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)

@@ -96,7 +96,8 @@ _NT_512 = {("input_grads", 32), ("input_grads", 64)}
 # T = 16384, run 38), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
 TV = 64
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
-# Columns of Dk per piece of w, kt, S and dS in state_grads (its KS; rows of KS + 4).
+# Columns of Dk per piece of w, kt, S and dS in state_grads (its template constant KS;
+# rows of KS + 4 floats in shared memory, smem_bytes).
 KS = 32
 
 _HEADER = (
@@ -1146,7 +1147,8 @@ _OUTPUT = r"""
 
 # state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
 _STATE_GRADS = r"""
-  constexpr int LDT = TV + 4, KS = 32, LDS = KS + 4;
+  constexpr int LDT = TV + 4, LDS = KS + 4;  // KS: the template constant (Python's KS)
+  static_assert(DK % KS == 0, "state_grads: Dk in whole pieces of KS columns");
   CS_DYN_SMEM(sm);
   // S and dS pass through shared memory KS columns of Dk at a time, twice (the products
   // that sum over Dk, then those that give Dk's columns): about 104 KiB at C = 64, TV = 64
@@ -1835,7 +1837,7 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
     tv = slice_columns(Dv, C, Dk)
     nv = Dv // tv
     # No use of the scale here: 0 whatever it is, so one kernel serves every scale.
-    tmpl = _base(C, Dk, Dv, Hv, Hv, 0.0) + [("TV", tv)]
+    tmpl = _base(C, Dk, Dv, Hv, Hv, 0.0) + [("TV", tv), ("KS", KS)]
     outs = [((L, n, C, Dv), F32)] + [((nv, L, n, C, Dk), F32)] * 3
     outs += [((nv, L, n, C, C), F32)] * 2 + [((nv, L, n), F32)]
     dvn, dw, dqg, dkt, dp, m2, ddec = _launch(
