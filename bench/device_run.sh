@@ -41,7 +41,8 @@ cuda_tests() {  # (the emulated tests, run on every machine with g++, are left t
     | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error|\{'o'" | tail -12
 }
 lora_8192() {
-  local cfg='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
+  local cfg
+  cfg=$(cat bench/lora_4layer.json)  # the 4-layer model (as bench/h200_suite.sh)
   timeout 280 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$cfg" --timeout 250 \
     --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
 }

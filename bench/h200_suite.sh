@@ -193,7 +193,9 @@ if want pass; then
   stage state_pass
   timeout 100 python3 bench/state_pass.py --out "$OUT/state_pass_h200.json" 2>&1 | tail -20
 fi
-CFG='{"hidden_size": 2048, "intermediate_size": 5632, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 1024}'
+# The 4-layer Qwen3-Next-shaped model's overrides of the demo config (one file for this
+# script and bench/device_run.sh's lora_8192).
+CFG=$(cat "$(dirname "$0")/lora_4layer.json")
 # bfloat16 weights: chunkscan.attention's CUDA kernels take bf16 (float32 runs the blocked
 # ops). MLX caches compiled kernels (PTX) on disk: on a fresh machine the first
 # configuration compiles every kernel of the model (minutes); the rows record how many
