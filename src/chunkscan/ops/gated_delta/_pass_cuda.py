@@ -407,6 +407,16 @@ _TC_STEPS = r"""  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP :
   // so that no global load's latency sits between two chunks' products.
   float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
   int ld_next = loads[chunk_of(0)];
+  // At a chunk's first step s: its decay d and load index ld (read a chunk ago), and the
+  // next chunk's read now.
+  auto chunk_scalars = [&](int s, float& d, int& ld) {
+    ld = ld_next;
+    d = d_next;
+    if (s + NP < NS) {
+      d_next = decay[static_cast<size_t>(lane) * n + chunk_of(s + NP)];
+      ld_next = loads[chunk_of(s + NP)];
+    }
+  };
   stage(0);
 """
 
@@ -482,12 +492,9 @@ _SOURCE_TC = (
     const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
     if (p == 0) {
       // Chunk start: load, write entering[c] and X to shared memory, start acc.
-      const int ld = ld_next;
-      const float d = d_next;
-      if (s + NP < NS) {
-        d_next = decay[static_cast<size_t>(lane) * n + chunk_of(s + NP)];
-        ld_next = loads[chunk_of(s + NP)];
-      }
+      float d;
+      int ld;
+      chunk_scalars(s, d, ld);
       if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
       store_x(entering + tile + static_cast<size_t>(r0) * DK, DK);
 #pragma unroll
@@ -773,12 +780,9 @@ _SOURCE_MMA = (
     if (p == 0) {
       // Chunk start: load, write entering[c] and X (rounded to tf32) to shared memory,
       // start acc.
-      const int ld = ld_next;
-      const float d = d_next;
-      if (s + NP < NS) {
-        d_next = decay[static_cast<size_t>(lane) * n + chunk_of(s + NP)];
-        ld_next = loads[chunk_of(s + NP)];
-      }
+      float d;
+      int ld;
+      chunk_scalars(s, d, ld);
       if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
       store_x(entering + tile);
 #pragma unroll
