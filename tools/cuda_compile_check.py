@@ -147,7 +147,8 @@ def kernels():
                                        (64, 128, 64, 4, "float16", None, None),
                                        (64, 128, 128, 1, "bfloat16", 256, 32),
                                        (64, 128, 128, 1, "bfloat16", 512, 64),
-                                       (32, 128, 128, 1, "bfloat16", 512, 32)):  # fmt: skip
+                                       (32, 128, 128, 1, "bfloat16", 512, 32),
+                                       (64, 128, 128, 2, "bfloat16", None, 128)):  # fmt: skip
         for which, (names, outs, source) in cc._KERNELS.items():
             nt = nt_ or cc.threads(which, C)
             tv = tv_ or cc.slice_columns(Dv)
@@ -185,6 +186,19 @@ def kernels():
                                 "#define CS_PROFILE 1\n#define CS_TF32 1\n" + cc._HEADER
                                 + cc._HEADER_TC, cc._COMMON + source, ins, outs_t,
                                 base + extra))  # fmt: skip
+    from chunkscan.ops.gated_delta import _rows_cuda as rc
+
+    for Hk, G, D, DG, dt in ((16, 2, 128, 1, "bfloat16"), (3, 3, 40, 40, "float32")):
+        ins = [(x, dt, 4 if x in "qkv" else 3) for x in ("q", "k", "v", "g", "beta")]
+        t = [("HK", Hk), ("G", G), ("DK", D), ("DV", D), ("DG", DG)]
+        out.append((f"gated_delta non_finite_rows Hk={Hk} G={G} D={D} DG={DG} {dt}",
+                    "chunkscan_gdn_non_finite_rows", rc._HEADER, rc._ROWS, ins,
+                    [("state_bad", "int32"), ("q_bad", "bool")], t))  # fmt: skip
+        out.append((f"gated_delta sum_value_heads G={G} D={D} {dt}",
+                    "chunkscan_gdn_sum_value_heads", "", rc._SUMS,
+                    [("dq", "float32", 6), ("dk", "float32", 6)],
+                    [("dq_sum", dt), ("dk_sum", dt)],
+                    [("G", G), ("D", D), ("TQ", dt), ("TK", dt)]))  # fmt: skip
     return out
 
 

@@ -255,10 +255,25 @@ def test_tuning_knobs_reject_other_values(monkeypatch):
     with pytest.raises(ValueError, match="CHUNKSCAN_GDN_NT must be 256 or 512"):
         _chunk_cuda.threads("prepare", 64)
     monkeypatch.setenv("CHUNKSCAN_GDN_TV", "16")
-    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_TV must be 32 or 64"):
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_TV must be 32, 64 or 128"):
         _chunk_cuda.slice_columns(128)
     monkeypatch.setenv("CHUNKSCAN_GDN_TV", "64")
     assert _chunk_cuda.slice_columns(96) == 32  # 64 does not divide Dv
+
+
+@needs_cxx
+@pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
+def test_emulated_one_slice_of_128_columns(emulated, monkeypatch, tf32):
+    """``output`` and ``state_grads`` with all 128 columns of Dv in one block
+    (CHUNKSCAN_GDN_TV=128, a tuning value: ``input_grads`` then reads one partial sum,
+    not two) against the oracle, float32 and tf32 products."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "128")
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", tf32)
+    assert _chunk_cuda.slice_columns(128) == 128 and _chunk_cuda.slice_columns(64) == 32
+    inputs = make_inputs(1, 70, 1, 2, 32, 128)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+    assert_close(got, outputs_and_grads(naive, inputs), tol=TF32_TOL if tf32 == "1" else 1e-4)
 
 
 @needs_cxx
@@ -266,7 +281,8 @@ def test_emulated_with_every_kernel(monkeypatch):
     """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device; the
     forward state pass on tensor cores and the reverse one on FMAs, ``input_grads``
-    with its q / k products on tensor cores: the defaults)."""
+    with its q / k products on tensor cores: the defaults), and the two small kernels
+    of ``_rows_cuda`` (the non-finite rows, dq and dk summed over the value heads)."""
     from chunkscan.ops.gated_delta import _passes
 
     run = cuda_emulator().run
@@ -283,7 +299,8 @@ def test_emulated_with_every_kernel(monkeypatch):
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, cu_seqlens=cu)
     passes = {"chunkscan_state_pass_tc", "chunkscan_state_pass"}
     tc = _chunk_cuda._TC_KERNELS  # their q / k products on tensor cores, the default
-    assert set(names) == passes | {
+    small = {"chunkscan_gdn_non_finite_rows", "chunkscan_gdn_sum_value_heads"}
+    assert set(names) == passes | small | {
         f"chunkscan_gdn_{w}" + ("_tc" if w in tc else "") for w in _chunk_cuda._KERNELS
     }
     assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))

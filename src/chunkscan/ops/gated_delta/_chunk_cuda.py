@@ -80,6 +80,7 @@ from ..._backend import (
     env_switch,
     tf32_products,
 )
+from . import _rows_cuda
 from ._pass_cuda import CP_ASYNC, MMA_TF32, TF32_FRAGMENTS
 
 F32 = mx.float32
@@ -1620,13 +1621,13 @@ def threads(which: str, C: int, Dk: int | None = None, Dv: int | None = None) ->
 
 def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     """Columns of ``Dv`` per block of ``output`` and ``state_grads``: :data:`TV`, or
-    ``CHUNKSCAN_GDN_TV`` where set (32 or 64); 32 where that does not divide ``Dv`` or,
-    for the default and given ``C`` and ``Dk``, where 64 would not fit the device's
-    shared memory."""
-    env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32 or 64")
+    ``CHUNKSCAN_GDN_TV`` where set (32, 64 or, for tuning, 128: one slice, no partial
+    sums); 32 where that does not divide ``Dv`` or, for the default and given ``C`` and
+    ``Dk``, where 64 would not fit the device's shared memory."""
+    env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128")
     tv = TV if env is None else env
-    if tv not in (32, 64):
-        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32 or 64, not {tv}")
+    if tv not in (32, 64, 128):
+        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32, 64 or 128, not {tv}")
     if Dv % tv:
         return 32
     if env is None and tv == 64 and C is not None and Dk is not None:
@@ -1864,7 +1865,13 @@ def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.arra
         tmpl, B * Hv, n, 1, outs, C, Dk, Dv,
     )  # fmt: skip
     # The kernel writes no gradient for a non-finite q or k (each of the G partial sums
-    # is zero there): summing over the G value heads and the cast are all that is left.
-    dq = (dq.sum(axis=4) if G > 1 else dq.squeeze(4)).astype(q.dtype)
-    dk = (dk.sum(axis=4) if G > 1 else dk.squeeze(4)).astype(k.dtype)
+    # is zero there): summing over the G value heads and the cast are all that is left,
+    # one launch for both (or none: one value head per key head, float32 inputs).
+    if G == 1 and q.dtype == k.dtype == F32:
+        return [dq.squeeze(4), dk.squeeze(4), dv, dg, dbeta]
+    if _rows_cuda.sums_supported(B * n * C * Hk, Dk):
+        dq, dk = _rows_cuda.sum_value_heads(dq, dk, q.dtype, k.dtype)
+    else:
+        dq = (dq.sum(axis=4) if G > 1 else dq.squeeze(4)).astype(q.dtype)
+        dk = (dk.sum(axis=4) if G > 1 else dk.squeeze(4)).astype(k.dtype)
     return [dq, dk, dv, dg, dbeta]

@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from ... import _ordering, _tree
 from ..._backend import env_int
-from . import _chunk_cuda, _passes
+from . import _chunk_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
 
@@ -173,7 +173,7 @@ def gated_delta_rule(
         h0 = mx.zeros((spec.n_states, spec.Hv, spec.Dv, spec.Dk), dtype=F32)
     else:
         h0 = initial_state.astype(F32)
-    o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta)
+    o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta, kernel=cuda)
     raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
     core = _make_core(spec, chunks, out_dtype, cuda, _fused(spec, chunks.C, cuda), save)
     outs = _tree.as_list(core(*raw, h0))
@@ -696,7 +696,9 @@ def _strict(C: int) -> mx.array:
     return _triangle(C, -1)
 
 
-def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]:
+def _non_finite_reach(
+    spec: Spec, q, k, v, g, beta, kernel: bool = False
+) -> tuple[mx.array, mx.array]:
     """Where the per-step recurrence has NaN from non-finite input: ``(o_bad [B, T, Hv],
     seq_bad [n_seq, Hv])``, both bool.
 
@@ -706,6 +708,8 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
     non-finite ``k``, ``v``, ``beta`` or ``g`` (NaN or ``+inf``) of its sequence on,
     ``o[t]`` where ``q[t]`` is non-finite, and the final state of such a sequence.
     The masks are constants: the gradients of the other tokens are untouched.
+    ``kernel``: the rows flagged by one CUDA launch (:func:`._rows_cuda.non_finite_rows`,
+    where it applies) instead of about fifteen MLX ops; the same masks.
     """
     B, T, Hk, G, Hv = spec.B, spec.T, spec.Hk, spec.G, spec.Hv
     # Without stop_gradient, autodiff would build the (zero) vjp of every comparison:
@@ -718,17 +722,21 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
     # Boolean algebra through mx.logical_*, not | and ~: under mx.vmap with one operand
     # unmapped, MLX 0.32.4's bitwise_or / bitwise_and read garbage (all-False inputs
     # gave True), which turned whole outputs NaN; the logical ops are right.
-    g_bad = mx.logical_not(_gate_ok(g))
-    if spec.channel:
-        g_bad = mx.any(g_bad, axis=-1)
-    state_bad = functools.reduce(mx.logical_or, (
-        per_value_head(_bad_rows(k)), _bad_rows(v), _non_finite_mask(beta), g_bad,
-    ))  # fmt: skip
-    # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here, of
-    # stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200 (ncu,
-    # runs 23 and 25; a transposed view alone still takes that path), where the copy and
-    # a row scan take 12 us (run 26).
-    bad_rows = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
+    if kernel and _rows_cuda.rows_supported(Hk, G):
+        bad_rows, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, beta)
+    else:
+        g_bad = mx.logical_not(_gate_ok(g))
+        if spec.channel:
+            g_bad = mx.any(g_bad, axis=-1)
+        state_bad = functools.reduce(mx.logical_or, (
+            per_value_head(_bad_rows(k)), _bad_rows(v), _non_finite_mask(beta), g_bad,
+        ))  # fmt: skip
+        # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here,
+        # of stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200
+        # (ncu, runs 23 and 25; a transposed view alone still takes that path), where
+        # the copy and a row scan take 12 us (run 26).
+        bad_rows = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
+        q_bad = per_value_head(_bad_rows(q))
     count = mx.cumsum(bad_rows, axis=-1).swapaxes(1, 2)
     if spec.seqs is not None:
         # Count within each sequence: subtract the count before its first token.
@@ -739,7 +747,6 @@ def _non_finite_reach(spec: Spec, q, k, v, g, beta) -> tuple[mx.array, mx.array]
         seq_bad = mx.take(count, last, axis=1)[0] > 0
     else:
         seq_bad = count[:, -1] > 0
-    q_bad = per_value_head(_bad_rows(q))
     o_bad = mx.logical_or(count > 0, q_bad)
     return o_bad, seq_bad
 

@@ -1,0 +1,149 @@
+"""Two small CUDA kernels around the fused ones, each one launch where MLX ops took many.
+
+- :func:`non_finite_rows`: which tokens have a non-finite ``q``, or a non-finite ``k``,
+  ``v``, ``beta`` or gate (the rows :func:`.chunk._non_finite_reach` counts). As MLX
+  ops that is a subtract, a row sum and a compare per input, plus the comparisons,
+  ``logical_or`` s and the transposing copy that join them: about fifteen launches,
+  0.59 ms of kernel time per fwd+bwd at T = 16384 on the H200 (run 58's Nsight
+  profile: the bf16 row sums alone 0.32 ms). Here one launch reads each input once.
+- :func:`sum_value_heads`: ``dq`` and ``dk`` summed over the ``G`` value heads that
+  share a key head, cast to the inputs' dtypes. As MLX ops: a column sum and a cast
+  each, four launches per group of chunks (0.44 ms per fwd+bwd at T = 16384, run 58);
+  here one.
+
+Both are chosen with the other CUDA kernels (``kernels`` / ``CHUNKSCAN_CUDA_KERNELS``)
+and give what the MLX ops give, bit for bit (flags; sums of ``G`` float32 values in
+order, then a round-to-nearest cast). Tested against those ops through the CPU
+emulator (``tests/ops/test_gated_delta_rows.py``) and on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..._backend import cuda_kernel
+
+_HEADER = r"""
+namespace csr {
+template <typename T> __device__ __forceinline__ bool bad(T x) {
+  return !isfinite(static_cast<float>(x));
+}
+// A gate is read as given when finite or -inf (a reset): NaN and +inf are bad.
+template <typename T> __device__ __forceinline__ bool bad_gate(T x) {
+  const float y = static_cast<float>(x);
+  return !(isfinite(y) || y < 0.f);
+}
+}  // namespace csr
+"""
+
+# One block per token (b, t); one warp per key head: its q and k rows and its G value
+# heads' v rows, gates and betas. Bits of a warp's flags: 1 q, 2 k, 4 << i value head i.
+_ROWS = r"""
+  const int t = blockIdx.x, b = blockIdx.y, T = gridDim.x;
+  const int hk = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t bt = size_t(b) * T + t;
+  bool qb = false, kb = false;
+  for (int d = lane; d < DK; d += 32) {
+    qb |= csr::bad(q[(bt * HK + hk) * DK + d]);  // |=, not ||: every load issued at once
+    kb |= csr::bad(k[(bt * HK + hk) * DK + d]);
+  }
+  unsigned bits = (qb ? 1u : 0u) | (kb ? 2u : 0u);
+  for (int i = 0; i < G; ++i) {
+    const size_t r = bt * (HK * G) + hk * G + i;
+    bool bad = lane == 0 && csr::bad(beta[r]);
+    for (int d = lane; d < DV; d += 32) bad |= csr::bad(v[r * DV + d]);
+    for (int d = lane; d < DG; d += 32) bad |= csr::bad_gate(g[r * DG + d]);
+    bits |= bad ? (4u << i) : 0u;
+  }
+  for (int o = 16; o > 0; o /= 2) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+  if (lane < G) {  // lane i writes value head hk * G + i
+    const int h = hk * G + lane;
+    q_bad[bt * (HK * G) + h] = (bits & 1u) != 0;
+    state_bad[(size_t(b) * (HK * G) + h) * T + t] = (bits & (2u | (4u << lane))) ? 1 : 0;
+  }
+"""
+
+# Four outputs per thread: row r of [R, D] (R = rows of the key heads), columns c..c+3;
+# blockIdx.y 0: dq, 1: dk. The G value heads' rows summed in order.
+_SUMS = r"""
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t r = i / (D / 4), c = (i % (D / 4)) * 4;
+  const float* src = (blockIdx.y == 0 ? dq : dk) + r * G * D + c;
+  float4 s = *reinterpret_cast<const float4*>(src);
+  for (int gi = 1; gi < G; ++gi) {
+    const float4 x = *reinterpret_cast<const float4*>(src + gi * D);
+    s.x += x.x;
+    s.y += x.y;
+    s.z += x.z;
+    s.w += x.w;
+  }
+  if (blockIdx.y == 0) {
+    TQ* o = dq_sum + r * D + c;
+    o[0] = static_cast<TQ>(s.x), o[1] = static_cast<TQ>(s.y);
+    o[2] = static_cast<TQ>(s.z), o[3] = static_cast<TQ>(s.w);
+  } else {
+    TK* o = dk_sum + r * D + c;
+    o[0] = static_cast<TK>(s.x), o[1] = static_cast<TK>(s.y);
+    o[2] = static_cast<TK>(s.z), o[3] = static_cast<TK>(s.w);
+  }
+"""
+
+MAX_KEY_HEADS = 32  # one warp each in a block of at most 1024 threads
+MAX_GROUP = 30  # value heads per key head: bits 2 .. 31 of a warp's flags
+SUM_THREADS = 256
+
+
+def rows_supported(Hk: int, G: int) -> bool:
+    """Whether :func:`non_finite_rows` takes ``Hk`` key heads of ``G`` value heads."""
+    return Hk <= MAX_KEY_HEADS and G <= MAX_GROUP
+
+
+def non_finite_rows(q, k, v, g, beta) -> tuple[mx.array, mx.array]:
+    """``(state_bad [B, Hv, T] int32, q_bad [B, T, Hv] bool)`` from raw inputs ``q``,
+    ``k`` ``[B, T, Hk, Dk]``, ``v`` ``[B, T, Hv, Dv]``, ``g`` ``[B, T, Hv]`` or
+    ``[B, T, Hv, Dk]``, ``beta`` ``[B, T, Hv]`` (any float dtypes; no gradient flows
+    through). ``state_bad``: 1 where the value head's ``k`` (of its key head), ``v``
+    or ``beta`` holds a NaN or infinity or its gate a NaN or ``+inf``, laid out for a
+    cumulative sum along ``T``; ``q_bad``: the key head's ``q`` is non-finite.
+    Requires :func:`rows_supported`."""
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    G = Hv // Hk
+    DG = g.shape[-1] if g.ndim == 4 else 1
+    kernel = cuda_kernel(
+        "gated_delta_rule", "chunkscan_gdn_non_finite_rows", ["q", "k", "v", "g", "beta"],
+        ["state_bad", "q_bad"], _ROWS, _HEADER, 0,
+    )  # fmt: skip
+    state_bad, q_bad = kernel(
+        inputs=[q, k, v, g, beta],
+        template=[("HK", Hk), ("G", G), ("DK", Dk), ("DV", Dv), ("DG", DG)],
+        grid=(T * 32 * Hk, B, 1), threadgroup=(32 * Hk, 1, 1),
+        output_shapes=[(B, Hv, T), (B, T, Hv)], output_dtypes=[mx.int32, mx.bool_],
+    )  # fmt: skip
+    return state_bad, q_bad
+
+
+def sums_supported(rows: int, D: int) -> bool:
+    """Whether :func:`sum_value_heads` takes ``rows`` key-head rows of ``D`` (its grid
+    of ``rows * D / 4`` threads in whole blocks of :data:`SUM_THREADS`)."""
+    return D % 4 == 0 and (rows * D // 4) % SUM_THREADS == 0
+
+
+def sum_value_heads(dq: mx.array, dk: mx.array, q_dtype: mx.Dtype, k_dtype: mx.Dtype):
+    """``dq``, ``dk`` ``[..., Hk, G, D]`` float32 -> their sums over ``G`` (in order
+    ``0 .. G-1``), ``[..., Hk, D]`` in ``q_dtype`` and ``k_dtype``. Requires
+    :func:`sums_supported` for the ``prod(shape[:-2])`` rows."""
+    *lead, G, D = dq.shape
+    rows = 1
+    for s in lead:
+        rows *= s
+    kernel = cuda_kernel(
+        "gated_delta_rule", "chunkscan_gdn_sum_value_heads", ["dq", "dk"],
+        ["dq_sum", "dk_sum"], _SUMS, "", 0,
+    )  # fmt: skip
+    return kernel(
+        inputs=[dq, dk],
+        template=[("G", G), ("D", D), ("TQ", q_dtype), ("TK", k_dtype)],
+        grid=(rows * D // 4, 2, 1), threadgroup=(SUM_THREADS, 1, 1),
+        output_shapes=[tuple(lead) + (D,)] * 2, output_dtypes=[q_dtype, k_dtype],
+    )  # fmt: skip

@@ -1,0 +1,158 @@
+"""The two small CUDA kernels of gated_delta_rule (``_rows_cuda``) against the MLX ops
+they replace: the same bits, run by the CPU emulator everywhere with ``g++`` and compiled
+on a CUDA device (``-k cuda``; outputs in bench/results/h200/)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import cuda_emulator
+from helpers import gated_delta_inputs as make_inputs
+
+from chunkscan import _backend
+from chunkscan.ops.gated_delta import _rows_cuda, gated_delta_rule
+from chunkscan.ops.gated_delta import chunk as chunk_module
+from chunkscan.ops.gated_delta._checks import Spec
+
+HAS_CUDA = bool(getattr(mx, "cuda", None)) and mx.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs MLX with a CUDA GPU")
+needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
+
+
+def spoilt_inputs(B, T, Hk, G, Dk, Dv, dtype, channel, seed):
+    """Random inputs with a NaN, a +inf and a -inf in every input, after T / 3 (so
+    that every head has good tokens before its first bad one)."""
+    rng = np.random.default_rng(seed)
+    Hv = Hk * G
+    shapes = {"q": (B, T, Hk, Dk), "k": (B, T, Hk, Dk), "v": (B, T, Hv, Dv),
+              "g": (B, T, Hv, Dk) if channel else (B, T, Hv), "beta": (B, T, Hv)}  # fmt: skip
+    xs = {}
+    for name, shape in shapes.items():
+        x = rng.normal(size=shape).astype(np.float32)
+        late = x[:, T // 3 :].reshape(-1)
+        late[rng.integers(0, late.size, size=3)] = (math.nan, math.inf, -math.inf)
+        x[:, T // 3 :] = late.reshape(x[:, T // 3 :].shape)
+        xs[name] = mx.array(x).astype(dtype)
+    return xs
+
+
+def spec_of(xs, seqs=None) -> Spec:
+    B, T, Hk, Dk = xs["q"].shape
+    Hv, Dv = xs["v"].shape[-2:]
+    return Spec(B, T, Hk, Hv, Dk, Dv, Dk**-0.5, 16, seqs, channel=xs["g"].ndim == 4)
+
+
+CASES = [  # (B, T, Hk, G, Dk, Dv, dtype, channel, packed)
+    (2, 37, 2, 2, 32, 64, mx.bfloat16, False, False),
+    (1, 40, 3, 1, 40, 8, mx.float32, False, True),
+    (1, 23, 1, 3, 16, 32, mx.float16, True, False),
+]
+
+
+def check_masks(case, seed=0):
+    B, T, Hk, G, Dk, Dv, dtype, channel, packed = case
+    xs = spoilt_inputs(B, T, Hk, G, Dk, Dv, dtype, channel, seed)
+    seqs = ((0, 11), (11, 30), (30, T)) if packed else None
+    spec = spec_of(xs, seqs)
+    args = [xs[n] for n in ("q", "k", "v", "g", "beta")]
+    ref = chunk_module._non_finite_reach(spec, *args, kernel=False)
+    got = chunk_module._non_finite_reach(spec, *args, kernel=True)
+    for r, x in zip(ref, got):
+        assert r.dtype == x.dtype and r.shape == x.shape
+        assert mx.array_equal(r, x).item()
+    o_bad = np.array(ref[0])
+    assert o_bad.any() and not o_bad.all()  # the case exercises both
+
+
+def check_sums(G, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    dq = mx.array(rng.normal(size=(1, 2, 32, 3, G, 32)).astype(np.float32))
+    dk = mx.array(rng.normal(size=(1, 2, 32, 3, G, 32)).astype(np.float32))
+    got = _rows_cuda.sum_value_heads(dq, dk, dtype, mx.float32)
+    ref = [dq.sum(axis=4).astype(dtype), dk.sum(axis=4)]
+    if G == 3:  # MLX may add three in another order: the same to rounding
+        ref = [(dq[..., 0, :] + dq[..., 1, :] + dq[..., 2, :]).astype(dtype),
+               dk[..., 0, :] + dk[..., 1, :] + dk[..., 2, :]]  # fmt: skip
+    for r, x in zip(ref, got):
+        assert r.dtype == x.dtype and r.shape == x.shape
+        assert mx.array_equal(r, x).item()
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", CASES, ids=["bf16-G2", "fp32-packed", "fp16-channel-G3"])
+def test_emulated_non_finite_rows_match_the_ops(emulated, case):
+    check_masks(case)
+
+
+@needs_cxx
+@pytest.mark.parametrize("G, dtype", [(1, mx.bfloat16), (2, mx.bfloat16), (3, mx.float16)])
+def test_emulated_sum_value_heads_match_the_ops(emulated, G, dtype):
+    check_sums(G, dtype)
+
+
+def test_supported_shapes():
+    assert _rows_cuda.rows_supported(32, 30)
+    assert not _rows_cuda.rows_supported(33, 1)  # a warp per key head, 1024 threads
+    assert not _rows_cuda.rows_supported(1, 31)  # a flag bit per value head
+    assert _rows_cuda.sums_supported(64, 32)  # one chunk of 32 rows, heads of 32
+    assert not _rows_cuda.sums_supported(10, 32)  # not whole blocks of 256 threads
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", CASES, ids=["bf16-G2", "fp32-packed", "fp16-channel-G3"])
+def test_cuda_non_finite_rows_match_the_ops(case):
+    check_masks(case)
+
+
+@needs_cuda
+@pytest.mark.parametrize("G, dtype", [(1, mx.bfloat16), (2, mx.bfloat16), (3, mx.float16)])
+def test_cuda_sum_value_heads_match_the_ops(G, dtype):
+    check_sums(G, dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "name, value", [("q", -math.inf), ("k", math.nan), ("v", math.inf), ("g", math.inf)]
+)
+def test_cuda_op_with_non_finite_input_matches_the_portable_op(monkeypatch, name, value):
+    """The whole op on the device with one non-finite input at token t, the kernels on
+    (the fused kernels and the flags of non_finite_rows) and off: NaN from t on in both,
+    the same values before t (TF32 off: float32 products both ways; the fused kernels'
+    errors are ~1e-6, test_gated_delta_fused), and gradients finite, none for the
+    spoilt input from t on."""
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    T, t = 200, 100
+    inputs = make_inputs(1, T, 1, 2, 64, 64)
+    i = ("q", "k", "v", "g", "beta").index(name)
+    hit = (mx.arange(T) == t).reshape((1, T) + (1,) * (inputs[i].ndim - 2))
+    inputs[i] = mx.where(hit, mx.array(value, dtype=inputs[i].dtype), inputs[i])
+    w = mx.random.normal((1, T, 2, 64), key=mx.random.key(5))
+
+    def run(kernels):
+        def loss(*xs):
+            o, _ = gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=64, kernels=kernels)
+            return mx.sum(mx.where(mx.arange(T)[None, :, None, None] < t, o * w, 0.0))
+
+        o, s = gated_delta_rule(*inputs[:5], initial_state=inputs[5], chunk_size=64,
+                                kernels=kernels)  # fmt: skip
+        return o, s, mx.grad(loss, argnums=tuple(range(6)))(*inputs)
+
+    (o, s, grads), (o_ref, s_ref, grads_ref) = run(True), run(False)
+    finite = mx.all(mx.isfinite(o), axis=(2, 3))[0].tolist()
+    assert finite == mx.all(mx.isfinite(o_ref), axis=(2, 3))[0].tolist()
+    assert all(finite[:t]) and not finite[t]
+    assert mx.allclose(o[:, :t], o_ref[:, :t], rtol=1e-4, atol=1e-5).item()
+    assert mx.array_equal(mx.isnan(s), mx.isnan(s_ref)).item()
+    for gr, ref in zip(grads, grads_ref):
+        assert mx.all(mx.isfinite(gr)).item()
+        assert mx.allclose(gr, ref, rtol=1e-4, atol=1e-5).item()
+    assert mx.abs(grads[i][:, t:]).max().item() == 0.0
