@@ -11,7 +11,7 @@
 #   ncu_kernels <tag> [VAR=value ...]   (in bench/) Nsight Compute's kernel times of one
 #                fwd+bwd at 16384 under those variables: $S/ncu_16k_sol_<tag>.csv.gz and
 #                the by-name summary's first lines printed.
-#   cuda_tests   (at the tree's root) the CUDA and TF32 tests of both fused-kernel files
+#   cuda_tests   (at the tree's root) the CUDA and TF32 tests of the kernel test files
 #                but the emulated ones, TF32 off for the rest: $S/tests_h200_cuda.txt, its
 #                summary and errors printed;
 #   lora_8192    (at the tree's root) the LoRA step of the 4-layer model at T = 8192, stub
@@ -37,6 +37,7 @@ ncu_kernels() {
 cuda_tests() {  # (the emulated tests, run on every machine with g++, are left to CI)
   MLX_ENABLE_TF32=0 timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs \
     tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py \
+    tests/ops/test_gated_delta_rows.py \
     -k "(cuda or tf32) and not emulated" 2>&1 \
     | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error|\{'o'" | tail -12
 }
