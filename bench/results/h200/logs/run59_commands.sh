@@ -4,7 +4,8 @@
 #   new, base, and new with CHUNKSCAN_GDN_TV=128 (output and state_grads one Dv slice).
 # part b: fla and chunkscan side by side at 16384 and 65536, eager and compiled, chunkscan
 #   also with a 4 GiB group budget (--group-mib 4096: fewer groups, fewer launches).
-# part c: the LoRA step at 8192; chunkscan at 16384 with CHUNKSCAN_GDN_TV=128 and without.
+# part c: the LoRA step at 8192 (and patched with CHUNKSCAN_GDN_GROUP_MIB=4096); chunkscan
+#   at 16384, eager and compiled, base and new in the same call.
 # Outputs in $OUT/run59<part>.tgz.
 source bench/device_run.sh 59 "$@"  # st, $BASE, $S, pack, ncu_kernels, cuda_tests, lora_8192
 F="Traceback|File|sys.exit|print|\^|BrokenPipe"
@@ -32,12 +33,18 @@ else
   st lora
   lora_8192
   pack
-  cd bench
-  st tv128
-  for tv in 128 default; do
-    env $([ $tv = 128 ] && echo CHUNKSCAN_GDN_TV=128) timeout 150 python3 gdn_vs_fla.py \
-      --T 16384 --impls chunkscan --modes eager compiled --chunk-sizes 64 --repeats 3 \
-      --json $S/gdn_16k_tv$tv.json | grep --line-buffered -E "chunkscan|rror"
+  cfg=$(cat bench/lora_4layer.json)
+  CHUNKSCAN_GDN_GROUP_MIB=4096 timeout 200 python3 bench/lora.py --dtype bfloat16 --repeats 3 \
+    --config "$cfg" --timeout 180 --T 8192 --modes patched \
+    --json $S/lora_h200_8192_group4096.json 2>&1 | tail -2
+  pack
+  st base_new
+  cp -r bench base/  # base/bench/gdn_vs_fla.py measures base/src (its children's path)
+  for which in base new; do
+    root=$([ $which = base ] && echo base || echo .)
+    timeout 150 python3 $root/bench/gdn_vs_fla.py --T 16384 --impls chunkscan \
+      --modes eager compiled --chunk-sizes 64 --repeats 3 --json $S/gdn_16k_$which.json \
+      | grep --line-buffered -E "chunkscan|rror"
     pack
   done
 fi
