@@ -306,6 +306,34 @@ def compute_capability(info: dict | None = None) -> tuple[int, int] | None:
 _CAPABILITY: dict[int, tuple[int, int] | None] = {}
 
 
+def cuda_memory_bytes(info: dict | None = None) -> int | None:
+    """The default CUDA device's total memory in bytes, from ``mx.device_info()`` (or
+    ``info``; its ``total_memory`` or ``memory_size``), asked once per device and kept
+    as :func:`compute_capability` is; ``None`` without a CUDA device or the figure."""
+    if info is None:
+        if not cuda_device():
+            return None
+        index = _device_index(mx.default_device())
+        if index not in _MEMORY:
+            _MEMORY[index] = cuda_memory_bytes(_device_info())
+        return _MEMORY[index]
+    for key in ("total_memory", "memory_size"):
+        value = info.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+_MEMORY: dict[int, int | None] = {}
+
+
+def _device_info() -> dict:
+    try:
+        return dict(mx.device_info())
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return {}
+
+
 def _read_capability(info: dict | None) -> tuple[int, int] | None:
     try:
         info = mx.device_info() if info is None else info

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ... import _ordering, _tree
+from ... import _backend, _ordering, _tree
 from ..._backend import env_int
 from . import _chunk_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
@@ -35,12 +35,16 @@ from .naive import l2_normalize
 F32 = mx.float32
 _NAN = mx.array(math.nan, dtype=F32)
 # Scratch of one group of chunks, in bytes; None: the environment variable
-# CHUNKSCAN_GDN_GROUP_MIB, else 64 MiB on the CPU and 1024 MiB on a GPU. There every op
-# and launch costs tens of microseconds, so fewer, larger groups pay: on the H200 at
-# T = 16384 the fused op took 32.5 ms with 1024 MiB groups against 42.2 with 256
-# (bench/results/h200/gdn_group_mib_h200_fc22e35.json, gdn_save_16384_h200_fc22e35.json).
-# The cost is memory where MLX is held to a limit (mx.set_memory_limit): the peak's
-# floor is then the entering states, the input gradients and one group's scratch.
+# CHUNKSCAN_GDN_GROUP_MIB, else 64 MiB on the CPU, 1024 MiB on an Apple GPU, and on a
+# CUDA GPU 1/32 of its memory between 1024 and 4096 MiB (4096 on an H200:
+# _default_group_bytes). There every op and launch costs tens of microseconds, so fewer,
+# larger groups pay: on the H200 at T = 16384 the fused op took 32.5 ms with 1024 MiB
+# groups against 42.2 with 256 (bench/results/h200/gdn_group_mib_h200_fc22e35.json,
+# gdn_save_16384_h200_fc22e35.json), and with the kernels of session 18, 17.5 ms eager
+# and 14.6 compiled with 4096 MiB against 20.9 and 15.7 with 1024 at the same peak (run
+# 59, gdn_vs_fla_16384_65536_h200_11e2478.json). The cost is memory where MLX is held to
+# a limit (mx.set_memory_limit): the peak's floor is then the entering states, the input
+# gradients and one group's scratch.
 _GROUP_BYTES: int | None = None
 # What the forward keeps for the backward where a call's save_states is None (a hook for
 # the tests; else CHUNKSCAN_GDN_SAVE, else "chunks"): "chunks", the state entering every
@@ -473,8 +477,25 @@ def _group_size(
                       "a whole number of MiB such as 1024")  # fmt: skip
         budget = None if mib is None else mib << 20
     if budget is None:
-        budget = (64 if mx.default_device() == mx.cpu else 1024) << 20
+        budget = _default_group_bytes()
     return max(1, budget // per_chunk)
+
+
+def _default_group_bytes() -> int:
+    """The group budget without a setting (see ``_GROUP_BYTES``): 64 MiB on the CPU,
+    1024 MiB on an Apple GPU, 1/32 of a CUDA GPU's memory from 1024 to 4096 MiB (1024
+    where MLX reports no memory size)."""
+    if mx.default_device() == mx.cpu:
+        return 64 << 20
+    return _gpu_group_bytes(_backend.cuda_memory_bytes())
+
+
+def _gpu_group_bytes(total: int | None) -> int:
+    """The GPU's group budget given its memory in bytes (``None``: not a CUDA GPU, or
+    unknown)."""
+    if total is None:
+        return 1024 << 20
+    return min(4096 << 20, max(1024 << 20, total // 32))
 
 
 # The non-finite checks run per group, forward and backward. Under mx.grad MLX runs the
