@@ -148,7 +148,8 @@ def kernels():
                                        (64, 128, 128, 1, "bfloat16", 256, 32),
                                        (64, 128, 128, 1, "bfloat16", 512, 64),
                                        (32, 128, 128, 1, "bfloat16", 512, 32),
-                                       (64, 128, 128, 2, "bfloat16", None, 128)):  # fmt: skip
+                                       (64, 128, 128, 2, "bfloat16", None, 128),
+                                       (64, 128, 128, 2, "bfloat16", 512, 128)):  # fmt: skip
         for which, (names, outs, source) in cc._KERNELS.items():
             nt = nt_ or cc.threads(which, C)
             tv = tv_ or cc.slice_columns(Dv)

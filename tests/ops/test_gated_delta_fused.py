@@ -282,13 +282,19 @@ def test_tuning_knobs_reject_other_values(monkeypatch):
 
 
 @needs_cxx
-@pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
-def test_emulated_one_slice_of_128_columns(emulated, monkeypatch, tf32):
+@pytest.mark.parametrize(
+    "tf32, nt", [("0", None), ("1", None), ("1", "512")],
+    ids=["float32-products", "tf32-products", "tf32-products-512-threads"],
+)  # fmt: skip
+def test_emulated_one_slice_of_128_columns(emulated, monkeypatch, tf32, nt):
     """``output`` and ``state_grads`` with all 128 columns of Dv in one block
     (CHUNKSCAN_GDN_TV=128, a tuning value: ``input_grads`` then reads one partial sum,
-    not two) against the oracle, float32 and tf32 products."""
+    not two) against the oracle, float32 and tf32 products, and with 512 threads per
+    block (CHUNKSCAN_GDN_NT=512: 16 warps for state_grads' one block per multiprocessor)."""
     monkeypatch.setenv("CHUNKSCAN_GDN_TV", "128")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", tf32)
+    if nt is not None:
+        monkeypatch.setenv("CHUNKSCAN_GDN_NT", nt)
     assert _chunk_cuda.slice_columns(128) == 128 and _chunk_cuda.slice_columns(64) == 32
     inputs = make_inputs(1, 70, 1, 2, 32, 128)
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
