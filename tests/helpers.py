@@ -264,3 +264,14 @@ def fake_cuda_limits(monkeypatch, kib_per_block: int, kib_per_sm: int | None = N
     monkeypatch.setattr(_backend, "cuda_device", lambda: True)
     monkeypatch.setattr(_backend, "_LIMITS", {0: limits})
     monkeypatch.setattr(_backend, "_CAPABILITY", {})  # what it asks under the fake stays here
+
+
+def spoil_token(inputs: list, name: str, value: float, t: int) -> int:
+    """Set input ``name`` (one of q, k, v, g, beta: the first five of ``inputs``, from
+    :func:`gated_delta_inputs`) to ``value`` at token ``t``, every head and channel, in
+    place; returns its index."""
+    i = ("q", "k", "v", "g", "beta").index(name)
+    T = inputs[i].shape[1]
+    hit = (mx.arange(T) == t).reshape((1, T) + (1,) * (inputs[i].ndim - 2))
+    inputs[i] = mx.where(hit, mx.array(value, dtype=inputs[i].dtype), inputs[i])
+    return i

@@ -20,7 +20,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
-from helpers import cuda_emulator, fake_cuda_limits, max_rel
+from helpers import cuda_emulator, fake_cuda_limits, max_rel, spoil_token
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
@@ -471,9 +471,7 @@ def test_emulated_non_finite_input_is_causal(emulated, name, value):
     inputs as zero and give them no gradient, as the batched ops do."""
     T, t = 40, 20
     inputs = make_inputs(1, T, 1, 2, 32, 32)
-    i = ("q", "k", "v", "g", "beta").index(name)
-    hit = (mx.arange(T) == t).reshape((1, T) + (1,) * (inputs[i].ndim - 2))
-    inputs[i] = mx.where(hit, mx.array(value, dtype=inputs[i].dtype), inputs[i])
+    i = spoil_token(inputs, name, value, t)
     w = mx.random.normal((1, T, 2, 32), key=mx.random.key(5))
 
     def loss(*xs):

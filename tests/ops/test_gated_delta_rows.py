@@ -10,7 +10,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import cuda_emulator
+from helpers import cuda_emulator, spoil_token
 from helpers import gated_delta_inputs as make_inputs
 
 from chunkscan import _backend
@@ -132,9 +132,7 @@ def test_cuda_op_with_non_finite_input_matches_the_portable_op(monkeypatch, name
     monkeypatch.setenv("MLX_ENABLE_TF32", "0")
     T, t = 200, 100
     inputs = make_inputs(1, T, 1, 2, 64, 64)
-    i = ("q", "k", "v", "g", "beta").index(name)
-    hit = (mx.arange(T) == t).reshape((1, T) + (1,) * (inputs[i].ndim - 2))
-    inputs[i] = mx.where(hit, mx.array(value, dtype=inputs[i].dtype), inputs[i])
+    i = spoil_token(inputs, name, value, t)
     w = mx.random.normal((1, T, 2, 64), key=mx.random.key(5))
 
     def run(kernels):
