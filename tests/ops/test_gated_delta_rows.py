@@ -100,9 +100,10 @@ def test_emulated_sum_value_heads_match_the_ops(emulated, G, dtype):
 
 
 def test_supported_shapes():
-    assert _rows_cuda.rows_supported(32, 30)
-    assert not _rows_cuda.rows_supported(33, 1)  # a warp per key head, 1024 threads
-    assert not _rows_cuda.rows_supported(1, 31)  # a flag bit per value head
+    assert _rows_cuda.rows_supported(65535, 32, 30)
+    assert not _rows_cuda.rows_supported(1, 33, 1)  # a warp per key head, 1024 threads
+    assert not _rows_cuda.rows_supported(1, 1, 31)  # a flag bit per value head
+    assert not _rows_cuda.rows_supported(65536, 1, 1)  # the grid's second dimension
     assert _rows_cuda.sums_supported(64, 32)  # one chunk of 32 rows, heads of 32
     assert not _rows_cuda.sums_supported(10, 32)  # not whole blocks of 256 threads
 

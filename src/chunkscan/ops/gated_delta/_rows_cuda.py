@@ -12,9 +12,10 @@
   here one.
 
 Both are chosen with the other CUDA kernels (``kernels`` / ``CHUNKSCAN_CUDA_KERNELS``)
-and give what the MLX ops give, bit for bit (flags; sums of ``G`` float32 values in
-order, then a round-to-nearest cast). Tested against those ops through the CPU
-emulator (``tests/ops/test_gated_delta_rows.py``) and on a CUDA device.
+and give what the MLX ops give, bit for bit: the same flags, and for ``G <= 2`` the same
+sums (``G`` float32 values added in order, then a round-to-nearest cast; MLX may add
+three or more in another order). Tested against those ops through the CPU emulator
+(``tests/ops/test_gated_delta_rows.py``) and on a CUDA device.
 """
 
 from __future__ import annotations
@@ -90,12 +91,14 @@ _SUMS = r"""
 
 MAX_KEY_HEADS = 32  # one warp each in a block of at most 1024 threads
 MAX_GROUP = 30  # value heads per key head: bits 2 .. 31 of a warp's flags
+MAX_BATCH = 65535  # batch rows: the grid's second dimension
 SUM_THREADS = 256
 
 
-def rows_supported(Hk: int, G: int) -> bool:
-    """Whether :func:`non_finite_rows` takes ``Hk`` key heads of ``G`` value heads."""
-    return Hk <= MAX_KEY_HEADS and G <= MAX_GROUP
+def rows_supported(B: int, Hk: int, G: int) -> bool:
+    """Whether :func:`non_finite_rows` takes ``B`` rows of ``Hk`` key heads of ``G``
+    value heads."""
+    return B <= MAX_BATCH and Hk <= MAX_KEY_HEADS and G <= MAX_GROUP
 
 
 def non_finite_rows(q, k, v, g, beta) -> tuple[mx.array, mx.array]:

@@ -743,7 +743,7 @@ def _non_finite_reach(
     # Boolean algebra through mx.logical_*, not | and ~: under mx.vmap with one operand
     # unmapped, MLX 0.32.4's bitwise_or / bitwise_and read garbage (all-False inputs
     # gave True), which turned whole outputs NaN; the logical ops are right.
-    if kernel and _rows_cuda.rows_supported(Hk, G):
+    if kernel and _rows_cuda.rows_supported(B, Hk, G):
         bad_rows, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, beta)
     else:
         g_bad = mx.logical_not(_gate_ok(g))
