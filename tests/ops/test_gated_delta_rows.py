@@ -79,7 +79,7 @@ def check_sums(G, dtype, seed=0):
     dk = mx.array(rng.normal(size=(1, 2, 32, 3, G, 32)).astype(np.float32))
     got = _rows_cuda.sum_value_heads(dq, dk, dtype, mx.float32)
     ref = [dq.sum(axis=4).astype(dtype), dk.sum(axis=4)]
-    if G == 3:  # MLX may add three in another order: the same to rounding
+    if G == 3:  # against the sum in the kernel's order (MLX's own may add in another)
         ref = [(dq[..., 0, :] + dq[..., 1, :] + dq[..., 2, :]).astype(dtype),
                dk[..., 0, :] + dk[..., 1, :] + dk[..., 2, :]]  # fmt: skip
     for r, x in zip(ref, got):
