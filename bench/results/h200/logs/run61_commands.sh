@@ -6,8 +6,9 @@
 #   state_grads 3312 us against 2798, input_grads 2846 against 3473), and base.
 # part b: fla and chunkscan side by side at 16384 and 65536, eager and compiled (the
 #   default group budget, 4 GiB on the H200), and the LoRA step at 8192.
-# Part a also suits branch wip/batched-loads (0dbf649: input_grads' load phase in one memory
-# latency, emulated only) as the tree, with base/ = main: its `ncu_kernels new` against base.
+# Part a also suits branch wip/batched-loads (16123ac: the load phases of input_grads,
+# prepare and state_grads with their loads in flight together, emulated only) as the tree,
+# with base/ = main: its `ncu_kernels new` against base.
 # Outputs in $OUT/run61<part>.tgz.
 source bench/device_run.sh 61 "$@"  # st, $BASE, $S, pack, ncu_kernels, cuda_tests, lora_8192
 F="Traceback|File|sys.exit|print|\^|BrokenPipe"
