@@ -296,14 +296,19 @@ def compute_capability(info: dict | None = None) -> tuple[int, int] | None:
     kept: MLX's ``device_info()`` there also reads the device's free memory (through
     NVML) at every call, and launches ask for the capability every time."""
     if info is None and cuda_device():
-        index = _device_index(mx.default_device())
-        if index not in _CAPABILITY:
-            _CAPABILITY[index] = _read_capability(None)
-        return _CAPABILITY[index]
+        return _kept_per_device(_CAPABILITY, lambda: _read_capability(None))
     return _read_capability(info)
 
 
 _CAPABILITY: dict[int, tuple[int, int] | None] = {}
+
+
+def _kept_per_device(cache: dict, read):
+    """``read()`` for the default device, asked once per device and kept in ``cache``."""
+    index = _device_index(mx.default_device())
+    if index not in cache:
+        cache[index] = read()
+    return cache[index]
 
 
 def cuda_memory_bytes(info: dict | None = None) -> int | None:
@@ -313,10 +318,7 @@ def cuda_memory_bytes(info: dict | None = None) -> int | None:
     if info is None:
         if not cuda_device():
             return None
-        index = _device_index(mx.default_device())
-        if index not in _MEMORY:
-            _MEMORY[index] = cuda_memory_bytes(_device_info())
-        return _MEMORY[index]
+        return _kept_per_device(_MEMORY, lambda: cuda_memory_bytes(_device_info()))
     for key in ("total_memory", "memory_size"):
         value = info.get(key)
         if isinstance(value, int) and value > 0:
@@ -335,10 +337,10 @@ def _device_info() -> dict:
 
 
 def _read_capability(info: dict | None) -> tuple[int, int] | None:
+    info = _device_info() if info is None else info
     try:
-        info = mx.device_info() if info is None else info
         return int(info["compute_capability_major"]), int(info["compute_capability_minor"])
-    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 
