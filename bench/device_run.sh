@@ -10,7 +10,9 @@
 #   pack         (call it after each stage, so a run cut by its limit still returns them);
 #   ncu_kernels <tag> [VAR=value ...]   (in bench/) Nsight Compute's kernel times of one
 #                fwd+bwd at 16384 under those variables: $S/ncu_16k_sol_<tag>.csv.gz and
-#                the by-name summary's first lines printed.
+#                the by-name summary's first lines printed (all of it in
+#                $S/ncu_16k_summary_<tag>.txt);
+#   ncu_base     ncu_kernels for base/'s sources (tag "base").
 #   cuda_tests   (at the tree's root) the CUDA and TF32 tests of the kernel test files
 #                but the emulated ones, TF32 off for the rest: $S/tests_h200_cuda.txt, its
 #                summary and errors printed;
@@ -31,9 +33,13 @@ ncu_kernels() {
   env "$@" timeout 90 ncu --profile-from-start off --clock-control none --csv --page raw \
     --section SpeedOfLight --log-file $S/ncu_16k_sol_$tag.csv \
     python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
-  python3 ncu_summary.py $S/ncu_16k_sol_$tag.csv --by-name | head -8
+  # the whole summary to a file, its first lines printed (a pipe into head broke it off:
+  # run scripts 57-59 filtered the BrokenPipeError traceback out)
+  python3 ncu_summary.py $S/ncu_16k_sol_$tag.csv --by-name > $S/ncu_16k_summary_$tag.txt 2>&1
+  head -8 $S/ncu_16k_summary_$tag.txt
   gzip -f $S/ncu_16k_sol_$tag.csv
 }
+ncu_base() { ncu_kernels base ${BASE#env }; }  # (in bench/) the same for base/'s sources
 cuda_tests() {  # (the emulated tests, run on every machine with g++, are left to CI)
   MLX_ENABLE_TF32=0 timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs \
     tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py \
