@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "input_gradients": lambda: cc.input_gradients((q, k, v, g, beta), pr, sg),
     }  # fmt: skip
-    threads = {w: cc.threads(w, C) for w in cc._KERNELS}
+    tv = cc.slice_columns(D, C, D)
+    threads = {w: cc.threads(w, C, D, D, tv) for w in cc._KERNELS}
     info = meta(shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}, threads=threads,
-                tv=cc.slice_columns(D), profile=args.profile)  # fmt: skip
+                tv=tv, profile=args.profile)  # fmt: skip
     if args.profile:
         del stages["forward_pass"], stages["reverse_pass"]
         rows = [row for fn in stages.values() for row in _phase_clocks(fn)]

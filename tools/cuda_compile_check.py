@@ -151,8 +151,8 @@ def kernels():
                                        (64, 128, 128, 2, "bfloat16", None, 128),
                                        (64, 128, 128, 2, "bfloat16", 512, 128)):  # fmt: skip
         for which, (names, outs, source) in cc._KERNELS.items():
-            nt = nt_ or cc.threads(which, C)
-            tv = tv_ or cc.slice_columns(Dv)
+            tv = tv_ or cc.slice_columns(Dv, C, Dk)
+            nt = nt_ or cc.threads(which, C, Dk, Dv, tv)
             base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
                     ("HV", 4 * G)]  # fmt: skip
             scale = 0.0 if which == "state_grads" else Dk**-0.5  # as cc.state_gradients

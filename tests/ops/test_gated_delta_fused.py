@@ -241,12 +241,23 @@ def test_supports_follows_the_device_shared_memory(monkeypatch, kib):
 
 
 def test_defaults_shrink_to_fit_the_device(monkeypatch):
-    """64 columns per state_grads block and 512 threads for input_grads are the H200's
-    choices; where they would not fit, 32 columns and 256 threads."""
+    """The H200's choices: at C = 64 all 128 columns of Dv in one output / state_grads
+    block with 512 threads (187.25 KiB for state_grads), 64 columns at C = 32, 512
+    threads for input_grads, 256 for the rest; where they would not fit, 64 columns, then
+    32, and 256 threads."""
     fake_cuda_limits(monkeypatch, 227)
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 128
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64
-    assert _chunk_cuda.slice_columns(128, 64, 128) == 64
+    assert _chunk_cuda.slice_columns(64, 64, 64) == 64  # one slice of 64: the same NV
+    assert _chunk_cuda.slice_columns(128) == 64  # without C and Dk: TV
+    for which, nt in (("output", 512), ("state_grads", 512), ("prepare", 256),
+                      ("input_grads", 512)):  # fmt: skip
+        assert _chunk_cuda.threads(which, 64, 128, 128) == nt, which
+    assert _chunk_cuda.threads("state_grads", 32, 128, 128) == 256
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
+    fake_cuda_limits(monkeypatch, 187)  # an A100's 163 KiB and below: 64 columns
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 64
+    assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 256
     fake_cuda_limits(monkeypatch, 104)  # C=64: state_grads 104.25 KiB with 64 columns
     assert _chunk_cuda.slice_columns(128, 64, 128) == 32
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64  # 57.6 KiB

@@ -85,17 +85,25 @@ from ._pass_cuda import CP_ASYNC, MMA_TF32, TF32_FRAGMENTS
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
-# NT / 32): 512 for input_grads, 256 otherwise (what ran fastest on the H200 at the
-# Qwen3-Next shape: bench/results/h200/tune_e0a0f1c/; output took 512 there, before its
-# blocks took TV columns each). For tuning, CHUNKSCAN_GDN_NT sets every kernel's (read
-# at each call).
+# NT / 32): 512 for input_grads, and for output and state_grads where a block takes all
+# 128 columns of Dv (WIDE_TV below), 256 otherwise (what ran fastest on the H200 at the
+# Qwen3-Next shape: bench/results/h200/tune_e0a0f1c/ and run 61; output took 512 there,
+# before its blocks took TV columns each). For tuning, CHUNKSCAN_GDN_NT sets every
+# kernel's (read at each call).
 NT = 256
 _NT_512 = {("input_grads", 32), ("input_grads", 64)}
+_NT_512_WIDE = ("output", "state_grads")  # at TV = WIDE_TV
 # Columns of Dv per block of state_gradients (NV = Dv / TV partial sums) and of output:
-# 64 where it divides Dv (fewer partial sums to write and add; faster on the H200 at
-# both chunk sizes, and with TF32 products 26.9-27.6 ms against 23.5-24.2 for the op at
-# T = 16384, run 38), else 32. For tuning, CHUNKSCAN_GDN_TV (32 or 64).
+# at C = 64, all of a Dv of 128 in one block (WIDE_TV) where it fits the device's shared
+# memory (187 KiB for state_grads, with 512 threads: run 61, Nsight Compute at T = 16384,
+# the five kernels 12.6 ms against 13.3 with 64 columns, input_grads reading one partial
+# sum instead of two); else 64 where it divides Dv (fewer partial sums to write and add
+# than 32; faster on the H200 at both chunk sizes, and with TF32 products 26.9-27.6 ms
+# against 23.5-24.2 for the op at T = 16384, run 38), else 32. For tuning,
+# CHUNKSCAN_GDN_TV (32, 64 or 128).
 TV = 64
+WIDE_TV = 128
+_WIDE_C = (64,)  # C = 32 keeps 64 columns (not measured wide)
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 # Columns of Dk per piece of w, kt, S and dS in state_grads (its template constant KS;
 # rows of KS + 4 floats in shared memory, smem_bytes).
@@ -1601,40 +1609,53 @@ _KERNELS = {
 }  # fmt: skip
 
 
-def threads(which: str, C: int, Dk: int | None = None, Dv: int | None = None) -> int:
-    """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`; 256
-    where, given ``Dk`` and ``Dv``, 512 would not fit the device's shared memory), or
-    ``CHUNKSCAN_GDN_NT`` where set (256 or 512)."""
+def threads(
+    which: str, C: int, Dk: int | None = None, Dv: int | None = None, tv: int | None = None
+) -> int:
+    """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`; for
+    ``output`` and ``state_grads`` given ``tv``, their columns of ``Dv`` per block, or
+    ``Dk`` and ``Dv`` to work it out; 256 where, given ``Dk`` and ``Dv``, 512 would not
+    fit the device's shared memory), or ``CHUNKSCAN_GDN_NT`` where set (256 or 512)."""
     env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512")
-    if env is None:
-        nt = 512 if (which, C) in _NT_512 else NT
-        if nt == 512 and Dk is not None and Dv is not None:
+    if env is not None:
+        if env not in (256, 512):
+            raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {env}")
+        return env
+    if which in _NT_512_WIDE:
+        if tv is None and Dv is not None:
             tv = slice_columns(Dv, C, Dk)
-            if smem_bytes(which, C, Dk, Dv, 512, tv) > cuda_limits().smem_per_block:
-                nt = NT
-        return nt
-    nt = env
-    if nt not in (256, 512):
-        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {nt}")
+        return 512 if tv == WIDE_TV else NT
+    nt = 512 if (which, C) in _NT_512 else NT
+    if nt == 512 and Dk is not None and Dv is not None:
+        tv = slice_columns(Dv, C, Dk)
+        if smem_bytes(which, C, Dk, Dv, 512, tv) > cuda_limits().smem_per_block:
+            nt = NT
     return nt
 
 
 def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
-    """Columns of ``Dv`` per block of ``output`` and ``state_grads``: :data:`TV`, or
-    ``CHUNKSCAN_GDN_TV`` where set (32, 64 or, for tuning, 128: one slice, no partial
-    sums); 32 where that does not divide ``Dv`` or, for the default and given ``C`` and
-    ``Dk``, where 64 would not fit the device's shared memory."""
+    """Columns of ``Dv`` per block of ``output`` and ``state_grads``: :data:`WIDE_TV`
+    (one slice, no partial sums) for a ``Dv`` of 128 at ``C`` = 64, else :data:`TV`, or
+    ``CHUNKSCAN_GDN_TV`` where set (32, 64 or 128); 32 where that does not divide ``Dv``.
+    Without ``C`` and ``Dk``, :data:`TV`; given them, the widest default whose blocks
+    (:func:`threads`) fit the device's shared memory."""
     env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128")
-    tv = TV if env is None else env
-    if tv not in (32, 64, 128):
-        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32, 64 or 128, not {tv}")
-    if Dv % tv:
-        return 32
-    if env is None and tv == 64 and C is not None and Dk is not None:
-        nt = threads("state_grads", C)
-        if smem_bytes("state_grads", C, Dk, Dv, nt, 64) > cuda_limits().smem_per_block:
-            return 32
-    return tv
+    if env is not None:
+        if env not in (32, 64, WIDE_TV):
+            raise ValueError(
+                f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32, 64 or 128, not {env}"
+            )
+        return 32 if Dv % env else env
+    if C is None or Dk is None:
+        return TV if Dv % TV == 0 else 32
+    wide = (WIDE_TV,) if C in _WIDE_C and Dv == WIDE_TV else ()
+    limit = cuda_limits().smem_per_block
+    for tv in wide + (TV,):
+        if Dv % tv == 0 and all(
+            smem_bytes(w, C, Dk, Dv, threads(w, C, tv=tv), tv) <= limit for w in _NT_512_WIDE
+        ):
+            return tv
+    return 32
 
 
 def smem_bytes(
@@ -1642,8 +1663,8 @@ def smem_bytes(
 ) -> int:
     """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
     ``output`` and ``state_grads`` block; default :func:`threads`, :func:`slice_columns`)."""
-    nt = threads(which, C) if nt is None else nt
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
+    nt = threads(which, C, Dk, Dv, tv) if nt is None else nt
     # Row strides: C + 1 for prepare's L and A (read a value at a time; each in a region
     # of C + 4 for the tensor cores' operands), else D + 4 (rows read 16 bytes at a time;
     # see the kernels' comments).
@@ -1681,7 +1702,7 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
         return False
     limit = cuda_limits().smem_per_block
     tv = slice_columns(Dv, C, Dk)
-    return all(smem_bytes(w, C, Dk, Dv, threads(w, C, Dk, Dv), tv) <= limit for w in _KERNELS)
+    return all(smem_bytes(w, C, Dk, Dv, threads(w, C, Dk, Dv, tv), tv) <= limit for w in _KERNELS)
 
 
 # Compile-time switches of the kernels, for tuning and tests (read at each call): the
@@ -1745,7 +1766,7 @@ def _kept_plan(which, C, Dk, Dv, tv, env, limits, capability, cuda) -> tuple:
 
 def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, str, str, int, int]:
     """``(name, source, header, threads, shared memory)`` of a launch of ``which``."""
-    nt = threads(which, C, Dk, Dv)
+    nt = threads(which, C, Dk, Dv, tv)
     smem = smem_bytes(which, C, Dk, Dv, nt, tv)
     on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
