@@ -502,6 +502,33 @@ def test_emulated_non_finite_input_is_causal(emulated, name, value):
     assert mx.abs(grads[i][:, t:]).max().item() == 0.0
 
 
+@needs_cxx
+def test_emulated_cotangent_of_a_non_finite_output_is_ignored(emulated):
+    """A cotangent where the output is NaN (from a non-finite input on) changes no
+    gradient: ``state_gradient_input`` and ``state_grads`` read ``d_o`` as zero there,
+    as the batched ops do (the causal test above masks its loss there, so it cannot see
+    this)."""
+    T, t = 40, 20
+    inputs = make_inputs(1, T, 1, 2, 32, 32)
+    spoil_token(inputs, "k", math.nan, t)
+    ct = mx.random.normal((1, T, 2, 32), key=mx.random.key(6))
+
+    def grads(cotangent):
+        def f(*xs):
+            return gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=32, kernels=False)
+
+        o, _ = f(*inputs)
+        _, vjps = mx.vjp(f, inputs, [cotangent, mx.zeros_like(inputs[5])])
+        return o, vjps
+
+    o, full = grads(ct)
+    assert emulated and not mx.all(mx.isfinite(o[:, t:])).item()
+    _, masked = grads(mx.where(mx.isfinite(o), ct, 0.0))
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), full, masked):
+        assert mx.all(mx.isfinite(a)).item(), name
+        assert mx.array_equal(a, b).item(), name
+
+
 # ------------------------------------------------------------------- on a CUDA device
 
 # TF32 products (CHUNKSCAN_GDN_TF32=1): every operand rounded to tf32 (unit roundoff
