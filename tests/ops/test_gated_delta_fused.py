@@ -502,31 +502,31 @@ def test_emulated_non_finite_input_is_causal(emulated, name, value):
     assert mx.abs(grads[i][:, t:]).max().item() == 0.0
 
 
-@needs_cxx
-def test_emulated_cotangent_of_a_non_finite_output_is_ignored(emulated):
-    """A cotangent where the output is NaN (from a non-finite input on) changes no
-    gradient: ``state_gradient_input`` and ``state_grads`` read ``d_o`` as zero there,
-    as the batched ops do (the causal test above masks its loss there, so it cannot see
-    this)."""
-    T, t = 40, 20
-    inputs = make_inputs(1, T, 1, 2, 32, 32)
+def check_cotangent_of_non_finite_output_ignored(kernels: bool, C: int, D: int) -> None:
+    """A cotangent where the output is NaN (from a non-finite k on) changes no gradient:
+    ``state_gradient_input`` and ``state_grads`` read ``d_o`` as zero there, as the
+    batched ops do (the causal tests mask their loss there, so they cannot see this)."""
+    T, t = 2 * C + 8, C + 4
+    inputs = make_inputs(1, T, 1, 2, D, D)
     spoil_token(inputs, "k", math.nan, t)
-    ct = mx.random.normal((1, T, 2, 32), key=mx.random.key(6))
+    ct = mx.random.normal((1, T, 2, D), key=mx.random.key(6))
 
-    def grads(cotangent):
-        def f(*xs):
-            return gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=32, kernels=False)
+    def f(*xs):
+        return gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=C, kernels=kernels)
 
-        o, _ = f(*inputs)
-        _, vjps = mx.vjp(f, inputs, [cotangent, mx.zeros_like(inputs[5])])
-        return o, vjps
-
-    o, full = grads(ct)
-    assert emulated and not mx.all(mx.isfinite(o[:, t:])).item()
-    _, masked = grads(mx.where(mx.isfinite(o), ct, 0.0))
-    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), full, masked):
+    o, _ = f(*inputs)
+    assert mx.all(mx.isfinite(o[:, :t])).item() and not mx.any(mx.isfinite(o[:, t:])).item()
+    grads = [mx.vjp(f, inputs, [c, mx.zeros_like(inputs[5])])[1]
+             for c in (ct, mx.where(mx.isfinite(o), ct, 0.0))]  # fmt: skip
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), *grads):
         assert mx.all(mx.isfinite(a)).item(), name
         assert mx.array_equal(a, b).item(), name
+
+
+@needs_cxx
+def test_emulated_cotangent_of_a_non_finite_output_is_ignored(emulated):
+    check_cotangent_of_non_finite_output_ignored(False, 32, 32)
+    assert emulated
 
 
 # ------------------------------------------------------------------- on a CUDA device
@@ -602,6 +602,12 @@ def test_tf32_products_switch(monkeypatch):
 
 
 QWEN = (1, 300, 2, 4, 128, 128)  # T not a multiple of 64, Hv = 2 Hk, two Dv slices
+
+
+@needs_cuda
+def test_cuda_cotangent_of_a_non_finite_output_is_ignored():
+    """The same on the device, every kernel on, at the Qwen3-Next head size."""
+    check_cotangent_of_non_finite_output_ignored(True, 64, 128)
 
 
 @needs_cuda
