@@ -1,4 +1,6 @@
-# Prepared in session 18, not run yet: `bash <this> <part> <commit> <base commit>`, base/ =
+# Prepared in session 18; part a ran in session 19 (run 61, the branch below as the tree:
+# logs/run61_4f50e63.txt), part b did not (run 62 measured the defaults run 61 chose).
+# Usage: `bash <this> <part> <commit> <base commit>`, base/ =
 # `git archive <base> src` carried beside the tree.
 # part a: the CUDA tests; Nsight Compute's kernel times at 16384 for the default, for
 #   state_grads and output over one 128-column slice with 512 threads
