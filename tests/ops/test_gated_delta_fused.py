@@ -601,7 +601,7 @@ def test_tf32_products_switch(monkeypatch):
         _backend.tf32_products()
 
 
-QWEN = (1, 300, 2, 4, 128, 128)  # T not a multiple of 64, Hv = 2 Hk, two Dv slices
+QWEN = (1, 300, 2, 4, 128, 128)  # T not a multiple of 64, Hv = 2 Hk, Dv in one slice
 
 
 @needs_cuda
@@ -611,8 +611,14 @@ def test_cuda_cotangent_of_a_non_finite_output_is_ignored():
 
 
 @needs_cuda
+@pytest.mark.parametrize("tv", [None, "64"], ids=["default-slices", "two-slices"])
 @pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no-h0"])
-def test_cuda_fused_matches_oracle(with_h0):
+def test_cuda_fused_matches_oracle(with_h0, tv, monkeypatch):
+    """The fused op against the oracle and the portable op; with ``tv`` = 64 (two slices
+    of Dv, two partial sums for input_grads: the default at C = 32 and on devices with
+    less shared memory than an H100's) too."""
+    if tv is not None:
+        monkeypatch.setenv("CHUNKSCAN_GDN_TV", tv)
     inputs = make_inputs(*QWEN)
     if not with_h0:
         inputs = inputs[:5]
