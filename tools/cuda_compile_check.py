@@ -160,7 +160,7 @@ def kernels():
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [("WRITE_A", dt != "float32")],
                      "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
-                     "state_grads": [("TV", tv), ("KS", cc.KS)],
+                     "state_grads": [("TV", tv), ("KS", cc.piece_columns(C, Dk, Dv, tv, nt))],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)

@@ -242,7 +242,8 @@ def test_supports_follows_the_device_shared_memory(monkeypatch, kib):
 
 def test_defaults_shrink_to_fit_the_device(monkeypatch):
     """The H200's choices: at C = 64 all 128 columns of Dv in one output / state_grads
-    block with 512 threads (187.25 KiB for state_grads), 64 columns at C = 32, 512
+    block with 512 threads (219.25 KiB for state_grads, its pieces of Dk 64 columns
+    wide; 187.25 with pieces of 32), 64 columns at C = 32, 512
     threads for input_grads, 256 for the rest; where they would not fit, 64 columns, then
     32, and 256 threads."""
     fake_cuda_limits(monkeypatch, 227)
@@ -255,6 +256,15 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
         assert _chunk_cuda.threads(which, 64, 128, 128) == nt, which
     assert _chunk_cuda.threads("state_grads", 32, 128, 128) == 256
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
+    # state_grads' pieces of Dk: 64 columns in a wide block (219.25 KiB), else 32
+    assert _chunk_cuda.piece_columns(64, 128, 128, 128, 512) == 64
+    assert _chunk_cuda.smem_bytes("state_grads", 64, 128, 128) == 219.25 * 1024
+    assert _chunk_cuda.piece_columns(64, 96, 128, 128, 512) == 32  # 64 does not divide 96
+    assert _chunk_cuda.piece_columns(64, 128, 128, 64, 256) == 32
+    fake_cuda_limits(monkeypatch, 219)  # still one slice, in pieces of 32 (187.25 KiB)
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 128
+    assert _chunk_cuda.piece_columns(64, 128, 128, 128, 512) == 32
+    assert _chunk_cuda.smem_bytes("state_grads", 64, 128, 128) == 187.25 * 1024
     fake_cuda_limits(monkeypatch, 187)  # an A100's 163 KiB and below: 64 columns
     assert _chunk_cuda.slice_columns(128, 64, 128) == 64
     assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 256

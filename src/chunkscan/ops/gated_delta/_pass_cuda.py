@@ -671,8 +671,22 @@ __device__ __forceinline__ void cs_mma8(float* d, const float* a, const float* b
 }
 #else
 struct cs_frags8 { float a[4], b[2], d[4]; };
+// The device's product reads 10 mantissa bits and drops the rest, so every caller rounds
+// its operands to tf32 first (cs_tf32, at each read or once where it stores them,
+// _chunk_cuda's CS_OPERAND); here an operand with any of the low 13 bits set stops the
+// kernel, so that a path which skips the rounding fails the emulated tests.
+inline void cs_check_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (std::isfinite(x) && (u & 0x1fffu) != 0) {
+    std::fprintf(stderr, "cs_mma8: an operand not rounded to tf32 (%.9g)\n", x);
+    std::abort();
+  }
+}
 inline void cs_mma8(float* d, const float* a, const float* b) {
   using namespace nvcuda::wmma;
+  for (int e = 0; e < 4; ++e) cs_check_tf32(a[e]);
+  for (int e = 0; e < 2; ++e) cs_check_tf32(b[e]);
   fragment<matrix_a, 16, 8, 8, precision::tf32, row_major> fa;
   fragment<matrix_b, 16, 8, 8, precision::tf32, col_major> fb;
   fragment<accumulator, 16, 8, 8, float> fc;
