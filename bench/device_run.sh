@@ -18,6 +18,8 @@
 #                summary and errors printed;
 #   lora_8192    (at the tree's root) the LoRA step of the 4-layer model at T = 8192, stub
 #                and patched: $S/lora_h200_8192.{json,md,png}.
+#   fla_side_by_side   (in bench/) fla and chunkscan at T = 16384 and 65536, eager and
+#                compiled, C = 64, three repeats: $S/gdn_vs_fla_h200.json, the rows printed.
 # CHUNKSCAN_COMMIT names the code in every JSON (the copied tree's git metadata does not).
 source bench/device_setup.sh >/dev/null 2>&1
 st() { echo "=== $1 ($(date +%T))"; }
@@ -52,4 +54,9 @@ lora_8192() {
   cfg=$(cat bench/lora_4layer.json)  # the 4-layer model (as bench/h200_suite.sh)
   timeout 280 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$cfg" --timeout 250 \
     --T 8192 --modes stub patched --json $S/lora_h200_8192.json 2>&1 | tail -3
+}
+fla_side_by_side() {
+  timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
+    --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_h200.json \
+    | grep --line-buffered -E "fla|chunkscan|rror"
 }
