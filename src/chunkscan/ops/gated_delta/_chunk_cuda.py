@@ -129,7 +129,6 @@ _HEADER = (
 // to tf32 there, once, so that tc_run<.., RA / RB = false> reads it as it is (the same
 // value that rounding at each read gives: rounding is idempotent); else unchanged.
 #ifdef CS_TF32
-__device__ __forceinline__ float cs_tf32(float x);  // _pass_cuda.TF32_FRAGMENTS
 #define CS_OPERAND(x) cs_tf32(x)
 #else
 #define CS_OPERAND(x) (x)
@@ -325,46 +324,24 @@ __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t
 // before the next; Nsight Compute charged a third of output's stall samples to those
 // loads, run 42). copies_land() (commit, then wait for the thread's own copies) and a
 // barrier before any thread reads dst. Where src or ld is not a 16-byte multiple, or
-// with CS_SCALAR_LOADS, it is load_tile (the same values, now in place). OPERAND: a
-// tile read only as a tensor-core operand, each value rounded once (CS_OPERAND): by
-// load_tile as it stores, or after the copies land by operand_landed (the same
-// arguments; before the barrier).
-__device__ __forceinline__ bool copies_whole(const float* src, size_t ld) {
-#ifdef CS_SCALAR_LOADS
-  return false;
-#else
-  return ((reinterpret_cast<unsigned long long>(src) | (ld * sizeof(float))) & 15) == 0;
-#endif
-}
-template <int ROWS, int COLS, int NT, bool OPERAND = false>
+// with CS_SCALAR_LOADS, it is load_tile (the same values, now in place).
+template <int ROWS, int COLS, int NT>
 __device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src, size_t ld) {
   static_assert(COLS % 4 == 0, "copy_tile: rows of whole 16-byte pieces");
-  if (copies_whole(src, ld)) {
+#ifdef CS_SCALAR_LOADS
+  const bool vec = false;
+#else
+  const bool vec = ((reinterpret_cast<unsigned long long>(src) | (ld * sizeof(float))) & 15) == 0;
+#endif
+  if (vec) {
     constexpr int PR = COLS / 4;
     for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
       const int r = e / PR, c = 4 * (e % PR);
       cs_cp_async16(dst + r * ldd + c, src + size_t(r) * ld + c);
     }
   } else {
-    load_tile<ROWS, COLS, NT>(src, ld, [&](int r, int c, float x) {
-      dst[r * ldd + c] = OPERAND ? CS_OPERAND(x) : x;
-    });
+    load_tile<ROWS, COLS, NT>(src, ld, [&](int r, int c, float x) { dst[r * ldd + c] = x; });
   }
-}
-// After copies_land(): copy_tile<.., OPERAND = true>'s rounding of the pieces this
-// thread copied (none where load_tile took them, or without CS_TF32).
-template <int ROWS, int COLS, int NT>
-__device__ __forceinline__ void operand_landed(float* dst, int ldd, const float* src, size_t ld) {
-#ifdef CS_TF32
-  if (copies_whole(src, ld)) {
-    constexpr int PR = COLS / 4;
-    for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
-      float4* p = reinterpret_cast<float4*>(dst + (e / PR) * ldd + 4 * (e % PR));
-      const float4 v = *p;
-      *p = make_float4(cs_tf32(v.x), cs_tf32(v.y), cs_tf32(v.z), cs_tf32(v.w));
-    }
-  }
-#endif
 }
 __device__ __forceinline__ void copies_land() {
   cs_cp_async_commit();
@@ -1124,10 +1101,9 @@ _OUTPUT = r"""
   float* ten = gma + C;
   float* bad = ten + C;  // o_bad of the chunk's rows (1 or 0), read once per block
   // w, p (and u) copied in the background while q comes through registers
-  // (each read only as a tensor-core operand: with CS_TF32 rounded once, as it lands)
-  csg::copy_tile<C, DK, NT, true>(Bs, LDK4, W + cl * C * DK, DK);
-  csg::copy_tile<C, C, NT, true>(Ps, LDC4, P + cl * C * C, C);
-  if (!MODE_H) csg::copy_tile<C, TV, NT, true>(Us, LDT, U + cl * C * DV + e0, DV);
+  csg::copy_tile<C, DK, NT>(Bs, LDK4, W + cl * C * DK, DK);
+  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
+  if (!MODE_H) csg::copy_tile<C, TV, NT>(Us, LDT, U + cl * C * DV + e0, DV);
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bad[i] = obad[(tok + i) * HV + h] ? 1.f : 0.f;
@@ -1135,9 +1111,6 @@ _OUTPUT = r"""
   csg::load_tile<C, DK, NT>(q + tok * HK * DK + hk * DK, HK * DK,
                             [&](int i, int d, float x) { Xs[i * LDK4 + d] = csg::fin(x); });
   csg::copies_land();
-  csg::operand_landed<C, DK, NT>(Bs, LDK4, W + cl * C * DK, DK);
-  csg::operand_landed<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
-  if (!MODE_H) csg::operand_landed<C, TV, NT>(Us, LDT, U + cl * C * DV + e0, DV);
   __syncthreads();
   CS_MARK();  // 0: loads
   csg::chunk_gates<C, NT>(gf, gma, ten);
@@ -1151,7 +1124,7 @@ _OUTPUT = r"""
   {
     csg::TcMM<C, DK, NT / 32, true, true> x;
     x.zero();
-    csg::tc_run<C, true, false, false, false>(x, Ps, LDC4, Bs, LDK4);
+    csg::tc_run<C, true, false>(x, Ps, LDC4, Bs, LDK4);
     x.each([&](int i0, int d0, csg::TcAcc& val) {  // each tile read and written by its warp
       csg::TcAcc qg;
       csg::load_acc(qg, Xs + i0 * LDK4 + d0, LDK4);
@@ -1175,9 +1148,8 @@ _OUTPUT = r"""
       Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
     });
   } else {
-    csg::copy_tile<TV, DK, NT, true>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
+    csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
     csg::copies_land();
-    csg::operand_landed<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
   }
   __syncthreads();
   CS_MARK();  // 2: S or d_o loads
@@ -1191,8 +1163,8 @@ _OUTPUT = r"""
   } else {
     csg::TcMM<C, TV, NT / 32, true, true> o;
     o.zero();
-    csg::tc_run<DK, true, true, false, false>(o, Xs, LDK4, Bs, LDK4);
-    csg::tc_run<C, true, false, false, false>(o, Ps, LDC4, Us, LDT);
+    csg::tc_run<DK, true, true, false, true>(o, Xs, LDK4, Bs, LDK4);
+    csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDT);
     __syncthreads();  // every warp done with S: o through shared memory, then out
     o.store(Bs, LDT);
     __syncthreads();
@@ -1248,7 +1220,7 @@ _STATE_GRADS = r"""
   // p is copied in the background; the o_bad flags go to shared memory before d_o's
   // loads, each of which reads its row's flag there.
   static_assert(NT >= C, "state_grads: a thread per row's flag");
-  csg::copy_tile<C, C, NT, true>(Ps, LDC4, P + cl * C * C, C);  // in the background from here on
+  csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // in the background from here on
   if (tid < C) bad[tid] = obad[(tok + tid) * HV + h] ? 1.f : 0.f;
   __syncthreads();
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
@@ -1258,7 +1230,6 @@ _STATE_GRADS = r"""
   csg::load_tile<C, TV, NT>(v + o0, HV * DV,
                             [&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
   csg::copies_land();
-  csg::operand_landed<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // only p^T d_o's operand
   __syncthreads();
   CS_MARK();  // 0: p, d_o, v loads
   // The KS columns from k0 of S, dS (and w, kt) into shared memory.
@@ -1266,16 +1237,10 @@ _STATE_GRADS = r"""
     csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
     csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
   };
-  // (w and kt only pass 1's operands: rounded once with CS_TF32, wk_landed)
   auto load_wk = [&](int k0) {
     const size_t w0 = cl * C * DK + k0;
-    csg::copy_tile<C, KS, NT, true>(Wk, LDS, W + w0, DK);
-    csg::copy_tile<C, KS, NT, true>(Kk, LDS, KT + w0, DK);
-  };
-  auto wk_landed = [&](int k0) {
-    const size_t w0 = cl * C * DK + k0;
-    csg::operand_landed<C, KS, NT>(Wk, LDS, W + w0, DK);
-    csg::operand_landed<C, KS, NT>(Kk, LDS, KT + w0, DK);
+    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
   };
   // This thread's part of sum(S * dS) over one piece (a fixed order: piece by piece).
   float dec = 0.f;
@@ -1296,16 +1261,15 @@ _STATE_GRADS = r"""
     csg::TcMM<C, TV, NT / 32, true, true> vn, dvn;
     vn.zero();
     dvn.zero();
-    csg::tc_run<C, false, false, false, !EXO>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
+    csg::tc_run<C, false, false, true, !EXO>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
       load_s(k0);
       load_wk(k0);
       csg::copies_land();
-      wk_landed(k0);
       __syncthreads();
       dot_s();
-      csg::tc_run<KS, true, true, false, true>(vn, Wk, LDS, Sk, LDS);
-      csg::tc_run<KS, true, true, false, true>(dvn, Kk, LDS, DSk, LDS);
+      csg::tc_run<KS, true, true>(vn, Wk, LDS, Sk, LDS);
+      csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSk, LDS);
       __syncthreads();
     }
     vn.each([&](int i0, int r0, csg::TcAcc& x) {  // v_new = u - w S^T
@@ -1450,8 +1414,7 @@ _INPUT_GRADS = r"""
   csg::load_tile<C, DK, NT>(q + qk0, HK * DK,
                             [&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
   csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,  // the NV partial sums, added
-                                [&](int i, int d, float x) { Ws[i * LDK4 + d] = CS_OPERAND(x); },
-                                LN * C * DK);
+                                [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
   // d_p's causal part (state_grads' tensor-core form writes it in full)
   csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C, [&](int i, int t, float x) {
     DPs[i * LDC4 + t] = t <= i ? x : 0.f;
@@ -1475,7 +1438,7 @@ _INPUT_GRADS = r"""
     qk.store(QKs, LDC4);
     csg::TcMM<C, C, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
     m1.zero();
-    csg::tc_run<DK, true, true, false, !EX>(m1, Ws, LDK4, Ks, LDK4);
+    csg::tc_run<DK, true, true, true, !EX>(m1, Ws, LDK4, Ks, LDK4);
     m1.store(M1s, LDC4);
   }
 #else
@@ -1650,7 +1613,7 @@ _INPUT_GRADS = r"""
     t1.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DKTp, DK, i, d); });
     csg::prod<C, false, false, true, !EXQK>(t1, DPs, LDC4, Qs, LDK4);
     csg::prod<C, true, false, true, !EXQK>(t1, M2s, LDC4, Ks, LDK4);  // d_kk + d_kk^T, symmetric
-    csg::prod<C, false, false, true, false>(t2, As, LDC4, Ws, LDK4);
+    csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
     t1.store_out([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
                const bool ok = isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
