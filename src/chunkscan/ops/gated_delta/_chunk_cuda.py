@@ -761,38 +761,6 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
   __device__ __forceinline__ float at(int a, int b) const { return big[a].x[b]; }
 #endif
 };
-#ifdef CS_TF32
-// For each row i and 16-column tile c of mm's outputs: sum over the tile's columns j of
-// x(a, b) y(i, j) (x(a, b): a value per output the lane holds, named as each_out names
-// it), into out[i * TN + c]. Each lane sums its four columns of a row, then the row's
-// four lanes add theirs (two xor shuffles): the same order every time. Every (row,
-// tile) is one warp's (each tile is one warp's), so no two lanes write one value.
-template <class MM, class X, class Y>
-__device__ __forceinline__ void tile_row_dots(const MM& mm, X x, Y y, float* out) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-#pragma unroll
-  for (int p = 0; p < MM::PER; ++p) {
-    const int tl = mm.tile(p);
-    if (tl >= MM::TILES) break;  // the same for the whole warp
-    const int r0 = (tl / MM::TN) * 16 + g, c0 = (tl % MM::TN) * 16 + 2 * t;
-    float s[2] = {0.f, 0.f};  // rows r0, r0 + 8
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int h = (e / 2) % 2;
-      s[h] = fmaf(x(p, e), y(r0 + 8 * h, c0 + 8 * (e / 4) + e % 2), s[h]);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      s[h] += __shfl_xor_sync(0xffffffffu, s[h], 1);
-      s[h] += __shfl_xor_sync(0xffffffffu, s[h], 2);
-    }
-    if (t == 0) {
-      out[r0 * MM::TN + tl % MM::TN] = s[0];
-      out[(r0 + 8) * MM::TN + tl % MM::TN] = s[1];
-    }
-  }
-}
-#endif
 // mm += A B over K (TcMM's operand rules). The k steps are the outer loop and the warp's
 // tiles the inner one, so that a warp keeps PER independent accumulator chains in flight;
 // each tile's own sum still runs over k in order, so the values are those of one tile
@@ -1524,48 +1492,36 @@ _INPUT_GRADS = r"""
     // Row dots d_qg . q and d_kt . k and the row sums of d_l gam kk (strict): NS threads
     // per row, each a fixed slice of columns, then summed in order (deterministic). Eight
     // steps' loads of partial sums in flight at once (all of them took a head of 96 past
-    // 128 registers). M1s (d_a a^T, read no more) holds the third sums' parts. With
-    // CS_TF32 the first two come later, from the values dq's and dk's epilogues load
-    // anyway (csg::tile_row_dots), and only d_g needs them: it moves after dk.
+    // 128 registers). M1s (d_a a^T, read no more) holds the third sums' parts.
     constexpr int NS = NT / C;
     static_assert(DK % NS == 0 && C % NS == 0, "input_grads: whole slices per row");
     const int i = tid / NS, sl = tid % NS;
-    float s3 = 0.f;
-#ifndef CS_TF32
-    float s1 = 0.f, s2 = 0.f;
+    float s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll 8
     for (int j = 0; j < DK / NS; ++j) {
       const int d = sl + j * NS;
       s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK4 + d], s1);
       s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK4 + d], s2);
     }
+    for (int t = sl; t < i; t += NS) s3 += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
     red[tid] = s1;
     red[NT + tid] = s2;
-#endif
-    for (int t = sl; t < i; t += NS) s3 += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
     M1s[i * LDC4 + sl] = s3;
   }
   __syncthreads();
   CS_MARK();  // 3: row dots
-  // vg, vt given the row dots d_qg . q, d_kt . k of row i
-  auto dots_in = [&](int i, float dqgq, float dto) {
-    vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
-    vt[i] = dto * ten[i];
-  };
   if (tid < C) {
     constexpr int NS = NT / C;
     const int i = tid;
-    float dls = 0.f;
-    for (int sl = 0; sl < NS; ++sl) dls += M1s[i * LDC4 + sl];
-    vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
-#ifndef CS_TF32
-    float dqgq = 0.f, dto = 0.f;
+    float dls = 0.f, dqgq = 0.f, dto = 0.f;
     for (int sl = 0; sl < NS; ++sl) {
       dqgq += red[i * NS + sl];
       dto += red[NT + i * NS + sl];
+      dls += M1s[i * LDC4 + sl];
     }
-    dots_in(i, dqgq, dto);
-#endif
+    vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
+    vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
+    vt[i] = dto * ten[i];
   }
   __syncthreads();
   // d_gam gam (strict) -> M1s; d_qk = scale d_p gam -> DPs; d_kk = d_l beta_i gam -> M2s.
@@ -1586,57 +1542,51 @@ _INPUT_GRADS = r"""
   }
   __syncthreads();
   CS_MARK();  // 4: per-row sums, d_gam
-  // d_g and d_beta: after the row dots (with CS_TF32, after dk: see above)
-  auto d_gates = [&]() {
-    {
-      // Row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]. NS threads per
-      // row, each a segment of C / NS columns: its own running sum, then the totals of the
-      // segments before it added.
-      constexpr int NS = NT / C, SEG = C / NS;
-      const int i = tid / NS, sl = tid % NS;
-      float* row = M1s + i * LDC4 + sl * SEG;
-      float r = 0.f;
-  #pragma unroll
-      for (int t = 0; t < SEG; ++t) {
-        const float x = row[t];
-        row[t] = r;
-        r += x;
-      }
-      red[tid] = r;
-      __syncthreads();
-      float before = 0.f;
-      for (int z = 0; z < sl; ++z) before += red[i * NS + z];
-  #pragma unroll
-      for (int t = 0; t < SEG; ++t) row[t] += before;
-      // d_g[m]: every span that covers gate m (t < m <= i). NS threads per gate, each the
-      // rows i = m + sl, m + sl + NS, .. and the gates t = sl, sl + NS, .. < m; the parts
-      // then summed in order.
-      __syncthreads();
-      const int m = i;
-      float s = 0.f;
-      for (int r2 = m + sl; r2 < C; r2 += NS) s += M1s[r2 * LDC4 + m] + vg[r2];
-      for (int t = sl; t < m; t += NS) s += vt[t];
-      red[NT + tid] = s;
+  {
+    // Row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]. NS threads per
+    // row, each a segment of C / NS columns: its own running sum, then the totals of the
+    // segments before it added.
+    constexpr int NS = NT / C, SEG = C / NS;
+    const int i = tid / NS, sl = tid % NS;
+    float* row = M1s + i * LDC4 + sl * SEG;
+    float r = 0.f;
+#pragma unroll
+    for (int t = 0; t < SEG; ++t) {
+      const float x = row[t];
+      row[t] = r;
+      r += x;
     }
+    red[tid] = r;
     __syncthreads();
-    if (tid < C) {
-      constexpr int NS = NT / C;
-      const int m = tid;
-      float s = 0.f;
-      for (int sl = 0; sl < NS; ++sl) s += red[NT + m * NS + sl];
-      float dd = 0.f;
-  #pragma unroll
-      for (int z = 0; z < NV; ++z) dd += DDECp[z * LN + cl];
-      s += dd * gma[C - 1];
-      const size_t r = (tok + m) * HV + h;
-      dg[r] = static_cast<TG>(csg::gate_ok(csg::f(g[r])) ? s : 0.f);
-      dbeta[r] = static_cast<TB>(isfinite(csg::f(beta[r])) ? vb[m] : 0.f);
-    }
-  };
-#ifndef CS_TF32
-  d_gates();
+    float before = 0.f;
+    for (int z = 0; z < sl; ++z) before += red[i * NS + z];
+#pragma unroll
+    for (int t = 0; t < SEG; ++t) row[t] += before;
+    // d_g[m]: every span that covers gate m (t < m <= i). NS threads per gate, each the
+    // rows i = m + sl, m + sl + NS, .. and the gates t = sl, sl + NS, .. < m; the parts
+    // then summed in order.
+    __syncthreads();
+    const int m = i;
+    float s = 0.f;
+    for (int r2 = m + sl; r2 < C; r2 += NS) s += M1s[r2 * LDC4 + m] + vg[r2];
+    for (int t = sl; t < m; t += NS) s += vt[t];
+    red[NT + tid] = s;
+  }
+  __syncthreads();
+  if (tid < C) {
+    constexpr int NS = NT / C;
+    const int m = tid;
+    float s = 0.f;
+    for (int sl = 0; sl < NS; ++sl) s += red[NT + m * NS + sl];
+    float dd = 0.f;
+#pragma unroll
+    for (int z = 0; z < NV; ++z) dd += DDECp[z * LN + cl];
+    s += dd * gma[C - 1];
+    const size_t r = (tok + m) * HV + h;
+    dg[r] = static_cast<TG>(csg::gate_ok(csg::f(g[r])) ? s : 0.f);
+    dbeta[r] = static_cast<TB>(isfinite(csg::f(beta[r])) ? vb[m] : 0.f);
+  }
   CS_MARK();  // 5: prefix sums, d_g, d_beta
-#endif
   const int gi = h % G;
   // bf16 / fp16 q and k: exact in tf32, so Qs and Ks go to the tensor cores unrounded
   constexpr bool EXQK = sizeof(*q) == 2 && sizeof(*k) == 2;
@@ -1653,13 +1603,8 @@ _INPUT_GRADS = r"""
                const bool ok = isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
                return ok ? x + scale * gma[i] * pre[a][bb] : 0.f;
              });
-#ifdef CS_TF32
-    // d_qg . q per row and 16 columns, into KKs (kk: read no more) as [C][DK / 16]
-    csg::tile_row_dots(dq, [&](int a, int bb) { return pre[a][bb]; },
-                       [&](int i, int d) { return Qs[i * LDK4 + d]; }, KKs);
-#endif
   }
-  CS_MARK();  // 6 (5 with CS_TF32): dq
+  CS_MARK();  // 6: dq
   {
     csg::Prod<C, DK, NT, true, true> t1, t2;
     t1.zero();
@@ -1674,29 +1619,8 @@ _INPUT_GRADS = r"""
                const bool ok = isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
                return ok ? x + t2.at(a, bb) * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
              });
-#ifdef CS_TF32
-    // d_kt . k per row and 16 columns, into QKs (qk: read no more)
-    csg::tile_row_dots(t1, [&](int a, int bb) { return pre[a][bb]; },
-                       [&](int i, int d) { return Ks[i * LDK4 + d]; }, QKs);
-#endif
   }
-  CS_MARK();  // 7 (6 with CS_TF32): dk
-#ifdef CS_TF32
-  __syncthreads();
-  if (tid < C) {  // the row dots: each row's DK / 16 parts, in order
-    constexpr int TN = DK / 16;
-    float dqgq = 0.f, dto = 0.f;
-#pragma unroll
-    for (int c = 0; c < TN; ++c) {
-      dqgq += KKs[tid * TN + c];
-      dto += QKs[tid * TN + c];
-    }
-    dots_in(tid, dqgq, dto);
-  }
-  __syncthreads();
-  d_gates();
-  CS_MARK();  // 7: the row dots' sums, prefix sums, d_g, d_beta
-#endif
+  CS_MARK();  // 7: dk
   __syncthreads();
   float* DVs = Gs;            // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
   static_assert(DV + 4 <= 6 * (C + 4), "d_vnew fits over gam .. m1");
