@@ -50,9 +50,10 @@ Every output still sums over ``k`` in order with ``fmaf``, as before (measured o
 H200: the op's time within 2% of the layout before; ``docs/benchmarks.md``, runs 20-22).
 ``prepare`` inverts ``I + L`` in blocks (16-row diagonal blocks by forward substitution,
 each thread a column in registers, then doubling), not row by row; ``state_grads``
-stages ``w``, ``kt``, ``S`` and ``dS`` through shared memory 32 columns of ``Dk`` at a
-time (``S`` and ``dS`` twice: 104 KiB per block at the Qwen3-Next shape, two blocks per
-multiprocessor). Phase clocks for
+stages ``w``, ``kt``, ``S`` and ``dS`` through shared memory ``KS`` columns of ``Dk`` at
+a time (``S`` and ``dS`` twice; :func:`piece_columns`: 64 in a block of all 128 columns
+of ``Dv``, 219 KiB at the Qwen3-Next shape, one block per multiprocessor; 32 in blocks
+of 64 columns, 104 KiB, two blocks). Phase clocks for
 tuning: ``CHUNKSCAN_GDN_PROFILE=1`` (``bench/gdn_fused_kernels.py --profile``).
 
 Tested (``tests/ops/test_gated_delta_fused.py``) by running these sources on the CPU
@@ -95,12 +96,12 @@ _NT_512 = {("input_grads", 32), ("input_grads", 64)}
 _NT_512_WIDE = ("output", "state_grads")  # at TV = WIDE_TV
 # Columns of Dv per block of state_gradients (NV = Dv / TV partial sums) and of output:
 # at C = 64, all of a Dv of 128 in one block (WIDE_TV) where it fits the device's shared
-# memory (187 KiB for state_grads, with 512 threads: run 61, Nsight Compute at T = 16384,
-# the five kernels 12.6 ms against 13.3 with 64 columns, input_grads reading one partial
-# sum instead of two); else 64 where it divides Dv (fewer partial sums to write and add
-# than 32; faster on the H200 at both chunk sizes, and with TF32 products 26.9-27.6 ms
-# against 23.5-24.2 for the op at T = 16384, run 38), else 32. For tuning,
-# CHUNKSCAN_GDN_TV (32, 64 or 128).
+# memory (state_grads: 219 KiB with pieces of 64 columns of Dk, 187 with 32; 512
+# threads: run 61, Nsight Compute at T = 16384, the five kernels 12.6 ms against 13.3
+# with 64 columns, input_grads reading one partial sum instead of two); else 64 where
+# it divides Dv (fewer partial sums to write and add than 32; faster on the H200 at both
+# chunk sizes, and with TF32 products 26.9-27.6 ms against 23.5-24.2 for the op at
+# T = 16384, run 38), else 32. For tuning, CHUNKSCAN_GDN_TV (32, 64 or 128).
 TV = 64
 WIDE_TV = 128
 _WIDE_C = (64,)  # C = 32 keeps 64 columns (not measured wide)
@@ -769,12 +770,16 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
 // one B fragment per k step; otherwise (a head of 96: 6 tiles per row) each tile loads
 // its own. (Three products sharing B in one run, input_grads' kk, qk and d_w k^T, took
 // its float32 variants past 128 registers, which 512 threads cannot launch: run 41.)
+// RA / RB (TF32 builds): round that operand's values to tf32 as they are read; false
+// where every value already is one (raw bf16 / fp16 inputs, or written with
+// CS_OPERAND), which the emulator checks (cs_mma8).
 template <int K, bool KA, bool KB, bool RA = true, bool RB = true, class MM>
 __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const float* B, int ldb) {
   static_assert(K % 8 == 0, "TcMM: k in steps of 8");
 #ifdef CS_TF32
   // mma.sync: per k step of 8 and tile, A's fragment [16, 8] and B's two [8, 8] (the
-  // tile's column halves), each element rounded to tf32, as cs_round rounds wmma's
+  // tile's column halves), each element rounded to tf32 (RA, RB), as cs_round rounds
+  // wmma's
   constexpr bool SHARED_B = MM::NWARPS % MM::TN == 0;
   if (mm.tile(0) >= MM::TILES) return;  // a warp without tiles (the same for the warp)
   const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
