@@ -243,9 +243,9 @@ def test_supports_follows_the_device_shared_memory(monkeypatch, kib):
 def test_defaults_shrink_to_fit_the_device(monkeypatch):
     """The H200's choices: at C = 64 all 128 columns of Dv in one output / state_grads
     block with 512 threads (219.25 KiB for state_grads, its pieces of Dk 64 columns
-    wide; 187.25 with pieces of 32), 64 columns at C = 32, 512
-    threads for input_grads, 256 for the rest; where they would not fit, 64 columns, then
-    32, and 256 threads."""
+    wide; 187.25 with pieces of 32), 64 columns at C = 32, 512 threads for input_grads,
+    256 for the rest; where they would not fit, pieces of 32, 64 columns, then 32, and
+    256 threads."""
     fake_cuda_limits(monkeypatch, 227)
     assert _chunk_cuda.slice_columns(128, 64, 128) == 128
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64
