@@ -1431,19 +1431,21 @@ _INPUT_GRADS = r"""
   CS_MARK();  // 0: loads (partial sums added)
   csg::chunk_gates<C, NT>(gf, gma, ten);
   csg::fill_gam<C, LDC4, NT>(gf, Gs);
+  // bf16 / fp16 q and k: exact in tf32 (one product per tile; Qs and Ks go to the tensor
+  // cores unrounded)
+  constexpr bool EXQK = sizeof(*q) == 2 && sizeof(*k) == 2;
 #ifdef CS_TC
   {
-    constexpr bool EX = sizeof(*q) == 2 && sizeof(*k) == 2;  // bf16 / fp16: exact in tf32
-    csg::TcMM<C, C, NT / 32, EX, EX> kk, qk;
+    csg::TcMM<C, C, NT / 32, EXQK, EXQK> kk, qk;
     kk.zero();
-    csg::tc_run<DK, true, true, !EX, !EX>(kk, Ks, LDK4, Ks, LDK4);
+    csg::tc_run<DK, true, true, !EXQK, !EXQK>(kk, Ks, LDK4, Ks, LDK4);
     kk.store(KKs, LDC4);
     qk.zero();
-    csg::tc_run<DK, true, true, !EX, !EX>(qk, Qs, LDK4, Ks, LDK4);
+    csg::tc_run<DK, true, true, !EXQK, !EXQK>(qk, Qs, LDK4, Ks, LDK4);
     qk.store(QKs, LDC4);
-    csg::TcMM<C, C, NT / 32, false, EX> m1;  // d_w: partial sums, not exact
+    csg::TcMM<C, C, NT / 32, false, EXQK> m1;  // d_w: partial sums, not exact
     m1.zero();
-    csg::tc_run<DK, true, true, true, !EX>(m1, Ws, LDK4, Ks, LDK4);
+    csg::tc_run<DK, true, true, true, !EXQK>(m1, Ws, LDK4, Ks, LDK4);
     m1.store(M1s, LDC4);
   }
 #else
@@ -1593,8 +1595,6 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 5: prefix sums, d_g, d_beta
   const int gi = h % G;
-  // bf16 / fp16 q and k: exact in tf32, so Qs and Ks go to the tensor cores unrounded
-  constexpr bool EXQK = sizeof(*q) == 2 && sizeof(*k) == 2;
   {
     csg::Prod<C, DK, NT, false, true> dq;
     dq.zero();
