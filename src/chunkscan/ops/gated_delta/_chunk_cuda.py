@@ -587,6 +587,58 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
     }
   }
 }
+// One doubling level of prepare's inverse A = (I + L)^-1 (row stride LD, L strictly
+// lower, A's diagonal blocks of S rows done): each pair of diagonal blocks
+// [[A11, 0], [L21, A22]] (rows and columns b0 .. b0 + 2 S) gets its block below the
+// diagonal X21 = -A22 (L21 A11), through T = L21 A11 in L's block above the pair's
+// diagonal (rows b0 .., columns b0 + S ..: L is strictly lower, so that block is free and
+// no level reads it again). A thread owns R rows i of one column m of a pair's S x S
+// block, so each value of A11 (of T) it reads serves R sums, and its R sums run side by
+// side. Every sum runs over the whole k range in order, from zero: the terms outside the
+// triangles multiply an exact zero (A11 and A22 above their diagonals, cleared before)
+// and add +-0 to a zero sum or nothing to a non-zero one, so each entry is bitwise the
+// sum over the triangle alone (for finite L).
+template <int S, int C, int LD, int NT>
+__device__ __forceinline__ void inverse_level(float* Ls, float* As) {
+  constexpr int PAIRS = C / (2 * S), OUT = PAIRS * S * S;
+  constexpr int R = OUT >= 4 * NT ? 4 : OUT >= 2 * NT ? 2 : 1;
+  constexpr int UNITS = OUT / R, PER_PAIR = S * S / R;
+  static_assert(S % R == 0, "inverse_level: rows per thread divide the block");
+  for (int u = threadIdx.x; u < UNITS; u += NT) {
+    const int b0 = (u / PER_PAIR) * 2 * S, i0 = ((u % PER_PAIR) / S) * R, m = u % S;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const float* l21 = Ls + (b0 + S + i0) * LD + b0;  // L21 [i0 + r][t]
+    const float* a11 = As + b0 * LD + b0 + m;         // A11 [t][m]
+#pragma unroll
+    for (int t = 0; t < S; ++t) {
+      const float a = a11[t * LD];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(l21[r * LD + t], a, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) Ls[(b0 + i0 + r) * LD + b0 + S + m] = acc[r];
+  }
+  __syncthreads();
+  for (int u = threadIdx.x; u < UNITS; u += NT) {
+    const int b0 = (u / PER_PAIR) * 2 * S, i0 = ((u % PER_PAIR) / S) * R, m = u % S;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const float* a22 = As + (b0 + S + i0) * LD + b0 + S;  // A22 [i0 + r][t]
+    const float* tt = Ls + b0 * LD + b0 + S + m;          // T [t][m]
+#pragma unroll
+    for (int t = 0; t < S; ++t) {
+      const float x = tt[t * LD];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(a22[r * LD + t], x, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) As[(b0 + S + i0 + r) * LD + b0 + m] = -acc[r];
+  }
+  __syncthreads();
+}
 }  // namespace csg
 """
 )
@@ -981,14 +1033,15 @@ _PREPARE = r"""
   CS_MARK();  // 2: kk, qk
   // A = (I + L)^-1 (L strictly lower) in blocks: the diagonal blocks of B0 = 16 rows by
   // forward substitution, all of them at once (inside a block, A[i][m] = [i == m] -
-  // sum_{m <= t < i} L[i][t] A[t][m]); then by doubling, for s = 16, 32, ..: each pair of
-  // diagonal blocks [[A11, 0], [L21, A22]] of size s gets X21 = -A22 (L21 A11). The
-  // blocks above the diagonal stay zero (As was cleared with the kk, qk phase).
+  // sum_{m <= t < i} L[i][t] A[t][m]); then by doubling (csg::inverse_level), for s =
+  // 16, 32, ..: X21 = -A22 (L21 A11). The blocks above the diagonal stay zero (As was
+  // cleared with the kk, qk phase).
   {
     constexpr int B0 = 16;
     if (tid < C) {  // thread (block q0, column m) owns column m of its block: no barriers
       const int q0 = (tid / B0) * B0, m = tid % B0;
-      float col[B0];  // A[q0 + t][q0 + m], t < B0
+      float col[B0];  // A[q0 + t][q0 + m], t < B0; stored once all are known, so that
+                      // no store stands between L's loads
 #pragma unroll
       for (int r = 0; r < B0; ++r) {
         float val = m == r ? 1.f : 0.f;
@@ -1000,46 +1053,29 @@ _PREPARE = r"""
           val = -s;
         }
         col[r] = val;
-        As[(q0 + r) * LDC + q0 + m] = val;
       }
-    } else {  // the other warps meanwhile: k beta gamma into Xs (q is no longer needed), K~
+#pragma unroll
+      for (int r = 0; r < B0; ++r) As[(q0 + r) * LDC + q0 + m] = col[r];
+    } else {  // the other warps meanwhile: k beta gamma into Xs (q is no longer needed), K~;
+              // four values of a row at a time
       static_assert(NT > C, "prepare: warps beside the forward substitution");
-      for (int e = tid - C; e < C * DK; e += NT - C) {
-        const int i = e / DK, d = e % DK;
-        const float kv = Ks[i * LDK4 + d];
-        Xs[i * LDM + d] = CS_OPERAND(kv * (bt[i] * gma[i]));
-        KT[(cl * C + i) * DK + d] = kv * ten[i];
+      static_assert(DK % 4 == 0, "prepare: rows of K~ in runs of four");
+      for (int e = tid - C; e < C * DK / 4; e += NT - C) {
+        const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
+        const float4 kv = csg::ld4(Ks + i * LDK4 + d);
+        const float kb = bt[i] * gma[i], te = ten[i];
+        *reinterpret_cast<float4*>(Xs + i * LDM + d) =
+            make_float4(CS_OPERAND(kv.x * kb), CS_OPERAND(kv.y * kb), CS_OPERAND(kv.z * kb),
+                        CS_OPERAND(kv.w * kb));
+        csg::st4(KT + (cl * C + i) * DK + d,
+                 make_float4(kv.x * te, kv.y * te, kv.z * te, kv.w * te));
       }
     }
     __syncthreads();
-    // T = L21 A11 of the pair at rows and columns b0 .. b0 + 2 s goes to Ls' block above
-    // the pair's diagonal (rows b0 .., columns b0 + s ..): L is strictly lower, so that
-    // block is free, and no level reads it again.
-    // The levels unrolled, so that s is a constant in each: the index arithmetic below
-    // (divisions by s and s * s) becomes shifts and masks.
     constexpr int LEVELS = (C >= 2 * B0) + (C >= 4 * B0);
     static_assert((B0 << LEVELS) == C, "prepare: C is 16, 32 or 64");
-#pragma unroll
-    for (int lv = 0; lv < LEVELS; ++lv) {
-      const int s = B0 << lv;
-      const int pairs = C / (2 * s);
-      for (int e = tid; e < pairs * s * s; e += NT) {
-        const int b0 = (e / (s * s)) * 2 * s, i = (e / s) % s, m = e % s;
-        float acc = 0.f;
-        for (int t = m; t < s; ++t)
-          acc = fmaf(Ls[(b0 + s + i) * LDC + b0 + t], As[(b0 + t) * LDC + b0 + m], acc);
-        Ls[(b0 + i) * LDC + b0 + s + m] = acc;
-      }
-      __syncthreads();
-      for (int e = tid; e < pairs * s * s; e += NT) {
-        const int b0 = (e / (s * s)) * 2 * s, i = (e / s) % s, m = e % s;
-        float acc = 0.f;
-        for (int t = 0; t <= i; ++t)
-          acc = fmaf(As[(b0 + s + i) * LDC + b0 + s + t], Ls[(b0 + t) * LDC + b0 + s + m], acc);
-        As[(b0 + s + i) * LDC + b0 + m] = -acc;
-      }
-      __syncthreads();
-    }
+    if constexpr (LEVELS >= 1) csg::inverse_level<B0, C, LDC, NT>(Ls, As);
+    if constexpr (LEVELS >= 2) csg::inverse_level<2 * B0, C, LDC, NT>(Ls, As);
   }
   if (WRITE_A)  // the backward's (the forward needs no A)
     for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
