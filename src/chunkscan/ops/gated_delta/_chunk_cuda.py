@@ -319,6 +319,56 @@ __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t
   }
 }
 
+// load_tile in two steps, for a tile of at most four 16-byte loads per thread (ROWS COLS
+// <= 4 VW NT): issue(src, ld) starts this thread's loads into registers, land(put) then
+// converts them and hands every value on as load_tile does (the same values), so that
+// work in between hides the loads' latency. Where they would not be 16-byte loads (or the
+// tile is larger, or with CS_SCALAR_LOADS), issue() only notes src and land() is
+// load_tile. T: the element type (csg::elem_t of the pointer).
+template <class P> struct elem;
+template <class T> struct elem<const T*> { using type = T; };
+template <class P> using elem_t = typename elem<P>::type;
+template <int ROWS, int COLS, int NT, class T> struct TileLoad {
+  static constexpr int VW = 16 / sizeof(T), PR = COLS / VW, ITEMS = ROWS * PR;
+  static constexpr int LU = (ITEMS + NT - 1) / NT;
+  static constexpr bool SPLIT = LU <= 4;
+  static_assert(COLS % VW == 0, "TileLoad: rows of whole 16-byte pieces");
+  const T* src = nullptr;
+  size_t ld = 0;
+  bool vec = false;
+  uint4 r[SPLIT ? LU : 1];
+  __device__ __forceinline__ void issue(const T* s, size_t l) {
+    src = s;
+    ld = l;
+#ifdef CS_SCALAR_LOADS
+    vec = false;
+#else
+    vec = SPLIT && ((reinterpret_cast<unsigned long long>(s) | (l * sizeof(T))) & 15) == 0;
+#endif
+    if (vec) {
+#pragma unroll
+      for (int u = 0; u < (SPLIT ? LU : 1); ++u) {
+        const int e = threadIdx.x + u * NT;
+        if (e < ITEMS) r[u] = *reinterpret_cast<const uint4*>(s + size_t(e / PR) * l + (e % PR) * VW);
+      }
+    }
+  }
+  template <class F> __device__ __forceinline__ void land(F put) const {
+    if (!vec) {
+      load_tile<ROWS, COLS, NT>(src, ld, put);
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < (SPLIT ? LU : 1); ++u) {
+      const int e = threadIdx.x + u * NT;
+      if (e < ITEMS) {
+#pragma unroll
+        for (int q = 0; q < VW; ++q) put(e / PR, (e % PR) * VW + q, unpack(src, r[u], q));
+      }
+    }
+  }
+};
+
 // A float32 tile of global memory into shared memory (dst row stride ldd, a multiple of
 // 4) with 16-byte cp.async copies: no registers held, so every copy of a phase is in
 // flight at once (load_tile holds up to four 16-byte loads per thread and stores them
@@ -1082,6 +1132,9 @@ _PREPARE = r"""
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
   CS_MARK();  // 3: the inverse, stores
+  // v's loads start now and land after w's product, which hides their latency
+  csg::TileLoad<C, DV, NT, csg::elem_t<decltype(v)>> vl;
+  vl.issue(v + tok * HV * DV + h * DV, HV * DV);
 #ifdef CS_TF32
   // w and u on the tensor cores, one tf32 product per tile: a copied into Ls' region
   // with row stride LDC4 (the inverse's scratch there is no longer read).
@@ -1103,9 +1156,7 @@ _PREPARE = r"""
   }
 #endif
   __syncthreads();
-  csg::load_tile<C, DV, NT>(v + tok * HV * DV + h * DV, HV * DV, [&](int i, int c, float x) {
-    Xs[i * LDM + c] = CS_OPERAND(csg::fin(x) * bt[i]);
-  });
+  vl.land([&](int i, int c, float x) { Xs[i * LDM + c] = CS_OPERAND(csg::fin(x) * bt[i]); });
   __syncthreads();
 #ifdef CS_TF32
   {
@@ -1154,6 +1205,9 @@ _OUTPUT = r"""
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads
+  // MODE_H: d_o's loads start now and land once X is done, which hides their latency
+  csg::TileLoad<C, TV, NT, csg::elem_t<decltype(dout)>> dol;
+  if (MODE_H) dol.issue(dout + (tok * HV + h) * DV + e0, HV * DV);
   csg::chunk_gates<C, NT>(gf, gma, ten);
   __syncthreads();
 #ifdef CS_TF32
@@ -1185,9 +1239,7 @@ _OUTPUT = r"""
   __syncthreads();
   CS_MARK();  // 1: gates, X
   if (MODE_H) {
-    csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
-      Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
-    });
+    dol.land([&](int i, int c, float x) { Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x; });
   } else {
     csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
     csg::copies_land();
