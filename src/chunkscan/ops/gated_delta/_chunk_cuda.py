@@ -1017,15 +1017,18 @@ _PREPARE = r"""
   float* bt = gf + C;
   float* gma = bt + C;
   float* ten = gma + C;
+  // k's and q's loads all in flight at once (one memory latency, not two), then the gates'
+  const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
+  csg::TileLoad<C, DK, NT, csg::elem_t<decltype(k)>> kl;
+  csg::TileLoad<C, DK, NT, csg::elem_t<decltype(q)>> ql;
+  kl.issue(k + qk0, HK * DK);
+  ql.issue(q + qk0, HK * DK);
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
   }
-  const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
-  csg::load_tile<C, DK, NT>(k + qk0, HK * DK,
-                            [&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
-  csg::load_tile<C, DK, NT>(q + qk0, HK * DK,
-                            [&](int i, int d, float x) { Xs[i * LDM + d] = csg::fin(x); });
+  kl.land([&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
+  ql.land([&](int i, int d, float x) { Xs[i * LDM + d] = csg::fin(x); });
   __syncthreads();
   CS_MARK();  // 0: loads
   csg::chunk_gates<C, NT>(gf, gma, ten);
@@ -1329,14 +1332,17 @@ _STATE_GRADS = r"""
   // loads, each of which reads its row's flag there.
   static_assert(NT >= C, "state_grads: a thread per row's flag");
   csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // in the background from here on
+  // d_o's and v's loads in flight together (one memory latency, not two) while the flags
+  // come in
+  const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
+  csg::TileLoad<C, TV, NT, csg::elem_t<decltype(dout)>> dol;
+  csg::TileLoad<C, TV, NT, csg::elem_t<decltype(v)>> vl;
+  dol.issue(dout + o0, HV * DV);
+  vl.issue(v + o0, HV * DV);
   if (tid < C) bad[tid] = obad[(tok + tid) * HV + h] ? 1.f : 0.f;
   __syncthreads();
-  const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
-  csg::load_tile<C, TV, NT>(dout + o0, HV * DV, [&](int i, int r, float x) {
-    Do[i * LDT + r] = bad[i] != 0.f ? 0.f : x;
-  });
-  csg::load_tile<C, TV, NT>(v + o0, HV * DV,
-                            [&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
+  dol.land([&](int i, int r, float x) { Do[i * LDT + r] = bad[i] != 0.f ? 0.f : x; });
+  vl.land([&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: p, d_o, v loads
@@ -1511,24 +1517,35 @@ _INPUT_GRADS = r"""
     for (int z = 0; z < NV; ++z) s += X[((z * LN + cl) * C + i) * cols + c];
     return s;
   };
-  csg::copy_tile<C, C, NT>(As, LDC4, A + cl * C * C, C);  // in the background
+  // The loads in flight together: a, and with one slice (NV = 1) d_w, d_p and m2, copied
+  // in the background; k's and q's loads, then (NV > 1) the partial sums added as they
+  // come. d_p is read in full (state_grads' tensor-core form writes it so); only its
+  // causal part is used (below, where it is read).
+  csg::copy_tile<C, C, NT>(As, LDC4, A + cl * C * C, C);
+  if constexpr (NV == 1) {
+    csg::copy_tile<C, DK, NT>(Ws, LDK4, DWp + cl * C * DK, DK);
+    csg::copy_tile<C, C, NT>(DPs, LDC4, DPp + cl * C * C, C);
+    csg::copy_tile<C, C, NT>(M2s, LDC4, M2p + cl * C * C, C);
+  }
+  const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
+  csg::TileLoad<C, DK, NT, csg::elem_t<decltype(k)>> kl;
+  csg::TileLoad<C, DK, NT, csg::elem_t<decltype(q)>> ql;
+  kl.issue(k + qk0, HK * DK);
+  ql.issue(q + qk0, HK * DK);
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
   }
-  const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
-  csg::load_tile<C, DK, NT>(k + qk0, HK * DK,
-                            [&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
-  csg::load_tile<C, DK, NT>(q + qk0, HK * DK,
-                            [&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
-  csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,  // the NV partial sums, added
-                                [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
-  // d_p's causal part (state_grads' tensor-core form writes it in full)
-  csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C, [&](int i, int t, float x) {
-    DPs[i * LDC4 + t] = t <= i ? x : 0.f;
-  }, LN * C * C);
-  csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
-                               [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
+  if constexpr (NV > 1) {  // the NV partial sums, added
+    csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,
+                                  [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
+    csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C,
+                                 [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
+    csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
+                                 [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
+  }
+  kl.land([&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
+  ql.land([&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads (partial sums added)
@@ -1638,7 +1655,7 @@ _INPUT_GRADS = r"""
   for (int e = tid; e < C * C; e += NT) {
     const int i = e / C, t = e % C;
     const int x = i * LDC4 + t;
-    const float gm = Gs[x], dl = M2s[x], dp = DPs[x];
+    const float gm = Gs[x], dl = M2s[x], dp = t <= i ? DPs[x] : 0.f;  // d_p's causal part
     M1s[x] = t < i ? (scale * dp * QKs[x] + dl * bt[i] * KKs[x]) * gm : 0.f;
     DPs[x] = scale * dp * gm;
     M2s[x] = dl * bt[i] * gm;
