@@ -159,8 +159,7 @@ def kernels():
             base.append(("SCALE_BITS", cc.scale_bits(scale)))
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [("WRITE_A", dt != "float32")],
-                     "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv),
-                                ("OWN_W", cc.output_own_w(C, Dk, tv))],
+                     "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
                      "state_grads": [("TV", tv), ("KS", cc.piece_columns(C, Dk, Dv, tv, nt))],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip
@@ -179,14 +178,6 @@ def kernels():
                 out.append((label + " tf32", f"chunkscan_gdn_{which}_tf32_tc",
                             "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC,
                             cc._COMMON + source, ins, outs_t, base + extra))  # fmt: skip
-            if which == "output" and nt == 512 and C == 64:  # w in S's region (OWN_W off:
-                # devices whose shared memory does not hold w apart)
-                shared_w = [(n, False if n == "OWN_W" else x) for n, x in base + extra]
-                out.append((label + " shared-w", f"chunkscan_gdn_{which}", cc._HEADER,
-                            cc._COMMON + source, ins, outs_t, shared_w))  # fmt: skip
-                out.append((label + " tf32 shared-w", f"chunkscan_gdn_{which}_tf32_tc",
-                            "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC,
-                            cc._COMMON + source, ins, outs_t, shared_w))  # fmt: skip
             if nt == 512 and C == 64:  # the phase clocks (CHUNKSCAN_GDN_PROFILE=1)
                 out.append((label + " profile", f"chunkscan_gdn_{which}",
                             "#define CS_PROFILE 1\n" + cc._HEADER, cc._COMMON + source,

@@ -259,18 +259,12 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     # state_grads' pieces of Dk: 64 columns in a wide block (219.25 KiB), else 32
     assert _chunk_cuda.piece_columns(64, 128, 128, 128, 512) == 64
     assert _chunk_cuda.smem_bytes("state_grads", 64, 128, 128) == 219.25 * 1024
-    # output: w apart from S where it fits (183 KiB), else in S's region (150)
-    assert _chunk_cuda.output_own_w(64, 128, 128)
-    assert _chunk_cuda.smem_bytes("output", 64, 128, 128) == 183 * 1024
     assert _chunk_cuda.piece_columns(64, 96, 128, 128, 512) == 32  # 64 does not divide 96
     assert _chunk_cuda.piece_columns(64, 128, 128, 64, 256) == 32
     fake_cuda_limits(monkeypatch, 219)  # still one slice, in pieces of 32 (187.25 KiB)
     assert _chunk_cuda.slice_columns(128, 64, 128) == 128
     assert _chunk_cuda.piece_columns(64, 128, 128, 128, 512) == 32
     assert _chunk_cuda.smem_bytes("state_grads", 64, 128, 128) == 187.25 * 1024
-    fake_cuda_limits(monkeypatch, 182)
-    assert not _chunk_cuda.output_own_w(64, 128, 128)
-    assert _chunk_cuda.smem_bytes("output", 64, 128, 128, 512, 128) == 150 * 1024
     fake_cuda_limits(monkeypatch, 187)  # an A100's 163 KiB and below: 64 columns
     assert _chunk_cuda.slice_columns(128, 64, 128) == 64
     assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 256
@@ -488,32 +482,6 @@ def test_emulated_wide_and_single_loads_agree(emulated, monkeypatch, dtype):
     assert_close([x.astype(mx.float32) for x in runs[0]],
                  outputs_and_grads(naive, [x.astype(mx.float32) for x in inputs]),
                  tol=1e-4 if dtype == mx.float32 else 2**-7)  # fmt: skip
-
-
-@needs_cxx
-def test_emulated_output_keeps_w_apart_or_in_s_region(emulated, monkeypatch):
-    """``output`` keeps ``w`` in a shared-memory region of its own where the device holds
-    it (``OWN_W``: the forward copies ``S`` from the block's start), else in the region
-    that ``S`` (or ``d_o``) takes after ``X``'s product: every value and gradient bit for
-    bit the same."""
-    inputs = make_inputs(1, 40, 1, 2, 32, 64)
-    own_w = []
-    real = _chunk_cuda._launch
-
-    def launch(which, args, template, *rest, **kwargs):
-        if which == "output":
-            own_w.append(dict(template)["OWN_W"])
-        return real(which, args, template, *rest, **kwargs)
-
-    monkeypatch.setattr(_chunk_cuda, "_launch", launch)
-    apart = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, kernels=False)
-    assert own_w and all(own_w)  # the default where it fits (here: everywhere)
-    own_w.clear()
-    monkeypatch.setattr(_chunk_cuda, "output_own_w", lambda C, Dk, tv: False)
-    shared = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, kernels=False)
-    assert own_w and not any(own_w)
-    for name, a, b in zip(NAMES, apart, shared):
-        assert mx.array_equal(a, b).item(), name
 
 
 @needs_cxx

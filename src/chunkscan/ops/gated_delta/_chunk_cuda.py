@@ -1182,45 +1182,30 @@ _PREPARE = r"""
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
   // Each block: TV columns of o (rows of S and of h) from e0 on, blockIdx.z = e0 / TV.
-  // OWN_W (where the device's shared memory holds it: Python's output_own_w): w in a
-  // region of its own, so that the outputs' S is copied from the block's start, behind
-  // the loads and X's product; else w shares S's region and S comes after X.
   constexpr int LDT = TV + 4;
   constexpr int BIG0 = (TV * LDK4 > C * LDT ? TV * LDK4 : C * LDT);
-  constexpr int BIG = (OWN_W || BIG0 > C * LDK4 ? BIG0 : C * LDK4);
-  constexpr bool EARLY_S = OWN_W && !MODE_H;
+  constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
   const int e0 = blockIdx.z * TV;
   CS_DYN_SMEM(sm);
   float* Xs = sm;             // [C][LDK4] q, then X = qg - p w
   float* Ps = Xs + C * LDK4;  // [C][LDC4] p
-  float* Bs = Ps + C * LDC4;  // [TV][LDK4] S or [C][LDT] d_o slice (w before, !OWN_W)
+  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then [TV][LDK4] S or [C][LDT] d_o slice
   float* Us = Bs + BIG;       // [C][LDT] u slice (outputs only)
-  float* rest = Us + (MODE_H ? 0 : C * LDT);
-  float* Ws = OWN_W ? rest : Bs;  // [C][LDK4] w
-  float* gf = rest + (OWN_W ? C * LDK4 : 0);
+  float* gf = Us + (MODE_H ? 0 : C * LDT);
   float* gma = gf + C;
   float* ten = gma + C;
   float* bad = ten + C;  // o_bad of the chunk's rows (1 or 0), read once per block
-  // w, p (and u; with EARLY_S, S after them) copied in the background while q comes
-  // through registers
-  csg::copy_tile<C, DK, NT>(Ws, LDK4, W + cl * C * DK, DK);
+  // w, p (and u) copied in the background while q comes through registers
+  csg::copy_tile<C, DK, NT>(Bs, LDK4, W + cl * C * DK, DK);
   csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
   if (!MODE_H) csg::copy_tile<C, TV, NT>(Us, LDT, U + cl * C * DV + e0, DV);
-  if (EARLY_S) {
-    cs_cp_async_commit();  // w, p, u: one group; S the next, landed after X's product
-    csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
-    cs_cp_async_commit();
-  }
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bad[i] = obad[(tok + i) * HV + h] ? 1.f : 0.f;
   }
   csg::load_tile<C, DK, NT>(q + tok * HK * DK + hk * DK, HK * DK,
                             [&](int i, int d, float x) { Xs[i * LDK4 + d] = csg::fin(x); });
-  if (EARLY_S)
-    cs_cp_async_wait_prior();  // every group but S's
-  else
-    csg::copies_land();
+  csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads
   // MODE_H: d_o's loads start now and land once X is done, which hides their latency
@@ -1237,7 +1222,7 @@ _OUTPUT = r"""
   {
     csg::TcMM<C, DK, NT / 32, true, true> x;
     x.zero();
-    csg::tc_run<C, true, false>(x, Ps, LDC4, Ws, LDK4);
+    csg::tc_run<C, true, false>(x, Ps, LDC4, Bs, LDK4);
     x.each([&](int i0, int d0, csg::TcAcc& val) {  // each tile read and written by its warp
       csg::TcAcc qg;
       csg::load_acc(qg, Xs + i0 * LDK4 + d0, LDK4);
@@ -1248,7 +1233,7 @@ _OUTPUT = r"""
 #else
   {
     csg::Tile<C, DK, NT, false, true> x;
-    x.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Ws, LDK4));
+    x.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Bs, LDK4));
     x.each([&](int i, int d, float val, int, int) {
       Xs[i * LDK4 + d] = scale * gma[i] * Xs[i * LDK4 + d] - val;
     });
@@ -1259,7 +1244,7 @@ _OUTPUT = r"""
   if (MODE_H) {
     dol.land([&](int i, int c, float x) { Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x; });
   } else {
-    if (!EARLY_S) csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
+    csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
     csg::copies_land();
   }
   __syncthreads();
@@ -1855,30 +1840,14 @@ def smem_bytes(
     if which == "prepare":
         floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c4 + 4 * C
     elif which == "output":
-        floats = _output_floats(C, Dk, tv, own_w=output_own_w(C, Dk, tv))
+        t4 = tv + 4
+        floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
     elif which == "state_grads":  # S and dS KS columns of Dk at a time
         ks = piece_columns(C, Dk, Dv, tv, nt) if ks is None else ks
         floats = 2 * tv * (ks + 4) + C * c4 + 4 * C * (tv + 4) + nt + C
     else:
         floats = 7 * C * c4 + 3 * C * k4 + 2 * nt + 9 * C
     return 4 * floats
-
-
-def _output_floats(C: int, Dk: int, tv: int, own_w: bool) -> int:
-    """``output``'s shared memory in floats (its kernel's layout): ``X``, ``p``, the
-    region of ``S`` or ``d_o`` (and ``w`` before them unless ``own_w``), ``u``, ``w``
-    where ``own_w``, four rows of ``C``."""
-    k4, t4 = Dk + 4, tv + 4
-    big = max(tv * k4, C * t4) if own_w else max(tv * k4, C * t4, C * k4)
-    return C * k4 + C * (C + 4) + big + C * t4 + (C * k4 if own_w else 0) + 4 * C
-
-
-def output_own_w(C: int, Dk: int, tv: int) -> bool:
-    """Whether ``output`` keeps ``w`` in a region of its own (its template constant
-    ``OWN_W``), so that the forward's ``S`` is copied from the block's start, behind the
-    loads and ``X``'s product: where the device's shared memory holds that (183 KiB at
-    the Qwen3-Next shape, against 150 with ``w`` in ``S``'s region)."""
-    return 4 * _output_floats(C, Dk, tv, own_w=True) <= cuda_limits().smem_per_block
 
 
 def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
@@ -2025,9 +1994,7 @@ def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.ar
     L, Dv = entering.shape[0], entering.shape[2]
     Hv = L // B
     tv = slice_columns(Dv, C, Dk)
-    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [
-        ("MODE_H", False), ("TO", dtype), ("TV", tv), ("OWN_W", output_own_w(C, Dk, tv))
-    ]
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", False), ("TO", dtype), ("TV", tv)]
     outs = [((B, n, C, Hv, Dv), dtype), ((1,), F32)]
     o, _ = _launch(
         "output", [q, g, p.p, p.w, p.u, entering, UNUSED, o_bad], tmpl,
@@ -2043,9 +2010,7 @@ def state_gradient_input(q, g, p: SimpleNamespace, d_o, o_bad) -> mx.array:
     Hv, Dv = d_o.shape[-2:]
     L = B * Hv
     tv = slice_columns(Dv, C, Dk)
-    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [
-        ("MODE_H", True), ("TO", F32), ("TV", tv), ("OWN_W", output_own_w(C, Dk, tv))
-    ]
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", True), ("TO", F32), ("TV", tv)]
     outs = [((1,), F32), ((L, n, Dv, Dk), F32)]
     _, hm = _launch(
         "output", [q, g, p.p, p.w, UNUSED, UNUSED, d_o, o_bad], tmpl,

@@ -84,10 +84,6 @@ __device__ __forceinline__ void cs_cp_async_commit() {
 __device__ __forceinline__ void cs_cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-// the wait for all of a thread's committed groups of copies but the most recent one
-__device__ __forceinline__ void cs_cp_async_wait_prior() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
 """
 
 _HEADER = CP_ASYNC + (
