@@ -1208,9 +1208,6 @@ _OUTPUT = r"""
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: loads
-  // MODE_H: d_o's loads start now and land once X is done, which hides their latency
-  csg::TileLoad<C, TV, NT, csg::elem_t<decltype(dout)>> dol;
-  if (MODE_H) dol.issue(dout + (tok * HV + h) * DV + e0, HV * DV);
   csg::chunk_gates<C, NT>(gf, gma, ten);
   __syncthreads();
 #ifdef CS_TF32
@@ -1242,7 +1239,9 @@ _OUTPUT = r"""
   __syncthreads();
   CS_MARK();  // 1: gates, X
   if (MODE_H) {
-    dol.land([&](int i, int c, float x) { Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x; });
+    csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
+      Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
+    });
   } else {
     csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
     csg::copies_land();
