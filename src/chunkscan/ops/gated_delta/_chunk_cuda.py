@@ -349,7 +349,8 @@ template <int ROWS, int COLS, int NT, class T> struct TileLoad {
 #pragma unroll
       for (int u = 0; u < (SPLIT ? LU : 1); ++u) {
         const int e = threadIdx.x + u * NT;
-        if (e < ITEMS) r[u] = *reinterpret_cast<const uint4*>(s + size_t(e / PR) * l + (e % PR) * VW);
+        if (e < ITEMS)
+          r[u] = *reinterpret_cast<const uint4*>(s + size_t(e / PR) * l + (e % PR) * VW);
       }
     }
   }
@@ -1521,10 +1522,10 @@ _INPUT_GRADS = r"""
     bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
   }
   if constexpr (NV > 1) {  // the NV partial sums, added
-    csg::load_tile<C, DK, NT, NV>(DWp + cl * C * DK, DK,
-                                  [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
-    csg::load_tile<C, C, NT, NV>(DPp + cl * C * C, C,
-                                 [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
+    csg::load_tile<C, DK, NT, NV>(
+        DWp + cl * C * DK, DK, [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
+    csg::load_tile<C, C, NT, NV>(
+        DPp + cl * C * C, C, [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
     csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
                                  [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
   }
