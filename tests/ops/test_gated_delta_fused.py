@@ -168,6 +168,43 @@ def test_emulated_stages_match_the_batched_ops(emulated):
     assert all(e <= 1e-5 for e in errors.values()), errors
 
 
+@needs_cxx
+@pytest.mark.parametrize("tv", [None, "32"], ids=["one-slice", "two-slices"])
+def test_emulated_input_grads_reads_only_the_causal_part_of_d_p(emulated, monkeypatch, tv):
+    """``state_grads``' tensor-core form writes ``d_p`` (``d_o v_new^T``, ``[C, C]``) in
+    full; ``input_grads`` uses its causal part only (``t <= i``, where it is read). With
+    NaN above the diagonal (in every partial sum: one slice of Dv, copied; two, added
+    as they load) its gradients are bit for bit those of the causal part alone. Without
+    that mask the NaN reaches them (``gam``, zero above the diagonal, does not stop it:
+    0 NaN is NaN)."""
+    from types import SimpleNamespace
+
+    if tv is not None:
+        monkeypatch.setenv("CHUNKSCAN_GDN_TV", tv)
+    B, n, C, Hk, Hv, Dk, Dv = 1, 2, 32, 1, 1, 32, 64
+    keys = mx.random.split(mx.random.key(1), 7)
+    q = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[0])
+    k = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[1])
+    v = mx.random.normal((B, n, C, Hv, Dv), key=keys[2])
+    g = -0.3 * mx.random.uniform(shape=(B, n, C, Hv), key=keys[3])
+    beta = mx.random.uniform(shape=(B, n, C, Hv), key=keys[4])
+    S = 0.1 * mx.random.normal((B * Hv, n, Dv, Dk), key=keys[5])
+    dS = 0.1 * mx.random.normal((B * Hv, n, Dv, Dk), key=keys[6])
+    d_o = mx.random.normal((B, n, C, Hv, Dv), key=keys[0])
+    o_bad = mx.zeros((B, n, C, Hv), dtype=mx.bool_)
+    xs = (q, k, v, g, beta)
+    p = _chunk_cuda.prepare(*xs, Dk**-0.5)
+    sg = _chunk_cuda.state_gradients(p, S, dS, d_o, o_bad, v)
+    assert sg.nv == (1 if tv is None else 2)
+    upper = mx.arange(C)[None, :] > mx.arange(C)[:, None]
+    causal = vars(sg) | {"dp": mx.where(upper, 0.0, sg.dp)}
+    spoilt = vars(sg) | {"dp": mx.where(upper, math.nan, sg.dp)}
+    want = _chunk_cuda.input_gradients(xs, p, SimpleNamespace(**causal))
+    got = _chunk_cuda.input_gradients(xs, p, SimpleNamespace(**spoilt))
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), got, want):
+        assert mx.array_equal(a, b).item(), name
+
+
 # (B, T, Hk, Hv, Dk, Dv, C, h0): T not a multiple of C, Hv = 2 Hk and 4 Hk, Dk != Dv,
 # two slices of Dv (Dv = 128), B = 2, no initial state.
 CASES = [
