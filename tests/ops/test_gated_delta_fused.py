@@ -112,6 +112,23 @@ def test_default_group_budget():
     assert _backend.cuda_memory_bytes({"device_name": "x"}) is None
 
 
+def group_arrays(B, n, C, Hk, Hv, Dk, Dv, seed):
+    """One group's raw inputs in the chunk layout (``q, k, v, g, beta``), the states
+    entering its chunks and the cotangents of those leaving them (``[B Hv, n, Dv, Dk]``),
+    an output cotangent and no non-finite rows."""
+    keys = mx.random.split(mx.random.key(seed), 7)
+    q = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[0])
+    k = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[1])
+    v = mx.random.normal((B, n, C, Hv, Dv), key=keys[2])
+    g = -0.3 * mx.random.uniform(shape=(B, n, C, Hv), key=keys[3])
+    beta = mx.random.uniform(shape=(B, n, C, Hv), key=keys[4])
+    S = 0.1 * mx.random.normal((B * Hv, n, Dv, Dk), key=keys[5])
+    dS = 0.1 * mx.random.normal((B * Hv, n, Dv, Dk), key=keys[6])
+    d_o = mx.random.normal((B, n, C, Hv, Dv), key=keys[0])
+    o_bad = mx.zeros((B, n, C, Hv), dtype=mx.bool_)
+    return q, k, v, g, beta, S, dS, d_o, o_bad
+
+
 @needs_cxx
 def test_emulated_stages_match_the_batched_ops(emulated):
     """Each kernel against the batched MLX function it replaces, one group of two
@@ -123,16 +140,7 @@ def test_emulated_stages_match_the_batched_ops(emulated):
 
     B, n, C, Hk, Hv, Dk, Dv = 1, 2, 32, 1, 2, 32, 64
     G, L = Hv // Hk, B * Hv
-    keys = mx.random.split(mx.random.key(0), 7)
-    q = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[0])
-    k = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[1])
-    v = mx.random.normal((B, n, C, Hv, Dv), key=keys[2])
-    g = -0.3 * mx.random.uniform(shape=(B, n, C, Hv), key=keys[3])
-    beta = mx.random.uniform(shape=(B, n, C, Hv), key=keys[4])
-    S = 0.1 * mx.random.normal((L, n, Dv, Dk), key=keys[5])
-    dS = 0.1 * mx.random.normal((L, n, Dv, Dk), key=keys[6])
-    d_o = mx.random.normal((B, n, C, Hv, Dv), key=keys[0])
-    o_bad = mx.zeros((B, n, C, Hv), dtype=mx.bool_)
+    q, k, v, g, beta, S, dS, d_o, o_bad = group_arrays(B, n, C, Hk, Hv, Dk, Dv, seed=0)
     scale = 0.7 * Dk**-0.5
     ref = chunk_module._prepare_arrays(q, k, v, g, beta, scale)
     pr = SimpleNamespace(**ref, scale=scale)
@@ -182,16 +190,7 @@ def test_emulated_input_grads_reads_only_the_causal_part_of_d_p(emulated, monkey
     if tv is not None:
         monkeypatch.setenv("CHUNKSCAN_GDN_TV", tv)
     B, n, C, Hk, Hv, Dk, Dv = 1, 2, 32, 1, 1, 32, 64
-    keys = mx.random.split(mx.random.key(1), 7)
-    q = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[0])
-    k = 0.3 * mx.random.normal((B, n, C, Hk, Dk), key=keys[1])
-    v = mx.random.normal((B, n, C, Hv, Dv), key=keys[2])
-    g = -0.3 * mx.random.uniform(shape=(B, n, C, Hv), key=keys[3])
-    beta = mx.random.uniform(shape=(B, n, C, Hv), key=keys[4])
-    S = 0.1 * mx.random.normal((B * Hv, n, Dv, Dk), key=keys[5])
-    dS = 0.1 * mx.random.normal((B * Hv, n, Dv, Dk), key=keys[6])
-    d_o = mx.random.normal((B, n, C, Hv, Dv), key=keys[0])
-    o_bad = mx.zeros((B, n, C, Hv), dtype=mx.bool_)
+    q, k, v, g, beta, S, dS, d_o, o_bad = group_arrays(B, n, C, Hk, Hv, Dk, Dv, seed=1)
     xs = (q, k, v, g, beta)
     p = _chunk_cuda.prepare(*xs, Dk**-0.5)
     sg = _chunk_cuda.state_gradients(p, S, dS, d_o, o_bad, v)
