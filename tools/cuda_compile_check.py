@@ -109,7 +109,11 @@ def kernels():
         label = f"state_pass C={C} Dk={Dk} R={R} E={has_e} channel={channel}"
         out.append((label, "chunkscan_state_pass", sp._HEADER, sp._SOURCE, ins, outs, t))
         for tf32 in (False, True):  # the tensor-core kernel, where it takes the shape
-            tc = None if channel else sp.choose_tc_config(C, Dk, R, has_e, False, tf32)
+            tc = (
+                None
+                if channel
+                else sp.choose_tc_config(C, Dk, R, has_e, False, tf32, has_h=not has_e)
+            )
             if tc is None:
                 continue
             t = sp.tc_template(tc, C, Dk, R, has_x=True, has_e=has_e, has_h=not has_e,

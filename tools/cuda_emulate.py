@@ -7,7 +7,7 @@ block's dynamic shared memory is one buffer, and the blocks of the grid run one 
 another. It runs the *logic* of a kernel (indexing, barriers, arithmetic) where no GPU
 is reachable, so that a device run is not spent on an indexing bug. Warps are
 emulated only through the calls listed below: code that relies on lock-step execution
-without them, or uses inline PTX other than 16-byte ``cp.async`` copies behind a
+without them, or uses inline PTX other than ``cp.async`` copies (16 or 4 bytes) behind a
 helper function, cannot run here.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
@@ -19,9 +19,9 @@ used through ``fill_fragment``, ``load_matrix_sync``, ``mma_sync`` and
 ``store_matrix_sync`` (every lane holds the whole tile; ``precision::tf32`` fragments,
 whose operands lose all but 10 mantissa bits in ``mma_sync``, summed as the H200's
 tensor cores sum them, bit for bit, and ``__float_to_tf32``), ``uint4`` / ``float4``
-copies, float math from ``<cmath>``, ``__int_as_float``, ``__nv_bfloat16`` / ``__half``
-storage with float conversions, and input dtypes float32, bfloat16, float16, int32 and
-bool.
+copies, float math from ``<cmath>``, ``__int_as_float`` / ``__float_as_int``,
+``__nv_bfloat16`` / ``__half`` storage with float conversions, and input dtypes float32,
+bfloat16, float16, int32 and bool.
 
     outs = run(name, header, source, inputs, outputs, template, grid, threadgroup, smem)
 
@@ -108,6 +108,7 @@ using std::min;
 namespace cuda { namespace std = ::std; }  // cuda::std::numeric_limits
 #include <cstring>
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, sizeof f); return f; }
+inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, sizeof x); return x; }
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
@@ -321,14 +322,15 @@ def _ctype(dtype: mx.Dtype) -> str:
 def _host_source(text: str) -> str:
     """Kernel text for the host compiler: ``#include <mma.h>`` dropped (the prelude
     emulates ``nvcuda::wmma``), a helper ``void f(float* dst, const float* src)`` that
-    issues a 16-byte ``cp.async`` made a ``memcpy`` (and its commit / wait asm
+    issues a 16- or 4-byte ``cp.async`` made a ``memcpy`` (and its commit / wait asm
     statements removed: the copy has landed when the kernel waits), ``extern __shared__
     T name[];`` made a pointer into the block's shared memory."""
     text = text.replace("#include <mma.h>", "")
-    # cp.async copies (16 bytes, global to shared) done at once; commit and wait: no-ops.
+    # cp.async copies (global to shared, 16 or 4 bytes) done at once; commit and wait:
+    # no-ops.
     text = re.sub(r"(void\s+\w+\s*\(\s*float\*\s*(\w+)\s*,\s*const float\*\s*(\w+)\s*\)\s*"
-                  r"\{)[^}]*cp\.async\.cg\.shared\.global[^}]*\}",
-                  r"\1 std::memcpy(\2, \3, 16); }", text)  # fmt: skip
+                  r"\{)[^}]*cp\.async\.c[ag]\.shared\.global \[%0\], \[%1\], (16|4);[^}]*\}",
+                  r"\1 std::memcpy(\2, \3, \4); }", text)  # fmt: skip
     text = re.sub(r'asm\s+volatile\s*\(\s*"cp\.async\.(commit_group|wait_group \d+);\\n"'
                   r'\s*:::\s*"memory"\s*\)\s*;', ";", text)  # fmt: skip
     return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",

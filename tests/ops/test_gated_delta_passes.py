@@ -362,24 +362,28 @@ def test_emulated_tc_state_pass(shape, case, cp, tr, monkeypatch):
     assert err < 2e-6, err
 
 
-TF32_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, 32, "mma"), (CUDA_SHAPES[2], 3, 32, "mma"),
-                      (CUDA_SHAPES[2], 1, 64, "mma"), (CUDA_SHAPES[2], 3, 32, "wmma"),
-                      (CUDA_SHAPES[2], 1, 64, "wmma")]  # fmt: skip
+TF32_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, 32, "mma", None), (CUDA_SHAPES[2], 3, 32, "mma", None),
+                      (CUDA_SHAPES[2], 1, 64, "mma", None), (CUDA_SHAPES[2], 3, 32, "wmma", None),
+                      (CUDA_SHAPES[2], 1, 64, "wmma", None), (CUDA_SHAPES[2], 1, 32, "mma", 16),
+                      (CUDA_SHAPES[2], 3, 32, "mma", 16)]  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 @pytest.mark.parametrize(
-    "shape,case,tr,kind", TF32_EMULATED_RUNS,
-    ids=[f"C{sh[2]}-case{c}-tr{tr}-{k}" for sh, c, tr, k in TF32_EMULATED_RUNS],
+    "shape,case,tr,kind,cp", TF32_EMULATED_RUNS,
+    ids=[f"C{sh[2]}-case{c}-tr{tr}-{k}" + (f"-cp{cp}" if cp else "")
+         for sh, c, tr, k, cp in TF32_EMULATED_RUNS],
 )  # fmt: skip
-def test_emulated_tf32_state_pass(shape, case, tr, kind, monkeypatch):
+def test_emulated_tf32_state_pass(shape, case, tr, kind, cp, monkeypatch):
     """The tensor-core kernel with one tf32 product per tile (``CHUNKSCAN_GDN_TF32=1``)
     against the float64 loop: emulated errors 3.6e-4 and 3.9e-4 on these O(1) values
     (tf32's unit roundoff is 4.9e-4); the bound, 2e-3, is ~5x that and fails a wrong
     piece, row or sign by orders of magnitude. The 3xTF32 form errs 2e-7..5e-7 here.
     ``kind``: the mma.sync kernel (TF32's default; its fragments gathered by the
     emulator) or the wmma kernel's TF32 form (``CHUNKSCAN_PASS_MMA=0``); ``tr``: rows
-    per block (64: ``CHUNKSCAN_PASS_TC_TR=64``)."""
+    per block (64: ``CHUNKSCAN_PASS_TC_TR=64``); ``cp``: rows per staged piece (16 at
+    C = 32: two pieces a chunk, the chunk scalars and H staged with the first and the
+    last)."""
     names, run = [], cuda_emulator().run
 
     def runner(name, *args, **kwargs):
@@ -392,9 +396,12 @@ def test_emulated_tf32_state_pass(shape, case, tr, kind, monkeypatch):
     monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "1" if kind == "mma" else "0")
     if tr == 64:
         monkeypatch.setenv("CHUNKSCAN_PASS_TC_TR", "64")
+    if cp:
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_CP", str(cp))
     args, kw = _kernel_case(shape, case, False, monkeypatch)
     L, n, C, R, Dk, _ = shape
-    assert _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False).TR == tr
+    cfg = _pass_cuda.choose_tc_config(C, Dk, R, args[3] is not None, False)
+    assert cfg.TR == tr and (cp is None or cfg.CP == cp), cfg
     got = _np(_pass_cuda.state_pass(*args, **kw))
     err = _max_err(got, reference_pass(*args, **kw))
     print(f"tf32 {kind} kernel-ref {err:.2e}")

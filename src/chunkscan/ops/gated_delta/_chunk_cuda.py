@@ -1700,21 +1700,35 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 5: prefix sums, d_g, d_beta
   const int gi = h % G;
+  // The epilogues' global reads issued before the products, so that their latency hides
+  // behind them: the partial sums, and with TF32 (EARLY) d_vnew's tile (during dk's
+  // products) and v (during dv's). With TF32 too, a q or k that reads as non-zero in Qs /
+  // Ks is finite (non-finite ones read as zero there): only for a zero one is the input
+  // read again. (Read for every output after the products, q, k and v took 10% of the
+  // kernel's stall samples, run 71.) EARLY costs registers: 95 at the H200's default
+  // shape, against 72; the FMA tiles leave no room for it (128 registers with phase
+  // clocks before, 135-145 with it: past the 128 of 512 threads).
+#ifdef CS_TF32
+  constexpr bool EARLY = true;
+#else
+  constexpr bool EARLY = false;
+#endif
   {
     csg::Prod<C, DK, NT, false, true> dq;
     dq.zero();
-    // The epilogue's partial sums read before the products, so that their latency hides
-    // behind them.
     float pre[dq.RA][dq.RBN];
     dq.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DQGp, DK, i, d); });
     csg::prod<C, true, false, true, !EXQK>(dq, DPs, LDC4, Ks, LDK4);
     dq.store_out([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite q
-               const bool ok = isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
+               const bool ok = (EARLY && Qs[i * LDK4 + d] != 0.f) ||
+                               isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
                return ok ? x + scale * gma[i] * pre[a][bb] : 0.f;
              });
   }
   CS_MARK();  // 6: dq
+  csg::TileLoad<C, DV, NT, float> dvl;
+  if (EARLY) dvl.issue(DVN + cl * C * DV, DV);
   {
     csg::Prod<C, DK, NT, true, true> t1, t2;
     t1.zero();
@@ -1726,24 +1740,28 @@ _INPUT_GRADS = r"""
     csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
     t1.store_out([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
-               const bool ok = isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
+               const bool ok = (EARLY && Ks[i * LDK4 + d] != 0.f) ||
+                               isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
                return ok ? x + t2.at(a, bb) * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
              });
   }
   CS_MARK();  // 7: dk
+  if (!EARLY) dvl.issue(DVN + cl * C * DV, DV);
+  csg::Prod<C, DV, NT, true, true> tv;
+  tv.zero();
+  auto v_at = [&](int i, int c) { return v[((tok + i) * HV + h) * DV + c]; };
+  csg::elem_t<decltype(v)> vraw[EARLY ? tv.RA : 1][tv.RBN];
+  if (EARLY) tv.each_out([&](int i, int c, float, int a, int bb) { vraw[a][bb] = v_at(i, c); });
   __syncthreads();
   float* DVs = Gs;            // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
   static_assert(DV + 4 <= 6 * (C + 4), "d_vnew fits over gam .. m1");
-  csg::load_tile<C, DV, NT>(DVN + cl * C * DV, DV,
-                            [&](int i, int c, float x) { DVs[i * LDV4 + c] = x; });
+  dvl.land([&](int i, int c, float x) { DVs[i * LDV4 + c] = x; });
   __syncthreads();
   {
-    csg::Prod<C, DV, NT, true, true> tv;
-    tv.zero();
     csg::prod<C, false, false>(tv, As, LDC4, DVs, LDV4);
     tv.store_out([&](int i, int c) { return dv + ((tok + i) * HV + h) * DV + c; },
-                 [&](int i, int c, float x, int, int) {  // none for a non-finite v
-                   const bool ok = isfinite(csg::f(v[((tok + i) * HV + h) * DV + c]));
+                 [&](int i, int c, float x, int a, int bb) {  // none for a non-finite v
+                   const bool ok = isfinite(csg::f(EARLY ? vraw[EARLY ? a : 0][bb] : v_at(i, c)));
                    return ok ? x * bt[i] : 0.f;
                  });
   }

@@ -70,13 +70,18 @@ F32 = mx.float32
 _INPUTS = ["xin", "decay", "Fm", "Em", "Gm", "Hm", "inits", "loads", "stores"]
 _OUTPUTS = ["entering", "xout", "stored"]
 
-# 16-byte global -> shared copies that hold no registers (cp.async, sm_80 and later), their
-# commit and the wait for all of a thread's copies; the chunk kernels use them too.
-# tools/cuda_emulate.py makes the copy a memcpy and drops the commit and the wait.
+# 16-byte (and 4-byte) global -> shared copies that hold no registers (cp.async, sm_80 and
+# later), their commit and the wait for all of a thread's copies; the chunk kernels use
+# them too. tools/cuda_emulate.py makes a copy a memcpy and drops the commit and the wait.
 CP_ASYNC = r"""
 __device__ __forceinline__ void cs_cp_async16(float* dst, const float* src) {
   unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+// 4 bytes (a per-chunk scalar), through L1 (.ca: the only kind of copy that small).
+__device__ __forceinline__ void cs_cp_async4(float* dst, const float* src) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cs_cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -395,29 +400,50 @@ _HEADER_TC = _HEADER + _HEADER_TC_OWN
 # The tensor-core kernels' chunk steps (both kernels): the chunk of step s, the staging of
 # its piece, and the first step's scalars and copies.
 _TC_STEPS = r"""  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP : s / NP; };
+  // The per-chunk scalars (decay, and the indices of the state loaded at the chunk's start
+  // and stored at its end) reach shared memory as F and G do, by cp.async: those of the
+  // k-th chunk processed into the slot sc + 4 (k & 1), copied with the first piece of the
+  // chunk before it, so that they are there at the chunk's start, before its own pieces
+  // are waited for. (Read from global memory a chunk ahead instead, each scalar was moved
+  // to a uniform register right after its load, and every chunk waited a memory latency
+  // there: a fifth of the pass's warp-stall samples, run 71.)
   auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
     const int c = chunk_of(s);
     const int p = s % NP;
+    if (p == 0 && s + NP < NS && tid == 0) {
+      const int cn = chunk_of(s + NP);
+      float* slot = sc + 4 * ((s / NP + 1) & 1);
+      cs_cp_async4(slot, decay + static_cast<size_t>(lane) * n + cn);
+      cs_cp_async4(slot + 1, reinterpret_cast<const float*>(loads + cn));
+      cs_cp_async4(slot + 2, reinterpret_cast<const float*>(stores + cn));
+    }
+    if (STAGE_H && p == NP - 1) {  // the block's rows of H[c], added at the chunk's end
+      float* hs = bufs + (s & 1) * BUF + HOFF;
+      const float* hsrc = Hm + ((static_cast<size_t>(lane) * n + c) * R + r0) * DK;
+      for (int e = tid; e < TR * DK / 4; e += NT) {
+        const int row = e / (DK / 4), col = 4 * (e % (DK / 4));
+        cs_cp_async16(hs + row * HSTR + col, hsrc + static_cast<size_t>(row) * DK + col);
+      }
+    }
     const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
     cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
         bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
   };
-
-  // The per-chunk scalars are read one chunk ahead, and H before the chunk's products,
-  // so that no global load's latency sits between two chunks' products.
-  float d_next = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
-  int ld_next = loads[chunk_of(0)];
-  // At a chunk's first step s: its decay d and load index ld (read a chunk ago), and the
-  // next chunk's read now.
-  auto chunk_scalars = [&](int s, float& d, int& ld) {
-    ld = ld_next;
-    d = d_next;
-    if (s + NP < NS) {
-      d_next = decay[static_cast<size_t>(lane) * n + chunk_of(s + NP)];
-      ld_next = loads[chunk_of(s + NP)];
-    }
+  // At a chunk's first step s: its decay d and the indices ld and st, read before the
+  // step's barrier (after it, stage() may fill their slot with a later chunk's).
+  auto chunk_scalars = [&](int s, float& d, int& ld, int& st) {
+    const float* slot = sc + 4 * ((s / NP) & 1);
+    d = slot[0];
+    ld = __float_as_int(slot[1]);
+    st = __float_as_int(slot[2]);
   };
+  if (tid == 0) {
+    sc[0] = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
+    sc[1] = __int_as_float(loads[chunk_of(0)]);
+    sc[2] = __int_as_float(stores[chunk_of(0)]);
+  }
   stage(0);
+  __syncthreads();  // the first chunk's scalars written
 """
 
 # Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE, TF32
@@ -430,6 +456,8 @@ _SOURCE_TC = (
   constexpr int MT = TR / 16;             // 16-row tiles of X
   constexpr int T1 = (CP / 16) * MT;      // phase-1 output tiles [16 rows i, 16 rows r]
   constexpr int BUF = CP * FSTR + CP * GSTR + (HAS_E ? CP * ESTR : 0);
+  constexpr bool STAGE_H = false;         // H is read from global memory (_TC_STEPS)
+  constexpr int HOFF = 0, HSTR = 0;
   static_assert(TR % 16 == 0 && CP % 16 == 0 && C % CP == 0, "16-row tiles");
   static_assert(DK == 16 * NW * JT, "each warp owns JT column tiles of X");
   static_assert(R % TR == 0, "row tiles");
@@ -445,6 +473,7 @@ _SOURCE_TC = (
   float* bufs = xs + (1 + SPLIT) * TR * XSTR;  // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
   float* vs = bufs + 2 * BUF;             // [CP][VSTR] V, big part
   float* vs2 = vs + CP * VSTR;            // [CP][VSTR] its small part (3xTF32 only)
+  float* sc = vs + (1 + SPLIT) * CP * VSTR;  // [2][4] the chunk scalars (_TC_STEPS)
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -486,7 +515,8 @@ _SOURCE_TC = (
 
 """
     + _TC_STEPS
-    + r"""  for (int s = 0; s < NS; ++s) {
+    + r"""  int st = -1;  // where the chunk's leaving state is stored (chunk_scalars), if at all
+  for (int s = 0; s < NS; ++s) {
     const int c = chunk_of(s);
     const int p = s % NP;
     const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
@@ -494,7 +524,7 @@ _SOURCE_TC = (
       // Chunk start: load, write entering[c] and X to shared memory, start acc.
       float d;
       int ld;
-      chunk_scalars(s, d, ld);
+      chunk_scalars(s, d, ld, st);
       if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
       store_x(entering + tile + static_cast<size_t>(r0) * DK, DK);
 #pragma unroll
@@ -524,10 +554,8 @@ _SOURCE_TC = (
 
     const float* fs = bufs + (s & 1) * BUF;
     const float* gs = fs + CP * FSTR;
-    int st = -1;
     cs_acc h[MT][JT];
     if (p == NP - 1) {
-      st = stores[c];
       if constexpr (HAS_H) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -709,7 +737,20 @@ inline void cs_mma8(float* d, const float* a, const float* b) {
 #endif
 __device__ __forceinline__ float cs_tf32(float x) { return nvcuda::wmma::__float_to_tf32(x); }
 """
-_HEADER_MMA = _HEADER + TF32_FRAGMENTS + MMA_TF32
+# p[0], p[1] = x, y in one 8-byte store (p 8-byte aligned, in global memory). NVRTC split
+# the same store written through a float2* into two 4-byte ones: 16 stores per thread for
+# each state the pass writes (run 71's SASS).
+_ST2 = r"""
+__device__ __forceinline__ void cs_st2(float* p, float x, float y) {
+#ifdef CS_EMULATE
+  p[0] = x;
+  p[1] = y;
+#else
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+#endif
+}
+"""
+_HEADER_MMA = _HEADER + TF32_FRAGMENTS + MMA_TF32 + _ST2
 
 # Template constants: those of _SOURCE_TC but TF32 (always one tf32 product per tile).
 # Each block keeps its X tile [TR, DK] in registers in mma's C layout: warp w owns the
@@ -723,7 +764,12 @@ _SOURCE_MMA = (
   constexpr int MT = TR / 16;             // 16-row tiles of X
   constexpr int NQ = 2 * JT;              // 8-column tiles of X per warp
   constexpr int T1 = (CP / 16) * MT;      // phase-1 output tiles [16 rows i, 16 rows r]
-  constexpr int BUF = CP * FSTR + CP * GSTR + (HAS_E ? CP * ESTR : 0);
+  // A staged buffer: F, G, E's slice and, at a chunk's last piece, H's rows [TR][HSTR]
+  // (_TC_STEPS), read at the chunk's end.
+  constexpr int HSTR = DK + 8;
+  constexpr bool STAGE_H = HAS_H;
+  constexpr int HOFF = CP * FSTR + CP * GSTR + (HAS_E ? CP * ESTR : 0);
+  constexpr int BUF = HOFF + (HAS_H ? TR * HSTR : 0);
   static_assert(TR % 16 == 0 && CP % 16 == 0 && C % CP == 0 && DK % 16 == 0, "16-row tiles");
   static_assert(DK == 16 * NW * JT, "each warp owns JT 16-column tiles of X");
   static_assert(R % TR == 0, "row tiles");
@@ -735,6 +781,7 @@ _SOURCE_MMA = (
   float* xs = smem;                       // [TR][XSTR] X at the chunk start, tf32
   float* bufs = xs + TR * XSTR;           // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
   float* vs = bufs + 2 * BUF;             // [CP][VSTR] V, tf32
+  float* sc = vs + CP * VSTR;             // [2][4] the chunk scalars (_TC_STEPS)
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
@@ -770,8 +817,8 @@ _SOURCE_MMA = (
       for (int q = 0; q < NQ; ++q)
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi)
-          *reinterpret_cast<float2*>(dst + static_cast<size_t>(r0) * DK + at(m, q, hi, DK)) =
-              make_float2(xr[m][q][2 * hi], xr[m][q][2 * hi + 1]);
+          cs_st2(dst + static_cast<size_t>(r0) * DK + at(m, q, hi, DK), xr[m][q][2 * hi],
+                 xr[m][q][2 * hi + 1]);
   };
 
   if constexpr (HAS_X) {
@@ -787,7 +834,8 @@ _SOURCE_MMA = (
 
 """
     + _TC_STEPS
-    + r"""  for (int s = 0; s < NS; ++s) {
+    + r"""  int st = -1;  // where the chunk's leaving state is stored (chunk_scalars), if at all
+  for (int s = 0; s < NS; ++s) {
     const int c = chunk_of(s);
     const int p = s % NP;
     const size_t tile = (static_cast<size_t>(lane) * n + c) * RD;
@@ -796,7 +844,7 @@ _SOURCE_MMA = (
       // start acc.
       float d;
       int ld;
-      chunk_scalars(s, d, ld);
+      chunk_scalars(s, d, ld, st);
       if (ld >= 0) load_x(inits + (static_cast<size_t>(ld) * L + lane) * RD);
       store_x(entering + tile);
 #pragma unroll
@@ -818,24 +866,6 @@ _SOURCE_MMA = (
     const float* fs = bufs + (s & 1) * BUF;
     const float* gs = fs + CP * FSTR;
     const float* es = gs + CP * GSTR;
-    int st = -1;
-    float h[MT][NQ][4];
-    if (p == NP - 1) {
-      st = stores[c];
-      if constexpr (HAS_H) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int q = 0; q < NQ; ++q)
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-              const float2 v = *reinterpret_cast<const float2*>(
-                  Hm + tile + static_cast<size_t>(r0) * DK + at(m, q, hi, DK));
-              h[m][q][2 * hi] = v.x;
-              h[m][q][2 * hi + 1] = v.y;
-            }
-      }
-    }
 
     // Phase 1: V[i, r] = E[i, r] - F[i, :] . X[r, :], one 16 x 16 tile per warp at a
     // time (two 8-column halves sharing F's fragment; even and odd k steps in their own
@@ -902,13 +932,19 @@ _SOURCE_MMA = (
         for (int e = 0; e < 4; ++e) acc[m][q][e] += pb[m][q][e];
 
     if (p == NP - 1) {
-      // Chunk end: X = acc + H; store if asked.
+      // Chunk end: X = acc + H (H's rows staged with this piece); store if asked.
+      const float* hs = fs + HOFF;
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int q = 0; q < NQ; ++q)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) xr[m][q][e] = acc[m][q][e] + (HAS_H ? h[m][q][e] : 0.f);
+          for (int hi = 0; hi < 2; ++hi) {
+            float2 h = make_float2(0.f, 0.f);
+            if constexpr (HAS_H) h = *reinterpret_cast<const float2*>(hs + at(m, q, hi, HSTR));
+            xr[m][q][2 * hi] = acc[m][q][2 * hi] + h.x;
+            xr[m][q][2 * hi + 1] = acc[m][q][2 * hi + 1] + h.y;
+          }
       if (st >= 0) store_x(stored + (static_cast<size_t>(st) * L + lane) * RD);
     }
   }
@@ -947,15 +983,20 @@ def tc_enabled(reverse: bool) -> bool:
     return not reverse or tf32_products("gated_delta_rule")
 
 
-def tc_smem_bytes(Dk: int, TR: int, CP: int, has_e: bool, tf32: bool = False) -> int:
-    """The tensor-core kernels' shared memory: X's tile, two staging buffers and V's piece;
-    3xTF32 (``_SOURCE_TC``): X and V twice (big and small parts); TF32: once, at
-    ``_SOURCE_MMA``'s strides (more than the wmma kernel's TF32 form takes)."""
+def tc_smem_bytes(
+    Dk: int, TR: int, CP: int, has_e: bool, tf32: bool = False, has_h: bool = False
+) -> int:
+    """The tensor-core kernels' shared memory: X's tile, two staging buffers, V's piece and
+    two slots of chunk scalars; 3xTF32 (``_SOURCE_TC``): X and V twice (big and small
+    parts); TF32: once, at ``_SOURCE_MMA``'s strides (more than the wmma kernel's TF32
+    form takes), H's rows in each staging buffer with ``has_h``."""
+    scalars = 2 * 4
     if tf32:
         buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 8) if has_e else 0)
-        return 4 * (TR * (Dk + 4) + 2 * buf + CP * (TR + 8))
+        buf += TR * (Dk + 8) if has_h else 0
+        return 4 * (TR * (Dk + 4) + 2 * buf + CP * (TR + 8) + scalars)
     buf = CP * (Dk + 4) + CP * (Dk + 8) + (CP * (TR + 4) if has_e else 0)
-    return 4 * (2 * TR * (Dk + 4) + 2 * buf + 2 * CP * (TR + 4))
+    return 4 * (2 * TR * (Dk + 4) + 2 * buf + 2 * CP * (TR + 4) + scalars)
 
 
 def mma_enabled() -> bool:
@@ -971,12 +1012,14 @@ def mma_enabled() -> bool:
 
 
 def choose_tc_config(
-    C: int, Dk: int, R: int, has_e: bool, channel: bool, tf32: bool | None = None
-) -> TcConfig | None:
+    C: int, Dk: int, R: int, has_e: bool, channel: bool, tf32: bool | None = None,
+    has_h: bool = False,
+) -> TcConfig | None:  # fmt: skip
     """The tensor-core tiling for a shape, or ``None`` (scalar decay; C and Dk multiples
     of 16, R of 32; at most 16 warps; shared memory within the device's per-block limit; a GPU
     with tf32 tensor cores, compute capability 8.0 or above, where it reports one).
-    ``tf32``: the products' kind (default: :func:`chunkscan._backend.tf32_products`).
+    ``tf32``: the products' kind (default: :func:`chunkscan._backend.tf32_products`);
+    ``has_h``: the pass adds ``H`` (the reverse pass), staged with the pieces with TF32.
     Reads ``CHUNKSCAN_PASS_TC_TR`` and ``CHUNKSCAN_PASS_TC_CP`` at each call; the search
     itself is cached."""
     if channel or C % 16 or R % 16 or Dk % 16 or not 16 <= Dk <= 256:
@@ -994,13 +1037,13 @@ def choose_tc_config(
     if tf32 is None:
         tf32 = tf32_products("gated_delta_rule")
     limit = cuda_limits().smem_per_block
-    return _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, limit, bool(tf32))
+    return _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, limit, bool(tf32), has_h)
 
 
 @functools.lru_cache(maxsize=1024)
 def _search_tc_config(
     C: int, Dk: int, R: int, has_e: bool, forced_tr: int | None, forced_cp: int | None,
-    limit: int, tf32: bool,
+    limit: int, tf32: bool, has_h: bool = False,
 ) -> TcConfig | None:  # fmt: skip
     """:func:`choose_tc_config` given its variables and the per-block shared memory."""
     JT = 1 if Dk <= 128 else 2
@@ -1016,7 +1059,7 @@ def _search_tc_config(
     for CP in _divisors_desc(C):
         if CP % 16 or (forced_cp and CP != forced_cp):
             continue
-        sm = tc_smem_bytes(Dk, TR, CP, has_e, tf32)
+        sm = tc_smem_bytes(Dk, TR, CP, has_e, tf32, has_h)
         if sm <= limit:
             return TcConfig(TR, NT, CP, JT, sm, tf32)
     return None
@@ -1261,7 +1304,11 @@ def state_pass(
             f"but chunk {first} has no entry in loads={loads}. Fix: pass x_in."
         )
     channel = decay.ndim == 3
-    tc = choose_tc_config(C, Dk, R, E is not None, channel) if tc_enabled(reverse) else None
+    tc = (
+        choose_tc_config(C, Dk, R, E is not None, channel, has_h=H is not None)
+        if tc_enabled(reverse)
+        else None
+    )
     cfg = choose_config(C, Dk, R, E is not None, L=L) if tc is None else None
     if cfg is None and tc is None:
         from ._passes import portable_state_pass
