@@ -387,7 +387,6 @@ __device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src,
 #endif
   if (vec) {
     constexpr int PR = COLS / 4;
-#pragma unroll  // each copy's addresses a register plus a constant (as cs_stage_piece's)
     for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
       const int r = e / PR, c = 4 * (e % PR);
       cs_cp_async16(dst + r * ldd + c, src + size_t(r) * ld + c);

@@ -100,10 +100,6 @@ __device__ __forceinline__ void cs_stage_piece(float* fs, const float* fsrc, con
                                                const float* esrc, int tid) {
   float* gs = fs + CP * FSTR;
   constexpr int V4 = DK / 4;
-  // Unrolled: each copy's addresses are a register plus a constant. (In a loop, the next
-  // copy's address registers waited for the copy before to have read its own: a tenth of
-  // the pass's warp-stall samples on these lines, run 72.)
-#pragma unroll
   for (int e = tid; e < CP * V4; e += NT) {
     const int row = e / V4;
     const int col = 4 * (e % V4);
@@ -113,7 +109,6 @@ __device__ __forceinline__ void cs_stage_piece(float* fs, const float* fsrc, con
   if constexpr (HAS_E) {
     float* es = gs + CP * GSTR;
     constexpr int T4 = TR / 4;
-#pragma unroll
     for (int e = tid; e < CP * T4; e += NT) {
       const int row = e / T4;
       const int col = 4 * (e % T4);
@@ -425,7 +420,6 @@ _TC_STEPS = r"""  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP :
     if (STAGE_H && p == NP - 1) {  // the block's rows of H[c], added at the chunk's end
       float* hs = bufs + (s & 1) * BUF + HOFF;
       const float* hsrc = Hm + ((static_cast<size_t>(lane) * n + c) * R + r0) * DK;
-#pragma unroll
       for (int e = tid; e < TR * DK / 4; e += NT) {
         const int row = e / (DK / 4), col = 4 * (e % (DK / 4));
         cs_cp_async16(hs + row * HSTR + col, hsrc + static_cast<size_t>(row) * DK + col);
