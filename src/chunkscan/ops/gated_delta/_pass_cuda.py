@@ -16,7 +16,8 @@ tensor-core kernels (scalar decay; see :func:`tc_enabled` and :func:`choose_tc_c
 :func:`chunkscan._backend.tf32_products` holds, ``_SOURCE_MMA`` (one tf32 product per
 tile on ``mma.sync``; :func:`mma_enabled`), which by default run the forward pass where
 they take the shape, and the reverse pass too with TF32 products. All stage ``F``,
-``G`` and ``E`` as described below.
+``G`` and ``E`` as described below; the tensor-core kernels their per-chunk scalars too,
+and the mma kernel ``H`` (``_TC_STEPS``).
 
 Design of the FMA kernel. The ``R`` rows of ``X`` are independent, so
 the grid is ``L`` lanes x ``R / TR`` row tiles, one thread block each, ``NT`` threads.
@@ -779,7 +780,7 @@ _SOURCE_MMA = (
   extern __shared__ float4 cs_smem4[];
   float* smem = reinterpret_cast<float*>(cs_smem4);
   float* xs = smem;                       // [TR][XSTR] X at the chunk start, tf32
-  float* bufs = xs + TR * XSTR;           // 2 x {Fs [CP][FSTR], Gs [CP][GSTR], Es [CP][ESTR]}
+  float* bufs = xs + TR * XSTR;           // 2 x {Fs, Gs, Es, Hs}: BUF above
   float* vs = bufs + 2 * BUF;             // [CP][VSTR] V, tf32
   float* sc = vs + CP * VSTR;             // [2][4] the chunk scalars (_TC_STEPS)
 
