@@ -20,6 +20,10 @@
 #                and patched: $S/lora_h200_8192.{json,md,png}.
 #   fla_side_by_side   (in bench/) fla and chunkscan at T = 16384 and 65536, eager and
 #                compiled, C = 64, three repeats: $S/gdn_vs_fla_h200.json, the rows printed.
+#   kernel_checks  (at the tree's root; returns there) what a kernel change is run with:
+#                cuda_tests, ncu_kernels new, ncu_base and the phase clocks
+#                ($S/gdn_profile_C64.json), each stage marked and packed (run scripts
+#                68, 69, 72 and 73 wrote these stages out).
 # CHUNKSCAN_COMMIT names the code in every JSON (the copied tree's git metadata does not).
 source bench/device_setup.sh >/dev/null 2>&1
 st() { echo "=== $1 ($(date +%T))"; }
@@ -59,4 +63,21 @@ fla_side_by_side() {
   timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
     --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_h200.json \
     | grep --line-buffered -E "fla|chunkscan|rror"
+}
+kernel_checks() {
+  st tests
+  cuda_tests
+  pack
+  cd bench || return
+  st ncu
+  ncu_kernels new
+  pack
+  st ncu_base
+  ncu_base
+  pack
+  st profile
+  timeout 60 python3 gdn_fused_kernels.py --profile --C 64 --json $S/gdn_profile_C64.json 2>&1 \
+    | grep -v CSPROF
+  pack
+  cd ..
 }
