@@ -655,40 +655,31 @@ __device__ __forceinline__ void inverse_level(float* Ls, float* As) {
   constexpr int R = OUT >= 4 * NT ? 4 : OUT >= 2 * NT ? 2 : 1;
   constexpr int UNITS = OUT / R, PER_PAIR = S * S / R;
   static_assert(S % R == 0, "inverse_level: rows per thread divide the block");
-  for (int u = threadIdx.x; u < UNITS; u += NT) {
-    const int b0 = (u / PER_PAIR) * 2 * S, i0 = ((u % PER_PAIR) / S) * R, m = u % S;
-    float acc[R];
+  // D = sg X Y over the pair's S x S blocks, given by their (row, column) block offsets
+  // from the pair's corner b0: D[d0 + i][d1 + m] = sg sum_t X[x0 + i][x1 + t] Y[y0 + t][y1
+  // + m] (sg = +-1: exact); then a barrier.
+  auto product = [&](const float* X, int x0, int x1, const float* Y, int y0, int y1,
+                     float* D, int d0, int d1, float sg) {
+    for (int u = threadIdx.x; u < UNITS; u += NT) {
+      const int b0 = (u / PER_PAIR) * 2 * S, i0 = ((u % PER_PAIR) / S) * R, m = u % S;
+      float acc[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    const float* l21 = Ls + (b0 + S + i0) * LD + b0;  // L21 [i0 + r][t]
-    const float* a11 = As + b0 * LD + b0 + m;         // A11 [t][m]
+      for (int r = 0; r < R; ++r) acc[r] = 0.f;
+      const float* xr = X + (b0 + x0 + i0) * LD + b0 + x1;  // X [i0 + r][t]
+      const float* yc = Y + (b0 + y0) * LD + b0 + y1 + m;   // Y [t][m]
 #pragma unroll
-    for (int t = 0; t < S; ++t) {
-      const float a = a11[t * LD];
+      for (int t = 0; t < S; ++t) {
+        const float y = yc[t * LD];
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(l21[r * LD + t], a, acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(xr[r * LD + t], y, acc[r]);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) D[(b0 + d0 + i0 + r) * LD + b0 + d1 + m] = sg * acc[r];
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) Ls[(b0 + i0 + r) * LD + b0 + S + m] = acc[r];
-  }
-  __syncthreads();
-  for (int u = threadIdx.x; u < UNITS; u += NT) {
-    const int b0 = (u / PER_PAIR) * 2 * S, i0 = ((u % PER_PAIR) / S) * R, m = u % S;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    const float* a22 = As + (b0 + S + i0) * LD + b0 + S;  // A22 [i0 + r][t]
-    const float* tt = Ls + b0 * LD + b0 + S + m;          // T [t][m]
-#pragma unroll
-    for (int t = 0; t < S; ++t) {
-      const float x = tt[t * LD];
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(a22[r * LD + t], x, acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) As[(b0 + S + i0 + r) * LD + b0 + m] = -acc[r];
-  }
-  __syncthreads();
+    __syncthreads();
+  };
+  product(Ls, S, 0, As, 0, 0, Ls, 0, S, 1.f);    // T = L21 A11, above the diagonal
+  product(As, S, S, Ls, 0, S, As, S, 0, -1.f);   // X21 = -A22 T
 }
 }  // namespace csg
 """
