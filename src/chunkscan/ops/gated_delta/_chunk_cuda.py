@@ -175,6 +175,12 @@ __device__ __forceinline__ float bits_float(int b) {
 }
 // Non-finite inputs read as zero (the wrapper puts NaN back where the loop has it).
 __device__ __forceinline__ float fin(float x) { return isfinite(x) ? x : 0.f; }
+// Whether the input *x is finite, given its shared-memory copy *c (where non-finite
+// inputs read as zero): with copy, a non-zero *c answers and x is not read.
+template <class T>
+__device__ __forceinline__ bool finite_input(bool copy, const float* c, const T* x) {
+  return (copy && *c != 0.f) || isfinite(f(*x));
+}
 // Gates: NaN and +inf read as zero; -inf (a reset) is kept.
 __device__ __forceinline__ bool gate_ok(float x) { return !(isnan(x) || x == CS_INF); }
 __device__ __forceinline__ float gate(float x) { return gate_ok(x) ? x : 0.f; }
@@ -257,6 +263,44 @@ __device__ __forceinline__ float unpack(const __half*, const uint4& r, int q) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(half_bits(r, q))));
 #endif
 }
+// One round of 16-byte loads (load_tile's and TileLoad's): issue16 starts this thread's
+// loads of the LU pieces e0, e0 + NT, .. (those below ITEMS; PR pieces a row, NS summands
+// each, zs elements apart) into r, the raw bits; land16 converts them and hands every
+// value on, x = 0 + y_0 + .. + y_{NS-1} in that order where NS > 1.
+template <int PR, int ITEMS, int NT, int LU, int NS, class T>
+__device__ __forceinline__ void issue16(uint4 (&r)[LU][NS], const T* src, size_t ld, int e0,
+                                        size_t zs) {
+  constexpr int VW = 16 / sizeof(T);
+#pragma unroll
+  for (int u = 0; u < LU; ++u) {
+    const int e = e0 + u * NT;
+#pragma unroll
+    for (int z = 0; z < NS; ++z)
+      if (e < ITEMS)
+        r[u][z] = *reinterpret_cast<const uint4*>(src + size_t(e / PR) * ld + (e % PR) * VW +
+                                                  z * zs);
+  }
+}
+template <int PR, int ITEMS, int NT, int LU, int NS, class T, class F>
+__device__ __forceinline__ void land16(const uint4 (&r)[LU][NS], const T* src, int e0, F put) {
+  constexpr int VW = 16 / sizeof(T);
+#pragma unroll
+  for (int u = 0; u < LU; ++u) {
+    const int e = e0 + u * NT;
+    if (e < ITEMS) {
+#pragma unroll
+      for (int q = 0; q < VW; ++q) {
+        float s = unpack(src, r[u][0], q);
+        if (NS > 1) {
+          s = 0.f + s;
+#pragma unroll
+          for (int z = 1; z < NS; ++z) s += unpack(src, r[u][z], q);
+        }
+        put(e / PR, (e % PR) * VW + q, s);
+      }
+    }
+  }
+}
 template <int ROWS, int COLS, int NT, int NS = 1, class T, class F>
 __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t zs = 0) {
   constexpr int VW = 16 / sizeof(T), PR = COLS / VW, ITEMS = ROWS * PR, LU = 4;
@@ -271,31 +315,8 @@ __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t
 #pragma unroll 1
     for (int e0 = threadIdx.x; e0 < ITEMS; e0 += LU * NT) {
       uint4 r[LU][NS];  // the raw bits: 4 registers per load, whatever T
-#pragma unroll
-      for (int u = 0; u < LU; ++u) {
-        const int e = e0 + u * NT;
-#pragma unroll
-        for (int z = 0; z < NS; ++z)
-          if (e < ITEMS)
-            r[u][z] = *reinterpret_cast<const uint4*>(src + size_t(e / PR) * ld +
-                                                      (e % PR) * VW + z * zs);
-      }
-#pragma unroll
-      for (int u = 0; u < LU; ++u) {
-        const int e = e0 + u * NT;
-        if (e < ITEMS) {
-#pragma unroll
-          for (int q = 0; q < VW; ++q) {
-            float s = unpack(src, r[u][0], q);
-            if (NS > 1) {
-              s = 0.f + s;
-#pragma unroll
-              for (int z = 1; z < NS; ++z) s += unpack(src, r[u][z], q);
-            }
-            put(e / PR, (e % PR) * VW + q, s);
-          }
-        }
-      }
+      issue16<PR, ITEMS, NT>(r, src, ld, e0, zs);
+      land16<PR, ITEMS, NT>(r, src, e0, put);
     }
   } else {  // one piece at a time: its VW x NS loads in flight
     for (int e = threadIdx.x; e < ITEMS; e += NT) {
@@ -321,10 +342,11 @@ __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t
 
 // load_tile in two steps, for a tile of at most four 16-byte loads per thread (ROWS COLS
 // <= 4 VW NT): issue(src, ld) starts this thread's loads into registers, land(put) then
-// converts them and hands every value on as load_tile does (the same values), so that
-// work in between hides the loads' latency. Where they would not be 16-byte loads (or the
-// tile is larger, or with CS_SCALAR_LOADS), issue() only notes src and land() is
-// load_tile. T: the element type (csg::elem_t of the pointer).
+// converts them and hands every value on as load_tile does (the same values: one round of
+// its issue16 / land16), so that work in between hides the loads' latency. Where they
+// would not be 16-byte loads (or the tile is larger, or with CS_SCALAR_LOADS), issue()
+// only notes src and land() is load_tile. T: the element type (csg::elem_t of the
+// pointer).
 template <class P> struct elem;
 template <class T> struct elem<const T*> { using type = T; };
 template <class P> using elem_t = typename elem<P>::type;
@@ -336,7 +358,7 @@ template <int ROWS, int COLS, int NT, class T> struct TileLoad {
   const T* src = nullptr;
   size_t ld = 0;
   bool vec = false;
-  uint4 r[SPLIT ? LU : 1];
+  uint4 r[SPLIT ? LU : 1][1];
   __device__ __forceinline__ void issue(const T* s, size_t l) {
     src = s;
     ld = l;
@@ -345,28 +367,14 @@ template <int ROWS, int COLS, int NT, class T> struct TileLoad {
 #else
     vec = SPLIT && ((reinterpret_cast<unsigned long long>(s) | (l * sizeof(T))) & 15) == 0;
 #endif
-    if (vec) {
-#pragma unroll
-      for (int u = 0; u < (SPLIT ? LU : 1); ++u) {
-        const int e = threadIdx.x + u * NT;
-        if (e < ITEMS)
-          r[u] = *reinterpret_cast<const uint4*>(s + size_t(e / PR) * l + (e % PR) * VW);
-      }
-    }
+    if (vec) issue16<PR, ITEMS, NT>(r, s, l, threadIdx.x, 0);
   }
   template <class F> __device__ __forceinline__ void land(F put) const {
     if (!vec) {
       load_tile<ROWS, COLS, NT>(src, ld, put);
       return;
     }
-#pragma unroll
-    for (int u = 0; u < (SPLIT ? LU : 1); ++u) {
-      const int e = threadIdx.x + u * NT;
-      if (e < ITEMS) {
-#pragma unroll
-        for (int q = 0; q < VW; ++q) put(e / PR, (e % PR) * VW + q, unpack(src, r[u], q));
-      }
-    }
+    land16<PR, ITEMS, NT>(r, src, threadIdx.x, put);
   }
 };
 
@@ -1704,6 +1712,7 @@ _INPUT_GRADS = r"""
 #else
   constexpr bool EARLY = false;
 #endif
+  auto qk_at = [&](int i, int d) { return qk0 + i * HK * DK + d; };  // q's, k's (i, d)
   {
     csg::Prod<C, DK, NT, false, true> dq;
     dq.zero();
@@ -1712,9 +1721,8 @@ _INPUT_GRADS = r"""
     csg::prod<C, true, false, true, !EXQK>(dq, DPs, LDC4, Ks, LDK4);
     dq.store_out([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite q
-               const bool ok = (EARLY && Qs[i * LDK4 + d] != 0.f) ||
-                               isfinite(csg::f(q[(tok + i) * HK * DK + hk * DK + d]));
-               return ok ? x + scale * gma[i] * pre[a][bb] : 0.f;
+               return csg::finite_input(EARLY, Qs + i * LDK4 + d, q + qk_at(i, d))
+                   ? x + scale * gma[i] * pre[a][bb] : 0.f;
              });
   }
   CS_MARK();  // 6: dq
@@ -1731,9 +1739,8 @@ _INPUT_GRADS = r"""
     csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
     t1.store_out([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
-               const bool ok = (EARLY && Ks[i * LDK4 + d] != 0.f) ||
-                               isfinite(csg::f(k[(tok + i) * HK * DK + hk * DK + d]));
-               return ok ? x + t2.at(a, bb) * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
+               return csg::finite_input(EARLY, Ks + i * LDK4 + d, k + qk_at(i, d))
+                   ? x + t2.at(a, bb) * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
              });
   }
   CS_MARK();  // 7: dk

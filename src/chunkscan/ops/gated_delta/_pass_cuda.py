@@ -93,7 +93,18 @@ __device__ __forceinline__ void cs_cp_async_wait_all() {
 """
 
 _HEADER = CP_ASYNC + (
-    r"""// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
+    r"""// ROWS x COLS floats (COLS a multiple of 4) from src (row stride lds) into dst (row
+// stride ldd) by this thread's share of 16-byte cp.async copies, not committed.
+template <int ROWS, int COLS, int NT>
+__device__ __forceinline__ void cs_copy_rows(float* dst, int ldd, const float* src, size_t lds,
+                                             int tid) {
+  constexpr int C4 = COLS / 4;
+  for (int e = tid; e < ROWS * C4; e += NT) {
+    const int row = e / C4, col = 4 * (e % C4);
+    cs_cp_async16(dst + row * ldd + col, src + row * lds + col);
+  }
+}
+// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
 // rows (from fsrc, gsrc) into Fs [CP][FSTR] and Gs [CP][GSTR], and with HAS_E the
 // block's [CP, TR] slice of E (from esrc, row stride R) into Es [CP][ESTR]; committed.
 template <int CP, int DK, int R, int TR, int NT, int FSTR, int GSTR, int ESTR, bool HAS_E>
@@ -107,15 +118,7 @@ __device__ __forceinline__ void cs_stage_piece(float* fs, const float* fsrc, con
     cs_cp_async16(fs + row * FSTR + col, fsrc + row * DK + col);
     cs_cp_async16(gs + row * GSTR + col, gsrc + row * DK + col);
   }
-  if constexpr (HAS_E) {
-    float* es = gs + CP * GSTR;
-    constexpr int T4 = TR / 4;
-    for (int e = tid; e < CP * T4; e += NT) {
-      const int row = e / T4;
-      const int col = 4 * (e % T4);
-      cs_cp_async16(es + row * ESTR + col, esrc + static_cast<size_t>(row) * R + col);
-    }
-  }
+  if constexpr (HAS_E) cs_copy_rows<CP, TR, NT>(gs + CP * GSTR, ESTR, esrc, R, tid);
   cs_cp_async_commit();
 }
 """
@@ -408,24 +411,20 @@ _TC_STEPS = r"""  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP :
   // are waited for. (Read from global memory a chunk ahead instead, each scalar was moved
   // to a uniform register right after its load, and every chunk waited a memory latency
   // there: a fifth of the pass's warp-stall samples, run 71.)
+  auto stage_scalars = [&](int k) {  // those of the k-th chunk processed (thread 0)
+    const int cn = chunk_of(k * NP);
+    float* slot = sc + 4 * (k & 1);
+    cs_cp_async4(slot, decay + static_cast<size_t>(lane) * n + cn);
+    cs_cp_async4(slot + 1, reinterpret_cast<const float*>(loads + cn));
+    cs_cp_async4(slot + 2, reinterpret_cast<const float*>(stores + cn));
+  };
   auto stage = [&](int s) {  // the cp.async copies of step s into buffer (s & 1)
     const int c = chunk_of(s);
     const int p = s % NP;
-    if (p == 0 && s + NP < NS && tid == 0) {
-      const int cn = chunk_of(s + NP);
-      float* slot = sc + 4 * ((s / NP + 1) & 1);
-      cs_cp_async4(slot, decay + static_cast<size_t>(lane) * n + cn);
-      cs_cp_async4(slot + 1, reinterpret_cast<const float*>(loads + cn));
-      cs_cp_async4(slot + 2, reinterpret_cast<const float*>(stores + cn));
-    }
-    if (STAGE_H && p == NP - 1) {  // the block's rows of H[c], added at the chunk's end
-      float* hs = bufs + (s & 1) * BUF + HOFF;
-      const float* hsrc = Hm + ((static_cast<size_t>(lane) * n + c) * R + r0) * DK;
-      for (int e = tid; e < TR * DK / 4; e += NT) {
-        const int row = e / (DK / 4), col = 4 * (e % (DK / 4));
-        cs_cp_async16(hs + row * HSTR + col, hsrc + static_cast<size_t>(row) * DK + col);
-      }
-    }
+    if (p == 0 && s + NP < NS && tid == 0) stage_scalars(s / NP + 1);
+    if (STAGE_H && p == NP - 1)  // the block's rows of H[c], added at the chunk's end
+      cs_copy_rows<TR, DK, NT>(bufs + (s & 1) * BUF + HOFF, HSTR,
+                               Hm + ((static_cast<size_t>(lane) * n + c) * R + r0) * DK, DK, tid);
     const size_t row0 = (static_cast<size_t>(lane) * n + c) * C + p * CP;
     cs_stage_piece<CP, DK, R, TR, NT, FSTR, GSTR, ESTR, HAS_E>(
         bufs + (s & 1) * BUF, Fm + row0 * DK, Gm + row0 * DK, Em + row0 * R + r0, tid);
@@ -438,13 +437,10 @@ _TC_STEPS = r"""  auto chunk_of = [&](int s) { return REVERSE ? n - 1 - s / NP :
     ld = __float_as_int(slot[1]);
     st = __float_as_int(slot[2]);
   };
-  if (tid == 0) {
-    sc[0] = decay[static_cast<size_t>(lane) * n + chunk_of(0)];
-    sc[1] = __int_as_float(loads[chunk_of(0)]);
-    sc[2] = __int_as_float(stores[chunk_of(0)]);
-  }
+  if (tid == 0) stage_scalars(0);  // committed with stage(0)'s copies
   stage(0);
-  __syncthreads();  // the first chunk's scalars written
+  cs_cp_async_wait_all();
+  __syncthreads();  // the first chunk's scalars landed
 """
 
 # Template constants: C, DK, R, TR, NT, CP, JT (ints); HAS_X, HAS_E, HAS_H, REVERSE, TF32
