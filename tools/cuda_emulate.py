@@ -11,9 +11,10 @@ without them, or uses inline PTX other than ``cp.async`` copies (16 or 4 bytes) 
 helper function, cannot run here.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
-``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync`` (each warp
-has a barrier of its own), ``cs_emu_allgather`` (every lane's value, for a kernel's own
-emulated form of a warp-wide instruction), ``float2``, dynamic shared memory
+``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync``,
+``__shfl_up_sync``, ``__shfl_sync`` (each warp has a barrier of its own),
+``cs_emu_allgather`` (every lane's value, for a kernel's own emulated form of a
+warp-wide instruction), ``float2``, dynamic shared memory
 (``extern __shared__ T name[];`` or ``CS_DYN_SMEM(name)``), ``nvcuda::wmma`` fragments
 used through ``fill_fragment``, ``load_matrix_sync``, ``mma_sync`` and
 ``store_matrix_sync`` (every lane holds the whole tile; ``precision::tf32`` fragments,
@@ -132,6 +133,19 @@ template <class V> V __shfl_xor_sync(unsigned, V v, int lane_mask) {
   __syncwarp();
   return r;
 }
+template <class V> V cs_shfl_from(V v, int src) {  // lane src's v (src outside: own)
+  static_assert(sizeof(V) <= sizeof(double), "shuffle of a wider type");
+  std::memcpy(&cs_warp_slots[cs_warp()][cs_lane()], &v, sizeof(V));
+  __syncwarp();
+  V r;
+  std::memcpy(&r, &cs_warp_slots[cs_warp()][src >= 0 && src < 32 ? src : cs_lane()], sizeof(V));
+  __syncwarp();
+  return r;
+}
+template <class V> V __shfl_up_sync(unsigned, V v, int delta) {
+  return cs_shfl_from(v, cs_lane() - delta);  // lanes below delta keep their own
+}
+template <class V> V __shfl_sync(unsigned, V v, int src_lane) { return cs_shfl_from(v, src_lane % 32); }
 // Every lane's v, by lane: for emulated forms of warp-wide instructions (such as
 // mma.sync with its operands spread over the lanes) that kernels keep behind CS_EMULATE.
 // Values of up to 64 bytes (a lane's whole set of fragments: one gather per instruction).
