@@ -646,7 +646,15 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
   if (tid < C * S) {
     const int j = tid % C, i0 = (tid / C) * R;
     float s = 0.f;
-    for (int t = j + 1; t < i0; ++t) s += gf[t];
+    int t = j + 1;
+    for (; t + 4 <= i0; t += 4) {  // four reads in flight, then their adds in order
+      const float a = gf[t], b = gf[t + 1], c = gf[t + 2], d = gf[t + 3];
+      s += a;
+      s += b;
+      s += c;
+      s += d;
+    }
+    for (; t < i0; ++t) s += gf[t];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int i = i0 + q;
