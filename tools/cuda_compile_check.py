@@ -163,7 +163,8 @@ def kernels():
             base.append(("SCALE_BITS", cc.scale_bits(scale)))
             raw = {"q", "k", "v", "g", "beta", "dout"}
             extra = {"prepare": [("WRITE_A", dt != "float32")],
-                     "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv)],
+                     "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv),
+                                ("TH", cc.output_step_columns(tv))],
                      "state_grads": [("TV", tv), ("KS", cc.piece_columns(C, Dk, Dv, tv, nt))],
                      "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
                                      ("TVO", dt)]}[which]  # fmt: skip

@@ -278,18 +278,22 @@ def test_supports_follows_the_device_shared_memory(monkeypatch, kib):
 
 def test_defaults_shrink_to_fit_the_device(monkeypatch):
     """The H200's choices: at C = 64 all 128 columns of Dv in one output / state_grads
-    block with 512 threads (219.25 KiB for state_grads, its pieces of Dk 64 columns
-    wide; 187.25 with pieces of 32), 64 columns at C = 32, 512 threads for input_grads,
-    256 for the rest; where they would not fit, pieces of 32, 64 columns, then 32, and
-    256 threads."""
+    block, state_grads with 512 threads (219.25 KiB, its pieces of Dk 64 columns wide;
+    187.25 with pieces of 32), output with 256 in two steps of 64 columns (101 KiB: two
+    blocks a multiprocessor), 64 columns at C = 32, 512 threads for input_grads, 256 for
+    the rest; where they would not fit, pieces of 32, 64 columns, then 32, and 256
+    threads."""
     fake_cuda_limits(monkeypatch, 227)
     assert _chunk_cuda.slice_columns(128, 64, 128) == 128
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64
     assert _chunk_cuda.slice_columns(64, 64, 64) == 64  # one slice of 64: the same NV
     assert _chunk_cuda.slice_columns(128) == 64  # without C and Dk: TV
-    for which, nt in (("output", 512), ("state_grads", 512), ("prepare", 256),
+    for which, nt in (("output", 256), ("state_grads", 512), ("prepare", 256),
                       ("input_grads", 512)):  # fmt: skip
         assert _chunk_cuda.threads(which, 64, 128, 128) == nt, which
+    assert _chunk_cuda.output_step_columns(128) == 64
+    assert _chunk_cuda.smem_bytes("output", 64, 128, 128) == 101 * 1024
+    assert _chunk_cuda.output_step_columns(32) == 32  # a narrower block: one step
     assert _chunk_cuda.threads("state_grads", 32, 128, 128) == 256
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
     # state_grads' pieces of Dk: 64 columns in a wide block (219.25 KiB), else 32
@@ -358,6 +362,34 @@ def test_emulated_one_slice_of_128_columns(emulated, monkeypatch, tf32, nt):
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
     assert set(emulated) == set(_chunk_cuda._KERNELS)
     assert_close(got, outputs_and_grads(naive, inputs), tol=TF32_TOL if tf32 == "1" else 1e-4)
+
+
+def check_output_steps(monkeypatch, th: str, **kw) -> None:
+    """``output`` and its state-gradient input with a block's 128 columns of Dv in steps
+    of ``th`` (CHUNKSCAN_GDN_OUT_TH; the default is two of 64): 32 gives four steps, each
+    reloading S's rows, u's and d_o's columns; 128 one step with 512 threads (the kernel
+    before it took steps). Against the oracle, tf32 products."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "128")
+    monkeypatch.setenv("CHUNKSCAN_GDN_OUT_TH", th)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
+    assert _chunk_cuda.output_step_columns(128) == int(th)
+    assert _chunk_cuda.threads("output", 64, tv=128) == (512 if th == "128" else 256)
+    inputs = make_inputs(1, 70, 1, 2, 32, 128)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, **kw)
+    assert_close(got, outputs_and_grads(naive, inputs), tol=TF32_TOL)
+
+
+@needs_cxx
+@pytest.mark.parametrize("th", ["32", "128"])
+def test_emulated_output_steps(emulated, monkeypatch, th):
+    check_output_steps(monkeypatch, th, kernels=False)
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+
+
+def test_output_steps_knob_is_checked(monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_GDN_OUT_TH", "48")
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_OUT_TH must be 32, 64 or 128"):
+        _chunk_cuda.output_step_columns(128)
 
 
 @needs_cxx
@@ -718,6 +750,12 @@ def test_cuda_tf32_products_match_oracle(monkeypatch):
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
     exact = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
     assert not any(mx.array_equal(a, b).item() for a, b in zip(got, exact))
+
+
+@needs_cuda
+@pytest.mark.parametrize("th", ["32", "128"])
+def test_cuda_output_steps(monkeypatch, th):
+    check_output_steps(monkeypatch, th)
 
 
 @needs_cuda

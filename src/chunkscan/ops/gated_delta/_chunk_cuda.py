@@ -86,14 +86,14 @@ from ._pass_cuda import CP_ASYNC, MMA_TF32, TF32_FRAGMENTS
 
 F32 = mx.float32
 # Threads per block (256 or 512: a multiple of C; every Tile's rows a multiple of
-# NT / 32): 512 for input_grads, and for output and state_grads where a block takes all
-# 128 columns of Dv (WIDE_TV below), 256 otherwise (what ran fastest on the H200 at the
-# Qwen3-Next shape: bench/results/h200/tune_e0a0f1c/ and run 61; output took 512 there,
-# before its blocks took TV columns each). For tuning, CHUNKSCAN_GDN_NT sets every
+# NT / 32): 512 for input_grads, for state_grads where a block takes all 128 columns of
+# Dv (WIDE_TV below) and for output where a block's step does (OUT_TH below), 256
+# otherwise (what ran fastest on the H200 at the Qwen3-Next shape:
+# bench/results/h200/tune_e0a0f1c/ and run 61). For tuning, CHUNKSCAN_GDN_NT sets every
 # kernel's (read at each call).
 NT = 256
 _NT_512 = {("input_grads", 32), ("input_grads", 64)}
-_NT_512_WIDE = ("output", "state_grads")  # at TV = WIDE_TV
+_NT_512_WIDE = ("output", "state_grads")  # at TV = WIDE_TV (output: at TH = WIDE_TV)
 # Columns of Dv per block of state_gradients (NV = Dv / TV partial sums) and of output:
 # at C = 64, all of a Dv of 128 in one block (WIDE_TV) where it fits the device's shared
 # memory (state_grads: 219 KiB with pieces of 64 columns of Dk, 187 with 32; 512
@@ -112,6 +112,12 @@ MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
 # outputs, 16 x 16 tiles) has a tile for each of the block's 16 warps.
 KS = 32
 WIDE_KS = 64
+# Columns of Dv per step of an output block (its template constant TH; the block's TV
+# columns in TV / TH steps): 64, so that a block of 128 columns takes 101 KiB of shared
+# memory at C = 64, Dk = 128 and two blocks share a multiprocessor (the whole 128 columns
+# at once took 150 KiB, one block of 512 threads). For tuning, CHUNKSCAN_GDN_OUT_TH (32,
+# 64 or 128; at most TV).
+OUT_TH = 64
 
 _HEADER = (
     CP_ASYNC
@@ -1202,24 +1208,29 @@ _PREPARE = r"""
 # outputs (MODE_H false): o = X S^T + p u with X = qg - p w;
 # state_gradient_input (MODE_H true): h = d_o^T X.
 _OUTPUT = r"""
-  // Each block: TV columns of o (rows of S and of h) from e0 on, blockIdx.z = e0 / TV.
-  constexpr int LDT = TV + 4;
-  constexpr int BIG0 = (TV * LDK4 > C * LDT ? TV * LDK4 : C * LDT);
+  // Each block: TV columns of o (rows of S and of h) from e0 on, blockIdx.z = e0 / TV, in
+  // steps of TH of them (e1): S's rows, u's and d_o's columns pass through shared memory
+  // a step at a time, so that at TH = 64 a block of all 128 columns takes 101 KiB and two
+  // share a multiprocessor (each step's loads overlap the other block's products), while
+  // X = qg - p w is made once for all of them.
+  static_assert(TV % TH == 0, "output: whole steps of TH columns");
+  constexpr int LDT = TH + 4;
+  constexpr int BIG0 = (TH * LDK4 > C * LDT ? TH * LDK4 : C * LDT);
   constexpr int BIG = (BIG0 > C * LDK4 ? BIG0 : C * LDK4);
   const int e0 = blockIdx.z * TV;
   CS_DYN_SMEM(sm);
   float* Xs = sm;             // [C][LDK4] q, then X = qg - p w
   float* Ps = Xs + C * LDK4;  // [C][LDC4] p
-  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then [TV][LDK4] S or [C][LDT] d_o slice
-  float* Us = Bs + BIG;       // [C][LDT] u slice (outputs only)
+  float* Bs = Ps + C * LDC4;  // [C][LDK4] w, then a step's [TH][LDK4] S or [C][LDT] d_o; o
+  float* Us = Bs + BIG;       // [C][LDT] a step's u columns (outputs only)
   float* gf = Us + (MODE_H ? 0 : C * LDT);
   float* gma = gf + C;
   float* ten = gma + C;
   float* bad = ten + C;  // o_bad of the chunk's rows (1 or 0), read once per block
-  // w, p (and u) copied in the background while q comes through registers
+  // w, p (and u's first step) copied in the background while q comes through registers
   csg::copy_tile<C, DK, NT>(Bs, LDK4, W + cl * C * DK, DK);
   csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);
-  if (!MODE_H) csg::copy_tile<C, TV, NT>(Us, LDT, U + cl * C * DV + e0, DV);
+  if (!MODE_H) csg::copy_tile<C, TH, NT>(Us, LDT, U + cl * C * DV + e0, DV);
   for (int i = tid; i < C; i += NT) {
     gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
     bad[i] = obad[(tok + i) * HV + h] ? 1.f : 0.f;
@@ -1257,55 +1268,60 @@ _OUTPUT = r"""
     });
   }
 #endif
-  __syncthreads();
   CS_MARK();  // 1: gates, X
-  if (MODE_H) {
-    csg::load_tile<C, TV, NT>(dout + (tok * HV + h) * DV + e0, HV * DV, [&](int i, int c, float x) {
-      Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
-    });
-  } else {
-    csg::copy_tile<TV, DK, NT>(Bs, LDK4, S + (cl * DV + e0) * DK, DK);
-    csg::copies_land();
-  }
-  __syncthreads();
-  CS_MARK();  // 2: S or d_o loads
-#ifdef CS_TF32
-  if (MODE_H) {
-    csg::TcMM<TV, DK, NT / 32, true, true> hm;
-    hm.zero();
-    constexpr bool EXO = sizeof(*dout) == 2;  // bf16 / fp16 d_o: exact in tf32
-    csg::tc_run<C, false, false, !EXO, false>(hm, Bs, LDT, Xs, LDK4);
-    hm.store(Hm + (cl * DV + e0) * DK, DK);
-  } else {
-    csg::TcMM<C, TV, NT / 32, true, true> o;
-    o.zero();
-    csg::tc_run<DK, true, true, false, true>(o, Xs, LDK4, Bs, LDK4);
-    csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDT);
-    __syncthreads();  // every warp done with S: o through shared memory, then out
-    o.store(Bs, LDT);
-    __syncthreads();
-    for (int e = tid; e < C * TV; e += NT) {
-      const int i = e / TV, c = e % TV;
-      const size_t r = (tok + i) * HV + h;
-      out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : Bs[i * LDT + c]);
+  for (int e1 = e0; e1 < e0 + TV; e1 += TH) {
+    __syncthreads();  // X written; Bs (w, or the step before's o) and Us free
+    if (MODE_H) {
+      csg::load_tile<C, TH, NT>(dout + (tok * HV + h) * DV + e1, HV * DV,
+                                [&](int i, int c, float x) {
+                                  Bs[i * LDT + c] = bad[i] != 0.f ? 0.f : x;
+                                });
+    } else {
+      csg::copy_tile<TH, DK, NT>(Bs, LDK4, S + (cl * DV + e1) * DK, DK);
+      if (e1 != e0) csg::copy_tile<C, TH, NT>(Us, LDT, U + cl * C * DV + e1, DV);
+      csg::copies_land();
     }
-  }
+    __syncthreads();
+    CS_MARK();  // 2, 4, ..: a step's S or d_o loads
+#ifdef CS_TF32
+    if (MODE_H) {
+      csg::TcMM<TH, DK, NT / 32, true, true> hm;
+      hm.zero();
+      constexpr bool EXO = sizeof(*dout) == 2;  // bf16 / fp16 d_o: exact in tf32
+      csg::tc_run<C, false, false, !EXO, false>(hm, Bs, LDT, Xs, LDK4);
+      hm.store(Hm + (cl * DV + e1) * DK, DK);
+    } else {
+      csg::TcMM<C, TH, NT / 32, true, true> o;
+      o.zero();
+      csg::tc_run<DK, true, true, false, true>(o, Xs, LDK4, Bs, LDK4);
+      csg::tc_run<C, true, false>(o, Ps, LDC4, Us, LDT);
+      __syncthreads();  // every warp done with S: o through shared memory, then out
+      o.store(Bs, LDT);
+      __syncthreads();
+      for (int e = tid; e < C * TH; e += NT) {
+        const int i = e / TH, c = e % TH;
+        const size_t r = (tok + i) * HV + h;
+        out[r * DV + e1 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : Bs[i * LDT + c]);
+      }
+    }
 #else
-  if (MODE_H) {
-    csg::Tile<TV, DK, NT, true, true> hm;
-    hm.mm4<C>(csg::op<false>(Bs, LDT), csg::op<false>(Xs, LDK4));
-    hm.store([&](int c, int d) { return Hm + (cl * DV + e0 + c) * DK + d; }, csg::Same());
-  } else {
-    csg::Tile<C, TV, NT> o;
-    o.mm4<DK>(csg::op<true>(Xs, LDK4), csg::op<true>(Bs, LDK4));
-    o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDT));
-    o.each([&](int i, int c, float val, int, int) {
-      const size_t r = (tok + i) * HV + h;
-      out[r * DV + e0 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : val);
-    });
-  }
+    if (MODE_H) {
+      csg::Tile<TH, DK, NT, true, true> hm;
+      hm.mm4<C>(csg::op<false>(Bs, LDT), csg::op<false>(Xs, LDK4));
+      hm.store([&](int c, int d) { return Hm + (cl * DV + e1 + c) * DK + d; }, csg::Same());
+    } else {
+      csg::Tile<C, TH, NT> o;
+      o.mm4<DK>(csg::op<true>(Xs, LDK4), csg::op<true>(Bs, LDK4));
+      o.mm4<C>(csg::op<true>(Ps, LDC4), csg::op<false>(Us, LDT));
+      o.each([&](int i, int c, float val, int, int) {
+        const size_t r = (tok + i) * HV + h;
+        out[r * DV + e1 + c] = static_cast<TO>(bad[i] != 0.f ? CS_NAN : val);
+      });
+    }
 #endif
-  CS_PROF_END(MODE_H ? "output_h" : "output");  // 3: h or o
+    if (e1 + TH < e0 + TV) CS_MARK();  // 3, 5, ..: a step's h or o (the last one's below)
+  }
+  CS_PROF_END(MODE_H ? "output_h" : "output");
 """
 
 # state_gradients: grid z = slice of TV columns of Dv (NV slices, partial sums).
@@ -1815,7 +1831,8 @@ def threads(
     if which in _NT_512_WIDE:
         if tv is None and Dv is not None:
             tv = slice_columns(Dv, C, Dk)
-        return 512 if tv == WIDE_TV else NT
+        wide = output_step_columns(tv) if which == "output" and tv is not None else tv
+        return 512 if wide == WIDE_TV else NT
     nt = 512 if (which, C) in _NT_512 else NT
     if nt == 512 and Dk is not None and Dv is not None:
         tv = slice_columns(Dv, C, Dk)
@@ -1849,6 +1866,19 @@ def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     return 32
 
 
+def output_step_columns(tv: int) -> int:
+    """Columns of ``Dv`` per step of an ``output`` block of ``tv`` columns (its ``TH``, a
+    divisor of ``tv``): :data:`OUT_TH`, or ``CHUNKSCAN_GDN_OUT_TH`` where set (32, 64 or
+    128); ``tv`` where that is narrower or not a multiple."""
+    env = env_int("CHUNKSCAN_GDN_OUT_TH", "gated_delta_rule", "32, 64 or 128")
+    if env is not None and env not in (32, 64, WIDE_TV):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_GDN_OUT_TH must be 32, 64 or 128, not {env}"
+        )
+    th = OUT_TH if env is None else env
+    return th if th <= tv and tv % th == 0 else tv
+
+
 def piece_columns(C: int, Dk: int, Dv: int, tv: int, nt: int) -> int:
     """Columns of ``Dk`` per piece of ``state_grads`` (its ``KS``, a divisor of ``Dk``):
     :data:`WIDE_KS` in a block of :data:`WIDE_TV` columns where that fits the device's
@@ -1867,7 +1897,8 @@ def smem_bytes(
     """Dynamic shared memory of one block, in bytes (``nt`` threads, ``tv`` columns per
     ``output`` and ``state_grads`` block, ``ks`` columns of ``Dk`` per piece of
     ``state_grads``; default :func:`threads`, :func:`slice_columns`,
-    :func:`piece_columns`)."""
+    :func:`piece_columns`; ``output`` passes :func:`output_step_columns` of them at a
+    time)."""
     tv = slice_columns(Dv, C, Dk) if tv is None else tv
     nt = threads(which, C, Dk, Dv, tv) if nt is None else nt
     # Row strides: C + 1 for prepare's L and A (read a value at a time; each in a region
@@ -1877,8 +1908,9 @@ def smem_bytes(
     if which == "prepare":
         floats = C * k4 + C * (max(Dk, Dv) + 4) + 2 * C * c4 + 4 * C
     elif which == "output":
-        t4 = tv + 4
-        floats = C * k4 + C * c4 + max(tv * k4, C * t4, C * k4) + C * t4 + 4 * C
+        th = output_step_columns(tv)
+        t4 = th + 4
+        floats = C * k4 + C * c4 + max(th * k4, C * t4, C * k4) + C * t4 + 4 * C
     elif which == "state_grads":  # S and dS KS columns of Dk at a time
         ks = piece_columns(C, Dk, Dv, tv, nt) if ks is None else ks
         floats = 2 * tv * (ks + 4) + C * c4 + 4 * C * (tv + 4) + nt + C
@@ -1958,8 +1990,8 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
 
 # What a launch's plan reads from the environment (see _launch).
 _PLAN_ENV = tuple(var for var, _ in _SWITCHES) + (
-    "CHUNKSCAN_GDN_NT", "CHUNKSCAN_GDN_TV", "CHUNKSCAN_GDN_TC", "CHUNKSCAN_GDN_TF32",
-    "MLX_ENABLE_TF32",
+    "CHUNKSCAN_GDN_NT", "CHUNKSCAN_GDN_TV", "CHUNKSCAN_GDN_OUT_TH", "CHUNKSCAN_GDN_TC",
+    "CHUNKSCAN_GDN_TF32", "MLX_ENABLE_TF32",
 )  # fmt: skip
 
 
@@ -2031,7 +2063,8 @@ def outputs(q, g, p: SimpleNamespace, entering, o_bad, dtype: mx.Dtype) -> mx.ar
     L, Dv = entering.shape[0], entering.shape[2]
     Hv = L // B
     tv = slice_columns(Dv, C, Dk)
-    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", False), ("TO", dtype), ("TV", tv)]
+    steps = [("TV", tv), ("TH", output_step_columns(tv))]
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", False), ("TO", dtype)] + steps
     outs = [((B, n, C, Hv, Dv), dtype), ((1,), F32)]
     o, _ = _launch(
         "output", [q, g, p.p, p.w, p.u, entering, UNUSED, o_bad], tmpl,
@@ -2047,7 +2080,8 @@ def state_gradient_input(q, g, p: SimpleNamespace, d_o, o_bad) -> mx.array:
     Hv, Dv = d_o.shape[-2:]
     L = B * Hv
     tv = slice_columns(Dv, C, Dk)
-    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", True), ("TO", F32), ("TV", tv)]
+    steps = [("TV", tv), ("TH", output_step_columns(tv))]
+    tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [("MODE_H", True), ("TO", F32)] + steps
     outs = [((1,), F32), ((L, n, Dv, Dk), F32)]
     _, hm = _launch(
         "output", [q, g, p.p, p.w, UNUSED, UNUSED, d_o, o_bad], tmpl,
