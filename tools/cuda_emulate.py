@@ -145,7 +145,9 @@ template <class V> V cs_shfl_from(V v, int src) {  // lane src's v (src outside:
 template <class V> V __shfl_up_sync(unsigned, V v, int delta) {
   return cs_shfl_from(v, cs_lane() - delta);  // lanes below delta keep their own
 }
-template <class V> V __shfl_sync(unsigned, V v, int src_lane) { return cs_shfl_from(v, src_lane % 32); }
+template <class V> V __shfl_sync(unsigned, V v, int src_lane) {
+  return cs_shfl_from(v, src_lane % 32);
+}
 // Every lane's v, by lane: for emulated forms of warp-wide instructions (such as
 // mma.sync with its operands spread over the lanes) that kernels keep behind CS_EMULATE.
 // Values of up to 64 bytes (a lane's whole set of fragments: one gather per instruction).

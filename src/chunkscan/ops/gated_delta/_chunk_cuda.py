@@ -795,7 +795,8 @@ template <class T, class F> struct pick<false, T, F> { using type = F; };
 // it is split, 3xTF32, the small products in their own accumulators). With CS_TF32 every
 // operand is taken as exact: one tf32 product per tile, each operand rounded to tf32
 // (MLX's own float32 matmul precision on CUDA by default; CHUNKSCAN_GDN_TF32). Pointers
-// 32-byte aligned at every tile's corner, lda / ldb / ldd multiples of 4 (wmma's rules).
+// 32-byte aligned at every tile's corner, lda / ldb / ldd multiples of 4 (wmma's rules);
+// with CS_TF32 a KA / KB operand in shared memory (read by ldmatrix).
 template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
   static_assert(M % 16 == 0 && N % 16 == 0, "TcMM: tiles of 16 x 16");
 #ifdef CS_TF32
@@ -908,29 +909,54 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
 #ifdef CS_TF32
   // mma.sync: per k step of 8 and tile, A's fragment [16, 8] and B's two [8, 8] (the
   // tile's column halves), each element rounded to tf32 (RA, RB), as cs_round rounds
-  // wmma's
+  // wmma's. An operand whose k runs along its rows in memory (KA, KB: both in shared
+  // memory then, rows 16-byte aligned) comes by one ldmatrix per fragment set (cs_ldsm4:
+  // A's four values, or B's two halves' four), the others a 4-byte read per value.
   constexpr bool SHARED_B = MM::NWARPS % MM::TN == 0;
   if (mm.tile(0) >= MM::TILES) return;  // a warp without tiles (the same for the warp)
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  // Each lane's first element of every fragment (row or column g, k = t) as a pointer,
-  // once; the k steps fully unrolled, so that every load is that pointer plus a
-  // constant (lda and ldb are constants where the kernels call this).
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // Each lane's first element of every fragment (row or column g, k = t), or with KA /
+  // KB its row for ldmatrix, as a pointer, once; the k steps fully unrolled, so that
+  // every load is that pointer plus a constant (lda and ldb are constants where the
+  // kernels call this).
   auto a_ptr = [&](int tl) {
-    const int i = (tl / MM::TN) * 16 + g;
-    return KA ? A + i * lda + t : A + t * lda + i;
+    const int i = (tl / MM::TN) * 16;
+    return KA ? A + (i + lane % 16) * lda + 4 * (lane / 16) : A + t * lda + i + g;
   };
   auto b_ptr = [&](int tl) {
-    const int j = (tl % MM::TN) * 16 + g;
-    return KB ? B + j * ldb + t : B + t * ldb + j;
+    const int j = (tl % MM::TN) * 16;
+    return KB ? B + (j + lane % 8 + 8 * (lane / 16)) * ldb + 4 * ((lane / 8) % 2)
+              : B + t * ldb + j + g;
   };
   // element (row + di, k + dk) of A and (k + dk, column + dj) of B from those pointers
+  // (!KA, !KB)
   auto a_at = [&](const float* pa, int di, int dk) {
-    const float x = KA ? pa[di * lda + dk] : pa[dk * lda + di];
+    const float x = pa[dk * lda + di];
     return RA ? cs_tf32(x) : x;
   };
   auto b_at = [&](const float* pb, int dk, int dj) {
-    const float x = KB ? pb[dj * ldb + dk] : pb[dk * ldb + dj];
+    const float x = pb[dk * ldb + dj];
     return RB ? cs_tf32(x) : x;
+  };
+  auto ldsm = [](const float* row, float (&x)[4], bool round) {
+    cs_ldsm4(row, x);
+    if (round) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = cs_tf32(x[e]);
+    }
+  };
+  auto b_frags = [&](const float* pb, int k, float (&b)[2][2]) {  // both halves, a k step
+    if constexpr (KB) {
+      float x[4];
+      ldsm(pb + k, x, RB);
+      b[0][0] = x[0], b[0][1] = x[1], b[1][0] = x[2], b[1][1] = x[3];
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        b[h][0] = b_at(pb, k, 8 * h);
+        b[h][1] = b_at(pb, k + 4, 8 * h);
+      }
+    }
   };
   const float* pa[MM::PER];
   const float* pb[SHARED_B ? 1 : MM::PER];
@@ -945,25 +971,18 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
 #pragma unroll UNROLL
   for (int k = 0; k < K; k += 8) {
     float b[2][2];
-    if constexpr (SHARED_B) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        b[h][0] = b_at(pb[0], k, 8 * h);
-        b[h][1] = b_at(pb[0], k + 4, 8 * h);
-      }
-    }
+    if constexpr (SHARED_B) b_frags(pb[0], k, b);
 #pragma unroll
     for (int p = 0; p < MM::PER; ++p) {
       if (!MM::EVEN && mm.tile(p) >= MM::TILES) break;  // the same for the whole warp
-      if constexpr (!SHARED_B) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          b[h][0] = b_at(pb[p], k, 8 * h);
-          b[h][1] = b_at(pb[p], k + 4, 8 * h);
-        }
+      if constexpr (!SHARED_B) b_frags(pb[p], k, b);
+      float a[4];
+      if constexpr (KA) {
+        ldsm(pa[p] + k, a, RA);
+      } else {
+        a[0] = a_at(pa[p], 0, k), a[1] = a_at(pa[p], 8, k);
+        a[2] = a_at(pa[p], 0, k + 4), a[3] = a_at(pa[p], 8, k + 4);
       }
-      const float a[4] = {a_at(pa[p], 0, k), a_at(pa[p], 8, k), a_at(pa[p], 0, k + 4),
-                          a_at(pa[p], 8, k + 4)};
       cs_mma8(mm.big[p].x, a, b[0]);
       cs_mma8(mm.big[p].x + 4, a, b[1]);
     }

@@ -733,6 +733,38 @@ inline void cs_mma8(float* d, const float* a, const float* b) {
 }
 #endif
 __device__ __forceinline__ float cs_tf32(float x) { return nvcuda::wmma::__float_to_tf32(x); }
+// r[m] = the lane's element of the m-th of four [8 rows, 4 floats] matrices in shared
+// memory, one ldmatrix.x4 (its b16 8 x 8 matrices are these, a float a pair of b16):
+// lanes 8 m .. 8 m + 7 give matrix m's rows (16 bytes each, 16-byte aligned) and lane l
+// gets row l / 4, float l % 4 of each. So with lane l's row address at row l % 16 and
+// column 4 (l / 16) of a row-major [16, 8] tile, r = A's mma fragment a0..a3; at row
+// l % 8 + 8 (l / 16), column 4 ((l / 8) % 2) of an [n][k] tile of 16 n, r = B's two
+// [8, 8] halves' b0, b1. One shared-memory instruction for four 4-byte reads.
+#ifndef CS_EMULATE
+__device__ __forceinline__ void cs_ldsm4(const float* row, float (&r)[4]) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  unsigned x0, x1, x2, x3;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+               : "r"(a));
+  r[0] = __uint_as_float(x0);
+  r[1] = __uint_as_float(x1);
+  r[2] = __uint_as_float(x2);
+  r[3] = __uint_as_float(x3);
+}
+#else
+inline void cs_ldsm4(const float* row, float (&r)[4]) {
+  const float* rows[32];
+  cs_emu_allgather(row, rows);
+  for (int m = 0; m < 4; ++m) {
+    if (reinterpret_cast<uintptr_t>(rows[8 * m + cs_lane() / 4]) % 16 != 0) {
+      std::fprintf(stderr, "cs_ldsm4: a row address not 16-byte aligned\n");
+      std::abort();
+    }
+    r[m] = rows[8 * m + cs_lane() / 4][cs_lane() % 4];
+  }
+}
+#endif
 """
 # p[0], p[1] = x, y in one 8-byte store (p 8-byte aligned, in global memory). NVRTC split
 # the same store written through a float2* into two 4-byte ones: 16 stores per thread for
@@ -866,25 +898,26 @@ _SOURCE_MMA = (
 
     // Phase 1: V[i, r] = E[i, r] - F[i, :] . X[r, :], one 16 x 16 tile per warp at a
     // time (two 8-column halves sharing F's fragment; even and odd k steps in their own
-    // accumulators: four chains)
+    // accumulators: four chains). F's and X's rows run along k: each k step's A fragment,
+    // and both halves' B fragments, by one ldmatrix (cs_ldsm4).
     for (int u = warp; u < T1; u += NW) {
-      const int i0 = 16 * (u / MT), n0 = 16 * (u % MT);
+      const int i0 = 16 * (u / MT), n0 = 16 * (u % MT), ln = tid % 32;
       float pe[2][4] = {}, po[2][4] = {};
-      const float* fa = fs + (i0 + g) * FSTR + t;
-      const float* xb = xs + (n0 + g) * XSTR + t;
+      const float* fl = fs + (i0 + ln % 16) * FSTR + 4 * (ln / 16);
+      const float* xl = xs + (n0 + ln % 8 + 8 * (ln / 16)) * XSTR + 4 * ((ln / 8) % 2);
 #pragma unroll 2
       for (int k = 0; k < DK; k += 16) {
-        float a0[4] = {cs_tf32(fa[k]), cs_tf32(fa[8 * FSTR + k]), cs_tf32(fa[k + 4]),
-                       cs_tf32(fa[8 * FSTR + k + 4])};
-        float a1[4] = {cs_tf32(fa[k + 8]), cs_tf32(fa[8 * FSTR + k + 8]), cs_tf32(fa[k + 12]),
-                       cs_tf32(fa[8 * FSTR + k + 12])};
+        float a0[4], a1[4], x0[4], x1[4];  // x0: (b0, b1) of half 0, then of half 1
+        cs_ldsm4(fl + k, a0);
+        cs_ldsm4(fl + k + 8, a1);
+        cs_ldsm4(xl + k, x0);
+        cs_ldsm4(xl + k + 8, x1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a0[e] = cs_tf32(a0[e]), a1[e] = cs_tf32(a1[e]);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float* xh = xb + 8 * hh * XSTR;
-          const float b0[2] = {xh[k], xh[k + 4]};
-          const float b1[2] = {xh[k + 8], xh[k + 12]};
-          cs_mma8(pe[hh], a0, b0);
-          cs_mma8(po[hh], a1, b1);
+          cs_mma8(pe[hh], a0, x0 + 2 * hh);
+          cs_mma8(po[hh], a1, x1 + 2 * hh);
         }
       }
 #pragma unroll
