@@ -9,7 +9,7 @@
 # `bash <this> b <commit> 6f35f7c`: fla side by side at 16384 and 65536, the LoRA step at
 #   8192. Outputs in $OUT/run76b.tgz.
 source bench/device_run.sh 76 "$@"  # st, $BASE, $S, pack, kernel_checks, ...
-if [ "$2" = a ]; then
+if [ "$1" = a ]; then
   kernel_checks
   cd bench
   st ncu_th128
