@@ -20,6 +20,10 @@
 #                and patched: $S/lora_h200_8192.{json,md,png}.
 #   fla_side_by_side   (in bench/) fla and chunkscan at T = 16384 and 65536, eager and
 #                compiled, C = 64, three repeats: $S/gdn_vs_fla_h200.json, the rows printed.
+#   source_counters <regex> <launches>   (in bench/) Nsight Compute's warp-stall samples
+#                per source line of those kernels' first launches at 16384 (built with
+#                line info): $S/ncu_src_cuda_sass.csv.gz (run scripts 71, 72 and 75 wrote
+#                this out);
 #   kernel_checks  (at the tree's root; returns there) what a kernel change is run with:
 #                cuda_tests, ncu_kernels new, ncu_base and the phase clocks
 #                ($S/gdn_profile_C64.json), each stage marked and packed (run scripts
@@ -63,6 +67,15 @@ fla_side_by_side() {
   timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
     --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_h200.json \
     | grep --line-buffered -E "fla|chunkscan|rror"
+}
+source_counters() {
+  CHUNKSCAN_CUDA_LINEINFO=1 CHUNKSCAN_CUDA_CACHE=/tmp/c_li timeout 200 ncu --profile-from-start off \
+    --clock-control none --section SourceCounters --import-source yes \
+    --kernel-name regex:"$1" --launch-count "$2" \
+    -o $S/ncu_src python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -1
+  ncu -i $S/ncu_src.ncu-rep --page source --csv --print-source cuda,sass > $S/ncu_src_cuda_sass.csv 2>&1
+  gzip -f $S/ncu_src_cuda_sass.csv
+  rm -f $S/ncu_src.ncu-rep
 }
 kernel_checks() {
   st tests
