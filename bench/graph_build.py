@@ -5,9 +5,11 @@ code, its hand-written vjp, the kernels' launch plans, MLX's vjp), without runni
 The kernels are faked (each launch returns lazy zeros of its outputs' shapes, through
 ``chunkscan._backend.RUNNER``) and taken as on a CUDA GPU, so this runs on any machine,
 the CPU included, and builds the graph the H200 builds: Qwen3-Next layer shape (B=1,
-Hk=16, Hv=32, Dk=Dv=128, bf16), C = 64, groups of ``--group-mib`` (a GPU's default 1024:
-five groups at T = 16384). On the device itself ``bench/gpu_gaps.py`` times the same
-build ("graph built in"). Run a tree's own sources with ``PYTHONPATH=<tree>/src``.
+Hk=16, Hv=32, Dk=Dv=128, bf16), C = 64, groups of ``--group-mib`` (4096, an H200's
+default, 1/32 of its memory capped at 4096: one group at T = 16384; runs before session
+23 took 1024, five groups, the default of a GPU of 32 GB or less). On the device itself
+``bench/gpu_gaps.py`` times the same build ("graph built in"). Run a tree's own sources
+with ``PYTHONPATH=<tree>/src``.
 
     python bench/graph_build.py --T 16384 --repeats 80
 """
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=80)
-    p.add_argument("--group-mib", type=int, default=1024)
+    p.add_argument("--group-mib", type=int, default=4096)
     args = p.parse_args(argv)
     ts = build_times(args.T, args.repeats, args.group_mib)
     print(
