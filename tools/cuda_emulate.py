@@ -124,15 +124,6 @@ static std::atomic<int> cs_block_or{0};
 inline int cs_lane() { return int(threadIdx.x) % 32; }
 inline int cs_warp() { return int(threadIdx.x) / 32; }
 inline void __syncwarp(unsigned = 0xffffffffu) { cs_warp_barriers[cs_warp()]->arrive_and_wait(); }
-template <class V> V __shfl_xor_sync(unsigned, V v, int lane_mask) {
-  static_assert(sizeof(V) <= sizeof(double), "shuffle of a wider type");
-  std::memcpy(&cs_warp_slots[cs_warp()][cs_lane()], &v, sizeof(V));
-  __syncwarp();
-  V r;
-  std::memcpy(&r, &cs_warp_slots[cs_warp()][cs_lane() ^ lane_mask], sizeof(V));
-  __syncwarp();
-  return r;
-}
 template <class V> V cs_shfl_from(V v, int src) {  // lane src's v (src outside: own)
   static_assert(sizeof(V) <= sizeof(double), "shuffle of a wider type");
   std::memcpy(&cs_warp_slots[cs_warp()][cs_lane()], &v, sizeof(V));
@@ -141,6 +132,9 @@ template <class V> V cs_shfl_from(V v, int src) {  // lane src's v (src outside:
   std::memcpy(&r, &cs_warp_slots[cs_warp()][src >= 0 && src < 32 ? src : cs_lane()], sizeof(V));
   __syncwarp();
   return r;
+}
+template <class V> V __shfl_xor_sync(unsigned, V v, int lane_mask) {
+  return cs_shfl_from(v, cs_lane() ^ lane_mask);
 }
 template <class V> V __shfl_up_sync(unsigned, V v, int delta) {
   return cs_shfl_from(v, cs_lane() - delta);  // lanes below delta keep their own
