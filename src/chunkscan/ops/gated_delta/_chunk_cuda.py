@@ -1055,10 +1055,19 @@ _PREPARE = r"""
   CS_DYN_SMEM(sm);
   float* Ks = sm;             // [C][LDK4] k
   float* Xs = Ks + C * LDK4;  // [C][LDM] q, then k beta gamma, then v beta
-  // Ls and As hold [C][LDC] matrices, their regions [C][LDC4] (the tensor-core products'
+  // L's and A's row stride: C + 4 in TF32 builds, whose products read A's rows 16 bytes
+  // at a time (ldmatrix: no copy of A at that stride before w and u), else C + 1 (the
+  // FMA tiles read A a value at a time down its columns). (The forward substitution and
+  // the doubling levels are free of bank conflicts at either stride.)
+#ifdef CS_TF32
+  constexpr int LDL = LDC4;
+#else
+  constexpr int LDL = LDC;
+#endif
+  // Ls and As hold [C][LDL] matrices, their regions [C][LDC4] (the tensor-core products'
   // results and operands in between, CS_TC / CS_TF32: wmma needs row strides of 4s).
-  float* Ls = Xs + C * LDM;   // [C][LDC] gam, then L = beta_i gam kk (strict)
-  float* As = Ls + C * LDC4;  // [C][LDC] (I + L)^-1
+  float* Ls = Xs + C * LDM;   // [C][LDL] gam, then L = beta_i gam kk (strict)
+  float* As = Ls + C * LDC4;  // [C][LDL] (I + L)^-1
   float* gf = As + C * LDC4;
   float* bt = gf + C;
   float* gma = bt + C;
@@ -1078,7 +1087,7 @@ _PREPARE = r"""
   __syncthreads();
   CS_MARK();  // 0: loads
   csg::chunk_gates<C, NT>(gf, gma, ten);
-  csg::fill_gam<C, LDC, NT>(gf, Ls);
+  csg::fill_gam<C, LDL, NT>(gf, Ls);
   __syncthreads();
   CS_MARK();  // 1: gates
 #ifdef CS_TC
@@ -1097,7 +1106,7 @@ _PREPARE = r"""
     __syncthreads();
     for (int e = tid; e < C * C; e += NT) {
       const int i = e / C, t = e % C;
-      P[cl * C * C + e] = t <= i ? scale * St[i * LDC4 + t] * Ls[i * LDC + t] : 0.f;
+      P[cl * C * C + e] = t <= i ? scale * St[i * LDC4 + t] * Ls[i * LDL + t] : 0.f;
     }
     __syncthreads();
     {
@@ -1109,22 +1118,22 @@ _PREPARE = r"""
     __syncthreads();
     for (int e = tid; e < C * C; e += NT) {  // gam read, then replaced by L, in place
       const int i = e / C, t = e % C;
-      Ls[i * LDC + t] = t < i ? bt[i] * Ls[i * LDC + t] * St[i * LDC4 + t] : 0.f;
+      Ls[i * LDL + t] = t < i ? bt[i] * Ls[i * LDL + t] * St[i * LDC4 + t] : 0.f;
     }
     __syncthreads();
-    for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
+    for (int e = tid; e < C * C; e += NT) As[(e / C) * LDL + e % C] = 0.f;
   }
 #else
-  for (int e = tid; e < C * C; e += NT) As[(e / C) * LDC + e % C] = 0.f;
+  for (int e = tid; e < C * C; e += NT) As[(e / C) * LDL + e % C] = 0.f;
   {
     csg::Tile<C, C, NT> kk, qk;
     kk.mm4<DK>(csg::op<true>(Ks, LDK4), csg::op<true>(Ks, LDK4));
     qk.mm4<DK>(csg::op<true>(Xs, LDM), csg::op<true>(Ks, LDK4));
     // Both tiles own the same (i, t): gam is read, then replaced by L, by one thread.
     kk.each([&](int i, int t, float x, int a, int b) {
-      const float gm = Ls[i * LDC + t];
+      const float gm = Ls[i * LDL + t];
       P[cl * C * C + i * C + t] = t <= i ? scale * qk.v[a][b] * gm : 0.f;
-      Ls[i * LDC + t] = t < i ? bt[i] * gm * x : 0.f;
+      Ls[i * LDL + t] = t < i ? bt[i] * gm * x : 0.f;
     });
   }
 #endif
@@ -1148,13 +1157,13 @@ _PREPARE = r"""
           float s = 0.f;
 #pragma unroll
           for (int t = 0; t < r; ++t)
-            if (t >= m) s = fmaf(Ls[(q0 + r) * LDC + q0 + t], col[t], s);
+            if (t >= m) s = fmaf(Ls[(q0 + r) * LDL + q0 + t], col[t], s);
           val = -s;
         }
         col[r] = val;
       }
 #pragma unroll
-      for (int r = 0; r < B0; ++r) As[(q0 + r) * LDC + q0 + m] = col[r];
+      for (int r = 0; r < B0; ++r) As[(q0 + r) * LDL + q0 + m] = col[r];
     } else {  // the other warps meanwhile: k beta gamma into Xs (q is no longer needed), K~;
               // four values of a row at a time
       static_assert(NT > C, "prepare: warps beside the forward substitution");
@@ -1173,11 +1182,11 @@ _PREPARE = r"""
     __syncthreads();
     constexpr int LEVELS = (C >= 2 * B0) + (C >= 4 * B0);
     static_assert((B0 << LEVELS) == C, "prepare: C is 16, 32 or 64");
-    if constexpr (LEVELS >= 1) csg::inverse_level<B0, C, LDC, NT>(Ls, As);
-    if constexpr (LEVELS >= 2) csg::inverse_level<2 * B0, C, LDC, NT>(Ls, As);
+    if constexpr (LEVELS >= 1) csg::inverse_level<B0, C, LDL, NT>(Ls, As);
+    if constexpr (LEVELS >= 2) csg::inverse_level<2 * B0, C, LDL, NT>(Ls, As);
   }
   if (WRITE_A)  // the backward's (the forward needs no A)
-    for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDC + e % C];
+    for (int e = tid; e < C * C; e += NT) A[cl * C * C + e] = As[(e / C) * LDL + e % C];
   if (tid == 0) DECAY[cl] = gma[C - 1];
   __syncthreads();
   CS_MARK();  // 3: the inverse, stores
@@ -1185,22 +1194,18 @@ _PREPARE = r"""
   csg::TileLoad<C, DV, NT, csg::elem_t<decltype(v)>> vl;
   vl.issue(v + tok * HV * DV + h * DV, HV * DV);
 #ifdef CS_TF32
-  // w and u on the tensor cores, one tf32 product per tile: a copied into Ls' region
-  // with row stride LDC4 (the inverse's scratch there is no longer read).
-  float* A4 = Ls;
-  for (int e = tid; e < C * C; e += NT)
-    A4[(e / C) * LDC4 + e % C] = CS_OPERAND(As[(e / C) * LDC + e % C]);
-  __syncthreads();
+  // w and u on the tensor cores, one tf32 product per tile, a's values rounded to tf32
+  // as they are read
   {
     csg::TcMM<C, DK, NT / 32, true, true> w;
     w.zero();
-    csg::tc_run<C, true, false, false, false>(w, A4, LDC4, Xs, LDM);
+    csg::tc_run<C, true, false, true, false>(w, As, LDL, Xs, LDM);
     w.store(W + cl * C * DK, DK);
   }
 #else
   {
     csg::Tile<C, DK, NT, false, true> w;
-    w.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
+    w.mm4<C>([&](int i, int t) { return As[i * LDL + t]; }, csg::op<false>(Xs, LDM));
     w.store([&](int i, int d) { return W + (cl * C + i) * DK + d; }, csg::Same());
   }
 #endif
@@ -1211,13 +1216,13 @@ _PREPARE = r"""
   {
     csg::TcMM<C, DV, NT / 32, true, true> u;
     u.zero();
-    csg::tc_run<C, true, false, false, false>(u, A4, LDC4, Xs, LDM);
+    csg::tc_run<C, true, false, true, false>(u, As, LDL, Xs, LDM);
     u.store(U + cl * C * DV, DV);
   }
 #else
   {
     csg::Tile<C, DV, NT, false, true> u;
-    u.mm4<C>([&](int i, int t) { return As[i * LDC + t]; }, csg::op<false>(Xs, LDM));
+    u.mm4<C>([&](int i, int t) { return As[i * LDL + t]; }, csg::op<false>(Xs, LDM));
     u.store([&](int i, int c) { return U + (cl * C + i) * DV + c; }, csg::Same());
   }
 #endif
@@ -1368,10 +1373,24 @@ _STATE_GRADS = r"""
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
-  // p is copied in the background; the o_bad flags go to shared memory before d_o's
-  // loads, each of which reads its row's flag there.
+  // The KS columns from k0 of S, dS (and w, kt) into shared memory.
+  auto load_s = [&](int k0) {
+    csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
+    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
+  };
+  auto load_wk = [&](int k0) {
+    const size_t w0 = cl * C * DK + k0;
+    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+  };
+  // p and pass 1's first piece (S, dS, w, kt: their regions are free until then) are
+  // copied in the background, so that the piece's copies wait with the first loads, not
+  // after the product p^T d_o; the o_bad flags go to shared memory before d_o's loads,
+  // each of which reads its row's flag there.
   static_assert(NT >= C, "state_grads: a thread per row's flag");
   csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // in the background from here on
+  load_s(0);
+  load_wk(0);
   // d_o's and v's loads in flight together (one memory latency, not two) while the flags
   // come in
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
@@ -1385,17 +1404,7 @@ _STATE_GRADS = r"""
   vl.land([&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
   csg::copies_land();
   __syncthreads();
-  CS_MARK();  // 0: p, d_o, v loads
-  // The KS columns from k0 of S, dS (and w, kt) into shared memory.
-  auto load_s = [&](int k0) {
-    csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
-    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
-  };
-  auto load_wk = [&](int k0) {
-    const size_t w0 = cl * C * DK + k0;
-    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
-    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
-  };
+  CS_MARK();  // 0: p, d_o, v and the first piece's loads
   // This thread's part of sum(S * dS) over one piece (a fixed order: piece by piece).
   float dec = 0.f;
   auto dot_s = [&]() {
@@ -1417,10 +1426,12 @@ _STATE_GRADS = r"""
     dvn.zero();
     csg::tc_run<C, false, false, true, !EXO>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
-      load_s(k0);
-      load_wk(k0);
-      csg::copies_land();
-      __syncthreads();
+      if (k0 != 0) {  // the first piece landed with the first loads
+        load_s(k0);
+        load_wk(k0);
+        csg::copies_land();
+        __syncthreads();
+      }
       dot_s();
       csg::tc_run<KS, true, true>(vn, Wk, LDS, Sk, LDS);
       csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSk, LDS);
@@ -1443,10 +1454,12 @@ _STATE_GRADS = r"""
     csg::Tile<C, TV, NT> vn, dvn;
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
-      load_s(k0);
-      load_wk(k0);
-      csg::copies_land();
-      __syncthreads();
+      if (k0 != 0) {  // the first piece landed with the first loads
+        load_s(k0);
+        load_wk(k0);
+        csg::copies_land();
+        __syncthreads();
+      }
       dot_s();
       vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Sk, LDS));
       dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSk, LDS));
