@@ -1373,24 +1373,10 @@ _STATE_GRADS = r"""
   const int z = blockIdx.z, e0 = z * TV;
   const size_t pz = size_t(z) * (size_t(gridDim.y) * n) + cl;  // partial-sum index
   const size_t s0 = (cl * DV + e0) * DK;  // the slice of S and dS
-  // The KS columns from k0 of S, dS (and w, kt) into shared memory.
-  auto load_s = [&](int k0) {
-    csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
-    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
-  };
-  auto load_wk = [&](int k0) {
-    const size_t w0 = cl * C * DK + k0;
-    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
-    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
-  };
-  // p and pass 1's first piece (S, dS, w, kt: their regions are free until then) are
-  // copied in the background, so that the piece's copies wait with the first loads, not
-  // after the product p^T d_o; the o_bad flags go to shared memory before d_o's loads,
-  // each of which reads its row's flag there.
+  // p is copied in the background; the o_bad flags go to shared memory before d_o's
+  // loads, each of which reads its row's flag there.
   static_assert(NT >= C, "state_grads: a thread per row's flag");
   csg::copy_tile<C, C, NT>(Ps, LDC4, P + cl * C * C, C);  // in the background from here on
-  load_s(0);
-  load_wk(0);
   // d_o's and v's loads in flight together (one memory latency, not two) while the flags
   // come in
   const size_t o0 = tok * HV * DV + h * DV + e0;  // the chunk's d_o, v rows: stride HV DV
@@ -1404,7 +1390,17 @@ _STATE_GRADS = r"""
   vl.land([&](int i, int r, float x) { Vt[i * LDT + r] = csg::fin(x); });
   csg::copies_land();
   __syncthreads();
-  CS_MARK();  // 0: p, d_o, v and the first piece's loads
+  CS_MARK();  // 0: p, d_o, v loads
+  // The KS columns from k0 of S, dS (and w, kt) into shared memory.
+  auto load_s = [&](int k0) {
+    csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
+    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
+  };
+  auto load_wk = [&](int k0) {
+    const size_t w0 = cl * C * DK + k0;
+    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
+    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+  };
   // This thread's part of sum(S * dS) over one piece (a fixed order: piece by piece).
   float dec = 0.f;
   auto dot_s = [&]() {
@@ -1426,12 +1422,10 @@ _STATE_GRADS = r"""
     dvn.zero();
     csg::tc_run<C, false, false, true, !EXO>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
-      if (k0 != 0) {  // the first piece landed with the first loads
-        load_s(k0);
-        load_wk(k0);
-        csg::copies_land();
-        __syncthreads();
-      }
+      load_s(k0);
+      load_wk(k0);
+      csg::copies_land();
+      __syncthreads();
       dot_s();
       csg::tc_run<KS, true, true>(vn, Wk, LDS, Sk, LDS);
       csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSk, LDS);
@@ -1454,12 +1448,10 @@ _STATE_GRADS = r"""
     csg::Tile<C, TV, NT> vn, dvn;
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
-      if (k0 != 0) {  // the first piece landed with the first loads
-        load_s(k0);
-        load_wk(k0);
-        csg::copies_land();
-        __syncthreads();
-      }
+      load_s(k0);
+      load_wk(k0);
+      csg::copies_land();
+      __syncthreads();
       dot_s();
       vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Sk, LDS));
       dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSk, LDS));
