@@ -595,8 +595,8 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
 // Prod<..> x; x.zero(); prod<K, KA, KB>(x, A, lda, B, ldb) (TcMM's operand rules); then
 // x.each_out / store_out / at. Here the FMA Tile (RB / CB: its layouts); with CS_TF32 a
 // TcMM, one tf32 product per tile (_HEADER_TC).
-template <int M, int N, int NT, bool RB = false, bool CB = false>
-using Prod = Tile<M, N, NT, RB, CB>;
+template <int M, int N, int NT, bool RB = false, bool CB = false, bool SR = false, bool SC = false>
+using Prod = Tile<M, N, NT, RB, CB>;  // (SR, SC: TcMM's)
 template <int K, bool KA, bool KB, bool RA = true, bool RB = true, class MM>
 __device__ __forceinline__ void prod(MM& mm, const float* A, int lda, const float* B, int ldb) {
   mm.template mm4<K>(op<KA>(A, lda), op<KB>(B, ldb));  // RA, RB: tc_run's (none here)
@@ -752,36 +752,24 @@ __device__ __forceinline__ void fill(TcAcc& f, float v) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) f.x[e] = v;
 }
-// f = the 16 x 16 row-major tile at p (row stride ld), or store f there
-__device__ __forceinline__ void load_acc(TcAcc& f, const float* p, size_t ld) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const float2 v = *reinterpret_cast<const float2*>(p + (g + 8 * hi) * ld + 8 * h + 2 * t);
-      f.x[4 * h + 2 * hi] = v.x;
-      f.x[4 * h + 2 * hi + 1] = v.y;
-    }
-}
-__device__ __forceinline__ void store_acc(float* p, const TcAcc& f, size_t ld) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi)
-      *reinterpret_cast<float2*>(p + (g + 8 * hi) * ld + 8 * h + 2 * t) =
-          make_float2(f.x[4 * h + 2 * hi], f.x[4 * h + 2 * hi + 1]);
+// Where the rows (or columns) of 16-row tile x lie, x = 0, 1, .. along a dimension: lane
+// position p (0..7: a fragment's row g = lane / 4, or 2 t for an accumulator's column
+// pair) is row tile_pos(x, p), and row + 8 the same for p's second fragment row.
+// Plain (S false): rows 16 x .. 16 x + 15. Spread (S): tiles in pairs over blocks of 32
+// rows, tile x taking the runs of four 4 (x % 2) + {0, 8, 16, 24} of its block (p % 4
+// within a run, p / 4 picking the run 16 apart). A product whose operand is read down
+// its columns (!KA / !KB, row stride = 4 mod 32) has lane (g, t) read row k + t, column
+// tile_pos(x, g): banks 4 t + g, two lanes to a bank for plain tiles, one for spread
+// ones. The accumulator's column pairs stay side by side either way (2 t -> 2 (t % 2) +
+// 16 (t / 2)), and their 8-byte accesses at row stride = 4 mod 32 conflict-free spread,
+// 2-way plain. (Nsight Compute, run 71: 30% of state_grads' and input_grads' shared-
+// memory wavefronts were such conflicts.) A spread dimension is a multiple of 32.
+template <bool S> __device__ __forceinline__ int tile_pos(int x, int p) {
+  return S ? 32 * (x / 2) + 4 * (x % 2) + p % 4 + 16 * (p / 4) : 16 * x + p;
 }
 #else
 using TcAcc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
 __device__ __forceinline__ void fill(TcAcc& f, float v) { wm::fill_fragment(f, v); }
-__device__ __forceinline__ void load_acc(TcAcc& f, const float* p, size_t ld) {
-  wm::load_matrix_sync(f, p, unsigned(ld), wm::mem_row_major);
-}
-__device__ __forceinline__ void store_acc(float* p, const TcAcc& f, size_t ld) {
-  wm::store_matrix_sync(p, f, unsigned(ld), wm::mem_row_major);
-}
 #endif
 using TcA = wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major>;
 using TcB = wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major>;
@@ -796,13 +784,17 @@ template <class T, class F> struct pick<false, T, F> { using type = F; };
 // operand is taken as exact: one tf32 product per tile, each operand rounded to tf32
 // (MLX's own float32 matmul precision on CUDA by default; CHUNKSCAN_GDN_TF32). Pointers
 // 32-byte aligned at every tile's corner, lda / ldb / ldd multiples of 4 (wmma's rules);
-// with CS_TF32 a KA / KB operand in shared memory (read by ldmatrix).
-template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
+// with CS_TF32 a KA / KB operand in shared memory (read by ldmatrix). SR0 / SC0 (TF32
+// builds): the rows / columns of the tiles spread (tile_pos), for products whose every
+// A / B operand is read down its columns (!KA / !KB); then M / N a multiple of 32.
+template <int M, int N, int NW, bool EA0, bool EB0, bool SR0 = false, bool SC0 = false>
+struct TcMM {
   static_assert(M % 16 == 0 && N % 16 == 0, "TcMM: tiles of 16 x 16");
 #ifdef CS_TF32
-  static constexpr bool EA = true, EB = true;
+  static constexpr bool EA = true, EB = true, SR = SR0, SC = SC0;
+  static_assert((!SR || M % 32 == 0) && (!SC || N % 32 == 0), "TcMM: spread in blocks of 32");
 #else
-  static constexpr bool EA = EA0, EB = EB0;
+  static constexpr bool EA = EA0, EB = EB0, SR = false, SC = false;
 #endif
   static constexpr int NWARPS = NW, TN = N / 16, TILES = (M / 16) * TN;
   static constexpr int PER = (TILES + NW - 1) / NW;
@@ -817,9 +809,9 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
       if (SMALL) fill(small[p], 0.f);
     }
   }
-  // Once, after the last tc_run(): fn(r0, c0, D) for each owned tile (rows r0.., columns
-  // c0..), D = big + small (a rounded float32 add) as a fragment that fn may change and
-  // store.
+  // Once, after the last tc_run(): fn(tl, D) for each owned tile tl, D = big + small (a
+  // rounded float32 add) as a fragment that fn may change, and load() or store_tile() the
+  // tile's place in a matrix.
   template <class F> __device__ __forceinline__ void each(F fn) {
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
@@ -829,18 +821,55 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
 #pragma unroll
         for (int e = 0; e < big[p].num_elements; ++e) big[p].x[e] += small[p].x[e];
       }
-      fn((t / TN) * 16, (t % TN) * 16, big[p]);
+      fn(t, big[p]);
     }
   }
+#ifdef CS_TF32
+  // The lane's first row and column of tile tl (tile_pos): TcAcc's element e lies at row
+  // row0 + 8 ((e / 2) % 2), column col0 + 8 (e / 4) + e % 2.
+  __device__ __forceinline__ int row0(int tl) const {
+    return tile_pos<SR>(tl / TN, (threadIdx.x % 32) / 4);
+  }
+  __device__ __forceinline__ int col0(int tl) const {
+    return tile_pos<SC>(tl % TN, 2 * (threadIdx.x % 4));
+  }
+  // f = tile tl's place in the row-major matrix D (row stride ld), or store f there: each
+  // column pair 8 bytes at a time
+  __device__ __forceinline__ void load(TcAcc& f, int tl, const float* D, size_t ld) const {
+    const float* p = D + row0(tl) * ld + col0(tl);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(p + 8 * ((e / 2) % 2) * ld + 8 * (e / 4));
+      f.x[e] = v.x;
+      f.x[e + 1] = v.y;
+    }
+  }
+  __device__ __forceinline__ void store_tile(float* D, size_t ld, int tl, const TcAcc& f) const {
+    float* p = D + row0(tl) * ld + col0(tl);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2)
+      *reinterpret_cast<float2*>(p + 8 * ((e / 2) % 2) * ld + 8 * (e / 4)) =
+          make_float2(f.x[e], f.x[e + 1]);
+  }
+#else
+  __device__ __forceinline__ void load(TcAcc& f, int tl, const float* D, size_t ld) const {
+    wm::load_matrix_sync(f, D + (tl / TN) * 16 * ld + (tl % TN) * 16, unsigned(ld),
+                         wm::mem_row_major);
+  }
+  __device__ __forceinline__ void store_tile(float* D, size_t ld, int tl, const TcAcc& f) const {
+    wm::store_matrix_sync(D + (tl / TN) * 16 * ld + (tl % TN) * 16, f, unsigned(ld),
+                          wm::mem_row_major);
+  }
+#endif
   // Once, after the last tc_run(): D (row-major, shared or global memory) = the product,
   // or (neg) minus it.
   __device__ __forceinline__ void store(float* D, size_t ldd, bool neg = false) {
-    each([&](int r0, int c0, TcAcc& d) {
+    each([&](int tl, TcAcc& d) {
       if (neg) {
 #pragma unroll
         for (int e = 0; e < d.num_elements; ++e) d.x[e] = -d.x[e];
       }
-      store_acc(D + r0 * ldd + c0, d, ldd);
+      store_tile(D, ldd, tl, d);
     });
   }
 #ifdef CS_TF32
@@ -850,12 +879,11 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
   // tc_run() and without each() (whose small parts it does not add: none with CS_TF32).
   static constexpr int RA = PER, RBN = 8;
   template <class F> __device__ __forceinline__ void each_out(F fn) const {
-    const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
       const int tl = tile(p);
       if (tl >= TILES) break;  // the same for the whole warp
-      const int r0 = (tl / TN) * 16 + g, c0 = (tl % TN) * 16 + 2 * t;
+      const int r0 = row0(tl), c0 = col0(tl);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
         fn(r0 + 8 * ((e / 2) % 2), c0 + 8 * (e / 4) + e % 2, big[p].x[e], p, e);
@@ -867,12 +895,11 @@ template <int M, int N, int NW, bool EA0, bool EB0> struct TcMM {
   // two neighbouring columns (j even) in one 8-byte store where ptr gives a float*
   // (8-byte aligned at even j: Tile::store writes 16 bytes at a time there).
   template <class P, class V> __device__ __forceinline__ void store_out(P ptr, V val) const {
-    const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
       const int tl = tile(p);
       if (tl >= TILES) break;  // the same for the whole warp
-      const int r0 = (tl / TN) * 16 + g, c0 = (tl % TN) * 16 + 2 * t;
+      const int r0 = row0(tl), c0 = col0(tl);
       float out[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e)
@@ -919,14 +946,16 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
   // KB its row for ldmatrix, as a pointer, once; the k steps fully unrolled, so that
   // every load is that pointer plus a constant (lda and ldb are constants where the
   // kernels call this).
+  // (rows and columns where tile_pos puts them: MM::SR, MM::SC)
   auto a_ptr = [&](int tl) {
-    const int i = (tl / MM::TN) * 16;
-    return KA ? A + (i + lane % 16) * lda + 4 * (lane / 16) : A + t * lda + i + g;
+    const int x = tl / MM::TN;
+    return KA ? A + (tile_pos<MM::SR>(x, lane % 8) + 8 * ((lane / 8) % 2)) * lda + 4 * (lane / 16)
+              : A + t * lda + tile_pos<MM::SR>(x, g);
   };
   auto b_ptr = [&](int tl) {
-    const int j = (tl % MM::TN) * 16;
-    return KB ? B + (j + lane % 8 + 8 * (lane / 16)) * ldb + 4 * ((lane / 8) % 2)
-              : B + t * ldb + j + g;
+    const int x = tl % MM::TN;
+    return KB ? B + (tile_pos<MM::SC>(x, lane % 8) + 8 * (lane / 16)) * ldb + 4 * ((lane / 8) % 2)
+              : B + t * ldb + tile_pos<MM::SC>(x, g);
   };
   // element (row + di, k + dk) of A and (k + dk, column + dj) of B from those pointers
   // (!KA, !KB)
@@ -1024,8 +1053,8 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
 }
 #ifdef CS_TF32
 // Prod (see Tile): with CS_TF32 a TcMM, the product on the tensor cores (NT / 32 warps).
-template <int M, int N, int NT, bool RB = false, bool CB = false>
-using Prod = TcMM<M, N, NT / 32, true, true>;
+template <int M, int N, int NT, bool RB = false, bool CB = false, bool SR = false, bool SC = false>
+using Prod = TcMM<M, N, NT / 32, true, true, SR, SC>;
 template <int K, bool KA, bool KB, bool RA = true, bool RB = true, class MM>
 __device__ __forceinline__ void prod(MM& mm, const float* A, int lda, const float* B, int ldb) {
   tc_run<K, KA, KB, RA, RB>(mm, A, lda, B, ldb);
@@ -1197,7 +1226,7 @@ _PREPARE = r"""
   // w and u on the tensor cores, one tf32 product per tile, a's values rounded to tf32
   // as they are read
   {
-    csg::TcMM<C, DK, NT / 32, true, true> w;
+    csg::TcMM<C, DK, NT / 32, true, true, false, true> w;  // xs read down its columns
     w.zero();
     csg::tc_run<C, true, false, true, false>(w, As, LDL, Xs, LDM);
     w.store(W + cl * C * DK, DK);
@@ -1214,7 +1243,7 @@ _PREPARE = r"""
   __syncthreads();
 #ifdef CS_TF32
   {
-    csg::TcMM<C, DV, NT / 32, true, true> u;
+    csg::TcMM<C, DV, NT / 32, true, true, false, true> u;
     u.zero();
     csg::tc_run<C, true, false, true, false>(u, As, LDL, Xs, LDM);
     u.store(U + cl * C * DV, DV);
@@ -1273,14 +1302,14 @@ _OUTPUT = r"""
   }
   __syncthreads();
   {
-    csg::TcMM<C, DK, NT / 32, true, true> x;
+    csg::TcMM<C, DK, NT / 32, true, true, false, true> x;  // w read down its columns
     x.zero();
     csg::tc_run<C, true, false>(x, Ps, LDC4, Bs, LDK4);
-    x.each([&](int i0, int d0, csg::TcAcc& val) {  // each tile read and written by its warp
+    x.each([&](int tl, csg::TcAcc& val) {  // each tile read and written by its warp
       csg::TcAcc qg;
-      csg::load_acc(qg, Xs + i0 * LDK4 + d0, LDK4);
+      x.load(qg, tl, Xs, LDK4);
       for (int e = 0; e < val.num_elements; ++e) val.x[e] = CS_OPERAND(qg.x[e] - val.x[e]);
-      csg::store_acc(Xs + i0 * LDK4 + d0, val, LDK4);
+      x.store_tile(Xs, LDK4, tl, val);
     });
   }
 #else
@@ -1309,7 +1338,7 @@ _OUTPUT = r"""
     CS_MARK();  // 2, 4, ..: a step's S or d_o loads
 #ifdef CS_TF32
     if (MODE_H) {
-      csg::TcMM<TH, DK, NT / 32, true, true> hm;
+      csg::TcMM<TH, DK, NT / 32, true, true, true, true> hm;  // both read down their columns
       hm.zero();
       constexpr bool EXO = sizeof(*dout) == 2;  // bf16 / fp16 d_o: exact in tf32
       csg::tc_run<C, false, false, !EXO, false>(hm, Bs, LDT, Xs, LDK4);
@@ -1431,16 +1460,16 @@ _STATE_GRADS = r"""
       csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSk, LDS);
       __syncthreads();
     }
-    vn.each([&](int i0, int r0, csg::TcAcc& x) {  // v_new = u - w S^T
+    vn.each([&](int tl, csg::TcAcc& x) {  // v_new = u - w S^T
       csg::TcAcc u;
-      csg::load_acc(u, U + (cl * C + i0) * DV + e0 + r0, DV);
+      vn.load(u, tl, U + cl * C * DV + e0, DV);
       for (int e = 0; e < x.num_elements; ++e) x.x[e] = CS_OPERAND(u.x[e] - x.x[e]);
-      csg::store_acc(Vn + i0 * LDT + r0, x, LDT);
+      vn.store_tile(Vn, LDT, tl, x);
     });
-    dvn.each([&](int i0, int r0, csg::TcAcc& x) {
-      csg::store_acc(DVN + (cl * C + i0) * DV + e0 + r0, x, DV);
+    dvn.each([&](int tl, csg::TcAcc& x) {
+      dvn.store_tile(DVN + cl * C * DV + e0, DV, tl, x);
       for (int e = 0; e < x.num_elements; ++e) x.x[e] = CS_OPERAND(x.x[e]);
-      csg::store_acc(DVn + i0 * LDT + r0, x, LDT);
+      dvn.store_tile(DVn, LDT, tl, x);
     });
   }
 #else
@@ -1484,7 +1513,7 @@ _STATE_GRADS = r"""
     }
     const size_t d0 = pz * C * DK + k0;
 #ifdef CS_TF32
-    csg::TcMM<C, KS, NT / 32, true, true> dw, dqg, dkt;
+    csg::TcMM<C, KS, NT / 32, true, true, false, true> dw, dqg, dkt;  // S, dS down columns
     dw.zero();
     csg::tc_run<TV, true, false, false, true>(dw, DVn, LDT, Sk, LDS);
     dw.store(DWp + d0, DK, true);
@@ -1653,7 +1682,7 @@ _INPUT_GRADS = r"""
   }
   __syncthreads();
   {
-    csg::Prod<C, C, NT, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
+    csg::Prod<C, C, NT, true, true, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
     dl.zero();
     csg::prod<C, false, false>(dl, As, LDC4, M1s, LDC4);
     dl.each_out([&](int i, int m, float x, int, int) { M2s[i * LDC4 + m] = m < i ? -x : 0.f; });
@@ -1775,7 +1804,7 @@ _INPUT_GRADS = r"""
 #endif
   auto qk_at = [&](int i, int d) { return qk0 + i * HK * DK + d; };  // q's, k's (i, d)
   {
-    csg::Prod<C, DK, NT, false, true> dq;
+    csg::Prod<C, DK, NT, false, true, false, true> dq;  // k read down its columns
     dq.zero();
     float pre[dq.RA][dq.RBN];
     dq.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DQGp, DK, i, d); });
@@ -1790,7 +1819,7 @@ _INPUT_GRADS = r"""
   csg::TileLoad<C, DV, NT, float> dvl;
   if (EARLY) dvl.issue(DVN + cl * C * DV, DV);
   {
-    csg::Prod<C, DK, NT, true, true> t1, t2;
+    csg::Prod<C, DK, NT, true, true, false, true> t1, t2;  // (one layout: t2.at in t1's stores)
     t1.zero();
     t2.zero();
     float pre[t1.RA][t1.RBN];  // as for dq: the partial sums of d_kt
@@ -1806,7 +1835,7 @@ _INPUT_GRADS = r"""
   }
   CS_MARK();  // 7: dk
   if (!EARLY) dvl.issue(DVN + cl * C * DV, DV);
-  csg::Prod<C, DV, NT, true, true> tv;
+  csg::Prod<C, DV, NT, true, true, true, true> tv;
   tv.zero();
   auto v_at = [&](int i, int c) { return v[((tok + i) * HV + h) * DV + c]; };
   csg::elem_t<decltype(v)> vraw[EARLY ? tv.RA : 1][tv.RBN];
