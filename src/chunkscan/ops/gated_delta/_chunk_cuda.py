@@ -763,7 +763,11 @@ __device__ __forceinline__ void fill(TcAcc& f, float v) {
 // ones. The accumulator's column pairs stay side by side either way (2 t -> 2 (t % 2) +
 // 16 (t / 2)), and their 8-byte accesses at row stride = 4 mod 32 conflict-free spread,
 // 2-way plain. (Nsight Compute, run 71: 30% of state_grads' and input_grads' shared-
-// memory wavefronts were such conflicts.) A spread dimension is a multiple of 32.
+// memory wavefronts were such conflicts.) A spread dimension is a multiple of 32. Its
+// cost: a row's 32-byte stretch of 8 columns is half this tile's, half its partner's,
+// so stores to global memory take twice the requests. prepare's w and u (operands read
+// by ldmatrix and down columns, results straight to global memory) ran slower spread,
+// 1671 us for its two launches against 1547 (run 79), and are not.
 template <bool S> __device__ __forceinline__ int tile_pos(int x, int p) {
   return S ? 32 * (x / 2) + 4 * (x % 2) + p % 4 + 16 * (p / 4) : 16 * x + p;
 }
@@ -1226,7 +1230,7 @@ _PREPARE = r"""
   // w and u on the tensor cores, one tf32 product per tile, a's values rounded to tf32
   // as they are read
   {
-    csg::TcMM<C, DK, NT / 32, true, true, false, true> w;  // xs read down its columns
+    csg::TcMM<C, DK, NT / 32, true, true> w;  // (not spread: see tile_pos)
     w.zero();
     csg::tc_run<C, true, false, true, false>(w, As, LDL, Xs, LDM);
     w.store(W + cl * C * DK, DK);
@@ -1243,7 +1247,7 @@ _PREPARE = r"""
   __syncthreads();
 #ifdef CS_TF32
   {
-    csg::TcMM<C, DV, NT / 32, true, true, false, true> u;
+    csg::TcMM<C, DV, NT / 32, true, true> u;
     u.zero();
     csg::tc_run<C, true, false, true, false>(u, As, LDL, Xs, LDM);
     u.store(U + cl * C * DV, DV);
