@@ -1,5 +1,6 @@
 # Session 24, run 80: main with the spread tiles but for prepare's w and u (run 79: prepare
-# slower spread). The chunk kernels' CUDA tests (test_gated_delta_fused.py), Nsight
+# slower spread) and with input_grads' t1, t2 spread (d_kk + d_kk^T read down its columns:
+# symmetric). The chunk kernels' CUDA tests (test_gated_delta_fused.py), Nsight
 # Compute, fla side by side at 16384 and 65536. `bash <this> a <commit> <commit>`.
 # Outputs in $OUT/run80a.tgz.
 source bench/device_run.sh 80 "$@"  # st, $S, pack, ncu_kernels, fla_side_by_side

@@ -1823,13 +1823,14 @@ _INPUT_GRADS = r"""
   csg::TileLoad<C, DV, NT, float> dvl;
   if (EARLY) dvl.issue(DVN + cl * C * DV, DV);
   {
-    csg::Prod<C, DK, NT, true, true, false, true> t1, t2;  // (one layout: t2.at in t1's stores)
+    csg::Prod<C, DK, NT, true, true, true, true> t1, t2;  // (one layout: t2.at in t1's stores)
     t1.zero();
     t2.zero();
     float pre[t1.RA][t1.RBN];  // as for dq: the partial sums of d_kt
     t1.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DKTp, DK, i, d); });
     csg::prod<C, false, false, true, !EXQK>(t1, DPs, LDC4, Qs, LDK4);
-    csg::prod<C, true, false, true, !EXQK>(t1, M2s, LDC4, Ks, LDK4);  // d_kk + d_kk^T, symmetric
+    // d_kk + d_kk^T: symmetric, so read down its columns as the other operands (spread)
+    csg::prod<C, false, false, true, !EXQK>(t1, M2s, LDC4, Ks, LDK4);
     csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
     t1.store_out([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
              [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
