@@ -13,6 +13,13 @@ samples per CUDA source line instead::
     python3 bench/ncu_source_summary.py \
         bench/results/h200/ncu/ncu_src_cuda_sass_prepare_4k_ca24fef.csv.gz
 
+and with ``--bank-conflicts`` each function's shared-memory wavefronts, the share of them
+that bank conflicts added ("L1 Wavefronts Shared Excessive"), and the lines with the most
+of those::
+
+    python3 bench/ncu_source_summary.py --bank-conflicts \
+        bench/results/h200/ncu/ncu_src_cuda_sass_16k_89268cd.csv.gz
+
 A sample is charged to the instruction a warp was stalled on (or issuing), so the
 opcode split says where the warps wait: a load's latency shows up on the first
 instruction that reads its register.
@@ -30,6 +37,8 @@ import sys
 from ncu_summary import number as parse_number
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
+WAVEFRONTS = "L1 Wavefronts Shared"
+EXCESSIVE = "L1 Wavefronts Shared Excessive"
 
 
 def launches(text: str) -> list[dict]:
@@ -85,12 +94,12 @@ def summarise(launch: dict, top: int) -> list[str]:
     return lines
 
 
-def source_lines(text: str) -> list[dict]:
-    """``[{name, lines: [(line number, source, samples)]}]`` of the page that ``ncu -i
+def source_lines(text: str, column: str = SAMPLES) -> list[dict]:
+    """``[{name, lines: [(line number, source, value)]}]`` of the page that ``ncu -i
     <report> --page source --csv --print-source cuda,sass`` prints (kernels built with
     line information: ``CHUNKSCAN_CUDA_LINEINFO=1``): per function, each CUDA source
-    line with the warp samples of its instructions (the SASS rows under it, which carry
-    no line number, are not counted again)."""
+    line with ``column`` summed over its instructions (default the warp samples; the
+    SASS rows under it, which carry no line number, are not counted again)."""
     out: list[dict] = []
     col = None
     for row in csv.reader(io.StringIO(text)):
@@ -99,9 +108,29 @@ def source_lines(text: str) -> list[dict]:
         if row[0] == "Function Name":
             out.append({"name": row[1], "lines": []})
         elif row[0] == "Line No":
-            col = row.index(SAMPLES)
+            col = row.index(column)
         elif out and col is not None and row[0].strip().isdigit():
             out[-1]["lines"].append((int(row[0]), row[1], number(row[col])))
+    return out
+
+
+def summarise_bank_conflicts(text: str, top: int) -> list[str]:
+    """Per function of a cuda,sass page: shared-memory wavefronts, the excess that bank
+    conflicts added, and the ``top`` lines with the most excess."""
+    out = []
+    for total, excess in zip(source_lines(text, WAVEFRONTS), source_lines(text, EXCESSIVE)):
+        all_w = sum(v for _, _, v in total["lines"])
+        if not all_w:
+            continue
+        extra = sum(v for _, _, v in excess["lines"])
+        out.append(
+            f"{total['name']}: {all_w:.3g} shared-memory wavefronts, "
+            f"{extra:.3g} of them bank conflicts' ({extra / all_w:.1%})"
+        )
+        waves = {no: v for no, _, v in total["lines"]}
+        for no, src, v in sorted(excess["lines"], key=lambda x: -x[2])[:top]:
+            if v:
+                out.append(f"  {v:9.3g} of {waves[no]:9.3g}  L{no:<5} {src.strip()[:72]}")
     return out
 
 
@@ -119,10 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", help="the source page's CSV (.csv or .csv.gz)")
     p.add_argument("--top", type=int, default=8, help="instructions (or lines) listed per launch")
+    p.add_argument(
+        "--bank-conflicts",
+        action="store_true",
+        help="shared-memory wavefronts and bank conflicts per function (cuda,sass page)",
+    )
     args = p.parse_args(argv)
     opener = gzip.open if args.csv.endswith(".gz") else open
     with opener(args.csv, "rt") as f:
         text = f.read()
+    if args.bank_conflicts:
+        print("\n".join(summarise_bank_conflicts(text, args.top)))
+        return 0
     if text.lstrip().startswith('"File Path"'):  # the cuda,sass page
         for function in source_lines(text):
             print("\n".join(summarise_lines(function, args.top)))

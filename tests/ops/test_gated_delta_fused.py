@@ -657,6 +657,45 @@ def test_emulated_tf32_heads_of_96(emulated, monkeypatch):
     assert_close(got, outputs_and_grads(naive, inputs), tol=TF32_TOL)
 
 
+# tile_pos of tiles 0..X-1, positions 0..7 of each, plain then spread (csg, TF32 builds)
+TILE_POS = r"""
+  const int i = threadIdx.x;
+  plain[i] = csg::tile_pos<false>(i / 8, i % 8);
+  spread[i] = csg::tile_pos<true>(i / 8, i % 8);
+"""
+
+
+@needs_cxx
+@pytest.mark.parametrize("tiles", [2, 6, 8])
+def test_emulated_spread_tiles_use_every_bank(tiles):
+    """``csg::tile_pos`` as the kernels compile it: spread or plain, a dimension's tiles
+    (16 rows each: positions 0..7 and those + 8) cover each row once. Spread, lane
+    (g, t) reading row k + t, column tile_pos(x, g) of an operand at row stride 4 mod 32
+    (``!KA`` / ``!KB``) hits bank 4 t + tile_pos(x, g) mod 32: 32 banks for 32 lanes,
+    where plain tiles put them on 20 banks, 12 of them twice (the negative control).
+    The accumulator's column pairs (position 2 t) stay side by side, and their 8-byte
+    accesses by half a warp (g < 4 or g >= 4) cover 32 banks spread."""
+    header = "#define CS_TF32 1\n#define CS_TC 1\n" + _chunk_cuda._HEADER + _chunk_cuda._HEADER_TC
+    n = 8 * tiles
+    plain, spread = cuda_emulator().run(
+        "tile_pos", header, TILE_POS, [], [("plain", (n,), mx.int32), ("spread", (n,), mx.int32)],
+        [], (n, 1, 1), (n, 1, 1), 0)  # fmt: skip
+    for pos in (plain.tolist(), spread.tolist()):
+        rows = [r + hi for r in pos for hi in (0, 8)]
+        assert sorted(rows) == list(range(16 * tiles))
+
+    def banks(pos, x, ld=68):  # one warp's reads at one k step: rows t, columns tile_pos
+        return {(t * ld + pos[8 * x + g]) % 32 for g in range(8) for t in range(4)}
+
+    for x in range(tiles):
+        assert len(banks(spread.tolist(), x)) == 32
+        assert len(banks(plain.tolist(), x)) == 20
+        for half in (range(4), range(4, 8)):  # 8-byte accumulator accesses, row stride 68
+            words = {(g * 68 + spread.tolist()[8 * x + 2 * t] + c) % 32
+                     for g in half for t in range(4) for c in (0, 1)}  # fmt: skip
+            assert len(words) == 32
+
+
 def test_tf32_products_switch(monkeypatch):
     """``CHUNKSCAN_GDN_TF32``: auto (the default) follows MLX's own float32 matmuls, TF32
     on a CUDA device unless ``MLX_ENABLE_TF32=0``, float32 elsewhere; 1 / 0 force it;

@@ -755,19 +755,22 @@ __device__ __forceinline__ void fill(TcAcc& f, float v) {
 // Where the rows (or columns) of 16-row tile x lie, x = 0, 1, .. along a dimension: lane
 // position p (0..7: a fragment's row g = lane / 4, or 2 t for an accumulator's column
 // pair) is row tile_pos(x, p), and row + 8 the same for p's second fragment row.
-// Plain (S false): rows 16 x .. 16 x + 15. Spread (S): tiles in pairs over blocks of 32
-// rows, tile x taking the runs of four 4 (x % 2) + {0, 8, 16, 24} of its block (p % 4
-// within a run, p / 4 picking the run 16 apart). A product whose operand is read down
-// its columns (!KA / !KB, row stride = 4 mod 32) has lane (g, t) read row k + t, column
-// tile_pos(x, g): banks 4 t + g, two lanes to a bank for plain tiles, one for spread
-// ones. The accumulator's column pairs stay side by side either way (2 t -> 2 (t % 2) +
-// 16 (t / 2)), and their 8-byte accesses at row stride = 4 mod 32 conflict-free spread,
-// 2-way plain. (Nsight Compute, run 71: 30% of state_grads' and input_grads' shared-
-// memory wavefronts were such conflicts.) A spread dimension is a multiple of 32. Its
-// cost: a row's 32-byte stretch of 8 columns is half this tile's, half its partner's,
-// so stores to global memory take twice the requests. prepare's w and u (operands read
-// by ldmatrix and down columns, results straight to global memory) ran slower spread,
-// 1671 us for its two launches against 1547 (run 79), and are not.
+// - Plain (S false): rows 16 x .. 16 x + 15.
+// - Spread (S): tiles in pairs over blocks of 32 rows, tile x taking the runs of four
+//   4 (x % 2) + {0, 8, 16, 24} of its block (p % 4 within a run, p / 4 picking the run
+//   16 apart). A spread dimension is a multiple of 32.
+// Why: a product whose operand is read down its columns (!KA / !KB, row stride = 4 mod
+// 32) has lane (g, t) read row k + t, column tile_pos(x, g), bank 4 t + tile_pos(x, g):
+// plain tiles put the 32 lanes on 20 banks (12 of them twice), spread ones on 32. The
+// accumulator's column pairs stay side by side (2 t -> 2 (t % 2) + 16 (t / 2)), and
+// their 8-byte accesses at that row stride are conflict-free spread, 2-way plain. (In
+// Nsight Compute's source counters, runs 71-72, such conflicts were 30% of state_grads'
+// and input_grads' shared-memory wavefronts; spread, the two took 2072 and 2116 us
+// against 2233 and 2283, run 80.) The cost: a row's 32-byte stretch of 8 columns is
+// half this tile's and half its partner's, so stores to global memory take twice the
+// requests. prepare's w and u (an operand read by ldmatrix, one down its columns, the
+// results straight to global memory) ran slower spread, 1671 us for its two launches
+// against 1547 (run 79), and are not.
 template <bool S> __device__ __forceinline__ int tile_pos(int x, int p) {
   return S ? 32 * (x / 2) + 4 * (x % 2) + p % 4 + 16 * (p / 4) : 16 * x + p;
 }
