@@ -13,9 +13,11 @@
 #                the by-name summary's first lines printed (all of it in
 #                $S/ncu_16k_summary_<tag>.txt);
 #   ncu_base     ncu_kernels for base/'s sources (tag "base").
-#   cuda_tests   (at the tree's root) the CUDA and TF32 tests of the kernel test files
-#                but the emulated ones, TF32 off for the rest: $S/tests_h200_cuda.txt, its
-#                summary and errors printed;
+#   cuda_tests [files]  (at the tree's root) the CUDA and TF32 tests of the kernel test
+#                files (default: the chunk kernels', the state passes' and the rows') but
+#                the emulated ones, TF32 off for the rest: $S/tests_h200_cuda.txt, its
+#                summary and errors printed (the three files took past 300 s on a fresh
+#                machine in run 78; the chunk kernels' alone 120-130 s, runs 79-80);
 #   lora_8192    (at the tree's root) the LoRA step of the 4-layer model at T = 8192, stub
 #                and patched: $S/lora_h200_8192.{json,md,png}.
 #   fla_side_by_side   (in bench/) fla and chunkscan at T = 16384 and 65536, eager and
@@ -51,9 +53,10 @@ ncu_kernels() {
 }
 ncu_base() { ncu_kernels base ${BASE#env }; }  # (in bench/) the same for base/'s sources
 cuda_tests() {  # (the emulated tests, run on every machine with g++, are left to CI)
-  MLX_ENABLE_TF32=0 timeout 300 python3 -m pytest -q -s -p no:cacheprovider -rs \
-    tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py \
-    tests/ops/test_gated_delta_rows.py \
+  local files=("$@")
+  [ ${#files[@]} -gt 0 ] || files=(tests/ops/test_gated_delta_fused.py
+    tests/ops/test_gated_delta_passes.py tests/ops/test_gated_delta_rows.py)
+  MLX_ENABLE_TF32=0 timeout 420 python3 -m pytest -q -s -p no:cacheprovider -rs "${files[@]}" \
     -k "(cuda or tf32) and not emulated" 2>&1 \
     | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error|\{'o'" | tail -12
 }
