@@ -400,11 +400,7 @@ __device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src,
   const bool vec = ((reinterpret_cast<unsigned long long>(src) | (ld * sizeof(float))) & 15) == 0;
 #endif
   if (vec) {
-    constexpr int PR = COLS / 4;
-    for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
-      const int r = e / PR, c = 4 * (e % PR);
-      cs_cp_async16(dst + r * ldd + c, src + size_t(r) * ld + c);
-    }
+    cs_copy_rows<ROWS, COLS, NT>(dst, ldd, src, ld, threadIdx.x);
   } else {
     load_tile<ROWS, COLS, NT>(src, ld, [&](int r, int c, float x) { dst[r * ldd + c] = x; });
   }
@@ -974,17 +970,10 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
     const float x = pb[dk * ldb + dj];
     return RB ? cs_tf32(x) : x;
   };
-  auto ldsm = [](const float* row, float (&x)[4], bool round) {
-    cs_ldsm4(row, x);
-    if (round) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = cs_tf32(x[e]);
-    }
-  };
   auto b_frags = [&](const float* pb, int k, float (&b)[2][2]) {  // both halves, a k step
     if constexpr (KB) {
       float x[4];
-      ldsm(pb + k, x, RB);
+      cs_ldsm4_tf32<RB>(pb + k, x);
       b[0][0] = x[0], b[0][1] = x[1], b[1][0] = x[2], b[1][1] = x[3];
     } else {
 #pragma unroll
@@ -1014,7 +1003,7 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
       if constexpr (!SHARED_B) b_frags(pb[p], k, b);
       float a[4];
       if constexpr (KA) {
-        ldsm(pa[p] + k, a, RA);
+        cs_ldsm4_tf32<RA>(pa[p] + k, a);
       } else {
         a[0] = a_at(pa[p], 0, k), a[1] = a_at(pa[p], 8, k);
         a[2] = a_at(pa[p], 0, k + 4), a[3] = a_at(pa[p], 8, k + 4);
