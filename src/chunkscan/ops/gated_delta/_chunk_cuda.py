@@ -294,8 +294,14 @@ __device__ __forceinline__ void land16(const uint4 (&r)[LU][NS], const T* src, i
   for (int u = 0; u < LU; ++u) {
     const int e = e0 + u * NT;
     if (e < ITEMS) {
+      // A piece's values go out from its (first column / 32)-th on, round to the start:
+      // where put() stores into shared-memory rows at a stride of 4 mod 32, the warp's
+      // store of one value per lane then meets each bank once (rows of 128 bf16 or
+      // float32 values) or twice (64, 96), where in order it met some banks four times.
+      const int rot = ((e % PR) * VW / 32) % VW;
 #pragma unroll
-      for (int q = 0; q < VW; ++q) {
+      for (int q0 = 0; q0 < VW; ++q0) {
+        const int q = (q0 + rot) % VW;
         float s = unpack(src, r[u][0], q);
         if (NS > 1) {
           s = 0.f + s;
