@@ -1,6 +1,6 @@
 # Prepared in session 24 for the next session (not run: this session's device time was
-# spent). Session 24's prepared kernel changes, reverted on main by the commit after
-# them (`git revert <that commit>` re-applies them):
+# spent). Session 24's prepared kernel changes, reverted on main by 94e335b
+# (`git revert 94e335b` re-applies them):
 # - 265157a: cs_copy_rows in the shared CP_ASYNC header (csg::copy_tile's copies through
 #   it); cs_ldsm4_tf32<ROUND> for tc_run and the state pass's phase 1;
 # - ea257b8: load_tile / TileLoad hand a piece's values on from its (first column / 32)-th,
