@@ -680,7 +680,8 @@ def test_emulated_spread_tiles_use_every_bank(tiles):
     plain, spread = cuda_emulator().run(
         "tile_pos", header, TILE_POS, [], [("plain", (n,), mx.int32), ("spread", (n,), mx.int32)],
         [], (n, 1, 1), (n, 1, 1), 0)  # fmt: skip
-    for pos in (plain.tolist(), spread.tolist()):
+    plain, spread = plain.tolist(), spread.tolist()
+    for pos in (plain, spread):
         rows = [r + hi for r in pos for hi in (0, 8)]
         assert sorted(rows) == list(range(16 * tiles))
 
@@ -688,10 +689,10 @@ def test_emulated_spread_tiles_use_every_bank(tiles):
         return {(t * ld + pos[8 * x + g]) % 32 for g in range(8) for t in range(4)}
 
     for x in range(tiles):
-        assert len(banks(spread.tolist(), x)) == 32
-        assert len(banks(plain.tolist(), x)) == 20
+        assert len(banks(spread, x)) == 32
+        assert len(banks(plain, x)) == 20
         for half in (range(4), range(4, 8)):  # 8-byte accumulator accesses, row stride 68
-            words = {(g * 68 + spread.tolist()[8 * x + 2 * t] + c) % 32
+            words = {(g * 68 + spread[8 * x + 2 * t] + c) % 32
                      for g in half for t in range(4) for c in (0, 1)}  # fmt: skip
             assert len(words) == 32
 
