@@ -294,14 +294,8 @@ __device__ __forceinline__ void land16(const uint4 (&r)[LU][NS], const T* src, i
   for (int u = 0; u < LU; ++u) {
     const int e = e0 + u * NT;
     if (e < ITEMS) {
-      // A piece's values go out from its (first column / 32)-th on, round to the start:
-      // where put() stores into shared-memory rows at a stride of 4 mod 32, the warp's
-      // store of one value per lane then meets each bank once (rows of 128 bf16 or
-      // float32 values) or twice (64, 96), where in order it met some banks four times.
-      const int rot = ((e % PR) * VW / 32) % VW;
 #pragma unroll
-      for (int q0 = 0; q0 < VW; ++q0) {
-        const int q = (q0 + rot) % VW;
+      for (int q = 0; q < VW; ++q) {
         float s = unpack(src, r[u][0], q);
         if (NS > 1) {
           s = 0.f + s;
@@ -406,7 +400,11 @@ __device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src,
   const bool vec = ((reinterpret_cast<unsigned long long>(src) | (ld * sizeof(float))) & 15) == 0;
 #endif
   if (vec) {
-    cs_copy_rows<ROWS, COLS, NT>(dst, ldd, src, ld, threadIdx.x);
+    constexpr int PR = COLS / 4;
+    for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
+      const int r = e / PR, c = 4 * (e % PR);
+      cs_cp_async16(dst + r * ldd + c, src + size_t(r) * ld + c);
+    }
   } else {
     load_tile<ROWS, COLS, NT>(src, ld, [&](int r, int c, float x) { dst[r * ldd + c] = x; });
   }
@@ -976,10 +974,17 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
     const float x = pb[dk * ldb + dj];
     return RB ? cs_tf32(x) : x;
   };
+  auto ldsm = [](const float* row, float (&x)[4], bool round) {
+    cs_ldsm4(row, x);
+    if (round) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = cs_tf32(x[e]);
+    }
+  };
   auto b_frags = [&](const float* pb, int k, float (&b)[2][2]) {  // both halves, a k step
     if constexpr (KB) {
       float x[4];
-      cs_ldsm4_tf32<RB>(pb + k, x);
+      ldsm(pb + k, x, RB);
       b[0][0] = x[0], b[0][1] = x[1], b[1][0] = x[2], b[1][1] = x[3];
     } else {
 #pragma unroll
@@ -1009,7 +1014,7 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
       if constexpr (!SHARED_B) b_frags(pb[p], k, b);
       float a[4];
       if constexpr (KA) {
-        cs_ldsm4_tf32<RA>(pa[p] + k, a);
+        ldsm(pa[p] + k, a, RA);
       } else {
         a[0] = a_at(pa[p], 0, k), a[1] = a_at(pa[p], 8, k);
         a[2] = a_at(pa[p], 0, k + 4), a[3] = a_at(pa[p], 8, k + 4);

@@ -90,9 +90,11 @@ __device__ __forceinline__ void cs_cp_async_commit() {
 __device__ __forceinline__ void cs_cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-// ROWS x COLS floats (COLS a multiple of 4) from src (row stride lds) into dst (row
-// stride ldd) by this thread's share of 16-byte cp.async copies, not committed (the state
-// pass's rows of E and H; csg::copy_tile's).
+"""
+
+_HEADER = CP_ASYNC + (
+    r"""// ROWS x COLS floats (COLS a multiple of 4) from src (row stride lds) into dst (row
+// stride ldd) by this thread's share of 16-byte cp.async copies, not committed.
 template <int ROWS, int COLS, int NT>
 __device__ __forceinline__ void cs_copy_rows(float* dst, int ldd, const float* src, size_t lds,
                                              int tid) {
@@ -102,10 +104,7 @@ __device__ __forceinline__ void cs_copy_rows(float* dst, int ldd, const float* s
     cs_cp_async16(dst + row * ldd + col, src + row * lds + col);
   }
 }
-"""
-
-_HEADER = CP_ASYNC + (
-    r"""// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
+// The cp.async copies of one staged piece into the buffer at fs: F's and G's [CP, DK]
 // rows (from fsrc, gsrc) into Fs [CP][FSTR] and Gs [CP][GSTR], and with HAS_E the
 // block's [CP, TR] slice of E (from esrc, row stride R) into Es [CP][ESTR]; committed.
 template <int CP, int DK, int R, int TR, int NT, int FSTR, int GSTR, int ESTR, bool HAS_E>
@@ -766,15 +765,6 @@ inline void cs_ldsm4(const float* row, float (&r)[4]) {
   }
 }
 #endif
-// cs_ldsm4, each value then rounded to tf32 where ROUND (an operand not yet one)
-template <bool ROUND>
-__device__ __forceinline__ void cs_ldsm4_tf32(const float* row, float (&r)[4]) {
-  cs_ldsm4(row, r);
-  if (ROUND) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) r[e] = cs_tf32(r[e]);
-  }
-}
 """
 # p[0], p[1] = x, y in one 8-byte store (p 8-byte aligned, in global memory). NVRTC split
 # the same store written through a float2* into two 4-byte ones: 16 stores per thread for
@@ -918,10 +908,12 @@ _SOURCE_MMA = (
 #pragma unroll 2
       for (int k = 0; k < DK; k += 16) {
         float a0[4], a1[4], x0[4], x1[4];  // x0: (b0, b1) of half 0, then of half 1
-        cs_ldsm4_tf32<true>(fl + k, a0);
-        cs_ldsm4_tf32<true>(fl + k + 8, a1);
+        cs_ldsm4(fl + k, a0);
+        cs_ldsm4(fl + k + 8, a1);
         cs_ldsm4(xl + k, x0);
         cs_ldsm4(xl + k + 8, x1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a0[e] = cs_tf32(a0[e]), a1[e] = cs_tf32(a1[e]);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           cs_mma8(pe[hh], a0, x0 + 2 * hh);
