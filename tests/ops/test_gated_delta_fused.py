@@ -241,6 +241,39 @@ def test_emulated_saving_group_states(emulated, monkeypatch):
 
 
 @needs_cxx
+def test_emulated_backward_reuses_the_last_groups_preparation(emulated, monkeypatch):
+    """With ``save_states="chunks"`` the backward takes the last group's preparation from
+    the forward instead of launching ``prepare`` again: one launch fewer, and every
+    value and gradient exactly those of the recomputing backward (the same kernel on
+    the same inputs). ``"groups"`` keeps nothing more; nor does the switch, off."""
+    monkeypatch.setattr(chunk_module, "_GROUP_BYTES", 1)  # one chunk per group: 4 groups
+    inputs = make_inputs(1, 100, 1, 2, 32, 64)
+    runs, prepares = {}, {}
+    for keep, save in ((True, "chunks"), (False, "chunks"), (True, "groups")):
+        monkeypatch.setattr(chunk_module, "_KEEP_PREPARED", keep)
+        emulated.clear()
+        runs[keep, save] = outputs_and_grads(
+            gated_delta_rule, inputs, chunk_size=32, kernels=False, save_states=save
+        )
+        prepares[keep, save] = emulated.count("prepare")
+    assert prepares == {(True, "chunks"): 7, (False, "chunks"): 8, (True, "groups"): 8}
+    for key in ((False, "chunks"), (True, "groups")):
+        for name, a, b in zip(NAMES, runs[True, "chunks"], runs[key]):
+            assert mx.array_equal(a, b).item(), (key, name)
+    assert_close(runs[True, "chunks"], outputs_and_grads(naive, inputs))
+
+
+def test_keep_prepared_switch_is_checked(monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_GDN_KEEP_PREPARED", "0")
+    assert chunk_module._keep_last_preparation() is False
+    monkeypatch.delenv("CHUNKSCAN_GDN_KEEP_PREPARED")
+    assert chunk_module._keep_last_preparation() is True
+    monkeypatch.setenv("CHUNKSCAN_GDN_KEEP_PREPARED", "yes")
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_KEEP_PREPARED must be"):
+        chunk_module._keep_last_preparation()
+
+
+@needs_cxx
 @pytest.mark.parametrize("nt, tv", [(256, 32), (512, 64)])
 def test_emulated_tuning_knobs(emulated, monkeypatch, nt, tv):
     """Every kernel with 256 and with 512 threads per block, and ``state_grads`` with 32
@@ -860,3 +893,20 @@ def test_cuda_fused_saving_group_states(monkeypatch):
     for name, a, b in zip(NAMES, runs["groups"], runs["chunks"]):
         assert mx.array_equal(a, b).item(), name
     assert_close(runs["groups"], outputs_and_grads(naive, inputs, cu_seqlens=cu))
+
+
+@needs_cuda
+@pytest.mark.parametrize("groups", [1, 3])
+def test_cuda_backward_reuses_the_last_groups_preparation(monkeypatch, groups):
+    """The last group's preparation kept from the forward (the default) against the
+    backward recomputing it (``CHUNKSCAN_GDN_KEEP_PREPARED=0``), with the real kernels,
+    one group and three: every value and gradient equal."""
+    inputs = make_inputs(*QWEN)
+    if groups > 1:  # T = 300: five chunks, in groups of two
+        monkeypatch.setattr(chunk_module, "_group_size", lambda *a, **k: 2)
+    runs = {}
+    for keep in (True, False):
+        monkeypatch.setattr(chunk_module, "_KEEP_PREPARED", keep)
+        runs[keep] = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    for name, a, b in zip(NAMES, runs[True], runs[False]):
+        assert mx.array_equal(a, b).item(), name

@@ -52,6 +52,15 @@ _GROUP_BYTES: int | None = None
 # measurements: docs/gated_delta.md, "Backward").
 _SAVE: str | None = None
 SAVE_MODES = ("chunks", "groups")
+# Whether the fused path (CUDA) keeps the last group's preparation from the forward for
+# the backward, which starts with that group: None, CHUNKSCAN_GDN_KEEP_PREPARED (read at
+# each call; "0" off), else on. With save_states="chunks" only: it keeps one group's
+# a, p, w, u, kt (64 KiB per token at the Qwen3-Next shape with C = 64, up to the group's
+# tokens) alive from the forward to the backward, where the backward would allocate the
+# same again, and saves one of the two launches of `prepare` where the sequence is one
+# group (T = 16384 on an H200: docs/gated_delta.md, "Backward").
+_KEEP_PREPARED: bool | None = None
+_KEPT_FIELDS = ("a", "p", "w", "u", "kt", "decay")  # _chunk_cuda.prepare's arrays
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
 
@@ -297,12 +306,16 @@ def _make_core(
     ``[n, Hv, Dv, Dk]`` float32. The outputs after ``o`` (``[B, N, C, Hv, Dv]``) and ``final``
     (``[n, Hv, Dv, Dk]``) are the states entering every chunk, one array
     ``[L, n_g, Dv, Dk]`` per group (``L = B * Hv`` lanes), kept for the backward;
-    with ``save="groups"`` the state entering each group after the first instead.
+    with ``save="groups"`` the state entering each group after the first instead;
+    then, where the fused path keeps it (:func:`_keep_last_preparation`), the last
+    group's preparation (:data:`_KEPT_FIELDS`), which its backward uses in place of a
+    second ``prepare`` launch (the same kernel on the same inputs: the same values).
     """
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     L, n_seq = B * Hv, spec.n_states
     groups = chunks.groups(_group_size(spec, chunks.C, fused=fused, save=save))
     keep_chunks = save == "chunks"
+    keep_last = fused and keep_chunks and _keep_last_preparation()
     if spec.channel:
         prepare = functools.partial(_prepare_channel, full=False)
         prepare_full = functools.partial(_prepare_channel, full=True)
@@ -334,6 +347,7 @@ def _make_core(
         inits = seq_states(h0)
         outs, saved, finals = [], [], {}
         state = None
+        kept: list[mx.array] = []
         for gi, (c0, c1) in enumerate(groups):
             xs = [x[:, c0:c1] for x in (q, k, v, g, beta)]
             # Rule 5: the group's preparation waits for the state entering it, so that
@@ -342,7 +356,10 @@ def _make_core(
             xs = _ordering.prepare_after_carry(xs, [] if state is None else [state])
             ends = chunks.local(chunks.ends, c0, c1)
             if fused:
-                p = _chunk_cuda.prepare(*xs, spec.scale, with_a=False)
+                keep = keep_last and gi == len(groups) - 1
+                p = _chunk_cuda.prepare(*xs, spec.scale, with_a=keep)
+                if keep:
+                    kept = [getattr(p, f) for f in _KEPT_FIELDS]
                 operands = (p.decay, p.w, p.u, p.kt)
             else:
                 p = prepare(*xs, spec.scale)
@@ -365,14 +382,16 @@ def _make_core(
                 saved.append(entering)
             elif gi + 1 < len(groups):
                 saved.append(state)  # the state entering the next group
-        return [_cat(outs, 1), from_lanes_states(finals), *saved]
+        return [_cat(outs, 1), from_lanes_states(finals), *saved, *kept]
 
     @core.vjp
     def core_vjp(primals, cotangents, outputs):
         xs_all = _tree.as_list(primals)[:5]
         o_bad = _tree.as_list(primals)[5]
         ct_o, ct_final = _tree.as_list(cotangents)[:2]
-        saved = _tree.as_list(outputs)[2:]
+        n_saved = len(groups) if keep_chunks else len(groups) - 1
+        saved = _tree.as_list(outputs)[2 : 2 + n_saved]
+        kept = _tree.as_list(outputs)[2 + n_saved :]  # the last group's preparation
         ct_inits = seq_states(ct_final.astype(F32))
         inits = seq_states(_tree.as_list(primals)[6])
         grads: list[list[mx.array]] = [[] for _ in range(5)]
@@ -385,7 +404,10 @@ def _make_core(
             xs = _ordering.recompute_after_cotangent([x[:, c0:c1] for x in xs_all], chain)
             starts = chunks.local(chunks.starts, c0, c1)
             if fused:
-                p = _chunk_cuda.prepare(*xs, spec.scale)
+                if kept and gi == len(groups) - 1:
+                    p = SimpleNamespace(scale=spec.scale, **dict(zip(_KEPT_FIELDS, kept)))
+                else:
+                    p = _chunk_cuda.prepare(*xs, spec.scale)
                 forward = (p.decay, p.w, p.u, p.kt)
                 d_o = ct_o[:, c0:c1]  # [B, n, C, Hv, Dv], zero where o_bad in the kernels
                 h = _chunk_cuda.state_gradient_input(xs[0], xs[3], p, d_o, o_bad[:, c0:c1])
@@ -448,6 +470,19 @@ def _saved_states(save: str | None = None) -> str:
             f"[gated_delta_rule] CHUNKSCAN_GDN_SAVE must be 'groups' or 'chunks', not {save!r}"
         )
     return save
+
+
+def _keep_last_preparation() -> bool:
+    """:data:`_KEEP_PREPARED` if set, else ``CHUNKSCAN_GDN_KEEP_PREPARED`` (``"0"``: no;
+    ``"1"`` or unset: yes)."""
+    if _KEEP_PREPARED is not None:
+        return _KEEP_PREPARED
+    flag = os.environ.get("CHUNKSCAN_GDN_KEEP_PREPARED", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_GDN_KEEP_PREPARED must be '0' or '1', not {flag!r}"
+        )
+    return flag == "1"
 
 
 def _cat(parts: list[mx.array], axis: int) -> mx.array:
