@@ -141,3 +141,67 @@ def test_integer_environment_variables_name_themselves_when_malformed(monkeypatc
            "whole number of MiB such as 1024 but is '1.5'.")  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(msg)):
         chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)
+
+
+def test_settings_are_read_once_per_block(monkeypatch):
+    """Inside ``settings_read_once`` (each call of the Gated DeltaNet op and of its
+    backward) a variable keeps the value first read and the device kind the first
+    answer; the next block reads both again; outside any block every read is fresh."""
+    monkeypatch.setenv("CHUNKSCAN_TEST_SETTING", "a")
+    kinds = iter([True, False, True])
+    monkeypatch.setattr(_backend.mx.cuda, "is_available", lambda: next(kinds))
+    monkeypatch.setattr(_backend.mx, "default_device", lambda: _backend.mx.gpu)
+    with _backend.settings_read_once():
+        assert _backend.getenv("CHUNKSCAN_TEST_SETTING") == "a"
+        assert _backend.cuda_device() is True
+        monkeypatch.setenv("CHUNKSCAN_TEST_SETTING", "b")
+        with _backend.settings_read_once():  # nested: the outer block's reads
+            assert _backend.getenv("CHUNKSCAN_TEST_SETTING") == "a"
+        assert _backend.getenv("CHUNKSCAN_TEST_SETTING") == "a"
+        assert _backend.getenv("CHUNKSCAN_TEST_UNSET", "x") == "x"
+        assert _backend.cuda_device() is True
+    assert _backend.getenv("CHUNKSCAN_TEST_SETTING") == "b"
+    assert _backend.cuda_device() is False
+    assert _backend.cuda_device() is True
+
+
+def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):
+    """One fwd+bwd of the fused path (its kernels faked: lazy zeros, the graph is only
+    built) reads each variable at most twice, once in the forward's block and once in
+    the backward's (before settings_read_once, up to 33 times each here:
+    CHUNKSCAN_GDN_NT); the next call reads them again."""
+    import collections
+    import os
+
+    from chunkscan.ops.gated_delta import _chunk_cuda, _passes, gated_delta_rule
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    def fake(name, header, source, inputs, outputs, template, grid, group, smem):
+        return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
+
+    monkeypatch.setattr(_backend, "RUNNER", fake)
+    monkeypatch.setattr(
+        chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
+            C, spec.Dk, spec.Dv, spec.channel)
+    )  # fmt: skip
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": True)
+    reads = collections.Counter()
+    real = os.environ.get
+
+    def counted(name, default=None):
+        reads[name] += 1
+        return real(name, default)
+
+    monkeypatch.setattr(_backend.os.environ, "get", counted)
+    q, k = mx.ones((1, 128, 1, 32)), mx.ones((1, 128, 1, 32))
+    v, g, beta = mx.ones((1, 128, 2, 64)), -mx.ones((1, 128, 2)), mx.ones((1, 128, 2))
+
+    def loss(q):
+        return gated_delta_rule(q, k, v, g, beta, chunk_size=64)[0].sum()
+
+    step = mx.value_and_grad(loss)
+    step(q)
+    ours = {n: c for n, c in reads.items() if n.startswith(("CHUNKSCAN_", "MLX_"))}
+    assert len(ours) >= 5 and max(ours.values()) <= 2, ours
+    step(q)
+    assert {n: reads[n] for n in ours} == {n: 2 * c for n, c in ours.items()}

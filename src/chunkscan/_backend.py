@@ -15,11 +15,59 @@ and the portable ops for the rest instead of a launch failure.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+# The settings an op reads "at each call" are read once per call: inside
+# settings_read_once(), getenv() and cuda_device() keep what they found (per thread) until
+# the outermost block ends. An eager Gated DeltaNet fwd+bwd asked the environment about
+# a hundred times (a fifth of its Python, bench/graph_build.py), all before its first
+# kernel could start.
+_CALL = threading.local()
+
+
+@contextlib.contextmanager
+def settings_read_once() -> Iterator[None]:
+    """Within this block (nested blocks share the outermost one's), each environment
+    variable (:func:`getenv`) and the default device's kind (:func:`cuda_device`) are
+    read once; a change to either takes effect at the next block."""
+    if getattr(_CALL, "memo", None) is not None:
+        yield
+        return
+    _CALL.memo = {}
+    try:
+        yield
+    finally:
+        _CALL.memo = None
+
+
+def reads_settings_once(fn):
+    """``fn`` run inside :func:`settings_read_once` (its name and docstring kept)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with settings_read_once():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def getenv(name: str, default: str | None = None) -> str | None:
+    """``os.environ.get(name, default)``, read once per :func:`settings_read_once`."""
+    memo = getattr(_CALL, "memo", None)
+    if memo is None:
+        return os.environ.get(name, default)
+    if name not in memo:
+        memo[name] = os.environ.get(name)
+    value = memo[name]
+    return default if value is None else value
 
 
 def check_kernels(fn: str, kernels: object) -> None:
@@ -37,7 +85,7 @@ def env_int(name: str, fn: str, what: str) -> int | None:
     """The environment variable ``name`` as an int (``None`` where unset or empty);
     anything else raises a ``ValueError`` that names the variable, ``fn`` and ``what``
     it means (e.g. ``"a whole number of MiB such as 1024"``)."""
-    text = os.environ.get(name, "").strip()
+    text = getenv(name, "").strip()
     if not text:
         return None
     try:
@@ -53,7 +101,7 @@ def env_choice(name: str, fn: str, choices: tuple[str, ...], what: str) -> str |
     """The environment variable ``name`` as one of ``choices`` (``None`` where unset or
     empty); anything else raises a ``ValueError`` that names the variable, ``fn`` and
     ``what`` the choices mean."""
-    text = os.environ.get(name, "").strip()
+    text = getenv(name, "").strip()
     if not text:
         return None
     if text not in choices:
@@ -79,17 +127,24 @@ def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     check_kernels(fn, kernels)
     if kernels is False:
         return False
-    if os.environ.get("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
+    if getenv("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
         return False
     return cuda_device()
 
 
 def cuda_device() -> bool:
-    """Whether the default device is a CUDA GPU."""
+    """Whether the default device is a CUDA GPU (asked once per
+    :func:`settings_read_once`)."""
+    memo = getattr(_CALL, "memo", None)
+    if memo is not None and "<cuda>" in memo:
+        return memo["<cuda>"]
     try:
-        return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
+        cuda = bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:
-        return False
+        cuda = False
+    if memo is not None:
+        memo["<cuda>"] = cuda
+    return cuda
 
 
 def tf32_products(fn: str = "chunkscan") -> bool:
@@ -108,7 +163,7 @@ def tf32_products(fn: str = "chunkscan") -> bool:
         return forced
     if not cuda_device():
         return False
-    text = os.environ.get("MLX_ENABLE_TF32", "").strip()
+    text = getenv("MLX_ENABLE_TF32", "").strip()
     try:
         return int(text) != 0 if text else True
     except ValueError:  # MLX itself would fail to parse it; take MLX's default

@@ -64,7 +64,9 @@ def mode() -> str:
     """``CHUNKSCAN_CUDA_PRECOMPILE``: ``"0"`` (off: ``mx.fast.cuda_kernel``), ``"ptx"``
     (PTX, which the driver translates when the module loads) or anything else, the
     default: a cubin for the device."""
-    value = os.environ.get("CHUNKSCAN_CUDA_PRECOMPILE", "1")
+    from ._backend import getenv  # (_backend imports this module at its first kernel)
+
+    value = getenv("CHUNKSCAN_CUDA_PRECOMPILE", "1")
     return value if value in ("0", "ptx") else "cubin"
 
 

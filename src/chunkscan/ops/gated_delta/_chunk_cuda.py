@@ -65,7 +65,6 @@ compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.tx
 from __future__ import annotations
 
 import functools
-import os
 import struct
 from types import SimpleNamespace
 
@@ -2037,7 +2036,7 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     # The launch's plan depends on the shapes, the variables below (read at each call),
     # the device's limits, capability and kind only (the kind as tf32_products() asks
     # it): worked out once per combination (every group of every call launches).
-    env = tuple(os.environ.get(var) for var in _PLAN_ENV)
+    env = tuple(_backend.getenv(var) for var in _PLAN_ENV)
     name, source, header, nt, smem = _kept_plan(
         which, C, Dk, Dv, tv, env, cuda_limits(), compute_capability(), _backend.cuda_device()
     )
@@ -2067,7 +2066,7 @@ def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, st
     """``(name, source, header, threads, shared memory)`` of a launch of ``which``."""
     nt = threads(which, C, Dk, Dv, tv)
     smem = smem_bytes(which, C, Dk, Dv, nt, tv)
-    on = [macro for var, macro in _SWITCHES if os.environ.get(var) == "1"]
+    on = [macro for var, macro in _SWITCHES if _backend.getenv(var) == "1"]
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
     cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
     tc = cores and which in _TC_KERNELS
