@@ -12,6 +12,11 @@ default, 1/32 of its memory capped at 4096: one group at T = 16384; runs before 
 with ``PYTHONPATH=<tree>/src``.
 
     python bench/graph_build.py --T 16384 --repeats 80
+
+``--real`` (a CUDA device only) builds with the real kernels instead (each launch through
+``mx.fast.precompiled_cuda_kernel``, after a first evaluated call that compiles them;
+the builds are not evaluated), and ``--profile N`` prints cProfile's N costliest
+functions over the timed builds (their own time).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import argparse
 import time
 
 
-def build_times(T: int, repeats: int, group_mib: int) -> list[float]:
+def build_times(
+    T: int, repeats: int, group_mib: int, real: bool = False, profile: int = 0
+) -> list[float]:
     """Seconds of ``repeats`` builds (after three to warm up), sorted."""
     import mlx.core as mx
     from gated_delta import _inputs
@@ -33,11 +40,12 @@ def build_times(T: int, repeats: int, group_mib: int) -> list[float]:
     def fake(name, header, source, inputs, outputs, template, grid, group, smem):
         return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
 
-    _backend.RUNNER = fake
-    chunk_module._fused = lambda spec, C, kernels: _chunk_cuda.supports(
-        C, spec.Dk, spec.Dv, spec.channel
-    )
-    _passes.use_kernels = lambda kernels=None, fn="": kernels is not False
+    if not real:
+        _backend.RUNNER = fake
+        chunk_module._fused = lambda spec, C, kernels: _chunk_cuda.supports(
+            C, spec.Dk, spec.Dv, spec.channel
+        )
+        _passes.use_kernels = lambda kernels=None, fn="": kernels is not False
     chunk_module._GROUP_BYTES = group_mib << 20
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
     mx.eval(xs, w, w_s)
@@ -47,13 +55,26 @@ def build_times(T: int, repeats: int, group_mib: int) -> list[float]:
         return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
 
     step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    if real:
+        mx.eval(step(*xs))  # the kernels compiled (or read from their cache) and loaded
     for _ in range(3):
         step(*xs)
     times = []
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     for _ in range(repeats):
         t0 = time.perf_counter()
         step(*xs)
         times.append(time.perf_counter() - t0)
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
     return sorted(times)
 
 
@@ -62,10 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=80)
     p.add_argument("--group-mib", type=int, default=4096)
+    p.add_argument("--real", action="store_true", help="the real kernels (a CUDA device)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="print cProfile's N costliest functions")  # fmt: skip
     args = p.parse_args(argv)
-    ts = build_times(args.T, args.repeats, args.group_mib)
+    ts = build_times(args.T, args.repeats, args.group_mib, args.real, args.profile)
     print(
-        f"T={args.T}: graph build median {ts[len(ts) // 2] * 1e3:.2f} ms "
+        f"T={args.T}{' (real kernels)' if args.real else ''}: graph build median "
+        f"{ts[len(ts) // 2] * 1e3:.2f} ms "
         f"(min {ts[0] * 1e3:.2f}, 10th percentile {ts[len(ts) // 10] * 1e3:.2f}; "
         f"{args.repeats} builds)"
     )
