@@ -163,6 +163,12 @@ def test_settings_are_read_once_per_block(monkeypatch):
     assert _backend.getenv("CHUNKSCAN_TEST_SETTING") == "b"
     assert _backend.cuda_device() is False
     assert _backend.cuda_device() is True
+    asked = []
+    monkeypatch.setattr(_backend, "_device_index", lambda device: asked.append(device) or 1)
+    with _backend.settings_read_once():
+        assert _backend._default_index() == _backend._default_index() == 1
+    assert _backend._default_index() == 1
+    assert len(asked) == 2
 
 
 def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):

@@ -276,7 +276,7 @@ def device_arch() -> str:
     from . import _backend as b
 
     cc = b.compute_capability() or b._driver_attributes(
-        b._device_index(mx.default_device()), (b._ATTR_CC_MAJOR, b._ATTR_CC_MINOR)
+        b._default_index(), (b._ATTR_CC_MAJOR, b._ATTR_CC_MINOR)
     )
     if cc is None:
         raise RuntimeError("the device's compute capability is unknown")
