@@ -12,7 +12,8 @@ state gradient, then the hand-derived backward of the preparation (no ``mx.vjp``
 One ``mx.custom_function`` covers the whole sequence. It keeps the state entering every
 chunk (``T / C`` states; with ``CHUNKSCAN_GDN_SAVE=groups`` only the state entering each
 group, :data:`_SAVE`); the backward walks the groups in reverse, recomputing each
-group's preparation, and the ordering rules of :mod:`chunkscan._ordering` free one
+group's preparation (on the fused path the last group's is kept from the forward,
+:data:`_KEEP_PREPARED`), and the ordering rules of :mod:`chunkscan._ordering` free one
 group's intermediates before the next group starts. Group sizes follow a byte budget
 (:func:`_group_size`). See ``docs/gated_delta.md`` for the math.
 """
@@ -154,8 +155,13 @@ def gated_delta_rule(
             the others with one more forward state pass per group. Identical results.
             ``"groups"`` suits models with many such layers at long ``T``, whose saved
             states add up (on the H200, a LoRA step at T = 32768: 8% less peak memory,
-            2% more time; the op alone: about 15% more time). ``None``: the environment
-            variable ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``. Default: ``None``.
+            2% more time; the op alone: about 15% more time). With ``"chunks"`` the
+            fused CUDA path also keeps the last group's preparation for the backward,
+            which starts with that group (one ``prepare`` launch fewer; 64 KiB per
+            token of that group at the Qwen3-Next shape, alive from the forward to the
+            backward; ``CHUNKSCAN_GDN_KEEP_PREPARED=0`` switches it off). ``None``: the
+            environment variable ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``.
+            Default: ``None``.
 
     Returns:
         tuple: ``(o, final_state)``: ``o`` ``[B, T, Hv, Dv]`` in the dtype of ``q``;
