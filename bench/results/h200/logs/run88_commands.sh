@@ -6,7 +6,8 @@
 # every few ops the GPU would start after the first few and run while the rest are
 # encoded. A process setting, not the op's: measure what it buys before documenting it.
 # `bash <this> a <commit> <commit>`: bench/gpu_gaps.py at 16384 and 65536 and fla side by
-# side at 16384 (eager and compiled) under MLX_MAX_OPS_PER_BUFFER unset, 50, 20 and 8.
+# side at 16384 (eager and compiled) under MLX_MAX_OPS_PER_BUFFER unset, 50, 20 and 8;
+# then, where nsys is installed, NVTX and CUDA API sums of one eager fwd+bwd.
 # Outputs in $OUT/run88a.tgz.
 source bench/device_run.sh 88 "$@"  # st, $S, pack
 cd bench
@@ -21,4 +22,17 @@ for ops in default 50 20 8; do
   pack
 done
 unset MLX_MAX_OPS_PER_BUFFER
+# Where eager's encoding goes, op by op, if Nsight Systems is on the machine (MLX marks
+# each primitive's eval_gpu and its graph commits with NVTX ranges): one eager fwd+bwd at
+# 16384 (ncu_op.py brackets it with cudaProfilerStart / Stop).
+st nsys
+if command -v nsys >/dev/null; then
+  timeout 120 nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi --force-overwrite true \
+    -o $S/nsys_eager_16k python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -2
+  nsys stats --report nvtx_sum,cuda_api_sum $S/nsys_eager_16k.nsys-rep > $S/nsys_eager_16k.txt 2>&1
+  head -60 $S/nsys_eager_16k.txt
+else
+  echo "no nsys on this machine"
+fi
+pack
 st done
