@@ -487,7 +487,9 @@ def _keep_last_preparation() -> bool:
     flag = _backend.getenv("CHUNKSCAN_GDN_KEEP_PREPARED", "1")
     if flag not in ("0", "1"):
         raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_GDN_KEEP_PREPARED must be '0' or '1', not {flag!r}"
+            f"[gated_delta_rule] CHUNKSCAN_GDN_KEEP_PREPARED must be '0' or '1', not "
+            f"{flag!r}. Set it to 0 for a backward that recomputes the last group's "
+            f"preparation, or unset it (the default, 1: kept from the forward)."
         )
     return flag == "1"
 
@@ -498,7 +500,7 @@ def _cat(parts: list[mx.array], axis: int) -> mx.array:
     without those axes: the same values, but MLX's CUDA back-end copies each
     row-contiguous part with its vector copy there, against a general strided copy
     along any other axis (Nsight Compute at T = 65536, four groups: 24 such copies,
-    1.15 ms, run 84)."""
+    1.15 ms strided, run 84; 0.82 ms as vector copies, run 86)."""
     if len(parts) == 1:
         return parts[0]
     lead = parts[0].shape[:axis]
