@@ -59,14 +59,20 @@ def reads_settings_once(fn):
     return wrapper
 
 
-def getenv(name: str, default: str | None = None) -> str | None:
-    """``os.environ.get(name, default)``, read once per :func:`settings_read_once`."""
+def _once_per_block(key: str, read, *args):
+    """``read(*args)``, kept under ``key`` until the :func:`settings_read_once` block
+    ends (outside any block, read every time)."""
     memo = getattr(_CALL, "memo", None)
     if memo is None:
-        return os.environ.get(name, default)
-    if name not in memo:
-        memo[name] = os.environ.get(name)
-    value = memo[name]
+        return read(*args)
+    if key not in memo:
+        memo[key] = read(*args)
+    return memo[key]
+
+
+def getenv(name: str, default: str | None = None) -> str | None:
+    """``os.environ.get(name, default)``, read once per :func:`settings_read_once`."""
+    value = _once_per_block(name, os.environ.get, name)
     return default if value is None else value
 
 
@@ -135,16 +141,14 @@ def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
 def cuda_device() -> bool:
     """Whether the default device is a CUDA GPU (asked once per
     :func:`settings_read_once`)."""
-    memo = getattr(_CALL, "memo", None)
-    if memo is not None and "<cuda>" in memo:
-        return memo["<cuda>"]
+    return _once_per_block("<cuda>", _ask_cuda_device)
+
+
+def _ask_cuda_device() -> bool:
     try:
-        cuda = bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
+        return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
     except AttributeError:
-        cuda = False
-    if memo is not None:
-        memo["<cuda>"] = cuda
-    return cuda
+        return False
 
 
 def tf32_products(fn: str = "chunkscan") -> bool:
@@ -308,13 +312,7 @@ _LIMITS: dict[int, CudaLimits] = {}
 def _default_index() -> int:
     """The default device's index (asked once per :func:`settings_read_once`: the text
     match below took a tenth of an eager fwd+bwd's Python on the H200, run 86)."""
-    memo = getattr(_CALL, "memo", None)
-    if memo is not None and "<index>" in memo:
-        return memo["<index>"]
-    index = _device_index(mx.default_device())
-    if memo is not None:
-        memo["<index>"] = index
-    return index
+    return _once_per_block("<index>", lambda: _device_index(mx.default_device()))
 
 
 def _device_index(device) -> int:
