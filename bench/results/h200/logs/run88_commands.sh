@@ -1,38 +1,31 @@
-# Prepared in session 25 for the next session (not run: this session's device time was
-# spent). Eager's time before the first kernel: at T = 16384 5.5-5.6 ms in the profiled
-# call, of which the graph build is 2.0-2.2 (runs 84, 86); the rest is MLX's encoding up
-# to its first commit, which on an H200 comes every 100 ops or 1000 MB
-# (MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER, read once per process). With commits
-# every few ops the GPU would start after the first few and run while the rest are
-# encoded. A process setting, not the op's: measure what it buys before documenting it.
-# `bash <this> a <commit> <commit>`: bench/gpu_gaps.py at 16384 and 65536 and fla side by
-# side at 16384 (eager and compiled) under MLX_MAX_OPS_PER_BUFFER unset, 50, 20 and 8;
-# then, where nsys is installed, NVTX and CUDA API sums of one eager fwd+bwd.
-# Outputs in $OUT/run88a.tgz.
+# Run 88 (session 26). Eager's time before the first kernel: at T = 16384 5.5-5.6 ms in
+# the profiled call, of which the graph build is 2.0-2.2 (runs 84, 86); the rest is MLX's
+# encoding up to its first commit, which on an H200 comes every 100 ops or 1000 M input
+# elements (MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER, read once per process): an
+# eager fwd+bwd at 16384 launches about 43 kernels, so the GPU starts only once all are
+# encoded. (1) What one launch costs the CPU, by kind and by the size of a precompiled
+# binary (MLX hashes a custom kernel's whole source, the cubin, at every evaluation);
+# (2) bench/gpu_gaps.py at 16384 and 65536 under MLX_MAX_OPS_PER_BUFFER unset, 8 and 20,
+# and fla side by side (16384, 65536; eager and compiled) under 8. The Nsight Systems
+# stage prepared in session 25 is gone: nsys is not on the machine (run 47).
+# `bash <this> a <commit> <commit>`. Outputs in $OUT/run88a.tgz.
 source bench/device_run.sh 88 "$@"  # st, $S, pack
 cd bench
-for ops in default 50 20 8; do
+st launch_cost
+timeout 120 python3 launch_cost.py --launches 400 --pads 64 128 256 1024 --real 2>&1 \
+  | grep -v -i warn | tee $S/launch_cost.txt
+pack
+for ops in default 8 20; do
   st "ops_$ops"
   if [ "$ops" = default ]; then unset MLX_MAX_OPS_PER_BUFFER; else export MLX_MAX_OPS_PER_BUFFER=$ops; fi
   timeout 60 python3 gpu_gaps.py --T 16384 2>&1 | grep -v -i warn | tee $S/gpu_gaps_16384_ops$ops.txt
   timeout 90 python3 gpu_gaps.py --T 65536 2>&1 | grep -v -i warn | tee $S/gpu_gaps_65536_ops$ops.txt
-  timeout 120 python3 gdn_vs_fla.py --T 16384 --impls fla chunkscan --modes eager compiled \
-    --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_16384_ops$ops.json \
-    | grep --line-buffered -E "fla|chunkscan|rror"
+  if [ "$ops" = 8 ]; then
+    timeout 240 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
+      --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_ops$ops.json \
+      | grep --line-buffered -E "fla|chunkscan|rror"
+  fi
   pack
 done
 unset MLX_MAX_OPS_PER_BUFFER
-# Where eager's encoding goes, op by op, if Nsight Systems is on the machine (MLX marks
-# each primitive's eval_gpu and its graph commits with NVTX ranges): one eager fwd+bwd at
-# 16384 (ncu_op.py brackets it with cudaProfilerStart / Stop).
-st nsys
-if command -v nsys >/dev/null; then
-  timeout 120 nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi --force-overwrite true \
-    -o $S/nsys_eager_16k python3 ncu_op.py --impl chunkscan --T 16384 2>&1 | tail -2
-  nsys stats --report nvtx_sum,cuda_api_sum $S/nsys_eager_16k.nsys-rep > $S/nsys_eager_16k.txt 2>&1
-  head -60 $S/nsys_eager_16k.txt
-else
-  echo "no nsys on this machine"
-fi
-pack
 st done

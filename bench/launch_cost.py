@@ -1,0 +1,134 @@
+"""What one launch costs the CPU on MLX's CUDA back-end, by kind of launch and by the
+size of a precompiled kernel's binary.
+
+MLX's ``CustomKernel::eval_gpu`` names the module of every launch by a hash of the
+kernel's whole source (for ``mx.fast.precompiled_cuda_kernel``: its cubin), computed at
+every evaluation (``fmt::format("{}_{:x}", name_, std::hash<std::string>{}(source_))``
+in ``mlx/backend/cuda/custom_kernel.cpp``, MLX 0.32.4). The fused Gated DeltaNet
+kernels' cubins are 100-210 KB. This times chains of ``--launches`` dependent launches
+of one tiny kernel (1024 floats, one block): MLX's own ``add``, ``mx.fast.cuda_kernel``,
+and the same kernel precompiled (our NVRTC call) as a cubin, then that cubin with
+``--pads`` KiB of zero bytes appended (the driver reads an ELF image's size from its
+headers; MLX hashes every byte). Per kind: the Python build of the chain and its
+``mx.eval`` + ``mx.synchronize``, each per launch, median of ``--repeats``. Where the
+GPU runs each tiny kernel in a few microseconds, the evaluation's time per launch is
+the CPU's encoding. A CUDA device only.
+
+    python3 bench/launch_cost.py --launches 400 --pads 64 128 256 1024
+
+``--real`` also prints the sizes of the binaries of the op's kernels (one small fwd+bwd
+of ``chunkscan.gated_delta_rule`` at the Qwen3-Next head shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+N = 1024
+_SOURCE = """
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < 1024) out[i] = x[i] + 1.0f;
+"""
+
+
+def _precompiled_cubin() -> tuple[str, bytes]:
+    from chunkscan import _precompile
+
+    symbol = "launch_cost_add"
+    src = (
+        _precompile.PRELUDE
+        + f'extern "C" __global__ void {symbol}(const float* x, float* out) {{{_SOURCE}}}\n'
+    )
+    return symbol, _precompile.compiler().compile(src, _precompile.device_arch())
+
+
+def kinds(pads: list[int]):
+    """``[(label, one launch: x -> y)]``."""
+    import mlx.core as mx
+
+    out = [("mlx add", lambda x: x + 1.0)]
+    k = mx.fast.cuda_kernel(
+        name="launch_cost_add_mlx", input_names=["x"], output_names=["out"], source=_SOURCE
+    )
+
+    def mlx_kernel(x):
+        return k(inputs=[x], grid=(N, 1, 1), threadgroup=(N, 1, 1),
+                 output_shapes=[(N,)], output_dtypes=[mx.float32])[0]  # fmt: skip
+
+    out.append(("mx.fast.cuda_kernel", mlx_kernel))
+    symbol, cubin = _precompiled_cubin()
+    for pad in [0] + pads:
+        image = cubin + bytes(pad << 10)
+
+        def pre(x, image=image):
+            return mx.fast.precompiled_cuda_kernel(
+                name=symbol, compiled_source=image, inputs=[x], output_shapes=[(N,)],
+                output_dtypes=[mx.float32], scalars=[], grid=(N, 1, 1),
+                threadgroup=(N, 1, 1),
+            )[0]  # fmt: skip
+
+        out.append((f"cubin {len(image) / 1024:.0f} KiB", pre))
+    return out
+
+
+def time_chain(fn, launches: int, repeats: int) -> tuple[float, float]:
+    """Median seconds per launch: ``(build, eval)`` of a chain of ``launches``."""
+    import mlx.core as mx
+
+    x = mx.zeros((N,), dtype=mx.float32)
+    mx.eval(fn(x))  # compile / load
+    builds, evals = [], []
+    for _ in range(repeats + 1):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        y = x
+        for _ in range(launches):
+            y = fn(y)
+        t1 = time.perf_counter()
+        mx.eval(y)
+        mx.synchronize()
+        t2 = time.perf_counter()
+        builds.append((t1 - t0) / launches)
+        evals.append((t2 - t1) / launches)
+    return statistics.median(builds[1:]), statistics.median(evals[1:])
+
+
+def real_sizes() -> None:
+    import mlx.core as mx
+    from gated_delta import _inputs
+
+    import chunkscan
+    from chunkscan import _backend
+
+    xs, w, w_s = _inputs(256, 1, 16, 32, 128, 128, "bfloat16", 0)
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    mx.eval(mx.value_and_grad(loss, argnums=tuple(range(6)))(*xs))
+    for kernel in _backend._CUDA_KERNELS.values():
+        for symbol, binary in getattr(kernel, "_binaries", {}).values():
+            print(f"  {len(binary) / 1024:7.1f} KiB  {symbol}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--launches", type=int, default=400)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--pads", type=int, nargs="*", default=[64, 128, 256, 1024], help="KiB")
+    p.add_argument("--real", action="store_true")
+    args = p.parse_args()
+    print(f"{'kind':>22}  build us/launch  eval us/launch  ({args.launches} launches)")
+    for label, fn in kinds(args.pads):
+        build, ev = time_chain(fn, args.launches, args.repeats)
+        print(f"{label:>22}  {build * 1e6:15.1f}  {ev * 1e6:14.1f}", flush=True)
+    if args.real:
+        print("the op's kernels' binaries:")
+        real_sizes()
+
+
+if __name__ == "__main__":
+    main()
