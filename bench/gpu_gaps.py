@@ -7,6 +7,10 @@ call of the value-and-grad before ``mx.eval``: for eager, the op's Python and ML
 Eager and compiled (``mx.compile`` of the value-and-grad).
 
     python3 bench/gpu_gaps.py --T 16384
+
+``--kernels N`` also prints, per mode, the N kernels (by name) that took the most device
+time in the profiled call: launches and milliseconds (added in session 26, to find why
+the compiled call's kernels took longer than the eager call's, run 88).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def summarise(intervals: list[tuple[float, float]]) -> tuple[float, float, list[
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", type=int, default=16384)
+    p.add_argument("--kernels", type=int, default=0, metavar="N")
     args = p.parse_args()
     import mlx.core as mx
     import torch
@@ -67,11 +72,8 @@ def main() -> None:
                 mx.synchronize()
             wall = time.perf_counter() - t0
         events = prof.events()
-        ks = sorted(
-            (e.time_range.start, e.time_range.end)
-            for e in events
-            if e.device_type == torch.autograd.DeviceType.CUDA
-        )
+        device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        ks = sorted((e.time_range.start, e.time_range.end) for e in device)
         if not ks:
             print(f"{label}: no device events")
             continue
@@ -86,6 +88,12 @@ def main() -> None:
             f"gaps {sum(gaps) / 1e3:.2f} ms ({len(big)} over 20 us: {sum(big) / 1e3:.2f} ms, "
             f"largest {max(gaps, default=0) / 1e3:.2f} ms)"
         )
+        by_name: dict[str, list[float]] = {}
+        for e in device:
+            by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[: args.kernels]
+        for name, times in top:
+            print(f"    {sum(times) / 1e3:8.3f} ms  {len(times):4d}x  {name[:110]}")
 
 
 if __name__ == "__main__":
