@@ -171,9 +171,19 @@ def _loss(op, xs, w, w_s):
     return (o * w).float().sum() + (final * w_s).sum(), o, final
 
 
-def fwd_bwd(xs, w, w_s):
+HARNESSES = ("loss", "cotangents")
+
+
+def fwd_bwd(xs, w, w_s, harness: str = "loss"):
+    """The gradients of the six inputs. ``harness``: ``"loss"``, of ``sum(o * w) +
+    sum(final * w_s)`` (the loss's product, cast and sum in the call); ``"cotangents"``,
+    the backward given ``w`` and ``w_s`` as the cotangents of ``o`` and the final state
+    (the same gradients, the op's forward and backward alone)."""
     import torch
 
+    if harness == "cotangents":
+        o, final = fla_op(*xs)
+        return torch.autograd.grad((o, final), xs, grad_outputs=(w, w_s))
     loss, _, _ = _loss(fla_op, xs, w, w_s)
     return torch.autograd.grad(loss, xs)
 
@@ -210,19 +220,25 @@ def _sync():
 
 
 def measure(
-    T: int, repeats: int = 10, warmup: int = 3, dtype: str = "bfloat16", seed: int = 0, **shape
+    T: int,
+    repeats: int = 10,
+    warmup: int = 3,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+    harness: str = "loss",
+    **shape,
 ) -> dict[str, Any]:
     import torch
 
     xs, w, w_s = make_inputs(T, dtype=dtype, seed=seed, **shape)
     for _ in range(warmup):
-        fwd_bwd(xs, w, w_s)
+        fwd_bwd(xs, w, w_s, harness)
     # memory: peak above what is allocated just before the call (inputs excluded)
     _sync()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    grads = fwd_bwd(xs, w, w_s)
+    grads = fwd_bwd(xs, w, w_s, harness)
     _sync()
     peak = float(torch.cuda.max_memory_allocated() - before)
     del grads
@@ -233,7 +249,7 @@ def measure(
         _sync()
         t0 = time.perf_counter()
         start.record()
-        grads = fwd_bwd(xs, w, w_s)
+        grads = fwd_bwd(xs, w, w_s, harness)
         end.record()
         _sync()
         wall.append(time.perf_counter() - t0)
@@ -265,6 +281,7 @@ def measure(
         "peak_bytes": peak,
         "kib_per_token": peak / KiB / T,
         "repeats": repeats,
+        "harness": harness,
     }
 
 

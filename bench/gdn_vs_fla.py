@@ -3,11 +3,17 @@ compiled) side by side with flash-linear-attention, each configuration in a fres
 process, in one run.
 
 Shape: one Qwen3-Next layer (B=1, Hk=16, Hv=32, Dk=Dv=128), bf16 inputs, fp32 state,
-loss ``sum(o * w) + sum(final * w_s)``, gradients for q, k, v, g, beta and the initial
-state. Rows: ``impl`` ("chunkscan": kernels on where there are any; "chunkscan-portable":
+gradients for q, k, v, g, beta and the initial state given the cotangents ``w`` of ``o``
+and ``w_s`` of the final state (``--harness cotangents``, the default since session 26:
+``mx.vjp`` / ``torch.autograd.grad(..., grad_outputs=...)``, the op's forward and
+backward alone), or of the loss ``sum(o * w) + sum(final * w_s)`` (``--harness loss``,
+the harness before: the same gradients, plus the loss's product, cast and sum; compiled
+by MLX, its gradient ``w * broadcast(1.0)`` became one fused kernel on MLX's strided path
+that took 5.9 ms at T = 65536 on the H200, against 0.28 ms for the eager product, run
+89). Rows: ``impl`` ("chunkscan": kernels on where there are any; "chunkscan-portable":
 ``kernels=False``; "fla"), ``T``, ``compiled``, ``ms`` (median fwd+bwd),
 ``kib_per_token`` (peak above the inputs, gradients included), ``first_call_s`` (the
-first call: trace, JIT compilation and one run), ``chunk_size``.
+first call: trace, JIT compilation and one run), ``chunk_size``, ``harness``.
 
     python3 bench/gdn_vs_fla.py --T 4096 16384 65536 --json bench-out/gdn_vs_fla.json
     python3 bench/gdn_vs_fla.py --impls chunkscan-portable --T 1024     # any MLX device
@@ -37,6 +43,7 @@ def measure_mlx(
     compile_groups: bool = True,
     memory_limit_mib: int | None = None,
     save: str | None = None,
+    harness: str = "cotangents",
 ) -> dict[str, Any]:
     """One MLX configuration (in its own process). ``memory_limit_mib``: MLX's memory
     limit set to that much above the inputs (``mx.set_memory_limit``; MLX then waits for
@@ -60,14 +67,23 @@ def measure_mlx(
     if not chunk_size:
         chunk_size = chunk_module.default_chunk_size(kernels)
 
-    def loss(q, k, v, g, beta, h0):
-        o, s = chunkscan.gated_delta_rule(
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(
             q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, kernels=kernels,
             save_states=save,
         )  # fmt: skip
+
+    def loss(*xs):
+        o, s = op(*xs)
         return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
 
-    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    def given_cotangents(*xs):  # (o, final) and the six gradients
+        return mx.vjp(op, list(xs), [w, w_s])
+
+    if harness == "cotangents":
+        step = given_cotangents
+    else:
+        step = mx.value_and_grad(loss, argnums=tuple(range(6)))
     if compiled:
         step = mx.compile(step)
     mx.synchronize()
@@ -93,18 +109,19 @@ def measure_mlx(
         "fused_kernels": fused,
         # the kernels' products: TF32 or float32 (CHUNKSCAN_GDN_TF32, MLX_ENABLE_TF32)
         "tf32_products": fused and _backend.tf32_products("gdn_vs_fla"),
+        "harness": harness,
     }  # fmt: skip
 
 
-def measure_fla(T: int, repeats: int = 10) -> dict[str, Any]:
+def measure_fla(T: int, repeats: int = 10, harness: str = "cotangents") -> dict[str, Any]:
     import fla_gdn
 
     fla_gdn.lift_hopper_guard()
-    row = fla_gdn.measure(T, repeats=repeats, warmup=3)
+    row = fla_gdn.measure(T, repeats=repeats, warmup=3, harness=harness)
     return {
         "impl": "fla", "T": T, "compiled": False, "ms": row["seconds"] * 1e3,
         "kib_per_token": row["kib_per_token"], "chunk_size": 64,
-        "wall_ms": row["wall_seconds"] * 1e3,
+        "wall_ms": row["wall_seconds"] * 1e3, "harness": harness,
     }  # fmt: skip
 
 
@@ -140,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         "0: MLX's default (95%% of the GPU's memory)",
     )
     add_save_option(p)
+    p.add_argument(
+        "--harness",
+        nargs="+",
+        default=["cotangents"],
+        choices=["cotangents", "loss"],
+        help="gradients given the outputs' cotangents, or of sum(o * w) + sum(final * w_s)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
@@ -154,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     started, rows = time.perf_counter(), []
     info = meta(shape={"B": 1, "Hk": 16, "Hv": 32, "Dk": 128, "Dv": 128, "dtype": "bfloat16"})
     configs = []
-    for T in args.T:
+    for harness, T in itertools.product(args.harness, args.T):
         for impl in args.impls:
             if impl == "fla":
-                configs.append(("bench_fla", {"T": T}))
+                configs.append(("bench_fla", {"T": T, "harness": harness}))
                 continue
             for mode in args.modes:
                 for C in args.chunk_sizes:
@@ -175,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "compile_groups": cg == "on",
                                 "memory_limit_mib": lim or None,
                                 "save": save,
+                                "harness": harness,
                             }
                             configs.append(("bench_mlx", cfg))
     for kind, cfg in configs:
@@ -207,6 +232,7 @@ def _line(row: dict[str, Any]) -> str:
         + (f"  save={row['save']}" if row.get("save") else "")
         + ("  fused kernels" if row.get("fused_kernels") else "")
         + ("  tf32" if row.get("tf32_products") else "")
+        + (f"  harness={row['harness']}" if row.get("harness") else "")
     )
 
 
