@@ -32,6 +32,23 @@ from _common import OUT, KiB, add_save_option, child_env, meta, write_json
 IMPLS = ("chunkscan", "chunkscan-portable", "fla")
 
 
+def make_step(op, w, w_s, harness: str):
+    """``f(*inputs)``: the fwd+bwd of ``op`` (``(q, k, v, g, beta, h0) -> (o, final)``)
+    under ``harness``: ``"cotangents"``, ``((o, final), gradients)`` given ``w`` and
+    ``w_s`` as the outputs' cotangents; ``"loss"``, ``(loss, gradients)`` of
+    ``sum(o * w) + sum(final * w_s)``. The same six gradients."""
+    import mlx.core as mx
+
+    if harness == "cotangents":
+        return lambda *xs: mx.vjp(op, list(xs), [w, w_s])
+
+    def loss(*xs):
+        o, s = op(*xs)
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    return mx.value_and_grad(loss, argnums=tuple(range(6)))
+
+
 def measure_mlx(
     T: int,
     impl: str,
@@ -73,17 +90,7 @@ def measure_mlx(
             save_states=save,
         )  # fmt: skip
 
-    def loss(*xs):
-        o, s = op(*xs)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
-
-    def given_cotangents(*xs):  # (o, final) and the six gradients
-        return mx.vjp(op, list(xs), [w, w_s])
-
-    if harness == "cotangents":
-        step = given_cotangents
-    else:
-        step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    step = make_step(op, w, w_s, harness)
     if compiled:
         step = mx.compile(step)
     mx.synchronize()

@@ -184,3 +184,32 @@ def test_ncu_source_summary_reads_the_cuda_sass_page(tmp_path, monkeypatch, caps
     assert out[2].startswith("   25.0%  L7")
     assert len(out) == 3
     sys.modules.pop("ncu_source_summary", None)
+
+
+def test_gdn_vs_fla_harnesses_give_the_same_gradients(monkeypatch):
+    """``bench/gdn_vs_fla.py``'s two harnesses differ only in what they time: the
+    gradients given the outputs' cotangents ``w``, ``w_s`` equal the loss's gradients
+    (bf16 inputs, as in the benchmark: the loss's cotangent of ``o`` is ``w`` cast back
+    to bf16 exactly). Negative control: other cotangents give other gradients."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gdn_vs_fla
+    import mlx.core as mx
+    from gated_delta import _inputs
+
+    import chunkscan
+
+    xs, w, w_s = _inputs(40, 1, 2, 4, 16, 8, "bfloat16", 0)
+
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, chunk_size=16, kernels=False
+        )
+
+    (o, final), given = gdn_vs_fla.make_step(op, w, w_s, "cotangents")(*xs)
+    loss, of_loss = gdn_vs_fla.make_step(op, w, w_s, "loss")(*xs)
+    assert o.shape == w.shape and final.shape == w_s.shape and loss.ndim == 0
+    for a, b in zip(given, of_loss):
+        assert a.dtype == b.dtype and mx.array_equal(a, b).item()
+    _, other = gdn_vs_fla.make_step(op, 2 * w, w_s, "cotangents")(*xs)
+    assert not mx.array_equal(other[2], given[2]).item()  # dv doubles
+    sys.modules.pop("gdn_vs_fla", None)
