@@ -21,7 +21,9 @@
 #   lora_8192    (at the tree's root) the LoRA step of the 4-layer model at T = 8192, stub
 #                and patched: $S/lora_h200_8192.{json,md,png}.
 #   fla_side_by_side   (in bench/) fla and chunkscan at T = 16384 and 65536, eager and
-#                compiled, C = 64, three repeats: $S/gdn_vs_fla_h200.json, the rows printed.
+#                compiled, C = 64, three repeats, gdn_vs_fla.py's default harness (from
+#                session 26 the op alone, given the outputs' cotangents; before, the
+#                loss's gradients): $S/gdn_vs_fla_h200.json, the rows printed.
 #   source_counters <regex> <launches>   (in bench/) Nsight Compute's warp-stall samples
 #                per source line of those kernels' first launches at 16384 (built with
 #                line info): $S/ncu_src_cuda_sass.csv.gz (run scripts 71, 72 and 75 wrote
