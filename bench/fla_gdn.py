@@ -7,7 +7,9 @@ problem and the same accounting as the MLX side:
   value head ``h`` reads key head ``h // (Hv // Hk)``), bf16 q, k, v, g, beta and a
   float32 initial state, the same input distributions as ``bench/gated_delta.py``;
 - loss ``sum(o * w) + sum(final_state * w_s)``, gradients for q, k, v, g, beta and the
-  initial state (``torch.autograd.grad``, so the gradients are outputs, as in MLX);
+  initial state (``torch.autograd.grad``, so the gradients are outputs, as in MLX); with
+  ``measure(..., harness="cotangents")`` (what ``bench/gdn_vs_fla.py`` runs by default)
+  the same gradients given ``w`` and ``w_s`` as the outputs' cotangents, no loss;
 - memory: ``torch.cuda.max_memory_allocated()`` above ``memory_allocated()`` just before
   the call (inputs excluded; forward, backward and the gradients themselves included),
   after ``empty_cache()`` and ``reset_peak_memory_stats()``;
@@ -169,9 +171,6 @@ def reference_op(q, k, v, g, beta, h0):
 def _loss(op, xs, w, w_s):
     o, final = op(*xs)
     return (o * w).float().sum() + (final * w_s).sum(), o, final
-
-
-HARNESSES = ("loss", "cotangents")
 
 
 def fwd_bwd(xs, w, w_s, harness: str = "loss"):
