@@ -3,13 +3,13 @@ takes: building the lazy graph of ``mx.value_and_grad`` of the op's loss (the op
 code, its hand-written vjp, the kernels' launch plans, MLX's vjp), without running it.
 
 The kernels are faked (each launch returns lazy zeros of its outputs' shapes, through
-``chunkscan._backend.RUNNER``) and taken as on a CUDA GPU, so this runs on any machine,
-the CPU included, and builds the graph the H200 builds: Qwen3-Next layer shape (B=1,
-Hk=16, Hv=32, Dk=Dv=128, bf16), C = 64, groups of ``--group-mib`` (4096, an H200's
-default, 1/32 of its memory capped at 4096: one group at T = 16384; runs before session
-23 took 1024, five groups, the default of a GPU of 32 GB or less). On the device itself
-``bench/gpu_gaps.py`` times the same build ("graph built in"). Run a tree's own sources
-with ``PYTHONPATH=<tree>/src``.
+``chunkscan._backend.RUNNER``: ``tests/helpers.py``'s ``fake_fused_kernels``) and taken
+as on a CUDA GPU, so this runs on any machine, the CPU included, and builds the graph
+the H200 builds: Qwen3-Next layer shape (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16), C = 64,
+groups of ``--group-mib`` (4096, an H200's default, 1/32 of its memory capped at 4096:
+one group at T = 16384; runs before session 23 took 1024, five groups, the default of a
+GPU of 32 GB or less). On the device itself ``bench/gpu_gaps.py`` times the same build
+("graph built in"). Run a tree's own sources with ``PYTHONPATH=<tree>/src``.
 
     python bench/graph_build.py --T 16384 --repeats 80
 
@@ -22,6 +22,8 @@ functions over the timed builds (their own time).
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 import time
 
 
@@ -33,19 +35,13 @@ def build_times(
     from gated_delta import _inputs
 
     import chunkscan
-    from chunkscan import _backend
-    from chunkscan.ops.gated_delta import _chunk_cuda, _passes
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
-    def fake(name, header, source, inputs, outputs, template, grid, group, smem):
-        return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
-
     if not real:
-        _backend.RUNNER = fake
-        chunk_module._fused = lambda spec, C, kernels: _chunk_cuda.supports(
-            C, spec.Dk, spec.Dv, spec.channel
-        )
-        _passes.use_kernels = lambda kernels=None, fn="": kernels is not False
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+        from helpers import fake_fused_kernels
+
+        fake_fused_kernels()
     chunk_module._GROUP_BYTES = group_mib << 20
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
     mx.eval(xs, w, w_s)

@@ -266,6 +266,26 @@ def fake_cuda_limits(monkeypatch, kib_per_block: int, kib_per_sm: int | None = N
     monkeypatch.setattr(_backend, "_CAPABILITY", {})  # what it asks under the fake stays here
 
 
+def fake_fused_kernels(set_attr=setattr) -> None:
+    """Build the Gated DeltaNet op's fused CUDA path on any machine, without running it:
+    every kernel launch returns lazy zeros of its outputs' shapes (through
+    :data:`chunkscan._backend.RUNNER`), the fused chunk kernels are taken wherever they
+    handle the shape and the state passes' kernel is on (``kernels=False`` still turns
+    it off). ``set_attr``: ``monkeypatch.setattr`` in a test; ``setattr`` (the default)
+    for a whole process (``bench/graph_build.py``)."""
+    from chunkscan import _backend
+    from chunkscan.ops.gated_delta import _chunk_cuda, _passes
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    def fake(name, header, source, inputs, outputs, template, grid, group, smem):
+        return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
+
+    set_attr(_backend, "RUNNER", fake)
+    set_attr(chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
+        C, spec.Dk, spec.Dv, spec.channel))  # fmt: skip
+    set_attr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
+
+
 def spoil_token(inputs: list, name: str, value: float, t: int) -> int:
     """Set input ``name`` (one of q, k, v, g, beta: the first five of ``inputs``, from
     :func:`gated_delta_inputs`) to ``value`` at token ``t``, every head and channel, in

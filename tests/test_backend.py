@@ -179,18 +179,11 @@ def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):
     import collections
     import os
 
-    from chunkscan.ops.gated_delta import _chunk_cuda, _passes, gated_delta_rule
-    from chunkscan.ops.gated_delta import chunk as chunk_module
+    from helpers import fake_fused_kernels
 
-    def fake(name, header, source, inputs, outputs, template, grid, group, smem):
-        return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
+    from chunkscan.ops.gated_delta import gated_delta_rule
 
-    monkeypatch.setattr(_backend, "RUNNER", fake)
-    monkeypatch.setattr(
-        chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
-            C, spec.Dk, spec.Dv, spec.channel)
-    )  # fmt: skip
-    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": True)
+    fake_fused_kernels(monkeypatch.setattr)
     reads = collections.Counter()
     real = os.environ.get
 
