@@ -3,14 +3,18 @@ kernels on the device, the time some kernel runs (their union), the idle gaps be
 them and how far into the call the first kernel starts (the CPU's time before the GPU
 has work; added after run 47), from PyTorch's profiler (CUPTI sees MLX's kernels too:
 both use the device's primary context); and how long building the lazy graph takes (the
-call of the value-and-grad before ``mx.eval``: for eager, the op's Python and MLX's vjp).
-Eager and compiled (``mx.compile`` of the value-and-grad).
+call of the fwd+bwd function before ``mx.eval``: for eager, the op's Python and MLX's
+vjp).
+Eager and compiled (``mx.compile`` of the fwd+bwd).
 
     python3 bench/gpu_gaps.py --T 16384
 
 ``--kernels N`` also prints, per mode, the N kernels (by name) that took the most device
 time in the profiled call: launches and milliseconds (added in session 26, to find why
-the compiled call's kernels took longer than the eager call's, run 88).
+the compiled call's kernels took longer than the eager call's, run 88: the loss's
+gradient, run 89). ``--harness``: ``cotangents`` (the default since session 26: the op
+alone, given its outputs' cotangents) or ``loss`` (the gradients of ``sum(o * w) +
+sum(final * w_s)``, what every run before timed), as ``bench/gdn_vs_fla.py``'s.
 """
 
 from __future__ import annotations
@@ -36,10 +40,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--kernels", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--harness", default="cotangents", choices=["cotangents", "loss"],
+        help="as bench/gdn_vs_fla.py's (loss: what every run before session 26 timed)",
+    )  # fmt: skip
     args = p.parse_args()
     import mlx.core as mx
     import torch
     from gated_delta import _inputs
+    from gdn_vs_fla import make_step
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import chunkscan
@@ -47,11 +56,10 @@ def main() -> None:
     xs, w, w_s = _inputs(args.T, 1, 16, 32, 128, 128, "bfloat16", 0)
     mx.eval(xs, w, w_s)
 
-    def loss(q, k, v, g, beta, h0):
-        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
 
-    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    step = make_step(op, w, w_s, args.harness)
     for label, fn in (("eager", step), ("compiled", mx.compile(step))):
         for _ in range(3):
             mx.eval(fn(*xs))
