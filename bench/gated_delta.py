@@ -64,6 +64,25 @@ def _inputs(
     return xs, w, w_s
 
 
+def make_step(op, w, w_s, harness: str):
+    """``f(*inputs)``: the fwd+bwd of ``op`` (``(q, k, v, g, beta, h0) -> (o, final)``,
+    on :func:`_inputs`' arrays; ``w``, ``w_s`` the weights it returns) under
+    ``harness``: ``"cotangents"``, ``((o, final), gradients)`` given ``w`` and ``w_s`` as
+    the outputs' cotangents; ``"loss"``, ``(loss, gradients)`` of ``sum(o * w) +
+    sum(final * w_s)``. The same six gradients (``bench/gdn_vs_fla.py``'s two
+    harnesses)."""
+    import mlx.core as mx
+
+    if harness == "cotangents":
+        return lambda *xs: mx.vjp(op, list(xs), [w, w_s])
+
+    def loss(*xs):
+        o, s = op(*xs)
+        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+
+    return mx.value_and_grad(loss, argnums=tuple(range(6)))
+
+
 def scan_chunk_size(chunk_size: int | None) -> int:
     """The chunk the per-token ``scan`` implementation runs at (at most 32 steps: its
     per-step graph is large)."""
@@ -148,11 +167,7 @@ def measure(
     mx.eval(xs, w, w_s)
     f = _op(impl, Dk, chunk_size, save)
 
-    def loss(*args):
-        o, final = f(*args)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(final * w_s)
-
-    grad = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    grad = make_step(f, w, w_s, "loss")
 
     def call():
         return grad(*xs)

@@ -28,25 +28,9 @@ import time
 from typing import Any
 
 from _common import OUT, KiB, add_save_option, child_env, meta, write_json
+from gated_delta import make_step
 
 IMPLS = ("chunkscan", "chunkscan-portable", "fla")
-
-
-def make_step(op, w, w_s, harness: str):
-    """``f(*inputs)``: the fwd+bwd of ``op`` (``(q, k, v, g, beta, h0) -> (o, final)``)
-    under ``harness``: ``"cotangents"``, ``((o, final), gradients)`` given ``w`` and
-    ``w_s`` as the outputs' cotangents; ``"loss"``, ``(loss, gradients)`` of
-    ``sum(o * w) + sum(final * w_s)``. The same six gradients."""
-    import mlx.core as mx
-
-    if harness == "cotangents":
-        return lambda *xs: mx.vjp(op, list(xs), [w, w_s])
-
-    def loss(*xs):
-        o, s = op(*xs)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
-
-    return mx.value_and_grad(loss, argnums=tuple(range(6)))
 
 
 def measure_mlx(

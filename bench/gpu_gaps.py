@@ -47,8 +47,7 @@ def main() -> None:
     args = p.parse_args()
     import mlx.core as mx
     import torch
-    from gated_delta import _inputs
-    from gdn_vs_fla import make_step
+    from gated_delta import _inputs, make_step
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import chunkscan

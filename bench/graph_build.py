@@ -32,7 +32,7 @@ def build_times(
 ) -> list[float]:
     """Seconds of ``repeats`` builds (after three to warm up), sorted."""
     import mlx.core as mx
-    from gated_delta import _inputs
+    from gated_delta import _inputs, make_step
 
     import chunkscan
     from chunkscan.ops.gated_delta import chunk as chunk_module
@@ -46,11 +46,10 @@ def build_times(
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
     mx.eval(xs, w, w_s)
 
-    def loss(q, k, v, g, beta, h0):
-        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=64)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=64)
 
-    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    step = make_step(op, w, w_s, "loss")
     if real:
         mx.eval(step(*xs))  # the kernels compiled (or read from their cache) and loaded
     for _ in range(3):

@@ -97,18 +97,17 @@ def time_chain(fn, launches: int, repeats: int) -> tuple[float, float]:
 
 def real_sizes() -> None:
     import mlx.core as mx
-    from gated_delta import _inputs
+    from gated_delta import _inputs, make_step
 
     import chunkscan
     from chunkscan import _backend
 
     xs, w, w_s = _inputs(256, 1, 16, 32, 128, 128, "bfloat16", 0)
 
-    def loss(q, k, v, g, beta, h0):
-        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
 
-    mx.eval(mx.value_and_grad(loss, argnums=tuple(range(6)))(*xs))
+    mx.eval(make_step(op, w, w_s, "loss")(*xs))
     for kernel in _backend._CUDA_KERNELS.values():
         for symbol, binary in getattr(kernel, "_binaries", {}).values():
             print(f"  {len(binary) / 1024:7.1f} KiB  {symbol}")

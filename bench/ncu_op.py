@@ -25,7 +25,7 @@ import sys
 
 def chunkscan_call(T: int, chunk_size: int | None, kernels: bool | None):
     import mlx.core as mx
-    from gated_delta import _inputs
+    from gated_delta import _inputs, make_step
 
     import chunkscan
     from chunkscan.ops.gated_delta import chunk as chunk_module
@@ -34,13 +34,12 @@ def chunkscan_call(T: int, chunk_size: int | None, kernels: bool | None):
     mx.eval(xs, w, w_s)
     C = chunk_size or chunk_module.default_chunk_size(kernels)
 
-    def loss(q, k, v, g, beta, h0):
-        o, s = chunkscan.gated_delta_rule(
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(
             q, k, v, g, beta, initial_state=h0, chunk_size=C, kernels=kernels
         )
-        return mx.sum((o * w).astype(mx.float32)) + mx.sum(s * w_s)
 
-    step = mx.value_and_grad(loss, argnums=tuple(range(6)))
+    step = make_step(op, w, w_s, "loss")
 
     def call():
         mx.eval(step(*xs))

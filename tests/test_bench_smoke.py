@@ -186,15 +186,15 @@ def test_ncu_source_summary_reads_the_cuda_sass_page(tmp_path, monkeypatch, caps
     sys.modules.pop("ncu_source_summary", None)
 
 
-def test_gdn_vs_fla_harnesses_give_the_same_gradients(monkeypatch):
-    """``bench/gdn_vs_fla.py``'s two harnesses differ only in what they time: the
-    gradients given the outputs' cotangents ``w``, ``w_s`` equal the loss's gradients
-    (bf16 inputs, as in the benchmark: the loss's cotangent of ``o`` is ``w`` cast back
-    to bf16 exactly). Negative control: other cotangents give other gradients."""
+def test_the_two_harnesses_give_the_same_gradients(monkeypatch):
+    """The two harnesses of ``bench/gdn_vs_fla.py`` (``gated_delta.make_step``) differ
+    only in what they time: the gradients given the outputs' cotangents ``w``, ``w_s``
+    equal the loss's gradients (bf16 inputs, as in the benchmark: the loss's cotangent
+    of ``o`` is ``w`` cast back to bf16 exactly). Negative control: other cotangents
+    give other gradients."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import gdn_vs_fla
     import mlx.core as mx
-    from gated_delta import _inputs
+    from gated_delta import _inputs, make_step
 
     import chunkscan
 
@@ -205,11 +205,10 @@ def test_gdn_vs_fla_harnesses_give_the_same_gradients(monkeypatch):
             q, k, v, g, beta, initial_state=h0, chunk_size=16, kernels=False
         )
 
-    (o, final), given = gdn_vs_fla.make_step(op, w, w_s, "cotangents")(*xs)
-    loss, of_loss = gdn_vs_fla.make_step(op, w, w_s, "loss")(*xs)
+    (o, final), given = make_step(op, w, w_s, "cotangents")(*xs)
+    loss, of_loss = make_step(op, w, w_s, "loss")(*xs)
     assert o.shape == w.shape and final.shape == w_s.shape and loss.ndim == 0
     for a, b in zip(given, of_loss):
         assert a.dtype == b.dtype and mx.array_equal(a, b).item()
-    _, other = gdn_vs_fla.make_step(op, 2 * w, w_s, "cotangents")(*xs)
+    _, other = make_step(op, 2 * w, w_s, "cotangents")(*xs)
     assert not mx.array_equal(other[2], given[2]).item()  # dv doubles
-    sys.modules.pop("gdn_vs_fla", None)
