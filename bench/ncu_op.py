@@ -6,7 +6,9 @@ fwd+bwd with ``cudaProfilerStart`` / ``cudaProfilerStop`` (through PyTorch's
 ``torch.cuda.profiler``: MLX and PyTorch share the device's primary context), so ncu
 sees that call's kernels and nothing else. Shape: the Qwen3-Next layer of
 ``bench/gdn_vs_fla.py`` (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16, gradients of all six
-inputs).
+inputs) and its two harnesses (``--harness``: ``cotangents``, the default, the op's
+forward and backward given the outputs' cotangents; ``loss``, the gradients of ``sum(o *
+w) + sum(final * w_s)``, what every profile before session 27 ran).
 
     ncu --profile-from-start off --clock-control none --csv --page details \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
@@ -23,7 +25,9 @@ import argparse
 import sys
 
 
-def chunkscan_call(T: int, chunk_size: int | None, kernels: bool | None):
+def chunkscan_call(
+    T: int, chunk_size: int | None, kernels: bool | None, harness: str = "cotangents"
+):
     import mlx.core as mx
     from gated_delta import _inputs, make_step
 
@@ -39,7 +43,7 @@ def chunkscan_call(T: int, chunk_size: int | None, kernels: bool | None):
             q, k, v, g, beta, initial_state=h0, chunk_size=C, kernels=kernels
         )
 
-    step = make_step(op, w, w_s, "loss")
+    step = make_step(op, w, w_s, harness)
 
     def call():
         mx.eval(step(*xs))
@@ -48,7 +52,7 @@ def chunkscan_call(T: int, chunk_size: int | None, kernels: bool | None):
     return call
 
 
-def fla_call(T: int):
+def fla_call(T: int, harness: str = "cotangents"):
     import fla_gdn
     import torch
 
@@ -56,7 +60,7 @@ def fla_call(T: int):
     xs, w, w_s = fla_gdn.make_inputs(T)
 
     def call():
-        fla_gdn.fwd_bwd(xs, w, w_s)
+        fla_gdn.fwd_bwd(xs, w, w_s, harness)
         torch.cuda.synchronize()
 
     return call
@@ -69,12 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--C", type=int, default=None, help="chunkscan's chunk size")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--harness", choices=("cotangents", "loss"), default="cotangents")
     args = p.parse_args(argv)
     torch = _torch_cuda()
     if args.impl == "fla":
-        call = fla_call(args.T)
+        call = fla_call(args.T, args.harness)
     else:
-        call = chunkscan_call(args.T, args.C, False if args.impl == "chunkscan-portable" else None)
+        kernels = False if args.impl == "chunkscan-portable" else None
+        call = chunkscan_call(args.T, args.C, kernels, args.harness)
     for _ in range(args.warmup):
         call()
     if torch is None:

@@ -40,9 +40,10 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     import ncu_op
     import ncu_summary
 
-    assert ncu_op.main(["--impl", "chunkscan-portable", "--T", "40", "--C", "16",
-                        "--warmup", "0"]) == 0  # fmt: skip
-    assert "ran (no CUDA PyTorch" in capsys.readouterr().out
+    for harness in ("cotangents", "loss"):
+        assert ncu_op.main(["--impl", "chunkscan-portable", "--T", "40", "--C", "16",
+                            "--warmup", "0", "--harness", harness]) == 0  # fmt: skip
+        assert "ran (no CUDA PyTorch" in capsys.readouterr().out
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
     head = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum",
             "launch__shared_mem_per_block_dynamic", stall.format("barrier"),
