@@ -59,9 +59,10 @@ def reads_settings_once(fn):
     return wrapper
 
 
-def _once_per_block(key: str, read, *args):
+def once_per_block(key: object, read, *args):
     """``read(*args)``, kept under ``key`` until the :func:`settings_read_once` block
-    ends (outside any block, read every time)."""
+    ends (outside any block, read every time): what a call works out from its settings
+    alone. ``key`` must be no variable's name (:func:`getenv` keeps those here)."""
     memo = getattr(_CALL, "memo", None)
     if memo is None:
         return read(*args)
@@ -72,7 +73,15 @@ def _once_per_block(key: str, read, *args):
 
 def getenv(name: str, default: str | None = None) -> str | None:
     """``os.environ.get(name, default)``, read once per :func:`settings_read_once`."""
-    value = _once_per_block(name, os.environ.get, name)
+    # once_per_block's lookup written out, one call layer fewer: an eager Gated DeltaNet
+    # fwd+bwd asks about a hundred times (bench/graph_build.py).
+    memo = getattr(_CALL, "memo", None)
+    if memo is None:
+        value = os.environ.get(name)
+    elif name in memo:
+        value = memo[name]
+    else:
+        value = memo[name] = os.environ.get(name)
     return default if value is None else value
 
 
@@ -141,7 +150,7 @@ def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
 def cuda_device() -> bool:
     """Whether the default device is a CUDA GPU (asked once per
     :func:`settings_read_once`)."""
-    return _once_per_block("<cuda>", _ask_cuda_device)
+    return once_per_block("<cuda>", _ask_cuda_device)
 
 
 def _ask_cuda_device() -> bool:
@@ -312,7 +321,7 @@ _LIMITS: dict[int, CudaLimits] = {}
 def _default_index() -> int:
     """The default device's index (asked once per :func:`settings_read_once`: the text
     match below took a tenth of an eager fwd+bwd's Python on the H200, run 86)."""
-    return _once_per_block("<index>", lambda: _device_index(mx.default_device()))
+    return once_per_block("<index>", lambda: _device_index(mx.default_device()))
 
 
 def _device_index(device) -> int:

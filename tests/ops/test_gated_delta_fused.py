@@ -349,6 +349,28 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 256
 
 
+def test_layout_answers_follow_each_calls_settings(monkeypatch):
+    """The layout functions keep their answers per settings and device limits
+    (``_chunk_cuda._planned``; the limits: the test above): a variable's new value
+    counts from the next call (within one call's settings block the first read holds),
+    and an invalid value raises at every call, not only the first."""
+    from chunkscan import _backend
+
+    monkeypatch.delenv("CHUNKSCAN_GDN_TV", raising=False)
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 128
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "64")
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 64
+    with _backend.settings_read_once():
+        assert _chunk_cuda.slice_columns(128, 64, 128) == 64
+        monkeypatch.setenv("CHUNKSCAN_GDN_TV", "32")
+        assert _chunk_cuda.slice_columns(128, 64, 128) == 64
+    assert _chunk_cuda.slice_columns(128, 64, 128) == 32
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "48")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="CHUNKSCAN_GDN_TV must be 32, 64 or 128, not 48"):
+            _chunk_cuda.slice_columns(128, 64, 128)
+
+
 @pytest.mark.parametrize("kib, default", [(227, 64), (163, 32), (99, 32), (80, 128)])
 def test_default_chunk_size_follows_the_device(monkeypatch, kib, default):
     """On CUDA the default chunk size is the largest the fused kernels take (64, then

@@ -1876,6 +1876,38 @@ _KERNELS = {
 }  # fmt: skip
 
 
+def _plan_key() -> tuple:
+    """What a launch's plan depends on beyond its shapes: the variables of
+    :data:`_PLAN_ENV`, the device's limits, capability and kind (as
+    :func:`chunkscan._backend.tf32_products` asks it); read once per call of the op."""
+    return _backend.once_per_block("<gated_delta plan>", _read_plan_key)
+
+
+def _read_plan_key() -> tuple:
+    env = tuple(_backend.getenv(var) for var in _PLAN_ENV)
+    return env, cuda_limits(), compute_capability(), _backend.cuda_device()
+
+
+@functools.lru_cache(maxsize=4096)
+def _kept_result(fn, args: tuple, kwargs: tuple, key: tuple):
+    return fn(*args, **dict(kwargs))
+
+
+def _planned(fn):
+    """``fn``, a function of shapes and of the settings in :func:`_plan_key`, with its
+    results kept per arguments and settings: an eager fwd+bwd asked the layout functions
+    below about seventy times, each working its answer out again
+    (``bench/graph_build.py``). A setting's change takes effect at the next call, as
+    before; an invalid setting raises at every call (exceptions are not kept)."""
+
+    @functools.wraps(fn)
+    def planned(*args, **kwargs):
+        return _kept_result(fn, args, tuple(kwargs.items()), _plan_key())
+
+    return planned
+
+
+@_planned
 def threads(
     which: str, C: int, Dk: int | None = None, Dv: int | None = None, tv: int | None = None
 ) -> int:
@@ -1901,6 +1933,7 @@ def threads(
     return nt
 
 
+@_planned
 def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     """Columns of ``Dv`` per block of ``output`` and ``state_grads``: :data:`WIDE_TV`
     (one slice, no partial sums) for a ``Dv`` of 128 at ``C`` = 64, else :data:`TV`, or
@@ -1926,6 +1959,7 @@ def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     return 32
 
 
+@_planned
 def output_step_columns(tv: int) -> int:
     """Columns of ``Dv`` per step of an ``output`` block of ``tv`` columns (its ``TH``, a
     divisor of ``tv``): :data:`OUT_TH`, or ``CHUNKSCAN_GDN_OUT_TH`` where set (32, 64 or
@@ -1939,6 +1973,7 @@ def output_step_columns(tv: int) -> int:
     return th if th <= tv and tv % th == 0 else tv
 
 
+@_planned
 def piece_columns(C: int, Dk: int, Dv: int, tv: int, nt: int) -> int:
     """Columns of ``Dk`` per piece of ``state_grads`` (its ``KS``, a divisor of ``Dk``):
     :data:`WIDE_KS` in a block of :data:`WIDE_TV` columns where that fits the device's
@@ -1950,6 +1985,7 @@ def piece_columns(C: int, Dk: int, Dv: int, tv: int, nt: int) -> int:
     return KS
 
 
+@_planned
 def smem_bytes(
     which: str, C: int, Dk: int, Dv: int, nt: int | None = None, tv: int | None = None,
     ks: int | None = None,
@@ -1988,6 +2024,7 @@ def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
     return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
 
 
+@_planned
 def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     """Whether these kernels handle a call (scalar gates, C 32 or 64, Dk and Dv
     multiples of 32 up to 128, at most 65535 lanes ``B * Hv``: a CUDA grid's second
@@ -2036,10 +2073,7 @@ def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk
     # The launch's plan depends on the shapes, the variables below (read at each call),
     # the device's limits, capability and kind only (the kind as tf32_products() asks
     # it): worked out once per combination (every group of every call launches).
-    env = tuple(_backend.getenv(var) for var in _PLAN_ENV)
-    name, source, header, nt, smem = _kept_plan(
-        which, C, Dk, Dv, tv, env, cuda_limits(), compute_capability(), _backend.cuda_device()
-    )
+    name, source, header, nt, smem = _kept_plan(which, C, Dk, Dv, tv, *_plan_key())
     kernel = cuda_kernel("gated_delta_rule", name, names, outs, source, header, smem)
     return kernel(
         inputs=inputs, template=[("NT", nt)] + list(template), grid=(n * nt, L, z),

@@ -1303,6 +1303,22 @@ def template(
     ]
 
 
+@functools.lru_cache(maxsize=256)
+def _chunk_indices(
+    n: int, loads: tuple[tuple[int, int], ...], stores: tuple[tuple[int, int], ...]
+) -> tuple[mx.array, mx.array]:
+    """``[n]`` int32 arrays of the slot each chunk loads from and stores to (``-1``:
+    none), made once per group layout and shared by every call (arrays with data and no
+    graph, like :data:`chunkscan._backend.UNUSED`)."""
+    arrays = []
+    for table in (loads, stores):
+        idx = [-1] * n
+        for c, k in table:
+            idx[c] = k
+        arrays.append(mx.array(idx, dtype=mx.int32))
+    return arrays[0], arrays[1]
+
+
 def state_pass(
     x_in: mx.array | None,
     decay: mx.array,
@@ -1346,12 +1362,7 @@ def state_pass(
         return portable_state_pass(
             x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
         )
-    load_idx = [-1] * n
-    for c, k in loads.items():
-        load_idx[c] = k
-    store_idx = [-1] * n
-    for c, k in stores.items():
-        store_idx[c] = k
+    load_idx, store_idx = _chunk_indices(n, tuple(loads.items()), tuple(stores.items()))
     S = len(stores)
     inputs = [
         x_in.astype(F32) if x_in is not None else UNUSED,
@@ -1361,8 +1372,8 @@ def state_pass(
         G,
         H if H is not None else UNUSED,
         inits.astype(F32) if inits is not None else UNUSED,
-        mx.array(load_idx, dtype=mx.int32),
-        mx.array(store_idx, dtype=mx.int32),
+        load_idx,
+        store_idx,
     ]
     flags = dict(has_x=x_in is not None, has_e=E is not None, has_h=H is not None,
                  reverse=reverse)  # fmt: skip
