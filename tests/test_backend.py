@@ -141,6 +141,11 @@ def test_integer_environment_variables_name_themselves_when_malformed(monkeypatc
            "whole number of MiB such as 1024 but is '1.5'.")  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(msg)):
         chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)
+    for bad in ("0", "-5"):  # before: one-chunk groups, silently
+        monkeypatch.setenv("CHUNKSCAN_GDN_GROUP_MIB", bad)
+        msg = f"GROUP_MIB must be at least 1 (MiB of one group's scratch) but is {bad}."
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)
 
 
 def test_settings_are_read_once_per_block(monkeypatch):

@@ -402,9 +402,21 @@ def test_errors(change, error, message):
 )
 def test_bad_cu_seqlens(cu):
     q, k, v, g, beta = [x[:1] for x in _good()]
-    message = f"{FN} cu_seqlens must be strictly increasing offsets from 0 to T=10"
+    message = f"{FN} cu_seqlens must be strictly increasing offsets from 0 to T=10, like [0, 5, 10]"
     with pytest.raises(ValueError, match=re.escape(message)):
         gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("T, like", [(1, "[0, 1]"), (3, "[0, 1, 3]")])
+def test_bad_cu_seqlens_example_is_valid(T, like):
+    """The error's example is itself a valid packing of T tokens; with T = 0 there is
+    none, and the error says to pass no packing."""
+    q, k, v, g, beta = [x[:1, :T] for x in _good()]
+    with pytest.raises(ValueError, match=re.escape(f"like {like}, but got [0, 7]")):
+        gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 7])
+    q, k, v, g, beta = [x[:1, :0] for x in _good()]
+    with pytest.raises(ValueError, match=re.escape("T=0 tokens") + ".*cu_seqlens=None"):
+        gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0])
 
 
 def test_packed_initial_state_count():

@@ -200,9 +200,15 @@ def _check_cu_seqlens(
         and all(a < b for a, b in zip(offsets, offsets[1:]))
     )
     if not ok:
+        if T == 0:
+            raise ValueError(
+                f"[{fn}] cu_seqlens={offsets} packs sequences into T=0 tokens, but each "
+                f"sequence must hold at least one token. Pass cu_seqlens=None."
+            )
+        like = f"[0, {T}]" if T < 2 else f"[0, {T // 2}, {T}]"
         raise ValueError(
             f"[{fn}] cu_seqlens must be strictly increasing offsets from 0 to T={T}, like "
-            f"[0, 5, {T}], but got {offsets}. Each sequence must hold at least one token."
+            f"{like}, but got {offsets}. Each sequence must hold at least one token."
         )
     return tuple((a, b) for a, b in zip(offsets, offsets[1:]))
 

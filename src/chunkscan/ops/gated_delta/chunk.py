@@ -531,6 +531,12 @@ def _group_size(
     if budget is None:
         mib = env_int("CHUNKSCAN_GDN_GROUP_MIB", "gated_delta_rule",
                       "a whole number of MiB such as 1024")  # fmt: skip
+        if mib is not None and mib < 1:  # 0 read as one-chunk groups: the slowest form
+            raise ValueError(
+                f"[gated_delta_rule] the environment variable CHUNKSCAN_GDN_GROUP_MIB must "
+                f"be at least 1 (MiB of one group's scratch) but is {mib}. Set a budget "
+                f"such as 1024, or unset it for the default."
+            )
         budget = None if mib is None else mib << 20
     if budget is None:
         budget = _default_group_bytes()
