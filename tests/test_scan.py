@@ -346,6 +346,40 @@ def test_xs_grad_false_gives_state_gradient_and_zero_input_gradient():
     assert mx.array_equal(partial[2], mx.zeros_like(partial[2]))
 
 
+def test_dict_key_order_never_pairs_leaves_with_other_keys():
+    """``xs_grad`` with ``xs``'s dict keys in another order, and ``ys`` whose dict keys
+    change order between chunks, mean the same keys (before session 27 their leaves
+    were paired by position: ``b`` got ``a``'s gradient and ``a`` none, and the last
+    chunk's ``ys["pos"]`` read ``-x``)."""
+    T, D = 5, 3
+    a = mx.random.normal((T, D), key=mx.random.key(0))
+    b = mx.random.normal((T, D), key=mx.random.key(1))
+
+    def step(h, x):
+        h = 0.5 * h + 2.0 * x["a"] + 3.0 * x["b"]
+        return h, h
+
+    def grads(xs_grad):
+        def loss(a, b):
+            _, y = chunkscan.scan(chunkscan.stepwise(step), mx.zeros((D,)), {"a": a, "b": b},
+                                  chunk_size=2, xs_grad=xs_grad)  # fmt: skip
+            return (y * y).sum()
+
+        return mx.grad(loss, argnums=(0, 1))(a, b)
+
+    g_a, g_b = grads({"a": True, "b": False})
+    assert mx.abs(g_a).max().item() > 0 and mx.array_equal(g_b, mx.zeros_like(g_b)).item()
+    for got, want in zip(grads({"b": False, "a": True}), (g_a, g_b)):
+        assert mx.array_equal(got, want).item()
+
+    def chunk(h, x):  # the last chunk (one step) lists its keys the other way round
+        ys = {"pos": x + h, "neg": -x} if x.shape[0] == 2 else {"neg": -x, "pos": x + h}
+        return h, ys
+
+    _, ys = chunkscan.scan(chunk, mx.zeros(()), mx.arange(T, dtype=mx.float32), chunk_size=2)
+    assert ys["pos"].tolist() == list(range(T)) and ys["neg"].tolist() == [-t for t in range(T)]
+
+
 def test_ys_none_is_allowed():
     x = mx.arange(10, dtype=mx.float32)
     carry, ys = chunkscan.scan(lambda c, xc: (c + xc.sum(), None), mx.array(0.0), x, chunk_size=3)

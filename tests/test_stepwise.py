@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import time
@@ -102,8 +103,10 @@ def test_negative_axis_means_the_same_axis_per_leaf():
 def test_stepwise_without_an_axis_steps_along_scans():
     """``stepwise(step)`` under ``scan(..., axis=1)`` steps along axis 1, also where the
     batch is as long as a chunk (before, it kept axis 0 and stepped over the batch with
-    no error: max difference 0.68 in this case); an explicit ``stepwise`` axis that is
-    another axis than scan's raises, one that names the same axis negatively does not."""
+    no error: max difference 0.68 in this case), and also wrapped in a partial or a
+    lambda (before session 27, wrapped, it stepped along axis 0 again); an explicit
+    ``stepwise`` axis that is another axis than scan's raises, one that names the same
+    axis negatively does not."""
     B, T, C = 4, 8, 4
     xs = mx.random.normal((B, T), key=mx.random.key(0))
 
@@ -115,7 +118,9 @@ def test_stepwise_without_an_axis_steps_along_scans():
         h, y = step(h, xs[:, t])
         ref.append(y)
     ref = mx.stack(ref, axis=1)
-    for f in (chunkscan.stepwise(step), chunkscan.stepwise(step, axis=-1)):
+    bare = chunkscan.stepwise(step)
+    wrapped = (functools.partial(bare), lambda c, x: bare(c, x))  # scan cannot see into these
+    for f in (bare, chunkscan.stepwise(step, axis=-1), *wrapped):
         _, ys = chunkscan.scan(f, mx.zeros((B,)), xs, chunk_size=C, axis=1)
         assert mx.array_equal(ys, ref).item()
     msg = ("[scan] axis=1 but f is stepwise(step, axis=0), which steps along axis 0 of xs "

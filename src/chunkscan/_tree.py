@@ -197,7 +197,7 @@ def check_carry(
     diffs = _structure_differences(init_def, "init", out_def, "the returned carry")
     if not diffs:
         if out_def != init_def:  # same keys in another order: take init's order
-            out_leaves = _reorder_like(init_def, unflatten(out_def, out_leaves))
+            out_leaves = reorder_like(init_def, unflatten(out_def, out_leaves))
         for p_in, p_out, a, b in zip(
             paths(init_def, "init"), paths(init_def, "the returned carry"), init_specs, out_leaves
         ):
@@ -219,8 +219,11 @@ def check_carry(
     return out_leaves
 
 
-def _reorder_like(treedef: tuple, tree: Any) -> list[Any]:
-    """Leaves of ``tree`` in the order ``treedef`` visits them (dict key order)."""
+def reorder_like(treedef: tuple, tree: Any) -> list[Any]:
+    """Leaves of ``tree`` in the order ``treedef`` visits them (dict key order): for a
+    tree that :func:`same_structure` matched with ``treedef``, whose dicts may hold the
+    same keys in another order (its own flattening would pair leaves with the wrong
+    keys)."""
     out: list[Any] = []
     _reorder_into(treedef, tree, out)
     return out

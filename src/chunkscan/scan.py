@@ -21,6 +21,7 @@ import mlx.nn as nn
 
 from . import _capture, _ordering, _random, _tree
 from .split import check_chunk_size, chunk_bounds, normalize_axis, slices_at
+from .stepwise import scan_axis
 
 
 class ClosureCaptureWarning(UserWarning):
@@ -115,7 +116,7 @@ def scan(
     axes, length = _check_xs(xs_leaves, xs_def, axis)
     grad_mask = _grad_mask(xs_grad, xs_leaves, xs_def, xs)
     _check_arity(f, params is not None)
-    f = _on_scan_axis(f, axis, xs_leaves, xs_def)
+    _check_stepwise_axis(f, axis, xs_leaves, xs_def)
 
     module = params if isinstance(params, nn.Module) else None
     if module is not None:
@@ -231,12 +232,13 @@ class _Plan:
         """Run ``f`` on chunk ``i``; check and flatten what it returns."""
         carry_tree = _tree.unflatten(self.init_def, carry)
         xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
-        if not self.has_params:
-            out = self.f(carry_tree, xs_tree)
-        elif self.module is not None:
-            out = _call_with_module(self.f, self.module, self.p_def, p, carry_tree, xs_tree)
-        else:
-            out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
+        with scan_axis(self.axis):  # stepwise functions without an axis take scan's
+            if not self.has_params:
+                out = self.f(carry_tree, xs_tree)
+            elif self.module is not None:
+                out = _call_with_module(self.f, self.module, self.p_def, p, carry_tree, xs_tree)
+            else:
+                out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 f"[scan] f must return a pair (carry, ys) but returned {_tree.describe(out)}. "
@@ -382,19 +384,14 @@ def _check_arity(f: Callable, has_params: bool) -> None:
     )
 
 
-def _on_scan_axis(f: Callable, axis: int, leaves: list[mx.array], treedef: tuple) -> Callable:
-    """``f``, or, for a ``stepwise`` chunk function made without an axis, the same on
-    ``scan``'s ``axis``. One made with an axis that is not ``scan``'s (compared per xs
-    leaf, negative axes counted from its end) raises: it would step along another axis,
-    silently where the lengths agree (a batch as long as the chunk)."""
-    step = getattr(f, "_chunkscan_step", None)
-    if step is None:
-        return f
+def _check_stepwise_axis(f: Callable, axis: int, leaves: list[mx.array], treedef: tuple) -> None:
+    """Raise where ``f`` is a ``stepwise`` chunk function made with an axis that is not
+    ``scan``'s (compared per xs leaf, negative axes counted from its end): it would step
+    along another axis, silently where the lengths agree (a batch as long as the chunk).
+    One made without an axis takes ``scan``'s when called (``stepwise.scan_axis``)."""
     own = getattr(f, "_chunkscan_axis", None)
-    if own is None:
-        from .stepwise import stepwise
-
-        return stepwise(step, axis=axis)
+    if getattr(f, "_chunkscan_step", None) is None or own is None:
+        return
     for x, name in zip(leaves, _tree.paths(treedef, "xs")):
         steps_on = normalize_axis("stepwise", own, x.ndim, name)
         if steps_on != axis % x.ndim:
@@ -404,7 +401,6 @@ def _on_scan_axis(f: Callable, axis: int, leaves: list[mx.array], treedef: tuple
                 "Give stepwise the same axis as scan, or leave its axis out: it then takes "
                 "scan's."
             )
-    return f
 
 
 def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:
@@ -442,6 +438,8 @@ def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple, xs: Any) -> list[bool
                 "list, a dict the same keys). Use e.g. xs_grad=False, or (True, False, True) "
                 "for xs=(q, k, v)."
             )
+        if mask_def != treedef:  # the same dict keys in another order: take xs's
+            mask = _tree.reorder_like(treedef, xs_grad)
     # Integer and boolean leaves (token ids, masks) have no gradient: constants.
     return [m and mx.issubdtype(x.dtype, mx.inexact) for m, x in zip(mask, leaves)]
 
@@ -464,6 +462,8 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
             "[scan] f must return ys with the same structure for every chunk, but the "
             "structure changed between chunks. Return the same tree of outputs each time."
         )
+    if ys_def != spec.treedef:  # the same dict keys in another order: take the first's
+        leaves, ys_def = _tree.reorder_like(spec.treedef, ys), spec.treedef
     problems = []
     for name, y, (ref_shape, ref_dtype) in zip(_tree.paths(ys_def, "ys"), leaves, spec.leaves):
         if not -y.ndim <= axis < y.ndim or y.shape[axis] != chunk_len:

@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
 
 from . import _tree
 from .split import check_axis, normalize_axis, split_at
+
+# The axis of the innermost scan whose chunk function is running (scan.py sets it around
+# each call): what a stepwise function made without an axis steps along. Read at the
+# call, so that it holds through any wrapper scan cannot see into (functools.partial, a
+# lambda); before, scan re-made a bare stepwise function on its axis and a wrapped one
+# stepped along axis 0, silently where a batch was as long as the chunk.
+_SCAN = threading.local()
+
+
+@contextlib.contextmanager
+def scan_axis(axis: int) -> Iterator[None]:
+    """Within this block, stepwise functions made without an axis step along ``axis``
+    (nested blocks: the innermost one's)."""
+    previous = getattr(_SCAN, "axis", None)
+    _SCAN.axis = axis
+    try:
+        yield
+    finally:
+        _SCAN.axis = previous
+
+
+def _scan_axis() -> int:
+    """The axis of the scan calling (:func:`scan_axis`), 0 outside any scan."""
+    axis = getattr(_SCAN, "axis", None)
+    return 0 if axis is None else axis
 
 
 def stepwise(
@@ -35,9 +62,11 @@ def stepwise(
         step (callable): The step function; returns a pair ``(carry, y)`` with ``y``
             a tree of arrays (or ``None``) of the same structure, shapes and dtypes at
             every step.
-        axis (int, optional): The time axis. Default: ``None``, ``scan``'s ``axis``
-            (``0`` where the chunk function is called outside ``scan``). An axis given
-            here that is not ``scan``'s raises a ``ValueError`` in ``scan``.
+        axis (int, optional): The time axis. Default: ``None``, the ``axis`` of the
+            ``scan`` whose chunk function calls it (also through a wrapper such as
+            ``functools.partial`` or a lambda; the innermost of nested scans; ``0``
+            outside ``scan``). An axis given here that is not ``scan``'s raises a
+            ``ValueError`` in ``scan`` where ``f`` is the stepwise function itself.
 
     Returns:
         callable: ``f(carry, xs_chunk[, params]) -> (carry, ys_chunk)``.
@@ -59,9 +88,9 @@ def stepwise(
         raise TypeError(f"[stepwise] step must be callable but got {type(step).__name__}.")
     if axis is not None:
         check_axis("stepwise", axis)
-    time_axis = 0 if axis is None else axis
 
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
+        time_axis = _scan_axis() if axis is None else axis
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
@@ -124,7 +153,7 @@ def _check_same_y(first: tuple, y_def: tuple, y_leaves: list[mx.array], t: int) 
             "tree of outputs at every step (use zeros where a step has nothing to report)."
         )
     if y_def != ref_def:  # the same dict keys in another order: take step 0's
-        y_leaves = _tree._reorder_like(ref_def, _tree.unflatten(y_def, y_leaves))
+        y_leaves = _tree.reorder_like(ref_def, _tree.unflatten(y_def, y_leaves))
         y_def = ref_def
     problems = [
         f"{path} has {_tree.describe(a)} but shape {spec.shape} and dtype {spec.dtype} at step 0"
