@@ -285,6 +285,56 @@ def test_module_parameters_restored_after_the_scan():
     assert_restored("mx.compile")
 
 
+class NormCell(nn.Module):
+    """A cell whose training-mode call updates state in place: BatchNorm's running
+    statistics."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.bn = nn.BatchNorm(d, momentum=0.5)
+
+    def __call__(self, h, x):
+        return mx.tanh(self.bn(self.lin(h) + x))
+
+
+def test_state_updated_in_place_is_updated_once_per_step():
+    """After ``nn.value_and_grad`` of a scan with a BatchNorm cell as ``params``, the
+    running statistics are the loop's: the backward's recomputation of each chunk
+    leaves the module's arrays as it found them (before session 27 it updated them
+    again: running mean [-0.07, -0.26, -0.04] for the loop's [0.34, -0.55, 0.22] in
+    this case); loss and gradients unchanged."""
+    T, B, D = 6, 4, 3
+    xs = mx.random.normal((T, B, D), key=mx.random.key(0))
+    h0 = mx.random.normal((B, D), key=mx.random.key(1))
+
+    def step(h, x, cell):
+        h = cell(h, x)
+        return h, h
+
+    def by_scan(cell):
+        _, y = chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=3, params=cell)
+        return (y**2).sum()
+
+    def by_loop(cell):
+        _, y = plain_loop(lambda h, x: step(h, x[0], cell), h0, (xs,))
+        return (y**2).sum()
+
+    base = NormCell(D)
+    results = []
+    for loss in (by_loop, by_scan):
+        cell = NormCell(D)
+        cell.update(base.parameters())
+        value, grads = nn.value_and_grad(cell, loss)(cell)
+        mx.eval(value, grads, cell.parameters())
+        results.append((value, grads, cell.bn.running_mean, cell.bn.running_var))
+    (v_r, g_r, mean_r, var_r), (v_s, g_s, mean_s, var_s) = results
+    assert abs(v_s.item() - v_r.item()) <= 1e-5 * abs(v_r.item())
+    assert_trees_close(g_s, g_r, 1e-5, "grads")
+    assert mx.allclose(mean_s, mean_r, rtol=1e-5, atol=1e-6).item(), (mean_s, mean_r)
+    assert mx.allclose(var_s, var_r, rtol=1e-5, atol=1e-6).item(), (var_s, var_r)
+
+
 @pytest.mark.parametrize(
     "T,chunk,argnums,loss_kind",
     [

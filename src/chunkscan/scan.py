@@ -83,7 +83,9 @@ def scan(
             passed as its third argument. Arrays ``f`` captures by closure are
             constants and get **no gradient**; pass them here. An ``nn.Module`` is
             passed to ``f`` as itself, with its trainable parameters differentiated
-            (what ``nn.value_and_grad`` needs). ``scan`` warns
+            (what ``nn.value_and_grad`` needs); arrays it updates in place (such as
+            ``nn.BatchNorm``'s running statistics) are updated once per step, as by a
+            loop: the backward's recomputation restores them. ``scan`` warns
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, or ``stepwise``'s step. With
@@ -91,7 +93,7 @@ def scan(
             ``None``.
         axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf; a
             negative axis counts from the end of each leaf. ``stepwise(step)`` steps
-            along it. Default: ``0``.
+            along it, also wrapped (a partial, a lambda). Default: ``0``.
         xs_grad (bool or tree of bool, optional): ``False`` (for all of ``xs``, or per
             leaf as a tree like ``xs``) declares that no gradient is needed for those
             inputs: they are treated as constants (``mx.stop_gradient``), which saves
@@ -228,15 +230,21 @@ class _Plan:
         diff, const = iter(diff_chunk), iter(const_chunk)
         return [next(diff) if g else next(const) for g in self.grad_mask]
 
-    def call_chunk(self, i: int, carry: list, xs_chunk: list, p: list) -> tuple[list, list]:
-        """Run ``f`` on chunk ``i``; check and flatten what it returns."""
+    def call_chunk(
+        self, i: int, carry: list, xs_chunk: list, p: list, recompute: bool = False
+    ) -> tuple[list, list]:
+        """Run ``f`` on chunk ``i``; check and flatten what it returns. ``recompute``:
+        the backward's second run, which leaves the ``params`` module's arrays as it
+        found them (see :func:`_call_with_module`)."""
         carry_tree = _tree.unflatten(self.init_def, carry)
         xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
         with scan_axis(self.axis):  # stepwise functions without an axis take scan's
             if not self.has_params:
                 out = self.f(carry_tree, xs_tree)
             elif self.module is not None:
-                out = _call_with_module(self.f, self.module, self.p_def, p, carry_tree, xs_tree)
+                out = _call_with_module(
+                    self.f, self.module, self.p_def, p, carry_tree, xs_tree, recompute
+                )
             else:
                 out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
         if not isinstance(out, tuple) or len(out) != 2:
@@ -321,7 +329,7 @@ class _Plan:
 
             def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
                 c, dx, pp = self.split_primals(list(args))
-                new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp)
+                new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp, recompute=True)
                 return new_c + ys
 
             with _random.replaying(self.keys.get(i)):
@@ -490,9 +498,16 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
     return leaves
 
 
-def _call_with_module(f, module: nn.Module, p_def, p, carry, xs):
-    """Call ``f(carry, xs, module)`` with the module's trainable parameters set to ``p``."""
-    previous = module.trainable_parameters()
+def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool = False):
+    """Call ``f(carry, xs, module)`` with the module's trainable parameters set to ``p``.
+
+    The trainable parameters are put back afterwards. So, after a ``recompute`` (the
+    backward's second run of a chunk), are all the module's arrays: state that ``f``
+    updates in place, such as ``nn.BatchNorm``'s running statistics in training mode,
+    is then updated once per step, as by the loop, and not a second time by the
+    recomputation (before session 27 it was: the running mean after one
+    ``nn.value_and_grad`` differed from the loop's)."""
+    previous = module.parameters() if recompute else module.trainable_parameters()
     module.update(_tree.unflatten(p_def, p))
     try:
         return f(carry, xs, module)
