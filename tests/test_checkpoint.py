@@ -84,6 +84,15 @@ def test_error_non_array_output():
         chunkscan.checkpoint(lambda x: (x, 1.0))(mx.zeros((2,)))
 
 
+@pytest.mark.parametrize("out", [None, (), {"a": None}])
+def test_error_no_array_output(out):
+    """A function that returns no array raises (before session 27: MLX's custom function
+    of no outputs crashed the process, as ``mx.checkpoint`` does)."""
+    msg = f"[checkpoint] fun must return at least one array but returned {out!r}."
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.checkpoint(lambda x: out)(mx.zeros((2,)))
+
+
 def _chunk_loop(run, h, xs, w):
     """``h`` after ``run(h, x_chunk, w)`` over ``xs`` in chunks of 2 steps."""
     for x in chunkscan.split(xs, 2):

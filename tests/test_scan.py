@@ -543,6 +543,15 @@ def test_error_f_must_return_pair():
         chunkscan.scan(lambda c, x: c, mx.zeros((3,)), mx.zeros((4, 3)))
 
 
+def test_error_no_array_at_all():
+    """Neither a carry nor ys raises (before session 27: a crash of the process)."""
+    msg = "[scan] f returned no array: neither a carry (init has none) nor ys."
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.scan(lambda c, x: (None, None), None, mx.ones((6, 3)), chunk_size=3)
+    _, ys = chunkscan.scan(lambda c, x: (None, 2 * x), None, mx.ones((6, 3)), chunk_size=3)
+    assert mx.array_equal(ys, 2 * mx.ones((6, 3))).item()
+
+
 def test_error_xs_grad_structure():
     with pytest.raises(
         TypeError, match=re.escape("[scan] xs_grad must be a bool or a tree of bools")

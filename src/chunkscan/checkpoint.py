@@ -70,9 +70,13 @@ def checkpoint(fun: F) -> F:
             for i, a in zip(slots, values):
                 full[i] = a
             a_args, a_kwargs = _tree.unflatten(treedef, full)
-            out_leaves, out_def = _tree.require_arrays(
-                "checkpoint", "the output", fun(*a_args, **a_kwargs)
-            )
+            out = fun(*a_args, **a_kwargs)
+            out_leaves, out_def = _tree.require_arrays("checkpoint", "the output", out)
+            if not out_leaves:  # MLX's custom function of no outputs crashes the process
+                raise ValueError(
+                    f"[checkpoint] fun must return at least one array but returned {out!r}. "
+                    "Return what the rest of the computation uses."
+                )
             out_defs.append(out_def)
             return _ordering.all_together(out_leaves)
 

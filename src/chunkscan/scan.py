@@ -255,6 +255,11 @@ class _Plan:
         new_carry = _tree.check_carry("scan", self.init_specs, self.init_def, out[0])
         lo, hi = self.bounds[i]
         ys = _check_ys(out[1], self.ys_spec, hi - lo, self.axis)
+        if not new_carry and not ys:  # MLX's custom function of no outputs crashes
+            raise ValueError(
+                "[scan] f returned no array: neither a carry (init has none) nor ys. "
+                "Return at least one array, as the carry or as an output."
+            )
         return new_carry, ys
 
     def forward(self, *primals: mx.array) -> list[mx.array]:
