@@ -381,3 +381,25 @@ def test_the_bound_catches_quadratic_backwards(impl):
     """Negative controls: MLX's backward, and this op without its ordering edges."""
     p0, p1 = _peak(impl, T_MEM), _peak(impl, 4 * T_MEM)
     assert p1 - p0 > 2 * growth_bound_bytes(T_MEM, 4 * T_MEM), (impl, p0, p1)
+
+
+def test_non_finite_input_reaches_the_blocks_that_read_it(monkeypatch):
+    """What ``docs/attention.md`` says of non-finite input (as MLX's attention, not kept
+    causal): a NaN in ``v[40]`` of a causal call of 64 tokens reaches every row through
+    ``mx.fast`` and, in blocks of 16 rows, exactly the rows of the blocks that read key
+    40 (32-63); a NaN in ``k[40]`` also their ``dq``, no other row's."""
+    B, H, T, D, t = 1, 1, 64, 8, 40
+    q, k, v = (mx.random.normal((B, H, T, D), key=mx.random.key(i)) for i in range(3))
+    bad = (mx.arange(T) == t)[None, None, :, None]
+
+    def nan_rows(x):
+        return [i for i, r in enumerate(mx.any(mx.isnan(x[0, 0]), axis=-1).tolist()) if r]
+
+    def call(q, k, v):
+        return chunkscan.attention(q, k, v, scale=0.3, mask="causal", chunk_size=16)
+
+    assert nan_rows(call(q, k, mx.where(bad, mx.nan, v))) == list(range(32, T))
+    dq = mx.grad(lambda q: call(q, mx.where(bad, mx.nan, k), v).sum())(q)
+    assert nan_rows(dq) == list(range(32, T))
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", T * T)  # mx.fast takes the call
+    assert nan_rows(call(q, k, mx.where(bad, mx.nan, v))) == list(range(T))
