@@ -1,0 +1,124 @@
+"""How accurate ``gated_delta_rule`` is with positive gates (growth), per chunk size.
+
+Gated DeltaNet's gates are ``<= 0`` (decay); the op allows positive ones, but its chunk
+form then multiplies and inverts within each chunk factors up to ``exp`` of the chunk's
+gate sum, and rounding grows with them. This measures it on the CPU in float32 against
+a float64 per-step loop (MLX's CPU backend has float64): for each constant gate per
+token and chunk size, the largest relative error (max abs difference over max abs
+value) of ``o``, of the final state and of each of the six gradients, for the chunk
+form and for the float32 per-step oracle (``naive_recurrent_gated_delta_rule``), and
+the number of non-finite gradient values (an error counts only the finite values).
+Shape: B=1, T (``--T``), Hk=Hv=1, Dk=Dv=16, unit keys, ``beta`` in [0.1, 0.9], an
+initial state of standard deviation ``--state-std``.
+
+    python bench/growth_gates.py --json bench-out/growth_gates.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from _common import OUT, meta, write_json
+
+NAMES = ("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def _inputs(T: int, D: int, gate: float, state_std: float, seed: int = 0):
+    import mlx.core as mx
+
+    keys = mx.random.split(mx.random.key(seed), 6)
+    q = mx.random.normal((1, T, 1, D), key=keys[0])
+    k = mx.random.normal((1, T, 1, D), key=keys[1])
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    v = mx.random.normal((1, T, 1, D), key=keys[2])
+    beta = mx.random.uniform(0.1, 0.9, (1, T, 1), key=keys[3])
+    h0 = state_std * mx.random.normal((1, 1, D, D), key=keys[4])
+    w = mx.random.normal((1, T, 1, D), key=keys[5])
+    g = mx.full((1, T, 1), gate)
+    return [q, k, v, g, beta, h0], w
+
+
+def _loop64(q, k, v, g, beta, h0):
+    """The recurrence one step at a time, in float64 (the reference)."""
+    import mlx.core as mx
+
+    q, k, v, g, beta, S = (x.astype(mx.float64) for x in (q, k, v, g, beta, h0))
+    scale = q.shape[-1] ** -0.5
+    outs = []
+    for t in range(q.shape[1]):
+        S = S * mx.exp(g[:, t])[..., None, None]
+        err = v[:, t] - (S @ k[:, t][..., None])[..., 0]
+        S = S + (beta[:, t][..., None] * err)[..., :, None] * k[:, t][..., None, :]
+        outs.append(scale * (S @ q[:, t][..., None])[..., 0])
+    return mx.stack(outs, axis=1), S
+
+
+def measure(gate: float, chunk_sizes: list[int], T: int, D: int, state_std: float) -> list[dict]:
+    import mlx.core as mx
+
+    import chunkscan
+
+    xs, w = _inputs(T, D, gate, state_std)
+
+    def run(fn):
+        def loss(*a):
+            o, s = fn(*a)
+            return (o * w.astype(o.dtype)).sum() + s.sum()
+
+        o, s = fn(*xs)
+        grads = mx.grad(loss, argnums=tuple(range(6)))(*xs)
+        return [o, s, *grads]
+
+    with mx.stream(mx.cpu):
+        ref = run(_loop64)
+        impls = {"naive": lambda *a: chunkscan.naive_recurrent_gated_delta_rule(
+            *a[:5], initial_state=a[5])}  # fmt: skip
+        for C in chunk_sizes:
+            impls[f"chunk {C}"] = lambda *a, C=C: chunkscan.gated_delta_rule(
+                *a[:5], initial_state=a[5], chunk_size=C
+            )
+        rows = []
+        for impl, fn in impls.items():
+            got = run(fn)
+            row = {"T": T, "gate": gate, "impl": impl, "state_std": state_std}
+            bad = 0
+            for name, a, b in zip(NAMES, got, ref):
+                b = b.astype(mx.float32)
+                finite = mx.isfinite(a)
+                bad += int((~finite).sum().item()) if name.startswith("d") else 0
+                diff = mx.where(finite, mx.abs(a - b), 0.0).max()
+                row[name] = (diff / mx.maximum(mx.abs(b).max(), 1e-30)).item()
+            row["non_finite_grads"] = bad
+            rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gates", type=float, nargs="+", default=[0.0, -0.3, 0.3, 0.6, 1.2])
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 64])
+    p.add_argument("--T", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--D", type=int, default=16)
+    p.add_argument("--state-std", type=float, nargs="+", default=[1.0])
+    p.add_argument("--json", default=str(OUT / "growth_gates.json"))
+    args = p.parse_args(argv)
+    rows = []
+    for T in args.T:
+        for std in args.state_std:
+            for gate in args.gates:
+                rows += measure(gate, args.chunk_sizes, T, args.D, std)
+    print("| T | gate | state std | impl | o | final | worst gradient | non-finite gradients |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        worst = max(r[n] for n in NAMES[2:])
+        cells = [f"{r['T']}", f"{r['gate']:+.1f}", f"{r['state_std']:g}", r["impl"]]
+        cells += [f"{r['o']:.1e}", f"{r['final']:.1e}", f"{worst:.1e}"]
+        cells.append(str(r["non_finite_grads"]))
+        print("| " + " | ".join(cells) + " |")
+    write_json(args.json, meta(), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
