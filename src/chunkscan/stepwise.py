@@ -75,8 +75,9 @@ def stepwise(
         TypeError: ``step`` is not callable or ``axis`` is not an int; when called,
             ``step`` does not return a pair, or returns ``y`` of another structure
             than at the first step.
-        ValueError: when called, ``axis`` is out of range for a leaf, or a ``y`` leaf
-            changes shape or dtype between steps.
+        ValueError: when called, ``axis`` is out of range for a leaf, the leaves of
+            ``xs_chunk`` differ in length along it, or a ``y`` leaf changes shape or
+            dtype between steps.
 
     Example:
         >>> def rnn(h, x, w):
@@ -94,7 +95,17 @@ def stepwise(
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
-        steps = leaves[0].shape[axes[0]] if leaves else 0
+        lengths = [x.shape[ax] for x, ax in zip(leaves, axes)]
+        if len(set(lengths)) > 1:
+            listing = ";\n".join(
+                f"  * {n} has {t} (shape {tuple(x.shape)})"
+                for n, t, x in zip(names, lengths, leaves)
+            )
+            raise ValueError(
+                f"[stepwise] every leaf of xs_chunk must have the same number of steps along "
+                f"axis {time_axis}, but they differ:\n{listing}.\nPass one chunk of each input."
+            )
+        steps = lengths[0] if leaves else 0
         per_leaf = [
             split_at(x, list(range(1, steps)), ax) if steps > 1 else [x]
             for x, ax in zip(leaves, axes)

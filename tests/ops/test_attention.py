@@ -403,3 +403,20 @@ def test_non_finite_input_reaches_the_blocks_that_read_it(monkeypatch):
     assert nan_rows(dq) == list(range(32, T))
     monkeypatch.setattr(blocked, "FAST_MAX_SCORES", T * T)  # mx.fast takes the call
     assert nan_rows(call(q, k, mx.where(bad, mx.nan, v))) == list(range(T))
+
+
+def test_vmap_only_where_mx_fast_takes_the_call(monkeypatch):
+    """What the docstring says of ``mx.vmap``: through ``mx.fast`` (a short call) it
+    matches the unmapped calls, forward and gradient; the blocked form raises MLX's
+    error (its ordering edges have no vmap)."""
+    q = mx.random.normal((3, 1, 1, 16, 8), key=mx.random.key(0))
+
+    def f(q):
+        return chunkscan.attention(q, q, q, scale=0.3, mask="causal", chunk_size=4)
+
+    with pytest.raises(ValueError, match="Not implemented for Depends"):
+        mx.eval(mx.vmap(f)(q))
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 16 * 16)
+    grad = mx.grad(lambda q: f(q).sum())
+    assert mx.allclose(mx.vmap(f)(q), mx.stack([f(x) for x in q])).item()
+    assert mx.allclose(mx.vmap(grad)(q), mx.stack([grad(x) for x in q])).item()
