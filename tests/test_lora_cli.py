@@ -86,6 +86,25 @@ def test_bad_gdn_chunk_size_in_yaml(tmp_path):
         lora.resolve_args(["-c", str(cfg)])
 
 
+def test_yaml_keys_that_would_be_ignored(tmp_path):
+    """A YAML key spelled as its flag raises (mlx-lm's merge matched keys exactly, so
+    ``gdn-chunk-size: 16`` was ignored and the op ran its default), a top level that is
+    no mapping raises a message (a list gave an AttributeError), and a key no option
+    knows warns that it is ignored; mlx-lm's own keys (``lora_parameters``) pass."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gdn-chunk-size: 16\n")
+    msg = "'gdn-chunk-size' is spelled as a flag; YAML keys use underscores: 'gdn_chunk_size'."
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["-c", str(cfg)])
+    cfg.write_text("- gdn_chunk_size: 16\n")
+    with pytest.raises(SystemExit, match=re.escape("must hold a mapping of option names")):
+        lora.resolve_args(["-c", str(cfg)])
+    cfg.write_text("gdn_chunk_sise: 16\nlora_parameters: {rank: 4}\n")
+    with pytest.warns(UserWarning, match=re.escape("the key 'gdn_chunk_sise' is no option")):
+        args = lora.resolve_args(["-c", str(cfg)])
+    assert args.lora_parameters == {"rank": 4}
+
+
 def test_scan_chunk_size_is_a_deprecated_alias(tmp_path):
     with pytest.warns(FutureWarning, match=re.escape("--scan-chunk-size is deprecated")):
         args = lora.resolve_args(["--scan-chunk-size", "24"])

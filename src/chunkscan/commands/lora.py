@@ -163,6 +163,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
                 f"{PROG}: -c {args['config']}: the config file cannot be read "
                 f"({e.strerror or e}). Pass the path of a YAML file."
             ) from None
+        config = _check_config(args["config"], config, args, lora.CONFIG_DEFAULTS)
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
             config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
@@ -192,6 +193,34 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
             f"'chunks', not {args['gdn_save_states']!r}"
         )
     return types.SimpleNamespace(**args)
+
+
+def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
+    """The YAML file's mapping, checked: its top level must be a mapping; a key spelled
+    as its flag (``gdn-chunk-size`` for ``gdn_chunk_size``) raises, since it would be
+    ignored (mlx-lm's merge matches keys exactly); any other key no option knows is
+    ignored by mlx-lm too, with a warning here."""
+    if not isinstance(config, dict):
+        raise SystemExit(
+            f"{PROG}: -c {path}: the config file must hold a mapping of option names to "
+            f"values (such as 'gdn_chunk_size: 64'), not a {type(config).__name__}."
+        )
+    known = set(args) | set(defaults) | {_OLD_KEY}
+    for key in config:
+        name = str(key)
+        if name not in known and name.replace("-", "_") in known:
+            raise SystemExit(
+                f"{PROG}: -c {path}: the key {name!r} is spelled as a flag; YAML keys use "
+                f"underscores: {name.replace('-', '_')!r}."
+            )
+        if name not in known:
+            warnings.warn(
+                f"{PROG}: -c {path}: the key {name!r} is no option of {PROG} or mlx_lm.lora "
+                "and is ignored.",
+                UserWarning,
+                stacklevel=3,
+            )
+    return config
 
 
 class _PeakMemory:
