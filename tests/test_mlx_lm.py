@@ -268,6 +268,64 @@ def test_an_undone_handle_does_not_enter_again_and_a_decorator_patches_each_call
     assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack
 
 
+def test_a_decorated_generator_is_patched_while_it_runs_and_async_raises():
+    """``@patch()`` on a generator function patched only while the generator object was
+    made, so its body ran mlx-lm's own path (found by probing the API); now each
+    iteration runs patched to its end. An async function raises."""
+
+    @cmlx.patch(chunk_size=8, verify=False, attention=False)
+    def steps():
+        for _ in range(2):
+            yield qwen3_next.gated_delta_update is cmlx.gated_delta_update
+        return "done"
+
+    gen = steps()
+    assert qwen3_next.gated_delta_update is STOCK  # nothing runs before the first step
+    assert next(gen) and next(gen)
+    with pytest.raises(StopIteration) as stop:
+        next(gen)
+    assert stop.value.value == "done"
+    assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack
+    partly = steps()
+    assert next(partly)
+    partly.close()  # a generator left early undoes the patch as it closes
+    assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack
+
+    async def later():
+        return None
+
+    with pytest.raises(TypeError, match=re.escape("cannot decorate the async function later")):
+        cmlx.patch(verify=False)(later)
+    assert not cmlx._stack
+    with pytest.raises(TypeError, match=re.escape("a Patch decorates a function, not a int")):
+        cmlx.patch(verify=False)(3)
+    assert not cmlx._stack  # (before, a rejected decoration left its patch applied)
+
+
+def test_undo_restores_attention_in_modules_outside_mlx_lm(tmp_path, monkeypatch):
+    """A module that imports the attention (or the recurrence) by name while patched
+    gets mlx-lm's function back at undo (only ``mlx_lm.models`` was searched: it kept
+    chunkscan's, found by probing the API)."""
+    import importlib
+    import sys
+
+    (tmp_path / "user_model_mod.py").write_text(
+        "from mlx_lm.models.base import scaled_dot_product_attention\n"
+        "from mlx_lm.models.qwen3_next import gated_delta_update\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stock_attn = mlx_base.scaled_dot_product_attention
+    with cmlx.patch(verify=False):
+        user = importlib.import_module("user_model_mod")
+        assert user.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+        assert user.gated_delta_update is cmlx.gated_delta_update
+    assert user.scaled_dot_product_attention is stock_attn
+    assert user.gated_delta_update is STOCK
+    for name in ("scaled_dot_product_attention", "gated_delta_update"):  # its own stay
+        assert getattr(cmlx, name).__module__ == "chunkscan.mlx_lm", name
+    sys.modules.pop("user_model_mod", None)
+
+
 def test_bad_chunk_size():
     fn = "[chunkscan.mlx_lm.patch]"
     with pytest.raises(

@@ -434,6 +434,8 @@ class Patch:
                     module = importlib.import_module(name)
                     if getattr(module, _NAME, None) is gated_delta_update:
                         setattr(module, _NAME, fn)
+                # Also where a module imported the replacement by name while patched.
+                _restore_everywhere(_NAME, gated_delta_update, _stock["fn"])
                 _saved.clear()
 
     def __enter__(self) -> Patch:
@@ -446,14 +448,33 @@ class Patch:
         return self
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``@patch(...)``: each call of ``fn`` runs patched (with these options)."""
+        """``@patch(...)``: each call of ``fn`` runs patched (with these options); of a
+        generator function, each iteration of the generator it returns, from its first
+        step to its end (the patch holds, for the whole process, while it is
+        suspended). Coroutine functions raise a ``TypeError``."""
+        self.undo()  # first: a decorator that raises leaves no patch behind
         if not callable(fn):
             raise TypeError(
                 f"[chunkscan.mlx_lm.patch] a Patch decorates a function, not a {type(fn).__name__}."
             )
-        self.undo()
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"[chunkscan.mlx_lm.patch] cannot decorate the async function {fn.__name__}: "
+                "the patch would end before it runs. Use 'with chunkscan.mlx_lm.patch():' "
+                "inside it."
+            )
         options = dict(chunk_size=self.chunk_size, verify=self.verify,
                        attention=self.attention, save_states=self.save_states)  # fmt: skip
+
+        if inspect.isgeneratorfunction(fn):  # before: patched only while it was created
+
+            @functools.wraps(fn)
+            def patched_steps(*args: Any, **kwargs: Any) -> Any:
+                with patch(**options):
+                    options["verify"] = False
+                    return (yield from fn(*args, **kwargs))
+
+            return patched_steps
 
         @functools.wraps(fn)
         def patched(*args: Any, **kwargs: Any) -> Any:
@@ -685,7 +706,8 @@ def _sync_attention() -> None:
     Rebinds it in every ``mlx_lm.models`` module imported so far that holds mlx-lm's
     function, ``base`` included, so that a model module imported later (e.g. by
     ``mlx_lm.load`` inside ``with patch():``) imports the replacement by name.
-    Restoring puts mlx-lm's function back wherever the replacement is bound.
+    Restoring puts mlx-lm's function back wherever the replacement is bound, in any
+    module (:func:`_restore_everywhere`).
     """
     want = any(h.attention for h in _stack)
     if want and not _attn_saved:
@@ -695,11 +717,23 @@ def _sync_attention() -> None:
                 _attn_saved[name] = stock
                 setattr(module, _ATTN, scaled_dot_product_attention)
     elif not want and _attn_saved:
-        stock = _attn_stock["fn"]
-        for _, module in _model_modules():
-            if getattr(module, _ATTN, None) is scaled_dot_product_attention:
-                setattr(module, _ATTN, stock)
+        _restore_everywhere(_ATTN, scaled_dot_product_attention, _attn_stock["fn"])
         _attn_saved.clear()
+
+
+def _restore_everywhere(name: str, replacement: Any, stock: Any) -> None:
+    """Bind ``stock`` to ``name`` in every imported module that binds ``replacement``
+    there: mlx-lm's and any other that imported the name while patched (before, only
+    ``mlx_lm.models`` was searched, and such a module kept the replacement). Reads each
+    module's ``__dict__``, so no module's ``__getattr__`` hook runs."""
+    import sys
+
+    own = sys.modules[__name__]  # where the replacement is defined: it stays
+    for module in list(sys.modules.values()):
+        if module is own or not isinstance(module, ModuleType):
+            continue
+        if vars(module).get(name) is replacement:
+            setattr(module, name, stock)
 
 
 def _model_modules() -> list[tuple[str, ModuleType]]:
