@@ -787,3 +787,6 @@ def test_vmap_jvp_and_shapeless_compile_fail_loudly():
         chunk_module._GROUP_BYTES = previous
     with pytest.raises(ValueError, match="cannot infer output shapes"):
         mx.compile(o, shapeless=True)(q)
+    g_channel = mx.broadcast_to(g[..., None], (*g.shape, q.shape[-1]))  # per key channel
+    with pytest.raises(RuntimeError, match="JVP is not implemented for cumulative prod"):
+        mx.jvp(lambda q: gated_delta_rule(q, k, v, g_channel, beta, chunk_size=4)[0], [q], [t])
