@@ -488,6 +488,24 @@ def test_emulated_packed_sequences(emulated):
 
 
 @needs_cxx
+@pytest.mark.parametrize("T, cu", [(41, None), (41, [0, 20, 41])], ids=["one", "packed"])
+def test_emulated_sequences_shorter_than_a_chunk(emulated, T, cu):
+    """Sequences shorter than ``chunk_size=64`` (the longest 41 and 21 tokens) run the
+    fused kernels at 64 and 32, padded (before, the chunk was cut to the longest
+    sequence, a size no kernel takes, and the batched MLX ops ran: found by probing)."""
+    n = 1 if cu is None else len(cu) - 1
+    inputs = make_inputs(1, T, 1, 2, 32, 32, n_states=n)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, cu_seqlens=cu,
+                            kernels=False)  # fmt: skip
+    assert set(emulated) == set(_chunk_cuda._KERNELS)
+    assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))
+    spec = chunk_module.check_inputs("t", *inputs[:5], None, None, 64, cu)
+    assert chunk_module._Chunking(spec, chunk_module._fused_sizes(spec, True)).C == (
+        64 if cu is None else 32
+    )
+
+
+@needs_cxx
 @pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
 def test_emulated_low_precision_is_the_float32_call_rounded(emulated, monkeypatch, tf32):
     """bf16 inputs are read and converted by the kernels, everything else is float32:

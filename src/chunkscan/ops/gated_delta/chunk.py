@@ -138,7 +138,9 @@ def gated_delta_rule(
             Default: ``None``: :func:`default_chunk_size` (64; on CUDA 32 or 128 where
             the fused kernels do not take 64, and 128 with the
             kernels off). On CUDA the fused chunk kernels take 32 or 64 (32: faster,
-            twice the saved states); other sizes run the batched MLX ops.
+            twice the saved states); other sizes run the batched MLX ops. Where the
+            longest sequence is shorter than a chunk, the chunk is that sequence's
+            length, but on the fused path the next size the kernels take (padded).
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
             (``x / sqrt(sum(x**2) + 1e-6)``, differentiated). Default: ``False``.
         cu_seqlens (list of int or array, optional): Packed sequences: offsets
@@ -195,7 +197,7 @@ def gated_delta_rule(
     out_dtype = q.dtype
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
-    chunks = _Chunking(spec)
+    chunks = _Chunking(spec, _fused_sizes(spec, cuda))
     if initial_state is None:
         h0 = mx.zeros((spec.n_states, spec.Hv, spec.Dv, spec.Dk), dtype=F32)
     else:
@@ -227,6 +229,17 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
     return 128
 
 
+def _fused_sizes(spec: Spec, kernels: bool) -> tuple[int, ...]:
+    """The chunk sizes up to ``spec.chunk_size`` that the fused chunk kernels take for
+    this call, where they take ``spec.chunk_size`` itself (else none): a sequence
+    shorter than a chunk is padded to the next of them rather than cut to a size no
+    kernel takes (a call whose longest sequence had 33-63 tokens ran the batched MLX
+    ops at ``chunk_size=64``, found by probing the op)."""
+    if not _fused(spec, spec.chunk_size, kernels):
+        return ()
+    return tuple(C for C in (32, 64) if C <= spec.chunk_size and _fused(spec, C, kernels))
+
+
 def _fused(spec: Spec, C: int, kernels: bool) -> bool:
     """Whether a call runs the fused chunk kernels of :mod:`._chunk_cuda` (CUDA kernels
     on, scalar gates, a shape they handle); otherwise the batched MLX ops below."""
@@ -243,12 +256,15 @@ class _Chunking:
     ``starts`` / ``ends`` map a chunk index to the sequence that starts / ends there.
     """
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, fit: tuple[int, ...] = ()) -> None:
+        """``fit``: chunk sizes to round a shorter chunk up to (the smallest that holds
+        the longest sequence; :func:`_fused_sizes`)."""
         self.spec = spec
         lengths = [spec.T] if spec.seqs is None else [hi - lo for lo, hi in spec.seqs]
         C = min(spec.chunk_size, max(lengths))
         if spec.channel and C > _SUB:
             C = -(-C // _SUB) * _SUB  # per-channel gates: whole sub-chunks
+        C = min((size for size in fit if size >= C), default=C)
         self.C = C
         self.starts: dict[int, int] = {}
         self.ends: dict[int, int] = {}
