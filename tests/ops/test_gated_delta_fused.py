@@ -840,6 +840,24 @@ def test_cuda_fused_packed_and_compiled():
 
 
 @needs_cuda
+@pytest.mark.parametrize("T, cu", [(41, None), (41, [0, 20, 41])], ids=["one", "packed"])
+def test_cuda_sequences_shorter_than_a_chunk(T, cu, monkeypatch):
+    """On the device: sequences shorter than the chunk run the fused kernels, padded to
+    64 and 32 (``test_emulated_sequences_shorter_than_a_chunk``), against the oracle."""
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    launched = []
+    real = _chunk_cuda._launch
+    monkeypatch.setattr(
+        _chunk_cuda, "_launch", lambda w, *a, **k: launched.append(w) or real(w, *a, **k)
+    )
+    n = 1 if cu is None else len(cu) - 1
+    inputs = make_inputs(1, T, *QWEN[2:], n_states=n)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, cu_seqlens=cu)
+    assert set(launched) == set(_chunk_cuda._KERNELS)
+    assert_close(got, outputs_and_grads(naive, inputs, cu_seqlens=cu))
+
+
+@needs_cuda
 @pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
 def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype, tf32, monkeypatch):
