@@ -220,8 +220,8 @@ def test_error_leaves_of_different_lengths():
     """Called directly on xs leaves of different lengths, stepwise names them (before:
     MLX's "[squeeze] Cannot squeeze axis 0 with size 0")."""
     f = chunkscan.stepwise(lambda c, x: (c, x[0]))
-    msg = ("[stepwise] every leaf of xs_chunk must have the same number of steps along axis "
-           "0, but they differ:\n  * xs_chunk[0] has 4 (shape (4, 2));\n"
-           "  * xs_chunk[1] has 3 (shape (3, 2)).")  # fmt: skip
+    msg = ("[stepwise] every leaf of xs_chunk must have the same length along axis 0, but "
+           "they differ:\n  * xs_chunk[0] has length 4 (shape (4, 2));\n"
+           "  * xs_chunk[1] has length 3 (shape (3, 2)).")  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(msg)):
         f(mx.zeros(()), (mx.ones((4, 2)), mx.ones((3, 2))))

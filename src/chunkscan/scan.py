@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import _capture, _ordering, _random, _tree
-from .split import check_chunk_size, chunk_bounds, normalize_axis, slices_at
+from .split import check_chunk_size, chunk_bounds, common_length, normalize_axis, slices_at
 from .stepwise import scan_axis
 
 
@@ -421,19 +421,14 @@ def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[i
         raise ValueError("[scan] xs must have at least one array leaf; its length gives T.")
     names = _tree.paths(treedef, "xs")
     axes = [normalize_axis("scan", axis, x.ndim, name) for x, name in zip(leaves, names)]
-    lengths = [x.shape[ax] for x, ax in zip(leaves, axes)]
-    if len(set(lengths)) > 1:
-        listing = ";\n".join(
-            f"  * {n} has length {t} (shape {tuple(x.shape)})"
-            for n, t, x in zip(names, lengths, leaves)
-        )
-        raise ValueError(
-            f"[scan] every leaf of xs must have the same length along axis {axis}, "
-            f"but they differ:\n{listing}.\nPass inputs of one sequence length T."
-        )
-    if lengths[0] == 0:
+    length = common_length(
+        "scan", leaves, axes, names,
+        f"every leaf of xs must have the same length along axis {axis}",
+        "Pass inputs of one sequence length T.",
+    )  # fmt: skip
+    if length == 0:
         raise ValueError(f"[scan] xs has length 0 along axis {axis}; there is nothing to scan.")
-    return axes, lengths[0]
+    return axes, length
 
 
 def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple, xs: Any) -> list[bool]:

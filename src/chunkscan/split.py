@@ -86,6 +86,22 @@ def normalize_axis(fn: str, axis: int, ndim: int, what: str) -> int:
     return axis % ndim
 
 
+def common_length(
+    fn: str, leaves: list[mx.array], axes: list[int], names: list[str], what: str, fix: str
+) -> int:
+    """The one length of ``leaves`` along their ``axes``; else a ``ValueError`` from
+    ``fn`` listing each leaf's (``what``: "every leaf of xs must have the same length
+    along axis 1"; ``fix``: the sentence that ends it)."""
+    lengths = [x.shape[ax] for x, ax in zip(leaves, axes)]
+    if len(set(lengths)) > 1:
+        listing = ";\n".join(
+            f"  * {n} has length {t} (shape {tuple(x.shape)})"
+            for n, t, x in zip(names, lengths, leaves)
+        )
+        raise ValueError(f"[{fn}] {what}, but they differ:\n{listing}.\n{fix}")
+    return lengths[0] if lengths else 0
+
+
 def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
     """Split ``x`` along ``axis`` into pieces of ``chunk_size`` (the last may be shorter).
 

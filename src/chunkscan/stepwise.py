@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import _tree
-from .split import check_axis, normalize_axis, split_at
+from .split import check_axis, common_length, normalize_axis, split_at
 
 # The axis of the innermost scan whose chunk function is running (scan.py sets it around
 # each call): what a stepwise function made without an axis steps along. Read at the
@@ -95,17 +95,11 @@ def stepwise(
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
-        lengths = [x.shape[ax] for x, ax in zip(leaves, axes)]
-        if len(set(lengths)) > 1:
-            listing = ";\n".join(
-                f"  * {n} has {t} (shape {tuple(x.shape)})"
-                for n, t, x in zip(names, lengths, leaves)
-            )
-            raise ValueError(
-                f"[stepwise] every leaf of xs_chunk must have the same number of steps along "
-                f"axis {time_axis}, but they differ:\n{listing}.\nPass one chunk of each input."
-            )
-        steps = lengths[0] if leaves else 0
+        steps = common_length(
+            "stepwise", leaves, axes, names,
+            f"every leaf of xs_chunk must have the same length along axis {time_axis}",
+            "Pass one chunk of each input.",
+        )  # fmt: skip
         per_leaf = [
             split_at(x, list(range(1, steps)), ax) if steps > 1 else [x]
             for x, ax in zip(leaves, axes)
