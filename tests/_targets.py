@@ -93,6 +93,51 @@ def without(edge: str):
     return Without()
 
 
+def shared_weight_backward_peak(T: int, mode: str, C: int, Din: int, D: int) -> dict[str, Any]:
+    """Peak bytes above the inputs of the gradients of ``s_t = tanh(0.5 s_{t-1} + x_t W)``
+    (``x [T, Din]``, ``W [Din, D]`` shared by every step) with respect to ``x``, ``W``
+    and ``s_0``, in chunks of ``C`` steps: ``mode`` ``"scan"`` (``scan(params={"W": W})``)
+    or ``"checkpoint"`` (``checkpoint`` of a chunk function taking ``W`` as an argument,
+    in a loop over ``split``, as the README's drop-in)."""
+    x = mx.random.normal((T, Din), key=mx.random.key(0))
+    W = mx.random.normal((Din, D), key=mx.random.key(1)) * Din**-0.5
+    s0 = mx.zeros((D,))
+    mx.eval(x, W, s0)
+
+    def step(s, x_t, p):
+        s = mx.tanh(0.5 * s + x_t @ p["W"])
+        return s, s
+
+    def chunk(s, xc, W):
+        ys = []
+        for t in range(xc.shape[0]):
+            s, y = step(s, xc[t], {"W": W})
+            ys.append(y)
+        return s, mx.stack(ys)
+
+    if mode == "scan":
+
+        def loss(x, W, s0):
+            _, y = chunkscan.scan(chunkscan.stepwise(step), s0, x, chunk_size=C, params={"W": W})
+            return (y * y).sum()
+
+    elif mode == "checkpoint":
+        run = chunkscan.checkpoint(chunk)
+
+        def loss(x, W, s0):
+            s, total = s0, 0.0
+            for xc in chunkscan.split(x, C):
+                s, y = run(s, xc, W)
+                total = total + (y * y).sum()
+            return total
+
+    else:
+        raise ValueError(f"mode must be scan or checkpoint: {mode!r}")
+    grad = mx.grad(loss, argnums=(0, 1, 2))
+    _, peak = peak_above_active(lambda: grad(x, W, s0))
+    return {"peak": peak}
+
+
 def attention_backward_peak(
     impl: str,
     T: int,

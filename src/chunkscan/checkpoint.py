@@ -39,7 +39,12 @@ def checkpoint(fun: F) -> F:
     Note:
         As with ``mx.checkpoint``, arrays that ``fun`` captures by closure are
         constants: they get no gradient. Pass everything you differentiate (weights
-        included) as arguments. Unlike ``mx.checkpoint``, random ops in ``fun`` that
+        included) as arguments. A weight passed to every call of a chunk loop gets
+        one gradient per call, and MLX sums them only at the end of the backward (as
+        with ``mx.checkpoint``): the backward then also keeps about ``T / C``
+        weight-sized gradients (``tests/test_memory.py``, a shared weight). For such
+        weights use :func:`chunkscan.scan` with ``params=``, whose backward adds each
+        chunk's gradient to one running sum. Unlike ``mx.checkpoint``, random ops in ``fun`` that
         draw from MLX's global key (``nn.Dropout``, ``mx.random.*`` without ``key=``)
         draw the same numbers in the recomputation as in the forward, and the
         backward leaves the global key as it found it.
