@@ -44,10 +44,12 @@ def checkpoint(fun: F) -> F:
         with ``mx.checkpoint``): the backward then also keeps about ``T / C``
         weight-sized gradients (``tests/test_memory.py``, a shared weight). For such
         weights use :func:`chunkscan.scan` with ``params=``, whose backward adds each
-        chunk's gradient to one running sum. Unlike ``mx.checkpoint``, random ops in ``fun`` that
-        draw from MLX's global key (``nn.Dropout``, ``mx.random.*`` without ``key=``)
-        draw the same numbers in the recomputation as in the forward, and the
-        backward leaves the global key as it found it.
+        chunk's gradient to one running sum.
+
+        Unlike ``mx.checkpoint``, random ops in ``fun`` that draw from MLX's global
+        key (``nn.Dropout``, ``mx.random.*`` without ``key=``) draw the same numbers
+        in the recomputation as in the forward, and the backward leaves the global
+        key as it found it.
 
     Example:
         >>> step = chunkscan.checkpoint(run_chunk)    # run_chunk(s, q, k, v) -> (s, y)
