@@ -105,6 +105,7 @@ TV = 64
 WIDE_TV = 128
 _WIDE_C = (64,)  # C = 32 keeps 64 columns (not measured wide)
 MAX_GRID_Y = 65535  # blocks in a CUDA grid's y dimension (the lanes here)
+CHUNK_SIZES = (32, 64)  # the chunk sizes these kernels take (supports)
 # Columns of Dk per piece of w, kt, S and dS in state_grads (its template constant KS;
 # rows of KS + 4 floats in shared memory, smem_bytes): 32, but 64 in a block that takes
 # WIDE_TV columns of Dv (piece_columns), so that each of pass 2's products (C x KS
@@ -2031,7 +2032,7 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     dimension; every kernel's shared memory within the device's opt-in maximum per
     block, :func:`chunkscan._backend.cuda_limits`: 227 KiB on an H100 / H200, 163 on an
     A100, 99 on consumer GPUs)."""
-    if channel or C not in (32, 64) or lanes > MAX_GRID_Y:
+    if channel or C not in CHUNK_SIZES or lanes > MAX_GRID_Y:
         return False
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
         return False

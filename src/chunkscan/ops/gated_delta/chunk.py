@@ -223,7 +223,7 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
         return 64
     if not _passes.use_kernels(kernels, "gated_delta_rule"):
         return 128
-    for C in (64, 32):
+    for C in sorted(_chunk_cuda.CHUNK_SIZES, reverse=True):
         if _chunk_cuda.supports(C, Dk, Dv, False):
             return C
     return 128
@@ -237,7 +237,8 @@ def _fused_sizes(spec: Spec, kernels: bool) -> tuple[int, ...]:
     ops at ``chunk_size=64``, found by probing the op)."""
     if not _fused(spec, spec.chunk_size, kernels):
         return ()
-    return tuple(C for C in (32, 64) if C <= spec.chunk_size and _fused(spec, C, kernels))
+    sizes = _chunk_cuda.CHUNK_SIZES
+    return tuple(C for C in sizes if C <= spec.chunk_size and _fused(spec, C, kernels))
 
 
 def _fused(spec: Spec, C: int, kernels: bool) -> bool:
