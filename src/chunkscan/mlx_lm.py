@@ -430,11 +430,8 @@ class Patch:
             _stack.remove(self)
             _sync_attention()
             if not _stack:
-                for name, fn in _saved.items():
-                    module = importlib.import_module(name)
-                    if getattr(module, _NAME, None) is gated_delta_update:
-                        setattr(module, _NAME, fn)
-                # Also where a module imported the replacement by name while patched.
+                # The families patched held mlx-lm's function (_check_families); so
+                # does any module that imported the replacement by name while patched.
                 _restore_everywhere(_NAME, gated_delta_update, _stock["fn"])
                 _saved.clear()
 
