@@ -858,6 +858,35 @@ def test_cuda_sequences_shorter_than_a_chunk(T, cu, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "portable"])
+def test_cuda_second_derivatives(kernels, monkeypatch):
+    """On the device: a gradient of the gradient fails loudly with the kernels (they
+    have no derivative: MLX's own message) and matches the oracle without them, with
+    float32 products, to the op's float32 tolerance
+    (``test_gated_delta.py::test_second_derivatives_match_the_oracle`` on the CPU)."""
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    inputs = make_inputs(1, 80, 1, 2, 32, 32)
+
+    def squared_dq(op, **kwargs):
+        def loss(q, h0):
+            o, s = op(q, *inputs[1:5], initial_state=h0, **kwargs)
+            return o.sum() + s.sum()
+
+        def norm(q, h0):
+            return (mx.grad(loss)(q, h0) ** 2).sum()
+
+        return mx.grad(norm, argnums=(0, 1))(inputs[0], inputs[5])
+
+    if kernels:
+        with pytest.raises(ValueError, match="Not implemented for CustomKernel"):
+            mx.eval(squared_dq(gated_delta_rule, chunk_size=32, kernels=True))
+        return
+    got = squared_dq(gated_delta_rule, chunk_size=32, kernels=False)
+    ref = squared_dq(naive)
+    assert all(max_rel(a, b) <= 1e-4 for a, b in zip(got, ref))
+
+
+@needs_cuda
 @pytest.mark.parametrize("tf32", ["0", "1"], ids=["float32-products", "tf32-products"])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
 def test_cuda_fused_low_precision_is_the_float32_call_rounded(dtype, tf32, monkeypatch):

@@ -423,6 +423,14 @@ def _make_core(
         ct_o, ct_final = _tree.as_list(cotangents)[:2]
         n_saved = len(groups) if keep_chunks else len(groups) - 1
         saved = _tree.as_list(outputs)[2 : 2 + n_saved]
+        # The saved states are outputs too: a gradient of this backward (a second
+        # derivative) sends them cotangents, which join the state's where the state
+        # was saved (in a first derivative they are MLX's zeros). Portable path only:
+        # with the kernels on, a second derivative stops at MLX's error for the kernels
+        # (``[Primitive::vjp] Not implemented for CustomKernel``), and a first one
+        # should not pay the sum. Without this, every second derivative through a saved
+        # state was wrong with no error (found by probing the op).
+        ct_saved = None if kernels else _tree.as_list(cotangents)[2 : 2 + n_saved]
         kept = _tree.as_list(outputs)[2 + n_saved :]  # the last group's preparation
         ct_inits = seq_states(ct_final.astype(F32))
         inits = seq_states(_tree.as_list(primals)[6])
@@ -432,6 +440,8 @@ def _make_core(
         chain = [ct_final]  # the cotangent entering the group, to order the groups
         for gi in reversed(range(len(groups))):
             c0, c1 = groups[gi]
+            if ct_saved and not keep_chunks and gi + 1 < len(groups):
+                d_state = d_state + ct_saved[gi]  # the state leaving the group was saved
             # Rule 2: recompute the group only once the cotangent flowing into it exists.
             xs = _ordering.recompute_after_cotangent([x[:, c0:c1] for x in xs_all], chain)
             starts = chunks.local(chunks.starts, c0, c1)
@@ -452,6 +462,8 @@ def _make_core(
                 d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
                 # The state-independent part of the state gradient, for every chunk.
                 h = d_o.swapaxes(-1, -2) @ (p.qg - p.p @ p.w)  # [B, Hk, G, n, Dv, Dk]
+                if ct_saved and keep_chunks:  # the states entering the chunks were saved:
+                    h = h + per_head(ct_saved[gi])  # their cotangents join at the chunk
                 operands = (lanes(p.decay), lanes(p.kt), None, lanes(p.w), lanes(h))
             d_leaving, d_state, stored = _passes.state_pass(
                 d_state, *operands,
