@@ -185,6 +185,39 @@ def test_low_precision_against_the_upcast_call(dtype, mask):
         assert err <= 3 * err_fast, f"{name}: {err:.2e} vs mx.fast's {err_fast:.2e}"
 
 
+@pytest.mark.parametrize("chunk_size", [None, 16], ids=["one-block", "blocks-of-16"])
+def test_float16_gradients_do_not_depend_on_the_blocks(chunk_size):
+    """A float16 causal call whose ``do @ v^T`` overflows at masked keys (a large,
+    e.g. loss-scaled, cotangent): the true gradients are finite, and so are the op's
+    for any block size. Before the backward zeroed ``ds`` where ``p`` is zero, both
+    gave NaN ``dq`` and ``dk`` rows (``0 * inf``; found by probing, where one block
+    was NaN and blocks of 16 were not). Measured max relative error against the
+    float32 call on the rounded inputs: 9.9e-4; bound 5x that."""
+    T, D = 64, 64
+    q, k, v, ct = make_inputs(1, 2, 1, T, T, D, seed=3)
+    ct = 2000.0 * ct  # float16 do @ v^T: inf at 2 masked (key > query) places, none seen
+    rounded = [x.astype(mx.float16) for x in (q, k, v, ct)]
+    kw = dict(scale=D**-0.5, mask="causal")
+    got = outputs_and_grads(chunkscan.attention, *rounded, chunk_size=chunk_size, **kw)
+    ref = outputs_and_grads(naive_attention, *[x.astype(mx.float32) for x in rounded], **kw)
+    for name, a, b in zip(NAMES, got, ref):
+        assert mx.all(mx.isfinite(a)).item(), name
+        assert max_rel(a, b) <= 5e-3, (name, max_rel(a, b))
+
+
+def test_a_non_finite_additive_mask_entry_is_nan_in_both_forms():
+    """An additive mask with NaN or +inf makes its row NaN (``s + m`` and ``inf - inf``,
+    as in MLX's attention) in the op and in the oracle; the oracle used to read a NaN
+    entry as masked (found by probing)."""
+    q, k, v, _ = make_inputs(1, 1, 1, 4, 4, 8)
+    m = mx.zeros((4, 4))
+    m = mx.where((mx.arange(4)[:, None] == 1) & (mx.arange(4) == 2), mx.nan, m)
+    m = mx.where((mx.arange(4)[:, None] == 3) & (mx.arange(4) == 1), mx.inf, m)
+    for fn in (chunkscan.attention, naive_attention):
+        o = fn(q, k, v, scale=0.3, mask=m)
+        assert mx.any(mx.isnan(o[0, 0]), axis=-1).tolist() == [False, True, False, True], fn
+
+
 def test_compiled_matches_eager():
     q, k, v, ct = make_inputs(2, 4, 2, 53, 53, 16)
     kw = dict(scale=0.25, mask="causal", chunk_size=16)
@@ -278,6 +311,15 @@ def test_plan_blocks_cover_the_rows_within_budget(monkeypatch):
             assert scores <= blocked.SCRATCH_BYTES or rows <= blocked.MIN_ROWS, (t0, t1, kend)
         if mask:  # early causal blocks see fewer keys, so they take more rows
             assert blocks[0][1] - blocks[0][0] >= blocks[-1][1] - blocks[-1][0]
+
+
+def test_plan_blocks_takes_at_least_one_row(monkeypatch):
+    """``MIN_ROWS = 0`` with a budget below one row used to plan empty blocks forever."""
+    monkeypatch.setattr(blocked, "MIN_ROWS", 0)
+    monkeypatch.setattr(blocked, "SCRATCH_BYTES", 1 << 10)
+    q, k, v, _ = make_inputs(1, 2, 1, 300, 300, 8)
+    blocks = plan_blocks(check_inputs("t", q, k, v, 1.0, None, None))
+    assert blocks[-1][1] == 300 and all(t1 > t0 for t0, t1, _ in blocks)
 
 
 def test_fused_forward_falls_back_on_cpu(monkeypatch):

@@ -182,7 +182,7 @@ def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
                 r = int((-c + math.sqrt(c * c + 4.0 * budget)) / 2)
             else:
                 r = budget // S
-            r = max(MIN_ROWS, min(MAX_ROWS, r // 16 * 16 if r >= 16 else r))
+            r = max(1, MIN_ROWS, min(MAX_ROWS, r // 16 * 16 if r >= 16 else r))
         t1 = min(T, t + r)
         blocks.append((t, t1, kend(t1)))
         t = t1
@@ -302,7 +302,12 @@ def _make_core(
             p = probs(qr, kp, blk)
             delta = mx.sum(dob.astype(F32) * ob.astype(F32), axis=-1, keepdims=True)
             dp = (dor @ vp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, r, kend)
-            ds = (p * (dp - delta)).reshape(B, Hkv, G * r, kend).astype(dtype)
+            # Zero where p is: a masked key's dp (a product in the input dtype) can
+            # overflow float16 to inf, and 0 * inf made the row's dq NaN in blocks that
+            # hold masked keys only (found by probing: NaN with one block, finite with
+            # blocks of 16, for the same call).
+            ds = mx.where(p > 0, p * (dp - delta), 0.0)
+            ds = ds.reshape(B, Hkv, G * r, kend).astype(dtype)
             dq_b = ((ds @ kp) * scale).reshape(B, Hkv, G, r, D)
             dk_b = ds.swapaxes(-1, -2) @ qr  # qr carries the scale
             dv_b = p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2) @ dor

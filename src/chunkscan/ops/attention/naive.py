@@ -45,7 +45,7 @@ def naive_attention(
         visible = mask_5d(mask, spec)
     elif spec.mask_kind == "additive":
         s = s + mask_5d(mask, spec).astype(F32)
-        visible = s > -mx.inf
+        visible = s != -mx.inf  # a NaN (or +inf) mask entry makes its row NaN, as in MLX
     if visible is not None:
         s = mx.where(visible, s, -mx.inf)
         m = mx.max(s, axis=-1, keepdims=True)
