@@ -10,6 +10,7 @@ import pytest
 
 import chunkscan
 from chunkscan import _backend
+from chunkscan.ops.gated_delta import chunk as chunk_module
 
 
 class FakeDriver:
@@ -146,6 +147,26 @@ def test_integer_environment_variables_name_themselves_when_malformed(monkeypatc
         msg = f"GROUP_MIB must be at least 1 (MiB of one group's scratch) but is {bad}."
         with pytest.raises(ValueError, match=re.escape(msg)):
             chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)
+
+
+def test_switch_variables_reject_what_they_would_misread(monkeypatch):
+    """``CHUNKSCAN_CUDA_KERNELS`` off only for ``0``: ``false`` or ``off`` used to keep
+    the kernels on with no word, now they raise; ``CHUNKSCAN_GDN_SAVE`` is read
+    stripped, as the integer variables are (``" groups"`` raised)."""
+    for flag in (" 0", "0"):
+        monkeypatch.setenv("CHUNKSCAN_CUDA_KERNELS", flag)
+        assert _backend.use_kernels(None, "op") is False
+        assert _backend.use_kernels(True, "op") is _backend.cuda_device()
+    for flag in ("1", "auto", ""):
+        monkeypatch.setenv("CHUNKSCAN_CUDA_KERNELS", flag)
+        assert _backend.use_kernels(None, "op") is _backend.cuda_device()
+    for flag in ("false", "off", "no"):
+        monkeypatch.setenv("CHUNKSCAN_CUDA_KERNELS", flag)
+        with pytest.raises(ValueError, match=re.escape("must be 0 (the portable MLX ops)")):
+            _backend.use_kernels(None, "op")
+    monkeypatch.delenv("CHUNKSCAN_CUDA_KERNELS")
+    monkeypatch.setenv("CHUNKSCAN_GDN_SAVE", " groups ")
+    assert chunk_module._saved_states() == "groups"
 
 
 def test_settings_are_read_once_per_block(monkeypatch):

@@ -138,12 +138,23 @@ def env_switch(name: str, fn: str, what: str) -> bool | None:
 def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     """Whether the fused CUDA kernels are used: ``kernels`` if given, else on when the
     default device is a CUDA GPU and ``CHUNKSCAN_CUDA_KERNELS`` is not ``0``
-    (:func:`check_kernels` first)."""
+    (:func:`check_kernels` first; any value but ``0``, ``1``, ``auto`` or empty
+    raises)."""
     check_kernels(fn, kernels)
     if kernels is False:
         return False
-    if getenv("CHUNKSCAN_CUDA_KERNELS", "1") == "0" and kernels is None:
-        return False
+    if kernels is None:
+        flag = getenv("CHUNKSCAN_CUDA_KERNELS")
+        if flag is not None and flag != "1":
+            flag = flag.strip()
+            if flag == "0":
+                return False
+            if flag not in ("1", "", "auto"):  # "false" or "off" kept the kernels on
+                raise ValueError(
+                    f"[{fn}] the environment variable CHUNKSCAN_CUDA_KERNELS must be 0 "
+                    f"(the portable MLX ops) or 1 (the CUDA kernels where they apply) but "
+                    f"is {flag!r}. Set it to one of those, or unset it for the default (1)."
+                )
     return cuda_device()
 
 

@@ -407,6 +407,17 @@ def _good():
             f"{FN} scale must be finite but got nan: every output would be NaN or inf.",
         ),
         (
+            lambda a: a.update(scale=1e39),
+            ValueError,
+            f"{FN} scale must be finite in float32 (at most 3.402823e+38 in size) but got "
+            "1e+39: every output would be NaN or inf.",
+        ),
+        (
+            lambda a: a.update(scale=10**400),
+            ValueError,
+            f"{FN} scale must be finite but got 1000",
+        ),
+        (
             lambda a: a.update(normalize_qk="no"),
             TypeError,
             f"{FN} normalize_qk must be True or False but got 'no' (str).",
@@ -431,6 +442,8 @@ def _good():
         "packed-B2",
         "not-array",
         "scale-nan",
+        "scale-past-float32",
+        "scale-past-float",
         "normalize-str",
         "kernels-int",
     ],
@@ -445,6 +458,23 @@ def test_errors(change, error, message):
     }
     with pytest.raises(error, match=re.escape(message)):
         gated_delta_rule(*args.values(), **kwargs)
+
+
+def test_numpy_and_narrow_integer_arguments_read_as_python_ones():
+    """``cu_seqlens`` as NumPy integers, a NumPy array or an MLX array of any integer
+    dtype, and ``normalize_qk`` as a NumPy bool, give the call with Python values (they
+    were rejected as not integers / not a bool, found by probing)."""
+    np = pytest.importorskip("numpy")
+    q, k, v, g, beta = [x[:1] for x in _good()]
+    want = gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 4, 10], normalize_qk=True)
+    for cu in (
+        [np.int64(0), np.int32(4), np.int64(10)],
+        np.array([0, 4, 10]),
+        mx.array([0, 4, 10], dtype=mx.int16),
+        mx.array([0, 4, 10], dtype=mx.uint8),
+    ):
+        got = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, normalize_qk=np.True_)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(got, want)), cu
 
 
 @pytest.mark.parametrize(

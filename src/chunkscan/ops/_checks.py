@@ -13,6 +13,8 @@ import mlx.core as mx
 
 from ..split import np_bool
 
+_F32_MAX = float(mx.finfo(mx.float32).max)
+
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 DTYPE_NAMES = "float32, bfloat16 or float16"
 
@@ -59,17 +61,28 @@ def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: s
             f"[{fn}] scale must be {kind} but got {type(scale).__name__}. "
             f"Pass e.g. scale={example:.6g} {why}."
         )
-    if not math.isfinite(scale):
+    try:
+        value = float(scale)
+    except OverflowError:  # an int past float's range
+        value = math.inf
+    if not math.isfinite(value):
         raise ValueError(
             f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
             f"inf. Pass e.g. scale={example:.6g} {why}."
         )
-    return float(scale)
+    if abs(value) > _F32_MAX:  # finite in Python, inf once the op casts it to float32
+        raise ValueError(
+            f"[{fn}] scale must be finite in float32 (at most {_F32_MAX:.7g} in size) but "
+            f"got {scale}: every output would be NaN or inf. Pass e.g. "
+            f"scale={example:.6g} {why}."
+        )
+    return value
 
 
 def check_bool(fn: str, name: str, value: object) -> None:
-    """``value`` is a bool (a string such as ``"no"`` would otherwise read as True)."""
-    if not isinstance(value, bool):
+    """``value`` is a bool or NumPy bool (a string such as ``"no"`` would otherwise read
+    as True)."""
+    if not isinstance(value, (bool, np_bool())):
         raise TypeError(
             f"[{fn}] {name} must be True or False but got {value!r} ({type(value).__name__}). "
             f"Pass {name}=False to turn it off."

@@ -6,11 +6,12 @@ Nothing here uses ``assert``: user input is always checked with an explicit rais
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ...split import check_chunk_size
+from ...split import check_chunk_size, np_bool
 from .._checks import (
     DTYPE_NAMES,
     FLOAT_DTYPES,
@@ -158,13 +159,10 @@ def _check_cu_seqlens(
 ) -> tuple[tuple[int, int], ...] | None:
     if cu_seqlens is None:
         return None
+    if type(cu_seqlens).__name__ == "ndarray" and hasattr(cu_seqlens, "__array__"):
+        cu_seqlens = mx.array(cu_seqlens)  # a NumPy array: read as MLX's
     if isinstance(cu_seqlens, mx.array):
-        if cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (
-            mx.int32,
-            mx.int64,
-            mx.uint32,
-            mx.uint64,
-        ):
+        if cu_seqlens.ndim != 1 or not mx.issubdtype(cu_seqlens.dtype, mx.integer):
             raise ValueError(
                 f"[{fn}] cu_seqlens must be a 1-D integer array or a list of ints but got "
                 f"shape {_shape(cu_seqlens)} and dtype {cu_seqlens.dtype}."
@@ -180,9 +178,9 @@ def _check_cu_seqlens(
                 f"(mx.compile retraces for each new list)."
             ) from e
     elif isinstance(cu_seqlens, (list, tuple)) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in cu_seqlens
+        isinstance(x, numbers.Integral) and not isinstance(x, (bool, np_bool())) for x in cu_seqlens
     ):
-        offsets = list(cu_seqlens)
+        offsets = [int(x) for x in cu_seqlens]  # NumPy integers too
     else:
         raise TypeError(
             f"[{fn}] cu_seqlens must be a list of ints, a 1-D integer mx.array or None but "

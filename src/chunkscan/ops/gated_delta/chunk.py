@@ -508,7 +508,7 @@ def _saved_states(save: str | None = None) -> str:
                 f"CHUNKSCAN_GDN_SAVE, else 'chunks'), not {save!r}"
             )
         return save
-    save = _SAVE or _backend.getenv("CHUNKSCAN_GDN_SAVE") or "chunks"
+    save = _SAVE or (_backend.getenv("CHUNKSCAN_GDN_SAVE") or "").strip() or "chunks"
     if save not in SAVE_MODES:
         raise ValueError(
             f"[gated_delta_rule] CHUNKSCAN_GDN_SAVE must be 'groups' or 'chunks', not {save!r}"
