@@ -41,13 +41,21 @@ def gated_delta_backward_peak(
     channel: bool = False,
     no_edge: str | None = None,
     save: str | None = None,
+    pass_form: str | None = None,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all six gradients of ``gated_delta_rule``, the
     op's groups set to ``group_bytes`` (``channel``: a per-channel gate; ``no_edge``:
     one ordering rule of the op switched off, the negative control; ``save``: what the
-    forward keeps, ``chunk._SAVE``)."""
+    forward keeps, ``chunk._SAVE``; ``pass_form``: the portable state pass's form,
+    default the CPU's ``"factored"``; ``"transition"`` is the GPUs', which forms no
+    ``V`` for the outputs, as the kernels do not)."""
+    import functools
+
+    from chunkscan.ops.gated_delta import _passes
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
+    if pass_form:
+        _passes.portable_state_pass = functools.partial(_passes.portable_state_pass, form=pass_form)
     chunk_module._GROUP_BYTES = group_bytes
     chunk_module._SAVE = save
     if no_edge:

@@ -3,6 +3,7 @@ dtypes, packed sequences, mx.compile, argument errors and backward memory scalin
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -211,6 +212,28 @@ def test_forward_groups(monkeypatch, group_bytes):
     got = outputs_and_grads(gated_delta_rule, inputs, compiled=True, chunk_size=8)
     ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs)
     assert_fp32_close(got, ref)
+
+
+@pytest.mark.parametrize("channel", [False, True], ids=["scalar-gate", "channel-gate"])
+@pytest.mark.parametrize("save", ["chunks", "groups"])
+@pytest.mark.parametrize("form", ["factored", "transition"])
+def test_both_forms_of_the_portable_pass(monkeypatch, form, save, channel):
+    """The CPU's form of the state pass hands the group its ``V`` (the outputs' ``u - w
+    S^T``, and ``-kt dS^T`` in the backward); the GPUs' form does not, and the group
+    computes them (as with the kernels). Both against the oracle, three-chunk groups,
+    packed sequences."""
+    monkeypatch.setattr(
+        chunk_module._passes,
+        "portable_state_pass",
+        functools.partial(chunk_module._passes.portable_state_pass, form=form),
+    )
+    monkeypatch.setattr(chunk_module, "_GROUP_BYTES", 3 * 4 * 2 * 8 * 8 * 20)
+    cu = [0, 9, 30, 61]
+    inputs = make_inputs(1, 61, 1, 2, 8, 8, n_states=3, channel=channel)
+    got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=8, cu_seqlens=cu, save_states=save)
+    assert_fp32_close(
+        got, outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, cu_seqlens=cu)
+    )
 
 
 SECOND_ORDER = [

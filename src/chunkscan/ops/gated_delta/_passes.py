@@ -52,7 +52,8 @@ def state_pass(
     stores: dict[int, int],
     inits: mx.array | None,
     kernels: bool | None = None,
-) -> tuple[mx.array, mx.array, list[mx.array]]:
+    values: bool = False,
+) -> tuple:
     """Run the recurrence above over one group of ``n`` chunks.
 
     Args:
@@ -72,21 +73,28 @@ def state_pass(
         inits (array, optional): ``[S, L, R, Dk]`` float32, read by ``loads``.
         kernels (bool, optional): Use the backend's fused kernel where there is one.
             Default: ``None`` (automatic; see :func:`use_kernels`).
+        values (bool): Also return every chunk's ``V`` (see below).
 
     Returns:
         tuple: ``(entering [L, n, R, Dk], x_out [L, R, Dk], stored)`` where ``stored``
-        is a list of ``[L, R, Dk]`` arrays in slot order.
+        is a list of ``[L, R, Dk]`` arrays in slot order; with ``values=True`` a fourth
+        item, ``V`` of every chunk ``[L, n, C, R]`` where the implementation forms it
+        (the portable ``"factored"`` form, the CPU's), else ``None``: the caller
+        recomputes it (in the forward ``V = U - W S^T`` is the part of the outputs that
+        the state feeds; in the backward, ``-(K * to_end) dS^T``, a term of ``dU``).
     """
     if use_kernels(kernels):
         from . import _pass_cuda
 
         if _pass_cuda.supports(F, G, E, H):
-            return _pass_cuda.state_pass(
+            out = _pass_cuda.state_pass(
                 x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
             )
+            return (*out, None) if values else out
     return portable_state_pass(
-        x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits
-    )
+        x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits,
+        values=values,
+    )  # fmt: skip
 
 
 def portable_state_pass(
@@ -102,23 +110,28 @@ def portable_state_pass(
     stores: dict[int, int],
     inits: mx.array | None,
     form: str | None = None,
-) -> tuple[mx.array, mx.array, list[mx.array]]:
+    values: bool = False,
+) -> tuple:
     """The recurrence in plain MLX ops, in the form ``form`` (``None``: ``"factored"``
-    on the CPU, ``"transition"`` elsewhere; see the module docstring)."""
+    on the CPU, ``"transition"`` elsewhere; see the module docstring); ``values`` as
+    :func:`state_pass`'s (only the factored form forms ``V``)."""
     if form is None:
         form = "factored" if mx.default_device() == mx.cpu else "transition"
     # [L, n] -> [L, n, 1, 1]; per channel [L, n, Dk] -> [L, n, 1, Dk]
     d = decay[..., None, None] if decay.ndim == 2 else decay[..., None, :]
     if form == "factored":
+        vs: list[mx.array | None] = [None] * F.shape[1]
 
         def step(x: mx.array, c: int) -> mx.array:
             v = -(F[:, c] @ x.swapaxes(-1, -2))  # [L, C, R]
             if E is not None:
                 v = v + E[:, c]
+            vs[c] = v
             x = d[:, c] * x + v.swapaxes(-1, -2) @ G[:, c]
             return x + H[:, c] if H is not None else x
 
-        return _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)
+        out = _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)
+        return (*out, mx.stack(vs, axis=1)) if values else out
     M = d * mx.eye(F.shape[-1], dtype=F32) - F.swapaxes(-1, -2) @ G  # [L, n, Dk, Dk]
     if E is not None:
         Bt = E.swapaxes(-1, -2) @ G  # [L, n, R, Dk]
@@ -129,7 +142,8 @@ def portable_state_pass(
     def step(x: mx.array, c: int) -> mx.array:
         return x @ M[:, c] if Bt is None else mx.addmm(Bt[:, c], x, M[:, c])
 
-    return _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)
+    out = _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)
+    return (*out, None) if values else out
 
 
 def _walk(x_in, n, reverse, loads, stores, inits, step):

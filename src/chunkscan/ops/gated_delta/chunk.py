@@ -363,6 +363,9 @@ def _make_core(
         """``[L, n, ...]`` -> ``[B, Hk, G, n, ...]``."""
         return x.reshape((B, Hk, G) + tuple(x.shape[1:]))
 
+    def per_head_or_none(x: mx.array | None) -> mx.array | None:
+        return None if x is None else per_head(x)
+
     def seq_states(x: mx.array) -> mx.array:
         """``[n_seq, Hv, Dv, Dk]`` -> ``[n_seq or 1, L, Dv, Dk]`` (what ``loads`` read)."""
         return x.reshape(1 if not chunks.packed else n_seq, L, Dv, Dk)
@@ -395,17 +398,20 @@ def _make_core(
             else:
                 p = prepare(*xs, spec.scale)
                 operands = (lanes(p.decay), lanes(p.w), lanes(p.u), lanes(p.kt))
-            entering, state, stored = _passes.state_pass(
+            entering, state, stored, v_new = _passes.state_pass(
                 state, *operands, None,
                 reverse=False, loads=chunks.local(chunks.starts, c0, c1),
                 stores={c: i for i, c in enumerate(ends)}, inits=inits, kernels=kernels,
+                values=True,
             )  # fmt: skip
             for i, c in enumerate(ends):
                 finals[ends[c]] = stored[i]
             if fused:
                 o = _chunk_cuda.outputs(xs[0], xs[3], p, entering, o_bad[:, c0:c1], out_dtype)
             else:
-                o = _group_outputs(p, per_head(entering), o_bad[:, c0:c1], out_dtype)
+                o = _group_outputs(
+                    p, per_head(entering), o_bad[:, c0:c1], out_dtype, per_head_or_none(v_new)
+                )
             # Rule 1: the state leaves the group only after the group's outputs exist.
             state = _ordering.carry_after_outputs([state], [o])[0]
             outs.append(o)
@@ -465,27 +471,35 @@ def _make_core(
                 if ct_saved and keep_chunks:  # the states entering the chunks were saved:
                     h = h + per_head(ct_saved[gi])  # their cotangents join at the chunk
                 operands = (lanes(p.decay), lanes(p.kt), None, lanes(p.w), lanes(h))
-            d_leaving, d_state, stored = _passes.state_pass(
+            # v_back: -(K * to_end) dS^T per chunk, where the pass forms it (a term of
+            # the gradient of U, which the group's backward then need not recompute).
+            d_leaving, d_state, stored, v_back = _passes.state_pass(
                 d_state, *operands,
                 reverse=True, loads=chunks.local(chunks.ends, c0, c1),
                 stores={c: i for i, c in enumerate(starts)}, inits=ct_inits, kernels=kernels,
+                values=True,
             )  # fmt: skip
             for i, c in enumerate(starts):
                 d_h0[starts[c]] = stored[i]
+            v_new = None
             if keep_chunks:
                 entering = saved[gi]
             else:  # the forward kept the state entering the group: its chunks' again
-                entering = _passes.state_pass(
+                entering, _, _, v_new = _passes.state_pass(
                     None if gi == 0 else saved[gi - 1], *forward, None,
                     reverse=False, loads=starts, stores={}, inits=inits, kernels=kernels,
-                )[0]  # fmt: skip
+                    values=True,
+                )  # fmt: skip
             if fused:
                 sg = _chunk_cuda.state_gradients(
                     p, entering, d_leaving, d_o, o_bad[:, c0:c1], xs[2]
                 )
                 d_xs = _chunk_cuda.input_gradients(xs, p, sg)
             else:
-                d_xs = group_backward(p, xs, per_head(entering), per_head(d_leaving), d_o)
+                d_xs = group_backward(
+                    p, xs, per_head(entering), per_head(d_leaving), d_o,
+                    per_head_or_none(v_new), per_head_or_none(v_back),
+                )  # fmt: skip
             # Rule 3: the cotangent leaves the group only after its input gradients.
             d_state = _ordering.cotangent_after_gradients([d_state], d_xs)[0]
             chain = [d_state]
@@ -690,43 +704,67 @@ def _prepare_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
     )  # fmt: skip
 
 
-def _group_outputs(p: SimpleNamespace, s: mx.array, o_bad: mx.array, dtype: mx.Dtype):
+def _group_outputs(
+    p: SimpleNamespace,
+    s: mx.array,
+    o_bad: mx.array,
+    dtype: mx.Dtype,
+    v_new: mx.array | None = None,
+):
     """Outputs ``[B, n, C, Hv, Dv]`` of a group given the states entering its chunks
-    ``s`` ``[B, Hk, G, n, Dv, Dk]``: ``o = qg S^T + p (u - w S^T)``, NaN where
-    ``o_bad``."""
+    ``s`` ``[B, Hk, G, n, Dv, Dk]``: ``o = qg S^T + p v_new`` with ``v_new = u - w S^T``
+    (``[B, Hk, G, n, C, Dv]``; computed here where not given: the state pass formed it
+    on the CPU), NaN where ``o_bad``."""
     fn = _compiled(_group_outputs_arrays) if _COMPILE_GROUPS else _group_outputs_arrays
-    return fn(p.qg, p.p, p.u, p.w, s, o_bad).astype(dtype)
+    return fn(p.qg, p.p, p.u, p.w, s, o_bad, v_new).astype(dtype)
 
 
-def _group_outputs_arrays(qg, pm, u, w, s, o_bad):
+def _group_outputs_arrays(qg, pm, u, w, s, o_bad, v_new=None):
     st = s.swapaxes(-1, -2)
-    o = qg @ st + pm @ (u - w @ st)
+    if v_new is None:
+        v_new = u - w @ st
+    o = qg @ st + pm @ v_new
     B, _, _, n, C, Dv = o.shape
     o = o.transpose(0, 3, 4, 1, 2, 5).reshape(B, n, C, -1, Dv)
     return mx.where(o_bad[..., None], _NAN, o)
 
 
-def _group_backward(p: SimpleNamespace, xs, s, d_s, d_o) -> list[mx.array]:
+def _group_backward(p: SimpleNamespace, xs, s, d_s, d_o, v_new=None, v_back=None) -> list[mx.array]:
     """:func:`_group_backward_arrays` (compiled with ``_COMPILE_GROUPS``)."""
     fn = _compiled(_group_backward_arrays) if _COMPILE_GROUPS else _group_backward_arrays
     arrays = {key: value for key, value in vars(p).items() if key != "scale"}
-    return fn(arrays, list(xs), s, d_s, d_o, p.scale)
+    return fn(arrays, list(xs), s, d_s, d_o, p.scale, v_new, v_back)
 
 
-def _group_backward_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> list[mx.array]:
+def _state_terms(p: SimpleNamespace, s, d_s, d_o, v_new, v_back):
+    """``v_new = u - w S^T`` and its cotangent ``p^T dO + kt dS^T``, each
+    ``[B, Hk, G, n, C, Dv]``; where the state passes formed ``v_new`` or
+    ``v_back = -kt dS^T`` (:func:`._passes.state_pass`'s ``values``), from those."""
+    if v_new is None:
+        v_new = p.u - p.w @ s.swapaxes(-1, -2)
+    d_vnew = p.p.swapaxes(-1, -2) @ d_o
+    if v_back is None:
+        d_vnew = d_vnew + p.kt @ d_s.swapaxes(-1, -2)
+    else:
+        d_vnew = d_vnew - v_back
+    return v_new, d_vnew
+
+
+def _group_backward_arrays(
+    p: dict, xs, s, d_s, d_o, scale: float, v_new=None, v_back=None
+) -> list[mx.array]:
     """Input gradients of one group, given its preparation ``p``, raw inputs ``xs``,
     the states entering its chunks ``s`` and the cotangents of the states leaving them
     ``d_s`` (both ``[B, Hk, G, n, Dv, Dk]``) and the output cotangent ``d_o``
-    (``[B, Hk, G, n, C, Dv]``). Returns ``[dq, dk, dv, dg, dbeta]`` in chunk layout
-    and the dtypes of ``xs``."""
+    (``[B, Hk, G, n, C, Dv]``); ``v_new``, ``v_back`` as :func:`_state_terms`'s.
+    Returns ``[dq, dk, dv, dg, dbeta]`` in chunk layout and the dtypes of ``xs``."""
     p = SimpleNamespace(**p, scale=scale)
     C = p.a.shape[-1]
     causal, strict = _causal(C), _strict(C)
 
     # Per-chunk gradients given the states (o = qg S^T + p v_new, v_new = u - w S^T,
     # S_next = decay S + v_new^T kt).
-    v_new = p.u - p.w @ s.swapaxes(-1, -2)
-    d_vnew = p.p.swapaxes(-1, -2) @ d_o + p.kt @ d_s.swapaxes(-1, -2)  # also d_u
+    v_new, d_vnew = _state_terms(p, s, d_s, d_o, v_new, v_back)  # d_vnew: also d_u
     d_w = -(d_vnew @ s)
     d_qg = d_o @ s
     d_p = mx.where(causal, d_o @ v_new.swapaxes(-1, -2), 0.0)
@@ -995,15 +1033,19 @@ def _later(m: int) -> mx.array:
     return mx.logical_not(_triangle(m, 0))
 
 
-def _group_backward_channel(p: SimpleNamespace, xs, s, d_s, d_o) -> list[mx.array]:
+def _group_backward_channel(
+    p: SimpleNamespace, xs, s, d_s, d_o, v_new=None, v_back=None
+) -> list[mx.array]:
     """:func:`_group_backward_channel_arrays` (compiled with ``_COMPILE_GROUPS``)."""
     fn = _group_backward_channel_arrays
     fn = _compiled(fn) if _COMPILE_GROUPS else fn
     arrays = {key: value for key, value in vars(p).items() if key != "scale"}
-    return fn(arrays, list(xs), s, d_s, d_o, p.scale)
+    return fn(arrays, list(xs), s, d_s, d_o, p.scale, v_new, v_back)
 
 
-def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> list[mx.array]:
+def _group_backward_channel_arrays(
+    p: dict, xs, s, d_s, d_o, scale: float, v_new=None, v_back=None
+) -> list[mx.array]:
     """:func:`_group_backward_arrays` for a per-channel gate (preparation of
     :func:`_prepare_channel_arrays`). Every gate gradient is a sum, over the pairs
     ``(i, j)`` whose decay spans a gate, of nonnegative-exponent products: reverse
@@ -1015,8 +1057,7 @@ def _group_backward_channel_arrays(p: dict, xs, s, d_s, d_o, scale: float) -> li
     causal, strict = _causal(C), _strict(C)
 
     # Per-chunk gradients given the states, as for the scalar gate.
-    v_new = p.u - p.w @ s.swapaxes(-1, -2)
-    d_vnew = p.p.swapaxes(-1, -2) @ d_o + p.kt @ d_s.swapaxes(-1, -2)
+    v_new, d_vnew = _state_terms(p, s, d_s, d_o, v_new, v_back)
     d_w = -(d_vnew @ s)
     d_qg = d_o @ s
     d_p = mx.where(causal, d_o @ v_new.swapaxes(-1, -2), 0.0)
