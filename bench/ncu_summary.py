@@ -2,7 +2,8 @@
 
     python3 bench/ncu_summary.py out.csv [--by-name] [--top N] [--json rows.json]
 
-``out.csv``: ``ncu --csv --page raw ... --log-file out.csv`` (``bench/ncu_op.py``).
+``out.csv``: ``ncu --csv --page raw ... --log-file out.csv`` (``bench/ncu_op.py``), or
+that file gzipped (a name ending in ``.gz``, as the committed ``bench/results/h200/ncu/``).
 Columns printed where the CSV holds them: time (``gpu__time_duration.sum``), grid and
 block, registers per thread, dynamic shared memory per block, theoretical and achieved
 occupancy, SM and memory throughput (% of peak), issue-slot use, and the three largest
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import re
 import sys
@@ -35,8 +37,13 @@ STALL = re.compile(
 
 
 def read_rows(path: str) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """The kernels' rows and the units row of ``ncu --csv --page raw`` output."""
-    with open(path, newline="") as f:
+    """The kernels' rows and the units row of ``ncu --csv --page raw`` output (a path
+    ending in ``.gz`` is read through gzip)."""
+    if str(path).endswith(".gz"):
+        f = gzip.open(path, "rt", newline="")
+    else:
+        f = open(path, newline="")
+    with f:
         lines = [line for line in f if line.startswith('"')]
     reader = csv.DictReader(lines)
     rows = list(reader)

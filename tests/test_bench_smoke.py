@@ -78,6 +78,27 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
         sys.modules.pop(name, None)
 
 
+def test_ncu_summary_reads_the_committed_gzipped_csv(capsys, monkeypatch):
+    """``bench/ncu_summary.py`` reads a committed ``.csv.gz`` as it is and gives the
+    figures ``docs/benchmarks.md`` quotes for it (run 50, session 15's ``state_grads``:
+    base d4a7d2e against c4ad00f, 19.17 / 17.89 ms in all)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import ncu_summary
+
+    ncu = BENCH / "results" / "h200" / "ncu"
+    expected = {"base_d4a7d2e": (19.17, 4691.2, 152.25), "c4ad00f": (17.89, 3626.1, 104.25)}
+    for tag, (total_ms, us, smem_kib) in expected.items():
+        raw, units = ncu_summary.read_rows(str(ncu / f"ncu_chunkscan_16k_sol_{tag}.csv.gz"))
+        rows = ncu_summary.by_name([ncu_summary.summarise(r, units) for r in raw])
+        assert sum(r["us"] for r in rows) / 1e3 == pytest.approx(total_ms, abs=0.005)
+        (state_grads,) = [r for r in rows if r["kernel"] == "chunkscan_gdn_state_grads_tf32_tc"]
+        assert state_grads["us"] == pytest.approx(us, abs=0.05)
+        assert state_grads["smem_kib"] == pytest.approx(smem_kib)
+    assert ncu_summary.main([str(ncu / "ncu_chunkscan_16k_sol_c4ad00f.csv.gz"), "--top", "1"]) == 0
+    assert capsys.readouterr().out.startswith("110 kernels, 17.89 ms in all")
+    sys.modules.pop("ncu_summary", None)
+
+
 def test_ncu_source_summary_reads_the_source_page(tmp_path, monkeypatch, capsys):
     """``bench/ncu_source_summary.py`` splits each launch's warp-stall samples of ncu's
     source page (SASS) by stall reason and by opcode, predicates skipped, and lists the
