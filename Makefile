@@ -25,9 +25,11 @@ demo: venv
 lora-demo: venv
 	$(VENV)/bin/chunkscan lora --demo
 
-test: venv
+lint: venv
 	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/ruff format --check src tests bench tools
+
+test: lint
 	$(PY) -m pytest -q
 
 clean:
