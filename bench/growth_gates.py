@@ -9,7 +9,9 @@ value) of ``o``, of the final state and of each of the six gradients, for the ch
 form and for the float32 per-step oracle (``naive_recurrent_gated_delta_rule``), and
 the number of non-finite gradient values (an error counts only the finite values).
 Shape: B=1, T (``--T``), Hk=Hv=1, Dk=Dv=16, unit keys, ``beta`` in [0.1, 0.9], an
-initial state of standard deviation ``--state-std``.
+initial state of standard deviation ``--state-std``. ``--channel``: the same gate in
+every key channel, given per channel (``g`` of shape ``[B, T, Hv, Dk]``, the Kimi Delta
+Attention path).
 
     python bench/growth_gates.py --json bench-out/growth_gates.json
 """
@@ -24,7 +26,7 @@ from _common import OUT, meta, write_json
 NAMES = ("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _inputs(T: int, D: int, gate: float, state_std: float, seed: int = 0):
+def _inputs(T: int, D: int, gate: float, state_std: float, seed: int = 0, channel: bool = False):
     import mlx.core as mx
 
     keys = mx.random.split(mx.random.key(seed), 6)
@@ -35,31 +37,35 @@ def _inputs(T: int, D: int, gate: float, state_std: float, seed: int = 0):
     beta = mx.random.uniform(0.1, 0.9, (1, T, 1), key=keys[3])
     h0 = state_std * mx.random.normal((1, 1, D, D), key=keys[4])
     w = mx.random.normal((1, T, 1, D), key=keys[5])
-    g = mx.full((1, T, 1), gate)
+    g = mx.full((1, T, 1, D) if channel else (1, T, 1), gate)
     return [q, k, v, g, beta, h0], w
 
 
 def _loop64(q, k, v, g, beta, h0):
-    """The recurrence one step at a time, in float64 (the reference)."""
+    """The recurrence one step at a time, in float64 (the reference); ``g`` per head
+    ``[B, T, H]`` or per key channel ``[B, T, H, Dk]``."""
     import mlx.core as mx
 
     q, k, v, g, beta, S = (x.astype(mx.float64) for x in (q, k, v, g, beta, h0))
     scale = q.shape[-1] ** -0.5
     outs = []
     for t in range(q.shape[1]):
-        S = S * mx.exp(g[:, t])[..., None, None]
+        a = mx.exp(g[:, t])
+        S = S * (a[..., None, :] if g.ndim == 4 else a[..., None, None])
         err = v[:, t] - (S @ k[:, t][..., None])[..., 0]
         S = S + (beta[:, t][..., None] * err)[..., :, None] * k[:, t][..., None, :]
         outs.append(scale * (S @ q[:, t][..., None])[..., 0])
     return mx.stack(outs, axis=1), S
 
 
-def measure(gate: float, chunk_sizes: list[int], T: int, D: int, state_std: float) -> list[dict]:
+def measure(
+    gate: float, chunk_sizes: list[int], T: int, D: int, state_std: float, channel: bool = False
+) -> list[dict]:
     import mlx.core as mx
 
     import chunkscan
 
-    xs, w = _inputs(T, D, gate, state_std)
+    xs, w = _inputs(T, D, gate, state_std, channel=channel)
 
     def run(fn):
         def loss(*a):
@@ -82,6 +88,7 @@ def measure(gate: float, chunk_sizes: list[int], T: int, D: int, state_std: floa
         for impl, fn in impls.items():
             got = run(fn)
             row = {"T": T, "gate": gate, "impl": impl, "state_std": state_std}
+            row["channel"] = channel
             bad = 0
             for name, a, b in zip(NAMES, got, ref):
                 b = b.astype(mx.float32)
@@ -101,13 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--T", type=int, nargs="+", default=[64, 128])
     p.add_argument("--D", type=int, default=16)
     p.add_argument("--state-std", type=float, nargs="+", default=[1.0])
+    p.add_argument("--channel", action="store_true",
+                   help="the gate per key channel, [B, T, Hv, Dk] (default: per head)")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "growth_gates.json"))
     args = p.parse_args(argv)
     rows = []
     for T in args.T:
         for std in args.state_std:
             for gate in args.gates:
-                rows += measure(gate, args.chunk_sizes, T, args.D, std)
+                rows += measure(gate, args.chunk_sizes, T, args.D, std, args.channel)
     print("| T | gate | state std | impl | o | final | worst gradient | non-finite gradients |")
     print("|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
