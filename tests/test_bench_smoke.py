@@ -257,4 +257,12 @@ def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     assert worst(rows[0.6, "chunk 64"]) > 4e-5
     assert rows[1.2, "naive"]["non_finite_grads"] == rows[1.2, "chunk 8"]["non_finite_grads"] == 0
     assert rows[1.2, "chunk 64"]["non_finite_grads"] > 0
+    # per key channel (docs/gated_delta.md): values close, gradients overflow the same way
+    argv = ["--channel", "--gates", "1.2", "--chunk-sizes", "8", "64", "--T", "64"]
+    assert growth_gates.main([*argv, "--json", str(out)]) == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["rows"]}
+    assert all(r["channel"] for r in rows.values())
+    assert max(rows["chunk 64"][n] for n in ("o", "final")) <= 8e-6  # measured 1.3e-6
+    assert rows["naive"]["non_finite_grads"] == rows["chunk 8"]["non_finite_grads"] == 0
+    assert rows["chunk 64"]["non_finite_grads"] > 0
     sys.modules.pop("growth_gates", None)

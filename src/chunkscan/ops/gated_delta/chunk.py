@@ -128,6 +128,8 @@ def gated_delta_rule(
             ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
             ``<= 0`` down to ``-inf`` (a reset of one column) are exact to float32
             rounding; the chunk size is rounded up to a multiple of 8 (sub-chunks).
+            Positive per-channel gates: values within 2e-6 of the float64 loop, but
+            the gradients overflow as above (``bench/growth_gates.py --channel``).
             The sequential passes use the CUDA kernel as for the scalar gate.
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
