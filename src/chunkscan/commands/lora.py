@@ -7,9 +7,9 @@ attention layers of every model through :func:`chunkscan.attention`, and their m
 per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
 
 - ``--gdn-chunk-size N`` (YAML key ``gdn_chunk_size``): steps per chunk of
-  :func:`chunkscan.gated_delta_rule` in the Gated DeltaNet layers; the resolved value
-  is saved in ``adapter_config.json``. ``--scan-chunk-size`` / ``scan_chunk_size`` are
-  deprecated aliases (they warn).
+  :func:`chunkscan.gated_delta_rule` in the Gated DeltaNet layers (default:
+  :func:`op_default_chunk_size`); the resolved value is saved in ``adapter_config.json``.
+  ``--scan-chunk-size`` / ``scan_chunk_size`` are deprecated aliases (they warn).
 - ``--demo``: build a tiny random Qwen3-Next model, tokenizer and data set in a
   temporary directory (no network) and train a few steps on it; other flags still
   apply (e.g. ``chunkscan lora --demo --iters 5``); ``--model``/``--data`` paths that
@@ -68,7 +68,9 @@ def _mlx_lm_lora():
 
 
 def op_default_chunk_size() -> int:
-    """The ``chunk_size`` :func:`chunkscan.gated_delta_rule` uses when given none."""
+    """The ``chunk_size`` :func:`chunkscan.gated_delta_rule` uses when given none, for
+    head sizes ``Dk = Dv = 128`` on this machine (:func:`default_chunk_size`'s defaults:
+    64 on a CPU; on a CUDA GPU 32, 64 or 128, depending on the fused kernels)."""
     from ..ops.gated_delta.chunk import default_chunk_size
 
     return default_chunk_size()
@@ -129,8 +131,9 @@ def build_parser():
         default=None,
         metavar="N",
         help="Steps per chunk of chunkscan.gated_delta_rule in Gated DeltaNet layers "
-        f"(default: the op's, {op_default_chunk_size()}; {_OLD_FLAG} is a deprecated "
-        "alias).",
+        f"(default: {op_default_chunk_size()} on this machine: the op's "
+        "default_chunk_size() for heads of 128, which is 64 on a CPU and 32, 64 or 128 "
+        f"on a CUDA GPU; {_OLD_FLAG} is a deprecated alias).",
     )
     parser.add_argument(
         "--gdn-save-states",
