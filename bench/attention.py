@@ -15,9 +15,10 @@ The loss is ``sum(o)`` (float32); gradients for q, k and v. Memory:
 ``mx.get_peak_memory()`` above the active memory before the call (inputs excluded;
 forward, backward and the gradients included), after one warm-up call. Time: median
 of ``--repeats`` warm calls, and the ratio to ``mlx_fast`` at the same T in the same
-run. Output (default ``./bench-out/attention.json``, outside ``bench/results``): a JSON
-list of rows ``{"impl", "T", "ms", "kib_per_token", ..., "meta"}``, ``meta`` holding
-argv, git commit, device and versions; a plot beside it when matplotlib is there.
+run. Output (default ``bench-out/attention.json`` in the repository root, wherever it is
+run from; outside ``bench/results``): a JSON list of rows ``{"impl", "T", "ms",
+"kib_per_token", ..., "meta"}``, ``meta`` holding argv, git commit, device and
+versions; a plot beside it when matplotlib is there.
 
     python bench/attention.py --shape qwen3-next --T 2048 4096 8192 16384     # GPU
     python bench/attention.py --shape cpu-small --T 512 1024 2048 4096 8192   # CPU
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-max-T", type=int, default=1 << 30,
                    help="skip mlx_fast above this T (its memory is O(T^2))")  # fmt: skip
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
-    p.add_argument("--json", default=str(pathlib.Path("bench-out") / "attention.json"))
+    p.add_argument("--json", default=str(ROOT / "bench-out" / "attention.json"))
     p.add_argument("--from-json", default=None, help="only rebuild the table and plot")
     return p
 
