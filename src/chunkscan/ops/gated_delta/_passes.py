@@ -33,6 +33,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..._backend import cuda_device, use_kernels
+from .._cpu_threads import matmul
 
 __all__ = ["cuda_device", "portable_state_pass", "state_pass", "use_kernels"]
 
@@ -123,11 +124,11 @@ def portable_state_pass(
         vs: list[mx.array | None] = [None] * F.shape[1]
 
         def step(x: mx.array, c: int) -> mx.array:
-            v = -(F[:, c] @ x.swapaxes(-1, -2))  # [L, C, R]
+            v = -matmul(F[:, c], x.swapaxes(-1, -2))  # [L, C, R]
             if E is not None:
                 v = v + E[:, c]
             vs[c] = v
-            x = d[:, c] * x + v.swapaxes(-1, -2) @ G[:, c]
+            x = d[:, c] * x + matmul(v.swapaxes(-1, -2), G[:, c])
             return x + H[:, c] if H is not None else x
 
         out = _walk(x_in, F.shape[1], reverse, loads, stores, inits, step)

@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from ... import _backend, _ordering, _tree
 from ..._backend import env_int
+from .._cpu_threads import matmul
 from . import _chunk_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
@@ -469,7 +470,7 @@ def _make_core(
                 d_o = d_o.reshape(B, c1 - c0, chunks.C, Hk, G, Dv)
                 d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
                 # The state-independent part of the state gradient, for every chunk.
-                h = d_o.swapaxes(-1, -2) @ (p.qg - p.p @ p.w)  # [B, Hk, G, n, Dv, Dk]
+                h = matmul(d_o.swapaxes(-1, -2), p.qg - matmul(p.p, p.w))  # [B, Hk, G, n, Dv, Dk]
                 if ct_saved and keep_chunks:  # the states entering the chunks were saved:
                     h = h + per_head(ct_saved[gi])  # their cotangents join at the chunk
                 operands = (lanes(p.decay), lanes(p.kt), None, lanes(p.w), lanes(h))
@@ -691,8 +692,8 @@ def _prepare_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
     gam = mx.exp(mx.where(_causal(C), rel, -mx.inf))  # gamma_i / gamma_j, zero above
 
     kt_ = kf.swapaxes(-1, -2)
-    kk = kf @ kt_
-    qk = qf @ kt_
+    kk = matmul(kf, kt_)
+    qk = matmul(qf, kt_)
     a = unit_lower_inverse(mx.where(strict, bf[..., :, None] * gam * kk, 0.0))
     gamma = mx.exp(gcum)
     to_end = mx.exp(to_end)
@@ -701,7 +702,7 @@ def _prepare_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
     return dict(
         q=qf, k=kf, v=vf, g=gf, beta=bf, gamma=gamma, to_end=to_end,
         decay=mx.exp(gcum[..., -1]), kk=kk, qk=qk, gam=gam, a=a, kb=kb, vb=vb,
-        w=a @ kb, u=a @ vb, qg=qf * (scale * gamma)[..., None], p=(scale * qk) * gam,
+        w=matmul(a, kb), u=matmul(a, vb), qg=qf * (scale * gamma)[..., None], p=(scale * qk) * gam,
         kt=kf * to_end[..., None],
     )  # fmt: skip
 
@@ -724,8 +725,8 @@ def _group_outputs(
 def _group_outputs_arrays(qg, pm, u, w, s, o_bad, v_new=None):
     st = s.swapaxes(-1, -2)
     if v_new is None:
-        v_new = u - w @ st
-    o = qg @ st + pm @ v_new
+        v_new = u - matmul(w, st)
+    o = matmul(qg, st) + matmul(pm, v_new)
     B, _, _, n, C, Dv = o.shape
     o = o.transpose(0, 3, 4, 1, 2, 5).reshape(B, n, C, -1, Dv)
     return mx.where(o_bad[..., None], _NAN, o)
@@ -743,10 +744,10 @@ def _state_terms(p: SimpleNamespace, s, d_s, d_o, v_new, v_back):
     ``[B, Hk, G, n, C, Dv]``; where the state passes formed ``v_new`` or
     ``v_back = -kt dS^T`` (:func:`._passes.state_pass`'s ``values``), from those."""
     if v_new is None:
-        v_new = p.u - p.w @ s.swapaxes(-1, -2)
-    d_vnew = p.p.swapaxes(-1, -2) @ d_o
+        v_new = p.u - matmul(p.w, s.swapaxes(-1, -2))
+    d_vnew = matmul(p.p.swapaxes(-1, -2), d_o)
     if v_back is None:
-        d_vnew = d_vnew + p.kt @ d_s.swapaxes(-1, -2)
+        d_vnew = d_vnew + matmul(p.kt, d_s.swapaxes(-1, -2))
     else:
         d_vnew = d_vnew - v_back
     return v_new, d_vnew
@@ -767,18 +768,18 @@ def _group_backward_arrays(
     # Per-chunk gradients given the states (o = qg S^T + p v_new, v_new = u - w S^T,
     # S_next = decay S + v_new^T kt).
     v_new, d_vnew = _state_terms(p, s, d_s, d_o, v_new, v_back)  # d_vnew: also d_u
-    d_w = -(d_vnew @ s)
-    d_qg = d_o @ s
-    d_p = mx.where(causal, d_o @ v_new.swapaxes(-1, -2), 0.0)
-    d_kt = v_new @ d_s
+    d_w = -matmul(d_vnew, s)
+    d_qg = matmul(d_o, s)
+    d_p = mx.where(causal, matmul(d_o, v_new.swapaxes(-1, -2)), 0.0)
+    d_kt = matmul(v_new, d_s)
     d_decay = mx.sum(d_s * s, axis=(-2, -1))
 
     # Back through the preparation.
-    d_kb = p.a.swapaxes(-1, -2) @ d_w
-    d_vb = p.a.swapaxes(-1, -2) @ d_vnew
-    d_a = d_w @ p.kb.swapaxes(-1, -2) + d_vnew @ p.vb.swapaxes(-1, -2)
     at = p.a.swapaxes(-1, -2)
-    d_l = mx.where(strict, -(at @ d_a @ at), 0.0)  # X = (I + L)^-1: dL = -X^T dX X^T
+    d_kb = matmul(at, d_w)
+    d_vb = matmul(at, d_vnew)
+    d_a = matmul(d_w, p.kb.swapaxes(-1, -2)) + matmul(d_vnew, p.vb.swapaxes(-1, -2))
+    d_l = mx.where(strict, -matmul(matmul(at, d_a), at), 0.0)  # X = (I + L)^-1: dL = -X^T dX X^T
     kdkb = mx.sum(d_kb * p.k, axis=-1)
     beta_i = p.beta[..., :, None]
     d_beta = mx.sum(d_vb * p.v, axis=-1) + p.gamma * kdkb + mx.sum(d_l * p.gam * p.kk, axis=-1)
@@ -786,10 +787,10 @@ def _group_backward_arrays(
     d_gam = mx.where(strict, p.scale * d_p * p.qk + d_l * beta_i * p.kk, 0.0)
     d_qk = mx.sum(p.scale * d_p * p.gam, axis=2, keepdims=True)
     d_kk = mx.sum(d_l * beta_i * p.gam, axis=2, keepdims=True)
-    d_q = mx.sum(d_qg * (p.scale * p.gamma)[..., None], axis=2, keepdims=True) + d_qk @ p.k
+    d_q = mx.sum(d_qg * (p.scale * p.gamma)[..., None], axis=2, keepdims=True) + matmul(d_qk, p.k)
     d_k = (
-        d_qk.swapaxes(-1, -2) @ p.q
-        + (d_kk + d_kk.swapaxes(-1, -2)) @ p.k
+        matmul(d_qk.swapaxes(-1, -2), p.q)
+        + matmul(d_kk + d_kk.swapaxes(-1, -2), p.k)
         + mx.sum(d_kt * p.to_end[..., None] + d_kb * (p.beta * p.gamma)[..., None], axis=2,
                  keepdims=True)
     )  # fmt: skip
@@ -1018,8 +1019,8 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     return dict(
         q=qf, k=kf, v=vf, g=gf, beta=bf, gamma=gamma, to_end=to_end, decay=decay,
         kr=kr, er=er, dec=dec, kk=kk, a=a, kb=kb, vb=vb, **({} if fac is None else {"fac": fac}),
-        w=a @ kb, u=a @ vb, qg=qf * (scale * gamma), p=scale * mx.where(_causal(C), qk, 0.0),
-        kt=kf * to_end,
+        w=matmul(a, kb), u=matmul(a, vb), qg=qf * (scale * gamma),
+        p=scale * mx.where(_causal(C), qk, 0.0), kt=kf * to_end,
     )  # fmt: skip
 
 
@@ -1060,18 +1061,18 @@ def _group_backward_channel_arrays(
 
     # Per-chunk gradients given the states, as for the scalar gate.
     v_new, d_vnew = _state_terms(p, s, d_s, d_o, v_new, v_back)
-    d_w = -(d_vnew @ s)
-    d_qg = d_o @ s
-    d_p = mx.where(causal, d_o @ v_new.swapaxes(-1, -2), 0.0)
-    d_kt = v_new @ d_s  # [.., C, Dk]
+    d_w = -matmul(d_vnew, s)
+    d_qg = matmul(d_o, s)
+    d_p = mx.where(causal, matmul(d_o, v_new.swapaxes(-1, -2)), 0.0)
+    d_kt = matmul(v_new, d_s)  # [.., C, Dk]
     d_decay = mx.sum(d_s * s, axis=-2)  # [.., Dk]
 
     # Back through the UT inverse and the weighted keys.
     at = p.a.swapaxes(-1, -2)
-    d_kb = at @ d_w
-    d_vb = at @ d_vnew
-    d_a = d_w @ p.kb.swapaxes(-1, -2) + d_vnew @ p.vb.swapaxes(-1, -2)
-    d_l = mx.where(strict, -(at @ d_a @ at), 0.0)
+    d_kb = matmul(at, d_w)
+    d_vb = matmul(at, d_vnew)
+    d_a = matmul(d_w, p.kb.swapaxes(-1, -2)) + matmul(d_vnew, p.vb.swapaxes(-1, -2))
+    d_l = mx.where(strict, -matmul(matmul(at, d_a), at), 0.0)
     d_beta = (
         mx.sum(d_vb * p.v, axis=-1)
         + mx.sum(d_kb * p.k * p.gamma, axis=-1)

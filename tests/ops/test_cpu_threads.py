@@ -1,0 +1,90 @@
+"""Products split across CPU threads (``chunkscan.ops._cpu_threads``): bit for bit the
+unsplit product, split where it should be, and the setting's checks."""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+import pytest
+from helpers import gated_delta_inputs as make_inputs
+from helpers import gdn_outputs_and_grads as outputs_and_grads
+
+from chunkscan.ops import _cpu_threads
+from chunkscan.ops.gated_delta import chunk as chunk_module
+from chunkscan.ops.gated_delta import gated_delta_rule
+
+
+@pytest.fixture
+def split_all(monkeypatch):
+    """Every product with a batch axis is split (the tests' shapes are small)."""
+    monkeypatch.setattr(_cpu_threads, "MIN_FLOPS", 0)
+    calls = []
+    real = mx.matmul
+
+    def counted(a, b, *, stream=None):
+        calls.append(stream)
+        return real(a, b, stream=stream)
+
+    monkeypatch.setattr(_cpu_threads.mx, "matmul", counted)
+    return calls
+
+
+SHAPES = [
+    ((5, 3, 4), (5, 4, 6)),  # one batch axis
+    ((2, 3, 1, 7, 8, 4), (2, 3, 5, 7, 4, 8)),  # a broadcast axis (key heads), as the op's
+    ((1, 6, 4), (3, 1, 4, 2)),  # more batch axes on one side
+]
+
+
+@pytest.mark.parametrize("threads", ["2", "3", "8"])
+@pytest.mark.parametrize("shapes", SHAPES, ids=["batch", "broadcast", "ranks"])
+def test_a_split_product_is_the_product_bit_for_bit(split_all, monkeypatch, shapes, threads):
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", threads)
+    a = mx.random.normal(shapes[0], key=mx.random.key(1))
+    b = mx.random.normal(shapes[1], key=mx.random.key(2))
+    for x, y in ((a, b), (b.swapaxes(-1, -2), a.swapaxes(-1, -2))):  # transposed views
+        got = _cpu_threads.matmul(x, y)
+        assert mx.array_equal(got, x @ y).item()
+    assert any(s is not None for s in split_all), "nothing was split"
+
+
+def test_one_thread_and_small_products_are_not_split(split_all, monkeypatch):
+    a, b = mx.ones((4, 8, 8)), mx.ones((4, 8, 8))
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "1")
+    _cpu_threads.matmul(a, b)
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "2")
+    _cpu_threads.matmul(mx.ones((1, 8, 8)), b[:1])  # no batch axis of two
+    monkeypatch.setattr(_cpu_threads, "MIN_FLOPS", 2 * 4 * 8**3 + 1)
+    _cpu_threads.matmul(a, b)
+    assert split_all == []  # each an unsplit a @ b
+    monkeypatch.setattr(_cpu_threads, "MIN_FLOPS", 0)
+    _cpu_threads.matmul(a, b)
+    assert len(split_all) == 2  # the control: two slices
+
+
+@pytest.mark.parametrize("channel", [False, True], ids=["scalar-gate", "channel-gate"])
+def test_the_op_is_bit_for_bit_the_one_thread_op(split_all, monkeypatch, channel):
+    """Values and all six gradients of the op, every product split, equal the call on
+    one thread (packed sequences, several groups)."""
+    monkeypatch.setattr(chunk_module, "_GROUP_BYTES", 3 * 4 * 2 * 16 * 16 * 20)
+    cu = [0, 9, 30, 61]
+    inputs = make_inputs(1, 61, 2, 4, 16, 8, n_states=3, channel=channel)
+    runs = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", threads)
+        runs[threads] = outputs_and_grads(gated_delta_rule, inputs, chunk_size=8, cu_seqlens=cu)
+    assert any(s is not None for s in split_all), "nothing was split"
+    for a, b in zip(runs["1"], runs["2"]):
+        assert mx.array_equal(a, b).item()
+
+
+def test_the_setting(monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", " 3 ")
+    assert _cpu_threads.threads() == 3
+    monkeypatch.delenv("CHUNKSCAN_CPU_THREADS")
+    assert 1 <= _cpu_threads.threads() <= _cpu_threads.MAX_THREADS
+    for bad, error in (("0", "must be at least 1"), ("two", "a whole number of threads")):
+        monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", bad)
+        with pytest.raises(ValueError, match=re.escape(error)):
+            _cpu_threads.threads()
