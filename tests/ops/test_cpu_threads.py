@@ -7,10 +7,13 @@ import re
 
 import mlx.core as mx
 import pytest
+from helpers import attention_inputs
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_outputs_and_grads as outputs_and_grads
 
+import chunkscan
 from chunkscan.ops import _cpu_threads
+from chunkscan.ops.attention import blocked
 from chunkscan.ops.gated_delta import chunk as chunk_module
 from chunkscan.ops.gated_delta import gated_delta_rule
 
@@ -88,3 +91,25 @@ def test_the_setting(monkeypatch):
         monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", bad)
         with pytest.raises(ValueError, match=re.escape(error)):
             _cpu_threads.threads()
+
+
+@pytest.mark.parametrize("mask", ["causal", None], ids=["causal", "none"])
+def test_blocked_attention_is_bit_for_bit_the_one_thread_op(split_all, monkeypatch, mask):
+    """Attention's blocked form (the CPU's beyond ``mx.fast``'s short calls), every
+    product split: values and gradients equal the call on one thread."""
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
+    q, k, v, ct = attention_inputs(2, 4, 2, 40, 40, 16)
+
+    def run():
+        def fn(q, k, v):
+            return chunkscan.attention(q, k, v, scale=0.25, mask=mask, chunk_size=16)
+
+        return mx.vjp(fn, [q, k, v], [ct])
+
+    runs = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", threads)
+        runs[threads] = run()
+    assert any(s is not None for s in split_all), "nothing was split"
+    flat = [[*o, *g] for o, g in runs.values()]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(*flat))

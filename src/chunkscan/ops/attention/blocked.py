@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from ... import _ordering, _tree
 from ..._backend import check_kernels, use_kernels
+from .._cpu_threads import matmul
 from . import _cuda
 from ._checks import Spec, check_inputs
 from .naive import mask_5d
@@ -210,7 +211,7 @@ def _make_core(
     def probs(qr: mx.array, kp: mx.array, blk: tuple[int, int, int]) -> mx.array:
         """Float32 softmax ``[B, Hkv, G, r, kend]`` of a block (``qr`` already scaled)."""
         t0, t1, kend = blk
-        s = (qr @ kp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, t1 - t0, kend)
+        s = matmul(qr, kp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, t1 - t0, kend)
         if spec.mask_kind == "causal":
             # Every row in a block sees key 0 (t0 >= T - S): no fully masked row.
             cols = mx.arange(kend)[None, :]
@@ -264,7 +265,7 @@ def _make_core(
             qb = _ordering.carry_after_outputs([qg[:, :, :, t0:t1]], prev)[0]
             qr = (qb * scale).reshape(B, Hkv, G * (t1 - t0), D)
             p = probs(qr, k[:, :, :kend], blk)
-            o_b = p.reshape(B, Hkv, G * (t1 - t0), kend).astype(dtype) @ v[:, :, :kend]
+            o_b = matmul(p.reshape(B, Hkv, G * (t1 - t0), kend).astype(dtype), v[:, :, :kend])
             o_b = o_b.reshape(B, Hkv, G, t1 - t0, Dv)
             outs.append(o_b)
             prev = [o_b]
@@ -301,16 +302,16 @@ def _make_core(
             kp, vp = k[:, :, :kend], v[:, :, :kend]
             p = probs(qr, kp, blk)
             delta = mx.sum(dob.astype(F32) * ob.astype(F32), axis=-1, keepdims=True)
-            dp = (dor @ vp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, r, kend)
+            dp = matmul(dor, vp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, r, kend)
             # Zero where p is: a masked key's dp (a product in the input dtype) can
             # overflow float16 to inf, and 0 * inf made the row's dq NaN in blocks that
             # hold masked keys only (found by probing: NaN with one block, finite with
             # blocks of 16, for the same call).
             ds = mx.where(p > 0, p * (dp - delta), 0.0)
             ds = ds.reshape(B, Hkv, G * r, kend).astype(dtype)
-            dq_b = ((ds @ kp) * scale).reshape(B, Hkv, G, r, D)
-            dk_b = ds.swapaxes(-1, -2) @ qr  # qr carries the scale
-            dv_b = p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2) @ dor
+            dq_b = (matmul(ds, kp) * scale).reshape(B, Hkv, G, r, D)
+            dk_b = matmul(ds.swapaxes(-1, -2), qr)  # qr carries the scale
+            dv_b = matmul(p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2), dor)
             dk, dv = _accumulate(dk, dk_b, kend), _accumulate(dv, dv_b, kend)
             # Rule 3: the accumulators move on only after this block's dq.
             dk, dv = _ordering.cotangent_after_gradients([dk, dv], [dq_b])
