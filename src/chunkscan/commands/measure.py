@@ -22,6 +22,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..ops import _cpu_threads
+
 MiB = 1024.0 * 1024.0
 _MARK = "@@chunkscan-result@@"
 
@@ -58,7 +60,8 @@ _RECORDED_ENV = ("CHUNKSCAN_", "MLX_")
 def provenance() -> dict[str, Any]:
     """What a measurement file records about its run: argv, git commit (or
     ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device, versions,
-    and the ``CHUNKSCAN_*`` / ``MLX_*`` environment variables set (they change what runs)."""
+    the ``CHUNKSCAN_*`` / ``MLX_*`` environment variables set (they change what runs) and
+    the threads the CPU products use (:func:`chunkscan.ops._cpu_threads.threads`)."""
     import platform
 
     commit = os.environ.get("CHUNKSCAN_COMMIT")
@@ -86,6 +89,7 @@ def provenance() -> dict[str, Any]:
         "device": f"{mx.default_device()}, {platform.machine()}, {os.cpu_count()} cpus",
         "versions": versions,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_RECORDED_ENV)},
+        "cpu_threads": _cpu_threads.threads(),  # the CPU products' threads in effect
     }
 
 
