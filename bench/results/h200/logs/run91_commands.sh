@@ -12,6 +12,13 @@
 #           4096 MiB (four groups: three `prepare` launches again in the backward, 2.43
 #           ms, and 24 joining copies, 0.97 ms, run 89) against 8192 (two groups) and
 #           16384 (one), for what a larger budget would buy and cost.
+# Revised in session 28 (still not run: no device): part a's CUDA tests now include
+# test_cuda_second_derivatives (a second derivative with the kernels must fail with
+# MLX's CustomKernel message; without them it must match the oracle: the portable
+# backward now adds the saved states' cotangents) and, through the portable-path cases,
+# the state pass's new `values` output (None on CUDA: the group recomputes V); part b
+# first runs attention's CUDA tests (its blocked backward now zeroes the score gradient
+# where the probability is zero).
 # `bash <this> a|b <commit> d1c4466`. Outputs in $OUT/run91<part>.tgz.
 source bench/device_run.sh 91 "$@"  # st, $BASE, $S, pack, cuda_tests
 if [ "$RUN_PART" = a ]; then
@@ -28,6 +35,9 @@ if [ "$RUN_PART" = a ]; then
   done | tee $S/graph_build_real.txt
   pack
 else
+  st attention_tests
+  cuda_tests tests/ops/test_attention_cuda.py
+  pack
   cd bench
   st fla65
   timeout 300 python3 gdn_vs_fla.py --T 65536 --impls fla chunkscan --modes compiled eager \
