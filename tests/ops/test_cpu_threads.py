@@ -4,6 +4,7 @@ unsplit product, split where it should be, and the setting's checks."""
 from __future__ import annotations
 
 import re
+import threading
 
 import mlx.core as mx
 import pytest
@@ -83,14 +84,67 @@ def test_the_op_is_bit_for_bit_the_one_thread_op(split_all, monkeypatch, channel
 
 
 def test_the_setting(monkeypatch):
+    """Read and checked at every product, split or not (a bad value passed small
+    products silently, found by probing); at most ``LIMIT`` (1000 made 199 streams)."""
     monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", " 3 ")
     assert _cpu_threads.threads() == 3
     monkeypatch.delenv("CHUNKSCAN_CPU_THREADS")
     assert 1 <= _cpu_threads.threads() <= _cpu_threads.MAX_THREADS
-    for bad, error in (("0", "must be at least 1"), ("two", "a whole number of threads")):
+    for bad, error in (
+        ("0", "must be from 1 (one thread, no split) to 64 but is 0"),
+        ("65", "must be from 1 (one thread, no split) to 64 but is 65"),
+        ("two", "a whole number of threads"),
+    ):
         monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", bad)
         with pytest.raises(ValueError, match=re.escape(error)):
-            _cpu_threads.threads()
+            _cpu_threads.matmul(mx.ones((2, 2)), mx.ones((2, 2)))
+
+
+def test_vectors_are_left_to_matmul(split_all, monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "2")
+    a, b = mx.arange(4.0), mx.ones((3, 4, 6))
+    assert mx.array_equal(_cpu_threads.matmul(a, b), a @ b).item()
+    assert mx.array_equal(_cpu_threads.matmul(b.swapaxes(-1, -2), a), b.swapaxes(-1, -2) @ a)
+    assert split_all == []
+
+
+def _in_thread(fn):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(fn()))
+    worker.start()
+    worker.join()
+    return box[0]
+
+
+@pytest.mark.parametrize("first", ["main", "worker"])
+def test_every_python_thread_splits_with_streams_of_its_own(split_all, monkeypatch, first):
+    """MLX's streams belong to the Python thread that made them: with one shared set,
+    every thread but the first to split a product failed with ``There is no
+    Stream(cpu, 1) in current thread`` (found by probing; the op at T = 256 in a worker
+    thread after a call in the main one)."""
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "2")
+    monkeypatch.setattr(_cpu_threads, "_LOCAL", threading.local())  # no streams yet
+    a = mx.random.normal((4, 8, 8), key=mx.random.key(1))
+    mx.eval(a)  # an array made lazily in one thread cannot be evaluated in another
+
+    def product():
+        out = _cpu_threads.matmul(a, a)
+        mx.eval(out)
+        return out
+
+    order = [product, lambda: _in_thread(product)]
+    results = [step() for step in (order if first == "main" else order[::-1])]
+    assert all(mx.array_equal(r, a @ a).item() for r in results)
+    assert sum(s is not None for s in split_all) == 4  # each thread: two slices
+
+
+def test_past_the_stream_budget_a_thread_does_not_split(split_all, monkeypatch):
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "2")
+    monkeypatch.setattr(_cpu_threads, "_LOCAL", threading.local())
+    monkeypatch.setattr(_cpu_threads, "MAX_STREAMS", _cpu_threads._MADE[0])
+    a = mx.ones((4, 8, 8))
+    assert mx.array_equal(_cpu_threads.matmul(a, a), a @ a).item()
+    assert split_all == []
 
 
 @pytest.mark.parametrize("mask", ["causal", None], ids=["causal", "none"])

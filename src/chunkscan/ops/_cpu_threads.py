@@ -15,25 +15,37 @@ one half before the other: two halves of a Gated DeltaNet call on two streams ba
 overlapped unless that width was raised tenfold. The slices of one product are
 adjacent in the tape, so they run side by side.
 
-Threads: ``CHUNKSCAN_CPU_THREADS`` (read at each call; ``1``: no split), else the
-CPU cores this process may use, at most :data:`MAX_THREADS`. Only products on the CPU
-device with at least :data:`MIN_FLOPS` floating-point operations and a batch axis of
-at least two are split; the others are ``a @ b``.
+Threads: ``CHUNKSCAN_CPU_THREADS`` (``1``: no split; at most :data:`LIMIT`), else the
+CPU cores this process may use, at most :data:`MAX_THREADS`; read at each call of an
+op (under ``mx.compile``, when it traces). Only products on the CPU device with at
+least :data:`MIN_FLOPS` floating-point operations and a batch axis of at least two are
+split; the others are ``a @ b``.
+
+MLX's streams belong to the Python thread that made them, so each Python thread that
+splits a product makes streams of its own (``threads() - 1`` of them, kept for the
+thread's life; MLX keeps their OS threads to the end of the process). Past
+:data:`MAX_STREAMS` streams in all (many short-lived Python threads), later threads
+stop splitting.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 import mlx.core as mx
 
 from .._backend import env_int
 
-MAX_THREADS = 8
+MAX_THREADS = 8  # the default's cap
+LIMIT = 64  # the setting's
+MAX_STREAMS = 256  # streams made by this module, over every Python thread
 # Below this many flops (about half a millisecond of the reference BLAS) a product is
 # not split: the streams' synchronisation and the concatenate would cost more.
 MIN_FLOPS = 1 << 22
-_STREAMS: list[mx.Stream] = []
+_LOCAL = threading.local()  # .streams: this Python thread's streams
+_MADE = [0]  # streams made so far (under _LOCK)
+_LOCK = threading.Lock()
 
 
 def threads() -> int:
@@ -41,10 +53,11 @@ def threads() -> int:
     docstring)."""
     n = env_int("CHUNKSCAN_CPU_THREADS", "chunkscan", "a whole number of threads such as 2")
     if n is not None:
-        if n < 1:
+        if not 1 <= n <= LIMIT:
             raise ValueError(
-                f"[chunkscan] the environment variable CHUNKSCAN_CPU_THREADS must be at "
-                f"least 1 (1: one thread, no split) but is {n}. Unset it for the default."
+                f"[chunkscan] the environment variable CHUNKSCAN_CPU_THREADS must be from 1 "
+                f"(one thread, no split) to {LIMIT} but is {n}. Unset it for the default "
+                f"(the usable cores, at most {MAX_THREADS})."
             )
         return n
     try:
@@ -54,17 +67,29 @@ def threads() -> int:
     return max(1, min(MAX_THREADS, cores))
 
 
-def _streams(n: int) -> list[mx.Stream]:
-    """The current stream and ``n - 1`` CPU streams of this module's (made once)."""
-    while len(_STREAMS) < n - 1:
-        _STREAMS.append(mx.new_stream(mx.cpu))
-    return [mx.default_stream(mx.cpu), *_STREAMS[: n - 1]]
+def _streams(n: int) -> list[mx.Stream] | None:
+    """The current stream and ``n - 1`` CPU streams of this Python thread's (made once
+    per thread), or ``None`` where :data:`MAX_STREAMS` would be passed."""
+    mine = getattr(_LOCAL, "streams", None)
+    if mine is None:
+        mine = _LOCAL.streams = []
+    if len(mine) < n - 1:
+        with _LOCK:
+            if _MADE[0] + n - 1 - len(mine) > MAX_STREAMS:
+                return None
+            _MADE[0] += n - 1 - len(mine)
+        while len(mine) < n - 1:
+            mine.append(mx.new_stream(mx.cpu))
+    return [mx.default_stream(mx.cpu), *mine[: n - 1]]
 
 
 def matmul(a: mx.array, b: mx.array) -> mx.array:
     """``a @ b`` (batched, broadcasting as ``@``), split across :func:`threads` CPU
     threads where that pays (module docstring); bit for bit ``a @ b``."""
     if mx.default_device() != mx.cpu:
+        return a @ b
+    n = threads()
+    if n < 2 or a.ndim < 2 or b.ndim < 2:
         return a @ b
     batch = mx.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
@@ -73,13 +98,14 @@ def matmul(a: mx.array, b: mx.array) -> mx.array:
     axis = next((i for i, d in enumerate(batch) if d >= 2), None)
     if axis is None or flops < MIN_FLOPS:
         return a @ b
-    n = min(threads(), batch[axis])
-    if n < 2:
-        return a @ b
     size = batch[axis]
+    n = min(n, size)
+    streams = _streams(n)
+    if streams is None:
+        return a @ b
     bounds = [size * i // n for i in range(n + 1)]
     parts = []
-    for stream, lo, hi in zip(_streams(n), bounds, bounds[1:]):
+    for stream, lo, hi in zip(streams, bounds, bounds[1:]):
         parts.append(
             mx.matmul(_rows(a, axis, len(batch), lo, hi), _rows(b, axis, len(batch), lo, hi),
                       stream=stream)
