@@ -894,3 +894,12 @@ def test_vmap_jvp_and_shapeless_compile_fail_loudly():
     g_channel = mx.broadcast_to(g[..., None], (*g.shape, q.shape[-1]))  # per key channel
     with pytest.raises(RuntimeError, match="JVP is not implemented for cumulative prod"):
         mx.jvp(lambda q: gated_delta_rule(q, k, v, g_channel, beta, chunk_size=4)[0], [q], [t])
+
+
+def test_default_chunk_size_on_the_cpu():
+    """32 on the CPU (fewer multiply-adds than 64: docs/gated_delta.md, "On the CPU");
+    the CUDA defaults: test_gated_delta_fused.py."""
+    from chunkscan.ops.gated_delta.chunk import default_chunk_size
+
+    with mx.stream(mx.cpu):
+        assert default_chunk_size() == 32

@@ -70,7 +70,8 @@ def _mlx_lm_lora():
 def op_default_chunk_size() -> int:
     """The ``chunk_size`` :func:`chunkscan.gated_delta_rule` uses when given none, for
     head sizes ``Dk = Dv = 128`` on this machine (:func:`default_chunk_size`'s defaults:
-    64 on a CPU; on a CUDA GPU 32, 64 or 128, depending on the fused kernels)."""
+    32 on a CPU, 64 on an Apple GPU; on a CUDA GPU 32, 64 or 128, depending on the fused
+    kernels)."""
     from ..ops.gated_delta.chunk import default_chunk_size
 
     return default_chunk_size()
@@ -132,8 +133,8 @@ def build_parser():
         metavar="N",
         help="Steps per chunk of chunkscan.gated_delta_rule in Gated DeltaNet layers "
         f"(default: {op_default_chunk_size()} on this machine: the op's "
-        "default_chunk_size() for heads of 128, which is 64 on a CPU and 32, 64 or 128 "
-        f"on a CUDA GPU; {_OLD_FLAG} is a deprecated alias).",
+        "default_chunk_size() for heads of 128, which is 32 on a CPU, 64 on an Apple GPU "
+        f"and 32, 64 or 128 on a CUDA GPU; {_OLD_FLAG} is a deprecated alias).",
     )
     parser.add_argument(
         "--gdn-save-states",

@@ -138,10 +138,11 @@ def gated_delta_rule(
             with ``cu_seqlens``, one per sequence). Default: zeros.
         chunk_size (int, optional): Steps per chunk; a performance knob only (need not
             divide ``T``; larger than the longest sequence means one chunk).
-            Default: ``None``: :func:`default_chunk_size` (64; on CUDA 32 or 128 where
-            the fused kernels do not take 64, and 128 with the
-            kernels off). On CUDA the fused chunk kernels take 32 or 64 (32: faster,
-            twice the saved states); other sizes run the batched MLX ops. Where the
+            Default: ``None``: :func:`default_chunk_size` (32 on the CPU, 64 on an
+            Apple GPU; on CUDA 64, or 32 or 128 where the fused kernels do not take
+            64, and 128 with the kernels off). On CUDA the fused chunk kernels take
+            32 or 64 (32: faster, twice the saved states); other sizes run the batched
+            MLX ops. Where the
             longest sequence is shorter than a chunk, the chunk is that sequence's
             length, but on the fused path the next size the kernels take (padded).
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
@@ -216,12 +217,17 @@ def gated_delta_rule(
 
 def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128) -> int:
     """The ``chunk_size`` :func:`gated_delta_rule` uses when given none, for head sizes
-    ``Dk``, ``Dv``: 64 (fewest multiply-adds on the CPU; the fused CUDA kernels' size).
-    On a CUDA GPU: 64 where the fused chunk kernels take it, else 32 where they take
-    that (a GPU with less shared memory per block than an H100's: an A100 at D = 128),
-    else 128, as with the kernels off (``kernels=False`` or
+    ``Dk``, ``Dv``. On the CPU: 32 (fewer multiply-adds than 64, the chunk-local
+    ``[C, C]`` products shrinking with ``C``; at the Qwen3-Next layer shape, T = 1024,
+    1.42 s against 1.70 on two cores and 2.44 against 3.15 on one, for 108 / 90 KiB per
+    token at T = 2048 / 8192 against 85 / 62: ``docs/gated_delta.md``, "On the CPU").
+    On an Apple GPU: 64. On a CUDA GPU: 64 where the fused chunk kernels take it, else
+    32 where they take that (a GPU with less shared memory per block than an H100's: an
+    A100 at D = 128), else 128, as with the kernels off (``kernels=False`` or
     ``CHUNKSCAN_CUDA_KERNELS=0``): the batched ops run fewer, larger ops there
     (measured 1.2-1.5x faster at the Qwen3-Next layer shape on an H200)."""
+    if mx.default_device() == mx.cpu:
+        return 32
     if not _passes.cuda_device():
         return 64
     if not _passes.use_kernels(kernels, "gated_delta_rule"):
