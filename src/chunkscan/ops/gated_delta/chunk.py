@@ -226,10 +226,8 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
     A100 at D = 128), else 128, as with the kernels off (``kernels=False`` or
     ``CHUNKSCAN_CUDA_KERNELS=0``): the batched ops run fewer, larger ops there
     (measured 1.2-1.5x faster at the Qwen3-Next layer shape on an H200)."""
-    if mx.default_device() == mx.cpu:
-        return 32
     if not _passes.cuda_device():
-        return 64
+        return 32 if mx.default_device() == mx.cpu else 64
     if not _passes.use_kernels(kernels, "gated_delta_rule"):
         return 128
     for C in sorted(_chunk_cuda.CHUNK_SIZES, reverse=True):
