@@ -42,17 +42,27 @@ def gated_delta_backward_peak(
     no_edge: str | None = None,
     save: str | None = None,
     pass_form: str | None = None,
+    split_products: bool = False,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all six gradients of ``gated_delta_rule``, the
     op's groups set to ``group_bytes`` (``channel``: a per-channel gate; ``no_edge``:
     one ordering rule of the op switched off, the negative control; ``save``: what the
     forward keeps, ``chunk._SAVE``; ``pass_form``: the portable state pass's form,
     default the CPU's ``"factored"``; ``"transition"`` is the GPUs', which forms no
-    ``V`` for the outputs, as the kernels do not)."""
+    ``V`` for the outputs, as the kernels do not; ``split_products``: every product
+    split across two CPU threads, :mod:`chunkscan.ops._cpu_threads`)."""
     import functools
+    import os
 
+    from chunkscan.ops import _cpu_threads
     from chunkscan.ops.gated_delta import _passes
     from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    if split_products:
+        _cpu_threads.MIN_FLOPS = 0
+        os.environ["CHUNKSCAN_CPU_THREADS"] = "2"
+    else:
+        os.environ["CHUNKSCAN_CPU_THREADS"] = "1"
 
     if pass_form:
         _passes.portable_state_pass = functools.partial(_passes.portable_state_pass, form=pass_form)
