@@ -142,9 +142,9 @@ def gated_delta_rule(
             Apple GPU; on CUDA 64, or 32 or 128 where the fused kernels do not take
             64, and 128 with the kernels off). On CUDA the fused chunk kernels take
             32 or 64 (32: faster, twice the saved states); other sizes run the batched
-            MLX ops. Where the
-            longest sequence is shorter than a chunk, the chunk is that sequence's
-            length, but on the fused path the next size the kernels take (padded).
+            MLX ops. Where the longest sequence is shorter than a chunk, the chunk is
+            that sequence's length, but on the fused path the next size the kernels
+            take (padded).
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
             (``x / sqrt(sum(x**2) + 1e-6)``, differentiated). Default: ``False``.
         cu_seqlens (list of int or array, optional): Packed sequences: offsets
