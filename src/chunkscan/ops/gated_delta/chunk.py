@@ -37,8 +37,11 @@ F32 = mx.float32
 _NAN = mx.array(math.nan, dtype=F32)
 # Scratch of one group of chunks, in bytes; None: the environment variable
 # CHUNKSCAN_GDN_GROUP_MIB, else 64 MiB on the CPU, 1024 MiB on an Apple GPU, and on a
-# CUDA GPU 1/32 of its memory between 1024 and 4096 MiB (4096 on an H200:
-# _default_group_bytes). There every op and launch costs tens of microseconds, so fewer,
+# CUDA GPU 1/8 of its memory between 1024 and 16384 MiB (16384 on an H200, one group up
+# to T = 65536 at the Qwen3-Next shape: _default_group_bytes; before session 29, 1/32 up
+# to 4096, four groups there: 35.7 ms compiled / 37.8 eager against 31.5 / 33.0 with one,
+# run 91, gdn_vs_fla_65536_groups_h200_7738238.json, at a peak of 264-280 KiB/token
+# against 219-249). There every op and launch costs tens of microseconds, so fewer,
 # larger groups pay: on the H200 at T = 16384 the fused op took 32.5 ms with 1024 MiB
 # groups against 42.2 with 256 (bench/results/h200/gdn_group_mib_h200_fc22e35.json,
 # gdn_save_16384_h200_fc22e35.json), and with the kernels of session 18, 17.5 ms eager
@@ -605,7 +608,7 @@ def _group_size(
 
 def _default_group_bytes() -> int:
     """The group budget without a setting (see ``_GROUP_BYTES``): 64 MiB on the CPU,
-    1024 MiB on an Apple GPU, 1/32 of a CUDA GPU's memory from 1024 to 4096 MiB (1024
+    1024 MiB on an Apple GPU, 1/8 of a CUDA GPU's memory from 1024 to 16384 MiB (1024
     where MLX reports no memory size)."""
     if mx.default_device() == mx.cpu:
         return 64 << 20
@@ -617,7 +620,7 @@ def _gpu_group_bytes(total: int | None) -> int:
     unknown)."""
     if total is None:
         return 1024 << 20
-    return min(4096 << 20, max(1024 << 20, total // 32))
+    return min(16384 << 20, max(1024 << 20, total // 8))
 
 
 # The non-finite checks run per group, forward and backward. Under mx.grad MLX runs the
