@@ -5,7 +5,8 @@
 #   the default budget's CUDA test; the side by side at 16384 and 65536 under the new
 #   default, twice (two samples, every configuration in a fresh process); the eager graph
 #   build at 16384 with the real kernels under cProfile (where the eager call's extra
-#   1.4 ms over compiled goes: run 91 timed the build at 1.30-1.34 ms).
+#   1.4 ms over compiled goes: run 91 timed the build at 1.30-1.34 ms); T = 131072
+#   compiled (two groups of the new budget), for the peak at a length past one group.
 # `bash <this> a <commit> <commit>`. Outputs in $OUT/run92a.tgz.
 source bench/device_run.sh 92 "$@"  # st, $BASE, $S, pack, fla_side_by_side
 st budget_test
@@ -22,5 +23,9 @@ st build_profile
 timeout 90 python3 graph_build.py --T 16384 --repeats 50 --real --profile 45 > $S/graph_build_profile_h200.txt 2>&1
 head -60 $S/graph_build_profile_h200.txt | cut -c1-150
 tail -1 $S/graph_build_profile_h200.txt
+pack
+st t131072
+timeout 120 python3 gdn_vs_fla.py --T 131072 --impls chunkscan --modes compiled --chunk-sizes 64 \
+  --repeats 2 --json $S/gdn_131072_h200.json | grep --line-buffered -E "chunkscan|rror"
 pack
 st done
