@@ -34,7 +34,6 @@ from ._checks import Spec, check_inputs
 from .naive import mask_5d
 
 F32 = mx.float32
-_F32_MIN = float(mx.finfo(F32).min)
 
 #: Float32 scores of one block at most this many bytes (the scratch is a few times it).
 SCRATCH_BYTES = 32 << 20
@@ -225,14 +224,16 @@ def _make_core(
         if m.shape[4] != 1:
             m = m[..., :kend]
         if spec.mask_kind == "bool":
-            s = mx.where(m, s, _F32_MIN)
-            seen = mx.any(m, axis=-1, keepdims=True)
+            s = mx.where(m, s, -mx.inf)
         else:
-            m = m.astype(F32)
-            s = mx.maximum(s + m, _F32_MIN)
-            seen = mx.any(m > -mx.inf, axis=-1, keepdims=True)
-        # A row that sees no key has a uniform softmax over _F32_MIN: zero it.
-        return mx.softmax(s, axis=-1) * seen
+            s = s + m.astype(F32)
+        # A masked key's score is -inf, never a finite stand-in: with the scores clamped
+        # to float32's lowest value, keys masked by -inf tied with keys masked by that
+        # value (Hugging Face's padding mask) and took weight where no key was visible
+        # (found by probing). A row that sees no key (all -inf) softmaxes zeros and is
+        # zeroed, as naive_attention gives; a NaN score keeps its row NaN, as in MLX.
+        seen = mx.any(s != -mx.inf, axis=-1, keepdims=True)
+        return mx.softmax(mx.where(seen, s, 0.0), axis=-1) * seen
 
     def fused_forward(q, k, v):
         if FUSED_FORWARD != "auto":
