@@ -75,9 +75,9 @@ def attention(
     Unlike it (and unlike MLX's backward, which keeps the ``T x S`` scores), backward
     memory is the inputs, outputs and gradients plus one block's scratch, not
     ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
-    under ``mx.vmap`` only where the call goes to ``mx.fast`` (at most
-    ``FAST_MAX_SCORES`` scores per head): the blocked form's ordering edges have no
-    vmap in MLX ("Not implemented for Depends").
+    under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
+    ``FAST_MAX_SCORES`` scores per head) or is one block: the blocked form's ordering
+    edges have neither in MLX ("Not implemented for Depends").
 
     Args:
         q (array): Queries ``[B, Hq, T, D]``.
