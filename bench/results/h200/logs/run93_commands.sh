@@ -3,9 +3,13 @@
 # the portable state pass returns V where it forms it (session 28; on CUDA it forms none)
 # and the CUDA group budget grew to 1/8 of the GPU's memory (run 92): with C = 128 the
 # sequence is one group (128 chunks) where it was two. Then a third sample of the side
-# by side at 16384 (the eager ratio was 2.11x and 2.28x in run 92).
+# by side at 16384 (the eager ratio was 2.11x and 2.28x in run 92). First attention's
+# CUDA tests: its blocked form's array masks now keep -inf scores (no clamp).
 # `bash <this> a <commit> <commit>`. Outputs in $OUT/run93a.tgz.
 source bench/device_run.sh 93 "$@"  # st, $S, pack
+st attention_tests
+cuda_tests tests/ops/test_attention_cuda.py
+pack
 cd bench
 st portable
 timeout 200 python3 gdn_vs_fla.py --T 16384 --impls chunkscan-portable --modes compiled eager \
