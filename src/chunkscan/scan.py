@@ -10,6 +10,7 @@ one chunk before it starts the next.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import warnings
@@ -335,9 +336,15 @@ class _Plan:
             def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
                 c, dx, pp = self.split_primals(list(args))
                 new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp, recompute=True)
-                return new_c + ys
+                return _distinct(new_c + ys)
 
-            with _random.replaying(self.keys.get(i)):
+            # scan_axis around the whole vjp, not only the call: a wrapper's own backward
+            # (chunkscan.checkpoint or mx.checkpoint around a stepwise function without an
+            # axis) recomputes it inside this vjp, after the call has returned; it stepped
+            # along axis 0 there (found by probing: wrong gradients, no error, where a
+            # batch was as long as the chunk).
+            axis_held = scan_axis(self.axis) if _AXIS_IN_BACKWARD else contextlib.nullcontext()
+            with _random.replaying(self.keys.get(i)), axis_held:
                 _, grads = mx.vjp(
                     chunk_fn,
                     waited + p,
@@ -358,6 +365,27 @@ class _Plan:
             for parts, ax in zip(d_xs_chunks, self.diff_axes)
         ]
         return ct_carry + d_xs + d_p
+
+
+# Whether scan's axis holds through the whole vjp of a chunk in the backward (see there);
+# the tests switch it off as the negative control.
+_AXIS_IN_BACKWARD = True
+
+
+def _distinct(arrays: list[mx.array]) -> list[mx.array]:
+    """``arrays`` with every repeat of an array object passed through a ``Depends`` of
+    its own. ``mx.vjp`` keeps one cotangent per output array, so where ``f`` returns one
+    array in two places (a carry ``(h, h)``, or ``h`` as the carry and as the output) the
+    second place's cotangent was dropped (found by probing: half the gradient, no
+    error). The ``Depends`` hands its cotangent on to the array, where MLX adds the two."""
+    seen: set[int] = set()
+    out = []
+    for a in arrays:
+        if id(a) in seen:
+            a = mx.depends([a], [a])[0]
+        seen.add(id(a))
+        out.append(a)
+    return out
 
 
 def _check_arity(f: Callable, has_params: bool) -> None:

@@ -13,7 +13,9 @@ from . import _tree
 from .split import check_axis, common_length, normalize_axis, split_at
 
 # The axis of the innermost scan whose chunk function is running (scan.py sets it around
-# each call): what a stepwise function made without an axis steps along. Read at the
+# each call, and around the whole vjp of a chunk in its backward, where a checkpoint
+# wrapper recomputes the function): what a stepwise function made without an axis
+# steps along. Read at the
 # call, so that it holds through any wrapper scan cannot see into (functools.partial, a
 # lambda); before, scan re-made a bare stepwise function on its axis and a wrapped one
 # stepped along axis 0, silently where a batch was as long as the chunk.
@@ -64,7 +66,8 @@ def stepwise(
             every step.
         axis (int, optional): The time axis. Default: ``None``, the ``axis`` of the
             ``scan`` whose chunk function calls it (also through a wrapper such as
-            ``functools.partial`` or a lambda; the innermost of nested scans; ``0``
+            ``functools.partial``, a lambda or a checkpoint, whose recomputation
+            in the backward takes it too; the innermost of nested scans; ``0``
             outside ``scan``). An axis given here that is not ``scan``'s raises a
             ``ValueError`` in ``scan`` where ``f`` is the stepwise function itself.
 
