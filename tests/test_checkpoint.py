@@ -3,6 +3,7 @@
 import re
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 import chunkscan
@@ -91,6 +92,44 @@ def test_error_no_array_output(out):
     msg = f"[checkpoint] fun must return at least one array but returned {out!r}."
     with pytest.raises(ValueError, match=re.escape(msg)):
         chunkscan.checkpoint(lambda x: out)(mx.zeros((2,)))
+
+
+def test_integer_and_boolean_arguments_are_constants():
+    """Indices and a mask passed as arguments: the gradients of the float arguments match
+    the function without the checkpoint (measured: equal, 0.0), where MLX's vjp with
+    respect to the indices raised (``[gather] Cannot calculate VJP with respect to
+    indices``, as mx.checkpoint still does; found by probing); the integer and boolean
+    arguments get zeros of their dtype."""
+    x = mx.random.normal((4, 3), key=mx.random.key(0))
+    w = mx.random.normal((3, 3), key=mx.random.key(1))
+    idx, keep = mx.array([0, 2, 2]), mx.array([True, False, True])
+
+    def f(a, i, w, m):
+        return mx.where(m, a[i] @ w, 0.0)
+
+    def loss(g):
+        return lambda a, i, w, m: (g(a, i, w, m) ** 2).sum()
+
+    plain = mx.grad(loss(f), argnums=(0, 2))(x, idx, w, keep)
+    ck = mx.grad(loss(chunkscan.checkpoint(f)), argnums=(0, 2))(x, idx, w, keep)
+    for a, b in zip(ck, plain):
+        assert mx.array_equal(a, b).item()
+    _, grads = mx.vjp(chunkscan.checkpoint(f), [x, idx, w, keep], [mx.ones((3, 3))])
+    assert grads[1].dtype == idx.dtype and not mx.any(grads[1]).item()
+    assert grads[3].dtype == mx.bool_ and not mx.any(grads[3]).item()
+    with pytest.raises(ValueError, match="with respect to indices"):
+        mx.grad(loss(mx.checkpoint(f)))(x, idx, w, keep)
+
+
+def test_error_module_argument():
+    """An nn.Module argument raises and names the fix (it reached ``fun`` as a plain dict
+    of its arrays: "'dict' object is not callable"; found by probing)."""
+    lin = nn.Linear(3, 3)
+    msg = "[checkpoint] argument 0 is an nn.Module (Linear); checkpoint passes arrays"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.checkpoint(lambda m, a: m(a))(lin, mx.zeros((2, 3)))
+    with pytest.raises(TypeError, match=re.escape("keyword argument 'm' is an nn.Module")):
+        chunkscan.checkpoint(lambda a, m: m(a))(mx.zeros((2, 3)), m=lin)
 
 
 def _chunk_loop(run, h, xs, w):

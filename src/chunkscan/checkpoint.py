@@ -31,7 +31,10 @@ def checkpoint(fun: F) -> F:
     Args:
         fun (callable): Takes arrays or pytrees of arrays (positional or keyword) and
             returns an array or a pytree of arrays. Non-array leaves of the arguments
-            (ints, floats, strings) are passed through unchanged as constants.
+            (ints, floats, strings) are passed through unchanged as constants; integer
+            and boolean arrays (indices, masks) are constants of the recomputation
+            (their gradient is zero). An ``nn.Module`` argument raises: capture it in
+            ``fun`` instead, or use :func:`chunkscan.scan` with ``params=``.
 
     Returns:
         callable: With the signature of ``fun``.
@@ -61,6 +64,7 @@ def checkpoint(fun: F) -> F:
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        _check_no_module(args, kwargs)
         leaves, treedef = _tree.flatten((args, kwargs))
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
         arrays = [leaves[i] for i in slots]
@@ -98,11 +102,44 @@ def checkpoint(fun: F) -> F:
         def backward(primals, cotangents, outputs):
             cotangents = _tree.as_list(cotangents)
             primals = _ordering.recompute_after_cotangent(_tree.as_list(primals), cotangents)
+            # Integer and boolean arguments (indices, masks) are constants of the
+            # recomputation: MLX has no gradient with respect to indices, and asking for
+            # one raised ("[gather] Cannot calculate VJP with respect to indices") where
+            # the function without the checkpoint differentiated (found by probing).
+            diff = [i for i, a in enumerate(primals) if mx.issubdtype(a.dtype, mx.inexact)]
+
+            def recompute(*values: mx.array) -> list[mx.array]:
+                full = list(primals)
+                for i, a in zip(diff, values):
+                    full[i] = a
+                return call(full)
+
             with _random.replaying(start_key[0]):
-                _, grads = mx.vjp(lambda *a: call(list(a)), primals, cotangents)
-            return _ordering.all_together(grads)
+                _, grads = mx.vjp(recompute, [primals[i] for i in diff], cotangents)
+            full = [mx.zeros_like(a) for a in primals]
+            for i, g in zip(diff, grads):
+                full[i] = g
+            return _ordering.all_together(full)
 
         outs = forward(*arrays)
         return _tree.unflatten(out_defs[0], _tree.as_list(outs))
 
     return checkpointed  # type: ignore[return-value]
+
+
+def _check_no_module(args: tuple, kwargs: dict) -> None:
+    """Raise where an argument is an ``nn.Module``: flattened as the dict of its arrays,
+    it reached ``fun`` as a plain dict ("'dict' object is not callable")."""
+    import mlx.nn as nn
+
+    named = [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
+    for where, a in named:
+        if isinstance(a, nn.Module):
+            raise TypeError(
+                f"[checkpoint] {where} is an nn.Module ({type(a).__name__}); checkpoint "
+                "passes arrays and pytrees of arrays, and would hand fun a plain dict of "
+                "the module's arrays. Capture the module in fun's closure instead (it "
+                "then gets no gradient, as with mx.checkpoint), or, for gradients of its "
+                "weights, use chunkscan.scan with params=module."
+            )
