@@ -1,4 +1,5 @@
-# Run 93 (session 29): the portable path (kernels off) at T = 16384 on the current code,
+# Run 93 (prepared in session 29, not run: the device refused new machines for the
+# rest of the session, then too little device time was left). The portable path (kernels off) at T = 16384 on the current code,
 # last measured in run 77 (47.8 ms eager, 34.5 compiled; target: at most 60). Since then
 # the portable state pass returns V where it forms it (session 28; on CUDA it forms none)
 # and the CUDA group budget grew to 1/8 of the GPU's memory (run 92): with C = 128 the
