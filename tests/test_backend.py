@@ -230,3 +230,37 @@ def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):
     assert len(ours) >= 5 and max(ours.values()) <= 2, ours
     step(q)
     assert {n: reads[n] for n in ours} == {n: 2 * c for n, c in ours.items()}
+
+
+def test_attention_reads_its_settings_once_per_call(monkeypatch):
+    """One fwd+bwd of the blocked attention (eight blocks, each product split across
+    CPU streams where it is large enough) reads each variable at most twice, once in
+    the forward's block and once in the backward's (before: once per product,
+    ``CHUNKSCAN_CPU_THREADS`` 56 times here); the next call reads them again."""
+    import collections
+    import os
+
+    import chunkscan
+    from chunkscan.ops.attention import blocked
+
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
+    reads = collections.Counter()
+    real = os.environ.get
+
+    def counted(name, default=None):
+        reads[name] += 1
+        return real(name, default)
+
+    monkeypatch.setattr(_backend.os.environ, "get", counted)
+    q = mx.ones((1, 2, 64, 16))
+    k = v = mx.ones((1, 1, 64, 16))
+
+    def loss(q):
+        return chunkscan.attention(q, k, v, scale=0.25, mask="causal", chunk_size=8).sum()
+
+    step = mx.value_and_grad(loss)
+    step(q)
+    ours = {n: c for n, c in reads.items() if n.startswith(("CHUNKSCAN_", "MLX_"))}
+    assert "CHUNKSCAN_CPU_THREADS" in ours and max(ours.values()) <= 2, ours
+    step(q)
+    assert {n: reads[n] for n in ours} == {n: 2 * c for n, c in ours.items()}

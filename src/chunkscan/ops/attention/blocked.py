@@ -26,7 +26,7 @@ import math
 
 import mlx.core as mx
 
-from ... import _ordering, _tree
+from ... import _backend, _ordering, _tree
 from ..._backend import check_kernels, use_kernels
 from .._cpu_threads import matmul
 from . import _cuda
@@ -54,6 +54,7 @@ FAST_MAX_SCORES = 1024 * 1024
 FUSED_FORWARD = "auto"
 
 
+@_backend.reads_settings_once
 def attention(
     q: mx.array,
     k: mx.array,
@@ -276,6 +277,7 @@ def _make_core(
         return [o.reshape(B, spec.Hq, T, Dv)]
 
     @core.vjp
+    @_backend.reads_settings_once
     def core_vjp(primals, cotangents, outputs):
         q, k, v = _tree.as_list(primals)
         do = _tree.as_list(cotangents)[0]
