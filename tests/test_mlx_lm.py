@@ -205,8 +205,13 @@ def test_inference_unchanged():
     assert rel(train_logits, eval_logits) <= RTOL
 
 
-def test_mask_keeps_state():
-    """A right-padding mask leaves the state as the stock path does."""
+@pytest.mark.parametrize("bad", [None, "q", "k", "v", "a", "b"])
+def test_mask_keeps_state(bad):
+    """A padding mask (right padding on row 1, a hole on row 0) leaves the state as the
+    stock path does, also where a padding token carries a NaN in one input: the op
+    carries a non-finite input on to every later step, so before the patch zeroed q,
+    k and v at padding steps a NaN there spread over the rest of its row and into the
+    final state, where mlx-lm's loop keeps the old state (found by probing)."""
     B, T, Hk, Hv, Dk, Dv = 2, 21, 1, 2, 32, 16
     ks = mx.random.split(mx.random.key(0), 7)
     q = mx.random.normal((B, T, Hk, Dk), key=ks[0]) * Dk**-0.5
@@ -218,6 +223,15 @@ def test_mask_keeps_state():
     A_log = mx.random.uniform(0, 1, (Hv,), key=ks[5])
     dt_bias = mx.ones((Hv,))
     mask = mx.arange(T)[None] < mx.array([[T], [13]])
+    mask = mask & (mx.arange(T)[None] != mx.array([[5], [-1]]))  # row 0: a hole at 5
+    if bad is not None:  # a NaN at one padding token of each row
+        xs = dict(q=q, k=k, v=v, a=a, b=b)
+        x = xs[bad]
+        at = (mx.arange(B)[:, None] == mx.array([[0], [1]])) & (
+            mx.arange(T)[None] == mx.array([[5], [16]])
+        )
+        xs[bad] = mx.where(at.reshape(at.shape + (1,) * (x.ndim - 2)), mx.nan, x)
+        q, k, v, a, b = (xs[n] for n in "q k v a b".split())
     y0, s0 = STOCK(q, k, v, a, b, A_log, dt_bias, None, mask, use_kernel=False)
     with cmlx.patch(chunk_size=8):
         y1, s1 = qwen3_next.gated_delta_update(

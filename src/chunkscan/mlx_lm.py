@@ -37,8 +37,9 @@ function that:
   ``[Hv, Dk]``: Kimi Linear's KDA, and any family passing a rank-4 gate), and calls
   ``chunkscan.gated_delta_rule(q, k, v, log_decay, beta, scale=1.0,
   initial_state=state, chunk_size=...)``. Padding steps (``mask`` False) keep the
-  state and output zero, as mlx-lm's kernels do; mlx-lm's training loss passes no
-  mask (right padding, masked in the loss).
+  state and output zero, as mlx-lm's kernels do, whatever their inputs hold (their
+  ``q``, ``k``, ``v`` read as zero); mlx-lm's training loss passes no mask (right
+  padding, masked in the loss).
 
 ``undo()`` (or leaving the ``with`` block) puts mlx-lm's functions back. Patches nest:
 the names are restored when the last handle is undone, and the innermost live
@@ -171,10 +172,15 @@ def _chunked_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, opt
         beta = beta * 2.0
     log_g = _log_decay(a, A_log, dt_bias, lower_bound)
     if mask is not None:
-        # A padding step leaves the state as it is: decay 1 (log 0), no write.
+        # A padding step leaves the state as it is: decay 1 (log 0), no write, and its
+        # q, k, v read as zeros. The op carries a non-finite input on to every later
+        # step (its contract), where mlx-lm's loop keeps the old state at a padding
+        # step: a NaN or inf at a padding token spread over the rest of the row (found
+        # by probing).
         keep = mask.astype(mx.bool_)
         log_g = mx.where(keep.reshape(keep.shape + (1,) * (log_g.ndim - 2)), log_g, 0.0)
         beta = mx.where(keep[..., None], beta, 0.0)
+        q, k, v = (mx.where(keep[..., None, None], x, 0).astype(x.dtype) for x in (q, k, v))
     kwargs = {}
     chunk_size = _stack[-1].chunk_size if _stack else None
     if chunk_size is not None:
