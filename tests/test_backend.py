@@ -197,19 +197,12 @@ def test_settings_are_read_once_per_block(monkeypatch):
     assert len(asked) == 2
 
 
-def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):
-    """One fwd+bwd of the fused path (its kernels faked: lazy zeros, the graph is only
-    built) reads each variable at most twice, once in the forward's block and once in
-    the backward's (before settings_read_once, up to 33 times each here:
-    CHUNKSCAN_GDN_NT); the next call reads them again."""
+def _reads_per_call(monkeypatch, step) -> dict:
+    """How often one call of ``step`` read each chunkscan or MLX variable; asserts that
+    the next call reads each again as often (nothing kept across calls)."""
     import collections
     import os
 
-    from helpers import fake_fused_kernels
-
-    from chunkscan.ops.gated_delta import gated_delta_rule
-
-    fake_fused_kernels(monkeypatch.setattr)
     reads = collections.Counter()
     real = os.environ.get
 
@@ -218,18 +211,31 @@ def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):
         return real(name, default)
 
     monkeypatch.setattr(_backend.os.environ, "get", counted)
+    step()
+    ours = {n: c for n, c in reads.items() if n.startswith(("CHUNKSCAN_", "MLX_"))}
+    step()
+    assert {n: reads[n] for n in ours} == {n: 2 * c for n, c in ours.items()}
+    return ours
+
+
+def test_gated_delta_rule_reads_its_settings_once_per_call(monkeypatch):
+    """One fwd+bwd of the fused path (its kernels faked: lazy zeros, the graph is only
+    built) reads each variable at most twice, once in the forward's block and once in
+    the backward's (before settings_read_once, up to 33 times each here:
+    CHUNKSCAN_GDN_NT); the next call reads them again."""
+    from helpers import fake_fused_kernels
+
+    from chunkscan.ops.gated_delta import gated_delta_rule
+
+    fake_fused_kernels(monkeypatch.setattr)
     q, k = mx.ones((1, 128, 1, 32)), mx.ones((1, 128, 1, 32))
     v, g, beta = mx.ones((1, 128, 2, 64)), -mx.ones((1, 128, 2)), mx.ones((1, 128, 2))
 
     def loss(q):
         return gated_delta_rule(q, k, v, g, beta, chunk_size=64)[0].sum()
 
-    step = mx.value_and_grad(loss)
-    step(q)
-    ours = {n: c for n, c in reads.items() if n.startswith(("CHUNKSCAN_", "MLX_"))}
+    ours = _reads_per_call(monkeypatch, lambda: mx.value_and_grad(loss)(q))
     assert len(ours) >= 5 and max(ours.values()) <= 2, ours
-    step(q)
-    assert {n: reads[n] for n in ours} == {n: 2 * c for n, c in ours.items()}
 
 
 def test_attention_reads_its_settings_once_per_call(monkeypatch):
@@ -237,30 +243,15 @@ def test_attention_reads_its_settings_once_per_call(monkeypatch):
     CPU streams where it is large enough) reads each variable at most twice, once in
     the forward's block and once in the backward's (before: once per product,
     ``CHUNKSCAN_CPU_THREADS`` 56 times here); the next call reads them again."""
-    import collections
-    import os
-
     import chunkscan
     from chunkscan.ops.attention import blocked
 
     monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
-    reads = collections.Counter()
-    real = os.environ.get
-
-    def counted(name, default=None):
-        reads[name] += 1
-        return real(name, default)
-
-    monkeypatch.setattr(_backend.os.environ, "get", counted)
     q = mx.ones((1, 2, 64, 16))
     k = v = mx.ones((1, 1, 64, 16))
 
     def loss(q):
         return chunkscan.attention(q, k, v, scale=0.25, mask="causal", chunk_size=8).sum()
 
-    step = mx.value_and_grad(loss)
-    step(q)
-    ours = {n: c for n, c in reads.items() if n.startswith(("CHUNKSCAN_", "MLX_"))}
+    ours = _reads_per_call(monkeypatch, lambda: mx.value_and_grad(loss)(q))
     assert "CHUNKSCAN_CPU_THREADS" in ours and max(ours.values()) <= 2, ours
-    step(q)
-    assert {n: reads[n] for n in ours} == {n: 2 * c for n, c in ours.items()}
