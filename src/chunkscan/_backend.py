@@ -143,18 +143,13 @@ def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     check_kernels(fn, kernels)
     if kernels is False:
         return False
-    if kernels is None:
-        flag = getenv("CHUNKSCAN_CUDA_KERNELS")
-        if flag is not None and flag != "1":
-            flag = flag.strip()
-            if flag == "0":
-                return False
-            if flag not in ("1", "", "auto"):  # "false" or "off" kept the kernels on
-                raise ValueError(
-                    f"[{fn}] the environment variable CHUNKSCAN_CUDA_KERNELS must be 0 "
-                    f"(the portable MLX ops) or 1 (the CUDA kernels where they apply) but "
-                    f"is {flag!r}. Set it to one of those, or unset it for the default (1)."
-                )
+    # "false" or "off" used to keep the kernels on: env_switch raises for them.
+    if kernels is None and env_switch(
+        "CHUNKSCAN_CUDA_KERNELS", fn,
+        "0 (the portable MLX ops) or 1 / auto (the CUDA kernels where they apply, the "
+        "default)",
+    ) is False:  # fmt: skip
+        return False
     return cuda_device()
 
 
