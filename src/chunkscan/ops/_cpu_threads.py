@@ -35,7 +35,7 @@ import threading
 
 import mlx.core as mx
 
-from .._backend import env_int
+from .._backend import env_int, once_per_block
 
 MAX_THREADS = 8  # the default's cap
 LIMIT = 64  # the setting's
@@ -50,7 +50,11 @@ _LOCK = threading.Lock()
 
 def threads() -> int:
     """How many CPU threads :func:`matmul` splits a product across (see the module
-    docstring)."""
+    docstring); worked out once per call of an op (its settings block)."""
+    return once_per_block("<cpu-threads>", _threads)
+
+
+def _threads() -> int:
     n = env_int("CHUNKSCAN_CPU_THREADS", "chunkscan", "a whole number of threads such as 2")
     if n is not None:
         if not 1 <= n <= LIMIT:
