@@ -106,20 +106,18 @@ def checkpoint(fun: F) -> F:
             # recomputation: MLX has no gradient with respect to indices, and asking for
             # one raised ("[gather] Cannot calculate VJP with respect to indices") where
             # the function without the checkpoint differentiated (found by probing).
-            diff = [i for i, a in enumerate(primals) if mx.issubdtype(a.dtype, mx.inexact)]
+            diff = [mx.issubdtype(a.dtype, mx.inexact) for a in primals]
 
             def recompute(*values: mx.array) -> list[mx.array]:
-                full = list(primals)
-                for i, a in zip(diff, values):
-                    full[i] = a
-                return call(full)
+                it = iter(values)
+                return call([next(it) if d else a for a, d in zip(primals, diff)])
 
             with _random.replaying(start_key[0]):
-                _, grads = mx.vjp(recompute, [primals[i] for i in diff], cotangents)
-            full = [mx.zeros_like(a) for a in primals]
-            for i, g in zip(diff, grads):
-                full[i] = g
-            return _ordering.all_together(full)
+                floats = [a for a, d in zip(primals, diff) if d]
+                _, grads = mx.vjp(recompute, floats, cotangents)
+            it = iter(grads)
+            grads = [next(it) if d else mx.zeros_like(a) for a, d in zip(primals, diff)]
+            return _ordering.all_together(grads)
 
         outs = forward(*arrays)
         return _tree.unflatten(out_defs[0], _tree.as_list(outs))
