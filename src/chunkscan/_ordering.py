@@ -85,11 +85,15 @@ def prepare_after_carry(inputs: Sequence[mx.array], carry: Sequence[mx.array]) -
     return _after(inputs, carry)
 
 
-def keep_apart(arrays: Sequence[mx.array], anchor: Sequence[mx.array]) -> list[mx.array]:
-    """Not an ordering rule: a ``Depends`` on ``anchor`` (something already computed)
-    so that ``mx.compile``'s common-subexpression elimination cannot merge what is
-    computed from ``arrays`` with the same computation elsewhere in the graph."""
-    return _after(arrays, anchor)
+def keep_apart(arrays: Sequence[mx.array]) -> list[mx.array]:
+    """Not an ordering rule: ``arrays`` through a ``Depends`` on themselves, so that
+    ``mx.compile``'s common-subexpression elimination cannot merge what is computed
+    from them with the same computation elsewhere in the graph (a ``Depends`` is never
+    merged). Anchored on nothing else: ``scan`` had anchored its constant inputs on the
+    initial carry, a differentiated primal, and a second derivative taken as the
+    product of two ``mx.grad`` calls came out half (MLX's vjp through that
+    ``Depends``; found by probing), and an integer input used as indices raised."""
+    return _after(arrays, arrays)
 
 
 def all_together(arrays: Sequence[mx.array]) -> list[mx.array]:

@@ -237,6 +237,16 @@ class _Plan:
         """Run ``f`` on chunk ``i``; check and flatten what it returns. ``recompute``:
         the backward's second run, which leaves the ``params`` module's arrays as it
         found them (see :func:`_call_with_module`)."""
+        # f gets handles of its own on the carry and xs leaves: an in-place update in f
+        # (``c += ...``, ``c[...] = ...``) rebinds the handle it was given, and the
+        # forward keeps the carry handles that enter each chunk for the backward, and
+        # the constant xs chunks for the recomputation. With the shared handles the
+        # backward recomputed from the updated carry (found by probing: wrong
+        # gradients, no error, from three chunks on). ``astype`` to the same dtype is
+        # a new handle on the same array: no graph node, no copy.
+        if _FRESH_HANDLES:
+            carry = [c.astype(c.dtype) for c in carry]
+            xs_chunk = [x.astype(x.dtype) for x in xs_chunk]
         carry_tree = _tree.unflatten(self.init_def, carry)
         xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
         with scan_axis(self.axis):  # stepwise functions without an axis take scan's
@@ -325,13 +335,16 @@ class _Plan:
             waited = _ordering.recompute_after_cotangent(
                 carries_in[i] + [c[i] for c in diff_chunks], ct_carry
             )
-            # The constant inputs pass through a Depends of their own, anchored on the
-            # initial carry: it keeps mx.compile from merging their recomputation with
-            # the forward's (a Depends is never merged). Not in ``waited``: outputs of
-            # one Depends are siblings, and mx.vjp differentiates the siblings of a
-            # primal too. Anchored neither on ``ct_carry`` nor on the chunk's saved
-            # carry: both measured 15-40% slower for a state-only gradient.
-            consts = _ordering.keep_apart([c[i] for c in self.const_chunks], init)
+            # The constant inputs pass through a Depends of their own: it keeps
+            # mx.compile from merging their recomputation with the forward's (a Depends
+            # is never merged). Not in ``waited``: outputs of one Depends are siblings,
+            # and mx.vjp differentiates the siblings of a primal too. Anchored on
+            # themselves (:func:`chunkscan._ordering.keep_apart`).
+            consts = [c[i] for c in self.const_chunks]
+            if _ANCHOR_CONSTANTS_ON_INIT:  # the tests' negative control
+                consts = _ordering._after(consts, init)
+            else:
+                consts = _ordering.keep_apart(consts)
 
             def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
                 c, dx, pp = self.split_primals(list(args))
@@ -366,6 +379,14 @@ class _Plan:
         ]
         return ct_carry + d_xs + d_p
 
+
+# Whether f gets handles of its own on the carry and xs leaves (see _Plan.call_chunk);
+# the tests switch it off as the negative control.
+_FRESH_HANDLES = True
+
+# Whether the constant xs chunks are anchored on the initial carry, as before session
+# 30 (see _Plan.backward); the tests' negative control.
+_ANCHOR_CONSTANTS_ON_INIT = False
 
 # Whether scan's axis holds through the whole vjp of a chunk in the backward (see there);
 # the tests switch it off as the negative control.
