@@ -101,12 +101,17 @@ def checkpoint(fun: F) -> F:
         @forward.vjp
         def backward(primals, cotangents, outputs):
             cotangents = _tree.as_list(cotangents)
-            primals = _ordering.recompute_after_cotangent(_tree.as_list(primals), cotangents)
+            primals = _tree.as_list(primals)
             # Integer and boolean arguments (indices, masks) are constants of the
             # recomputation: MLX has no gradient with respect to indices, and asking for
             # one raised ("[gather] Cannot calculate VJP with respect to indices") where
             # the function without the checkpoint differentiated (found by probing).
             diff = [mx.issubdtype(a.dtype, mx.inexact) for a in primals]
+            primals = _ordering.recompute_after_cotangent(primals, cotangents)
+            # The Depends makes them outputs of the cotangents, so a second derivative
+            # would ask for that gradient again (the same error, found by probing):
+            # they leave it without one.
+            primals = [a if d else mx.stop_gradient(a) for a, d in zip(primals, diff)]
 
             def recompute(*values: mx.array) -> list[mx.array]:
                 it = iter(values)
