@@ -77,8 +77,9 @@ def attention(
     memory is the inputs, outputs and gradients plus one block's scratch, not
     ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
     under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
-    ``FAST_MAX_SCORES`` scores per head) or is one block: the blocked form's ordering
-    edges have neither in MLX ("Not implemented for Depends").
+    ``FAST_MAX_SCORES`` scores per head), or for the values only where it is one block:
+    the blocked form's ordering edges (between blocks, and in its backward) have
+    neither in MLX ("Not implemented for Depends").
 
     Args:
         q (array): Queries ``[B, Hq, T, D]``.
@@ -143,7 +144,8 @@ def _blocked(
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
     cuda = uses_cuda_kernels(spec, q.dtype, kernels)
-    return _tree.as_list(_make_core(spec, plan_blocks(spec), mask_arr, cuda)(q, k, v))[0]
+    masks = [] if mask_arr is None else [mask_arr]
+    return _tree.as_list(_make_core(spec, plan_blocks(spec), cuda)(q, k, v, *masks))[0]
 
 
 def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool:
@@ -190,13 +192,14 @@ def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
     return blocks
 
 
-def _make_core(
-    spec: Spec, blocks: list[tuple[int, int, int]], mask: mx.array | None, cuda: bool = False
-):
-    """The custom function ``(q, k, v) -> [o]`` and its blockwise vjp.
+def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], cuda: bool = False):
+    """The custom function ``(q, k, v[, mask]) -> [o]`` and its blockwise vjp.
 
-    ``mask`` (``None`` for no mask and for "causal") is the array mask as
-    ``[B|1, Hkv|1, G|1, T|1, S|1]``, a constant captured here. ``cuda``: the vjp is
+    ``mask``, given for an array mask only (not for None or "causal"), is that mask as
+    ``[B|1, Hkv|1, G|1, T|1, S|1]``: an input of the custom function, with a zero
+    cotangent (a broadcast scalar, no buffer). It was captured by the closure, and
+    under ``mx.vmap`` with a batched mask the capture was vmap's placeholder ("[eval]
+    Attempting to eval an array without a primitive", found by probing). ``cuda``: the vjp is
     the kernels of :mod:`._cuda`, forward and backward (the caller checked
     :func:`._cuda.supports`).
     """
@@ -208,7 +211,9 @@ def _make_core(
         """``[B, Hkv, G, T, d]`` -> block rows ``[B, Hkv, G * r, d]`` (G heads stacked)."""
         return x[:, :, :, t0:t1].reshape(B, Hkv, G * (t1 - t0), x.shape[-1])
 
-    def probs(qr: mx.array, kp: mx.array, blk: tuple[int, int, int]) -> mx.array:
+    def probs(
+        qr: mx.array, kp: mx.array, blk: tuple[int, int, int], mask: mx.array | None
+    ) -> mx.array:
         """Float32 softmax ``[B, Hkv, G, r, kend]`` of a block (``qr`` already scaled)."""
         t0, t1, kend = blk
         s = matmul(qr, kp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, t1 - t0, kend)
@@ -250,7 +255,8 @@ def _make_core(
             return None
 
     @mx.custom_function
-    def core(q, k, v):
+    def core(q, k, v, *masks):
+        mask = masks[0] if masks else None
         if cuda:
             return [_cuda.forward(spec, q, k, v)]
         fused = fused_forward(q, k, v)
@@ -266,7 +272,7 @@ def _make_core(
             # run (and free their scratch) one after the other, not level by level.
             qb = _ordering.carry_after_outputs([qg[:, :, :, t0:t1]], prev)[0]
             qr = (qb * scale).reshape(B, Hkv, G * (t1 - t0), D)
-            p = probs(qr, k[:, :, :kend], blk)
+            p = probs(qr, k[:, :, :kend], blk, mask)
             o_b = matmul(p.reshape(B, Hkv, G * (t1 - t0), kend).astype(dtype), v[:, :, :kend])
             o_b = o_b.reshape(B, Hkv, G, t1 - t0, Dv)
             outs.append(o_b)
@@ -279,11 +285,14 @@ def _make_core(
     @core.vjp
     @_backend.reads_settings_once
     def core_vjp(primals, cotangents, outputs):
-        q, k, v = _tree.as_list(primals)
+        q, k, v, *masks = _tree.as_list(primals)
+        mask = masks[0] if masks else None
+        # The mask is a constant: a zero cotangent, broadcast from a scalar (no buffer).
+        d_masks = [mx.broadcast_to(mx.zeros((), m.dtype), m.shape) for m in masks]
         do = _tree.as_list(cotangents)[0]
         o = _tree.as_list(outputs)[0]
         if cuda:
-            return list(_cuda.backward(spec, q, k, v, o, do))
+            return list(_cuda.backward(spec, q, k, v, o, do)) + d_masks
         dtype = q.dtype
         qg = q.reshape(B, Hkv, G, T, D)
         dog = do.astype(dtype).reshape(B, Hkv, G, T, Dv)
@@ -303,7 +312,7 @@ def _make_core(
             qr = (qb * scale).reshape(B, Hkv, G * r, D)
             dor = dob.reshape(B, Hkv, G * r, Dv)
             kp, vp = k[:, :, :kend], v[:, :, :kend]
-            p = probs(qr, kp, blk)
+            p = probs(qr, kp, blk, mask)
             delta = mx.sum(dob.astype(F32) * ob.astype(F32), axis=-1, keepdims=True)
             dp = matmul(dor, vp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, r, kend)
             # Zero where p is: a masked key's dp (a product in the input dtype) can
@@ -324,7 +333,7 @@ def _make_core(
             dqs.insert(0, mx.zeros((B, Hkv, G, empty_rows, D), dtype=dtype))
         dq = mx.concatenate(dqs, axis=3) if len(dqs) > 1 else dqs[0]
         dq = dq.reshape(B, spec.Hq, T, D).astype(q.dtype)
-        return [dq, dk.astype(k.dtype), dv.astype(v.dtype)]
+        return [dq, dk.astype(k.dtype), dv.astype(v.dtype)] + d_masks
 
     return core
 
