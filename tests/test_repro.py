@@ -1,6 +1,9 @@
 """chunkscan repro: the command runs end to end and writes its table, JSON and plot."""
 
 import json
+import math
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -86,9 +89,10 @@ def no_measuring(monkeypatch):
         (["--H", "0"], "argument --H: must be a positive integer but got 0"),
         (["--D", "two"], "argument --D: must be a positive integer but got 'two'"),
         (["--check-max-T", "-1"], "argument --check-max-T: must be an integer >= 0 but got -1"),
-        (["--timeout", "0"], "argument --timeout: must be a positive number but got 0.0"),
+        (["--timeout", "0"], "argument --timeout: must be a positive finite number but got 0.0"),
+        (["--timeout", "inf"], "argument --timeout: must be a positive finite number but got inf"),
     ],
-    ids=["T0", "T-neg", "chunk0", "repeats0", "H0", "D-text", "check-neg", "timeout0"],
+    ids=["T0", "T-neg", "chunk0", "repeats0", "H0", "D-text", "check-neg", "timeout0", "inf"],
 )
 def test_bad_arguments_fail_before_measuring(argv, message, tmp_path, capsys, no_measuring):
     with pytest.raises(SystemExit) as info:
@@ -128,3 +132,99 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
     assert (data["meta"]["modes"], data["meta"]["grads"]) == (["plain", "cs.scan"], ["state"])
     monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: fake(None, {"mode": "x"}))
     assert repro.main(argv + ["--out", str(tmp_path)]) == 0
+
+
+def test_a_nan_gradient_error_shows_as_nan():
+    """Python's ``max`` drops a NaN that does not come first: a NaN in one gradient (dk
+    of three) read as 0.0 in the table, and exit 0 (found by probing)."""
+    assert math.isnan(repro.worst([0.0, math.nan, 0.0]))
+    assert repro.worst([1e-7, 3e-7]) == 3e-7
+    rows = [
+        {"mode": "cs.scan", "grads": "qkv", "T": 8, "peak_mib": 1.0, "seconds": 0.5,
+         "max_grad_diff": 0.0},
+        {"mode": "cs.scan", "grads": "qkv", "T": 16, "peak_mib": 2.0, "seconds": 0.5,
+         "max_grad_diff": math.nan},
+    ]  # fmt: skip
+    assert repro.format_table(rows, [8, 16]).endswith("| nan |")
+
+
+def test_a_failed_reference_keeps_the_row(tmp_path):
+    """Where plain autograd failed (out of memory, what the report shows) the other
+    modes recomputed it in their own process after measuring, and a crash there lost
+    their row ("fail"; found by probing). Now the row keeps its figures and says that
+    there was no reference."""
+    config = dict(grads="qkv", T=16, H=1, D=8, chunk=4, ref_dir=str(tmp_path))
+    row = repro.measure("cs.scan", **config)  # no saved reference in ref_dir
+    assert row["check"] == "no reference: plain autograd failed" and row["peak_mib"] > 0
+    assert "max_grad_diff" not in row
+    row.update(mode="cs.scan", grads="qkv", T=16)
+    assert repro.format_table([row], [16]).endswith("| no reference |")
+
+
+def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch):
+    """Without plain among the modes, one reference run per (gradients, T) up to
+    --check-max-T, in a process of its own and with no row; repeated list entries run
+    once."""
+    calls = []
+
+    def fake(target, config, **kw):
+        calls.append(config)
+        if config.get("reference_only"):
+            return {"reference": True}
+        return {"peak_mib": 1.0, "seconds": 0.1, "max_grad_diff": 0.0}
+
+    monkeypatch.setattr(measure, "run_isolated", fake)
+    argv = ["--T", "8", "8", "64", "--check-max-T", "32", "--modes", "cs.scan", "cs.scan",
+            "--grads", "state", "--no-plot", "--out", str(tmp_path)]  # fmt: skip
+    assert repro.main(argv) == 0
+    refs = [c for c in calls if c.get("reference_only")]
+    assert [(c["mode"], c["T"]) for c in refs] == [("plain", 8)]
+    assert calls.index(refs[0]) == 0 and len(calls) == 3  # the reference, then T = 8, 64
+    data = json.loads((tmp_path / "repro.json").read_text())
+    assert [r["T"] for r in data["rows"]] == [8, 64] and data["meta"]["modes"] == ["cs.scan"]
+
+
+def test_provenance_names_no_commit_of_another_repository(tmp_path, monkeypatch):
+    """A copy of the package inside someone else's git repository (an install into
+    their project) recorded that repository's commit (found by probing). It records
+    only a commit of a repository that tracks the package's files; here this tree's."""
+    import shutil
+
+    import chunkscan
+
+    monkeypatch.delenv("CHUNKSCAN_COMMIT", raising=False)
+    ours = measure.provenance()["commit"]
+    repo = tmp_path / "project"
+    git = ["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=x"]
+    try:
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "theirs"], check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git here")
+    shutil.copytree(pathlib.Path(chunkscan.__file__).parent, repo / "site" / "chunkscan")
+    code = "import chunkscan.commands.measure as m; print(m.provenance()['commit'])"
+    env = {k: v for k, v in os.environ.items() if k != "CHUNKSCAN_COMMIT"}
+    env["PYTHONPATH"] = str(repo / "site")
+    copied = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=True).stdout.strip()  # fmt: skip
+    assert copied == "unknown"
+    if ours != "unknown":  # this tree is a git checkout: its commit
+        here = pathlib.Path(chunkscan.__file__).parent
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here
+        ).stdout.strip()
+        assert ours.startswith(head)
+
+
+def test_a_process_ended_by_a_signal_names_it():
+    """A configuration that crashed (a segfault) gave ``exit -11:`` and no reason."""
+    import signal
+
+    from helpers import run_target
+
+    assert run_target("die_by_signal", {"number": int(signal.SIGSEGV)}) == {
+        "error": "exit -11: killed by SIGSEGV"
+    }
+    assert run_target("die_by_signal", {"number": int(signal.SIGKILL)}) == {
+        "error": "exit -9: killed (out of memory?)"
+    }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -42,36 +43,51 @@ def measure(
     check_max_T: int = 1024,
     seed: int = 0,
     ref_dir: str | None = None,
+    reference_only: bool = False,
 ) -> dict[str, Any]:
     """One configuration (run by :func:`chunkscan.commands.measure.run_isolated`).
 
-    The gradients are compared with plain autograd when ``T <= check_max_T``. With
+    The gradients are compared with plain autograd when ``T <= check_max_T``: with
     ``ref_dir``, the ``plain`` run saves its gradients there and the other modes load
-    them instead of recomputing them.
+    them; where that run failed (out of memory: what the report shows), the row says
+    so (``"check"``) and keeps its figures. Without ``ref_dir`` the reference is
+    recomputed in this process. ``reference_only``: a ``plain`` run that only saves its
+    gradients (``main``'s reference where plain is not among the modes).
     """
     s0, q, k, v = make_inputs(T, H, D, seed)
     mx.eval(s0, q, k, v)
     fn = gradient_fn(mode, grads, chunk, compiled)
+    ref_path = os.path.join(ref_dir, f"{grads}-T{T}-H{H}-D{D}-s{seed}.npz") if ref_dir else None
+    if reference_only:
+        mx.savez(ref_path, *fn(s0, q, k, v)[1])
+        return {"reference": True}
     (value, got), peak = _measure.peak_above_active(lambda: fn(s0, q, k, v))
     seconds = _measure.median_seconds(lambda: fn(s0, q, k, v), repeats=repeats, warmup=0)
     out: dict[str, Any] = {"peak_mib": peak / _measure.MiB, "seconds": seconds}
     if T > check_max_T:
         return out
-    ref_path = os.path.join(ref_dir, f"{grads}-T{T}-H{H}-D{D}-s{seed}.npz") if ref_dir else None
     if mode == "plain":  # the reference itself: nothing to compare
         if ref_path:
             mx.savez(ref_path, *got)
         out["reference"] = True
         return out
-    if ref_path and os.path.exists(ref_path):
+    if ref_path is None:
+        _, ref = gradient_fn("plain", grads, chunk, False)(s0, q, k, v)
+    elif os.path.exists(ref_path):
         loaded = mx.load(ref_path)
         ref = [loaded[f"arr_{i}"] for i in range(len(loaded))]
-    else:
-        _, ref = gradient_fn("plain", grads, chunk, False)(s0, q, k, v)
-    out["max_grad_diff"] = max(
-        (mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-30)).item() for a, b in zip(got, ref)
-    )
+    else:  # recomputing it here could only fail the same way, and lose this row
+        out["check"] = "no reference: plain autograd failed"
+        return out
+    errors = [mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-30) for a, b in zip(got, ref)]
+    out["max_grad_diff"] = worst([e.item() for e in errors])
     return out
+
+
+def worst(errors: list[float]) -> float:
+    """The largest error, NaN where any is NaN (Python's ``max`` drops a NaN that does
+    not come first: a NaN gradient read as 0.0, found by probing)."""
+    return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
 def _number_arg(kind: type, rule: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
@@ -91,7 +107,7 @@ def _number_arg(kind: type, rule: str, ok: Callable[[Any], bool]) -> Callable[[s
 
 _positive_int = _number_arg(int, "a positive integer", lambda v: v >= 1)
 _non_negative_int = _number_arg(int, "an integer >= 0", lambda v: v >= 0)
-_positive_float = _number_arg(float, "a positive number", lambda v: v > 0)
+_positive_float = _number_arg(float, "a positive finite number", lambda v: 0 < v < math.inf)
 
 
 def check_out_dir(path: str) -> str | None:
@@ -162,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     problem = check_out_dir(args.out)
     if problem:  # before measuring, not after every configuration has run
         parser.error(f"argument --out: cannot write to {args.out!r} ({problem})")
-    configs = [(m, g, T) for g in args.grads for m in args.modes for T in sorted(args.T)]
+    # Repeats in the lists ran a configuration twice and printed its column twice.
+    modes, grads_cases = list(dict.fromkeys(args.modes)), list(dict.fromkeys(args.grads))
+    Ts = sorted(set(args.T))
+    configs = [(m, g, T) for g in grads_cases for m in modes for T in Ts]
     print(
         f"chunkscan repro: mlx {mx.__version__} on {mx.default_device()}, H={args.H} "
         f"D={args.D} C={args.chunk}{' compiled' if args.compile else ''}; "
@@ -172,8 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     started = time.perf_counter()
     ref_dir = tempfile.mkdtemp(prefix="chunkscan-repro-")
-    # plain first, so that its gradients are there for the other modes to compare with
+    # plain first, so that its gradients are there for the other modes to compare with;
+    # where plain is not among the modes, a reference run of its own (no row)
     configs.sort(key=lambda c: c[0] != "plain")
+    if "plain" not in modes:
+        for grads, T in [(g, T) for g in grads_cases for T in Ts if T <= args.check_max_T]:
+            ref = _measure.run_isolated(
+                "chunkscan.commands.repro:measure",
+                dict(mode="plain", grads=grads, T=T, H=args.H, D=args.D, chunk=args.chunk,
+                     ref_dir=ref_dir, reference_only=True),
+                timeout=args.timeout,
+            )  # fmt: skip
+            if "error" in ref:
+                print(f"[ref] {grads:<5} plain autograd T={T:<6} {ref['error']}", flush=True)
     for n, (mode, grads, T) in enumerate(configs, 1):
         res = _measure.run_isolated(
             "chunkscan.commands.repro:measure",
@@ -196,18 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}", flush=True)
     shutil.rmtree(ref_dir, ignore_errors=True)
     print(f"done in {time.perf_counter() - started:.0f} s\n")
-    print(format_table(rows, sorted(args.T)))
+    print(format_table(rows, Ts))
     os.makedirs(args.out, exist_ok=True)
     meta = {
-        **_measure.provenance(),
-        "mlx": mx.__version__,
-        "device": str(mx.default_device()),
+        **_measure.provenance(),  # its device names the machine too; mlx in versions
         "H": args.H,
         "D": args.D,
         "chunk": args.chunk,
         "compiled": args.compile,
-        "modes": list(args.modes),
-        "grads": list(args.grads),
+        "modes": modes,
+        "grads": grads_cases,
     }
     with open(os.path.join(args.out, "repro.json"), "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
@@ -235,7 +263,7 @@ def format_table(rows: list[dict], Ts: list[int]) -> str:
         + " | ".join(f"T={T} MiB" for T in Ts)
         + " | "
         + " | ".join(f"T={T} s" for T in Ts)
-        + " | max grad diff |"
+        + " | max rel. grad diff |"
     )
     lines = [head, "|" + "---|" * (3 + 2 * len(Ts))]
     order = {name: i for i, name in enumerate([*GRADS, *MODES])}
@@ -249,10 +277,13 @@ def format_table(rows: list[dict], Ts: list[int]) -> str:
         sec = [_cell(by_T.get(T), "seconds", "{:.2f}") for T in Ts]
         diffs = [r.get("max_grad_diff") for r in by_T.values() if "max_grad_diff" in r]
         if diffs:
-            diff = f"{max(diffs):.1e}"
+            diff = f"{worst(diffs):.1e}"
+        elif any(r.get("reference") for r in by_T.values()):
+            diff = "(reference)"
+        elif any("check" in r for r in by_T.values()):
+            diff = "no reference"
         else:
-            reference = any(r.get("reference") for r in by_T.values())
-            diff = "(reference)" if reference else "n/a"
+            diff = "n/a"
         lines.append(f"| {grads} | {mode} | " + " | ".join(mem + sec) + f" | {diff} |")
     return "\n".join(lines)
 
@@ -299,7 +330,7 @@ def plot(rows: list[dict], meta: dict, path: str) -> str | None:
         ax.legend(fontsize=8)
     fig.suptitle(
         f"decayed delta rule, H={meta['H']} D={meta['D']} C={meta['chunk']}, "
-        f"mlx {meta['mlx']} {meta['device']}{' (compiled)' if meta['compiled'] else ''}"
+        f"mlx {meta['versions']['mlx']} {meta['device']}{' (compiled)' if meta['compiled'] else ''}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
