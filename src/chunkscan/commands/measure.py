@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import json
 import os
 import statistics
@@ -71,12 +72,19 @@ def provenance() -> dict[str, Any]:
             run = functools.partial(
                 subprocess.run, cwd=here, capture_output=True, text=True, check=True
             )
+            # Only a repository that tracks this file: chunkscan installed inside someone
+            # else's repository recorded that one's commit (found by probing).
+            run(["git", "ls-files", "--error-unmatch", os.path.basename(__file__)])
             head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
             dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
             commit = head + ("+dirty" if dirty else "")
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
     versions = {"python": platform.python_version(), "mlx": mx.__version__}
+    try:
+        versions["chunkscan"] = importlib.metadata.version("chunkscan")
+    except importlib.metadata.PackageNotFoundError:
+        pass
     for name in ("mlx_lm", "numpy", "torch", "triton", "fla"):
         try:
             versions[name] = getattr(importlib.import_module(name), "__version__", "?")
@@ -99,7 +107,7 @@ class NoOrdering:
     memory guard: the bound must then fail)."""
 
     @staticmethod
-    def _same(arrays: list, deps: Any) -> list:
+    def _same(arrays: list, deps: Any = None) -> list:
         return list(arrays)
 
     carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
@@ -124,13 +132,28 @@ def run_isolated(
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
+        return {"error": f"timed out after {timeout:g} s"}
     for line in proc.stdout.splitlines()[::-1]:
         if line.startswith(_MARK):
             return json.loads(line[len(_MARK) :])
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    reason = "killed (out of memory?)" if proc.returncode in (-9, 137) else " | ".join(tail)
+    if proc.returncode in (-9, 137):
+        reason = "killed (out of memory?)"
+    elif proc.returncode < 0 and not tail:  # a signal, and nothing written: name it
+        reason = f"killed by {_signal_name(-proc.returncode)}"
+    else:
+        reason = " | ".join(tail)
     return {"error": f"exit {proc.returncode}: {reason}"}
+
+
+def _signal_name(number: int) -> str:
+    """``SIGSEGV`` for 11; the number where Python does not know it."""
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _main(argv: list[str]) -> None:
