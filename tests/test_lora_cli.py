@@ -151,6 +151,22 @@ def test_demo_runs(capsys):
     assert "chunkscan lora --demo: done" in out and "tok/s" in out
 
 
+def test_demo_with_test_evaluates(capsys):
+    """``--demo --test``: the demo data set has a test split (it had none: mlx-lm's
+    "Test set not found or empty", exit 1; found by probing)."""
+    argv = ["--demo", "--iters", "1", "--max-seq-length", "48", "--test", "--test-batches", "1"]
+    assert lora.main(argv) == 0
+    assert "Test loss" in capsys.readouterr().out
+
+
+def test_demo_refuses_a_file_as_its_folder(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("")
+    msg = f"chunkscan lora --demo: --data {path} is a file, not a folder, so the demo cannot"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--demo", "--data", str(path), "--iters", "1"])
+
+
 # ------------------------------------------------- the demo never writes others' folders
 
 
@@ -181,7 +197,7 @@ def test_demo_refuses_an_existing_folder_it_did_not_make(tmp_path, capsys):
 def test_demo_writes_new_folders_and_reuses_its_own(tmp_path):
     args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(tmp_path / "d"))
     lora._write_demo(args)
-    for sub, key in (("m", "config.json"), ("d", "train.jsonl")):
+    for sub, key in (("m", "config.json"), ("d", "train.jsonl"), ("d", "test.jsonl")):
         assert (tmp_path / sub / lora.DEMO_MARKER).is_file() and (tmp_path / sub / key).is_file()
     # Its own folder, incomplete: written again. A complete one: used as it is.
     (tmp_path / "m" / "config.json").unlink()

@@ -113,6 +113,10 @@ def sentence(rng: random.Random, n_words: int) -> str:
     return " ".join(words + [rng.choice(("red", "green", "blue"))])
 
 
+#: What :func:`write_dataset` writes (``mlx_lm.lora``'s split names).
+DATASET_FILES = ("train.jsonl", "valid.jsonl", "test.jsonl")
+
+
 def write_dataset(
     path: str | pathlib.Path,
     n_train: int = 64,
@@ -121,11 +125,13 @@ def write_dataset(
     max_words: int = 120,
     seed: int = 0,
 ) -> pathlib.Path:
-    """Write ``train.jsonl`` and ``valid.jsonl`` of ``{"text": ...}`` lines."""
+    """Write ``train.jsonl``, ``valid.jsonl`` and ``test.jsonl`` (as many lines as the
+    validation set: ``chunkscan lora --demo --test`` stopped at mlx-lm's "Test set not
+    found or empty" without it) of ``{"text": ...}`` lines."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    for name, n in (("train", n_train), ("valid", n_valid)):
+    for name, n in (("train", n_train), ("valid", n_valid), ("test", n_valid)):
         with open(path / f"{name}.jsonl", "w") as f:
             for _ in range(n):
                 text = sentence(rng, rng.randint(min_words, max_words))

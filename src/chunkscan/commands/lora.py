@@ -267,24 +267,32 @@ DEMO_MARKER = ".chunkscan-demo"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def _demo_dir_needs_writing(flag: str, path: str, key_file: str) -> bool:
+def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> bool:
     """Whether the demo must write ``path``; raises if it would write someone's folder.
 
     It writes a folder that does not exist, or one it made earlier (marked with
-    :data:`DEMO_MARKER`) that lacks ``key_file``; it uses any folder that has
-    ``key_file`` as it is; it refuses everything else.
+    :data:`DEMO_MARKER`) that lacks one of ``files`` (what the demo writes there:
+    ``--test`` needs the ``test.jsonl`` that demos before session 30 did not write);
+    it uses any other folder that has ``files[0]`` as it is; it refuses everything else.
     """
     p = pathlib.Path(path)
-    if (p / key_file).is_file():
+    if (p / DEMO_MARKER).is_file():
+        return not all((p / f).is_file() for f in files)
+    if (p / files[0]).is_file():
         return False
-    if not p.exists() or (p / DEMO_MARKER).is_file():
+    if not p.exists():
         return True
-    what = "a folder" if p.is_dir() else "a file, not a folder"
+    if not p.is_dir():
+        raise SystemExit(
+            f"chunkscan lora --demo: {flag} {path} is a file, not a folder, so the demo "
+            f"cannot write its files there. Pass a path that does not exist yet (the demo "
+            f"creates it and keeps it), or a folder."
+        )
     raise SystemExit(
-        f"chunkscan lora --demo: {flag} {path} is {what} that the demo did not create "
-        f"(no {DEMO_MARKER} file in it) and has no {key_file}, so the demo will not write "
+        f"chunkscan lora --demo: {flag} {path} is a folder that the demo did not create "
+        f"(no {DEMO_MARKER} file in it) and has no {files[0]}, so the demo will not write "
         f"its files there. Pass a path that does not exist yet (the demo creates it and "
-        f"keeps it), a folder an earlier demo made, or one that already has {key_file}."
+        f"keeps it), a folder an earlier demo made, or one that already has {files[0]}."
     )
 
 
@@ -293,11 +301,11 @@ def _write_demo(args: types.SimpleNamespace) -> None:
 
     todo = [
         (path, write)
-        for flag, path, key_file, write in (
-            ("--model", args.model, "config.json", demo_model.write_model),
-            ("--data", args.data, "train.jsonl", demo_model.write_dataset),
+        for flag, path, files, write in (
+            ("--model", args.model, ("config.json",), demo_model.write_model),
+            ("--data", args.data, demo_model.DATASET_FILES, demo_model.write_dataset),
         )
-        if _demo_dir_needs_writing(flag, path, key_file)
+        if _demo_dir_needs_writing(flag, path, files)
     ]  # every check first: refuse before writing anything
     for path, write in todo:
         pathlib.Path(path).mkdir(parents=True, exist_ok=True)
