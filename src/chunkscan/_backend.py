@@ -34,29 +34,47 @@ _CALL = threading.local()
 
 
 @contextlib.contextmanager
-def settings_read_once() -> Iterator[None]:
+def settings_read_once(read: dict | None = None) -> Iterator[None]:
     """Within this block (nested blocks share the outermost one's), each environment
     variable (:func:`getenv`) and the default device's kind (:func:`cuda_device`) are
-    read once; a change to either takes effect at the next block."""
+    read once; a change to either takes effect at the next block. ``read``: what an
+    earlier block read (:func:`settings_in_effect`), taken as read here: a call's
+    backward block reads what its forward's did (one plan per call, and half the reads
+    of an eager fwd+bwd)."""
     if getattr(_CALL, "memo", None) is not None:
         yield
         return
-    _CALL.memo = {}
+    _CALL.memo = {} if read is None else read
     try:
         yield
     finally:
         _CALL.memo = None
 
 
+def settings_in_effect() -> dict | None:
+    """What the current :func:`settings_read_once` block has read (it grows as the block
+    reads more; plain values only), ``None`` outside a block."""
+    return getattr(_CALL, "memo", None)
+
+
 def reads_settings_once(fn):
     """``fn`` run inside :func:`settings_read_once` (its name and docstring kept)."""
+    return reads_settings_of(None)(fn)
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with settings_read_once():
-            return fn(*args, **kwargs)
 
-    return wrapper
+def reads_settings_of(read: dict | None):
+    """A decorator: ``fn`` run inside ``settings_read_once(read)`` (a custom function's
+    vjp, given what its forward read)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with settings_read_once(read):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def once_per_block(key: object, read, *args):
@@ -229,8 +247,6 @@ def cuda_kernel(
     :data:`RUNNER` set, everything goes to it instead."""
     if RUNNER is not None:
         return _through_runner(RUNNER, name, inputs, outputs, source, header, shared_memory)
-    from . import _precompile
-
     mode = _precompile.mode()
     key = (name, shared_memory, header, source, mode)
     kernel = _CUDA_KERNELS.get(key)
@@ -434,3 +450,8 @@ def _limits_from_device_info(info: dict | None = None) -> CudaLimits | None:
     if kib is None:
         return None
     return CudaLimits(kib[0] * 1024, kib[1] * 1024, 132, f"compute capability {cc[0]}.{cc[1]}")
+
+
+# Last: _precompile reads this module's functions at call time (an import here, at the
+# top of each launch, took about a microsecond per launch).
+from . import _precompile  # noqa: E402

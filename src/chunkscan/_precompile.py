@@ -43,6 +43,8 @@ import warnings
 
 import mlx.core as mx
 
+from . import _backend
+
 _CUDA_TYPES = {
     mx.float32: "float", mx.bfloat16: "__nv_bfloat16", mx.float16: "__half",
     mx.int32: "int32_t", mx.uint32: "uint32_t", mx.int64: "int64_t", mx.uint64: "uint64_t",
@@ -64,9 +66,7 @@ def mode() -> str:
     """``CHUNKSCAN_CUDA_PRECOMPILE``: ``"0"`` (off: ``mx.fast.cuda_kernel``), ``"ptx"``
     (PTX, which the driver translates when the module loads) or anything else, the
     default: a cubin for the device."""
-    from ._backend import getenv  # (_backend imports this module at its first kernel)
-
-    value = getenv("CHUNKSCAN_CUDA_PRECOMPILE", "1")
+    value = _backend.getenv("CHUNKSCAN_CUDA_PRECOMPILE", "1")
     return value if value in ("0", "ptx") else "cubin"
 
 
@@ -273,8 +273,7 @@ def _write_source(source: str, symbol: str) -> str:
 def device_arch() -> str:
     """The default CUDA device's compute capability as ``"90"`` (for ``sm_90``): from
     ``mx.device_info()``, else the driver."""
-    from . import _backend as b
-
+    b = _backend
     cc = b.compute_capability() or b._driver_attributes(
         b._default_index(), (b._ATTR_CC_MAJOR, b._ATTR_CC_MINOR)
     )
@@ -299,9 +298,10 @@ class Kernel:
     def binary(self, inputs, template, output_dtypes) -> tuple[str, bytes]:
         """``(symbol, cubin)`` for a call's dtypes, ranks and template on the default
         device's architecture (a process may use GPUs of more than one)."""
-        arch = device_arch()
-        spec = (arch, tuple((x.dtype, x.ndim) for x in inputs), tuple(output_dtypes),
-                tuple((n, v) for n, v in template))  # fmt: skip
+        arch = _backend.once_per_block("<arch>", device_arch)
+        # Lists, not generators, into the key: 9 launches build it at every call.
+        spec = (arch, tuple([x.dtype for x in inputs]), tuple([x.ndim for x in inputs]),
+                tuple(output_dtypes), tuple([(n, v) for n, v in template]))  # fmt: skip
         hit = self._binaries.get(spec)
         if hit is None:
             nvrtc = compiler()

@@ -145,7 +145,8 @@ def _blocked(
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
     cuda = uses_cuda_kernels(spec, q.dtype, kernels)
     masks = [] if mask_arr is None else [mask_arr]
-    return _tree.as_list(_make_core(spec, plan_blocks(spec), cuda)(q, k, v, *masks))[0]
+    core = _make_core(spec, plan_blocks(spec), cuda, _backend.settings_in_effect())
+    return _tree.as_list(core(q, k, v, *masks))[0]
 
 
 def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool:
@@ -192,7 +193,9 @@ def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
     return blocks
 
 
-def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], cuda: bool = False):
+def _make_core(
+    spec: Spec, blocks: list[tuple[int, int, int]], cuda: bool = False, settings: dict | None = None
+):
     """The custom function ``(q, k, v[, mask]) -> [o]`` and its blockwise vjp.
 
     ``mask``, given for an array mask only (not for None or "causal"), is that mask as
@@ -201,7 +204,8 @@ def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], cuda: bool = Fals
     under ``mx.vmap`` with a batched mask the capture was vmap's placeholder ("[eval]
     Attempting to eval an array without a primitive", found by probing). ``cuda``: the vjp is
     the kernels of :mod:`._cuda`, forward and backward (the caller checked
-    :func:`._cuda.supports`).
+    :func:`._cuda.supports`). ``settings``: what the forward's call read, which the vjp
+    takes as read (:func:`chunkscan._backend.settings_read_once`).
     """
     B, Hkv, G, T, D, Dv = spec.B, spec.Hkv, spec.G, spec.T, spec.D, spec.Dv
     scale = spec.scale
@@ -283,7 +287,7 @@ def _make_core(spec: Spec, blocks: list[tuple[int, int, int]], cuda: bool = Fals
         return [o.reshape(B, spec.Hq, T, Dv)]
 
     @core.vjp
-    @_backend.reads_settings_once
+    @_backend.reads_settings_of(settings)
     def core_vjp(primals, cotangents, outputs):
         q, k, v, *masks = _tree.as_list(primals)
         mask = masks[0] if masks else None

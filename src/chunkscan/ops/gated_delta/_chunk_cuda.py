@@ -1885,8 +1885,12 @@ def _plan_key() -> tuple:
 
 
 def _read_plan_key() -> tuple:
-    env = tuple(_backend.getenv(var) for var in _PLAN_ENV)
-    return env, cuda_limits(), compute_capability(), _backend.cuda_device()
+    env = tuple([_backend.getenv(var) for var in _PLAN_ENV])
+    # The limits as a plain tuple: the key is hashed at every launch's plan lookup, and
+    # a dataclass hashes in Python.
+    limits = cuda_limits()
+    limits = (limits.smem_per_block, limits.smem_per_sm, limits.sm_count, limits.source)
+    return env, limits, compute_capability(), _backend.cuda_device()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,6 +34,7 @@ import mlx.core as mx
 
 from ..._backend import cuda_device, use_kernels
 from .._cpu_threads import matmul
+from . import _pass_cuda
 
 __all__ = ["cuda_device", "portable_state_pass", "state_pass", "use_kernels"]
 
@@ -85,8 +86,6 @@ def state_pass(
         the state feeds; in the backward, ``-(K * to_end) dS^T``, a term of ``dU``).
     """
     if use_kernels(kernels):
-        from . import _pass_cuda
-
         if _pass_cuda.supports(F, G, E, H):
             out = _pass_cuda.state_pass(
                 x_in, decay, F, E, G, H, reverse=reverse, loads=loads, stores=stores, inits=inits

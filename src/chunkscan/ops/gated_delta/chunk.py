@@ -211,7 +211,8 @@ def gated_delta_rule(
         h0 = initial_state.astype(F32)
     o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta, kernel=cuda)
     raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
-    core = _make_core(spec, chunks, out_dtype, cuda, _fused(spec, chunks.C, cuda), save)
+    fused = _fused(spec, chunks.C, cuda)
+    core = _make_core(spec, chunks, out_dtype, cuda, fused, save, _backend.settings_in_effect())
     outs = _tree.as_list(core(*raw, h0))
     o, final = chunks.from_chunks(outs[0]), outs[1]
     final = mx.where(seq_bad[..., None, None], mx.array(math.nan, dtype=F32), final)
@@ -335,12 +336,15 @@ def _make_core(
     kernels: bool,
     fused: bool,
     save: str,
+    settings: dict | None = None,
 ):
     """The custom function ``(q, k, v, g, beta, o_bad, h0) -> [o, final, *entering]``.
 
     ``kernels``: the state passes run the CUDA kernel; ``fused``: the chunk-parallel
     stages run the kernels of :mod:`._chunk_cuda` (same math, same ordering rules);
-    ``save``: what the forward keeps, resolved by :func:`_saved_states`.
+    ``save``: what the forward keeps, resolved by :func:`_saved_states`; ``settings``:
+    what the forward's call read (:func:`chunkscan._backend.settings_in_effect`), which
+    the vjp takes as read: one plan per call, forward and backward.
 
     Inputs in chunk layout ``[B, N, C, ...]`` and dtype (``o_bad`` ``[B, N, C, Hv]``
     bool: outputs set to NaN, see :func:`_non_finite_reach`); ``h0``
@@ -432,7 +436,7 @@ def _make_core(
         return [_cat(outs, 1), from_lanes_states(finals), *saved, *kept]
 
     @core.vjp
-    @_backend.reads_settings_once
+    @_backend.reads_settings_of(settings)
     def core_vjp(primals, cotangents, outputs):
         xs_all = _tree.as_list(primals)[:5]
         o_bad = _tree.as_list(primals)[5]
