@@ -1038,3 +1038,21 @@ def test_second_derivative_from_two_grad_calls_with_constant_xs(monkeypatch):
     got = mx.grad(scanned, argnums=(0, 1))(h0, emb)
     want = mx.grad(looped, argnums=(0, 1))(h0, emb)
     assert max(max_rel(a, b) for a, b in zip(got, want)) <= 1e-5
+
+
+def test_ordered_dict_carry_stays_an_ordered_dict():
+    """An ``OrderedDict`` carry came back as a plain ``dict`` (noted in session 29); its
+    type is now kept, also where ``f`` returns a plain dict with the keys in another
+    order (init's type and order), and for ys and ``checkpoint``'s outputs."""
+    from collections import OrderedDict
+
+    init = OrderedDict(a=mx.zeros((2,)), b=mx.ones((2,)))
+
+    def f(c, x):
+        return {"b": c["b"], "a": c["a"] + x.sum(0)}, OrderedDict(y=x * 2)
+
+    carry, ys = chunkscan.scan(f, init, mx.ones((4, 2)), chunk_size=2)
+    assert type(carry) is OrderedDict and list(carry) == ["a", "b"]
+    assert carry["a"].tolist() == [4.0, 4.0] and type(ys) is OrderedDict
+    out = chunkscan.checkpoint(lambda d: OrderedDict(z=d["a"] * 2))(init)
+    assert type(out) is OrderedDict

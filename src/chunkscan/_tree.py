@@ -7,6 +7,7 @@ subscripts: ``init['S']``, ``carry[1]``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -15,6 +16,8 @@ import mlx.core as mx
 #   ("leaf",)                         a single leaf
 #   ("none",)                         None (no leaves)
 #   ("dict", keys, children)          a dict with keys in order
+#   ("dict", keys, children, type)    an OrderedDict (or subclass), rebuilt as that type
+#                                     (it came back as a plain dict before session 30)
 #   ("seq", type, children)           a list, tuple or namedtuple
 _LEAF = ("leaf",)
 _NONE = ("none",)
@@ -34,7 +37,8 @@ def _flatten_into(node: Any, leaves: list[Any]) -> tuple:
         return _NONE
     if isinstance(node, dict):
         keys = tuple(node.keys())
-        return ("dict", keys, tuple(_flatten_into(node[k], leaves) for k in keys))
+        td = ("dict", keys, tuple(_flatten_into(node[k], leaves) for k in keys))
+        return td + (type(node),) if isinstance(node, OrderedDict) else td
     if isinstance(node, (list, tuple)):
         return ("seq", type(node), tuple(_flatten_into(child, leaves) for child in node))
     leaves.append(node)
@@ -58,7 +62,8 @@ def _build(td: tuple, it: Any) -> Any:
     if kind == "none":
         return None
     if kind == "dict":
-        return {k: _build(c, it) for k, c in zip(td[1], td[2])}
+        d = {k: _build(c, it) for k, c in zip(td[1], td[2])}
+        return td[3](d) if len(td) > 3 else d
     children = [_build(c, it) for c in td[2]]
     seq_type = td[1]
     if seq_type in (list, tuple):
