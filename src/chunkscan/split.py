@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import sys
 
 import mlx.core as mx
 
@@ -69,6 +70,13 @@ def np_bool() -> type:
     except ImportError:
         return type("NoNumpyBool", (), {})
     return numpy.bool_
+
+
+def is_numpy_array(x: object) -> bool:
+    """Whether ``x`` is a NumPy array (without importing NumPy: where it was never
+    imported, nothing is one)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(x, numpy.ndarray)
 
 
 def check_axis(fn: str, axis: object) -> int:

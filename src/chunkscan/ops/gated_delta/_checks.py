@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ...split import check_chunk_size, np_bool
+from ...split import check_chunk_size, is_numpy_array, np_bool
 from .._checks import (
     DTYPE_NAMES,
     FLOAT_DTYPES,
@@ -159,8 +159,8 @@ def _check_cu_seqlens(
 ) -> tuple[tuple[int, int], ...] | None:
     if cu_seqlens is None:
         return None
-    if type(cu_seqlens).__name__ == "ndarray" and hasattr(cu_seqlens, "__array__"):
-        cu_seqlens = mx.array(cu_seqlens)  # a NumPy array: read as MLX's
+    if is_numpy_array(cu_seqlens):
+        cu_seqlens = mx.array(cu_seqlens)  # read as MLX's
     if isinstance(cu_seqlens, mx.array):
         if cu_seqlens.ndim != 1 or not mx.issubdtype(cu_seqlens.dtype, mx.integer):
             raise ValueError(
