@@ -321,3 +321,17 @@ def test_hub_failure_is_one_line(monkeypatch):
     )
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(["--model", "nobody/m", "--data", "nobody/d", "--train"])
+
+
+def test_demo_with_a_config_warns_once(tmp_path):
+    """``--demo -c`` resolves the arguments twice (before and after the demo's folder
+    exists); an unknown YAML key was warned about twice (found by probing)."""
+    import warnings
+
+    config = tmp_path / "c.yaml"
+    config.write_text("bogus_key: 1\n")
+    argv = ["--demo", "--iters", "1", "--max-seq-length", "32", "-c", str(config)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert lora.main(argv) == 0
+    assert sum("bogus_key" in str(w.message) for w in caught) == 1

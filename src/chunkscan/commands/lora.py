@@ -441,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="chunkscan-lora-demo-") as demo_dir:
-        args = resolve_args(argv, demo_dir)
+        with warnings.catch_warnings():  # the first resolve_args gave its warnings
+            warnings.simplefilter("ignore")
+            args = resolve_args(argv, demo_dir)
         _write_demo(args)
         print(f"chunkscan lora --demo: tiny random Qwen3-Next model in {args.model}", flush=True)
         run(args)
