@@ -335,3 +335,17 @@ def test_demo_with_a_config_warns_once(tmp_path):
         warnings.simplefilter("always")
         assert lora.main(argv) == 0
     assert sum("bogus_key" in str(w.message) for w in caught) == 1
+
+
+def test_demo_adds_a_missing_split_and_keeps_the_others(tmp_path):
+    """An earlier demo's data folder without test.jsonl: the demo writes that file only
+    (it rewrote the whole folder, the user's train.jsonl included; found by probing)."""
+    data = tmp_path / "d"
+    args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(data))
+    lora._write_demo(args)
+    fresh_test = (data / "test.jsonl").read_text()
+    (data / "test.jsonl").unlink()
+    (data / "train.jsonl").write_text("mine\n")
+    lora._write_demo(args)
+    assert (data / "train.jsonl").read_text() == "mine\n"
+    assert (data / "test.jsonl").read_text() == fresh_test

@@ -124,7 +124,7 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
     assert repro.main(argv + ["--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert (
-        "chunkscan repro: 1 of 2 configurations failed:\n"
+        "chunkscan repro: 1 of 2 configurations and 0 reference runs failed:\n"
         "  state plain T=8: exit -9: killed (out of memory?)"
     ) in err
     data = json.loads((tmp_path / "repro.json").read_text())
@@ -161,7 +161,7 @@ def test_a_failed_reference_keeps_the_row(tmp_path):
     assert repro.format_table([row], [16]).endswith("| no reference |")
 
 
-def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch):
+def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch, capsys):
     """Without plain among the modes, one reference run per (gradients, T) up to
     --check-max-T, in a process of its own and with no row; repeated list entries run
     once."""
@@ -182,6 +182,16 @@ def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch):
     assert calls.index(refs[0]) == 0 and len(calls) == 3  # the reference, then T = 8, 64
     data = json.loads((tmp_path / "repro.json").read_text())
     assert [r["T"] for r in data["rows"]] == [8, 64] and data["meta"]["modes"] == ["cs.scan"]
+    # A failed reference run fails the command (before, each row recomputed it, and a
+    # crash there failed that row): exit 1, named (found by probing).
+    calls.clear()
+
+    def reference_fails(target, config, **kw):
+        return {"error": "exit 3: "} if config.get("reference_only") else fake(target, config)
+
+    monkeypatch.setattr(measure, "run_isolated", reference_fails)
+    assert repro.main(argv) == 1
+    assert "  state plain autograd (reference) T=8: exit 3: " in capsys.readouterr().err
 
 
 def test_provenance_names_no_commit_of_another_repository(tmp_path, monkeypatch):

@@ -1056,3 +1056,21 @@ def test_ordered_dict_carry_stays_an_ordered_dict():
     assert carry["a"].tolist() == [4.0, 4.0] and type(ys) is OrderedDict
     out = chunkscan.checkpoint(lambda d: OrderedDict(z=d["a"] * 2))(init)
     assert type(out) is OrderedDict
+
+
+def test_an_ordered_dict_subclass_comes_back_a_dict():
+    """A subclass of ``OrderedDict`` may take other constructor arguments: rebuilt with
+    the mapping as its first argument it came back empty (found by probing the change
+    that keeps ``OrderedDict``); it is a plain ``dict`` of the same items, as before."""
+    from collections import OrderedDict
+
+    class Named(OrderedDict):
+        def __init__(self, name, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.name = name
+
+    init = Named("state")
+    init["a"] = mx.ones((2,))
+    carry, ys = chunkscan.scan(lambda c, x: (c, x * c["a"]), init, mx.ones((4, 2)), chunk_size=2)
+    assert type(carry) is dict and carry["a"].tolist() == [1.0, 1.0] and ys.shape == (4, 2)
+    assert type(chunkscan.checkpoint(lambda d: d)(init)) is dict

@@ -16,8 +16,9 @@ import mlx.core as mx
 #   ("leaf",)                         a single leaf
 #   ("none",)                         None (no leaves)
 #   ("dict", keys, children)          a dict with keys in order
-#   ("dict", keys, children, type)    an OrderedDict (or subclass), rebuilt as that type
-#                                     (it came back as a plain dict before session 30)
+#   ("dict", keys, children, type)    an OrderedDict, rebuilt as one (it came back as a
+#                                     plain dict before session 30; a subclass still
+#                                     does: its constructor may take other arguments)
 #   ("seq", type, children)           a list, tuple or namedtuple
 _LEAF = ("leaf",)
 _NONE = ("none",)
@@ -38,7 +39,7 @@ def _flatten_into(node: Any, leaves: list[Any]) -> tuple:
     if isinstance(node, dict):
         keys = tuple(node.keys())
         td = ("dict", keys, tuple(_flatten_into(node[k], leaves) for k in keys))
-        return td + (type(node),) if isinstance(node, OrderedDict) else td
+        return td + (OrderedDict,) if type(node) is OrderedDict else td
     if isinstance(node, (list, tuple)):
         return ("seq", type(node), tuple(_flatten_into(child, leaves) for child in node))
     leaves.append(node)

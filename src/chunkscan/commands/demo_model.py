@@ -124,16 +124,20 @@ def write_dataset(
     min_words: int = 40,
     max_words: int = 120,
     seed: int = 0,
+    keep_existing: bool = False,
 ) -> pathlib.Path:
     """Write ``train.jsonl``, ``valid.jsonl`` and ``test.jsonl`` (as many lines as the
     validation set: ``chunkscan lora --demo --test`` stopped at mlx-lm's "Test set not
-    found or empty" without it) of ``{"text": ...}`` lines."""
+    found or empty" without it) of ``{"text": ...}`` lines. ``keep_existing``: leave a
+    split that is already there as it is (the same lines for the others either way)."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     for name, n in (("train", n_train), ("valid", n_valid), ("test", n_valid)):
-        with open(path / f"{name}.jsonl", "w") as f:
-            for _ in range(n):
-                text = sentence(rng, rng.randint(min_words, max_words))
-                f.write(json.dumps({"text": text}) + "\n")
+        lines = [sentence(rng, rng.randint(min_words, max_words)) for _ in range(n)]
+        target = path / f"{name}.jsonl"
+        if keep_existing and target.exists():
+            continue
+        with open(target, "w") as f:
+            f.writelines(json.dumps({"text": text}) + "\n" for text in lines)
     return path

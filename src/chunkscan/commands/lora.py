@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import pathlib
 import re
@@ -303,7 +304,12 @@ def _write_demo(args: types.SimpleNamespace) -> None:
         (path, write)
         for flag, path, files, write in (
             ("--model", args.model, ("config.json",), demo_model.write_model),
-            ("--data", args.data, demo_model.DATASET_FILES, demo_model.write_dataset),
+            (
+                "--data",
+                args.data,
+                demo_model.DATASET_FILES,
+                functools.partial(demo_model.write_dataset, keep_existing=True),
+            ),
         )
         if _demo_dir_needs_writing(flag, path, files)
     ]  # every check first: refuse before writing anything

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import json
 import os
 import statistics
@@ -81,10 +80,8 @@ def provenance() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
     versions = {"python": platform.python_version(), "mlx": mx.__version__}
-    try:
-        versions["chunkscan"] = importlib.metadata.version("chunkscan")
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    # The copy imported here (an installed distribution's metadata can name another).
+    versions["chunkscan"] = importlib.import_module("chunkscan").__version__
     for name in ("mlx_lm", "numpy", "torch", "triton", "fla"):
         try:
             versions[name] = getattr(importlib.import_module(name), "__version__", "?")

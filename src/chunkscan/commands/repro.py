@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     # plain first, so that its gradients are there for the other modes to compare with;
     # where plain is not among the modes, a reference run of its own (no row)
     configs.sort(key=lambda c: c[0] != "plain")
+    ref_failed: list[str] = []  # reference runs apart (no rows) that failed
     if "plain" not in modes:
         for grads, T in [(g, T) for g in grads_cases for T in Ts if T <= args.check_max_T]:
             ref = _measure.run_isolated(
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             if "error" in ref:
                 print(f"[ref] {grads:<5} plain autograd T={T:<6} {ref['error']}", flush=True)
+                ref_failed.append(f"  {grads} plain autograd (reference) T={T}: {ref['error']}")
     for n, (mode, grads, T) in enumerate(configs, 1):
         res = _measure.run_isolated(
             "chunkscan.commands.repro:measure",
@@ -245,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             print(f"wrote {path}")
     failed = [r for r in rows if "error" in r]
-    if failed:
+    if failed or ref_failed:
         lines = [f"  {r['grads']} {r['mode']} T={r['T']}: {r['error']}" for r in failed]
         print(
-            f"\nchunkscan repro: {len(failed)} of {len(rows)} configurations failed:\n"
-            + "\n".join(lines),
+            f"\nchunkscan repro: {len(failed)} of {len(rows)} configurations and "
+            f"{len(ref_failed)} reference runs failed:\n" + "\n".join(lines + ref_failed),
             file=sys.stderr,
         )
         return 1
