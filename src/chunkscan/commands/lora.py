@@ -273,8 +273,9 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
 
     It writes a folder that does not exist, or one it made earlier (marked with
     :data:`DEMO_MARKER`) that lacks one of ``files`` (what the demo writes there:
-    ``--test`` needs the ``test.jsonl`` that demos before session 30 did not write);
-    it uses any other folder that has ``files[0]`` as it is; it refuses everything else.
+    ``--test`` needs the ``test.jsonl`` that demos before session 30 did not write; in
+    the data folder only the missing splits are written); it uses any other folder that
+    has ``files[0]`` as it is; it refuses everything else.
     """
     p = pathlib.Path(path)
     if (p / DEMO_MARKER).is_file():
