@@ -551,14 +551,12 @@ def _keep_last_preparation() -> bool:
     ``"1"`` or unset: yes)."""
     if _KEEP_PREPARED is not None:
         return _KEEP_PREPARED
-    flag = _backend.getenv("CHUNKSCAN_GDN_KEEP_PREPARED", "1")
-    if flag not in ("0", "1"):
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_GDN_KEEP_PREPARED must be '0' or '1', not "
-            f"{flag!r}. Set it to 0 for a backward that recomputes the last group's "
-            f"preparation, or unset it (the default, 1: kept from the forward)."
-        )
-    return flag == "1"
+    flag = _backend.env_choice(
+        "CHUNKSCAN_GDN_KEEP_PREPARED", "gated_delta_rule", ("0", "1"),
+        "0 (the backward recomputes the last group's preparation) or 1 (kept from the "
+        "forward, the default)",
+    )  # fmt: skip
+    return flag != "0"
 
 
 def _cat(parts: list[mx.array], axis: int) -> mx.array:
