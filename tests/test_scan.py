@@ -446,6 +446,11 @@ def _memory_is_output(m, x):  # a chunk's memory [C, D] is also its output
     return h, h
 
 
+def _two_handles(m, x):  # two Python handles of one array: h.astype(h.dtype) is h
+    h = mx.tanh(x + 0.5 * m)
+    return h, h.astype(h.dtype)
+
+
 # (scan's f, the reference's step, steps per reference step, init, loss of (carry, ys)).
 _TWICE = [
     (_two_ys, _two_ys, 3, mx.zeros((3,)), lambda c, ys: (ys[0] * 3 * ys[1]).sum()),
@@ -453,16 +458,22 @@ _TWICE = [
      lambda c, ys: (2 * c[0] + 3 * c[1]).sum() + ys.sum()),
     (_memory_is_output, _memory_is_output, 3, mx.zeros((3, 3)),
      lambda c, ys: (5 * c).sum() + (ys * ys).sum()),
+    (_two_handles, _two_handles, 3, mx.zeros((3, 3)),
+     lambda c, ys: (5 * c).sum() + (ys * ys).sum()),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(len(_TWICE)), ids=["two-ys", "two-carries", "memory"])
+@pytest.mark.parametrize(
+    "case", range(len(_TWICE)), ids=["two-ys", "two-carries", "memory", "two-handles"]
+)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_an_array_returned_in_two_places_gets_both_cotangents(case, compiled, monkeypatch):
     """``f`` returning one array object twice: as two ys leaves, as two carry leaves
     (``stepwise``'s carry ``(h, h)``), and as the carry and the output (a memory that is
-    also the output). ``mx.vjp`` keeps one cotangent per output array, so scan's
-    backward dropped all but one (found by probing: half the gradient, no error).
+    also the output); and one array under two Python handles (``h.astype(h.dtype)``),
+    which the first fix, by Python identity, missed. ``mx.vjp`` keeps one cotangent per
+    output array, so scan's backward dropped all but one (found by probing: half the
+    gradient, no error).
     Against a plain loop (measured: equal, 0.0; bound 1e-6 for a reordered float32
     sum); with the fix switched off the gradients differ by more than 10%."""
     f, step, size, init, loss_of = _TWICE[case]

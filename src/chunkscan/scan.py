@@ -394,19 +394,14 @@ _AXIS_IN_BACKWARD = True
 
 
 def _distinct(arrays: list[mx.array]) -> list[mx.array]:
-    """``arrays`` with every repeat of an array object passed through a ``Depends`` of
-    its own. ``mx.vjp`` keeps one cotangent per output array, so where ``f`` returns one
-    array in two places (a carry ``(h, h)``, or ``h`` as the carry and as the output) the
-    second place's cotangent was dropped (found by probing: half the gradient, no
-    error). The ``Depends`` hands its cotangent on to the array, where MLX adds the two."""
-    seen: set[int] = set()
-    out = []
-    for a in arrays:
-        if id(a) in seen:
-            a = mx.depends([a], [a])[0]
-        seen.add(id(a))
-        out.append(a)
-    return out
+    """``arrays`` with all but the first passed through a ``Depends`` each. ``mx.vjp``
+    keeps one cotangent per output array, so where ``f`` returns one array in two places
+    (a carry ``(h, h)``, or ``h`` as the carry and as the output) the second place's
+    cotangent was dropped (found by probing: half the gradient, no error). The
+    ``Depends`` hands its cotangent on to the array, where MLX adds the two. All, not
+    only the repeats of a Python object: two Python handles can hold one array
+    (``h.astype(h.dtype)`` is ``h``), and Python cannot tell them apart."""
+    return arrays[:1] + [mx.depends([a], [a])[0] for a in arrays[1:]]
 
 
 def _check_arity(f: Callable, has_params: bool) -> None:
