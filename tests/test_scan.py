@@ -1,9 +1,11 @@
 """chunkscan.scan and chunkscan.stepwise: values and gradients against plain autograd
 of the unchunked loop, pytrees, params, nn.Module, compile, and error text."""
 
+import dataclasses
 import functools
 import importlib
 import re
+import types
 import warnings
 
 import mlx.core as mx
@@ -667,6 +669,24 @@ def _global_step(s, x):
     return s, s
 
 
+CFG = types.ModuleType("chunkscan_test_settings")  # a module of settings, holding a layer
+CFG.net = nn.Linear(3, 3)
+
+
+def _module_attribute_step(s, x):
+    s = mx.tanh(CFG.net(s) + x)
+    return s, s
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotsHolder:  # no __dict__: the walk reads its slots
+    layer: nn.Module
+
+    def step(self, s, x):
+        s = mx.tanh(self.layer(s) + x)
+        return s, s
+
+
 def _scan_loss(f, **kw):
     s0 = mx.zeros((3,))
     xs = mx.random.normal((8, 3), key=mx.random.key(5))
@@ -732,6 +752,19 @@ def _capture_cases():
             chunkscan.stepwise(Holder().step),
             "through step -> self -> layer",
             "layer",
+            True,
+        ),
+        # Both missed before session 30 (a zero gradient, no warning; found by probing).
+        "slots dataclass": (
+            chunkscan.stepwise(_SlotsHolder(lin).step),
+            "through step -> self -> layer",
+            "layer",
+            True,
+        ),
+        "module attribute": (
+            chunkscan.stepwise(_module_attribute_step),
+            "through step -> CFG.net",
+            "CFG.net",
             True,
         ),
     }

@@ -10,7 +10,10 @@ can reach and reports every module on the way:
   reaches its ``step`` through its closure, ``step`` a helper through a global);
 - ``functools.partial``: its function, arguments and keywords;
 - bound methods: the object (``self``) and the function; the attributes of a plain
-  object reached that way (or called directly, a functor);
+  object reached that way (or called directly, a functor), its ``__slots__`` too (a
+  ``slots=True`` dataclass);
+- a global that is a Python module, through the attributes the code reads of it
+  (``cfg.net`` where ``cfg`` is a module of settings);
 - lists, tuples and dicts found on the way (their first items).
 
 The walk is bounded (depth, objects visited, items per container), never looks
@@ -81,12 +84,14 @@ class _Walk:
         elif isinstance(obj, dict):
             for k, item in list(obj.items())[:MAX_ITEMS]:
                 self.visit(item, _index(path, f"[{k!r}]"), nxt)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            # A plain object: a bound method's self, a functor, a config holder.
+        elif not isinstance(obj, type) and (hasattr(obj, "__dict__") or _slot_names(obj)):
+            # A plain object: a bound method's self, a functor, a config holder (its
+            # slots too: a slots=True dataclass has no __dict__, and its module was
+            # missed before session 30).
             call = inspect.getattr_static(type(obj), "__call__", None)
             if inspect.isfunction(call):
                 self.visit(call, path, nxt)
-            for k, item in list(vars(obj).items())[:MAX_ITEMS]:
+            for k, item in _attributes(obj)[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
@@ -109,6 +114,11 @@ class _Walk:
         for name in _global_names(code):
             if name in fn.__globals__:
                 self.visit(fn.__globals__[name], path + [name], depth)
+        # A module is inert, but what the code reads of it is not (cfg.net).
+        for name, attr in _global_attributes(code):
+            module = fn.__globals__.get(name)
+            if isinstance(module, types.ModuleType) and hasattr(module, attr):
+                self.visit(getattr(module, attr), path + [f"{name}.{attr}"], depth)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -123,6 +133,44 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
                 names[ins.argval] = None
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return tuple(names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_attributes(code: types.CodeType) -> tuple[tuple[str, str], ...]:
+    """``(global, attribute)`` for each ``name.attr`` the code (and the code nested in
+    it) reads where ``name`` is a global, once each."""
+    pairs: dict[tuple[str, str], None] = {}
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        prev = None
+        for ins in dis.get_instructions(c):
+            if prev is not None and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                if isinstance(ins.argval, str):
+                    pairs[(prev, ins.argval)] = None
+            prev = ins.argval if ins.opname in _GLOBAL_OPS else None
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(pairs)
+
+
+def _slot_names(obj: Any) -> list[str]:
+    """The ``__slots__`` names of ``obj``'s class and its bases."""
+    names: list[str] = []
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return [n for n in names if n not in ("__dict__", "__weakref__")]
+
+
+def _attributes(obj: Any) -> list[tuple[str, Any]]:
+    """``obj``'s instance attributes: its ``__dict__`` and its slots that are set."""
+    items = list(vars(obj).items()) if hasattr(obj, "__dict__") else []
+    for name in _slot_names(obj):
+        try:
+            items.append((name, object.__getattribute__(obj, name)))
+        except AttributeError:  # a slot never set
+            continue
+    return items
 
 
 def _index(path: list[str], sub: str) -> list[str]:

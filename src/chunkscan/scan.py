@@ -571,7 +571,8 @@ def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
             continue
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
-        arg = name if name.isidentifier() and name != "self" else "module"
+        dotted = name.split(".")  # a module's attribute (cfg.net) is an expression too
+        arg = name if all(n.isidentifier() for n in dotted) and name != "self" else "module"
         if step is not None:
             use = "take it as the third argument of step: step(carry, x, params)"
         else:
