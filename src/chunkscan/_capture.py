@@ -114,10 +114,14 @@ class _Walk:
         for name in _global_names(code):
             if name in fn.__globals__:
                 self.visit(fn.__globals__[name], path + [name], depth)
-        # A module is inert, but what the code reads of it is not (cfg.net).
+        # A module is inert, but what the code reads of it is not (cfg.net); MLX's,
+        # mlx-lm's and chunkscan's own are skipped (mx.tanh would only use up the walk's
+        # budget of objects).
         for name, attr in _global_attributes(code):
             module = fn.__globals__.get(name)
-            if isinstance(module, types.ModuleType) and hasattr(module, attr):
+            if not isinstance(module, types.ModuleType) or not hasattr(module, attr):
+                continue
+            if module.__name__.split(".")[0] not in ("mlx", "mlx_lm", "chunkscan"):
                 self.visit(getattr(module, attr), path + [f"{name}.{attr}"], depth)
 
 
