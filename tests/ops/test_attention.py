@@ -508,3 +508,30 @@ def test_vmap_over_an_array_mask_in_one_block(kind):
     grad = mx.grad(lambda q, k, v, m: (f(q, k, v, m) ** 2).sum())
     with pytest.raises(ValueError, match="Not implemented for Depends"):
         mx.eval(mx.vmap(grad)(q, k, v, mask))
+
+
+@pytest.mark.parametrize("where", ["k", "q", "mask"])
+def test_a_nan_reaches_the_gradients_as_in_naive_attention(where, monkeypatch):
+    """A NaN in ``k``, in ``q`` or in an additive mask entry, one block: the NaN
+    pattern of ``dq``, ``dk`` and ``dv`` is naive attention's (and ``mx.fast``'s). The
+    blocked backward zeroed the score gradient wherever ``p > 0`` failed, a NaN
+    probability too, so ``dk`` came back all zeros for a NaN in ``k`` (found by
+    probing: 0 NaN entries of 32)."""
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 0)
+    T, D = 8, 4
+    q, k, v = (mx.random.normal((1, 1, T, D), key=mx.random.key(i)) for i in range(3))
+    mask = mx.zeros((T, T))
+    spot = mx.zeros((T, D)).at[3, 1].add(1.0)[None, None] > 0
+    if where == "k":
+        k = mx.where(spot, mx.nan, k)
+    elif where == "q":
+        q = mx.where(spot, mx.nan, q)
+    else:
+        mask = mx.where((mx.arange(T)[:, None] == 2) & (mx.arange(T) == 4), mx.nan, mask)
+
+    def nan_pattern(fn):
+        _, grads = mx.vjp(lambda q, k, v: fn(q, k, v, scale=0.5, mask=mask), [q, k, v],
+                          [mx.ones((1, 1, T, D))])  # fmt: skip
+        return [mx.isnan(g).tolist() for g in grads]
+
+    assert nan_pattern(chunkscan.attention) == nan_pattern(naive_attention)

@@ -323,7 +323,10 @@ def _make_core(
             # overflow float16 to inf, and 0 * inf made the row's dq NaN in blocks that
             # hold masked keys only (found by probing: NaN with one block, finite with
             # blocks of 16, for the same call).
-            ds = mx.where(p > 0, p * (dp - delta), 0.0)
+            # A NaN probability (from a NaN in q, k or the mask) keeps its NaN, as in
+            # MLX: ``p > 0`` alone turned it into a finite zero gradient (found by
+            # probing: dk all zeros for a NaN in k, with one block).
+            ds = mx.where(mx.logical_or(p > 0, mx.isnan(p)), p * (dp - delta), 0.0)
             ds = ds.reshape(B, Hkv, G * r, kend).astype(dtype)
             dq_b = (matmul(ds, kp) * scale).reshape(B, Hkv, G, r, D)
             dk_b = matmul(ds.swapaxes(-1, -2), qr)  # qr carries the scale
