@@ -111,13 +111,14 @@ class _Walk:
             self.visit(value, path + ["a default argument"], depth)
         for name, value in list((fn.__kwdefaults__ or {}).items())[:MAX_ITEMS]:
             self.visit(value, path + [name], depth)
-        for name in _global_names(code):
+        global_names, global_attributes = _globals_read(code)
+        for name in global_names:
             if name in fn.__globals__:
                 self.visit(fn.__globals__[name], path + [name], depth)
         # A module is inert, but what the code reads of it is not (cfg.net); MLX's,
         # mlx-lm's and chunkscan's own are skipped (mx.tanh would only use up the walk's
         # budget of objects).
-        for name, attr in _global_attributes(code):
+        for name, attr in global_attributes:
             module = fn.__globals__.get(name)
             if not isinstance(module, types.ModuleType) or not hasattr(module, attr):
                 continue
@@ -126,35 +127,26 @@ class _Walk:
 
 
 @functools.lru_cache(maxsize=1024)
-def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    """Globals the code (and the code nested in it) loads, in order, once each."""
+def _globals_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The globals the code (and the code nested in it) loads, and ``(global,
+    attribute)`` for each ``name.attr`` it reads of them; in order, once each, from one
+    walk of the bytecode."""
     names: dict[str, None] = {}
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        for ins in dis.get_instructions(c):
-            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
-                names[ins.argval] = None
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return tuple(names)
-
-
-@functools.lru_cache(maxsize=1024)
-def _global_attributes(code: types.CodeType) -> tuple[tuple[str, str], ...]:
-    """``(global, attribute)`` for each ``name.attr`` the code (and the code nested in
-    it) reads where ``name`` is a global, once each."""
     pairs: dict[tuple[str, str], None] = {}
     stack = [code]
     while stack:
         c = stack.pop()
-        prev = None
+        prev = None  # the global the previous instruction loaded
         for ins in dis.get_instructions(c):
             if prev is not None and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 if isinstance(ins.argval, str):
                     pairs[(prev, ins.argval)] = None
-            prev = ins.argval if ins.opname in _GLOBAL_OPS else None
+            prev = None
+            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
+                names[ins.argval] = None
+                prev = ins.argval
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return tuple(pairs)
+    return tuple(names), tuple(pairs)
 
 
 def _slot_names(obj: Any) -> list[str]:
