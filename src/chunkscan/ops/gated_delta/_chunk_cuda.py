@@ -64,6 +64,7 @@ compiled on a CUDA device (outputs in ``bench/results/h200/tests_h200_fused_*.tx
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 from types import SimpleNamespace
@@ -1888,8 +1889,7 @@ def _read_plan_key() -> tuple:
     env = tuple([_backend.getenv(var) for var in _PLAN_ENV])
     # The limits as a plain tuple: the key is hashed at every launch's plan lookup, and
     # a dataclass hashes in Python.
-    limits = cuda_limits()
-    limits = (limits.smem_per_block, limits.smem_per_sm, limits.sm_count, limits.source)
+    limits = dataclasses.astuple(cuda_limits())
     return env, limits, compute_capability(), _backend.cuda_device()
 
 
