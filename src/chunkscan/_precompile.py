@@ -273,9 +273,8 @@ def _write_source(source: str, symbol: str) -> str:
 def device_arch() -> str:
     """The default CUDA device's compute capability as ``"90"`` (for ``sm_90``): from
     ``mx.device_info()``, else the driver."""
-    b = _backend
-    cc = b.compute_capability() or b._driver_attributes(
-        b._default_index(), (b._ATTR_CC_MAJOR, b._ATTR_CC_MINOR)
+    cc = _backend.compute_capability() or _backend._driver_attributes(
+        _backend._default_index(), (_backend._ATTR_CC_MAJOR, _backend._ATTR_CC_MINOR)
     )
     if cc is None:
         raise RuntimeError("the device's compute capability is unknown")
