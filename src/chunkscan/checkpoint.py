@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from . import _ordering, _random, _tree
 
@@ -133,8 +134,6 @@ def checkpoint(fun: F) -> F:
 def _check_no_module(args: tuple, kwargs: dict) -> None:
     """Raise where an argument is an ``nn.Module``: flattened as the dict of its arrays,
     it reached ``fun`` as a plain dict ("'dict' object is not callable")."""
-    import mlx.nn as nn
-
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
     for where, a in named:
