@@ -76,7 +76,8 @@ def scan(
 
     Args:
         f (callable): The chunk function.
-        init (tree of array): Initial carry, e.g. ``[H, Dv, Dk]``.
+        init (tree of array): Initial carry, e.g. ``[H, Dv, Dk]``. Integer and
+            boolean leaves (a position counter) get no gradient, here and in ``params``.
         xs (tree of array): Length ``T`` on ``axis`` for every leaf, e.g. ``[T, H, D]``.
         chunk_size (int, optional): Steps per chunk; need not divide ``T``.
             Default: ``32``.
@@ -326,6 +327,12 @@ class _Plan:
 
         d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
         d_p: list[mx.array] = []
+        # Integer and boolean carry and params leaves (a position counter, an index
+        # table) are constants of the recomputation, as in ``checkpoint``: MLX has no
+        # gradient with respect to indices, and asking the vjp for one raised
+        # ("[gather] Cannot calculate VJP with respect to indices") where the loop
+        # differentiated (found by probing). They get zero cotangents.
+        floats = [mx.issubdtype(a.dtype, mx.inexact) for a in init + diff_xs + p]
         for i in reversed(range(n_chunks)):
             # Rule 2: recompute chunk i only once the cotangent flowing into it exists.
             # It gates the xs chunks too: Depends is never merged by mx.compile's
@@ -346,8 +353,18 @@ class _Plan:
             else:
                 consts = _ordering.keep_apart(consts)
 
-            def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
-                c, dx, pp = self.split_primals(list(args))
+            primals_i = waited + p
+            if not all(floats):
+                # Out of the Depends above they are outputs of the cotangents: a second
+                # derivative would ask for their gradient again.
+                primals_i = [a if d else mx.stop_gradient(a) for a, d in zip(primals_i, floats)]
+
+            def chunk_fn(
+                *args: mx.array, i: int = i, consts: list = consts, primals_i: list = primals_i
+            ) -> list[mx.array]:
+                it = iter(args)
+                full = [next(it) if d else a for a, d in zip(primals_i, floats)]
+                c, dx, pp = self.split_primals(full)
                 new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp, recompute=True)
                 return _distinct(new_c + ys)
 
@@ -357,13 +374,16 @@ class _Plan:
             # along axis 0 there (found by probing: wrong gradients, no error, where a
             # batch was as long as the chunk).
             axis_held = scan_axis(self.axis) if _AXIS_IN_BACKWARD else contextlib.nullcontext()
-            with _random.replaying(self.keys.get(i)), axis_held:
-                _, grads = mx.vjp(
-                    chunk_fn,
-                    waited + p,
-                    ct_carry + [c[i] for c in ct_ys_chunks],
-                )
-            d_carry, d_x, d_p_i = self.split_primals(list(grads))
+            float_primals = [a for a, d in zip(primals_i, floats) if d]
+            grads = []
+            if float_primals:
+                with _random.replaying(self.keys.get(i)), axis_held:
+                    _, grads = mx.vjp(
+                        chunk_fn, float_primals, ct_carry + [c[i] for c in ct_ys_chunks]
+                    )
+            it = iter(grads)
+            grads = [next(it) if d else mx.zeros_like(a) for a, d in zip(primals_i, floats)]
+            d_carry, d_x, d_p_i = self.split_primals(grads)
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
             if i > 0:
                 d_carry = [a + b for a, b in zip(d_carry, ct_saved[i])]
