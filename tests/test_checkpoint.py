@@ -142,6 +142,11 @@ def test_error_module_argument():
         chunkscan.checkpoint(lambda m, a: m(a))(lin, mx.zeros((2, 3)))
     with pytest.raises(TypeError, match=re.escape("keyword argument 'm' is an nn.Module")):
         chunkscan.checkpoint(lambda a, m: m(a))(mx.zeros((2, 3)), m=lin)
+    # Inside a tuple, list or dict argument too (they reached fun as a plain dict).
+    with pytest.raises(TypeError, match=re.escape("argument 0[0] is an nn.Module (Linear)")):
+        chunkscan.checkpoint(lambda p: p[0](p[1]))((lin, mx.zeros((2, 3))))
+    with pytest.raises(TypeError, match=re.escape("keyword argument 'net'['m'] is an nn.Module")):
+        chunkscan.checkpoint(lambda a, net: net["m"](a))(mx.zeros((2, 3)), net={"m": lin})
 
 
 def _chunk_loop(run, h, xs, w):

@@ -920,6 +920,23 @@ def test_integer_and_bool_xs_leaves_get_no_gradient():
     assert_trees_close(g, g_ref, 1e-6, "grads")
 
 
+def test_module_inside_a_tree_raises_naming_it():
+    """``params=(module, w)``, ``params={"net": module}``, a module in ``init``: an
+    nn.Module is a dict, and flattened into its arrays it reached ``f`` as a plain dict
+    ("'dict' object is not callable", found by probing). Now the error names it and the
+    fix; ``params=module`` on its own is the supported form."""
+    lin = nn.Linear(3, 3)
+    h0, xs = mx.zeros((3,)), mx.ones((4, 3))
+    for params, path in (((lin, mx.ones(3)), "params[0]"), ({"net": lin}, "params['net']")):
+        with pytest.raises(TypeError) as err:
+            chunkscan.scan(lambda c, x, p: (c, x), h0, xs, chunk_size=2, params=params)
+        assert f"{path} is an nn.Module (Linear)" in str(err.value)
+        assert "pass it on its own as scan's params=module" in str(err.value)
+        assert "Wrap the values" not in str(err.value)
+    with pytest.raises(TypeError, match=re.escape("init[1] is an nn.Module (Linear)")):
+        chunkscan.scan(lambda c, x: (c, x), (h0, lin), xs, chunk_size=2)
+
+
 def test_integer_carry_and_params_leaves_used_as_indices():
     """A position counter in the carry and an index table among the params: constants
     of the recomputation, as integer xs leaves are. Both raised MLX's "[gather] Cannot

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
 # A treedef is one of:
 #   ("leaf",)                         a single leaf
@@ -36,7 +37,10 @@ def flatten(tree: Any) -> tuple[list[Any], tuple]:
 def _flatten_into(node: Any, leaves: list[Any]) -> tuple:
     if node is None:
         return _NONE
-    if isinstance(node, dict):
+    # An nn.Module is a dict, but not a node of these trees: it stays one leaf, so the
+    # callers' checks name it. Flattened into its arrays it reached f as a plain dict
+    # ("'dict' object is not callable", found by probing: params=(module, w)).
+    if isinstance(node, dict) and not isinstance(node, nn.Module):
         keys = tuple(node.keys())
         td = ("dict", keys, tuple(_flatten_into(node[k], leaves) for k in keys))
         return td + (OrderedDict,) if type(node) is OrderedDict else td
@@ -120,17 +124,37 @@ def require_arrays(fn: str, name: str, tree: Any) -> tuple[list[mx.array], tuple
     """Flatten ``tree`` and raise a ``TypeError`` naming every non-array leaf."""
     leaves, treedef = flatten(tree)
     bad = [
-        f"  * {p} is a {type(leaf).__name__}"
+        f"  * {p} is {_leaf_kind(leaf)}"
         for p, leaf in zip(paths(treedef, name), leaves)
         if not isinstance(leaf, mx.array)
     ]
     if bad:
+        kinds = {isinstance(leaf, nn.Module) for leaf in leaves if not isinstance(leaf, mx.array)}
+        fixes = []
+        if False in kinds:
+            fixes.append(
+                "Wrap the values with mx.array(...), or close over non-array constants in f."
+            )
+        if True in kinds:
+            fixes.append(
+                "A module is not a tree of arrays: pass it on its own as scan's "
+                "params=module (its trainable parameters get gradients), or close over it "
+                "in f (it gets none)."
+            )
+        fix = " ".join(fixes)
         raise TypeError(
             f"[{fn}] every leaf of {name} must be an mx.array, but some are not:\n"
             + ";\n".join(bad)
-            + ".\nWrap the values with mx.array(...), or close over non-array constants in f."
+            + ".\n"
+            + fix
         )
     return leaves, treedef
+
+
+def _leaf_kind(leaf: Any) -> str:
+    if isinstance(leaf, nn.Module):
+        return f"an nn.Module ({type(leaf).__name__})"
+    return f"a {type(leaf).__name__}"
 
 
 def _structure_differences(td_a: tuple, name_a: str, td_b: tuple, name_b: str) -> list[str]:

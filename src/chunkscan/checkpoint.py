@@ -34,7 +34,8 @@ def checkpoint(fun: F) -> F:
             returns an array or a pytree of arrays. Non-array leaves of the arguments
             (ints, floats, strings) are passed through unchanged as constants; integer
             and boolean arrays (indices, masks) are constants of the recomputation
-            (their gradient is zero). An ``nn.Module`` argument raises: capture it in
+            (their gradient is zero). An ``nn.Module`` argument (or one inside a tree
+            argument) raises: capture it in
             ``fun`` instead, or use :func:`chunkscan.scan` with ``params=``.
 
     Returns:
@@ -65,8 +66,9 @@ def checkpoint(fun: F) -> F:
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        _check_no_module(args, kwargs)
         leaves, treedef = _tree.flatten((args, kwargs))
+        if any(isinstance(leaf, nn.Module) for leaf in leaves):
+            _raise_on_module(args, kwargs)
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
         arrays = [leaves[i] for i in slots]
         # The closures below outlive this call (the vjp runs later), so they keep only
@@ -131,17 +133,20 @@ def checkpoint(fun: F) -> F:
     return checkpointed  # type: ignore[return-value]
 
 
-def _check_no_module(args: tuple, kwargs: dict) -> None:
-    """Raise where an argument is an ``nn.Module``: flattened as the dict of its arrays,
-    it reached ``fun`` as a plain dict ("'dict' object is not callable")."""
+def _raise_on_module(args: tuple, kwargs: dict) -> None:
+    """Raise naming the argument that is, or holds, an ``nn.Module``: flattened as the
+    dict of its arrays, it reached ``fun`` as a plain dict ("'dict' object is not
+    callable"; found by probing, inside a tuple or list argument too)."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
     for where, a in named:
-        if isinstance(a, nn.Module):
-            raise TypeError(
-                f"[checkpoint] {where} is an nn.Module ({type(a).__name__}); checkpoint "
-                "passes arrays and pytrees of arrays, and would hand fun a plain dict of "
-                "the module's arrays. Capture the module in fun's closure instead (it "
-                "then gets no gradient, as with mx.checkpoint), or, for gradients of its "
-                "weights, use chunkscan.scan with params=module."
-            )
+        leaves, treedef = _tree.flatten(a)
+        for path, leaf in zip(_tree.paths(treedef, where), leaves):
+            if isinstance(leaf, nn.Module):
+                raise TypeError(
+                    f"[checkpoint] {path} is an nn.Module ({type(leaf).__name__}); "
+                    "checkpoint passes arrays and pytrees of arrays, and would hand fun a "
+                    "plain dict of the module's arrays. Capture the module in fun's closure "
+                    "instead (it then gets no gradient, as with mx.checkpoint), or, for "
+                    "gradients of its weights, use chunkscan.scan with params=module."
+                )
