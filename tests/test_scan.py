@@ -678,6 +678,26 @@ def _module_attribute_step(s, x):
     return s, s
 
 
+class _Namespace:  # a class used as a namespace of settings, holding a layer
+    net = nn.Linear(3, 3)
+    depth = 2  # read by the walk too, and skipped (not a module)
+
+    @property
+    def never(self):  # the walk reads the class without running its descriptors
+        raise AssertionError("the capture walk ran a property")
+
+
+def _class_attribute_step(s, x):
+    s = mx.tanh(_Namespace.net(s) + x)
+    return s, s
+
+
+class _ClassLevelHolder(_Namespace):  # self.net found on a base class, not the instance
+    def step(self, s, x):
+        s = mx.tanh(self.net(s) + x)
+        return s, s
+
+
 @dataclasses.dataclass(slots=True)
 class _SlotsHolder:  # no __dict__: the walk reads its slots
     layer: nn.Module
@@ -765,6 +785,19 @@ def _capture_cases():
             chunkscan.stepwise(_module_attribute_step),
             "through step -> CFG.net",
             "CFG.net",
+            True,
+        ),
+        # Both missed before session 31 (a zero gradient, no warning; found by probing).
+        "class attribute": (
+            chunkscan.stepwise(_class_attribute_step),
+            "through step -> _Namespace.net",
+            "_Namespace.net",
+            True,
+        ),
+        "attribute of self's class": (
+            chunkscan.stepwise(_ClassLevelHolder().step),
+            "through step -> self -> net",
+            "net",
             True,
         ),
     }

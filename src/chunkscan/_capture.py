@@ -11,9 +11,11 @@ can reach and reports every module on the way:
 - ``functools.partial``: its function, arguments and keywords;
 - bound methods: the object (``self``) and the function; the attributes of a plain
   object reached that way (or called directly, a functor), its ``__slots__`` too (a
-  ``slots=True`` dataclass);
-- a global that is a Python module, through the attributes the code reads of it
-  (``cfg.net`` where ``cfg`` is a module of settings);
+  ``slots=True`` dataclass), and the data attributes set on its class and bases
+  (``self.shared`` held by the class);
+- a global that is a Python module or a class, through the attributes the code reads
+  of it (``cfg.net`` where ``cfg`` is a module of settings, ``Cfg.net`` a class used
+  as a namespace), without running a property;
 - lists, tuples and dicts found on the way (their first items).
 
 The walk is bounded (depth, objects visited, items per container), never looks
@@ -93,6 +95,10 @@ class _Walk:
                 self.visit(call, path, nxt)
             for k, item in _attributes(obj)[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
+            # What it reads through its class (self.shared, set on the class: missed
+            # before, found by probing).
+            for k, item in _class_values(type(obj))[:MAX_ITEMS]:
+                self.visit(item, path + [k], nxt)
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
         package = (fn.__module__ or "").split(".")[0]
@@ -115,15 +121,20 @@ class _Walk:
         for name in global_names:
             if name in fn.__globals__:
                 self.visit(fn.__globals__[name], path + [name], depth)
-        # A module is inert, but what the code reads of it is not (cfg.net); MLX's,
-        # mlx-lm's and chunkscan's own are skipped (mx.tanh would only use up the walk's
-        # budget of objects).
+        # A Python module or a class is inert, but what the code reads of it is not
+        # (cfg.net of a module of settings, Cfg.net of a class used as a namespace:
+        # the class was missed, found by probing); MLX's, mlx-lm's and chunkscan's own
+        # are skipped (mx.tanh would only use up the walk's budget of objects).
         for name, attr in global_attributes:
-            module = fn.__globals__.get(name)
-            if not isinstance(module, types.ModuleType) or not hasattr(module, attr):
-                continue
-            if module.__name__.split(".")[0] not in ("mlx", "mlx_lm", "chunkscan"):
-                self.visit(getattr(module, attr), path + [f"{name}.{attr}"], depth)
+            holder = fn.__globals__.get(name)
+            if isinstance(holder, types.ModuleType):
+                if _ours(holder.__name__) or not hasattr(holder, attr):
+                    continue
+                self.visit(getattr(holder, attr), path + [f"{name}.{attr}"], depth)
+            elif isinstance(holder, type) and not _ours(holder.__module__):
+                value = _class_attribute(holder, attr)
+                if value is not None:
+                    self.visit(value, path + [f"{name}.{attr}"], depth)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -166,6 +177,35 @@ def _attributes(obj: Any) -> list[tuple[str, Any]]:
             items.append((name, object.__getattribute__(obj, name)))
         except AttributeError:  # a slot never set
             continue
+    return items
+
+
+def _ours(module_name: str | None) -> bool:
+    """Whether a module (by name) is MLX's, mlx-lm's, chunkscan's or Python's own."""
+    return (module_name or "").split(".")[0] in ("mlx", "mlx_lm", "chunkscan", "builtins")
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    """The value ``cls.name`` holds, read without running a descriptor (a property's
+    getter); a static or class method's function. ``None`` where there is none."""
+    value = inspect.getattr_static(cls, name, None)
+    return (
+        getattr(value, "__func__", value)
+        if isinstance(value, (staticmethod, classmethod))
+        else value
+    )
+
+
+def _class_values(cls: type) -> list[tuple[str, Any]]:
+    """The data attributes set on ``cls`` and its bases (not MLX's or Python's own
+    classes): neither dunder names nor functions, properties or other descriptors."""
+    items: list[tuple[str, Any]] = []
+    for klass in cls.__mro__:
+        if _ours(klass.__module__):
+            continue
+        for k, v in vars(klass).items():
+            if not k.startswith("__") and not hasattr(v, "__get__"):  # no method, property
+                items.append((k, v))
     return items
 
 
