@@ -79,7 +79,11 @@ def attention(
     under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
     ``FAST_MAX_SCORES`` scores per head), or for the values only where it is one block:
     the blocked form's ordering edges (between blocks, and in its backward) have
-    neither in MLX ("Not implemented for Depends").
+    neither in MLX ("Not implemented for Depends"). Not under
+    ``mx.compile(..., shapeless=True)``: the blocked form raises ("cannot infer output
+    shapes"), and a call that goes to ``mx.fast`` takes its behaviour there, which with
+    ``mask="causal"`` is wrong at a new length in MLX 0.32.4 (values, or the traced
+    call's shape; ``mx.fast`` alone does the same).
 
     Args:
         q (array): Queries ``[B, Hq, T, D]``.
