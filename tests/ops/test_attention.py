@@ -238,6 +238,17 @@ def test_minus_inf_and_float32_lowest_in_one_mask(chunk_size):
     assert_close(got, ref, F32_TOL, "causal -inf + padding min")
 
 
+def test_the_knobs_module_path_imports():
+    """docs/attention.md names the knobs by module path; ``chunkscan.ops`` had bound
+    ``attention`` to the function, so ``import chunkscan.ops.attention.blocked`` raised
+    ``ImportError`` (found by probing)."""
+    import importlib
+
+    mod = importlib.import_module("chunkscan.ops.attention.blocked")
+    assert mod is blocked and chunkscan.ops.attention.blocked.FAST_MAX_SCORES >= 0
+    assert chunkscan.ops.gated_delta.chunk.gated_delta_rule is chunkscan.gated_delta_rule
+
+
 def test_compiled_matches_eager():
     q, k, v, ct = make_inputs(2, 4, 2, 53, 53, 16)
     kw = dict(scale=0.25, mask="causal", chunk_size=16)

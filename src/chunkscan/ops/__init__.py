@@ -1,6 +1,8 @@
-"""Sequence-mixing ops built on chunkscan's ordered, chunked backward."""
+"""Sequence-mixing ops built on chunkscan's ordered, chunked backward: one subpackage
+per op (:mod:`chunkscan.ops.gated_delta`, :mod:`chunkscan.ops.attention`), each its fast
+form beside its naive oracle. The ops themselves are exported by :mod:`chunkscan`.
 
-from .attention import attention, naive_attention
-from .gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
-
-__all__ = ["attention", "gated_delta_rule", "naive_attention", "naive_recurrent_gated_delta_rule"]
+Nothing is re-exported here: ``from .attention import attention`` had bound
+``chunkscan.ops.attention`` to the function, so the documented module path of the
+knobs (``import chunkscan.ops.attention.blocked``) raised ``ImportError`` (found by
+probing)."""

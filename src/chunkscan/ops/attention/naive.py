@@ -20,8 +20,8 @@ def naive_attention(
 ) -> mx.array:
     """Attention with the whole ``[B, Hq, T, S]`` score matrix, in float32.
 
-    Same signature, shapes and conventions as :func:`chunkscan.attention`
-    (``chunk_size`` is checked and otherwise ignored)::
+    The arguments (but ``kernels``), shapes and conventions of
+    :func:`chunkscan.attention` (``chunk_size`` is checked and otherwise ignored)::
 
         s = scale * q @ k^T (+ mask, or -inf where a boolean mask is False)
         o = softmax(s) @ v            # a row with no visible key gives o = 0
