@@ -173,9 +173,15 @@ def test_kernel_falls_back_to_mlx_with_one_warning(tmp_path, monkeypatch):
 
 
 def test_mode(monkeypatch):
-    for value, mode in (("0", "0"), ("ptx", "ptx"), ("1", "cubin"), ("", "cubin")):
+    for value, mode in (("0", "0"), ("ptx", "ptx"), ("1", "cubin"), ("", "cubin"), (" 0 ", "0")):
         monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", value)
         assert _precompile.mode() == mode
+    monkeypatch.delenv("CHUNKSCAN_CUDA_PRECOMPILE")
+    assert _precompile.mode() == "cubin"
+    for junk in ("false", "off", "cubin"):  # they had left it on, silently
+        monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", junk)
+        with pytest.raises(ValueError, match="CHUNKSCAN_CUDA_PRECOMPILE must be 0"):
+            _precompile.mode()
 
 
 def test_without_cuda_the_kernels_are_mlx_s(monkeypatch):

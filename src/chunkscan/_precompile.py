@@ -64,9 +64,14 @@ typedef unsigned long long uint64_t;
 
 def mode() -> str:
     """``CHUNKSCAN_CUDA_PRECOMPILE``: ``"0"`` (off: ``mx.fast.cuda_kernel``), ``"ptx"``
-    (PTX, which the driver translates when the module loads) or anything else, the
-    default: a cubin for the device."""
-    value = _backend.getenv("CHUNKSCAN_CUDA_PRECOMPILE", "1")
+    (PTX, which the driver translates when the module loads), or ``"1"`` / unset, the
+    default: a cubin for the device. Anything else raises naming the variable (a typo
+    such as ``false`` had left precompilation on; found by probing)."""
+    value = _backend.env_choice(
+        "CHUNKSCAN_CUDA_PRECOMPILE", "chunkscan",
+        ("0", "1", "ptx"),
+        "0 (MLX builds the kernels), 1 (a cubin for the device, the default) or ptx",
+    )  # fmt: skip
     return value if value in ("0", "ptx") else "cubin"
 
 
