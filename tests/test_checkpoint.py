@@ -206,3 +206,24 @@ def test_second_derivatives_match_plain_autograd():
     got = second(chunkscan.checkpoint)
     err = (mx.abs(got - ref).max() / mx.abs(ref).max()).item()
     assert err <= 1e-5, err
+
+
+def test_vmap_and_jvp_of_one_output_only():
+    """docs/design.md's transforms table: ``mx.vmap`` and ``mx.jvp`` of a one-output
+    ``fun`` give ``fun``'s values; with two outputs (their ``Depends``) MLX raises, never
+    a silent result. If MLX's behaviour changes, this test says so (update the docs)."""
+    x, t = mx.random.normal((3, 4)), mx.random.normal((3, 4))
+
+    def one(a):
+        return mx.sin(a) * 2
+
+    def two(a):
+        return mx.sin(a), mx.cos(a)
+
+    c = chunkscan.checkpoint(one)
+    assert mx.array_equal(mx.vmap(c)(x), mx.vmap(one)(x))
+    assert mx.array_equal(mx.jvp(c, [x], [t])[1][0], mx.jvp(one, [x], [t])[1][0])
+    c2 = chunkscan.checkpoint(two)
+    for name, run in (("vmap", lambda: mx.vmap(c2)(x)), ("jvp", lambda: mx.jvp(c2, [x], [t]))):
+        with pytest.raises(ValueError, match=re.escape(f"[Primitive::{name}] Not implemented")):
+            mx.eval(run())

@@ -51,6 +51,12 @@ def checkpoint(fun: F) -> F:
         weights use :func:`chunkscan.scan` with ``params=``, whose backward adds each
         chunk's gradient to one running sum.
 
+        Transforms: reverse mode (second derivatives too) and ``mx.compile``. Unlike
+        ``mx.checkpoint``, ``mx.vmap`` and ``mx.jvp`` only for a ``fun`` of one output
+        array, and not of its gradient: the edge that makes several outputs leave
+        together has no vmap or jvp rule in MLX ("Not implemented for Depends"; see
+        ``docs/design.md``, "Supported transforms").
+
         Unlike ``mx.checkpoint``, random ops in ``fun`` that draw from MLX's global
         key (``nn.Dropout``, ``mx.random.*`` without ``key=``) draw the same numbers
         in the recomputation as in the forward, and the backward leaves the global
