@@ -273,3 +273,21 @@ def test_error_leaves_of_different_lengths():
            "  * xs_chunk[1] has length 3 (shape (3, 2)).")  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(msg)):
         f(mx.zeros(()), (mx.ones((4, 2)), mx.ones((3, 2))))
+
+
+def test_numpy_integers_and_bools_are_taken():
+    """``axis=np.int64(1)`` (taken by ``chunk_size`` already) and ``xs_grad=np.False_``:
+    both were refused, the second as "must be a bool ... but got np.False_ (bool)"
+    (found by probing). Same values and gradients as with Python's."""
+    np = pytest.importorskip("numpy")
+    xs = mx.random.normal((2, 6, 3))
+    w = mx.random.normal((3,))
+
+    def run(w, axis, xs_grad):
+        step = chunkscan.stepwise(lambda c, x: (c * w + x, c), axis=axis)
+        c, ys = chunkscan.scan(step, mx.zeros((2, 3)), xs, chunk_size=4, axis=axis, xs_grad=xs_grad)
+        return (c * c).sum() + ys.sum() + chunkscan.split(xs, 4, axis=axis)[1].sum()
+
+    want = mx.grad(run)(w, 1, False)
+    for axis, xs_grad in ((np.int64(1), np.False_), (np.int32(-2), np.bool_(False))):
+        assert mx.array_equal(mx.grad(run)(w, axis, xs_grad), want)

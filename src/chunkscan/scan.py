@@ -21,7 +21,15 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import _capture, _ordering, _random, _tree
-from .split import check_chunk_size, chunk_bounds, common_length, normalize_axis, slices_at
+from .split import (
+    check_axis,
+    check_chunk_size,
+    chunk_bounds,
+    common_length,
+    normalize_axis,
+    np_bool,
+    slices_at,
+)
 from .stepwise import scan_axis
 
 
@@ -115,6 +123,7 @@ def scan(
     if not callable(f):
         raise TypeError(f"[scan] f must be callable but got {type(f).__name__}.")
     chunk_size = check_chunk_size("scan", chunk_size)
+    axis = check_axis("scan", axis)
     init_leaves, init_def = _tree.require_arrays("scan", "init", init)
     xs_leaves, xs_def = _tree.require_arrays("scan", "xs", xs)
     axes, length = _check_xs(xs_leaves, xs_def, axis)
@@ -496,12 +505,14 @@ def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[i
 
 
 def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple, xs: Any) -> list[bool]:
-    if isinstance(xs_grad, bool):
-        mask = [xs_grad] * len(leaves)
+    # NumPy bools too (they were refused as "not a bool ... (bool)"; found by probing).
+    bools = (bool, np_bool())
+    if isinstance(xs_grad, bools):
+        mask = [bool(xs_grad)] * len(leaves)
     else:
         mask, mask_def = _tree.flatten(xs_grad)
         if not _tree.same_structure(mask_def, treedef) or not all(
-            isinstance(m, bool) for m in mask
+            isinstance(m, bools) for m in mask
         ):
             raise TypeError(
                 "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
@@ -512,6 +523,7 @@ def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple, xs: Any) -> list[bool
             )
         if mask_def != treedef:  # the same dict keys in another order: take xs's
             mask = _tree.reorder_like(treedef, xs_grad)
+        mask = [bool(m) for m in mask]
     # Integer and boolean leaves (token ids, masks) have no gradient: constants.
     return [m and mx.issubdtype(x.dtype, mx.inexact) for m, x in zip(mask, leaves)]
 

@@ -80,15 +80,17 @@ def is_numpy_array(x: object) -> bool:
 
 
 def check_axis(fn: str, axis: object) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int):
+    """``axis`` as a Python int: an int or NumPy integer (a NumPy one was refused where
+    ``chunk_size`` took it; found by probing), not a bool."""
+    if isinstance(axis, (bool, np_bool())) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"[{fn}] axis must be an int but got {axis!r}. Pass e.g. axis=0.")
-    return axis
+    return int(axis)
 
 
 def normalize_axis(fn: str, axis: int, ndim: int, what: str) -> int:
     """``axis`` as a non-negative index for an array of ``ndim`` dimensions (negative
     axes count from the end, per array)."""
-    check_axis(fn, axis)
+    axis = check_axis(fn, axis)
     if not -ndim <= axis < ndim:
         raise ValueError(f"[{fn}] axis {axis} is out of range for {what} with {ndim} dimensions.")
     return axis % ndim

@@ -91,7 +91,7 @@ def stepwise(
     if not callable(step):
         raise TypeError(f"[stepwise] step must be callable but got {type(step).__name__}.")
     if axis is not None:
-        check_axis("stepwise", axis)
+        axis = check_axis("stepwise", axis)
 
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
         time_axis = _scan_axis() if axis is None else axis
