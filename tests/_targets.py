@@ -239,3 +239,46 @@ def die_by_signal(number: int) -> dict[str, Any]:
 
     os.kill(os.getpid(), number)
     return {}
+
+
+def scan_second_derivative_peak(
+    T: int, mode: str, C: int, H: int, D: int, split_in_backward: bool = True
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of a second derivative (the gradient of ``sum(dk^2)``
+    with respect to q, k, v and the initial state) of the delta-rule loss
+    ``sum(y * w) + sum(s_T)``: ``mode`` ``"scan"`` (``scan(stepwise(step))`` in chunks of
+    ``C``) or ``"loop"`` (plain autograd of the per-step loop over ``split`` pieces of
+    one step); ``split_in_backward=False``: scan's backward cuts with plain slices, the
+    negative control (``scan._SPLIT_IN_BACKWARD``)."""
+    importlib.import_module("chunkscan.scan")._SPLIT_IN_BACKWARD = split_in_backward
+    q, k, v = (mx.random.normal((T, H, D), key=mx.random.key(i)) for i in range(3))
+    k = 0.15 * k
+    s0 = 0.1 * mx.random.normal((H, D, D), key=mx.random.key(3))
+    w = mx.random.normal((T, H, D), key=mx.random.key(4))
+    mx.eval(q, k, v, s0, w)
+
+    def step(s, x):
+        q_t, k_t, v_t = x
+        s = 0.95 * s + (v_t - (s * k_t[:, None, :]).sum(-1))[:, :, None] * k_t[:, None, :]
+        return s, (s * q_t[:, None, :]).sum(-1)
+
+    def loss(q, k, v, s0):
+        if mode == "scan":
+            s, y = chunkscan.scan(chunkscan.stepwise(step), s0, (q, k, v), chunk_size=C)
+        elif mode == "loop":
+            s, ys = s0, []
+            for qt, kt, vt in zip(*(chunkscan.split(a, 1) for a in (q, k, v))):
+                s, y_t = step(s, (qt[0], kt[0], vt[0]))
+                ys.append(y_t)
+            y = mx.stack(ys)
+        else:
+            raise ValueError(f"mode must be scan or loop: {mode!r}")
+        return (y * w).sum() + s.sum()
+
+    def squared_first(q, k, v, s0):
+        g = mx.grad(loss, argnums=1)(q, k, v, s0)
+        return (g * g).sum()
+
+    grad2 = mx.grad(squared_first, argnums=(0, 1, 2, 3))
+    _, peak = peak_above_active(lambda: grad2(q, k, v, s0))
+    return {"peak": peak}

@@ -77,3 +77,26 @@ def test_a_weight_shared_by_every_chunk():
         f"checkpoint grew {ckpt_growth / MiB:.1f} MiB: if MLX now sums the weight's "
         "gradients as they come, update the docs (README, checkpoint) and this test"
     )
+
+
+def test_a_second_derivative_grows_as_plain_autograds():
+    """A second derivative differentiates scan's backward, whose every chunk's
+    recomputation it keeps: its memory grows with T as plain autograd's does (no bound
+    of chunkscan's own), but no faster. The backward cut xs and the ys cotangents with
+    plain slices, whose vjp is a zero-padded buffer of the whole length per chunk:
+    superlinear (found by probing: 359 MiB at T = 4096, C = 32 against 208 for the
+    loop). Here, C = 8, T 512 -> 2048 (measured: scan grew 82.4 MiB, the loop 77.9,
+    the slices, the negative control, 216.2), the bound is the loop's growth plus 25%."""
+    from helpers import peak_growth
+
+    config = dict(C=8, H=4, D=32)
+    lengths = (512, 2048)
+
+    def growth(**kw):
+        return peak_growth("scan_second_derivative_peak", dict(config, **kw), lengths, repeats=1)
+
+    bound = 1.25 * growth(mode="loop")
+    scan_growth = growth(mode="scan")
+    assert scan_growth <= bound, f"scan grew {scan_growth / MiB:.1f} MiB > {bound / MiB:.1f}"
+    sliced = growth(mode="scan", split_in_backward=False)
+    assert sliced > 1.5 * bound, f"the control grew {sliced / MiB:.1f} MiB only"

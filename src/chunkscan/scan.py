@@ -29,6 +29,7 @@ from .split import (
     normalize_axis,
     np_bool,
     slices_at,
+    split_at,
 )
 from .stepwise import scan_axis
 
@@ -75,8 +76,9 @@ def scan(
     a chunk as in its forward; the backward leaves the global key as it found it.
 
     Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
-    ``nn.value_and_grad``), also nested (second derivatives), and ``mx.compile`` (which
-    retraces once per input shape).
+    ``nn.value_and_grad``), also nested (second derivatives, whose memory grows with T
+    as plain autograd's: they keep the first backward's recomputations), and
+    ``mx.compile`` (which retraces once per input shape).
     Not supported, and failing at the first call with MLX's message (never silently):
     ``mx.vmap`` and ``mx.jvp`` (``Not implemented for Depends``: put a batch axis into
     ``init`` and ``xs`` instead) and ``mx.compile(..., shapeless=True)`` (``Slice cannot
@@ -215,11 +217,17 @@ class _Plan:
     def n_ys(self, n_outputs: int) -> int:
         return n_outputs - self.n_init * (1 + len(self.saved_blocks))
 
-    def chunked(self, leaves: list[mx.array], axes: list[int]) -> list[list[mx.array]]:
-        """Per leaf, its chunks (views; inside the custom function no vjp is built)."""
+    def chunked(
+        self, leaves: list[mx.array], axes: list[int], differentiable: bool = False
+    ) -> list[list[mx.array]]:
+        """Per leaf, its chunks (views). ``differentiable``: cut with :func:`split_at`,
+        whose vjp is one concatenate; else plain slices, whose vjp is a zero-padded
+        buffer as large as the leaf per chunk (fine where no vjp is built: inside the
+        custom function's forward)."""
         if not self.cuts:
             return [[x] for x in leaves]
-        return [slices_at(x, self.cuts, ax) for x, ax in zip(leaves, axes)]
+        cut = split_at if differentiable and _SPLIT_IN_BACKWARD else slices_at
+        return [cut(x, self.cuts, ax) for x, ax in zip(leaves, axes)]
 
     def unstacked(self, blocks: list[mx.array]) -> list[list[mx.array]]:
         """Per chunk ``1..n-1``, its carry leaves, from the stacked blocks the forward
@@ -331,8 +339,12 @@ class _Plan:
         # sqrt(n) carries) is alive while its chunks are processed: at T = 2048, C = 16
         # in tests/test_memory.py's shape, 14.2 MiB peak against 13.3 without them.
         ct_saved = [None, *self.unstacked(cotangents[n_init + n_ys :])]
-        ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys])
-        diff_chunks = self.chunked(diff_xs, self.diff_axes)
+        # Cut with split_at: a second derivative differentiates this backward, and a
+        # plain slice's vjp is a zero-padded buffer of the whole length per chunk
+        # (found by probing: the second derivative's peak grew superlinearly, 359 MiB
+        # at T = 4096 against 208 for the per-step loop).
+        ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys], True)
+        diff_chunks = self.chunked(diff_xs, self.diff_axes, True)
 
         d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
         d_p: list[mx.array] = []
@@ -420,6 +432,10 @@ _ANCHOR_CONSTANTS_ON_INIT = False
 # Whether scan's axis holds through the whole vjp of a chunk in the backward (see there);
 # the tests switch it off as the negative control.
 _AXIS_IN_BACKWARD = True
+
+# Whether the backward cuts xs and the ys cotangents with split_at (a concatenate as
+# their vjp) rather than slices (see _Plan.backward); the tests' negative control.
+_SPLIT_IN_BACKWARD = True
 
 
 def _distinct(arrays: list[mx.array]) -> list[mx.array]:
