@@ -227,7 +227,9 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
     token at T = 2048 / 8192 against 85 / 62: ``docs/gated_delta.md``, "On the CPU").
     On an Apple GPU: 64. On a CUDA GPU: 64 where the fused chunk kernels take it, else
     32 where they take that (a GPU with less shared memory per block than an H100's: an
-    A100 at D = 128), else 128, as with the kernels off (``kernels=False`` or
+    A100, 163 KiB, for heads of 64 or more, a consumer GPU, 99 KiB, for all; an
+    explicit ``chunk_size=64`` there runs the batched MLX ops), else 128, as with the
+    kernels off (``kernels=False`` or
     ``CHUNKSCAN_CUDA_KERNELS=0``): the batched ops run fewer, larger ops there
     (measured 1.2-1.5x faster at the Qwen3-Next layer shape on an H200)."""
     if not _passes.cuda_device():
