@@ -66,10 +66,23 @@ def write_json(path: str | pathlib.Path, meta_: dict[str, Any], rows: list[dict]
     path.write_text(json.dumps({"meta": meta_, "rows": rows}, indent=1) + "\n")
 
 
+def chunkscan_src() -> str:
+    """The folder that holds the ``chunkscan`` this process imports (``src`` of the
+    checkout it comes from): the measuring processes import the same copy, the one whose
+    commit :func:`meta` records. Putting this checkout's ``src`` first instead measured
+    one copy and recorded another's commit where chunkscan came from elsewhere (an
+    editable install of another checkout; found by probing). Run a checkout's own
+    sources with ``PYTHONPATH=<checkout>/src``."""
+    import importlib
+
+    return str(pathlib.Path(importlib.import_module("chunkscan").__file__).resolve().parents[1])
+
+
 def child_env(bench: bool = False) -> dict[str, str]:
-    """``PYTHONPATH`` for measuring processes: the checkout's ``src`` and root first
-    (and ``bench/``, for targets named by their bench module, with ``bench=True``)."""
-    parts = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+    """``PYTHONPATH`` for measuring processes: :func:`chunkscan_src` and the checkout's
+    root first (and ``bench/``, for targets named by their bench module, with
+    ``bench=True``)."""
+    parts = [str(ROOT), chunkscan_src(), os.environ.get("PYTHONPATH", "")]
     if bench:
         parts.insert(0, str(ROOT / "bench"))
     return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 from typing import Any
@@ -189,8 +188,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             shape[key] = getattr(args, key)
     if shape["mask"] == "none":
         shape["mask"] = None
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    from _common import child_env
+
+    env = child_env()
     rows = []
     for T in args.T:
         for impl in args.impls:
@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = pathlib.Path(args.json)
     if args.from_json:
+        # The table and plot go beside --json (default bench-out/), never beside the file
+        # read: that overwrote committed results (found by probing).
         rows = json.loads(pathlib.Path(args.from_json).read_text())
-        out = pathlib.Path(args.from_json)
     else:
         rows = run(args)
         meta = _meta(argv)
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     md = f"{title}\n\n    {' '.join(meta.get('argv', []))}\n\n{table(rows)}\n"
     print()
     print(md)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md)
     plot(rows, out.with_suffix(".png"), title)
     return 0

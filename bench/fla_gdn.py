@@ -29,7 +29,7 @@ Attention, ``bench/gated_delta.py --gate channel``), and the op is fla's ``chunk
 (the decay given precomputed, as here: ``use_gate_in_kernel=False``); the reference
 decays the state's key rows, ``S <- diag(exp(g_t)) S``.
 
-    python bench/fla_gdn.py --json bench/results/h200/fla_gdn_h200.json
+    python bench/fla_gdn.py --json bench-out/fla_gdn_h200.json
     python bench/fla_gdn.py --T 1024 16384 --repeats 20
     python bench/fla_gdn.py --gate channel --T 2048 4096 16384
 """

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import os
 import pathlib
 import sys
 from typing import Any
@@ -270,8 +269,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     blas = _find_openblas(args.openblas)
     if blas:
         env["LD_PRELOAD"] = blas
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), src, os.environ.get("PYTHONPATH", "")])
+    from _common import child_env
+
+    env.update(child_env())
     rows = []
     for T in args.T:
         for impl in args.impls:

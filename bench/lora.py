@@ -287,12 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         _write_outputs(data["meta"], data["rows"], args.json)
         return 0
 
-    from _common import empty_kernel_caches, kernels_compiled
+    from _common import child_env, empty_kernel_caches, kernels_compiled
     from _common import meta as provenance
 
     from chunkscan.commands.measure import run_isolated
 
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     run_meta = provenance()  # once: git and nvidia-smi
     commit = run_meta.get("commit")  # per row: --merge keeps rows of other runs
     rows: list[dict[str, Any]] = []

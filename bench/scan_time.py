@@ -6,7 +6,7 @@ modes run in alternation for ``--rounds`` rounds, so a change in machine load hi
 of them alike. Reported: median wall and CPU (process) seconds, and their ratio to
 ``mx.checkpoint`` in the same gradient case.
 
-    python bench/scan_time.py --T 1024 --rounds 7 --json bench/results/scan_time_cpu.json
+    python bench/scan_time.py --T 1024 --rounds 7 --json bench/results/cpu/scan_time_cpu.json
 """
 
 from __future__ import annotations
