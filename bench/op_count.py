@@ -6,7 +6,11 @@ op's per-group compiled functions run as plain ops, so nothing is fused. This co
 them without running anything: it builds ``mx.value_and_grad`` of the op's loss at the
 Qwen3-Next layer shape (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16) with ``kernels=False`` and
 the state passes in the GPU's form (``"transition"``), and reads the graph with
-``mx.export_to_dot``. Any MLX device, CPU included: the graph does not depend on it.
+``mx.export_to_dot``. Any MLX device, CPU included: the graph does not depend on it,
+but for the CPU's split products (:mod:`chunkscan.ops._cpu_threads`: slices and
+concatenates a GPU never runs), which this switches off (``CHUNKSCAN_CPU_THREADS=1``;
+with the two cores' split the count had read 2380 where the GPU's graph holds 2090 at
+T = 16384; found by probing).
 
     python bench/op_count.py --T 7168 --C 128 --json bench-out/op_count.json
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import io
+import os
 import re
 import sys
 
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--form", choices=("transition", "factored"), default="transition")
     p.add_argument("--json", default=str(OUT / "op_count.json"))
     args = p.parse_args(argv)
+    os.environ["CHUNKSCAN_CPU_THREADS"] = "1"  # the GPU's graph: no split products
     rows = [count(T, args.C, args.group_mib, args.form) for T in args.T]
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["by_kind"].items())[:8])
