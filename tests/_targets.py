@@ -282,3 +282,38 @@ def scan_second_derivative_peak(
     grad2 = mx.grad(squared_first, argnums=(0, 1, 2, 3))
     _, peak = peak_above_active(lambda: grad2(q, k, v, s0))
     return {"peak": peak}
+
+
+def gated_delta_second_derivative_peak(
+    T: int, group_bytes: int, split_groups: bool = True
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of a second derivative of ``gated_delta_rule``'s
+    portable path (the gradient of ``sum(dk^2)`` with respect to q, k, v; B = 1, H = 8,
+    D = 32, C = 16), its groups set to ``group_bytes``; ``split_groups=False``: the
+    backward cuts its groups with plain slices, the negative control
+    (``chunk._SPLIT_GROUPS``)."""
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    chunk_module._GROUP_BYTES = group_bytes
+    chunk_module._SPLIT_GROUPS = split_groups
+    B, H, D = 1, 8, 32
+    ks = [mx.random.key(i) for i in range(6)]
+    q = mx.random.normal((B, T, H, D), key=ks[0])
+    k = 0.2 * mx.random.normal((B, T, H, D), key=ks[1])
+    v = mx.random.normal((B, T, H, D), key=ks[2])
+    g = -0.1 * mx.abs(mx.random.normal((B, T, H), key=ks[3]))
+    beta = mx.sigmoid(mx.random.normal((B, T, H), key=ks[4]))
+    w = mx.random.normal((B, T, H, D), key=ks[5])
+    mx.eval(q, k, v, g, beta, w)
+
+    def loss(q, k, v):
+        o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, chunk_size=16, kernels=False)
+        return (o * w).sum() + s.sum()
+
+    def squared_dk(q, k, v):
+        dk = mx.grad(loss, argnums=1)(q, k, v)
+        return (dk * dk).sum()
+
+    grad2 = mx.grad(squared_dk, argnums=(0, 1, 2))
+    _, peak = peak_above_active(lambda: grad2(q, k, v))
+    return {"peak": peak}

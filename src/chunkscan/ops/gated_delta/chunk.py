@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from ... import _backend, _ordering, _tree
 from ..._backend import env_int
+from ...split import split_at
 from .._cpu_threads import matmul
 from . import _chunk_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
@@ -65,6 +66,9 @@ SAVE_MODES = ("chunks", "groups")
 # group (T = 16384 on an H200: docs/gated_delta.md, "Backward").
 _KEEP_PREPARED: bool | None = None
 _KEPT_FIELDS = ("a", "p", "w", "u", "kt", "decay")  # _chunk_cuda.prepare's arrays
+# Whether the portable backward cuts its groups with split_at rather than slices (see
+# core_vjp); the memory test's negative control.
+_SPLIT_GROUPS = True
 _SMALL = 8  # below this block size the triangular inverse uses elementwise products
 
 
@@ -462,12 +466,21 @@ def _make_core(
         d_h0: dict[int, mx.array] = {}
         d_state = None
         chain = [ct_final]  # the cotangent entering the group, to order the groups
+        # The portable path's groups cut with split_at (a concatenate as its vjp): a
+        # second derivative differentiates this backward, and a plain slice's vjp is a
+        # zero-padded buffer of the whole sequence per group (found by probing: the
+        # peak grew with the square of T where groups were many). The fused path has
+        # no second derivative (its kernels have no vjp) and keeps its slices.
+        cuts = [c0 for c0, _ in groups[1:]] if _SPLIT_GROUPS and not fused else []
+        cut_xs = [split_at(x, cuts, 1) for x in xs_all] if cuts else None
+        cut_ct_o = split_at(ct_o, cuts, 1) if cuts else None
         for gi in reversed(range(len(groups))):
             c0, c1 = groups[gi]
             if ct_saved and not keep_chunks and gi + 1 < len(groups):
                 d_state = d_state + ct_saved[gi]  # the state leaving the group was saved
             # Rule 2: recompute the group only once the cotangent flowing into it exists.
-            xs = _ordering.recompute_after_cotangent([x[:, c0:c1] for x in xs_all], chain)
+            xs = [x[gi] for x in cut_xs] if cut_xs else [x[:, c0:c1] for x in xs_all]
+            xs = _ordering.recompute_after_cotangent(xs, chain)
             starts = chunks.local(chunks.starts, c0, c1)
             if fused:
                 if kept and gi == len(groups) - 1:
@@ -481,7 +494,8 @@ def _make_core(
             else:
                 p = prepare_full(*xs, spec.scale)
                 forward = (lanes(p.decay), lanes(p.w), lanes(p.u), lanes(p.kt))
-                d_o = mx.where(o_bad[:, c0:c1, ..., None], 0.0, ct_o[:, c0:c1].astype(F32))
+                d_o = cut_ct_o[gi] if cut_ct_o else ct_o[:, c0:c1]
+                d_o = mx.where(o_bad[:, c0:c1, ..., None], 0.0, d_o.astype(F32))
                 d_o = d_o.reshape(B, c1 - c0, chunks.C, Hk, G, Dv)
                 d_o = d_o.transpose(0, 3, 4, 1, 2, 5)  # [B, Hk, G, n, C, Dv]
                 # The state-independent part of the state gradient, for every chunk.
