@@ -1020,6 +1020,13 @@ def test_module_inside_a_tree_raises_naming_it():
         assert "Wrap the values" not in str(err.value)
     with pytest.raises(TypeError, match=re.escape("init[1] is an nn.Module (Linear)")):
         chunkscan.scan(lambda c, x: (c, x), (h0, lin), xs, chunk_size=2)
+    # Returned as an output: no advice about params= (found by review).
+    with pytest.raises(TypeError) as err, warnings.catch_warnings():
+        warnings.simplefilter("ignore", chunkscan.ClosureCaptureWarning)  # lin, by closure
+        chunkscan.scan(lambda c, x: (c, (x, lin)), h0, xs, chunk_size=2)
+    assert "ys[1] is an nn.Module (Linear)" in str(err.value)
+    assert "Return the module's output arrays" in str(err.value)
+    assert "params=" not in str(err.value)
 
 
 def test_integer_carry_and_params_leaves_used_as_indices():

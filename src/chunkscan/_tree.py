@@ -135,7 +135,9 @@ def require_arrays(fn: str, name: str, tree: Any) -> tuple[list[mx.array], tuple
             fixes.append(
                 "Wrap the values with mx.array(...), or close over non-array constants in f."
             )
-        if True in kinds:
+        if True in kinds and name in _OUTPUTS:
+            fixes.append("Return the module's output arrays, not the module.")
+        elif True in kinds:
             fixes.append(
                 "A module is not a tree of arrays: pass it on its own as scan's "
                 "params=module (its trainable parameters get gradients), or close over it "
@@ -149,6 +151,10 @@ def require_arrays(fn: str, name: str, tree: Any) -> tuple[list[mx.array], tuple
             + fix
         )
     return leaves, treedef
+
+
+# The names require_arrays gets for what a function returns (the module hint differs).
+_OUTPUTS = ("the output", "ys", "y")
 
 
 def _leaf_kind(leaf: Any) -> str:
