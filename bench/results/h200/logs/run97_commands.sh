@@ -1,8 +1,10 @@
 # Run 97 (prepared in session 31, when no device was lent; not run yet). Session 31
 # changed no kernel; it changed scan's backward (integer carry and params leaves left out
-# of the vjp), the capture walk, the tree flattening (an nn.Module stays a leaf),
-# chunkscan.ops' exports, CHUNKSCAN_CUDA_PRECOMPILE's check and tests/conftest.py
-# (MLX_ENABLE_TF32=0 unless set). One call, in order of need:
+# of the vjp; xs and the ys cotangents cut with split_at), gated_delta_rule's portable
+# backward (its groups cut with split_at; the fused path keeps its slices), the capture
+# walk, the tree flattening (an nn.Module stays a leaf), chunkscan.ops' exports,
+# CHUNKSCAN_CUDA_PRECOMPILE's check and tests/conftest.py (MLX_ENABLE_TF32=0 unless
+# set). In order of need:
 #   the CUDA tests of the fused chunk kernels and attention's, and attention's portable
 #   tests on the GPU (session 30's NaN-gradient fix of the blocked backward has not run
 #   there yet);
