@@ -70,18 +70,25 @@ def versions() -> dict[str, Any]:
 
 def _commit() -> str | None:
     """This checkout's commit (``CHUNKSCAN_COMMIT`` first, as in ``bench/_common.py``:
-    a copied tree's git metadata may not be the tree's)."""
+    a copied tree's git metadata may not be the tree's), ``+dirty`` where tracked files
+    differ from it (as ``bench/_common.py`` marks it; missing here before, found by
+    probing)."""
     import os
     import subprocess
 
     if os.environ.get("CHUNKSCAN_COMMIT"):
         return os.environ["CHUNKSCAN_COMMIT"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
+                              text=True, timeout=20).stdout.strip()  # fmt: skip
+
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=20)  # fmt: skip
-        return out.stdout.strip() or None
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
+    return (head + ("+dirty" if dirty else "")) or None
 
 
 def lift_hopper_guard() -> str | None:
@@ -318,8 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shape = {"B": args.B, "Hk": args.Hk, "Hv": args.Hv, "Dk": args.D, "Dv": args.D,
              "gate": args.gate}  # fmt: skip
-    meta: dict[str, Any] = {"argv": sys.argv, "commit": _commit(), "shape": shape,
-                            "versions": versions()}  # fmt: skip
+    import platform
+
+    versions_ = versions()
+    device = f"{versions_.get('gpu', 'cuda')}, {platform.machine()}"
+    meta: dict[str, Any] = {"argv": sys.argv, "commit": _commit(), "device": device,
+                            "shape": shape, "versions": versions_}  # fmt: skip
     meta["hopper_guard"] = lift_hopper_guard() if args.lift_hopper_guard else "kept"
     print(json.dumps(meta), flush=True)
     result: dict[str, Any] = {"meta": meta, "rows": []}
