@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 import shutil
+import warnings
 
 import mlx.core as mx
 import pytest
-from helpers import cuda_emulator, fake_cuda_limits, max_rel, spoil_token
+from helpers import cuda_emulator, fake_cuda_limits, fake_fused_kernels, max_rel, spoil_token
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
@@ -387,6 +388,32 @@ def test_default_chunk_size_follows_the_device(monkeypatch, kib, default):
     assert chunk_module.default_chunk_size(False) == 128
     if kib == 80:  # smaller heads still fit at C = 32
         assert chunk_module.default_chunk_size(None, 64, 64) == 32
+
+
+def test_a_chunk_size_the_kernels_skip_warns_once(monkeypatch):
+    """An explicit ``chunk_size=64`` where the GPU's shared memory takes only 32 (an
+    A100 at heads of 64) ran the batched MLX ops, several times slower, with no word
+    (found by the emulator probe). It now warns once per size and heads, naming the
+    size to pass; a size the kernels take, or the default, does not warn."""
+    fake_cuda_limits(monkeypatch, 163)
+    fake_fused_kernels(monkeypatch.setattr)
+    monkeypatch.setattr(chunk_module, "_WARNED_SIZES", set())
+    inputs = make_inputs(1, 64, 1, 2, 64, 64)
+
+    def call(**kw):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            mx.eval(gated_delta_rule(*inputs[:5], **kw))
+        return [str(w.message) for w in got if issubclass(w.category, RuntimeWarning)]
+
+    msg = call(chunk_size=64)
+    assert len(msg) == 1 and "chunk_size=64 is not a size the fused CUDA kernels take" in msg[0]
+    assert "Pass chunk_size=32" in msg[0] and "163 KiB" in msg[0]
+    assert call(chunk_size=64) == []  # once
+    assert call(chunk_size=32) == [] and call() == []
+    fake_cuda_limits(monkeypatch, 227)  # an H100 / H200 takes 64
+    monkeypatch.setattr(chunk_module, "_WARNED_SIZES", set())
+    assert call(chunk_size=64) == []
 
 
 def test_tuning_knobs_reject_other_values(monkeypatch):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -148,10 +149,11 @@ def gated_delta_rule(
             Default: ``None``: :func:`default_chunk_size` (32 on the CPU, 64 on an
             Apple GPU; on CUDA 64, or 32 or 128 where the fused kernels do not take
             64, and 128 with the kernels off). On CUDA the fused chunk kernels take
-            32 or 64 (32: faster, twice the saved states); other sizes run the batched
-            MLX ops. Where the longest sequence is shorter than a chunk, the chunk is
-            that sequence's length, but on the fused path the next size the kernels
-            take (padded).
+            32 or 64 (32: faster, twice the saved states) where the GPU's shared memory
+            holds them; other sizes run the batched MLX ops, with a ``RuntimeWarning``
+            (once per size and head sizes) where another size is taken. Where the
+            longest sequence is shorter than a chunk, the chunk is that sequence's
+            length, but on the fused path the next size the kernels take (padded).
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
             (``x / sqrt(sum(x**2) + 1e-6)``, differentiated). Default: ``False``.
         cu_seqlens (list of int or array, optional): Packed sequences: offsets
@@ -216,6 +218,8 @@ def gated_delta_rule(
     o_bad, seq_bad = _non_finite_reach(spec, q, k, v, g, beta, kernel=cuda)
     raw = [chunks.to_chunks(x) for x in (q, k, v, g, beta, o_bad)]
     fused = _fused(spec, chunks.C, cuda)
+    if cuda and not fused and chunk_size is not None:
+        _warn_on_a_size_the_kernels_skip(spec)
     core = _make_core(spec, chunks, out_dtype, cuda, fused, save, _backend.settings_in_effect())
     outs = _tree.as_list(core(*raw, h0))
     o, final = chunks.from_chunks(outs[0]), outs[1]
@@ -256,6 +260,35 @@ def _fused_sizes(spec: Spec, kernels: bool) -> tuple[int, ...]:
         return ()
     sizes = _chunk_cuda.CHUNK_SIZES
     return tuple(C for C in sizes if C <= spec.chunk_size and _fused(spec, C, kernels))
+
+
+_WARNED_SIZES: set[tuple[int, int, int]] = set()
+
+
+def _warn_on_a_size_the_kernels_skip(spec: Spec) -> None:
+    """Warn, once per (chunk size, Dk, Dv), where a given ``chunk_size`` is one the fused
+    CUDA kernels do not take on this GPU but another is: the batched MLX ops ran
+    instead, several times slower, with no word (an explicit ``chunk_size=64`` on an
+    A100 at heads of 64 or more; found by the emulator probe)."""
+    C, Dk, Dv = spec.chunk_size, spec.Dk, spec.Dv
+    if spec.channel or (C, Dk, Dv) in _WARNED_SIZES:
+        return
+    lanes = spec.B * spec.Hv
+    if _chunk_cuda.supports(C, Dk, Dv, False, lanes=lanes):
+        return  # taken (a sequence shorter than a chunk may still run the batched ops)
+    better = [c for c in _chunk_cuda.CHUNK_SIZES if _chunk_cuda.supports(c, Dk, Dv, False, lanes)]
+    if not better:
+        return  # no size is taken here (the documented fallback, whatever the size)
+    _WARNED_SIZES.add((C, Dk, Dv))
+    kib = _backend.cuda_limits().smem_per_block // 1024
+    warnings.warn(
+        f"[gated_delta_rule] chunk_size={C} is not a size the fused CUDA kernels take on "
+        f"this GPU at Dk={Dk}, Dv={Dv} ({kib} KiB of shared memory per block), so the "
+        f"batched MLX ops run instead, several times slower. Pass chunk_size={max(better)}, "
+        "or None for the default.",
+        RuntimeWarning,
+        stacklevel=4,  # the caller of gated_delta_rule (through reads_settings_once)
+    )
 
 
 def _fused(spec: Spec, C: int, kernels: bool) -> bool:
