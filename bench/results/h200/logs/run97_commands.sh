@@ -1,7 +1,8 @@
 # Run 97 (prepared in session 31, when no device was lent; not run yet). Session 31
 # changed no kernel; it changed scan's backward (integer carry and params leaves left out
 # of the vjp; xs and the ys cotangents cut with split_at), gated_delta_rule's portable
-# backward (its groups cut with split_at; the fused path keeps its slices), the capture
+# backward (its groups cut with split_at; the fused path keeps its slices) and a warning
+# where a given chunk_size is one the fused kernels skip on the GPU, the capture
 # walk, the tree flattening (an nn.Module stays a leaf), chunkscan.ops' exports,
 # CHUNKSCAN_CUDA_PRECOMPILE's check and tests/conftest.py (MLX_ENABLE_TF32=0 unless
 # set). In order of need:
