@@ -13,10 +13,10 @@ lists), which is what this guards (see docs/design.md, "Many outputs").
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import mlx.core as mx
+from _common import child_env  # bench/ is this script's sys.path[0]
 
 import chunkscan
 from chunkscan.commands import reporter
@@ -59,9 +59,9 @@ def main() -> None:
     for T in args.T:
         chunk = args.chunk or T
         cfg = dict(T=T, chunk=chunk, H=args.H, D=args.D)
-        here = os.path.dirname(os.path.abspath(__file__))
-        env = {"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        res = run_isolated("stepwise_chunk:measure", cfg, timeout=args.timeout, env=env)
+        res = run_isolated(
+            "stepwise_chunk:measure", cfg, timeout=args.timeout, env=child_env(bench=True)
+        )
         if "error" in res:
             print(f"| {T} | {chunk} | {res['error']} | |", flush=True)
         else:
