@@ -100,3 +100,22 @@ def test_numpy_integers_and_reals_are_accepted_numpy_bools_are_not():
     args = (k, k, k, g, mx.ones((1, 8, 2)) * 0.5)
     o, _ = chunkscan.gated_delta_rule(*args, scale=np.float32(0.5), chunk_size=np.int64(4))
     assert mx.array_equal(o, chunkscan.gated_delta_rule(*args, scale=0.5, chunk_size=4)[0]).item()
+
+
+def test_shapeless_compile_raises_even_for_one_piece():
+    """Traced first at a length of one piece, a shapeless trace would be reused, one
+    piece, at a longer length: per-chunk cumulative sums off by 3 at T = 20 when the
+    one piece came back as ``[x]`` with no primitive. Now it raises, as for several."""
+
+    def per_chunk_cumsum(x):
+        return mx.concatenate([mx.cumsum(p, axis=0) for p in chunkscan.split(x, 8)])
+
+    for T in (8, 5, 20):
+        f = mx.compile(per_chunk_cumsum, shapeless=True)
+        with pytest.raises(ValueError, match="cannot infer output shapes"):
+            mx.eval(f(mx.ones((T, 3))))
+    # The same function without shapeless compilation retraces per length.
+    f = mx.compile(per_chunk_cumsum)
+    mx.eval(f(mx.ones((8, 3))))
+    expected = mx.concatenate([mx.cumsum(mx.ones((n, 3)), axis=0) for n in (8, 8, 4)])
+    assert mx.array_equal(f(mx.ones((20, 3))), expected)

@@ -140,8 +140,10 @@ def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
     if length == 0:
         raise ValueError("[split] x has length 0 along the split axis; nothing to split.")
     bounds = chunk_bounds(length, chunk_size)
-    if len(bounds) == 1:
-        return [x]
+    # One piece goes through the custom function too, not back as ``[x]``: under
+    # ``mx.compile(shapeless=True)`` a trace with no primitive here would be reused,
+    # silently one piece, at a longer length; the custom function raises there instead
+    # ("cannot infer output shapes"), as with several pieces.
     return split_at(x, [lo for lo, _ in bounds[1:]], axis)
 
 
