@@ -83,6 +83,34 @@ def test_the_op_is_bit_for_bit_the_one_thread_op(split_all, monkeypatch, channel
         assert mx.array_equal(a, b).item()
 
 
+def test_a_forward_only_call_takes_the_setting_in_effect(monkeypatch):
+    """A forward-only call runs its groups through ``mx.compile``, which reads the
+    setting when it traces: one trace per function kept the process's first count (the
+    products still split in two after ``CHUNKSCAN_CPU_THREADS=1``; found by probing).
+    Each count now has its own trace."""
+    monkeypatch.setattr(chunk_module, "_COMPILED", {})
+    seen = []
+    real = chunk_module.matmul
+
+    def noted(a, b):
+        seen.append(_cpu_threads.threads())
+        return real(a, b)
+
+    monkeypatch.setattr(chunk_module, "matmul", noted)
+    q, k, v, g, beta, h0 = make_inputs(1, 40, 2, 4, 16, 8)
+    outs = {}
+    for threads in ("2", "1", "2"):
+        seen.clear()
+        monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", threads)
+        o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=8)
+        mx.eval(o, s)
+        outs.setdefault(threads, (o, s))
+        if threads == "1":
+            assert seen and set(seen) == {1}, seen  # traced anew, on one thread
+    for a, b in zip(outs["1"], outs["2"]):
+        assert mx.array_equal(a, b).item()
+
+
 def test_the_setting(monkeypatch):
     """Read and checked at every product, split or not (a bad value passed small
     products silently, found by probing); at most ``LIMIT`` (1000 made 199 streams)."""

@@ -30,7 +30,7 @@ import mlx.core as mx
 from ... import _backend, _ordering, _tree
 from ..._backend import env_int
 from ...split import split_at
-from .._cpu_threads import matmul
+from .._cpu_threads import matmul, threads
 from . import _chunk_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
 from .naive import l2_normalize
@@ -204,6 +204,7 @@ def gated_delta_rule(
     )  # fmt: skip
     cuda = _passes.use_kernels(kernels, "gated_delta_rule")
     save = _saved_states(save_states)
+    _check_fused_settings()
     empty = empty_result(spec, q, initial_state)
     if empty is not None:
         return empty
@@ -608,6 +609,14 @@ def _keep_last_preparation() -> bool:
     return flag != "0"
 
 
+def _check_fused_settings() -> None:
+    """Read, and so check, the settings only the fused CUDA path uses, on every path: a
+    bad value raises wherever the call runs, not first on a GPU (``banana`` passed the
+    CPU silently; found by probing)."""
+    _keep_last_preparation()
+    _backend.tf32_products("gated_delta_rule")
+
+
 def _cat(parts: list[mx.array], axis: int) -> mx.array:
     """The groups' ``parts`` joined along ``axis`` (1: the chunks). Where every axis
     before it has size 1 (``B = 1``), as a concatenation along axis 0 of the parts
@@ -894,10 +903,18 @@ _COMPILED: dict = {}
 
 
 def _compiled(fn):
-    """``mx.compile(fn)``, made once per function."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = mx.compile(fn)
-    return _COMPILED[fn]
+    """``mx.compile(fn)``, made once per function and, on the CPU, per thread count:
+    :func:`~chunkscan.ops._cpu_threads.matmul` reads ``CHUNKSCAN_CPU_THREADS`` when
+    the function traces, and one trace per function kept the first call's count for
+    the whole process."""
+    key = (fn, threads() if mx.default_device() == mx.cpu else 0)
+    if key not in _COMPILED:
+
+        def traced(*args):  # a function of its own: MLX keeps traces by the function's id
+            return fn(*args)
+
+        _COMPILED[key] = mx.compile(traced)
+    return _COMPILED[key]
 
 
 @functools.cache
