@@ -142,6 +142,10 @@ def test_integer_environment_variables_name_themselves_when_malformed(monkeypatc
            "whole number of MiB such as 1024 but is '1.5'.")  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(msg)):
         chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)
+    for odd in ("1_0", "\u0661\u0660", "0x10"):  # int() read the first two as 10
+        monkeypatch.setenv("CHUNKSCAN_GDN_GROUP_MIB", odd)
+        with pytest.raises(ValueError, match="must be a whole number of MiB"):
+            chunkscan.gated_delta_rule(q, q, q, -mx.ones((1, 8, 2)), mx.ones((1, 8, 2)) / 2)
     for bad in ("0", "-5"):  # before: one-chunk groups, silently
         monkeypatch.setenv("CHUNKSCAN_GDN_GROUP_MIB", bad)
         msg = f"GROUP_MIB must be at least 1 (MiB of one group's scratch) but is {bad}."

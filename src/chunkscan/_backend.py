@@ -121,13 +121,13 @@ def env_int(name: str, fn: str, what: str) -> int | None:
     text = getenv(name, "").strip()
     if not text:
         return None
-    try:
-        return int(text)
-    except ValueError:
+    # Plain ASCII digits only: int() also takes "1_0" (as 10) and other scripts' digits.
+    if re.fullmatch(r"[+-]?[0-9]+", text) is None:
         raise ValueError(
             f"[{fn}] the environment variable {name} must be {what} but is {text!r}. "
             f"Set it to such a number, or unset it for the default."
-        ) from None
+        )
+    return int(text)
 
 
 def env_choice(name: str, fn: str, choices: tuple[str, ...], what: str) -> str | None:

@@ -181,6 +181,18 @@ def test_saving_group_states_gives_the_same_results(monkeypatch, case):
         gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, initial_state=inputs[5])
 
 
+@pytest.mark.parametrize("name", ["CHUNKSCAN_GDN_KEEP_PREPARED", "CHUNKSCAN_GDN_TF32"])
+def test_the_cuda_paths_settings_are_checked_on_every_path(monkeypatch, name):
+    """Settings only the fused CUDA path uses raise on a bad value wherever the call
+    runs (``banana`` passed the CPU silently, found by probing)."""
+    q, k, v, g, beta, _ = make_inputs(1, 12, 1, 1, 4, 4)
+    monkeypatch.setenv(name, "banana")
+    with pytest.raises(ValueError, match=f"environment variable {name} must be"):
+        gated_delta_rule(q, k, v, g, beta, chunk_size=4)
+    monkeypatch.setenv(name, "0")
+    mx.eval(gated_delta_rule(q, k, v, g, beta, chunk_size=4))
+
+
 def test_packed_with_array_offsets_and_no_initial_state():
     q, k, v, g, beta, _ = make_inputs(1, 30, 1, 1, 4, 4)
     cu = mx.array([0, 7, 30])
