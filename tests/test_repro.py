@@ -113,6 +113,37 @@ def test_unwritable_out_fails_before_measuring(tmp_path, capsys, no_measuring):
     ) in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", repro.OUTPUTS)
+def test_an_output_that_is_a_folder_fails_before_measuring(name, tmp_path, capsys,
+                                                          no_measuring):  # fmt: skip
+    """A folder where the JSON or the plot goes failed only after every configuration
+    had been measured, losing them (found by probing)."""
+    (tmp_path / name).mkdir()
+    with pytest.raises(SystemExit) as info:
+        repro.main(["--T", "8", "--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert f"{tmp_path / name} is not a file; remove it or pass another --out" in (
+        capsys.readouterr().err
+    )
+
+
+def test_no_stale_plot_beside_a_new_json(tmp_path, monkeypatch, capsys):
+    """``--no-plot`` (or a run that measured nothing) left an earlier run's plot beside
+    the new JSON (found by probing); an empty plot was drawn where nothing was measured."""
+    argv = ["--T", "8", "--modes", "cs.scan", "--grads", "state", "--out", str(tmp_path)]
+    png = tmp_path / "repro.png"
+    png.write_text("an earlier run's plot")
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: {"error": "exit 1: failed"})
+    assert repro.main(argv) == 1
+    assert not png.exists()
+    assert "nothing was measured: no plot" in capsys.readouterr().err
+    png.write_text("an earlier run's plot")
+    monkeypatch.setattr(measure, "run_isolated",
+                        lambda *a, **k: {"peak_mib": 1.0, "seconds": 0.1})  # fmt: skip
+    assert repro.main(argv + ["--no-plot"]) == 0
+    assert not png.exists() and (tmp_path / "repro.json").is_file()
+
+
 def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypatch):
     def fake(target, config, **kw):
         if config["mode"] == "plain":

@@ -110,14 +110,23 @@ _non_negative_int = _number_arg(int, "an integer >= 0", lambda v: v >= 0)
 _positive_float = _number_arg(float, "a positive finite number", lambda v: 0 < v < math.inf)
 
 
+OUTPUTS = ("repro.json", "repro.png")  # what a run writes into --out
+
+
 def check_out_dir(path: str) -> str | None:
-    """Create ``path`` if needed and write a probe file there; the problem, or None."""
+    """Create ``path`` if needed and write a probe file there, and check that each of
+    :data:`OUTPUTS` there is a file or absent (a folder named ``repro.json`` failed the
+    run only after every configuration had been measured); the problem, or None."""
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"
+    for name in OUTPUTS:
+        target = os.path.join(path, name)
+        if os.path.lexists(target) and not os.path.isfile(target):
+            return f"{target} is not a file; remove it or pass another --out"
     return None
 
 
@@ -242,8 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "repro.json"), "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
     print(f"\nwrote {os.path.join(args.out, 'repro.json')}")
-    if not args.no_plot:
-        path = plot(rows, meta, os.path.join(args.out, "repro.png"))
+    png = os.path.join(args.out, "repro.png")
+    if os.path.isfile(png):  # an earlier run's plot would stand beside this run's JSON
+        os.remove(png)
+    if args.no_plot:
+        pass
+    elif not any("peak_mib" in r for r in rows):
+        print("nothing was measured: no plot", file=sys.stderr)
+    else:
+        path = plot(rows, meta, png)
         if path:
             print(f"wrote {path}")
     failed = [r for r in rows if "error" in r]
