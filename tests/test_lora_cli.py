@@ -279,6 +279,80 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     assert (args.model, args.data) == (str(model), str(data))
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "-2"], "--batch-size must be a whole number of at least 1, not -2."),
+        (
+            ["--num-layers", "0"],
+            "--num-layers must be a whole number of at least 1, or -1 for all, not 0.",
+        ),  # fmt: skip
+        (["--val-batches", "0"], "--val-batches must be a whole number of at least 1, or -1"),
+        (["--iters", "0"], "--iters must be a whole number of at least 1, not 0."),
+        (["--max-seq-length", "1"], "--max-seq-length must be a whole number of at least 2"),
+        (["--steps-per-report", "0"], "--steps-per-report must be a whole number of at least"),
+        (["--save-every", "0"], "--save-every must be a whole number of at least 1, not 0."),
+        (["--learning-rate", "-1"], "--learning-rate must be a number above 0, not -1.0."),
+        (["--learning-rate", "nan"], "--learning-rate must be a number above 0, not nan."),
+    ],
+    ids=["batch", "layers", "val", "iters", "seq", "report", "save", "lr", "lr-nan"],
+)
+def test_numbers_mlx_lm_takes_unchecked_are_refused(argv, message):
+    """Found by probing: --batch-size -2 hung for ever, --num-layers 0 trained every
+    layer, --val-batches 0 reported nan, --iters 0 saved untrained adapters; the rest
+    ended in tracebacks. Every one passes through mlx_lm.lora unchecked."""
+    with pytest.raises(SystemExit, match=re.escape(f"chunkscan lora: {message}")):
+        lora.resolve_args(["--train", *argv])
+    for fine in (["--num-layers", "-1"], ["--val-batches", "-1"], ["--iters", "1"]):
+        lora.resolve_args(["--train", *fine])
+
+
+def test_a_yaml_value_out_of_range_names_the_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("batch_size: 0\n")
+    msg = f"--batch-size (from the command line or -c {cfg}) must be a whole number of at"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["-c", str(cfg), "--train"])
+    cfg.write_text("learning_rate: fast\n")
+    with pytest.raises(SystemExit, match=re.escape("must be a number above 0, not 'fast'.")):
+        lora.resolve_args(["-c", str(cfg), "--train"])
+
+
+def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):
+    """Found by probing: a YAML syntax error was a ``yaml.scanner`` traceback, an empty
+    train.jsonl or valid.jsonl mlx-lm's ``IndexError`` after the model loaded."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("iters: [1\n")
+    msg = f"chunkscan lora: -c {cfg}: the config file is not valid YAML at line 2, column 1"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["-c", str(cfg), "--train"])
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    for split in ("valid", "train"):
+        kept = (data / f"{split}.jsonl").read_text()
+        (data / f"{split}.jsonl").write_text("\n  \n")
+        msg = f"--data {data}: {split}.jsonl is empty (no line holds an example)."
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            lora.main(["--model", str(model), "--data", str(data), "--train"])
+        (data / f"{split}.jsonl").write_text(kept)
+
+
+def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypatch, capsys):
+    """A llama model's run said "Gated DeltaNet training path -> ... patched:
+    qwen3_next, ..." (found by probing)."""
+    monkeypatch.setattr(mlx_lm.lora, "run", lambda args: None)
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    argv = ["--model", str(model), "--data", str(data), "--train"]
+    assert lora.main(argv) == 0
+    assert "Gated DeltaNet training path -> chunkscan.gated_delta_rule" in capsys.readouterr().out
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="llama")))
+    assert lora.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chunkscan: llama has no Gated DeltaNet layers; attention training path" in out
+
+
 @pytest.mark.parametrize("how", ["--dem", "yaml"])
 def test_demo_from_an_abbreviation_or_the_yaml_key(how, tmp_path, monkeypatch):
     """argparse takes ``--dem`` for ``--demo`` and ``-c`` may say ``demo: true``; both

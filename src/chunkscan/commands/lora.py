@@ -21,8 +21,12 @@ per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
 Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults. Before
 anything is loaded, the command checks that there is something to do (``--train`` or
 ``--test``) and that ``--model`` and ``--data`` name an existing folder or a Hugging
-Face repo id (``namespace/name``), and says what is missing; a failed Hub download is
-reported in one line, not as a traceback.
+Face repo id (``namespace/name``), that no data file there is empty, that the numbers
+mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-layers``,
+``--val-batches``, ``--learning-rate``, ...: :data:`_WHOLE_NUMBERS`; ``--batch-size -2``
+hung mlx-lm for ever, ``--num-layers 0`` trained every layer) and that the YAML file
+parses, and says what is wrong; a failed Hub download is reported in one line, not as a
+traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
+import math
 import os
 import pathlib
 import re
@@ -168,6 +174,14 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
                 f"{PROG}: -c {args['config']}: the config file cannot be read "
                 f"({e.strerror or e}). Pass the path of a YAML file."
             ) from None
+        except lora.yaml.YAMLError as e:  # a traceback before (found by probing)
+            where = getattr(e, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+            raise SystemExit(
+                f"{PROG}: -c {args['config']}: the config file is not valid YAML{at} "
+                f"({getattr(e, 'problem', None) or type(e).__name__}). Fix it, or pass "
+                f"another file."
+            ) from None
         config = _check_config(args["config"], config, args, lora.CONFIG_DEFAULTS)
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
@@ -192,12 +206,51 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
         check_chunk_size(PROG, args["gdn_chunk_size"], example=op_default_chunk_size())
     except (TypeError, ValueError) as e:
         raise SystemExit(f"{PROG}: gdn_chunk_size (from -c {args.get('config')}): {e}") from None
+    _check_numbers(args)
     if args["gdn_save_states"] not in SAVE_MODES:
         raise SystemExit(
             f"{PROG}: gdn_save_states (from -c {args.get('config')}) must be 'groups' or "
             f"'chunks', not {args['gdn_save_states']!r}"
         )
     return types.SimpleNamespace(**args)
+
+
+# The numbers mlx_lm.lora takes unchecked, with the least each may be and the one other
+# value it gives a meaning (-1: all). Found by probing: --batch-size -2 hung for ever
+# (no batch is ever made), --num-layers 0 trained every layer (mlx-lm's layers[-0:]),
+# --val-batches 0 reported a validation loss of nan, --iters 0 saved untrained adapters,
+# --max-seq-length 1 and --steps-per-report 0 ended in tracebacks.
+_WHOLE_NUMBERS = {
+    "batch_size": (1, None),
+    "iters": (1, None),
+    "grad_accumulation_steps": (1, None),
+    "max_seq_length": (2, None),
+    "steps_per_report": (1, None),
+    "steps_per_eval": (1, None),
+    "save_every": (1, None),
+    "num_layers": (1, -1),
+    "val_batches": (1, -1),
+    "test_batches": (1, -1),
+}
+
+
+def _check_numbers(args: dict) -> None:
+    """Raise ``SystemExit`` naming the option where a number in :data:`_WHOLE_NUMBERS`
+    or the learning rate (finite, above zero) is out of range, before anything loads."""
+    source = f" (from the command line or -c {args['config']})" if args.get("config") else ""
+    for name, (least, other) in _WHOLE_NUMBERS.items():
+        value = args.get(name)
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or not (value >= least or value == other):
+            also = f", or {other} for all" if other is not None else ""
+            raise SystemExit(
+                f"{PROG}: --{name.replace('_', '-')}{source} must be a whole number of at "
+                f"least {least}{also}, not {value!r}."
+            )
+    rate = args.get("learning_rate")
+    number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+    if not number or not 0 < rate < math.inf:
+        raise SystemExit(f"{PROG}: --learning-rate{source} must be a number above 0, not {rate!r}.")
 
 
 def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
@@ -358,6 +411,19 @@ def check_args(args: types.SimpleNamespace) -> None:
                     f"--{split} reads (mlx_lm.lora reads train.jsonl, valid.jsonl and "
                     f"test.jsonl from the folder). Add it, or pass another folder."
                 )
+        for split in ("train", "valid", "test"):
+            path = data / f"{split}.jsonl"
+            if path.is_file() and not _has_a_line(path):  # mlx-lm: an IndexError
+                raise SystemExit(
+                    f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
+                    f"holds an example). Add examples, or remove the file."
+                )
+
+
+def _has_a_line(path: pathlib.Path) -> bool:
+    """Whether the file has a line that is not blank (read up to the first)."""
+    with open(path, "rb") as f:
+        return any(line.strip() for line in f)
 
 
 def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
@@ -410,15 +476,28 @@ def run(args: types.SimpleNamespace) -> None:
 
     lora = _mlx_lm_lora()
     with seam.patch(chunk_size=args.gdn_chunk_size, save_states=args.gdn_save_states) as handle:
-        print(
-            f"chunkscan: Gated DeltaNet training path -> chunkscan.gated_delta_rule "
-            f"(chunk_size={args.gdn_chunk_size}, save_states={args.gdn_save_states}; "
-            f"patched: {', '.join(handle.families)}); "
-            f"attention training path -> chunkscan.attention",
-            flush=True,
-        )
+        family = _model_type(args.model)
+        if family is not None and family not in handle.families:
+            gdn = f"{family} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
+        else:
+            gdn = (
+                f"Gated DeltaNet training path -> chunkscan.gated_delta_rule "
+                f"(chunk_size={args.gdn_chunk_size}, save_states={args.gdn_save_states}; "
+                f"patched: {', '.join(handle.families)})"
+            )
+        print(f"chunkscan: {gdn}; attention training path -> chunkscan.attention", flush=True)
         with _report_peak_memory(lora):
             lora.run(args)
+
+
+def _model_type(model: str) -> str | None:
+    """The ``model_type`` in a local model folder's ``config.json``, else ``None``."""
+    try:
+        with open(pathlib.Path(model, "config.json")) as f:
+            value = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def main(argv: list[str] | None = None) -> int:
