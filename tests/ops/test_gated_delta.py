@@ -522,6 +522,15 @@ def test_bad_cu_seqlens(cu):
         gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
 
 
+def test_a_numpy_float_cu_seqlens_is_named_as_given():
+    """It was reported as "dtype mlx.core.float32", MLX's conversion (found by probing)."""
+    np = pytest.importorskip("numpy")
+    q, k, v, g, beta = [x[:1] for x in _good()]
+    message = f"{FN} cu_seqlens must be a 1-D integer array or a list of ints but got a NumPy "
+    with pytest.raises(ValueError, match=re.escape(message + "array of dtype float64.")):
+        gated_delta_rule(q, k, v, g, beta, cu_seqlens=np.array([0.0, 5.0, 10.0]))
+
+
 @pytest.mark.parametrize("T, like", [(1, "[0, 1]"), (3, "[0, 1, 3]")])
 def test_bad_cu_seqlens_example_is_valid(T, like):
     """The error's example is itself a valid packing of T tokens; with T = 0 there is

@@ -113,7 +113,7 @@ def _check_mask(
         raise ValueError(
             f"[{fn}] an array mask must be boolean (True = attend) or floating (added to "
             f"the scores) but got dtype {mask.dtype}. Pass mask.astype(mx.bool_) or "
-            f"mask.astype({dtype})."
+            f"mask.astype({str(dtype).replace('mlx.core.', 'mx.')})."
         )
     shape = _shape(mask)
     ok = mask.ndim <= 4

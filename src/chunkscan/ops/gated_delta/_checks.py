@@ -160,6 +160,11 @@ def _check_cu_seqlens(
     if cu_seqlens is None:
         return None
     if is_numpy_array(cu_seqlens):
+        if cu_seqlens.dtype.kind not in "iu":  # named before MLX's conversion renames it
+            raise ValueError(
+                f"[{fn}] cu_seqlens must be a 1-D integer array or a list of ints but got "
+                f"a NumPy array of dtype {cu_seqlens.dtype}."
+            )
         cu_seqlens = mx.array(cu_seqlens)  # read as MLX's
     if isinstance(cu_seqlens, mx.array):
         if cu_seqlens.ndim != 1 or not mx.issubdtype(cu_seqlens.dtype, mx.integer):
