@@ -5,7 +5,10 @@
 # where a given chunk_size is one the fused kernels skip on the GPU, the capture
 # walk, the tree flattening (an nn.Module stays a leaf), chunkscan.ops' exports,
 # CHUNKSCAN_CUDA_PRECOMPILE's check and tests/conftest.py (MLX_ENABLE_TF32=0 unless
-# set). In order of need:
+# set). Session 32 added: gated_delta_rule checks the fused path's settings on every
+# path, split's one piece goes through its custom function, the forward-only groups'
+# compiled traces are kept per CPU thread count (the key is 0 on a GPU). In order of
+# need:
 #   the CUDA tests of the fused chunk kernels and attention's, and attention's portable
 #   tests on the GPU (session 30's NaN-gradient fix of the blocked backward has not run
 #   there yet);
