@@ -245,13 +245,13 @@ def test_mask_keeps_state(bad):
 
 def test_patch_handle_nested_and_idempotent():
     h1 = cmlx.patch(chunk_size=32)
-    assert qwen3_next.gated_delta_update is cmlx.gated_delta_update
+    assert qwen3_next.gated_delta_update is cmlx._INSTALLED_GDN
     assert {"qwen3_next", "qwen3_5"} <= set(cmlx.patched_families())
     assert {"qwen3_next", "qwen3_5", "qwen3_5_moe"} <= set(h1.families)
     with cmlx.patch(chunk_size=8) as h2:
         assert h2.active and h1.active
     assert not h2.active
-    assert qwen3_next.gated_delta_update is cmlx.gated_delta_update  # h1 still live
+    assert qwen3_next.gated_delta_update is cmlx._INSTALLED_GDN  # h1 still live
     h1.undo()
     h1.undo()
     assert not h1.active
@@ -275,7 +275,7 @@ def test_an_undone_handle_does_not_enter_again_and_a_decorator_patches_each_call
     @cmlx.patch(chunk_size=8, verify=False, attention=False)
     def inside():
         (live,) = cmlx._stack
-        return qwen3_next.gated_delta_update is cmlx.gated_delta_update, live.chunk_size
+        return qwen3_next.gated_delta_update is cmlx._INSTALLED_GDN, live.chunk_size
 
     assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack  # not at decoration
     assert inside() == (True, 8) and inside.__name__ == "inside"
@@ -290,7 +290,7 @@ def test_a_decorated_generator_is_patched_while_it_runs_and_async_raises():
     @cmlx.patch(chunk_size=8, verify=False, attention=False)
     def steps():
         for _ in range(2):
-            yield qwen3_next.gated_delta_update is cmlx.gated_delta_update
+            yield qwen3_next.gated_delta_update is cmlx._INSTALLED_GDN
         return "done"
 
     gen = steps()
@@ -331,13 +331,33 @@ def test_undo_restores_attention_in_modules_outside_mlx_lm(tmp_path, monkeypatch
     stock_attn = mlx_base.scaled_dot_product_attention
     with cmlx.patch(verify=False):
         user = importlib.import_module("user_model_mod")
-        assert user.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
-        assert user.gated_delta_update is cmlx.gated_delta_update
+        assert user.scaled_dot_product_attention is cmlx._INSTALLED_ATTENTION
+        assert user.gated_delta_update is cmlx._INSTALLED_GDN
     assert user.scaled_dot_product_attention is stock_attn
     assert user.gated_delta_update is STOCK
     for name in ("scaled_dot_product_attention", "gated_delta_update"):  # its own stay
         assert getattr(cmlx, name).__module__ == "chunkscan.mlx_lm", name
     sys.modules.pop("user_model_mod", None)
+
+
+def test_undo_leaves_a_module_that_imported_the_drop_ins_on_purpose(tmp_path, monkeypatch):
+    """A module that imports chunkscan's drop-ins itself keeps them through any patch and
+    undo (undo rebound every module holding them to mlx-lm's; found by probing)."""
+    import importlib
+    import sys
+
+    (tmp_path / "user_dropin_mod.py").write_text(
+        "from chunkscan.mlx_lm import gated_delta_update, scaled_dot_product_attention\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    user = importlib.import_module("user_dropin_mod")
+    with cmlx.patch(verify=False):
+        pass
+    handle = cmlx.patch(verify=False)
+    handle.undo()
+    assert user.gated_delta_update is cmlx.gated_delta_update
+    assert user.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+    sys.modules.pop("user_dropin_mod", None)
 
 
 def test_bad_chunk_size():
@@ -610,11 +630,11 @@ def test_attention_false_keeps_mlx(attn_spy):
 def test_attention_nesting(attn_spy):
     with cmlx.patch(attention=False):
         with cmlx.patch() as inner:
-            assert llama.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
-            assert mlx_base.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+            assert llama.scaled_dot_product_attention is cmlx._INSTALLED_ATTENTION
+            assert mlx_base.scaled_dot_product_attention is cmlx._INSTALLED_ATTENTION
         assert not inner.active
         assert llama.scaled_dot_product_attention is STOCK_ATTN
-        assert qwen3_next.gated_delta_update is cmlx.gated_delta_update  # outer still live
+        assert qwen3_next.gated_delta_update is cmlx._INSTALLED_GDN  # outer still live
 
 
 def test_attention_reaches_modules_imported_later():
@@ -630,7 +650,7 @@ def test_attention_reaches_modules_imported_later():
         pytest.skip("every candidate module is imported already")
     with cmlx.patch():
         module = importlib.import_module(name)
-        assert module.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+        assert module.scaled_dot_product_attention is cmlx._INSTALLED_ATTENTION
     assert module.scaled_dot_product_attention is STOCK_ATTN
 
 
@@ -653,6 +673,10 @@ def test_attention_with_cache_or_sinks_goes_to_stock(attn_spy):
         kv = q.astype(mx.bfloat16)
         out = cmlx.scaled_dot_product_attention(q, kv, kv, None, 0.3, "causal")
         ref = STOCK_ATTN(q, kv, kv, None, 0.3, "causal")
+        assert attn_spy == [] and mx.array_equal(out, ref).item()
+        # A scale as an mx.array (chunkscan.attention raised TypeError; found by probing).
+        out = cmlx.scaled_dot_product_attention(q, q, q, None, mx.array(0.3), "causal")
+        ref = STOCK_ATTN(q, q, q, None, mx.array(0.3), "causal")
         assert attn_spy == [] and mx.array_equal(out, ref).item()
         model(prompt)  # no cache: the op
         assert attn_spy

@@ -309,7 +309,7 @@ def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
     usable = {}
     for name, module in modules.items():
         bound = getattr(module, _NAME, None)
-        if bound is stock or bound is gated_delta_update:
+        if bound is stock or bound is gated_delta_update or bound is _INSTALLED_GDN:
             usable[name] = module
         else:
             problems.append(f"{name}.{_NAME} is {bound!r}, not mlx_lm.models.gated_delta.{_NAME}")
@@ -438,7 +438,7 @@ class Patch:
             if not _stack:
                 # The families patched held mlx-lm's function (_check_families); so
                 # does any module that imported the replacement by name while patched.
-                _restore_everywhere(_NAME, gated_delta_update, _stock["fn"])
+                _restore_everywhere(_NAME, _INSTALLED_GDN, _stock["fn"])
                 _saved.clear()
 
     def __enter__(self) -> Patch:
@@ -564,7 +564,7 @@ def patch(
                     _probe(stock, options)
             for name, module in modules.items():
                 _saved[name] = getattr(module, _NAME)
-                setattr(module, _NAME, gated_delta_update)
+                setattr(module, _NAME, _INSTALLED_GDN)
         names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
         handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
         _stack.append(handle)
@@ -613,13 +613,18 @@ def scaled_dot_product_attention(
     Floating (additive) masks go to mlx-lm's function: some families compute them from
     trainable weights (kimi_linear's and DeepSeek's MLA add rotary-position scores as
     the mask), and :func:`chunkscan.attention` treats an array mask as a constant, so
-    their gradient would be lost."""
+    their gradient would be lost. So does a ``scale`` given as an ``mx.array`` (no
+    family of mlx-lm 0.32.2 passes one; it raised ``TypeError``, found by probing).
+
+    A boolean mask row with no key to attend to gives 0 here (no gradient), the mean of
+    the values in mlx-lm's function (``mx.fast``); other rows agree."""
     if (
         cache is not None
         or sinks is not None
         or not isinstance(keys, mx.array)
         or not queries.dtype == keys.dtype == values.dtype
         or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
+        or isinstance(scale, mx.array)  # chunkscan.attention takes a Python number
     ):
         return _attn_stock["fn"](queries, keys, values, cache, scale, mask, sinks)
     return _attention_op()(queries, keys, values, scale=scale, mask=mask)
@@ -663,7 +668,7 @@ def _check_attention_seam(verify: bool) -> None:
         except ImportError as e:
             problems.append(f"{name} cannot be imported ({e})")
             continue
-        if bound is not stock and bound is not scaled_dot_product_attention:
+        if all(bound is not f for f in (stock, scaled_dot_product_attention, _INSTALLED_ATTENTION)):
             problems.append(f"{name}.{_ATTN} is {bound!r}, not mlx_lm.models.base.{_ATTN}")
     if problems:
         raise _attention_fail(problems, "Pin mlx-lm to a version with this seam.")
@@ -718,24 +723,40 @@ def _sync_attention() -> None:
         for name, module in _model_modules():
             if getattr(module, _ATTN, None) is stock:
                 _attn_saved[name] = stock
-                setattr(module, _ATTN, scaled_dot_product_attention)
+                setattr(module, _ATTN, _INSTALLED_ATTENTION)
     elif not want and _attn_saved:
-        _restore_everywhere(_ATTN, scaled_dot_product_attention, _attn_stock["fn"])
+        _restore_everywhere(_ATTN, _INSTALLED_ATTENTION, _attn_stock["fn"])
         _attn_saved.clear()
 
 
-def _restore_everywhere(name: str, replacement: Any, stock: Any) -> None:
-    """Bind ``stock`` to ``name`` in every imported module that binds ``replacement``
-    there: mlx-lm's and any other that imported the name while patched (before, only
-    ``mlx_lm.models`` was searched, and such a module kept the replacement). Reads each
-    module's ``__dict__``, so no module's ``__getattr__`` hook runs."""
+def _installed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A function of its own that calls ``fn``: what :func:`patch` binds in mlx-lm's
+    modules, so that undoing it restores exactly what it bound, and not a module that
+    imported the public drop-in (``from chunkscan.mlx_lm import gated_delta_update``) on
+    purpose (it was switched back to mlx-lm's function by any patch and undo; found by
+    probing)."""
+
+    @functools.wraps(fn)
+    def installed(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return installed
+
+
+_INSTALLED_GDN = _installed(gated_delta_update)
+_INSTALLED_ATTENTION = _installed(scaled_dot_product_attention)
+
+
+def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
+    """Bind ``stock`` to ``name`` in every imported module that binds ``installed``
+    (:func:`_installed`) there: mlx-lm's and any other that imported the name from
+    mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and such a
+    module kept the replacement). Reads each module's ``__dict__``, so no module's
+    ``__getattr__`` hook runs."""
     import sys
 
-    own = sys.modules[__name__]  # where the replacement is defined: it stays
     for module in list(sys.modules.values()):
-        if module is own or not isinstance(module, ModuleType):
-            continue
-        if vars(module).get(name) is replacement:
+        if isinstance(module, ModuleType) and vars(module).get(name) is installed:
             setattr(module, name, stock)
 
 
