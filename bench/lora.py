@@ -132,7 +132,7 @@ def measure(
         run()
         times.append(time.perf_counter() - t0)
     if handle is not None:
-        qwen3_next.gated_delta_update = cmlx.gated_delta_update
+        qwen3_next.gated_delta_update = cmlx._INSTALLED_GDN  # what undo() restores
         handle.undo()
     return {
         "mode": mode,

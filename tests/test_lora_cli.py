@@ -287,13 +287,13 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
             ["--num-layers", "0"],
             "--num-layers must be a whole number of at least 1, or -1 for all, not 0.",
         ),  # fmt: skip
-        (["--val-batches", "0"], "--val-batches must be a whole number of at least 1, or -1"),
+        (["--val-batches", "-2"], "--val-batches must be a whole number of at least 0, or -1"),
         (["--iters", "0"], "--iters must be a whole number of at least 1, not 0."),
         (["--max-seq-length", "1"], "--max-seq-length must be a whole number of at least 2"),
         (["--steps-per-report", "0"], "--steps-per-report must be a whole number of at least"),
         (["--save-every", "0"], "--save-every must be a whole number of at least 1, not 0."),
-        (["--learning-rate", "-1"], "--learning-rate must be a number above 0, not -1.0."),
-        (["--learning-rate", "nan"], "--learning-rate must be a number above 0, not nan."),
+        (["--learning-rate", "-1"], "--learning-rate must be a number of at least 0, not -1.0."),
+        (["--learning-rate", "nan"], "--learning-rate must be a number of at least 0, not nan."),
     ],
     ids=["batch", "layers", "val", "iters", "seq", "report", "save", "lr", "lr-nan"],
 )
@@ -303,8 +303,12 @@ def test_numbers_mlx_lm_takes_unchecked_are_refused(argv, message):
     ended in tracebacks. Every one passes through mlx_lm.lora unchecked."""
     with pytest.raises(SystemExit, match=re.escape(f"chunkscan lora: {message}")):
         lora.resolve_args(["--train", *argv])
-    for fine in (["--num-layers", "-1"], ["--val-batches", "-1"], ["--iters", "1"]):
-        lora.resolve_args(["--train", *fine])
+    fine = (["--num-layers", "-1"], ["--val-batches", "-1"], ["--val-batches", "0"],
+            ["--iters", "1"], ["--learning-rate", "0"])  # fmt: skip
+    for ok in fine:
+        lora.resolve_args(["--train", *ok])
+    if argv[0] not in ("--batch-size", "--max-seq-length"):  # what --test alone reads
+        lora.resolve_args(["--test", *argv])
 
 
 def test_a_yaml_value_out_of_range_names_the_file(tmp_path):
@@ -314,8 +318,11 @@ def test_a_yaml_value_out_of_range_names_the_file(tmp_path):
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.resolve_args(["-c", str(cfg), "--train"])
     cfg.write_text("learning_rate: fast\n")
-    with pytest.raises(SystemExit, match=re.escape("must be a number above 0, not 'fast'.")):
+    with pytest.raises(SystemExit, match=re.escape("must be a number of at least 0, not 'fast'")):
         lora.resolve_args(["-c", str(cfg), "--train"])
+    # With a schedule mlx-lm reads no learning_rate (found by review).
+    cfg.write_text("learning_rate: -1\nlr_schedule: {name: cosine_decay, arguments: [0.1, 10]}\n")
+    lora.resolve_args(["-c", str(cfg), "--train"])
 
 
 def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):
@@ -351,6 +358,12 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     assert lora.main(argv) == 0
     out = capsys.readouterr().out
     assert "chunkscan: llama has no Gated DeltaNet layers; attention training path" in out
+    # mlx-lm remaps a model_type by its architecture: Bailing MoE V3 checkpoints say
+    # bailing_hybrid, and run bailing_moe_v3's Gated DeltaNet layers (found by review).
+    hybrid = dict(config, model_type="bailing_hybrid", architectures=["BailingMoeV3ForCausalLM"])
+    (model / "config.json").write_text(json.dumps(hybrid))
+    assert lora.main(argv) == 0
+    assert "Gated DeltaNet training path -> chunkscan.gated_delta_rule" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

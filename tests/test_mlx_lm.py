@@ -344,6 +344,7 @@ def test_undo_leaves_a_module_that_imported_the_drop_ins_on_purpose(tmp_path, mo
     """A module that imports chunkscan's drop-ins itself keeps them through any patch and
     undo (undo rebound every module holding them to mlx-lm's; found by probing)."""
     import importlib
+    import pickle
     import sys
 
     (tmp_path / "user_dropin_mod.py").write_text(
@@ -352,7 +353,10 @@ def test_undo_leaves_a_module_that_imported_the_drop_ins_on_purpose(tmp_path, mo
     monkeypatch.syspath_prepend(str(tmp_path))
     user = importlib.import_module("user_dropin_mod")
     with cmlx.patch(verify=False):
-        pass
+        # The wrappers pickle by their own names (functools.wraps gave them the drop-ins'
+        # names, which pickle refused as "not the same object"; found by review).
+        for fn in (qwen3_next.gated_delta_update, mlx_base.scaled_dot_product_attention):
+            assert pickle.loads(pickle.dumps(fn)) is fn
     handle = cmlx.patch(verify=False)
     handle.undo()
     assert user.gated_delta_update is cmlx.gated_delta_update

@@ -729,22 +729,24 @@ def _sync_attention() -> None:
         _attn_saved.clear()
 
 
-def _installed(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _installed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """A function of its own that calls ``fn``: what :func:`patch` binds in mlx-lm's
     modules, so that undoing it restores exactly what it bound, and not a module that
     imported the public drop-in (``from chunkscan.mlx_lm import gated_delta_update``) on
     purpose (it was switched back to mlx-lm's function by any patch and undo; found by
-    probing)."""
+    probing). ``name``: the module attribute that holds it, its ``__qualname__``, so
+    that pickle finds it (``functools.wraps`` gave it ``fn``'s)."""
 
     @functools.wraps(fn)
     def installed(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
+    installed.__qualname__ = name
     return installed
 
 
-_INSTALLED_GDN = _installed(gated_delta_update)
-_INSTALLED_ATTENTION = _installed(scaled_dot_product_attention)
+_INSTALLED_GDN = _installed(gated_delta_update, "_INSTALLED_GDN")
+_INSTALLED_ATTENTION = _installed(scaled_dot_product_attention, "_INSTALLED_ATTENTION")
 
 
 def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:

@@ -215,30 +215,34 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     return types.SimpleNamespace(**args)
 
 
-# The numbers mlx_lm.lora takes unchecked, with the least each may be and the one other
-# value it gives a meaning (-1: all). Found by probing: --batch-size -2 hung for ever
-# (no batch is ever made), --num-layers 0 trained every layer (mlx-lm's layers[-0:]),
-# --val-batches 0 reported a validation loss of nan, --iters 0 saved untrained adapters,
-# --max-seq-length 1 and --steps-per-report 0 ended in tracebacks.
+# The numbers mlx_lm.lora takes unchecked: the least each may be, the one other value
+# it gives a meaning (-1: all), and whether only training reads it. Found by probing:
+# --batch-size -2 hung for ever (no batch is ever made), --num-layers 0 trained every
+# layer (mlx-lm's layers[-0:]), --iters 0 saved untrained adapters, --max-seq-length 1
+# and --steps-per-report 0 ended in tracebacks. --val-batches 0 is left to mlx-lm: it
+# skips validation (and reports its loss as nan).
 _WHOLE_NUMBERS = {
-    "batch_size": (1, None),
-    "iters": (1, None),
-    "grad_accumulation_steps": (1, None),
-    "max_seq_length": (2, None),
-    "steps_per_report": (1, None),
-    "steps_per_eval": (1, None),
-    "save_every": (1, None),
-    "num_layers": (1, -1),
-    "val_batches": (1, -1),
-    "test_batches": (1, -1),
+    "batch_size": (1, None, False),
+    "max_seq_length": (2, None, False),
+    "test_batches": (1, -1, False),
+    "iters": (1, None, True),
+    "grad_accumulation_steps": (1, None, True),
+    "steps_per_report": (1, None, True),
+    "steps_per_eval": (1, None, True),
+    "save_every": (1, None, True),
+    "num_layers": (1, -1, True),
+    "val_batches": (0, -1, True),
 }
 
 
 def _check_numbers(args: dict) -> None:
     """Raise ``SystemExit`` naming the option where a number in :data:`_WHOLE_NUMBERS`
-    or the learning rate (finite, above zero) is out of range, before anything loads."""
+    (those only training reads, with ``--train``) or the learning rate (finite, not
+    negative; read without an ``lr_schedule``) is out of range, before anything loads."""
     source = f" (from the command line or -c {args['config']})" if args.get("config") else ""
-    for name, (least, other) in _WHOLE_NUMBERS.items():
+    for name, (least, other, training) in _WHOLE_NUMBERS.items():
+        if training and not args.get("train"):
+            continue
         value = args.get(name)
         whole = isinstance(value, int) and not isinstance(value, bool)
         if not whole or not (value >= least or value == other):
@@ -247,10 +251,13 @@ def _check_numbers(args: dict) -> None:
                 f"{PROG}: --{name.replace('_', '-')}{source} must be a whole number of at "
                 f"least {least}{also}, not {value!r}."
             )
-    rate = args.get("learning_rate")
-    number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
-    if not number or not 0 < rate < math.inf:
-        raise SystemExit(f"{PROG}: --learning-rate{source} must be a number above 0, not {rate!r}.")
+    if args.get("train") and not args.get("lr_schedule"):
+        rate = args.get("learning_rate")
+        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+        if not number or not 0 <= rate < math.inf:
+            raise SystemExit(
+                f"{PROG}: --learning-rate{source} must be a number of at least 0, not {rate!r}."
+            )
 
 
 def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
@@ -476,8 +483,8 @@ def run(args: types.SimpleNamespace) -> None:
 
     lora = _mlx_lm_lora()
     with seam.patch(chunk_size=args.gdn_chunk_size, save_states=args.gdn_save_states) as handle:
-        family = _model_type(args.model)
-        if family is not None and family not in handle.families:
+        family = _family_without_gated_deltanet(args.model, handle.families)
+        if family is not None:
             gdn = f"{family} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
         else:
             gdn = (
@@ -490,14 +497,23 @@ def run(args: types.SimpleNamespace) -> None:
             lora.run(args)
 
 
-def _model_type(model: str) -> str | None:
-    """The ``model_type`` in a local model folder's ``config.json``, else ``None``."""
+def _family_without_gated_deltanet(model: str, families: tuple[str, ...]) -> str | None:
+    """The ``model_type`` of a local model folder whose model class, found as mlx-lm
+    finds it (``model_type`` remapped by its architecture), has no module of
+    ``families`` in its bases; ``None`` where it has one or cannot be told. (The raw
+    ``model_type`` was not enough: Bailing MoE V3 checkpoints say ``bailing_hybrid``,
+    and a family may subclass a patched one; found by review.)"""
     try:
         with open(pathlib.Path(model, "config.json")) as f:
-            value = json.load(f).get("model_type")
-    except (OSError, ValueError, AttributeError):
+            config = json.load(f)
+        from mlx_lm.utils import _get_classes
+
+        model_class, _ = _get_classes(config)
+        family = str(config["model_type"])
+    except Exception:  # noqa: BLE001 (any failure: say nothing about the layers)
         return None
-    return value if isinstance(value, str) else None
+    patched = {f"mlx_lm.models.{name}" for name in families}
+    return None if any(c.__module__ in patched for c in model_class.__mro__) else family
 
 
 def main(argv: list[str] | None = None) -> int:
