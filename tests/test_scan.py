@@ -1184,6 +1184,61 @@ def test_f_updating_its_carry_in_place_gets_the_loop_gradient(f, monkeypatch):
     assert max_rel(mx.grad(by_scan)(w), ref) > 0.02
 
 
+def test_f_updating_a_params_leaf_in_place_keeps_it_to_its_chunk(monkeypatch):
+    """``f`` updating a params leaf in place (``h = p["h0"]; h += ...``). The update
+    reached the next chunks' forward but not the recomputation, which starts each chunk
+    from the params passed in: a gradient of another function (found by probing: d/dh0
+    21 for a forward whose own derivative was 24). Now f gets handles of its own, so the
+    update lasts for its call: the reference calls f on each chunk with a copy of the
+    params (measured 1.4e-7 and 0.0 relative for the value and the gradient; bound
+    1e-6). With the fix off the value is the shared-params loop's: 101% off here (the
+    bound: 5%)."""
+    xs = mx.random.normal((6, 3), key=mx.random.key(11))
+    h0 = mx.random.normal((3,), key=mx.random.key(12))
+
+    def f(c, x, p):
+        h = p["h0"]
+        h += x.sum(0)  # in place: the params' array itself
+        return c * h, x * h
+
+    def by_scan(h0):
+        c, ys = chunkscan.scan(f, mx.ones((3,)), xs, chunk_size=2, params={"h0": h0})
+        return c.sum() + ys.sum()
+
+    def by_chunks(h0):
+        c, total = mx.ones((3,)), 0.0
+        for lo in range(0, 6, 2):
+            c, y = f(c, xs[lo : lo + 2], {"h0": h0 + 0})  # a copy per chunk
+            total = total + y.sum()
+        return total + c.sum()
+
+    assert max_rel(by_scan(h0), by_chunks(h0)) <= 1e-6
+    assert max_rel(mx.grad(by_scan)(h0), mx.grad(by_chunks)(h0)) <= 1e-6
+    monkeypatch.setattr(importlib.import_module("chunkscan.scan"), "_FRESH_HANDLES", False)
+    assert max_rel(by_scan(h0), by_chunks(h0)) > 0.05
+
+
+def test_stepwise_with_an_axis_stacking_ys_elsewhere_raises():
+    """``stepwise(step, axis=-2)`` under ``scan(axis=1)``: the same axis of every 3-d xs
+    leaf, so the xs check passed, but another axis of a 2-d ys leaf: the steps were
+    stacked on axis 0 and the chunks joined on axis 1, values transposed within each
+    chunk, no error where B equals the chunk (found by probing: 27.0 off)."""
+    B, T, D = 2, 4, 3
+    xs = mx.arange(B * T * D, dtype=mx.float32).reshape(B, T, D)
+
+    def step(c, x):
+        return c + x, x.sum(-1)
+
+    msg = "stepwise(step, axis=-2), which stacks the steps of ys (shape (2, 2)) on its axis 0"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        chunkscan.scan(chunkscan.stepwise(step, axis=-2), mx.zeros((B, D)), xs, chunk_size=2,
+                       axis=1)  # fmt: skip
+    for own in (1, None):  # scan's axis, or none: the loop's values
+        _, ys = chunkscan.scan(chunkscan.stepwise(step, axis=own), mx.zeros((B, D)), xs,
+                               chunk_size=2, axis=1)  # fmt: skip
+        assert mx.array_equal(ys, xs.sum(-1)).item()
+
+
 def test_second_derivative_from_two_grad_calls_with_constant_xs(monkeypatch):
     """``xs_grad=False`` and a second derivative built from two ``mx.grad`` calls on the
     same input. The constant xs chunks were anchored (a ``Depends``) on the initial

@@ -71,6 +71,12 @@ def scan(
     eagerly, under ``mx.compile`` and under ``nn.value_and_grad``. Use
     :func:`chunkscan.stepwise` to write ``f`` per step.
 
+    ``f`` must be a function of its arguments (the backward calls it again on the same
+    ones): the same Python state when recomputed, as with ``mx.checkpoint``; and it gets
+    handles of its own on the carry, xs and params leaves, so an in-place update
+    (``h = params["h0"]; h += ...``) lasts for that call, where the loop above would
+    carry an update of ``params`` on to the next chunks.
+
     Random ops in ``f`` that draw from MLX's global key (``nn.Dropout``,
     ``mx.random.*`` without ``key=``) draw the same numbers when the backward recomputes
     a chunk as in its forward; the backward leaves the global key as it found it.
@@ -260,11 +266,14 @@ class _Plan:
         # forward keeps the carry handles that enter each chunk for the backward, and
         # the constant xs chunks for the recomputation. With the shared handles the
         # backward recomputed from the updated carry (found by probing: wrong
-        # gradients, no error, from three chunks on). ``astype`` to the same dtype is
+        # gradients, no error, from three chunks on). The params leaves too: an update
+        # of one in f reached the next chunk's forward but not the recomputation (found
+        # by probing: d/dh0 21 against the loop's 24). ``astype`` to the same dtype is
         # a new handle on the same array: no graph node, no copy.
         if _FRESH_HANDLES:
             carry = [c.astype(c.dtype) for c in carry]
             xs_chunk = [x.astype(x.dtype) for x in xs_chunk]
+            p = [x.astype(x.dtype) for x in p]
         carry_tree = _tree.unflatten(self.init_def, carry)
         xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
         with scan_axis(self.axis):  # stepwise functions without an axis take scan's
@@ -283,6 +292,7 @@ class _Plan:
             )
         new_carry = _tree.check_carry("scan", self.init_specs, self.init_def, out[0])
         lo, hi = self.bounds[i]
+        _check_stepwise_ys_axis(self.f, self.axis, out[1])
         ys = _check_ys(out[1], self.ys_spec, hi - lo, self.axis)
         if not new_carry and not ys:  # MLX's custom function of no outputs crashes
             raise ValueError(
@@ -505,6 +515,26 @@ def _check_stepwise_axis(f: Callable, axis: int, leaves: list[mx.array], treedef
             )
 
 
+def _check_stepwise_ys_axis(f: Callable, axis: int, ys: Any) -> None:
+    """The ys side of :func:`_check_stepwise_axis`: a ``stepwise`` axis that is scan's
+    on every xs leaf may still be another axis of a ys leaf of another rank (``axis=-2``
+    against scan's ``1``: xs ``[B, T, D]``, ys ``[B, T]``), where stepwise stacks the
+    steps on its axis and scan joins the chunks on its own: values transposed within
+    each chunk, no error (found by probing)."""
+    own = getattr(f, "_chunkscan_axis", None)
+    if getattr(f, "_chunkscan_step", None) is None or own is None or own == axis:
+        return
+    leaves, treedef = _tree.require_arrays("scan", "ys", ys)
+    for y, name in zip(leaves, _tree.paths(treedef, "ys")):
+        if own % y.ndim != axis % y.ndim:
+            raise ValueError(
+                f"[scan] axis={axis} but f is stepwise(step, axis={own}), which stacks the "
+                f"steps of {name} (shape {tuple(y.shape)}) on its axis {own % y.ndim}, not "
+                f"{axis % y.ndim}. Give stepwise the same axis as scan, or leave its axis "
+                "out: it then takes scan's."
+            )
+
+
 def _check_xs(leaves: list[mx.array], treedef: tuple, axis: int) -> tuple[list[int], int]:
     if not leaves:
         raise ValueError("[scan] xs must have at least one array leaf; its length gives T.")
@@ -568,8 +598,8 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
     for name, y, (ref_shape, ref_dtype) in zip(_tree.paths(ys_def, "ys"), leaves, spec.leaves):
         if not -y.ndim <= axis < y.ndim or y.shape[axis] != chunk_len:
             problems.append(
-                f"{name} has shape {tuple(y.shape)} but the chunk has {chunk_len} steps "
-                f"on axis {axis}"
+                f"{name} has shape {tuple(y.shape)} but the chunk has {chunk_len} "
+                f"step{'s' if chunk_len != 1 else ''} on axis {axis}"
             )
             continue
         ax = axis % y.ndim
