@@ -42,8 +42,11 @@ def checkpoint(fun: F) -> F:
         callable: With the signature of ``fun``.
 
     Note:
-        As with ``mx.checkpoint``, arrays that ``fun`` captures by closure are
-        constants: they get no gradient. Pass everything you differentiate (weights
+        As with ``mx.checkpoint``, ``fun`` must be a function of its arguments: the
+        backward calls it again, so Python state it reads (a call counter, a global
+        that has changed since) gives the gradient of another function, with no
+        error. Arrays that ``fun`` captures by closure are constants: they get no
+        gradient. Pass everything you differentiate (weights
         included) as arguments. A weight passed to every call of a chunk loop gets
         one gradient per call, and MLX sums them only at the end of the backward (as
         with ``mx.checkpoint``): the backward then also keeps about ``T / C``
