@@ -629,7 +629,8 @@ def test_error_xs_grad_structure():
         chunkscan.scan(_ok_f, mx.zeros((3,)), mx.zeros((4, 3)), xs_grad=(True, False))
     xs = (mx.zeros((4, 3)), mx.zeros((4, 3)))
     msg = ("but got [True, False] (list) for xs of 2 leaves (tuple: a tuple takes a tuple, "
-           "a list a list, a dict the same keys).")  # fmt: skip
+           "a list a list, a dict the same keys, a namedtuple the same namedtuple, a None "
+           "entry None).")  # fmt: skip
     with pytest.raises(TypeError, match=re.escape(msg)):
         chunkscan.scan(lambda c, x: (c, None), mx.zeros(()), xs, xs_grad=[True, False])
 

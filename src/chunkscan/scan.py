@@ -564,8 +564,8 @@ def _grad_mask(xs_grad: Any, leaves: list, treedef: tuple, xs: Any) -> list[bool
                 "[scan] xs_grad must be a bool or a tree of bools with the structure of xs, "
                 f"but got {xs_grad!r} ({type(xs_grad).__name__}) for xs of "
                 f"{len(leaves)} leaves ({type(xs).__name__}: a tuple takes a tuple, a list a "
-                "list, a dict the same keys). Use e.g. xs_grad=False, or (True, False, True) "
-                "for xs=(q, k, v)."
+                "list, a dict the same keys, a namedtuple the same namedtuple, a None entry "
+                "None). Use e.g. xs_grad=False, or (True, False, True) for xs=(q, k, v)."
             )
         if mask_def != treedef:  # the same dict keys in another order: take xs's
             mask = _tree.reorder_like(treedef, xs_grad)
