@@ -148,6 +148,15 @@ def test_error_module_argument():
     with pytest.raises(TypeError, match=re.escape("keyword argument 'net'['m'] is an nn.Module")):
         chunkscan.checkpoint(lambda a, net: net["m"](a))(mx.zeros((2, 3)), net={"m": lin})
 
+    class Block(nn.Module):  # a decorated method: argument 0 is self, and says so
+        @chunkscan.checkpoint
+        def __call__(self, a):
+            return a
+
+    msg = "argument 0 (self: checkpoint decorates a method) is an nn.Module (Block)"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        Block()(mx.zeros((2, 3)))
+
 
 def _chunk_loop(run, h, xs, w):
     """``h`` after ``run(h, x_chunk, w)`` over ``xs`` in chunks of 2 steps."""

@@ -77,7 +77,7 @@ def checkpoint(fun: F) -> F:
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = _tree.flatten((args, kwargs))
         if any(isinstance(leaf, nn.Module) for leaf in leaves):
-            _raise_on_module(args, kwargs)
+            _raise_on_module(fun, args, kwargs)
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
         arrays = [leaves[i] for i in slots]
         # The closures below outlive this call (the vjp runs later), so they keep only
@@ -142,7 +142,13 @@ def checkpoint(fun: F) -> F:
     return checkpointed  # type: ignore[return-value]
 
 
-def _raise_on_module(args: tuple, kwargs: dict) -> None:
+def _is_method(fun: Callable) -> bool:
+    """Whether ``fun`` was defined in a class body (``Block.__call__``)."""
+    qualname = getattr(fun, "__qualname__", "")
+    return "." in qualname.rsplit("<locals>.", 1)[-1]
+
+
+def _raise_on_module(fun: Callable, args: tuple, kwargs: dict) -> None:
     """Raise naming the argument that is, or holds, an ``nn.Module``: flattened as the
     dict of its arrays, it reached ``fun`` as a plain dict ("'dict' object is not
     callable"; found by probing, inside a tuple or list argument too)."""
@@ -152,8 +158,10 @@ def _raise_on_module(args: tuple, kwargs: dict) -> None:
         leaves, treedef = _tree.flatten(a)
         for path, leaf in zip(_tree.paths(treedef, where), leaves):
             if isinstance(leaf, nn.Module):
+                method = " (self: checkpoint decorates a method)" if (
+                    path == "argument 0" and _is_method(fun)) else ""  # fmt: skip
                 raise TypeError(
-                    f"[checkpoint] {path} is an nn.Module ({type(leaf).__name__}); "
+                    f"[checkpoint] {path}{method} is an nn.Module ({type(leaf).__name__}); "
                     "checkpoint passes arrays and pytrees of arrays, and would hand fun a "
                     "plain dict of the module's arrays. Capture the module in fun's closure "
                     "instead (it then gets no gradient, as with mx.checkpoint), or, for "
