@@ -925,6 +925,36 @@ def test_module_passed_as_params_and_captured_does_not_warn():
         _scan_loss(chunkscan.stepwise(step), params=model)()
 
 
+def test_a_captured_module_whose_trainable_arrays_are_all_passed_does_not_warn():
+    """A method capturing ``self`` and passing ``params=self.cell``, ``self.cell`` its
+    only trainable part: every array of ``self`` is passed, so no gradient is lost, but
+    it warned (found by probing). A ``self`` with trainable arrays of its own still
+    warns."""
+
+    class Net(nn.Module):
+        def __init__(self, extra: bool):
+            super().__init__()
+            self.cell = nn.Linear(3, 3)
+            if extra:
+                self.head = nn.Linear(3, 3)
+
+        def offset(self, s):
+            return 0.0 * s
+
+        def __call__(self, xs):
+            def f(s, x, cell):
+                s = mx.tanh(cell(s) + x.sum(0) + self.offset(s))  # captures self
+                return s, x
+
+            return chunkscan.scan(f, mx.zeros((3,)), xs, chunk_size=2, params=self.cell)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Net(extra=False)(mx.ones((4, 3)))
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="captures the nn.Module 'self'"):
+        Net(extra=True)(mx.ones((4, 3)))
+
+
 def test_frozen_module_does_not_warn():
     lin = nn.Linear(3, 3)
     lin.freeze()

@@ -641,11 +641,19 @@ def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
     """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
     being passed it (closures, globals, ``functools.partial``, bound methods,
     ``stepwise``'s step; see :mod:`chunkscan._capture`). The ``params`` module and its
-    submodules are passed, so they are fine."""
+    submodules are passed, so they are fine, and so is a module whose every trainable
+    array is one of theirs (``self`` captured by a method that passes ``params=self.cell``,
+    ``self.cell`` its only trainable part: a false warning before, found by probing)."""
     passed = {id(m) for m in module.modules()} if module is not None else set()
+    passed_arrays = (
+        {id(a) for a in _tree.flatten(module.trainable_parameters())[0]}
+        if module is not None
+        else set()
+    )
     step = getattr(f, "_chunkscan_step", None)
     for path, value in _capture.captured_modules(f):
-        if id(value) in passed or not _tree.flatten(value.trainable_parameters())[0]:
+        trainable = _tree.flatten(value.trainable_parameters())[0]
+        if id(value) in passed or all(id(a) in passed_arrays for a in trainable):
             continue
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
