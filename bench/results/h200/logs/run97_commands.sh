@@ -7,8 +7,9 @@
 # CHUNKSCAN_CUDA_PRECOMPILE's check and tests/conftest.py (MLX_ENABLE_TF32=0 unless
 # set). Session 32 added: gated_delta_rule checks the fused path's settings on every
 # path, split's one piece goes through its custom function, the forward-only groups'
-# compiled traces are kept per CPU thread count (the key is 0 on a GPU). In order of
-# need:
+# compiled traces are kept per CPU thread count (the key is 0 on a GPU), scan gives
+# f handles of its own on the params leaves and checks a stepwise axis against the
+# ys leaves. In order of need:
 #   the CUDA tests of the fused chunk kernels and attention's, and attention's portable
 #   tests on the GPU (session 30's NaN-gradient fix of the blocked backward has not run
 #   there yet);
