@@ -526,7 +526,7 @@ def _check_stepwise_ys_axis(f: Callable, axis: int, ys: Any) -> None:
         return
     leaves, treedef = _tree.require_arrays("scan", "ys", ys)
     for y, name in zip(leaves, _tree.paths(treedef, "ys")):
-        if own % y.ndim != axis % y.ndim:
+        if y.ndim and own % y.ndim != axis % y.ndim:  # (stacked steps: ndim >= 1)
             raise ValueError(
                 f"[scan] axis={axis} but f is stepwise(step, axis={own}), which stacks the "
                 f"steps of {name} (shape {tuple(y.shape)}) on its axis {own % y.ndim}, not "
