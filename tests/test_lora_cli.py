@@ -344,6 +344,33 @@ def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):
         (data / f"{split}.jsonl").write_text(kept)
 
 
+def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, monkeypatch):
+    """mlx-lm loads ``--resume-adapter-file`` with ``strict=False``: rank-4 adapters were
+    loaded with their own shapes into a rank-8 run, trained, and saved beside a rank-8
+    config that then failed to load (found by probing)."""
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "adapters.safetensors").write_bytes(b"")
+    config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 4, "scale": 20.0}}
+    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    argv = ["--model", str(model), "--data", str(data), "--train",
+            "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape("was trained with rank 4 (")):
+        lora.main(argv)
+    with pytest.raises(SystemExit, match=re.escape("was trained with fine_tune_type 'lora'")):
+        lora.main([*argv, "--fine-tune-type", "dora"])
+    cfg = tmp_path / "rank4.yaml"
+    cfg.write_text("lora_parameters: {rank: 4, scale: 20.0, dropout: 0.0}\n")
+    assert lora.main([*argv, "-c", str(cfg)]) == 0 and len(ran) == 1
+    missing = ["--resume-adapter-file", str(tmp_path / "none.safetensors")]
+    with pytest.raises(SystemExit, match=re.escape("none.safetensors: no such file")):
+        lora.main([*argv[:5], *missing])
+
+
 def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypatch, capsys):
     """A llama model's run said "Gated DeltaNet training path -> ... patched:
     qwen3_next, ..." (found by probing)."""

@@ -425,6 +425,46 @@ def check_args(args: types.SimpleNamespace) -> None:
                     f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
                     f"holds an example). Add examples, or remove the file."
                 )
+    _check_resumed_adapters(args)
+
+
+def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
+    """``--resume-adapter-file`` must exist, and where an ``adapter_config.json`` lies
+    beside it, have this run's fine-tune type and LoRA rank: mlx-lm loads it with
+    ``strict=False``, so adapters of another rank were loaded with their own shapes,
+    trained, and saved beside a config of this run's rank, which then failed to load
+    (found by probing)."""
+    resume = getattr(args, "resume_adapter_file", None)
+    if not getattr(args, "train", False) or resume is None:
+        return
+    path = pathlib.Path(str(resume)).expanduser()
+    if not path.is_file():
+        raise SystemExit(
+            f"chunkscan lora: --resume-adapter-file {resume}: no such file. Pass the "
+            f"adapters.safetensors of an earlier run."
+        )
+    try:
+        with open(path.parent / "adapter_config.json") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    if not isinstance(saved, dict):
+        return
+    lora_parameters = args.lora_parameters if isinstance(args.lora_parameters, dict) else {}
+    saved_lora = saved.get("lora_parameters")
+    saved_lora = saved_lora if isinstance(saved_lora, dict) else {}
+    pairs = [("fine_tune_type", saved.get("fine_tune_type"), args.fine_tune_type)]
+    if args.fine_tune_type != "full":
+        pairs.append(("rank", saved_lora.get("rank"), lora_parameters.get("rank")))
+    for what, before, now in pairs:
+        if before is not None and now is not None and before != now:
+            raise SystemExit(
+                f"chunkscan lora: --resume-adapter-file {resume} was trained with {what} "
+                f"{before!r} ({path.parent / 'adapter_config.json'}), this run asks for "
+                f"{now!r}: mlx-lm would load it anyway (strict=False) and save adapters "
+                f"that do not load. Give this run the same {what} (-c or its flag), or "
+                f"start without --resume-adapter-file."
+            )
 
 
 def _has_a_line(path: pathlib.Path) -> bool:
