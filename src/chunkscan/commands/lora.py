@@ -24,9 +24,10 @@ anything is loaded, the command checks that there is something to do (``--train`
 Face repo id (``namespace/name``), that no data file there is empty, that the numbers
 mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-layers``,
 ``--val-batches``, ``--learning-rate``, ...: :data:`_WHOLE_NUMBERS`; ``--batch-size -2``
-hung mlx-lm for ever, ``--num-layers 0`` trained every layer) and that the YAML file
-parses, and says what is wrong; a failed Hub download is reported in one line, not as a
-traceback.
+hung mlx-lm for ever, ``--num-layers 0`` trained every layer), that the YAML file
+parses and that a ``--resume-adapter-file`` exists with this run's fine-tune type and
+rank (:func:`_check_resumed_adapters`), and says what is wrong; a failed Hub download
+is reported in one line, not as a traceback.
 """
 
 from __future__ import annotations
