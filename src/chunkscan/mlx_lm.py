@@ -76,7 +76,7 @@ import inspect
 import pathlib
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import ModuleType
 from typing import Any
 
@@ -293,8 +293,9 @@ def _family_modules(gd: ModuleType) -> dict[str, ModuleType]:
     return found
 
 
-def _covered(family: str, patched: dict[str, ModuleType]) -> bool:
-    """Whether ``mlx_lm.models.<family>``'s model runs a patched module's layers."""
+def _covered(family: str, patched: Collection[str]) -> bool:
+    """Whether ``mlx_lm.models.<family>``'s model runs a patched module's layers
+    (``patched``: the patched modules' full names)."""
     name = f"mlx_lm.models.{family}"
     if name in patched:
         return True

@@ -539,22 +539,25 @@ def run(args: types.SimpleNamespace) -> None:
 
 
 def _family_without_gated_deltanet(model: str, families: tuple[str, ...]) -> str | None:
-    """The ``model_type`` of a local model folder whose model class, found as mlx-lm
-    finds it (``model_type`` remapped by its architecture), has no module of
-    ``families`` in its bases; ``None`` where it has one or cannot be told. (The raw
-    ``model_type`` was not enough: Bailing MoE V3 checkpoints say ``bailing_hybrid``,
-    and a family may subclass a patched one; found by review.)"""
+    """The ``model_type`` of a local model folder whose model, found as mlx-lm finds it
+    (``model_type`` remapped by its architecture), runs none of ``families``' layers
+    (the seam's own test, ``chunkscan.mlx_lm._covered``); ``None`` where it runs one or
+    this cannot be told. (The raw ``model_type`` was not enough: Bailing MoE V3
+    checkpoints say ``bailing_hybrid``, and a family may subclass a patched one; found
+    by review.)"""
+    from .. import mlx_lm as seam
+
     try:
         with open(pathlib.Path(model, "config.json")) as f:
             config = json.load(f)
         from mlx_lm.utils import _get_classes
 
-        model_class, _ = _get_classes(config)
-        family = str(config["model_type"])
+        module = _get_classes(config)[0].__module__  # mlx_lm.models.<remapped type>
+        patched = {f"mlx_lm.models.{name}" for name in families}
+        covered = seam._covered(module.rsplit(".", 1)[1], patched)
     except Exception:  # noqa: BLE001 (any failure: say nothing about the layers)
         return None
-    patched = {f"mlx_lm.models.{name}" for name in families}
-    return None if any(c.__module__ in patched for c in model_class.__mro__) else family
+    return None if covered else str(config["model_type"])
 
 
 def main(argv: list[str] | None = None) -> int:
