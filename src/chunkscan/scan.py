@@ -496,13 +496,21 @@ def _check_arity(f: Callable, has_params: bool) -> None:
     )
 
 
+def _stepwise_axis(f: Callable) -> int | None:
+    """The axis ``f`` was made with, where it is a ``stepwise`` chunk function given one
+    (one made without takes ``scan``'s: ``stepwise.scan_axis``); else ``None``."""
+    if getattr(f, "_chunkscan_step", None) is None:
+        return None
+    return getattr(f, "_chunkscan_axis", None)
+
+
 def _check_stepwise_axis(f: Callable, axis: int, leaves: list[mx.array], treedef: tuple) -> None:
     """Raise where ``f`` is a ``stepwise`` chunk function made with an axis that is not
     ``scan``'s (compared per xs leaf, negative axes counted from its end): it would step
     along another axis, silently where the lengths agree (a batch as long as the chunk).
     One made without an axis takes ``scan``'s when called (``stepwise.scan_axis``)."""
-    own = getattr(f, "_chunkscan_axis", None)
-    if getattr(f, "_chunkscan_step", None) is None or own is None:
+    own = _stepwise_axis(f)
+    if own is None:
         return
     for x, name in zip(leaves, _tree.paths(treedef, "xs")):
         steps_on = normalize_axis("stepwise", own, x.ndim, name)
@@ -521,8 +529,8 @@ def _check_stepwise_ys_axis(f: Callable, axis: int, ys: Any) -> None:
     against scan's ``1``: xs ``[B, T, D]``, ys ``[B, T]``), where stepwise stacks the
     steps on its axis and scan joins the chunks on its own: values transposed within
     each chunk, no error (found by probing)."""
-    own = getattr(f, "_chunkscan_axis", None)
-    if getattr(f, "_chunkscan_step", None) is None or own is None or own == axis:
+    own = _stepwise_axis(f)
+    if own is None or own == axis:
         return
     leaves, treedef = _tree.require_arrays("scan", "ys", ys)
     for y, name in zip(leaves, _tree.paths(treedef, "ys")):
@@ -641,19 +649,18 @@ def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
     """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
     being passed it (closures, globals, ``functools.partial``, bound methods,
     ``stepwise``'s step; see :mod:`chunkscan._capture`). The ``params`` module and its
-    submodules are passed, so they are fine, and so is a module whose every trainable
+    submodules are passed, so they are fine, and so is any module whose every trainable
     array is one of theirs (``self`` captured by a method that passes ``params=self.cell``,
-    ``self.cell`` its only trainable part: a false warning before, found by probing)."""
-    passed = {id(m) for m in module.modules()} if module is not None else set()
-    passed_arrays = (
+    ``self.cell`` its only trainable part: a false warning before, found by probing): one
+    test covers all three, and a module with no trainable array."""
+    passed = (
         {id(a) for a in _tree.flatten(module.trainable_parameters())[0]}
         if module is not None
         else set()
     )
     step = getattr(f, "_chunkscan_step", None)
     for path, value in _capture.captured_modules(f):
-        trainable = _tree.flatten(value.trainable_parameters())[0]
-        if id(value) in passed or all(id(a) in passed_arrays for a in trainable):
+        if all(id(a) in passed for a in _tree.flatten(value.trainable_parameters())[0]):
             continue
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
