@@ -110,7 +110,8 @@ _non_negative_int = _number_arg(int, "an integer >= 0", lambda v: v >= 0)
 _positive_float = _number_arg(float, "a positive finite number", lambda v: 0 < v < math.inf)
 
 
-OUTPUTS = ("repro.json", "repro.png")  # what a run writes into --out
+REPORT, PLOT = "repro.json", "repro.png"
+OUTPUTS = (REPORT, PLOT)  # what a run writes into --out
 
 
 def check_out_dir(path: str) -> str | None:
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="compare gradients with plain autograd up to this T (default: 1024)",
     )
-    p.add_argument("--out", default="repro-out", help="folder for repro.json and repro.png")
+    p.add_argument("--out", default="repro-out", help=f"folder for {REPORT} and {PLOT}")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument(
         "--timeout", type=_positive_float, default=600.0, help="seconds per configuration"
@@ -248,10 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         "modes": modes,
         "grads": grads_cases,
     }
-    with open(os.path.join(args.out, "repro.json"), "w") as fh:
+    report = os.path.join(args.out, REPORT)
+    with open(report, "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
-    print(f"\nwrote {os.path.join(args.out, 'repro.json')}")
-    png = os.path.join(args.out, "repro.png")
+    print(f"\nwrote {report}")
+    png = os.path.join(args.out, PLOT)
     if os.path.isfile(png):  # an earlier run's plot would stand beside this run's JSON
         os.remove(png)
     if args.no_plot:
