@@ -4,6 +4,7 @@ import re
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from helpers import max_rel
 
@@ -58,18 +59,33 @@ def test_keeps_name_and_single_array_output():
 
 
 def test_compiled_loop_matches_eager():
+    """``mx.compile`` of a ``chunkscan.checkpoint`` loop gives eager's value and gradients
+    to within the loop's own float32 error. Both are measured against the float64 loop on
+    the CPU: on a GPU the compiled graph fuses elementwise ops and rounds differently, and
+    an elementwise ``rtol=1e-5`` failed on the H200 at elements that cancel (run 97). The
+    compiled error may be at most 4x eager's (floor: 8 float32 ulps of the largest
+    element; a wrong compiled gradient is off by O(1))."""
     s0, q, k, v = reporter.make_inputs(40, 2, 8, seed=4)
 
-    def loss(s0, q, k, v):
-        s, y = reporter.forward("cs.checkpoint+split", s0, q, k, v, 8, state_only=False)
-        return (y * y).sum() + s.sum()
+    def value_and_grads(mode):
+        def loss(s0, q, k, v):
+            s, y = reporter.forward(mode, s0, q, k, v, 8, state_only=False)
+            return (y * y).sum() + s.sum()
 
-    fn = mx.value_and_grad(loss, argnums=(0, 1, 2, 3))
-    eager = fn(s0, q, k, v)
-    compiled = mx.compile(fn)(s0, q, k, v)
-    assert mx.allclose(eager[0], compiled[0], rtol=1e-5)
-    for a, b in zip(eager[1], compiled[1]):
-        assert mx.allclose(a, b, rtol=1e-5, atol=1e-6)
+        return mx.value_and_grad(loss, argnums=(0, 1, 2, 3))
+
+    def flat(result):
+        return [result[0], *result[1]]
+
+    fn = value_and_grads("cs.checkpoint+split")
+    eager, compiled = flat(fn(s0, q, k, v)), flat(mx.compile(fn)(s0, q, k, v))
+    with mx.stream(mx.cpu):  # float64 runs on the CPU only
+        exact = flat(value_and_grads("plain")(*(a.astype(mx.float64) for a in (s0, q, k, v))))
+        exact = [x.astype(mx.float32) for x in exact]
+        mx.eval(exact)
+    floor = 8 * float(np.finfo(np.float32).eps)
+    for e, c, x in zip(eager, compiled, exact):
+        assert max_rel(c, x) <= 4 * max(max_rel(e, x), floor)
 
 
 def test_error_not_callable():
