@@ -7,6 +7,7 @@ import json
 import pathlib
 import re
 import types
+import warnings
 
 import mlx.core as mx
 import pytest
@@ -103,6 +104,13 @@ def test_yaml_keys_that_would_be_ignored(tmp_path):
     with pytest.warns(UserWarning, match=re.escape("the key 'gdn_chunk_sise' is no option")):
         args = lora.resolve_args(["-c", str(cfg)])
     assert args.lora_parameters == {"rank": 4}
+    # mlx-lm reads its dataset keys with getattr (no flag, no default): they were called
+    # ignored, and a run without them failed on a dataset of other columns (probing)
+    cfg.write_text("prompt_feature: input\ncompletion_feature: output\nhf_dataset: {path: x}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        args = lora.resolve_args(["-c", str(cfg)])
+    assert args.prompt_feature == "input" and args.hf_dataset == {"path": "x"}
 
 
 def test_scan_chunk_size_is_a_deprecated_alias(tmp_path):
@@ -385,6 +393,17 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     assert lora.main(argv) == 0
     out = capsys.readouterr().out
     assert "chunkscan: llama has no Gated DeltaNet layers; attention training path" in out
+    # gemma2 computes its attention itself (and plamo2 calls mx.fast's): the banner said
+    # "attention training path -> chunkscan.attention" for them (found by probing)
+    for family in ("gemma2", "plamo2"):
+        (model / "config.json").write_text(json.dumps(dict(config, model_type=family)))
+        assert lora.main(argv) == 0
+        out = capsys.readouterr().out
+        assert f"{family} does not call mlx-lm's scaled_dot_product_attention (its" in out
+    # gemma3 runs gemma3_text's model, whose module holds the patched attention
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="gemma3")))
+    assert lora.main(argv) == 0
+    assert "; attention training path -> chunkscan.attention\n" in capsys.readouterr().out
     # mlx-lm remaps a model_type by its architecture: Bailing MoE V3 checkpoints say
     # bailing_hybrid, and run bailing_moe_v3's Gated DeltaNet layers (found by review).
     hybrid = dict(config, model_type="bailing_hybrid", architectures=["BailingMoeV3ForCausalLM"])

@@ -54,11 +54,12 @@ raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
 Attention
 ---------
 ``patch()`` (unless ``attention=False``) also rebinds ``scaled_dot_product_attention``,
-which every model module imports by name from ``mlx_lm.models.base`` and calls as
+which model modules import by name from ``mlx_lm.models.base`` and call as
 ``scaled_dot_product_attention(queries, keys, values, cache=cache, scale=...,
 mask=mask[, sinks=...])`` with ``[B, H, L, D]`` tensors, in every module of the
 installed mlx-lm that holds it (llama, qwen3_next and so qwen3_5, ... about a hundred
-families; ``base`` too, so modules imported later pick the replacement up). The
+families; ``base`` too, so modules imported later pick the replacement up; a family
+that computes attention itself, such as gemma2, or calls ``mx.fast``'s, is untouched). The
 replacement calls :func:`chunkscan.attention` for calls with no cache
 and no attention sinks (the training path: ``mask`` is ``"causal"``, ``None`` or an
 array); calls with a cache (generation, prefill, quantized caches) or sinks go to

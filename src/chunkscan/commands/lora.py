@@ -44,7 +44,7 @@ import sys
 import tempfile
 import types
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
@@ -261,17 +261,25 @@ def _check_numbers(args: dict) -> None:
             )
 
 
+# Keys mlx-lm reads from its options without a flag or a default of their own
+# (mlx_lm/tuner/datasets.py, with getattr): the warning called them ignored (found by
+# probing; without the feature names a dataset of other columns fails to load).
+_MLX_LM_DATA_KEYS = frozenset(
+    {"hf_dataset", "prompt_feature", "completion_feature", "text_feature", "chat_feature"}
+)
+
+
 def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     """The YAML file's mapping, checked: its top level must be a mapping; a key spelled
     as its flag (``gdn-chunk-size`` for ``gdn_chunk_size``) raises, since it would be
-    ignored (mlx-lm's merge matches keys exactly); any other key no option knows is
-    ignored by mlx-lm too, with a warning here."""
+    ignored (mlx-lm's merge matches keys exactly); any other key no option knows (nor
+    :data:`_MLX_LM_DATA_KEYS`) is ignored by mlx-lm too, with a warning here."""
     if not isinstance(config, dict):
         raise SystemExit(
             f"{PROG}: -c {path}: the config file must hold a mapping of option names to "
             f"values (such as 'gdn_chunk_size: 64'), not a {type(config).__name__}."
         )
-    known = set(args) | set(defaults) | {_OLD_KEY}
+    known = set(args) | set(defaults) | {_OLD_KEY} | _MLX_LM_DATA_KEYS
     for key in config:
         name = str(key)
         if name not in known and name.replace("-", "_") in known:
@@ -524,27 +532,49 @@ def run(args: types.SimpleNamespace) -> None:
 
     lora = _mlx_lm_lora()
     with seam.patch(chunk_size=args.gdn_chunk_size, save_states=args.gdn_save_states) as handle:
-        family = _family_without_gated_deltanet(args.model, handle.families)
-        if family is not None:
-            gdn = f"{family} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
+        routes = _model_routes(args.model, handle.families, seam._INSTALLED_ATTENTION)
+        if routes is not None and not routes.gated_deltanet:
+            gdn = f"{routes.model_type} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
         else:
             gdn = (
                 f"Gated DeltaNet training path -> chunkscan.gated_delta_rule "
                 f"(chunk_size={args.gdn_chunk_size}, save_states={args.gdn_save_states}; "
                 f"patched: {', '.join(handle.families)})"
             )
-        print(f"chunkscan: {gdn}; attention training path -> chunkscan.attention", flush=True)
+        if routes is None:
+            attention = (
+                "attention training path -> chunkscan.attention (where the model calls "
+                "mlx-lm's scaled_dot_product_attention)"
+            )
+        elif routes.attention:
+            attention = "attention training path -> chunkscan.attention"
+        else:  # gemma2 and olmo write their own softmax, plamo2 calls mx.fast's, mamba none
+            attention = (
+                f"{routes.model_type} does not call mlx-lm's scaled_dot_product_attention "
+                f"(its attention, if any, trains as in mlx-lm)"
+            )
+        print(f"chunkscan: {gdn}; {attention}", flush=True)
         with _report_peak_memory(lora):
             lora.run(args)
 
 
-def _family_without_gated_deltanet(model: str, families: tuple[str, ...]) -> str | None:
-    """The ``model_type`` of a local model folder whose model, found as mlx-lm finds it
-    (``model_type`` remapped by its architecture), runs none of ``families``' layers
-    (the seam's own test, ``chunkscan.mlx_lm._covered``); ``None`` where it runs one or
-    this cannot be told. (The raw ``model_type`` was not enough: Bailing MoE V3
-    checkpoints say ``bailing_hybrid``, and a family may subclass a patched one; found
-    by review.)"""
+class _Routes(NamedTuple):
+    model_type: str
+    gated_deltanet: bool  # runs a patched family's Gated DeltaNet layers
+    attention: bool  # some module of the model holds the patched attention
+
+
+def _model_routes(model: str, families: tuple[str, ...], installed: Any) -> _Routes | None:
+    """What the patch reaches in the model of a local model folder, found as mlx-lm
+    finds it (``model_type`` remapped by its architecture); ``None`` where this cannot
+    be told (a Hub id, an unreadable config). Gated DeltaNet: the model runs one of
+    ``families``' layers (the seam's own test, ``chunkscan.mlx_lm._covered``; the raw
+    ``model_type`` was not enough: Bailing MoE V3 checkpoints say ``bailing_hybrid``,
+    and a family may subclass a patched one; found by review). Attention: a module of
+    the model's layers holds ``installed`` (the patch's attention) by name; gemma2 and
+    olmo compute attention themselves and plamo2 calls ``mx.fast``'s, so the banner
+    said "attention training path -> chunkscan.attention" for runs that never called it
+    (found by probing)."""
     from .. import mlx_lm as seam
 
     try:
@@ -552,12 +582,40 @@ def _family_without_gated_deltanet(model: str, families: tuple[str, ...]) -> str
             config = json.load(f)
         from mlx_lm.utils import _get_classes
 
-        module = _get_classes(config)[0].__module__  # mlx_lm.models.<remapped type>
+        model_class = _get_classes(config)[0]
+        module = model_class.__module__  # mlx_lm.models.<remapped type>
         patched = {f"mlx_lm.models.{name}" for name in families}
         covered = seam._covered(module.rsplit(".", 1)[1], patched)
-    except Exception:  # noqa: BLE001 (any failure: say nothing about the layers)
+        modules = _layer_modules(model_class)
+    except Exception:  # noqa: BLE001 (any failure: say nothing about the routes)
         return None
-    return None if covered else str(config["model_type"])
+    attention = any(getattr(m, _ATTENTION_NAME, None) is installed for m in modules)
+    return _Routes(str(config["model_type"]), covered, attention)
+
+
+_ATTENTION_NAME = "scaled_dot_product_attention"
+
+
+def _layer_modules(model_class: type) -> list[types.ModuleType]:
+    """The ``mlx_lm.models`` modules that define ``model_class``, its bases, and the
+    ``nn.Module`` classes and modules their modules name, transitively (qwen3_5 names
+    qwen3_next's attention layer, gemma3 the module gemma3_text)."""
+    import mlx.nn as nn
+
+    seen: dict[str, types.ModuleType] = {}
+    todo = [c.__module__ for c in model_class.__mro__]
+    while todo:
+        name = todo.pop()
+        # base defines the attention function (the patch rebinds it there too): no layer
+        if name in seen or not name.startswith("mlx_lm.models.") or name.endswith(".base"):
+            continue
+        seen[name] = module = sys.modules[name]
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, nn.Module):
+                todo.append(value.__module__)
+            elif isinstance(value, types.ModuleType):  # gemma3: from . import gemma3_text
+                todo.append(value.__name__)
+    return list(seen.values())
 
 
 def main(argv: list[str] | None = None) -> int:
