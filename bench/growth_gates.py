@@ -8,8 +8,13 @@ token and chunk size, the largest relative error (max abs difference over max ab
 value) of ``o``, of the final state and of each of the six gradients, for the chunk
 form and for the float32 per-step oracle (``naive_recurrent_gated_delta_rule``), and
 the number of non-finite gradient values (an error counts only the finite values).
-Shape: B=1, T (``--T``), Hk=Hv=1, Dk=Dv=16, unit keys, ``beta`` in [0.1, 0.9], an
-initial state of standard deviation ``--state-std``. ``--channel``: the same gate in
+Shape: B=1, T (``--T``), Hk=Hv=1, Dk=Dv=16 (``--D``), unit keys, ``beta`` in [0.1, 0.9]
+(or ``--beta``), an initial state of standard deviation ``--state-std``. With ``beta`` in
+[0.1, 0.9] and D = 16 the state grows with the gates (its largest value exp(+1.2 * 64)
+times the first), and an error relative to the largest value hides a wrong small one;
+``--D 2 --beta 1`` keeps the state bounded (each step replaces the state's part along
+its key, and two dimensions are covered within a few steps), where the chunk form's
+cancellations within a chunk show in full. ``--channel``: the same gate in
 every key channel, given per channel (``g`` of shape ``[B, T, Hv, Dk]``, the Kimi Delta
 Attention path).
 
@@ -26,7 +31,15 @@ from _common import OUT, meta, write_json
 NAMES = ("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _inputs(T: int, D: int, gate: float, state_std: float, seed: int = 0, channel: bool = False):
+def _inputs(
+    T: int,
+    D: int,
+    gate: float,
+    state_std: float,
+    seed: int = 0,
+    channel: bool = False,
+    beta: float | None = None,
+):
     import mlx.core as mx
 
     keys = mx.random.split(mx.random.key(seed), 6)
@@ -34,7 +47,10 @@ def _inputs(T: int, D: int, gate: float, state_std: float, seed: int = 0, channe
     k = mx.random.normal((1, T, 1, D), key=keys[1])
     k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
     v = mx.random.normal((1, T, 1, D), key=keys[2])
-    beta = mx.random.uniform(0.1, 0.9, (1, T, 1), key=keys[3])
+    if beta is None:
+        beta = mx.random.uniform(0.1, 0.9, (1, T, 1), key=keys[3])
+    else:
+        beta = mx.full((1, T, 1), beta)
     h0 = state_std * mx.random.normal((1, 1, D, D), key=keys[4])
     w = mx.random.normal((1, T, 1, D), key=keys[5])
     g = mx.full((1, T, 1, D) if channel else (1, T, 1), gate)
@@ -59,13 +75,19 @@ def _loop64(q, k, v, g, beta, h0):
 
 
 def measure(
-    gate: float, chunk_sizes: list[int], T: int, D: int, state_std: float, channel: bool = False
+    gate: float,
+    chunk_sizes: list[int],
+    T: int,
+    D: int,
+    state_std: float,
+    channel: bool = False,
+    beta: float | None = None,
 ) -> list[dict]:
     import mlx.core as mx
 
     import chunkscan
 
-    xs, w = _inputs(T, D, gate, state_std, channel=channel)
+    xs, w = _inputs(T, D, gate, state_std, channel=channel, beta=beta)
 
     def run(fn):
         def loss(*a):
@@ -89,6 +111,8 @@ def measure(
             got = run(fn)
             row = {"T": T, "gate": gate, "impl": impl, "state_std": state_std}
             row["channel"] = channel
+            row["D"], row["beta"] = D, beta  # beta None: uniform in [0.1, 0.9]
+            row["max_abs_o"] = mx.abs(ref[0]).max().item()
             bad = 0
             for name, a, b in zip(NAMES, got, ref):
                 b = b.astype(mx.float32)
@@ -108,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--T", type=int, nargs="+", default=[64, 128])
     p.add_argument("--D", type=int, default=16)
     p.add_argument("--state-std", type=float, nargs="+", default=[1.0])
+    p.add_argument("--beta", type=float, default=None,
+                   help="one beta for every step (default: uniform in [0.1, 0.9])")  # fmt: skip
     p.add_argument("--channel", action="store_true",
                    help="the gate per key channel, [B, T, Hv, Dk] (default: per head)")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "growth_gates.json"))
@@ -116,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     for T in args.T:
         for std in args.state_std:
             for gate in args.gates:
-                rows += measure(gate, args.chunk_sizes, T, args.D, std, args.channel)
-    print("| T | gate | state std | impl | o | final | worst gradient | non-finite gradients |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+                rows += measure(gate, args.chunk_sizes, T, args.D, std, args.channel, args.beta)
+    print("| T | gate | state std | max abs o | impl | o | final | worst gradient | non-finite "
+          "gradients |")  # fmt: skip
+    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         worst = max(r[n] for n in NAMES[2:])
-        cells = [f"{r['T']}", f"{r['gate']:+.1f}", f"{r['state_std']:g}", r["impl"]]
+        cells = [f"{r['T']}", f"{r['gate']:+.1f}", f"{r['state_std']:g}", f"{r['max_abs_o']:.2g}"]
+        cells.append(r["impl"])
         cells += [f"{r['o']:.1e}", f"{r['final']:.1e}", f"{worst:.1e}"]
         cells.append(str(r["non_finite_grads"]))
         print("| " + " | ".join(cells) + " |")
