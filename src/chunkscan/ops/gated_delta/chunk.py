@@ -121,24 +121,24 @@ def gated_delta_rule(
         g (array): Log-decay ``[B, T, Hv]`` (the state is multiplied by ``exp(g)``:
             ``-inf`` resets it to zero; mlx-lm passes ``exp(g)``). Usually ``<= 0``
             (Gated DeltaNet's gates are). Positive values (growth) are allowed, but
-            the chunk form's products span ``exp`` of a chunk's gate sum, so its
-            rounding grows with it, and its gradients overflow to NaN or infinity
-            before the loop's do: in float32 against a float64 loop
-            (``bench/growth_gates.py``, T = 64, D = 16) the worst relative error of
-            the values and gradients with ``chunk_size=64`` is 4e-5 at +0.3 per
-            token, 1.1e-4 at +0.6 and 2.5e-4 at +1.2 (the float32 loop: 4e-6 to 9e-6;
-            ``chunk_size=8``: 3e-6 to 1.1e-5), and at +1.2 per token with
-            ``chunk_size`` 16 or 64 (T = 64), or +0.6 with 64 (T = 128), some
-            gradients are NaN where the loop's are finite. For growth, pass a small
-            ``chunk_size`` such as 8.
+            the chunk form multiplies and inverts, within a chunk, factors up to
+            ``exp`` of the chunk's gate sum that cancel to results of ordinary size:
+            its error relative to the result grows about as float32's rounding times
+            ``exp(chunk_size * gate)`` (up to ten times that), and its gradients
+            overflow to NaN or infinity before the loop's do. With a bounded state in
+            float32 against a float64 loop (``bench/growth_gates.py --D 2 --beta 1``,
+            T = 128) the worst relative error is 6.6e-3 at +0.3 per token with
+            ``chunk_size=32`` and 6.4e+2 at +0.5 (the float32 loop: 5e-7 to 8e-7);
+            with 8, 4.6e-6 and 9.4e-5. For growth, keep ``chunk_size * gate`` below
+            about 4 (docs/gated_delta.md, "Positive gates").
             Or per key channel, ``[B, T, Hv, Dk]`` (Kimi Delta
             Attention): ``S = S * exp(g[t])[None, :]`` scales the state's key columns.
             Every decay of the chunk form is then a product of exactly the factors
             ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
             ``<= 0`` down to ``-inf`` (a reset of one column) are exact to float32
             rounding; the chunk size is rounded up to a multiple of 8 (sub-chunks).
-            Positive per-channel gates: values within 2e-6 of the float64 loop, but
-            the gradients overflow as above (``bench/growth_gates.py --channel``).
+            Positive per-channel gates: the same limits as above
+            (``bench/growth_gates.py --channel``).
             The sequential passes use the CUDA kernel as for the scalar gate.
         beta (array): Update strength ``[B, T, Hv]``.
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
