@@ -400,8 +400,8 @@ def test_errors_are_pinned():
             q, k, v, scale=1.0, mask=[[True]])  # fmt: skip
     _raises(ValueError, "[attention] scale must be finite but got inf: every output would be "
             "NaN or inf.", q, k, v, scale=math.inf)  # fmt: skip
-    _raises(ValueError, "[attention] q must hold at least one batch row and one head but got "
-            "B=0 and Hq=4 (q shape (0, 4, 8, 16)).", q[:0], k[:0], v[:0], scale=1.0)  # fmt: skip
+    _raises(ValueError, "[attention] q must hold at least one head but got Hq=0 (q shape (1, 0, "
+            "8, 16)).", q[:, :0], k, v, scale=1.0)  # fmt: skip
     _raises(TypeError, "[attention] kernels must be True, False or None but got 'no' (str).",
             q, k, v, scale=1.0, kernels="no")  # fmt: skip
     _raises(ValueError, "[attention] an array mask must be boolean (True = attend) or floating "
@@ -413,6 +413,26 @@ def test_errors_are_pinned():
             scale=1.0, mask=mx.ones((2, 8, 8), mx.bool_))  # fmt: skip
     with pytest.raises(ValueError, match=re.escape("[naive_attention] the only mask string")):
         naive_attention(q, k, v, scale=1.0, mask="upper")
+
+
+@pytest.mark.parametrize("fn", [chunkscan.attention, blocked.blocked_attention, naive_attention])
+@pytest.mark.parametrize("mask", [None, "causal", "bool"])
+def test_zero_sizes_give_zeros_as_mx_fast(fn, mask):
+    """No batch row, query or key: zeros ``[B, Hq, T, Dv]`` and zero gradients, the
+    shapes ``mx.fast`` gives (a ValueError before; found by probing)."""
+    q, k, v = (mx.ones((2, 4, 6, 8)), mx.ones((2, 2, 6, 8)), mx.ones((2, 2, 6, 5)))
+    for qq, kk, vv in ((q[:0], k[:0], v[:0]), (q[:, :, :0], k, v), (q, k[:, :, :0], v[:, :, :0])):
+        T, S = qq.shape[2], kk.shape[2]
+        m = mx.ones((T, S), mx.bool_) if mask == "bool" else mask
+        fast = mx.fast.scaled_dot_product_attention(qq, kk, vv, scale=0.3, mask=m)
+        o = fn(qq, kk, vv, scale=0.3, mask=m)
+        assert o.shape == fast.shape == (qq.shape[0], 4, T, 5) and o.dtype == q.dtype
+        assert mx.array_equal(o, mx.zeros_like(o))
+        grads = mx.grad(lambda *a, m=m: fn(*a, scale=0.3, mask=m).sum(), argnums=(0, 1, 2))(
+            qq, kk, vv
+        )
+        for g, x in zip(grads, (qq, kk, vv)):
+            assert g.shape == x.shape and mx.array_equal(g, mx.zeros_like(g))
 
 
 # ---------------------------------------------------------------------- memory

@@ -39,6 +39,20 @@ class Spec:
     def G(self) -> int:
         return self.Hq // self.Hkv
 
+    @property
+    def empty(self) -> bool:
+        """No batch row, query or key: the result is zeros ``[B, Hq, T, Dv]`` (with
+        ``S = 0`` every row sees no key), as ``mx.fast`` gives."""
+        return self.B == 0 or self.T == 0 or self.S == 0
+
+
+def empty_result(spec: Spec, q: mx.array) -> mx.array | None:
+    """The output of a call with no batch row, query or key (:attr:`Spec.empty`),
+    else ``None``; its gradients are zeros."""
+    if not spec.empty:
+        return None
+    return mx.zeros((spec.B, spec.Hq, spec.T, spec.Dv), dtype=q.dtype)
+
 
 def check_inputs(
     fn: str, q: object, k: object, v: object, scale: object, mask: object, chunk_size: object
@@ -67,14 +81,9 @@ def check_inputs(
             f"[{fn}] v must have the batch size, heads and length of k (B={B}, Hkv={Hkv}, "
             f"S={S}) but got shape {_shape(v)}. Pass v as [B, Hkv, S, Dv]."
         )
-    if T < 1 or S < 1:
+    if Hq < 1:
         raise ValueError(
-            f"[{fn}] q and k must hold at least one position each but got T={T} and S={S}."
-        )
-    if B < 1 or Hq < 1:
-        raise ValueError(
-            f"[{fn}] q must hold at least one batch row and one head but got B={B} and "
-            f"Hq={Hq} (q shape {_shape(q)})."
+            f"[{fn}] q must hold at least one head but got Hq={Hq} (q shape {_shape(q)})."
         )
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(

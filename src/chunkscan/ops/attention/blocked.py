@@ -30,7 +30,7 @@ from ... import _backend, _ordering, _tree
 from ..._backend import check_kernels, use_kernels
 from .._cpu_threads import matmul
 from . import _cuda
-from ._checks import Spec, check_inputs
+from ._checks import Spec, check_inputs, empty_result
 from .naive import mask_5d
 
 F32 = mx.float32
@@ -111,7 +111,8 @@ def attention(
         array: ``[B, Hq, T, Dv]`` in the dtype of ``q``. A query row that sees no key
         (a fully masked row; with ``"causal"`` and ``T > S`` the first ``T - S`` rows)
         gives zeros, and zero gradients. (MLX returns the mean of ``v`` there for
-        boolean masks and NaN for additive ``-inf`` masks.)
+        boolean masks and NaN for additive ``-inf`` masks.) With ``B``, ``T`` or
+        ``S`` zero the result is zeros of that shape, as from ``mx.fast``.
 
     Matrix products run in the input dtype (tensor cores for bfloat16); the softmax
     and its statistics, and the ``dk``/``dv`` accumulation, in float32.
@@ -121,6 +122,8 @@ def attention(
     """
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     check_kernels("attention", kernels)
+    if (empty := empty_result(spec, q)) is not None:
+        return empty
     if _use_fast(spec):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
     return _blocked(spec, q, k, v, mask, kernels)
@@ -138,6 +141,8 @@ def blocked_attention(
 ) -> mx.array:
     """:func:`attention` without the shortcut to MLX for short calls (tests, probes)."""
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
+    if (empty := empty_result(spec, q)) is not None:
+        return empty
     return _blocked(spec, q, k, v, mask, kernels)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ._checks import check_inputs
+from ._checks import check_inputs, empty_result
 
 F32 = mx.float32
 
@@ -33,6 +33,8 @@ def naive_attention(
         array: ``[B, Hq, T, Dv]`` in the dtype of ``q``.
     """
     spec = check_inputs("naive_attention", q, k, v, scale, mask, chunk_size)
+    if (empty := empty_result(spec, q)) is not None:
+        return empty
     B, Hq, Hkv, T, S, G = spec.B, spec.Hq, spec.Hkv, spec.T, spec.S, spec.G
     qf = q.astype(F32).reshape(B, Hkv, G, T, spec.D)
     kf = mx.expand_dims(k.astype(F32), 2)
