@@ -426,6 +426,12 @@ def _good():
             f"{FN} initial_state must have shape [N, Hv, Dv, Dk] = (2, 4, 6, 8) (one state "
             "per batch row) but got (2, 4, 8, 6).",
         ),
+        (  # no case checked this (found by mutation)
+            lambda a: a.update(initial_state=mx.zeros((2, 4, 6, 8), dtype=mx.int32)),
+            ValueError,
+            f"{FN} initial_state must have dtype float32, bfloat16 or float16 but got "
+            "mlx.core.int32. Pass initial_state.astype(mx.float32).",
+        ),
         (
             lambda a: a.update(cu_seqlens=[0, 4, 10]),
             ValueError,
@@ -474,6 +480,7 @@ def _good():
         "chunk0",
         "chunk-float",
         "state-layout",
+        "state-int",
         "packed-B2",
         "not-array",
         "scale-nan",
@@ -756,6 +763,24 @@ def test_non_finite_input_is_causal(name, value):
         assert max_rel(gr[:, :t], ref) <= 1e-4
         assert mx.abs(gr[:, t:]).max().item() == 0.0
     assert max_rel(grads[5], grads_ref[5]) <= 1e-4
+
+    # A cotangent on every output, the non-finite ones too (a loss over the whole
+    # sequence): the op ignores the cotangents of non-finite outputs (the loop's
+    # gradients would all be NaN), so the earlier tokens' gradients are those of the
+    # same call with a finite value at t and those cotangents zero. (Not zeroing them
+    # left dk before t 0.83 off; found by mutation.)
+    def vjp(xs, ct):
+        def f(*a):
+            return gated_delta_rule(*a[:5], initial_state=a[5], chunk_size=C)[0]
+
+        return mx.vjp(f, xs, [ct])[1]
+
+    ok = _with_bad(inputs, name, 0.5, t)
+    full = vjp(bad, w)
+    same = vjp(ok, mx.where(mx.isfinite(o), w, 0.0))
+    for gf, gs in zip(full[:5], same[:5]):
+        assert mx.all(mx.isfinite(gf[:, :t])).item()
+        assert mx.array_equal(gf[:, :t], gs[:, :t]).item()
 
 
 @pytest.mark.parametrize("name, value", BAD_INPUTS, ids=[f"{n}={v}" for n, v in BAD_INPUTS])
