@@ -124,18 +124,28 @@ def test_scan_chunk_size_is_a_deprecated_alias(tmp_path):
     assert args.gdn_chunk_size == 12 and not hasattr(args, "scan_chunk_size")
 
 
-def test_real_run_saves_adapters_that_load_back(tmp_path, capsys):
+def test_real_run_saves_adapters_that_load_back(tmp_path, capsys, monkeypatch):
     model_path = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=6, n_valid=2, min_words=20, max_words=50)
     adapters = tmp_path / "adapters"
+    op, seen = cmlx._op(), []  # what reaches the op (the banner only echoes the flags)
+
+    def spy(*args, **kwargs):
+        if cmlx._stack:  # under the run's patch (not patch()'s own probe)
+            seen.append((kwargs.get("chunk_size"), kwargs.get("save_states")))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(cmlx, "_op", lambda: spy)
     rc = cli.main(
         ["lora", "--model", str(model_path), "--data", str(data), "--train",
          "--iters", "2", "--batch-size", "2", "--num-layers", "-1",
          "--max-seq-length", "64", "--val-batches", "1", "--steps-per-report", "1",
          "--adapter-path", str(adapters), "--gdn-chunk-size", "16",
-         "--learning-rate", "1e-2"]
+         "--gdn-save-states", "chunks", "--learning-rate", "1e-2"]
     )  # fmt: skip
     assert rc == 0
+    # the settings reach the op (passing neither to patch() went unnoticed; mutation)
+    assert seen and set(seen) == {(16, "chunks")}
     assert cmlx.patched_families() == ()  # undone after the run
     out = capsys.readouterr().out
     assert "chunkscan.gated_delta_rule (chunk_size=16" in out
