@@ -242,15 +242,17 @@ def die_by_signal(number: int) -> dict[str, Any]:
 
 
 def scan_second_derivative_peak(
-    T: int, mode: str, C: int, H: int, D: int, split_in_backward: bool = True
+    T: int, mode: str, C: int, H: int, D: int, split_in_backward: bool | None = None
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of a second derivative (the gradient of ``sum(dk^2)``
     with respect to q, k, v and the initial state) of the delta-rule loss
     ``sum(y * w) + sum(s_T)``: ``mode`` ``"scan"`` (``scan(stepwise(step))`` in chunks of
     ``C``) or ``"loop"`` (plain autograd of the per-step loop over ``split`` pieces of
     one step); ``split_in_backward=False``: scan's backward cuts with plain slices, the
-    negative control (``scan._SPLIT_IN_BACKWARD``)."""
-    importlib.import_module("chunkscan.scan")._SPLIT_IN_BACKWARD = split_in_backward
+    negative control (``scan._SPLIT_IN_BACKWARD``); ``None`` leaves the library's default
+    (which setting it to ``True`` here had left untested; found by mutation)."""
+    if split_in_backward is not None:
+        importlib.import_module("chunkscan.scan")._SPLIT_IN_BACKWARD = split_in_backward
     q, k, v = (mx.random.normal((T, H, D), key=mx.random.key(i)) for i in range(3))
     k = 0.15 * k
     s0 = 0.1 * mx.random.normal((H, D, D), key=mx.random.key(3))
@@ -285,17 +287,18 @@ def scan_second_derivative_peak(
 
 
 def gated_delta_second_derivative_peak(
-    T: int, group_bytes: int, split_groups: bool = True
+    T: int, group_bytes: int, split_groups: bool | None = None
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of a second derivative of ``gated_delta_rule``'s
     portable path (the gradient of ``sum(dk^2)`` with respect to q, k, v; B = 1, H = 8,
     D = 32, C = 16), its groups set to ``group_bytes``; ``split_groups=False``: the
     backward cuts its groups with plain slices, the negative control
-    (``chunk._SPLIT_GROUPS``)."""
+    (``chunk._SPLIT_GROUPS``); ``None`` leaves the library's default."""
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
     chunk_module._GROUP_BYTES = group_bytes
-    chunk_module._SPLIT_GROUPS = split_groups
+    if split_groups is not None:
+        chunk_module._SPLIT_GROUPS = split_groups
     B, H, D = 1, 8, 32
     ks = [mx.random.key(i) for i in range(6)]
     q = mx.random.normal((B, T, H, D), key=ks[0])

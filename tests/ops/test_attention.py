@@ -344,6 +344,19 @@ def test_plan_blocks_cover_the_rows_within_budget(monkeypatch):
             assert blocks[0][1] - blocks[0][0] >= blocks[-1][1] - blocks[-1][0]
 
 
+def test_default_plan_bounds_a_long_calls_scores():
+    """With the library's defaults (``SCRATCH_BYTES``: 32 MiB, docs/attention.md), one
+    block's float32 scores stay within 32 MiB at Qwen3-Next's attention heads, T = S =
+    32768 (the memory tests set their own budget, so a changed default passed them;
+    found by mutation). Planned only: nothing is computed."""
+    q = mx.zeros((1, 16, 32768, 256), dtype=mx.bfloat16)
+    kv = mx.zeros((1, 2, 32768, 256), dtype=mx.bfloat16)
+    spec = check_inputs("t", q, kv, kv, 1.0, "causal", None)
+    blocks = plan_blocks(spec)
+    assert blocks[-1][1] == 32768 and len(blocks) > 1
+    assert max(4 * 16 * (t1 - t0) * kend for t0, t1, kend in blocks) <= 32 << 20
+
+
 def test_plan_blocks_takes_at_least_one_row(monkeypatch):
     """``MIN_ROWS = 0`` with a budget below one row used to plan empty blocks forever."""
     monkeypatch.setattr(blocked, "MIN_ROWS", 0)
