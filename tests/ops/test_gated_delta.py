@@ -38,7 +38,15 @@ BF16_TOL = {
 }
 
 
-def assert_fp32_close(got, ref, tol=1e-4):
+# float32 against the float32 oracle: measured at most 5.7e-7 (values, final state and
+# the six gradients, every case of test_fp32_matches_oracle, packed sequences, groups,
+# compiled, scale, extreme gates; 1.1e-6 with positive gates, which take their own 2e-5
+# below), the order of the oracle's own float32 error. The bound is about 10x the worst
+# (the 1e-4 let a 3e-5 error of the scale pass 45 oracle tests; mutation audit).
+FP32_TOL = 1e-5
+
+
+def assert_fp32_close(got, ref, tol=FP32_TOL):
     errors = {n: max_rel(a, b) for n, a, b in zip(NAMES, got, ref)}
     bad = {n: e for n, e in errors.items() if not e <= tol}
     assert not bad, f"max relative error above {tol}: {bad}"
@@ -199,7 +207,7 @@ def test_packed_with_array_offsets_and_no_initial_state():
     o, s = gated_delta_rule(q, k, v, g, beta, chunk_size=4, cu_seqlens=cu)
     o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 7, 30])
     assert s.shape == (2, 1, 4, 4)
-    assert max_rel(o, o_ref) <= 1e-4 and max_rel(s, s_ref) <= 1e-4
+    assert max_rel(o, o_ref) <= FP32_TOL and max_rel(s, s_ref) <= FP32_TOL
 
 
 @pytest.mark.parametrize(
@@ -335,7 +343,7 @@ def test_value_and_grad_of_a_module_compiled():
     (l1, g1) = fast(x)
     assert abs(l1.item() - l2.item()) <= 1e-5 * abs(l2.item())
     for name in ("qk", "vgb"):
-        assert max_rel(g1[name]["weight"], g2[name]["weight"]) <= 1e-4
+        assert max_rel(g1[name]["weight"], g2[name]["weight"]) <= FP32_TOL
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 33, 64])
@@ -356,7 +364,7 @@ def test_unit_lower_inverse(n):
         return mx.stack(rows, axis=1)
 
     (d_ref,) = mx.vjp(substitution, [lower], [ct])[1]
-    assert max_rel(mx.tril(d, k=-1), mx.tril(d_ref, k=-1)) <= 1e-4
+    assert max_rel(mx.tril(d, k=-1), mx.tril(d_ref, k=-1)) <= FP32_TOL
 
 
 # ---------------------------------------------------------------------------- errors
@@ -760,9 +768,9 @@ def test_non_finite_input_is_causal(name, value):
     grads_ref = loss(naive_recurrent_gated_delta_rule, prefix, t)
     for gr, ref in zip(grads[:5], grads_ref[:5]):
         assert mx.all(mx.isfinite(gr)).item()
-        assert max_rel(gr[:, :t], ref) <= 1e-4
+        assert max_rel(gr[:, :t], ref) <= FP32_TOL
         assert mx.abs(gr[:, t:]).max().item() == 0.0
-    assert max_rel(grads[5], grads_ref[5]) <= 1e-4
+    assert max_rel(grads[5], grads_ref[5]) <= FP32_TOL
 
     # A cotangent on every output, the non-finite ones too (a loss over the whole
     # sequence): the op ignores the cotangents of non-finite outputs (the loop's
@@ -815,7 +823,7 @@ def test_non_finite_input_stays_in_its_packed_sequence():
     # Only value head 0 of sequence 0 saw the NaN.
     assert mx.isnan(s[0, 0]).all().item() and mx.isfinite(s[0, 1]).all().item()
     assert mx.isfinite(s[1]).all().item()
-    assert max_rel(o[:, 7:], o_ref[:, 7:]) <= 1e-4 and max_rel(s[1], s_ref[1]) <= 1e-4
+    assert max_rel(o[:, 7:], o_ref[:, 7:]) <= FP32_TOL and max_rel(s[1], s_ref[1]) <= FP32_TOL
 
 
 # ------------------------------------------------------------ zero sizes, g > 0, compile

@@ -84,8 +84,9 @@ from chunkscan.ops.gated_delta._checks import Spec  # noqa: E402
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 # Measured max relative error of the chunk form against the oracle (fp32) over these
 # cases: 1e-7 to 6e-7 for o, the state and all six gradients, also for gates down to
-# -20 per step and -inf. The acceptance bound of the issue, 1e-4, is > 100x above.
-TOL = 1e-4
+# -20 per step and -inf. The bound is about 15x the worst (the issue's 1e-4, > 100x
+# above, let a 3e-5 error of the scale pass; mutation audit).
+TOL = 1e-5
 
 
 def assert_close(got, ref, tol=TOL, names=NAMES):
