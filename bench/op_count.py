@@ -1,12 +1,12 @@
 """The primitives in one Gated DeltaNet fwd+bwd graph of the portable path, by kind.
 
 On a GPU every primitive that is not a view is a kernel launch, and MLX's CUDA backend
-costs tens of microseconds per launch (``docs/benchmarks.md``); under ``mx.grad`` the
-op's per-group compiled functions run as plain ops, so nothing is fused. This counts
-them without running anything: it builds ``mx.value_and_grad`` of the op's loss at the
-Qwen3-Next layer shape (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16) with ``kernels=False`` and
-the state passes in the GPU's form (``"transition"``), and reads the graph with
-``mx.export_to_dot``. Any MLX device, CPU included: the graph does not depend on it,
+costs tens of microseconds per launch (``docs/history/benchmarks-sessions-3-29.md``);
+under ``mx.grad`` the op's per-group compiled functions run as plain ops, so nothing is
+fused. This counts them without running anything: it builds ``mx.value_and_grad`` of
+the op's loss at the Qwen3-Next layer shape (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16) with
+``kernels=False`` and the state passes in the GPU's form (``"transition"``), and reads
+the graph with ``mx.export_to_dot``. Any MLX device, CPU included: the graph does not depend on it,
 but for the CPU's split products (:mod:`chunkscan.ops._cpu_threads`: slices and
 concatenates a GPU never runs), which this switches off (``CHUNKSCAN_CPU_THREADS=1``;
 with the two cores' split the count had read 2380 where the GPU's graph holds 2090 at

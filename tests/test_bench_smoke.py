@@ -80,8 +80,8 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
 
 def test_ncu_summary_reads_the_committed_gzipped_csv(capsys, monkeypatch):
     """``bench/ncu_summary.py`` reads a committed ``.csv.gz`` as it is and gives the
-    figures ``docs/benchmarks.md`` quotes for it (run 50, session 15's ``state_grads``:
-    base d4a7d2e against c4ad00f, 19.17 / 17.89 ms in all)."""
+    figures ``docs/history/benchmarks-sessions-3-29.md`` quotes for it (run 50, session
+    15's ``state_grads``: base d4a7d2e against c4ad00f, 19.17 / 17.89 ms in all)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import ncu_summary
 

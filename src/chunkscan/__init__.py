@@ -5,7 +5,8 @@ Public API:
 - :func:`scan`: a chunked scan with a checkpointed, ordered backward.
 - :func:`stepwise`: write the scanned function per step instead of per chunk.
 - :func:`checkpoint`: a drop-in for ``mx.checkpoint`` in hand-written chunk loops.
-- :func:`split`: chunking whose gradient is one concatenate.
+- :func:`split`: chunking whose gradient is concatenated, not summed (one concatenate
+  up to 16 pieces; above that a tree, each level of which copies the gradient once).
 - :func:`gated_delta_rule`: the Gated DeltaNet recurrence, chunkwise, with a
   hand-written backward (see :mod:`chunkscan.ops.gated_delta`).
 - :func:`attention`: softmax attention in query blocks with a backward whose memory

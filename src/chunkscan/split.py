@@ -1,11 +1,13 @@
-"""``split``: cut an array into chunks whose gradient is one concatenate.
+"""``split``: cut an array into chunks whose gradient is concatenated, not summed.
 
 MLX's slice ``x[lo:hi]`` has the vjp ``slice_update(zeros_like(x), g)``: each chunk's
 gradient is a zero-padded buffer as large as ``x``, and a chunk loop sums T/C of them.
 ``mx.split`` builds a single ``Split`` primitive only for fewer than 10 pieces. The
-split here is one custom function for any number of pieces: forward slices (views),
-backward concatenates the piece cotangents once (ordering rule 4 in
-:mod:`chunkscan._ordering`).
+split here is one custom function for up to ``_FAN_OUT`` (16) pieces: forward slices
+(views), backward one concatenate of the piece cotangents (ordering rule 4 in
+:mod:`chunkscan._ordering`). More pieces are cut as a tree of such functions
+(:func:`split_at`), whose gradient is one concatenate per node: each level of the tree
+copies the cotangents at most once.
 
 Pieces are cut with one ``Slice`` each (:func:`slices_at`), never with the
 multi-output ``Split`` primitive: ``mx.compile`` (mlx <= 0.32.4) can merge two
@@ -115,9 +117,11 @@ def common_length(
 def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
     """Split ``x`` along ``axis`` into pieces of ``chunk_size`` (the last may be shorter).
 
-    Unlike slicing in a loop, the gradient is assembled with one concatenate, whatever
-    the number of pieces, so backward memory for the input gradient is one array the
-    size of ``x``.
+    Unlike slicing in a loop, the gradient is assembled by concatenating the pieces'
+    cotangents, never by summing zero-padded buffers the size of ``x``: one concatenate
+    for up to 16 pieces; for more, :func:`split_at` cuts a tree of at most 16 pieces per
+    node, and each level's concatenates together copy ``x`` at most once (two levels up
+    to 256 pieces, three up to 4096).
 
     Args:
         x (array): The array to split, e.g. ``[T, H, D]``.
@@ -168,9 +172,10 @@ def split_at(x: mx.array, indices: list[int], axis: int) -> list[mx.array]:
 
     Up to ``_FAN_OUT`` pieces are one custom function; more are cut as a tree: first
     into at most ``_FAN_OUT`` blocks of consecutive pieces, then each block in turn.
-    The gradient of each level is one concatenate of its pieces' cotangents, so a
-    split into ``n`` pieces costs ``O(n)`` to build and ``log(n) / log(_FAN_OUT)``
-    copies of ``x`` to differentiate.
+    The gradient of each custom function is one concatenate of its pieces' cotangents,
+    so each level of the tree copies ``x`` at most once, and a split into ``n`` pieces costs
+    ``O(n)`` to build and at most ``ceil(log(n) / log(_FAN_OUT))`` copies of ``x`` to
+    differentiate.
     """
     n = len(indices) + 1
     if n <= _FAN_OUT:

@@ -47,7 +47,8 @@ along runs of 4 output rows or columns (the ``RB`` / ``CB`` layouts). For 64
 multiply-adds (a 4 x 4 block, four ``k``) a thread reads 8 times 16 bytes, where the
 layout before (8 x 2 outputs, each warp one row of 32 threads) read 40 single values.
 Every output still sums over ``k`` in order with ``fmaf``, as before (measured on the
-H200: the op's time within 2% of the layout before; ``docs/benchmarks.md``, runs 20-22).
+H200: the op's time within 2% of the layout before; runs 20-22,
+``docs/history/benchmarks-sessions-3-29.md``).
 ``prepare`` inverts ``I + L`` in blocks (16-row diagonal blocks by forward substitution,
 each thread a column in registers, then doubling), not row by row; ``state_grads``
 stages ``w``, ``kt``, ``S`` and ``dS`` through shared memory ``KS`` columns of ``Dk`` at
