@@ -227,9 +227,9 @@ class _Plan:
         self, leaves: list[mx.array], axes: list[int], differentiable: bool = False
     ) -> list[list[mx.array]]:
         """Per leaf, its chunks (views). ``differentiable``: cut with :func:`split_at`,
-        whose vjp is one concatenate; else plain slices, whose vjp is a zero-padded
-        buffer as large as the leaf per chunk (fine where no vjp is built: inside the
-        custom function's forward)."""
+        whose vjp concatenates (one concatenate up to 16 chunks, a tree above); else
+        plain slices, whose vjp is a zero-padded buffer as large as the leaf per chunk
+        (fine where no vjp is built: inside the custom function's forward)."""
         if not self.cuts:
             return [[x] for x in leaves]
         cut = split_at if differentiable and _SPLIT_IN_BACKWARD else slices_at

@@ -48,9 +48,10 @@ def stepwise(
     The returned ``f(carry, xs_chunk[, params])`` runs ``step`` once per step of the
     chunk, ``x`` being ``xs_chunk`` at one index of ``axis`` (that axis removed), and
     stacks the ``y`` along ``axis``. The step inputs are cut with a split whose
-    gradient is one concatenate, so no step builds a zero-padded chunk-sized gradient;
-    building and differentiating a chunk of ``C`` steps costs ``O(C)`` time and memory
-    for any ``C`` (``chunk_size >= T``, one chunk, included).
+    gradient concatenates (:func:`chunkscan.split.split_at`), so no step builds a
+    zero-padded chunk-sized gradient; building and differentiating a chunk of ``C``
+    steps costs ``O(C)`` time and memory for any ``C`` (``chunk_size >= T``, one chunk,
+    included).
 
     A negative ``axis`` counts from the end of each leaf, as in NumPy: with
     ``axis=-1`` a leaf ``[B, C]`` gives ``x`` leaves ``[B]`` and a leaf ``[B, D, C]``
