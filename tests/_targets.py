@@ -166,12 +166,13 @@ def attention_backward_peak(
     mask: str | None,
     scratch_mib: float,
     compiled: bool = False,
+    forward: bool = False,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of ``dq, dk, dv`` of ``sum(o)`` (float32, ``S = T``),
-    after one warm-up call. ``impl``: ``"chunkscan"`` (the blocked op, never the
-    shortcut to MLX), ``"chunkscan_unordered"`` (the same without its ordering edges)
-    or ``"mlx_fast"`` (``mx.fast.scaled_dot_product_attention``, whose backward keeps
-    the scores)."""
+    after one warm-up call; ``forward``: of ``o`` alone. ``impl``: ``"chunkscan"`` (the
+    blocked op, never the shortcut to MLX), ``"chunkscan_unordered"`` (the same without
+    its ordering edges) or ``"mlx_fast"`` (``mx.fast.scaled_dot_product_attention``,
+    whose backward keeps the scores)."""
     from chunkscan.ops.attention import blocked
 
     blocked.SCRATCH_BYTES = int(scratch_mib * (1 << 20))
@@ -193,7 +194,10 @@ def attention_backward_peak(
 
     else:
         raise ValueError(f"impl must be chunkscan, chunkscan_unordered or mlx_fast: {impl!r}")
-    grad = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
+    if forward:
+        grad = op
+    else:
+        grad = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
     if compiled:
         grad = mx.compile(grad)
     mx.eval(grad(q, k, v))  # warm-up

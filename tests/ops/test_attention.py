@@ -456,10 +456,11 @@ MEM = dict(B=1, Hq=4, Hkv=2, D=32, mask="causal", scratch_mib=1 / 16)
 T_MEM = 256
 
 
-def _peak(impl, T, compiled=False):
-    """Backward peak above the inputs, in a fresh process (see
-    :func:`_targets.attention_backward_peak`)."""
-    res = run_target("attention_backward_peak", dict(MEM, impl=impl, T=T, compiled=compiled))
+def _peak(impl, T, compiled=False, forward=False):
+    """Backward peak above the inputs (``forward``: the forward's), in a fresh process
+    (see :func:`_targets.attention_backward_peak`)."""
+    config = dict(MEM, impl=impl, T=T, compiled=compiled, forward=forward)
+    res = run_target("attention_backward_peak", config)
     assert "error" not in res, res
     return res["peak_bytes"]
 
@@ -488,6 +489,26 @@ def test_the_bound_catches_quadratic_backwards(impl):
     """Negative controls: MLX's backward, and this op without its ordering edges."""
     p0, p1 = _peak(impl, T_MEM), _peak(impl, 4 * T_MEM)
     assert p1 - p0 > 2 * growth_bound_bytes(T_MEM, 4 * T_MEM), (impl, p0, p1)
+
+
+def forward_growth_bound_bytes(T0, T1):
+    """What the forward may grow with T: per token five arrays as wide as q (o, its
+    blocks, the blocks' scaled queries; measured 4.0: 6.1 MiB from 1024 to 4096 tokens of
+    512 bytes), plus four blocks of scratch. Without its ordering edge the forward grew
+    17.4 MiB there (every block's scores at once: found by mutation, as no test ran the
+    forward alone)."""
+    per_token = 4 * MEM["B"] * MEM["Hq"] * MEM["D"]
+    return 5 * per_token * (T1 - T0) + 4 * MEM["scratch_mib"] * (1 << 20)
+
+
+def test_forward_memory_growth_is_linear_and_the_control_is_not():
+    T0, T1 = 4 * T_MEM, 16 * T_MEM
+    bound = forward_growth_bound_bytes(T0, T1)
+    p0, p1 = _peak("chunkscan", T0, forward=True), _peak("chunkscan", T1, forward=True)
+    assert p1 - p0 <= bound, f"{p0 / 2**20:.1f} -> {p1 / 2**20:.1f} MiB: more than {bound}"
+    c0 = _peak("chunkscan_unordered", T0, forward=True)
+    c1 = _peak("chunkscan_unordered", T1, forward=True)
+    assert c1 - c0 > 1.5 * bound, f"the control grew {(c1 - c0) / 2**20:.1f} MiB only"
 
 
 def test_non_finite_input_reaches_the_blocks_that_read_it(monkeypatch):
