@@ -12,6 +12,9 @@ endif
 .PHONY: venv demo test lint lora-demo clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make needs \
+	Python >= 3.11 (mlx-lm 0.32.2, in its extras, requires it); pass PYTHON=python3.11. The \
+	library alone runs on 3.10: pip install -e '.[cpu,test]'" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"

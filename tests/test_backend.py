@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 
 import chunkscan
-from chunkscan import _backend
+from chunkscan import _backend, _compat
 from chunkscan.ops.gated_delta import chunk as chunk_module
 
 
@@ -259,3 +259,25 @@ def test_attention_reads_its_settings_once_per_call(monkeypatch):
 
     ours = _reads_per_call(monkeypatch, lambda: mx.value_and_grad(loss)(q))
     assert "CHUNKSCAN_CPU_THREADS" in ours and max(ours.values()) == 1, ours
+
+
+@pytest.mark.parametrize(
+    "version, parsed",
+    [
+        ("0.32.4", (0, 32, 4)),
+        ("0.32.10", (0, 32, 10)),
+        ("0.32.3rc1", (0, 32, 2)),  # read as 0.32.31 before (found by probing)
+        ("0.32.4rc1", (0, 32, 3)),  # a pre-release lacks what its release has
+        ("0.33.0.dev20261201", (0, 32, 999)),
+        ("0.32.4.post1", (0, 32, 4)),
+        ("1.0", (1, 0, 0)),
+    ],
+)
+def test_mlx_versions_are_read_as_releases(version, parsed, monkeypatch):
+    assert _compat._parse(version) == parsed
+    monkeypatch.setattr(mx, "__version__", version)
+    if parsed < _compat.MIN_MLX:
+        with pytest.raises(ImportError, match=re.escape(f"but found mlx {version}.")):
+            _compat.check_mlx()
+    else:
+        _compat.check_mlx()

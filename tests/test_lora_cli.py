@@ -492,3 +492,12 @@ def test_demo_adds_a_missing_split_and_keeps_the_others(tmp_path):
     lora._write_demo(args)
     assert (data / "train.jsonl").read_text() == "mine\n"
     assert (data / "test.jsonl").read_text() == fresh_test
+
+
+def test_an_mlx_lm_without_what_lora_wraps_stops_with_one_line(monkeypatch):
+    """A release of mlx-lm whose ``mlx_lm.lora`` lacks a name the command wraps ended in
+    an AttributeError after the banner (found by probing)."""
+    monkeypatch.delattr(mlx_lm.lora, "get_reporting_callbacks")
+    msg = f"mlx_lm.lora {mlx_lm.__version__} has no get_reporting_callbacks, which chunkscan"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(["--demo", "--iters", "1"])

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 
 MIN_MLX = (0, 32, 4)
 
 
 def _parse(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
+    """``(major, minor, patch)`` of a version string; a pre-release such as ``0.32.4rc1``
+    reads as the release before it (``(0, 32, 3)``: it lacks what the release has), and
+    a piece's trailing letters are ignored (``0.32.3rc1`` read as 0.32.31 before)."""
+    release = re.match(r"\d+(?:\.\d+)*", version.strip())
+    parts = [int(p) for p in release.group(0).split(".")[:3]] if release else []
+    parts += [0] * (3 - len(parts))
+    if release and re.match(r"(a|b|rc|dev|\.dev)", version.strip()[release.end() :]):
+        parts = _before(parts)
     return tuple(parts)
+
+
+def _before(parts: list[int]) -> list[int]:
+    """The release just before ``parts`` in this ordering (0.32.4 -> 0.32.3; 0.33.0 ->
+    0.32.999)."""
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] > 0:
+            return parts[:i] + [parts[i] - 1] + [999] * (len(parts) - i - 1)
+    return parts
 
 
 def check_mlx() -> None:

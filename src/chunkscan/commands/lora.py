@@ -67,11 +67,30 @@ DEMO_DEFAULTS = {
 }
 
 
+# What chunkscan lora uses of mlx_lm.lora (mlx-lm 0.32.x): a release without one of these
+# ended in an AttributeError after the banner (found by probing).
+_LORA_NAMES = ("build_parser", "CONFIG_DEFAULTS", "yaml", "yaml_loader", "run",
+               "get_reporting_callbacks")  # fmt: skip
+
+
 def _mlx_lm_lora():
     try:
         import mlx_lm.lora as lora
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise SystemExit(f"chunkscan lora needs mlx-lm (pip install 'chunkscan[lm]'): {e}") from e
+        raise SystemExit(
+            f"chunkscan lora needs mlx-lm >= 0.32.2 (Python >= 3.11; pip install "
+            f"'chunkscan[lm]'): {e}"
+        ) from e
+    missing = [name for name in _LORA_NAMES if not hasattr(lora, name)]
+    if missing:
+        import mlx_lm
+
+        raise SystemExit(
+            f"chunkscan lora: mlx_lm.lora {getattr(mlx_lm, '__version__', '?')} has no "
+            f"{', '.join(missing)}, which chunkscan lora wraps (written for mlx-lm 0.32.x). "
+            f"Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33'), or train with "
+            f"chunkscan.mlx_lm.patch() around your own mlx-lm code."
+        )
     return lora
 
 
