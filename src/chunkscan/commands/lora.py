@@ -563,10 +563,13 @@ def run(args: types.SimpleNamespace) -> None:
         if routes is None:
             attention = (
                 "attention training path -> chunkscan.attention (where the model calls "
-                "mlx-lm's scaled_dot_product_attention)"
+                "mlx-lm's scaled_dot_product_attention without sinks or a floating mask)"
             )
-        elif routes.attention:
-            attention = "attention training path -> chunkscan.attention"
+        elif routes.attention:  # per call: sinks and floating masks stay mlx-lm's
+            attention = (
+                "attention training path -> chunkscan.attention (calls without sinks or "
+                "a floating mask)"
+            )
         else:  # gemma2 and olmo write their own softmax, plamo2 calls mx.fast's, mamba none
             attention = (
                 f"{routes.model_type} does not call mlx-lm's scaled_dot_product_attention "
