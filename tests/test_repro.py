@@ -257,6 +257,42 @@ def test_provenance_names_no_commit_of_another_repository(tmp_path, monkeypatch)
         assert ours.startswith(head)
 
 
+def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path, monkeypatch):
+    """A rewritten result under ``bench/results/`` leaves the commit clean; a changed
+    source marks it ``+dirty``. (Each run of a batch rewrote its own committed file, so
+    every later command recorded ``+dirty``: 14 CPU results did.)"""
+    import shutil
+
+    import chunkscan
+
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=x"]
+    shutil.copytree(pathlib.Path(chunkscan.__file__).parent, repo / "src" / "chunkscan",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    result = repo / "bench" / "results" / "r.json"
+    result.parent.mkdir(parents=True)
+    result.write_text("{}")
+    try:
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        subprocess.run(git + ["add", "-A"], check=True)
+        subprocess.run(git + ["commit", "-q", "-m", "x"], check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git here")
+    code = "import chunkscan.commands.measure as m; print(m.provenance()['commit'])"
+    env = {k: v for k, v in os.environ.items() if k != "CHUNKSCAN_COMMIT"}
+    env["PYTHONPATH"] = str(repo / "src")
+
+    def commit():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+
+    result.write_text('{"rows": []}')
+    assert len(commit()) == 40  # clean: the output is not the code
+    with open(repo / "src" / "chunkscan" / "split.py", "a") as f:
+        f.write("# changed\n")
+    assert commit().endswith("+dirty")
+
+
 def test_a_process_ended_by_a_signal_names_it():
     """A configuration that crashed (a segfault) gave ``exit -11:`` and no reason."""
     import signal

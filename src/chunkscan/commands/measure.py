@@ -75,7 +75,11 @@ def provenance() -> dict[str, Any]:
             # else's repository recorded that one's commit (found by probing).
             run(["git", "ls-files", "--error-unmatch", os.path.basename(__file__)])
             head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
-            dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+            # Changes to committed outputs (bench/results/) are not the code's: a run
+            # that rewrote its own file made the next command of a batch record +dirty
+            # (14 of the CPU results did).
+            status = ["git", "status", "--porcelain", "--untracked-files=no", "--"]
+            dirty = run([*status, ":(top)", ":(top,exclude)bench/results"]).stdout.strip()
             commit = head + ("+dirty" if dirty else "")
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
