@@ -41,7 +41,7 @@ BF16_TOL = {
 # float32 against the float32 oracle: measured at most 5.7e-7 (values, final state and
 # the six gradients, every case of test_fp32_matches_oracle, packed sequences, groups,
 # compiled, scale, extreme gates; 1.1e-6 with positive gates, which take their own 2e-5
-# below), the order of the oracle's own float32 error. The bound is about 10x the worst
+# below), the order of the oracle's own float32 error. The bound is about 17x the worst
 # (the issue's 1e-4 let a 3e-5 error of the scale pass 45 oracle tests; mutation audit).
 FP32_TOL = 1e-5
 
@@ -885,8 +885,9 @@ def test_positive_gates_match_the_oracle():
     """g > 0 is allowed: a growth factor exp(g) per step (as mlx-lm's kernels, which take
     any decay), with a rounding that grows with a chunk's gate sum (``gated_delta_rule``'s
     docstring, ``bench/growth_gates.py``). Gates in (0, 0.2], chunks of 16: the state
-    grows by up to e^3.2 per chunk. Measured max relative error: 5e-7 to 1.4e-6 over
-    o, the state and all six gradients (1.3e-6 with gates up to 0.5); tolerance 2e-5."""
+    grows by up to e^3.2 per chunk. Measured max relative error: 5e-7 to 1.1e-6 (dh0)
+    over o, the state and all six gradients (1.3e-6 with gates up to 0.5); tolerance
+    2e-5, about 15x."""
     inputs = make_inputs(1, 40, 1, 2, 8, 6)
     inputs[3] = mx.random.uniform(0.01, 0.2, inputs[3].shape, key=mx.random.key(3))
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16)

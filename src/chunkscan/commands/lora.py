@@ -3,8 +3,9 @@
 Runs mlx-lm's own LoRA command (its parser, defaults, data loading, trainer and
 adapter saving) inside :func:`chunkscan.mlx_lm.patch`, so the Gated DeltaNet layers
 of Qwen3-Next / Qwen3.5 models train through :func:`chunkscan.gated_delta_rule`, the
-attention layers of every model through :func:`chunkscan.attention`, and their memory
-per token stays flat. Every ``mlx_lm.lora`` flag is accepted, plus:
+attention layers of every model that calls mlx-lm's ``scaled_dot_product_attention``
+through :func:`chunkscan.attention`, and their memory per token stays flat. Every
+``mlx_lm.lora`` flag is accepted, plus:
 
 - ``--gdn-chunk-size N`` (YAML key ``gdn_chunk_size``): steps per chunk of
   :func:`chunkscan.gated_delta_rule` in the Gated DeltaNet layers (default:
