@@ -288,6 +288,14 @@ def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path, monkeyp
 
     result.write_text('{"rows": []}')
     assert len(commit()) == 40  # clean: the output is not the code
+    script = result.parent / "run.sh"  # a run script there is code
+    script.write_text("echo 1\n")
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "y"], check=True)
+    script.write_text("echo 2\n")
+    assert commit().endswith("+dirty")
+    subprocess.run(git + ["checkout", "-q", "--", str(script)], check=True)
+    assert len(commit()) == 40
     with open(repo / "src" / "chunkscan" / "split.py", "a") as f:
         f.write("# changed\n")
     assert commit().endswith("+dirty")

@@ -11,12 +11,16 @@ MIN_MLX = (0, 32, 4)
 
 def _parse(version: str) -> tuple[int, ...]:
     """``(major, minor, patch)`` of a version string; a pre-release such as ``0.32.4rc1``
-    reads as the release before it (``(0, 32, 3)``: it lacks what the release has), and
-    a piece's trailing letters are ignored (``0.32.3rc1`` read as 0.32.31 before)."""
-    release = re.match(r"\d+(?:\.\d+)*", version.strip())
+    (also ``-rc1``, ``.rc1``, ``c1``, ``a``, ``b``, ``alpha``, ``beta``, ``pre``,
+    ``preview``, ``dev``) reads as the release before it (``(0, 32, 3)``: it lacks what
+    the release has); a leading ``v`` and an epoch (``1!``) are skipped, and a piece's
+    trailing letters do not join its digits (``0.32.3rc1`` read as 0.32.31 before)."""
+    text = version.strip().lower().split("!")[-1].lstrip("v")
+    release = re.match(r"\d+(?:\.\d+)*", text)
     parts = [int(p) for p in release.group(0).split(".")[:3]] if release else []
     parts += [0] * (3 - len(parts))
-    if release and re.match(r"(a|b|rc|dev|\.dev)", version.strip()[release.end() :]):
+    rest = text[release.end() :] if release else ""
+    if re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)", rest):
         parts = _before(parts)
     return tuple(parts)
 

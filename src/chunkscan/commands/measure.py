@@ -55,6 +55,8 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> 
 
 
 _RECORDED_ENV = ("CHUNKSCAN_", "MLX_")
+# Output files under bench/results/ whose changes do not mark a commit +dirty.
+_OUTPUT_EXTS = ("json", "md", "txt", "log", "png", "gz", "csv")
 
 
 def provenance() -> dict[str, Any]:
@@ -75,11 +77,12 @@ def provenance() -> dict[str, Any]:
             # else's repository recorded that one's commit (found by probing).
             run(["git", "ls-files", "--error-unmatch", os.path.basename(__file__)])
             head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
-            # Changes to committed outputs (bench/results/) are not the code's: a run
-            # that rewrote its own file made the next command of a batch record +dirty
-            # (14 of the CPU results did).
-            status = ["git", "status", "--porcelain", "--untracked-files=no", "--"]
-            dirty = run([*status, ":(top)", ":(top,exclude)bench/results"]).stdout.strip()
+            # Changes to committed outputs (bench/results/'s data) are not the code's: a
+            # run that rewrote its own file made the next command of a batch record
+            # +dirty (14 of the CPU results did). Run scripts there (.sh) still count.
+            status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)"]
+            outputs = [f":(top,exclude,glob)bench/results/**/*.{ext}" for ext in _OUTPUT_EXTS]
+            dirty = run([*status, *outputs]).stdout.strip()
             commit = head + ("+dirty" if dirty else "")
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
