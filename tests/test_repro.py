@@ -257,7 +257,7 @@ def test_provenance_names_no_commit_of_another_repository(tmp_path, monkeypatch)
         assert ours.startswith(head)
 
 
-def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path, monkeypatch):
+def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path):
     """A rewritten result under ``bench/results/`` leaves the commit clean; a changed
     source marks it ``+dirty``. (Each run of a batch rewrote its own committed file, so
     every later command recorded ``+dirty``: 14 CPU results did.)"""
