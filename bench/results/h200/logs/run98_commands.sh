@@ -1,4 +1,5 @@
-# Run 98 (session 33), after run 97 (f55ec82): all of run 97's GPU tests passed but
+# Run 98 (prepared in session 33, not run yet: no device machine came after run 97), after
+# run 97 (f55ec82): all of run 97's GPU tests passed but
 # tests/test_checkpoint.py::test_compiled_loop_matches_eager, whose elementwise rtol of
 # 1e-5 (borrowed) failed between the compiled and the eager loop on the H200. Its new
 # form measures both against the float64 loop on the CPU and allows compiled 4x eager's
