@@ -350,13 +350,13 @@ def main(argv: list[str] | None = None) -> int:
         write()
     for T in args.T:
         if args.budget and time.perf_counter() - started > args.budget:
-            result["rows"].append({"impl": "fla", "T": T, "error": "skipped: budget"})
-            continue
-        try:
-            row = measure(T, args.repeats, args.warmup, args.dtype, **shape)
-        except Exception as exc:  # OOM or a kernel failure: keep going
-            row = {"impl": "fla", "T": T, "error": f"{type(exc).__name__}: {exc}"[:500]}
-            torch.cuda.empty_cache()
+            row = {"impl": "fla", "T": T, "error": "skipped: budget"}  # printed and written
+        else:
+            try:
+                row = measure(T, args.repeats, args.warmup, args.dtype, **shape)
+            except Exception as exc:  # OOM or a kernel failure: keep going
+                row = {"impl": "fla", "T": T, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                torch.cuda.empty_cache()
         result["rows"].append(row)
         if "error" in row:
             print(f"fla T={T:>6}: {row['error']}", flush=True)

@@ -195,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                             configs.append(("bench_mlx", cfg))
     for kind, cfg in configs:
         if args.budget and time.perf_counter() - started > args.budget:
-            rows.append({**cfg, "error": "skipped: budget"})
-            continue
-        target = "gdn_vs_fla:measure_fla" if kind == "bench_fla" else "gdn_vs_fla:measure_mlx"
-        row = run_isolated(target, cfg, timeout=args.timeout, env=child_env(bench=True))
-        if "error" in row:
-            row = {**cfg, "impl": cfg.get("impl", "fla"), **row}
+            # printed and written like any row (it was appended after the last write, so
+            # a run cut by its budget left no trace of its skipped rows; found by probing)
+            row = {**cfg, "impl": cfg.get("impl", "fla"), "error": "skipped: budget"}
+        else:
+            target = "gdn_vs_fla:measure_fla" if kind == "bench_fla" else "gdn_vs_fla:measure_mlx"
+            row = run_isolated(target, cfg, timeout=args.timeout, env=child_env(bench=True))
+            if "error" in row:
+                row = {**cfg, "impl": cfg.get("impl", "fla"), **row}
         rows.append(row)
         print(_line(row), flush=True)
         write_json(args.json, info, rows)

@@ -276,14 +276,18 @@ def main(argv: list[str] | None = None) -> int:
                         "backend, MLX_PTX_CACHE_DIR for CUDA), so that its first step compiles "
                         "every kernel it runs; rows count them: kernels_compiled")  # fmt: skip
     parser.add_argument("--json", type=pathlib.Path, default=ROOT / "bench-out" / "lora.json")
-    parser.add_argument("--replot", action="store_true",
-                        help="only rewrite the table and plot from --json")  # fmt: skip
+    parser.add_argument("--replot", type=pathlib.Path, default=None, metavar="JSON",
+                        help="only rebuild the table and plot from this file, written beside "
+                        "--json (default bench-out/), never beside the file read")  # fmt: skip
     parser.add_argument("--merge", action="store_true",
                         help="keep the other rows already in --json")  # fmt: skip
     args = parser.parse_args(argv)
 
     if args.replot:
-        data = json.loads(args.json.read_text())
+        # Beside --json: writing beside the file read rewrote committed results (their
+        # tables gained columns; found by probing).
+        data = json.loads(args.replot.read_text())
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         _write_outputs(data["meta"], data["rows"], args.json)
         return 0
 

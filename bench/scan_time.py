@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         "--modes",
         nargs="+",
         default=["cs.scan", "cs.checkpoint+split"],
+        choices=[m for m in reporter.MODES if m != BASELINE],
         help=f"modes timed against {BASELINE}",
     )
-    p.add_argument("--grads", nargs="+", default=list(reporter.GRADS))
+    p.add_argument("--grads", nargs="+", default=list(reporter.GRADS), choices=list(reporter.GRADS))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--json", help="write the results here")

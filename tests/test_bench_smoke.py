@@ -266,3 +266,20 @@ def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     assert rows["naive"]["non_finite_grads"] == rows["chunk 8"]["non_finite_grads"] == 0
     assert rows["chunk 64"]["non_finite_grads"] > 0
     sys.modules.pop("growth_gates", None)
+
+
+def test_lora_replot_writes_beside_json_not_beside_the_file_read(tmp_path, monkeypatch):
+    """``bench/lora.py --replot`` rewrote the table and plot beside the JSON it read, so
+    replotting a committed result overwrote it (found by probing); they now go beside
+    ``--json`` (default bench-out/)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import lora
+
+    source = tmp_path / "committed" / "lora_cpu.json"
+    source.parent.mkdir()
+    committed = BENCH / "results" / "cpu" / "lora_cpu_attn_a28bad4.json"
+    source.write_text(committed.read_text())
+    out = tmp_path / "out" / "replot.json"
+    assert lora.main(["--replot", str(source), "--json", str(out)]) == 0
+    assert out.with_suffix(".md").is_file()
+    assert sorted(p.name for p in source.parent.iterdir()) == ["lora_cpu.json"]

@@ -4,13 +4,14 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 import mlx.core as mx
 import pytest
 
-from chunkscan.commands import measure, repro
+from chunkscan.commands import measure, reporter, repro
 
 
 def test_repro_command_end_to_end(tmp_path):
@@ -313,3 +314,13 @@ def test_a_process_ended_by_a_signal_names_it():
     assert run_target("die_by_signal", {"number": int(signal.SIGKILL)}) == {
         "error": "exit -9: killed (out of memory?)"
     }
+
+
+def test_reporter_refuses_an_unknown_mode_or_gradient():
+    """``bench/scan_time.py --modes foo`` timed ``cs.checkpoint``'s loop under the name
+    foo, and any grads name but "state" the q, k, v gradients (found by probing)."""
+    s0, q, k, v = reporter.make_inputs(4, 1, 2)
+    with pytest.raises(ValueError, match=re.escape("mode must be one of plain, mx.checkpoint")):
+        reporter.forward("cs.scna", s0, q, k, v, 2, state_only=False)
+    with pytest.raises(ValueError, match=re.escape("grads must be one of state, qkv but got")):
+        reporter.gradient_fn("cs.scan", "q", 2, compiled=False)

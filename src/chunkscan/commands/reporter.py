@@ -48,6 +48,8 @@ def run_chunk(s, q, k, v):
 
 def forward(mode: str, s0, q, k, v, chunk: int, state_only: bool):
     """Final state and outputs ``[T, H, D]`` of the recurrence in ``mode``."""
+    if mode not in MODES:  # an unknown name ran cs.checkpoint's loop (found by probing)
+        raise ValueError(f"mode must be one of {', '.join(MODES)} but got {mode!r}.")
     T = q.shape[0]
     if mode == "plain":
         return run_chunk(s0, q, k, v)
@@ -81,6 +83,8 @@ def make_inputs(T: int, H: int, D: int, seed: int = 0):
 def gradient_fn(mode: str, grads: str, chunk: int, compiled: bool):
     """``value_and_grad`` of ``sum(y) + sum(s)`` w.r.t. ``s0`` (``grads="state"``) or
     ``q, k, v`` (``grads="qkv"``), optionally under ``mx.compile``."""
+    if grads not in GRADS:  # any other name timed the q, k, v gradients
+        raise ValueError(f"grads must be one of {', '.join(GRADS)} but got {grads!r}.")
     argnums = (0,) if grads == "state" else (1, 2, 3)
     state_only = grads == "state"
 
