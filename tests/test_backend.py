@@ -168,6 +168,15 @@ def test_switch_variables_reject_what_they_would_misread(monkeypatch):
         monkeypatch.setenv("CHUNKSCAN_CUDA_KERNELS", flag)
         with pytest.raises(ValueError, match=re.escape("must be 0 (the portable MLX ops)")):
             _backend.use_kernels(None, "op")
+    # on a CUDA device (faked: on the CPU every answer above is False either way, so
+    # reading "auto" as off, or the variable beating kernels=True, passed; mutation)
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    for flag in ("1", "auto", ""):
+        monkeypatch.setenv("CHUNKSCAN_CUDA_KERNELS", flag)
+        assert _backend.use_kernels(None, "op") is True
+    monkeypatch.setenv("CHUNKSCAN_CUDA_KERNELS", "0")
+    assert _backend.use_kernels(None, "op") is False
+    assert _backend.use_kernels(True, "op") is True  # the argument wins
     monkeypatch.delenv("CHUNKSCAN_CUDA_KERNELS")
     monkeypatch.setenv("CHUNKSCAN_GDN_SAVE", " groups ")
     assert chunk_module._saved_states() == "groups"

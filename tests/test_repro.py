@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from chunkscan.commands import measure, reporter, repro
@@ -324,3 +325,36 @@ def test_reporter_refuses_an_unknown_mode_or_gradient():
         reporter.forward("cs.scna", s0, q, k, v, 2, state_only=False)
     with pytest.raises(ValueError, match=re.escape("grads must be one of state, qkv but got")):
         reporter.gradient_fn("cs.scan", "q", 2, compiled=False)
+
+
+def test_reporter_recurrence_is_the_issues():
+    """The reporter's recurrence against the issue's formula in NumPy (every test used
+    ``reporter.step`` as its own reference: a changed decay, sign or key scale passed;
+    mutation audit): ``s = 0.95 s + (v - s k) k^T``, ``y = s q``."""
+    s0, q, k, v = reporter.make_inputs(6, 2, 4, seed=3)
+    s, y = reporter.forward("plain", s0, q, k, v, 2, state_only=False)
+    S = np.array(s0, dtype=np.float64)
+    Q, K, V = (np.array(a, dtype=np.float64) for a in (q, k, v))
+    ys = []
+    for t in range(6):
+        S = 0.95 * S
+        S = S + np.einsum("hi,hj->hij", V[t] - np.einsum("hij,hj->hi", S, K[t]), K[t])
+        ys.append(np.einsum("hij,hj->hi", S, Q[t]))
+    assert np.allclose(np.array(s), S, rtol=1e-5, atol=1e-6)
+    assert np.allclose(np.array(y), np.stack(ys), rtol=1e-5, atol=1e-6)
+    ks = np.array(mx.random.normal((6, 2, 4), key=mx.random.split(mx.random.key(3), 4)[2]))
+    assert np.allclose(np.array(k), 0.05 * ks)  # k scaled by 0.05, as documented
+
+
+def test_reporter_modes_use_the_checkpoint_they_name(monkeypatch):
+    """``cs.checkpoint`` and ``cs.checkpoint+split`` wrap chunkscan's checkpoint, and
+    only ``mx.checkpoint`` MLX's (a swap would print MLX's peak as chunkscan's)."""
+    calls = []
+    real = mx.checkpoint
+    monkeypatch.setattr(mx, "checkpoint", lambda f: calls.append(f) or real(f))
+    s0, q, k, v = reporter.make_inputs(4, 1, 2)
+    for mode in ("cs.checkpoint", "cs.checkpoint+split", "cs.scan", "plain"):
+        reporter.forward(mode, s0, q, k, v, 2, state_only=False)
+    assert calls == []
+    reporter.forward("mx.checkpoint", s0, q, k, v, 2, state_only=False)
+    assert len(calls) == 1

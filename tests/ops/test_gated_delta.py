@@ -9,6 +9,7 @@ import re
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
@@ -107,6 +108,17 @@ def test_normalize_qk():
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16, normalize_qk=True)
     ref = outputs_and_grads(naive_recurrent_gated_delta_rule, inputs, normalize_qk=True)
     assert_fp32_close(got, ref)
+
+    # The op and the oracle share l2_normalize: against q and k normalized here, with
+    # NumPy, the values too (a wrong epsilon or axis there passed; mutation audit).
+    def unit(x):
+        x = np.array(x, dtype=np.float64)
+        return mx.array((x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32))
+
+    by_hand = [unit(inputs[0]), unit(inputs[1]), *inputs[2:]]
+    o, s = gated_delta_rule(*inputs[:5], initial_state=inputs[5], normalize_qk=True)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(*by_hand[:5], initial_state=by_hand[5])
+    assert max_rel(o, o_ref) <= FP32_TOL and max_rel(s, s_ref) <= FP32_TOL
 
 
 def test_scale():
