@@ -358,3 +358,11 @@ def test_reporter_modes_use_the_checkpoint_they_name(monkeypatch):
     assert calls == []
     reporter.forward("mx.checkpoint", s0, q, k, v, 2, state_only=False)
     assert len(calls) == 1
+
+
+def test_peak_above_active_measures_the_call_alone():
+    """The peak of a small call after a large one is the small call's (without the reset
+    it read the earlier call's peak; mutation audit)."""
+    _, big = measure.peak_above_active(lambda: mx.zeros((64, 1 << 20)) + 1)
+    _, small = measure.peak_above_active(lambda: mx.zeros((64, 1 << 10)) + 1)
+    assert big >= 64 * (1 << 20) * 4 and 0 < small < big / 100

@@ -1354,3 +1354,28 @@ def test_an_ordered_dict_subclass_comes_back_a_dict():
     carry, ys = chunkscan.scan(lambda c, x: (c, x * c["a"]), init, mx.ones((4, 2)), chunk_size=2)
     assert type(carry) is dict and carry["a"].tolist() == [1.0, 1.0] and ys.shape == (4, 2)
     assert type(chunkscan.checkpoint(lambda d: d)(init)) is dict
+
+
+def test_scan_keeps_a_namedtuple_carry():
+    """A namedtuple carry comes back as that namedtuple, with its gradient (rebuilt as
+    a plain sequence of its children it raised or wrapped a list; mutation audit)."""
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    One = collections.namedtuple("One", "a")
+
+    def f(c, x):
+        if isinstance(c, Pair):
+            return Pair(c.a * 0.5 + x, c.b + x), x
+        return One(c.a * 0.5 + x), x
+
+    xs = mx.arange(6, dtype=mx.float32)
+    for init in (Pair(mx.array(1.0), mx.array(2.0)), One(mx.array(1.0))):
+
+        def run(i):
+            return chunkscan.scan(chunkscan.stepwise(f), i, xs, chunk_size=2)[0]
+
+        carry = run(init)
+        assert type(carry) is type(init)
+        grads = mx.grad(lambda i: sum(run(i)))(init)
+        assert type(grads) is type(init) and float(grads.a) == 0.5**6
