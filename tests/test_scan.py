@@ -822,6 +822,48 @@ def test_captured_module_warns(case):
     assert [str(w.message) for w in record] == [msg]
 
 
+def test_captured_module_warns_through_defaults_containers_and_functors():
+    """A module reached through a default argument, a keyword-only default, a list, a
+    dict or a callable object's ``self`` warns once, naming it (each path's walk could
+    be dropped with no test failing: a zero gradient, no warning; mutation audit)."""
+    lin = nn.Linear(3, 3)
+    mods, table = [lin], {"net": lin}
+
+    def chunk_d(c, xc, m=lin):
+        return c, m(xc)
+
+    def chunk_k(c, xc, *, m=lin):
+        return c, m(xc)
+
+    def step_l(s, x):
+        s = mx.tanh(mods[0](s) + x)
+        return s, s
+
+    def step_t(s, x):
+        s = mx.tanh(table["net"](s) + x)
+        return s, s
+
+    class Functor:
+        def __init__(self):
+            self.layer = lin
+
+        def __call__(self, s, x):
+            s = mx.tanh(self.layer(s) + x)
+            return s, s
+
+    cases = {
+        "'a default argument'": chunk_d,
+        "'m'": chunk_k,
+        "'mods[0]' (Linear) through step -> mods[0]": chunkscan.stepwise(step_l),
+        "\"table['net']\" (Linear) through step -> table['net']": chunkscan.stepwise(step_t),
+        "'layer' (Linear) through step -> layer": chunkscan.stepwise(Functor()),
+    }
+    for named, f in cases.items():
+        with pytest.warns(chunkscan.ClosureCaptureWarning) as record:
+            _scan_loss(f)()
+        assert len(record) == 1 and f"captures the nn.Module {named}" in str(record[0].message)
+
+
 def test_the_capture_walk_runs_no_user_code():
     """Reading a class's attributes runs nothing of the user's: a ``dict`` subclass
     with ``__getattr__ = dict.__getitem__`` among them raised ``KeyError`` out of
