@@ -38,11 +38,12 @@ SHAPES = [
     ((5, 3, 4), (5, 4, 6)),  # one batch axis
     ((2, 3, 1, 7, 8, 4), (2, 3, 5, 7, 4, 8)),  # a broadcast axis (key heads), as the op's
     ((1, 6, 4), (3, 1, 4, 2)),  # more batch axes on one side
+    ((1, 4, 6, 6), (4, 1, 6, 6)),  # each side broadcast along the other's split axis
 ]
 
 
 @pytest.mark.parametrize("threads", ["2", "3", "8"])
-@pytest.mark.parametrize("shapes", SHAPES, ids=["batch", "broadcast", "ranks"])
+@pytest.mark.parametrize("shapes", SHAPES, ids=["batch", "broadcast", "ranks", "cross"])
 def test_a_split_product_is_the_product_bit_for_bit(split_all, monkeypatch, shapes, threads):
     monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", threads)
     a = mx.random.normal(shapes[0], key=mx.random.key(1))
@@ -195,3 +196,22 @@ def test_blocked_attention_is_bit_for_bit_the_one_thread_op(split_all, monkeypat
     assert any(s is not None for s in split_all), "nothing was split"
     flat = [[*o, *g] for o, g in runs.values()]
     assert all(mx.array_equal(a, b).item() for a, b in zip(*flat))
+
+
+def test_the_default_and_the_size_of_a_product(split_all, monkeypatch):
+    """Unset, the threads are the usable cores, at most MAX_THREADS; the batch axes count
+    in a product's size; on a GPU nothing is split (each survived a mutation)."""
+    import os
+
+    monkeypatch.delenv("CHUNKSCAN_CPU_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert _cpu_threads._threads() == max(1, min(_cpu_threads.MAX_THREADS, cores))
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "2")
+    per_matrix = 2 * 8**3  # 64 of them: above the floor only with the batch counted
+    monkeypatch.setattr(_cpu_threads, "MIN_FLOPS", 32 * per_matrix)
+    _cpu_threads.matmul(mx.ones((64, 8, 8)), mx.ones((64, 8, 8)))
+    assert len(split_all) == 2
+    split_all.clear()
+    monkeypatch.setattr(_cpu_threads.mx, "default_device", lambda: mx.gpu)
+    _cpu_threads.matmul(mx.ones((64, 8, 8)), mx.ones((64, 8, 8)))
+    assert split_all == []
