@@ -95,6 +95,18 @@ def test_state_pass_matches_definition(case, impl, channel):
         np.testing.assert_allclose(np.array(a), b, rtol=0, atol=2e-5)
 
 
+def test_the_portable_form_follows_the_device(monkeypatch):
+    """Unset, the portable pass is the factored form on the CPU (it forms V, and is the
+    faster there; swapping the two passed every test, mutation audit) and the transition
+    form elsewhere (no V)."""
+    inp = make_inputs()
+    kw = dict(reverse=False, loads={}, stores={4: 0}, inits=inp["inits"], values=True)
+    args = [inp[k] for k in ("x_in", "decay", "F", "E", "G", "H")]
+    assert _passes.portable_state_pass(*args, **kw)[-1] is not None  # factored: V
+    monkeypatch.setattr(_passes.mx, "default_device", lambda: mx.gpu)
+    assert _passes.portable_state_pass(*args, **kw)[-1] is None  # transition
+
+
 # --------------------------------------------------------------------------------------
 # The CUDA kernel (_pass_cuda): configuration logic everywhere, values where CUDA is.
 # --------------------------------------------------------------------------------------
