@@ -106,11 +106,15 @@ def test_yaml_keys_that_would_be_ignored(tmp_path):
     assert args.lora_parameters == {"rank": 4}
     # mlx-lm reads its dataset keys with getattr (no flag, no default): they were called
     # ignored, and a run without them failed on a dataset of other columns (probing)
-    cfg.write_text("prompt_feature: input\ncompletion_feature: output\nhf_dataset: {path: x}\n")
+    cfg.write_text(
+        "prompt_feature: input\ncompletion_feature: output\ntext_feature: body\n"
+        "chat_feature: turns\nhf_dataset: {path: x}\n"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         args = lora.resolve_args(["-c", str(cfg)])
     assert args.prompt_feature == "input" and args.hf_dataset == {"path": "x"}
+    assert args.text_feature == "body" and args.chat_feature == "turns"
 
 
 def test_scan_chunk_size_is_a_deprecated_alias(tmp_path):
@@ -495,10 +499,11 @@ def test_demo_adds_a_missing_split_and_keeps_the_others(tmp_path):
     assert (data / "test.jsonl").read_text() == fresh_test
 
 
-def test_an_mlx_lm_without_what_lora_wraps_stops_with_one_line(monkeypatch):
+@pytest.mark.parametrize("name", lora._LORA_NAMES)
+def test_an_mlx_lm_without_what_lora_wraps_stops_with_one_line(monkeypatch, name):
     """A release of mlx-lm whose ``mlx_lm.lora`` lacks a name the command wraps ended in
     an AttributeError after the banner (found by probing)."""
-    monkeypatch.delattr(mlx_lm.lora, "get_reporting_callbacks")
-    msg = f"mlx_lm.lora {mlx_lm.__version__} has no get_reporting_callbacks, which chunkscan"
+    monkeypatch.delattr(mlx_lm.lora, name)
+    msg = f"mlx_lm.lora {mlx_lm.__version__} has no {name}, which chunkscan"
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(["--demo", "--iters", "1"])

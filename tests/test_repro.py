@@ -366,3 +366,30 @@ def test_peak_above_active_measures_the_call_alone():
     _, big = measure.peak_above_active(lambda: mx.zeros((64, 1 << 20)) + 1)
     _, small = measure.peak_above_active(lambda: mx.zeros((64, 1 << 10)) + 1)
     assert big >= 64 * (1 << 20) * 4 and 0 < small < big / 100
+
+
+def test_provenance_records_the_settings_and_threads(monkeypatch):
+    """The ``MLX_*`` and ``CHUNKSCAN_*`` variables set, and the threads the products
+    use, not the cap (dropping MLX_* or recording MAX_THREADS passed; mutation audit)."""
+    from chunkscan.ops import _cpu_threads
+
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", "1")
+    meta = measure.provenance()
+    assert meta["env"]["MLX_ENABLE_TF32"] == "0" and meta["env"]["CHUNKSCAN_CPU_THREADS"] == "1"
+    assert meta["cpu_threads"] == 1 != _cpu_threads.MAX_THREADS
+
+
+def test_the_demo_model_is_the_same_in_every_process():
+    """``build_model(config, seed)`` seeds MLX itself: the same weights whatever the
+    random state before (without the seed two processes differed; mutation audit)."""
+    from mlx.utils import tree_flatten
+
+    from chunkscan.commands import demo_model
+
+    config = demo_model.tiny_config()
+    mx.random.seed(1)
+    a = dict(tree_flatten(demo_model.build_model(config, seed=0).parameters()))
+    mx.random.seed(2)
+    b = dict(tree_flatten(demo_model.build_model(config, seed=0).parameters()))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
