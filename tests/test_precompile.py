@@ -123,11 +123,15 @@ def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
     other = _kernel(fallbacks)  # a new process: the disk cache, no compile
     other(inputs=[x, y], **args)
     assert len(fake.sources) == 2 and launched[3]["name"] == call["name"]
+    # another template value: its own build (the C = 32 binary ran for C = 64 when the
+    # template was left out of the in-process key; mutation audit)
+    kernel(inputs=[x, y], **dict(args, template=[("n", 3), ("T", mx.float32)]))
+    assert len(fake.sources) == 3 and launched[4]["name"] not in (call["name"], launched[2]["name"])
     # another architecture (a second, different GPU as the default device): its own
     # build, not the cubin already held for sm_90
     monkeypatch.setattr(_precompile, "device_arch", lambda: "80")
     kernel(inputs=[x, y], **args)
-    assert fake.archs == ["90", "90", "80"]
+    assert fake.archs == ["90", "90", "90", "80"]
     assert not fallbacks
 
 
@@ -293,3 +297,17 @@ def test_device_arch_from_device_info_else_the_driver(monkeypatch):
     monkeypatch.setattr(_backend, "_driver_attributes", lambda i, attrs: None)
     with pytest.raises(RuntimeError, match="compute capability is unknown"):
         _precompile.device_arch()
+
+
+def test_a_kernel_is_kept_per_shared_memory_size(monkeypatch):
+    """One source launched with two dynamic shared memory sizes (attention's kernels
+    take the size per call) is two kernels: with the size left out of the key the second
+    ran with the first's 16384 bytes (mutation audit)."""
+    monkeypatch.setattr(_backend, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", "1")
+    small = _backend.cuda_kernel("t", "k", ["x"], ["out"], SOURCE, "", 16384)
+    large = _backend.cuda_kernel("t", "k", ["x"], ["out"], SOURCE, "", 98304)
+    assert isinstance(small, _precompile.Kernel) and isinstance(large, _precompile.Kernel)
+    assert (small.shared_memory, large.shared_memory) == (16384, 98304)
+    assert _backend.cuda_kernel("t", "k", ["x"], ["out"], SOURCE, "", 16384) is small
