@@ -195,13 +195,13 @@ def attention_backward_peak(
     else:
         raise ValueError(f"impl must be chunkscan, chunkscan_unordered or mlx_fast: {impl!r}")
     if forward:
-        grad = op
+        fn = op
     else:
-        grad = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
+        fn = mx.grad(lambda q, k, v: op(q, k, v).astype(mx.float32).sum(), argnums=(0, 1, 2))
     if compiled:
-        grad = mx.compile(grad)
-    mx.eval(grad(q, k, v))  # warm-up
-    _, peak = peak_above_active(lambda: grad(q, k, v))
+        fn = mx.compile(fn)
+    mx.eval(fn(q, k, v))  # warm-up
+    _, peak = peak_above_active(lambda: fn(q, k, v))
     return {"peak_bytes": peak}
 
 

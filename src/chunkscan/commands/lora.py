@@ -552,7 +552,7 @@ def run(args: types.SimpleNamespace) -> None:
 
     lora = _mlx_lm_lora()
     with seam.patch(chunk_size=args.gdn_chunk_size, save_states=args.gdn_save_states) as handle:
-        routes = _model_routes(args.model, handle.families, seam._INSTALLED_ATTENTION)
+        routes = _model_routes(args.model, handle.families)
         if routes is not None and not routes.gated_deltanet:
             gdn = f"{routes.model_type} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
         else:
@@ -587,15 +587,15 @@ class _Routes(NamedTuple):
     attention: bool  # some module of the model holds the patched attention
 
 
-def _model_routes(model: str, families: tuple[str, ...], installed: Any) -> _Routes | None:
+def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
     """What the patch reaches in the model of a local model folder, found as mlx-lm
     finds it (``model_type`` remapped by its architecture); ``None`` where this cannot
     be told (a Hub id, an unreadable config). Gated DeltaNet: the model runs one of
     ``families``' layers (the seam's own test, ``chunkscan.mlx_lm._covered``; the raw
     ``model_type`` was not enough: Bailing MoE V3 checkpoints say ``bailing_hybrid``,
     and a family may subclass a patched one; found by review). Attention: a module of
-    the model's layers holds ``installed`` (the patch's attention) by name; gemma2 and
-    olmo compute attention themselves and plamo2 calls ``mx.fast``'s, so the banner
+    the model's layers holds the patch's attention by the seam's name (``_ATTN``);
+    gemma2 and olmo compute attention themselves and plamo2 calls ``mx.fast``'s, so the banner
     said "attention training path -> chunkscan.attention" for runs that never called it
     (found by probing)."""
     from .. import mlx_lm as seam
@@ -612,11 +612,9 @@ def _model_routes(model: str, families: tuple[str, ...], installed: Any) -> _Rou
         modules = _layer_modules(model_class)
     except Exception:  # noqa: BLE001 (any failure: say nothing about the routes)
         return None
-    attention = any(getattr(m, _ATTENTION_NAME, None) is installed for m in modules)
+    installed = seam._INSTALLED_ATTENTION
+    attention = any(getattr(m, seam._ATTN, None) is installed for m in modules)
     return _Routes(str(config["model_type"]), covered, attention)
-
-
-_ATTENTION_NAME = "scaled_dot_product_attention"
 
 
 def _layer_modules(model_class: type) -> list[types.ModuleType]:
