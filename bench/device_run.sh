@@ -20,6 +20,10 @@
 #                machine in run 78; the chunk kernels' alone 120-130 s, runs 79-80);
 #   lora_8192    (at the tree's root) the LoRA step of the 4-layer model at T = 8192, stub
 #                and patched: $S/lora_h200_8192.{json,md,png}.
+#   samples_16384 <n>  (in bench/) n side-by-side samples at T = 16384, fla and chunkscan,
+#                eager and compiled, C = 64, ten repeats, each marked and packed
+#                ($S/gdn_vs_fla_16384_h200_r10_s<i>.json; the first has 330 s, as it compiles
+#                fla's and chunkscan's kernels on a fresh machine, the others 200 s);
 #   fla_side_by_side   (in bench/) fla and chunkscan at T = 16384 and 65536, eager and
 #                compiled, C = 64, three repeats, gdn_vs_fla.py's default harness (from
 #                session 26 the op alone, given the outputs' cotangents; before, the
@@ -72,6 +76,16 @@ fla_side_by_side() {
   timeout 300 python3 gdn_vs_fla.py --T 16384 65536 --impls fla chunkscan --modes eager compiled \
     --chunk-sizes 64 --repeats 3 --json $S/gdn_vs_fla_h200.json \
     | grep --line-buffered -E "fla|chunkscan|rror"
+}
+samples_16384() {
+  local s
+  for s in $(seq 1 "$1"); do
+    st "side_by_side_$s"
+    timeout $((s == 1 ? 330 : 200)) python3 gdn_vs_fla.py --T 16384 --impls fla chunkscan \
+      --modes eager compiled --chunk-sizes 64 --repeats 10 \
+      --json $S/gdn_vs_fla_16384_h200_r10_s$s.json | grep --line-buffered -E "fla|chunkscan|rror"
+    pack
+  done
 }
 source_counters() {
   CHUNKSCAN_CUDA_LINEINFO=1 CHUNKSCAN_CUDA_CACHE=/tmp/c_li timeout 200 ncu --profile-from-start off \

@@ -17,7 +17,7 @@
 # $OUT/run98a.tgz. Part s (short, for a device budget under 300 s): the checkpoint
 # tests, the attention tests and test_fp32_matches_oracle, and attention's second
 # derivative; no samples.
-source bench/device_run.sh 98 "$@"  # st, $S, pack
+source bench/device_run.sh 98 "$@"  # st, $S, pack, samples_16384
 st checkpoint_gpu
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_checkpoint.py 2>&1 \
   | tee $S/tests_h200_checkpoint.txt | grep -E "passed|failed|^FAILED" | tail -4
@@ -76,12 +76,5 @@ PY
 pack
 [ "$RUN_PART" = s ] && { st done; exit 0; }
 cd bench
-for s in 1 2; do
-  st "side_by_side_$s"
-  timeout $((s == 1 ? 330 : 200)) python3 gdn_vs_fla.py --T 16384 --impls fla chunkscan \
-    --modes eager compiled \
-    --chunk-sizes 64 --repeats 10 --json $S/gdn_vs_fla_16384_h200_r10_s$s.json \
-    | grep --line-buffered -E "fla|chunkscan|rror"
-  pack
-done
+samples_16384 2
 st done
