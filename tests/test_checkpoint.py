@@ -58,13 +58,10 @@ def test_keeps_name_and_single_array_output():
     assert mx.array_equal(mx.grad(lambda x: wrapped(x).sum())(x), 2 * x)
 
 
-def test_compiled_loop_matches_eager():
-    """``mx.compile`` of a ``chunkscan.checkpoint`` loop gives eager's value and gradients
-    to within the loop's own float32 error. Both are measured against the float64 loop on
-    the CPU: on a GPU the compiled graph fuses elementwise ops and rounds differently, and
-    an elementwise ``rtol=1e-5`` failed on the H200 at elements that cancel (run 97). The
-    compiled error may be at most 4x eager's (floor: 8 float32 ulps of the largest
-    element; a wrong compiled gradient is off by O(1))."""
+def compiled_and_eager_loops():
+    """``(eager, compiled, exact)``: the value and four gradients of a ``chunkscan.
+    checkpoint`` loop eager, under ``mx.compile``, and of the float64 loop on the CPU
+    (rounded to float32). Also what run 98 prints on the GPU."""
     s0, q, k, v = reporter.make_inputs(40, 2, 8, seed=4)
 
     def value_and_grads(mode):
@@ -83,8 +80,18 @@ def test_compiled_loop_matches_eager():
         exact = flat(value_and_grads("plain")(*(a.astype(mx.float64) for a in (s0, q, k, v))))
         exact = [x.astype(mx.float32) for x in exact]
         mx.eval(exact)
+    return eager, compiled, exact
+
+
+def test_compiled_loop_matches_eager():
+    """``mx.compile`` of a ``chunkscan.checkpoint`` loop gives eager's value and gradients
+    to within the loop's own float32 error. Both are measured against the float64 loop on
+    the CPU: on a GPU the compiled graph fuses elementwise ops and rounds differently, and
+    an elementwise ``rtol=1e-5`` failed on the H200 at elements that cancel (run 97). The
+    compiled error may be at most 4x eager's (floor: 8 float32 ulps of the largest
+    element; a wrong compiled gradient is off by O(1))."""
     floor = 8 * float(np.finfo(np.float32).eps)
-    for e, c, x in zip(eager, compiled, exact):
+    for e, c, x in zip(*compiled_and_eager_loops()):
         assert max_rel(c, x) <= 4 * max(max_rel(e, x), floor)
 
 

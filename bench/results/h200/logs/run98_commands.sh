@@ -24,19 +24,8 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_checkpoint.py 2>
 (cd tests && timeout 60 python3 - <<'PY' 2>&1 | tee $S/checkpoint_compiled_errors_h200.txt
 import mlx.core as mx
 from helpers import max_rel
-from chunkscan.commands import reporter
-s0, q, k, v = reporter.make_inputs(40, 2, 8, seed=4)
-def vg(mode):
-    def loss(s0, q, k, v):
-        s, y = reporter.forward(mode, s0, q, k, v, 8, state_only=False)
-        return (y * y).sum() + s.sum()
-    return mx.value_and_grad(loss, argnums=(0, 1, 2, 3))
-flat = lambda r: [r[0], *r[1]]
-fn = vg("cs.checkpoint+split")
-e, c = flat(fn(s0, q, k, v)), flat(mx.compile(fn)(s0, q, k, v))
-with mx.stream(mx.cpu):
-    x = [a.astype(mx.float32) for a in flat(vg("plain")(*(a.astype(mx.float64) for a in (s0, q, k, v))))]
-    mx.eval(x)
+from test_checkpoint import compiled_and_eager_loops
+e, c, x = compiled_and_eager_loops()
 print(mx.default_device(), "max_rel against float64 (eager, compiled), compiled vs eager, elementwise rtol-1e-5 misses")
 for name, a, b, r in zip(("value", "d_s0", "d_q", "d_k", "d_v"), e, c, x):
     miss = (mx.abs(a - b) > 1e-6 + 1e-5 * mx.abs(b)).sum().item()
