@@ -1,0 +1,118 @@
+"""What one Gated DeltaNet fwd+bwd on the fused CUDA path allocates, kernel by kernel.
+
+On a CUDA GPU MLX keeps every buffer a committed command graph uses until that graph
+has run, and the CPU encodes the whole call long before the GPU finishes it
+(``docs/benchmarks.md``, "group budget and MLX's command graphs"), so a buffer freed
+early is not reused within the call: the call's peak is close to the sum of everything
+it allocates. This adds that sum up without a GPU. It builds the op's fwd+bwd
+(``mx.vjp`` given the outputs' cotangents: ``bench/gdn_vs_fla.py``'s harness) at the
+Qwen3-Next layer shape (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16) with the kernels faked
+(``tests/helpers.py``'s ``fake_fused_kernels``: each launch returns lazy zeros of its
+outputs' shapes) and the shared memory of an H100 / H200 (227 KiB per block, which picks
+the kernels' tiling), records every launch's outputs, and prints KiB per token by kernel
+and output, in launch order. Nothing runs; any machine, the CPU included.
+
+    python bench/memory_breakdown.py --T 16384 --json bench-out/memory_breakdown.json
+
+Not counted: MLX's own ops around the kernels (the forward's non-finite masks, the
+zero cotangents, a few reshapes that copy), which are small at this shape, and the
+inputs and their cotangents (the benchmarks' peak is measured above them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from _common import OUT, meta, write_json
+
+KiB = 1024.0
+# Output names of each kernel (``_chunk_cuda``'s and ``_pass_cuda``'s order), for the
+# table only; other outputs are listed by index.
+_NAMES = {
+    "prepare": ("a", "p", "w", "u", "kt", "decay"),
+    "output": ("o, or unused", "unused, or h"),
+    "state_pass": ("states per chunk", "states stored", "last state"),
+    "state_grads": ("d_vnew", "d_w", "d_qg", "d_kt", "d_p", "m2", "d_decay"),
+    "input_grads": ("dq per value head", "dk per value head", "dv", "dg", "dbeta"),
+    "sum_value_heads": ("dq", "dk"),
+}
+
+
+def _base_name(kernel: str) -> str:
+    for prefix in ("chunkscan_gdn_", "chunkscan_"):
+        kernel = kernel.removeprefix(prefix)
+    return kernel.removesuffix("_tc")
+
+
+def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int]:
+    """One row per launch and output, in launch order; and the number of groups."""
+    from gated_delta import _inputs, make_step
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    from helpers import fake_fused_kernels
+
+    import chunkscan
+    from chunkscan import _backend
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    fake_fused_kernels()
+    _backend._LIMITS = {0: _backend.CudaLimits(227 * 1024, 228 * 1024, 132, "H100/H200")}
+    _backend._CAPABILITY = {}
+    fake = _backend.RUNNER
+    launches: list[tuple[str, list]] = []
+
+    def recording(name, header, source, inputs, outputs, template, grid, group, smem):
+        launches.append((name, [(tuple(shape), dtype) for _, shape, dtype in outputs]))
+        return fake(name, header, source, inputs, outputs, template, grid, group, smem)
+
+    _backend.RUNNER = recording
+    chunk_module._GROUP_BYTES = group_mib << 20
+    xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
+
+    def op(q, k, v, g, beta, h0):
+        return chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size)
+
+    make_step(op, w, w_s, "cotangents")(*xs)
+    spec = chunk_module.Spec(1, T, 16, 32, 128, 128, 1.0, chunk_size, None)
+    n = -(-T // chunk_size)
+    groups = -(-n // chunk_module._group_size(spec, chunk_size, fused=True))
+    rows = []
+    for j, (name, outs) in enumerate(launches):
+        names = _NAMES.get(_base_name(name), ())
+        for i, (shape, dtype) in enumerate(outs):
+            size = dtype.size
+            for d in shape:
+                size *= d
+            rows.append({
+                "launch": j, "kernel": name, "output": names[i] if i < len(names) else f"#{i}",
+                "shape": list(shape), "dtype": str(dtype), "kib_per_token": size / KiB / T,
+            })  # fmt: skip
+    return rows, groups
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, default=16384)
+    p.add_argument("--chunk-size", type=int, default=64)
+    p.add_argument("--group-mib", type=int, default=16384,
+                   help="the group budget (default 16384: an H200's, 1/8 of its memory "
+                   "capped at 16 GiB)")  # fmt: skip
+    p.add_argument("--json", default=str(OUT / "memory_breakdown.json"))
+    args = p.parse_args(argv)
+    rows, groups = allocations(args.T, args.group_mib, args.chunk_size)
+    total = sum(r["kib_per_token"] for r in rows)
+    print(f"T={args.T} C={args.chunk_size}, {groups} group(s): kernel outputs allocated "
+          f"in one fwd+bwd, KiB per token (total {total:.1f})")  # fmt: skip
+    for r in rows:
+        if r["kib_per_token"] >= 0.05:
+            print(f"  {r['launch']:2d} {_base_name(r['kernel']):<16s} {r['output']:<18s} "
+                  f"{r['kib_per_token']:6.1f}  {r['shape']} {r['dtype']}")  # fmt: skip
+    write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, groups=groups,
+                               total_kib_per_token=total), rows)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
