@@ -167,18 +167,22 @@ def attention_backward_peak(
     scratch_mib: float,
     compiled: bool = False,
     forward: bool = False,
+    no_edge: str | None = None,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of ``dq, dk, dv`` of ``sum(o)`` (float32, ``S = T``),
     after one warm-up call; ``forward``: of ``o`` alone. ``impl``: ``"chunkscan"`` (the
     blocked op, never the shortcut to MLX), ``"chunkscan_unordered"`` (the same without
     its ordering edges) or ``"mlx_fast"`` (``mx.fast.scaled_dot_product_attention``,
-    whose backward keeps the scores)."""
+    whose backward keeps the scores); ``no_edge``: one ordering rule of the blocked op
+    switched off (:func:`without`), a negative control."""
     from chunkscan.ops.attention import blocked
 
     blocked.SCRATCH_BYTES = int(scratch_mib * (1 << 20))
     blocked.FAST_MAX_SCORES = 0
     if impl == "chunkscan_unordered":
         blocked._ordering = NoOrdering
+    if no_edge:
+        blocked._ordering = without(no_edge)
     q, k, v, _ = attention_inputs(B, Hq, Hkv, T, T, D)
     mx.eval(q, k, v)
     scale = D**-0.5

@@ -216,6 +216,39 @@ def test_random_ops_draw_the_same_numbers_in_the_recomputation():
     assert mx.array_equal(n0, n1).item()
 
 
+def test_a_key_read_after_the_forward_keeps_its_value():
+    """The key as the checkpointed calls leave it, read inside the loss and used with
+    ``key=``, keeps its value through the backward (as ``tests/test_scan.py``'s test of
+    the same name: without ``_random.replaying``'s first draw the held key was set in
+    place to a replayed call's start key; found by mutation). Values by copy (numpy)."""
+    xs = mx.random.normal((6, 4), key=mx.random.key(1))
+    w = mx.random.normal((4,), key=mx.random.key(2))
+    seen = {}
+
+    def chunk(h, x, w):
+        for t in range(x.shape[0]):
+            keep = mx.random.bernoulli(0.5, h.shape)
+            h = mx.tanh(mx.where(keep, 2 * h * w, 0.0) + x[t])
+        return h
+
+    def loss(w, wrap):
+        h = _chunk_loop(wrap(chunk), mx.ones((4,)), xs, w)
+        key = mx.random.state[0]
+        seen["key"], seen["value"] = key, np.array(key)
+        return (h**2).sum() + (mx.random.normal((4,), key=key) * w).sum()
+
+    results = []
+    for wrap in (lambda f: f, chunkscan.checkpoint):
+        mx.random.seed(0)
+        value, grad = mx.value_and_grad(loss)(w, wrap)
+        mx.eval(value, grad)
+        results.append((seen["value"], np.array(seen["key"]), value, grad))
+    (ref_read, ref_after, v0, g0), (read, after, v1, g1) = results
+    assert (read == ref_read).all() and (ref_after == ref_read).all()
+    assert (after == read).all(), f"the held key became {after} (was {read})"
+    assert mx.array_equal(v0, v1).item() and mx.array_equal(g0, g1).item()
+
+
 def test_second_derivatives_match_plain_autograd():
     """A gradient of the gradient through a checkpointed chunk loop equals plain
     autograd's (the backward is ops MLX differentiates again). Measured max relative

@@ -10,6 +10,7 @@ import warnings
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from helpers import assert_trees_close, max_outputs_of_one_primitive, max_rel
 
@@ -1212,6 +1213,48 @@ def test_random_ops_in_f_draw_the_same_numbers_in_the_recomputation(compiled):
         assert max_rel(grad, grad_ref) <= 1e-6 and max_rel(loss, loss_ref) <= 1e-6, seed
         assert mx.array_equal(mx.random.normal((2,)), next_ref).item(), seed
         assert held.tolist() == held_value
+
+
+def test_a_key_read_after_the_forward_keeps_its_value():
+    """The key as the forward leaves it, read inside the loss after the scan (to log it,
+    or to draw with ``key=``), keeps its value through the backward. The recomputation
+    sets the global key in place (MLX has no setter), so it first draws once to make the
+    key an array of its own (``chunkscan._random.replaying``): without that draw the
+    key array read here became the replayed chunk's start key and then a copy of the
+    value it had, and lazily its value changed ([3110407274, 4280739360] for the loop's
+    [1826722230, 472279797]; found by mutation: the test above holds the key from before
+    the call, which the forward's draws replace and nothing writes). Values compared by
+    copy (numpy), the held array after the backward; a draw with the held key enters
+    the loss, and the value and gradient must be the loop's (measured 0 and 1e-7
+    relative; bound 1e-6, as the test above)."""
+    xs = mx.random.normal((T_RND, B_RND), key=mx.random.key(3))
+    w = mx.random.normal((B_RND,), key=mx.random.key(4))
+    seen = {}
+
+    def loss(w, by_scan):
+        h0 = mx.ones((B_RND,))
+        if by_scan:
+            step = chunkscan.stepwise(_dropout_step)
+            _, ys = chunkscan.scan(step, h0, (xs,), chunk_size=3, params=w)
+        else:
+            ys = plain_loop(_dropout_step, h0, (xs,), w)[1]
+        key = mx.random.state[0]  # the key the forward left, held
+        seen["key"], seen["value"] = key, np.array(key)
+        noise = mx.random.normal((B_RND,), key=key)
+        return (ys**2).sum() + (noise * w).sum()
+
+    results = []
+    for by_scan in (False, True):
+        mx.random.seed(0)
+        value, grad = mx.value_and_grad(loss)(w, by_scan)
+        mx.eval(value, grad)
+        after = np.array(seen["key"])
+        results.append((seen["value"], after, np.array(mx.random.state[0]), value, grad))
+    (ref_read, ref_after, ref_state, ref_v, ref_g), (read, after, state, v, g) = results
+    assert (read == ref_read).all() and (ref_after == ref_read).all()
+    assert (after == read).all(), f"the held key became {after} (was {read})"
+    assert (state == ref_state).all()
+    assert max_rel(v, ref_v) <= 1e-6 and max_rel(g, ref_g) <= 1e-6
 
 
 def _add_in_place(c, x, w):

@@ -273,3 +273,32 @@ def test_backward_memory_is_linear_in_inputs_and_states():
     # entering them, so the preparations are no longer one at a time.
     unordered = growth(two_chunks, no_edge="prepare_after_carry", pass_form="transition")
     assert unordered > bound, f"rule-5 control grew by {unordered / 2**20:.2f} MiB only"
+
+
+def test_backward_groups_keep_to_the_byte_budget():
+    """The op's groups keep their scratch near the budget it is given (``_GROUP_BYTES``;
+    ``CHUNKSCAN_GDN_GROUP_MIB`` outside the tests), the per-channel sub-chunk arrays
+    included. At a budget of 8 MiB, growth from T = 256 to 2048 within the bound of the
+    test above (what grows with T) plus the budget itself: one group's scratch at 2048
+    is at most the budget, at 256 at least nothing. Derived from the budget, not from
+    ``_group_size``, so that a miscount there moves the peak and not the bound: without
+    the sub-chunk term the groups were 5.4x as many chunks (28 for 5 here) and the
+    backward's peak at the default 64 MiB went from 81 to 294 MiB (found by mutation,
+    as the test above derives its budget from ``_group_size`` itself). Measured 3.13
+    MiB against a bound of 13.34; without the term 36.3; one group of all chunks, the
+    negative control, 97.9."""
+    T1, T4, budget = 256, 2048, 8 << 20
+    s = MEM
+    state = 4 * s["Hv"] * s["Dv"] * s["Dk"]
+    inputs = 4 * (2 * s["Hk"] * s["Dk"] + s["Hv"] * s["Dv"] + s["Hv"] * s["Dk"] + s["Hv"])
+    output = 4 * s["Hv"] * s["Dv"]
+    bound = (T4 - T1) * (inputs + 2 * output + state / s["C"]) + 4 * state + budget
+
+    def growth(group_bytes):
+        cfg = dict(MEM, B=1, group_bytes=group_bytes, channel=True)
+        return peak_growth("gated_delta_backward_peak", cfg, lengths=(T1, T4))
+
+    bounded = growth(budget)
+    assert bounded <= bound, f"grew {bounded / 2**20:.2f} > {bound / 2**20:.2f} MiB"
+    unbounded = growth(1 << 40)  # negative control: a single group
+    assert unbounded > 2 * bound, f"control grew by {unbounded / 2**20:.2f} MiB only"
