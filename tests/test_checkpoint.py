@@ -188,6 +188,14 @@ def _chunk_loop(run, h, xs, w):
     return h
 
 
+def _dropout_chunk(h, x, w):
+    """Steps of ``tanh(2 h w + x)`` under a dropout mask drawn from MLX's global key."""
+    for t in range(x.shape[0]):
+        keep = mx.random.bernoulli(0.5, h.shape)
+        h = mx.tanh(mx.where(keep, 2 * h * w, 0.0) + x[t])
+    return h
+
+
 def test_random_ops_draw_the_same_numbers_in_the_recomputation():
     """A dropout in the checkpointed function: its recomputation starts from the global
     key its forward started from (``chunkscan._random``), so the gradient is the plain
@@ -196,14 +204,8 @@ def test_random_ops_draw_the_same_numbers_in_the_recomputation():
     xs = mx.random.normal((6, 4), key=mx.random.key(1))
     w = mx.random.normal((4,), key=mx.random.key(2))
 
-    def chunk(h, x, w):
-        for t in range(x.shape[0]):
-            keep = mx.random.bernoulli(0.5, h.shape)
-            h = mx.tanh(mx.where(keep, 2 * h * w, 0.0) + x[t])
-        return h
-
     def loss(w, wrap):
-        return (_chunk_loop(wrap(chunk), mx.ones((4,)), xs, w) ** 2).sum()
+        return (_chunk_loop(wrap(_dropout_chunk), mx.ones((4,)), xs, w) ** 2).sum()
 
     results = []
     for wrap in (lambda f: f, chunkscan.checkpoint):
@@ -225,14 +227,8 @@ def test_a_key_read_after_the_forward_keeps_its_value():
     w = mx.random.normal((4,), key=mx.random.key(2))
     seen = {}
 
-    def chunk(h, x, w):
-        for t in range(x.shape[0]):
-            keep = mx.random.bernoulli(0.5, h.shape)
-            h = mx.tanh(mx.where(keep, 2 * h * w, 0.0) + x[t])
-        return h
-
     def loss(w, wrap):
-        h = _chunk_loop(wrap(chunk), mx.ones((4,)), xs, w)
+        h = _chunk_loop(wrap(_dropout_chunk), mx.ones((4,)), xs, w)
         key = mx.random.state[0]
         seen["key"], seen["value"] = key, np.array(key)
         return (h**2).sum() + (mx.random.normal((4,), key=key) * w).sum()
