@@ -520,7 +520,10 @@ def patch(
         chunk_size (int, optional): Steps per chunk for the op; ``None`` keeps the
             op's default. Default: ``None``.
         verify (bool, optional): Compare patched and stock paths numerically on a
-            tiny input before patching. Default: ``True``.
+            tiny input before patching. The comparison runs on the CPU, by switching
+            MLX's default device for its duration (MLX has one default device per
+            process, so work of other threads started meanwhile goes to the CPU too:
+            patch before starting them, or pass ``False``). Default: ``True``.
         attention (bool, optional): Also route calls of mlx-lm's
             ``scaled_dot_product_attention`` without a cache to
             :func:`chunkscan.attention`; ``False`` keeps MLX's kernels. Default: ``True``.
