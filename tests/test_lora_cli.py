@@ -3,6 +3,7 @@ alias --scan-chunk-size), a real run whose adapters load back, and --demo."""
 
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 import re
@@ -34,6 +35,17 @@ def test_parser_wraps_mlx_lm():
     theirs = {a.dest for a in mlx_lm.lora.build_parser()._actions}
     assert theirs <= ours
     assert {"gdn_chunk_size", "gdn_save_states", "demo"} <= ours
+
+
+def test_no_command_prints_usage_to_stderr(capsys):
+    """``chunkscan`` alone exits 2 with its usage on stderr (it went to stdout, found by
+    probing); ``chunkscan -h`` prints it to stdout and exits 0."""
+    assert cli.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: chunkscan <command>")
+    assert cli.main(["-h"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("usage: chunkscan <command>")
 
 
 def test_precedence_cli_yaml_defaults(tmp_path):
@@ -154,6 +166,10 @@ def test_real_run_saves_adapters_that_load_back(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "chunkscan.gated_delta_rule (chunk_size=16" in out
     assert "peak memory" in out
+    # the first report counts the paths' calls of the run (not patch()'s probes)
+    routes = re.search(r"calls so far .*: chunkscan.gated_delta_rule (\d+), "
+                       r"chunkscan.attention (\d+), mlx-lm's attention (\d+)\n", out)  # fmt: skip
+    assert routes and int(routes[1]) > 0 and int(routes[2]) > 0, out
     config = json.loads((adapters / "adapter_config.json").read_text())
     assert config["gdn_chunk_size"] == 16
     saved = mx.load(str(adapters / "adapters.safetensors"))
@@ -164,6 +180,22 @@ def test_real_run_saves_adapters_that_load_back(tmp_path, capsys, monkeypatch):
         assert mx.array_equal(params[name], value).item(), name
     # Training moved the adapters away from their init (lora_b starts at zero).
     assert any(k.endswith("lora_b") and mx.abs(v).max().item() > 0 for k, v in saved.items())
+
+
+def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
+    """Every attention call of kimi_linear (and DeepSeek's MLA) passes a floating mask,
+    gpt_oss's sinks: all stay with mlx-lm while the banner named chunkscan.attention, as
+    the model's modules hold the patched function (found by probing). The first report
+    now counts where the calls went."""
+    monkeypatch.setattr(cmlx, "routed_calls", collections.Counter())
+    q = mx.zeros((1, 2, 4, 8))
+    with cmlx.patch(verify=False):
+        cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, "causal")
+        cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, mx.zeros((4, 4)))  # floating
+        cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, None, sinks=mx.zeros((2,)))
+    line = lora._routes_line()
+    assert "chunkscan.attention 1, mlx-lm's attention 2 (sinks, a floating mask" in line
+    assert "chunkscan.gated_delta_rule 0," in line
 
 
 def test_demo_runs(capsys):
@@ -299,6 +331,16 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train"])
     lora.check_args(args)
     assert (args.model, args.data) == (str(model), str(data))
+    # the adapters' paths too: mlx-lm wrote '~/out' into ./~/out and failed to open a
+    # '~/...' --resume-adapter-file that the check had found (found by probing)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "adapters.safetensors").write_bytes(b"")
+    args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train",
+                              "--adapter-path", "~/out",
+                              "--resume-adapter-file", "~/first/adapters.safetensors"])  # fmt: skip
+    lora.check_args(args)
+    assert args.adapter_path == str(tmp_path / "out")
+    assert args.resume_adapter_file == str(tmp_path / "first" / "adapters.safetensors")
 
 
 @pytest.mark.parametrize(
@@ -316,8 +358,9 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
         (["--save-every", "0"], "--save-every must be a whole number of at least 1, not 0."),
         (["--learning-rate", "-1"], "--learning-rate must be a number of at least 0, not -1.0."),
         (["--learning-rate", "nan"], "--learning-rate must be a number of at least 0, not nan."),
+        (["--seed", "-1"], "--seed must be a whole number of at least 0, not -1."),
     ],
-    ids=["batch", "layers", "val", "iters", "seq", "report", "save", "lr", "lr-nan"],
+    ids=["batch", "layers", "val", "iters", "seq", "report", "save", "lr", "lr-nan", "seed"],
 )
 def test_numbers_mlx_lm_takes_unchecked_are_refused(argv, message):
     """Found by probing: --batch-size -2 hung for ever, --num-layers 0 trained every
@@ -329,7 +372,7 @@ def test_numbers_mlx_lm_takes_unchecked_are_refused(argv, message):
             ["--iters", "1"], ["--learning-rate", "0"])  # fmt: skip
     for ok in fine:
         lora.resolve_args(["--train", *ok])
-    if argv[0] not in ("--batch-size", "--max-seq-length"):  # what --test alone reads
+    if argv[0] not in ("--batch-size", "--max-seq-length", "--seed"):  # --test reads these
         lora.resolve_args(["--test", *argv])
 
 

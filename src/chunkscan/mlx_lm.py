@@ -70,6 +70,7 @@ values and gradients against the stock function.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib
@@ -226,6 +227,7 @@ def gated_delta_update(
     if use_kernel:
         stock = _stock["fn"]
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
+    routed_calls["chunkscan.gated_delta_rule"] += 1
     return _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
 
 
@@ -591,6 +593,15 @@ _ATTN = "scaled_dot_product_attention"
 _ATTN_PARAMS = ("queries", "keys", "values", "cache", "scale", "mask", "sinks")
 _attn_saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _attn_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's base.scaled_dot_product_attention
+# The training paths' calls by where they went: "chunkscan.gated_delta_rule",
+# "chunkscan.attention", and "mlx-lm's attention" for attention calls without a cache
+# that stay with mlx-lm (sinks, a floating mask, mixed dtypes). ``chunkscan lora``
+# prints them at its first report: what a model's modules hold does not say which of
+# their calls can take the op (every attention call of kimi_linear and DeepSeek's MLA
+# passes a floating mask, gpt_oss's sinks: none reached chunkscan.attention under a
+# banner that named it; found by probing). Counted per Python call, so once per trace
+# under mx.compile.
+routed_calls: collections.Counter[str] = collections.Counter()
 
 
 def _attention_op():
@@ -631,7 +642,10 @@ def scaled_dot_product_attention(
         or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
         or isinstance(scale, mx.array)  # chunkscan.attention takes a Python number
     ):
+        if cache is None:
+            routed_calls["mlx-lm's attention"] += 1
         return _attn_stock["fn"](queries, keys, values, cache, scale, mask, sinks)
+    routed_calls["chunkscan.attention"] += 1
     return _attention_op()(queries, keys, values, scale=scale, mask=mask)
 
 

@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         lines = [f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()]
-        print("usage: chunkscan <command> [options]\n\ncommands:\n" + "\n".join(lines))
+        # usage asked for: stdout, status 0; no command: stderr, status 2 (as argparse)
+        out = sys.stdout if argv else sys.stderr
+        print("usage: chunkscan <command> [options]\n\ncommands:\n" + "\n".join(lines), file=out)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

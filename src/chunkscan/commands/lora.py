@@ -253,6 +253,7 @@ _WHOLE_NUMBERS = {
     "save_every": (1, None, True),
     "num_layers": (1, -1, True),
     "val_batches": (0, -1, True),
+    "seed": (0, None, False),  # numpy's seed, after the model loads (found by probing)
 }
 
 
@@ -322,8 +323,12 @@ class _PeakMemory:
 
     def __init__(self, inner: Any):
         self.inner = inner
+        self.routes_printed = False
 
     def on_train_loss_report(self, info: dict[str, Any]) -> None:
+        if not self.routes_printed:
+            self.routes_printed = True
+            print(_routes_line(), flush=True)
         print(
             f"  iter {info['iteration']:>4}: loss {info['train_loss']:.3f}, "
             f"{info['tokens_per_second']:,.0f} tok/s, "
@@ -336,6 +341,21 @@ class _PeakMemory:
     def on_val_loss_report(self, info: dict[str, Any]) -> None:
         if self.inner is not None:
             self.inner.on_val_loss_report(info)
+
+
+def _routes_line() -> str:
+    """The training paths' calls so far, by where they went (the seam's
+    ``routed_calls``): what the banner cannot tell from the model's modules."""
+    from .. import mlx_lm as seam
+
+    calls = seam.routed_calls
+    stock = calls["mlx-lm's attention"]
+    return (
+        f"chunkscan: calls so far (a compiled step counts once): "
+        f"chunkscan.gated_delta_rule {calls['chunkscan.gated_delta_rule']}, "
+        f"chunkscan.attention {calls['chunkscan.attention']}, mlx-lm's attention {stock}"
+        + (" (sinks, a floating mask or mixed dtypes: as in mlx-lm)" if stock else "")
+    )
 
 
 @contextlib.contextmanager
@@ -454,6 +474,10 @@ def check_args(args: types.SimpleNamespace) -> None:
                     f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
                     f"holds an example). Add examples, or remove the file."
                 )
+    for name in ("adapter_path", "resume_adapter_file"):  # as for --model and --data:
+        value = getattr(args, name, None)  # mlx-lm opened '~/...' as written, wrote into
+        if isinstance(value, str) and value.startswith("~"):  # ./~ (found by probing)
+            setattr(args, name, os.path.expanduser(value))
     _check_resumed_adapters(args)
 
 
@@ -564,12 +588,13 @@ def run(args: types.SimpleNamespace) -> None:
         if routes is None:
             attention = (
                 "attention training path -> chunkscan.attention (where the model calls "
-                "mlx-lm's scaled_dot_product_attention without sinks or a floating mask)"
+                "mlx-lm's scaled_dot_product_attention without sinks or a floating mask; "
+                "the first report counts each path's calls)"
             )
         elif routes.attention:  # per call: sinks and floating masks stay mlx-lm's
             attention = (
                 "attention training path -> chunkscan.attention (calls without sinks or "
-                "a floating mask)"
+                "a floating mask; the first report counts each path's calls)"
             )
         else:  # gemma2 and olmo write their own softmax, plamo2 calls mx.fast's, mamba none
             attention = (
@@ -577,6 +602,7 @@ def run(args: types.SimpleNamespace) -> None:
                 f"(its attention, if any, trains as in mlx-lm)"
             )
         print(f"chunkscan: {gdn}; {attention}", flush=True)
+        seam.routed_calls.clear()  # patch()'s own probes called the paths
         with _report_peak_memory(lora):
             lora.run(args)
 
