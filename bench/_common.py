@@ -3,10 +3,17 @@
 ``meta()`` gives the provenance of a run (argv, git commit, date, device, versions);
 ``write_json`` writes ``{"meta": ..., "rows": [...]}``. Default outputs go under
 ``bench-out/`` (git-ignored), never over the committed files in ``bench/results/``.
+
+Before measuring, a script refuses what would fail only later: numbers out of range
+(``positive_int`` and its kin as argparse ``type=``), outputs it cannot write
+(:func:`check_outputs`) and, for the CUDA-only scripts, a machine without CUDA
+(:func:`cuda_missing`). Each gives one line and exit status 2 where a traceback, or rows
+of errors and exit status 0, came after the measuring before (found by probing).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -17,6 +24,89 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench-out"  # default output folder (git-ignored)
 KiB = 1024.0
+
+
+def _at_least(convert, kind: str, least: float, strict: bool):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {kind} but got {text!r}") from None
+        if not (value > least if strict else value >= least):
+            raise argparse.ArgumentTypeError(f"must be {kind} but got {text!r}")
+        return value
+
+    return parse
+
+
+#: argparse ``type=`` for counts and sizes (a T, repeats, a chunk size): 0 or less fails
+#: at parse time, "argument --T: must be a positive integer but got '0'", exit status 2.
+positive_int = _at_least(int, "a positive integer", 0, strict=True)
+#: ``type=`` where 0 means something (none, off, the default): a negative number fails.
+non_negative_int = _at_least(int, "an integer >= 0", 0, strict=False)
+#: ``type=`` for seconds and sizes in MiB or GiB that must be above 0 (a timeout).
+positive_float = _at_least(float, "a number > 0", 0.0, strict=True)
+#: ``type=`` for seconds where 0 means no limit (a budget).
+non_negative_float = _at_least(float, "a number >= 0", 0.0, strict=False)
+
+
+def check_outputs(
+    parser: argparse.ArgumentParser,
+    paths: dict[str, str | os.PathLike | None],
+    beside: tuple[str, ...] = (),
+) -> None:
+    """Before measuring: ``parser.error`` (exit status 2, one line naming the option)
+    where an output of ``paths`` (option -> path; None or "" for an output switched off)
+    cannot be written, or a file written beside it with a suffix of ``beside`` (a table,
+    a plot). A missing parent folder is created, as :func:`write_json` does. A folder
+    given as the path, or a file in its parent's place, failed only at the end, after
+    minutes of measuring (found by probing)."""
+    for option, path in paths.items():
+        if path is None or str(path) == "":
+            continue
+        path = pathlib.Path(path)
+        files = [path, *(path.with_suffix(suffix) for suffix in beside)]
+        for f in files:
+            if f.is_dir():
+                parser.error(f"argument {option}: {str(f)!r} is a directory")
+        for folder in (path.parent, *path.parent.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    parser.error(f"argument {option}: {str(folder)!r} is not a folder")
+                break
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"argument {option}: cannot create the folder of {str(path)!r}: "
+                         f"{exc.strerror or exc}")  # fmt: skip
+        for f in [path.parent] + [f for f in files if f.exists()]:
+            if not os.access(f, os.W_OK):
+                parser.error(f"argument {option}: {str(f)!r} is not writable")
+
+
+def cuda_missing(script: str, mlx: bool = True, torch: bool = False) -> str | None:
+    """What a CUDA-only script prints before it returns 2 on a machine without what it
+    needs (one line; None where all is there): MLX with a CUDA GPU as the default device
+    (``mlx``), PyTorch with CUDA (``torch``). The scripts gave a Python traceback there
+    (found by probing); ``bench/state_pass.py`` and ``bench/tc_probe.py`` print the same
+    line."""
+    if mlx:
+        import mlx.core as mx
+
+        try:
+            ok = bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
+        except AttributeError:  # an MLX without the CUDA module (Metal)
+            ok = False
+        if not ok:
+            return f"[{script}] needs MLX with a CUDA GPU as the default device."
+    if torch:
+        try:
+            import torch as torch_
+        except ImportError:
+            return f"[{script}] needs PyTorch with CUDA; PyTorch is not installed."
+        if not torch_.cuda.is_available():
+            return f"[{script}] needs PyTorch with CUDA; torch.cuda.is_available() is False."
+    return None
 
 
 def device() -> str:

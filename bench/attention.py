@@ -151,29 +151,33 @@ def _meta(argv: list[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from _common import non_negative_int, positive_float, positive_int
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="cpu-small")
-    p.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--impls", nargs="+", default=["chunkscan", "mlx_fast"], choices=IMPLS)
-    p.add_argument("--B", type=int, default=None, help="override the shape's batch size")
-    p.add_argument("--Hq", type=int, default=None, help="override the shape's query heads")
-    p.add_argument("--Hkv", type=int, default=None, help="override the shape's kv heads")
-    p.add_argument("--D", type=int, default=None, help="override the shape's head dim")
+    p.add_argument("--B", type=positive_int, default=None, help="override the shape's batch size")
+    p.add_argument("--Hq", type=positive_int, default=None,
+                   help="override the shape's query heads")  # fmt: skip
+    p.add_argument("--Hkv", type=positive_int, default=None, help="override the shape's kv heads")
+    p.add_argument("--D", type=positive_int, default=None, help="override the shape's head dim")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--mask", default=None, choices=["causal", "none"])
-    p.add_argument("--chunk-size", type=int, default=None)
-    p.add_argument("--scratch-mib", type=float, default=None,
+    p.add_argument("--chunk-size", type=positive_int, default=None)
+    p.add_argument("--scratch-mib", type=positive_float, default=None,
                    help="chunkscan's SCRATCH_BYTES in MiB (default: the module's)")  # fmt: skip
-    p.add_argument("--fast-max-scores", type=int, default=None,
+    p.add_argument("--fast-max-scores", type=non_negative_int, default=None,
                    help="chunkscan's FAST_MAX_SCORES (0: never route to mx.fast)")  # fmt: skip
     p.add_argument("--fused-forward", choices=["auto", "never"], default=None)
     p.add_argument("--compiled", action="store_true", help="mx.compile the fwd+bwd")
     p.add_argument("--phase", choices=["fwdbwd", "fwd"], default="fwdbwd",
                    help="fwd: time and memory of the forward alone")  # fmt: skip
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--fast-max-T", type=int, default=1 << 30,
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--fast-max-T", type=non_negative_int, default=1 << 30,
                    help="skip mlx_fast above this T (its memory is O(T^2))")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds per configuration")  # fmt: skip
     p.add_argument("--json", default=str(ROOT / "bench-out" / "attention.json"))
     p.add_argument("--from-json", default=None, help="only rebuild the table and plot")
     return p
@@ -250,7 +254,11 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from _common import check_outputs
+
+    check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
     out = pathlib.Path(args.json)
     if args.from_json:
         # The table and plot go beside --json (default bench-out/), never beside the file

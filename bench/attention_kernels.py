@@ -59,14 +59,19 @@ def measure(T: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import meta
+    from _common import check_outputs, cuda_missing, meta, positive_int
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, nargs="+", default=[8192, 16384])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--T", type=positive_int, nargs="+", default=[8192, 16384])
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
+    why = cuda_missing("attention_kernels")
+    if why:
+        print(why)
+        return 2
     rows = []
     for T in args.T:
         row = measure(T, args.repeats)

@@ -24,7 +24,17 @@ import tempfile
 import time
 from typing import Any
 
-from _common import OUT, child_env, empty_kernel_caches, kernels_compiled, meta, write_json
+from _common import (
+    OUT,
+    check_outputs,
+    child_env,
+    empty_kernel_caches,
+    kernels_compiled,
+    meta,
+    positive_float,
+    positive_int,
+    write_json,
+)
 
 MODES = ("fwd", "fwdbwd", "compiled")
 
@@ -69,16 +79,17 @@ def measure(mode: str, B: int, T: int, Hk: int, Hv: int, D: int, C: int, gate: s
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--B", type=int, default=1)
-    p.add_argument("--T", type=int, default=256)
-    p.add_argument("--Hk", type=int, default=2)
-    p.add_argument("--Hv", type=int, default=4)
-    p.add_argument("--D", type=int, default=32, help="Dk = Dv")
-    p.add_argument("--C", type=int, default=16, help="chunk size")
+    p.add_argument("--B", type=positive_int, default=1)
+    p.add_argument("--T", type=positive_int, default=256)
+    p.add_argument("--Hk", type=positive_int, default=2)
+    p.add_argument("--Hv", type=positive_int, default=4)
+    p.add_argument("--D", type=positive_int, default=32, help="Dk = Dv")
+    p.add_argument("--C", type=positive_int, default=16, help="chunk size")
     p.add_argument("--gate", choices=["head", "channel"], default="head")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=positive_float, default=600.0)
     p.add_argument("--json", default=str(OUT / "first_call.json"))
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
 
     from chunkscan.commands.measure import run_isolated
 

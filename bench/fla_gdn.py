@@ -292,36 +292,53 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from _common import non_negative_float, non_negative_int, positive_int
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, nargs="+", default=DEFAULT_T)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--T", type=positive_int, nargs="+", default=DEFAULT_T)
+    p.add_argument("--repeats", type=positive_int, default=10)
+    p.add_argument("--warmup", type=non_negative_int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--B", type=int, default=1)
-    p.add_argument("--Hk", type=int, default=16)
-    p.add_argument("--Hv", type=int, default=32)
-    p.add_argument("--D", type=int, default=128, help="Dk = Dv")
+    p.add_argument("--B", type=positive_int, default=1)
+    p.add_argument("--Hk", type=positive_int, default=16)
+    p.add_argument("--Hv", type=positive_int, default=32)
+    p.add_argument("--D", type=positive_int, default=128, help="Dk = Dv")
     p.add_argument("--gate", choices=["head", "channel"], default="head",
                    help="g per value head, or per key channel (fla's chunk_kda)")  # fmt: skip
-    p.add_argument("--check", type=int, default=128, help="T of the reference check; 0: skip")
+    p.add_argument("--check", type=non_negative_int, default=128,
+                   help="T of the reference check; 0: skip")  # fmt: skip
     p.add_argument(
         "--lift-hopper-guard",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run fla 0.6.0's gated backward on Hopper with Triton < 3.7.1 (see module doc)",
     )
-    p.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
+    p.add_argument("--budget", type=non_negative_float, default=0.0, help="seconds; 0: no limit")
     p.add_argument("--json", default=str(ROOT / "bench-out" / "fla_gdn.json"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    started = time.perf_counter()
-    import torch
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from _common import check_outputs
 
+    check_outputs(parser, {"--json": args.json})
+    started = time.perf_counter()
+    try:
+        import torch
+    except ImportError:  # a traceback before (found by probing)
+        print("[bench.fla_gdn] fla's kernels need PyTorch with a CUDA GPU; PyTorch is not "
+              "installed.", file=sys.stderr)  # fmt: skip
+        return 2
     if not torch.cuda.is_available():
         print("[bench.fla_gdn] fla's kernels need a CUDA GPU; none found.", file=sys.stderr)
+        return 2
+    import importlib.util
+
+    if importlib.util.find_spec("fla") is None:  # every row an error before
+        print("[bench.fla_gdn] fla (flash-linear-attention, fla-core) is not installed.",
+              file=sys.stderr)  # fmt: skip
         return 2
     shape = {"B": args.B, "Hk": args.Hk, "Hv": args.Hv, "Dk": args.D, "Dv": args.D,
              "gate": args.gate}  # fmt: skip

@@ -221,14 +221,16 @@ def _find_openblas(value: str | None) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from _common import add_save_option, non_negative_int, positive_float, positive_int
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument(
         "--chunk-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="chunkscan's chunk (default: the op's default for the device)",
     )
@@ -241,16 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--loop-max-T",
-        type=int,
+        type=non_negative_int,
         default=2048,
         help="largest T for the per-token loops (mlx_lm, mlx_fast, scan); their memory "
         "grows by ~8 MiB per token at this shape",
     )
-    from _common import add_save_option
-
     add_save_option(p)
     p.add_argument("--openblas", default=None, help="path to libopenblas.so.0, or 'auto'")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds per configuration")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "gated_delta.json"))
     p.add_argument("--png", default=str(OUT / "gated_delta.png"))
     p.add_argument("--md", default=str(OUT / "gated_delta.md"))
@@ -342,18 +343,23 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    if str(ROOT / "bench") not in sys.path:  # _common, for the parser too
+        sys.path.insert(0, str(ROOT / "bench"))
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.gate == "channel" and not set(args.impls) <= {"chunkscan", "mlx_lm"}:
         raise SystemExit(
             "[bench.gated_delta] --gate channel runs chunkscan and mlx_lm only but got "
             f"--impls {' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
+    from _common import check_outputs
+
+    check_outputs(parser, {"--json": args.json, "--png": args.png, "--md": args.md})
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
         rows, title, info = saved["rows"], saved["title"], saved.get("meta", saved.get("argv"))
     else:
-        sys.path.insert(0, str(ROOT / "bench"))
         from _common import meta
 
         rows, info = run(args), meta()

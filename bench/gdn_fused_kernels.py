@@ -22,17 +22,24 @@ import os
 import sys
 import tempfile
 
-from _common import OUT, meta, write_json
+from _common import OUT, check_outputs, cuda_missing, meta, positive_int, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, default=4096, help="tokens of the group")
-    p.add_argument("--C", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--tokens", type=positive_int, default=4096, help="tokens of the group")
+    p.add_argument("--C", type=positive_int, default=64)
+    p.add_argument("--repeats", type=positive_int, default=10)
     p.add_argument("--profile", action="store_true", help="phase clocks, no timing")
     p.add_argument("--json", default=str(OUT / "gdn_fused_kernels.json"))
     args = p.parse_args(argv)
+    if args.tokens < args.C:  # no chunk at all
+        p.error(f"argument --tokens: must be at least --C ({args.C}) but got {args.tokens}")
+    check_outputs(p, {"--json": args.json})
+    why = cuda_missing("gdn_fused_kernels")
+    if why:
+        print(why)
+        return 2
     if args.profile:
         os.environ["CHUNKSCAN_GDN_PROFILE"] = "1"
 

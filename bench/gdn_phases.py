@@ -31,7 +31,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from _common import OUT, meta, write_json
+from _common import OUT, check_outputs, meta, positive_int, write_json
 
 
 def _timed(fn, repeats: int) -> tuple[float, Any]:
@@ -168,20 +168,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, default=4096)
-    p.add_argument("--Hk", type=int, default=2)
-    p.add_argument("--Hv", type=int, default=4)
-    p.add_argument("--D", type=int, default=64, help="Dk = Dv")
+    p.add_argument("--T", type=positive_int, default=4096)
+    p.add_argument("--Hk", type=positive_int, default=2)
+    p.add_argument("--Hv", type=positive_int, default=4)
+    p.add_argument("--D", type=positive_int, default=64, help="Dk = Dv")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--gate", choices=["head", "channel"], default="head",
                    help="g per value head, or per key channel (its own preparation)")  # fmt: skip
-    p.add_argument("--chunk-size", type=int, default=None, help="default: the op's")
-    p.add_argument("--group-chunks", type=int, default=None, help="default: the op's budget")
+    p.add_argument("--chunk-size", type=positive_int, default=None, help="default: the op's")
+    p.add_argument("--group-chunks", type=positive_int, default=None,
+                   help="default: the op's budget")  # fmt: skip
     p.add_argument("--fused", action="store_true", help="compile the per-group functions")
     p.add_argument("--kernels", choices=["auto", "off"], default="auto")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", default=str(OUT / "gdn_phases.json"))
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
     row = run(args)
     n = row["groups"]
     print(

@@ -27,7 +27,19 @@ import sys
 import time
 from typing import Any
 
-from _common import OUT, KiB, add_save_option, child_env, meta, write_json
+from _common import (
+    OUT,
+    KiB,
+    add_save_option,
+    check_outputs,
+    child_env,
+    meta,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    write_json,
+)
 from gated_delta import make_step
 
 IMPLS = ("chunkscan", "chunkscan-portable", "fla")
@@ -118,16 +130,20 @@ def measure_fla(T: int, repeats: int = 10, harness: str = "cotangents") -> dict[
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536])
+    p.add_argument("--T", type=positive_int, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
                    choices=["eager", "compiled"])  # fmt: skip
     p.add_argument(
-        "--chunk-sizes", type=int, nargs="+", default=[0], help="0: the op's default for the device"
+        "--chunk-sizes",
+        type=non_negative_int,
+        nargs="+",
+        default=[0],
+        help="0: the op's default for the device",
     )
     p.add_argument(
         "--group-mib",
-        type=int,
+        type=non_negative_int,
         nargs="+",
         default=[0],
         help="scratch budget of one group of chunks; 0: the library default",
@@ -141,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-limit-mib",
-        type=int,
+        type=non_negative_int,
         nargs="+",
         default=[0],
         help="MLX's memory limit, this much above the inputs (mx.set_memory_limit); "
@@ -155,15 +171,28 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["cotangents", "loss"],
         help="gradients given the outputs' cotangents, or of sum(o * w) + sum(final * w_s)",
     )
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
-    p.add_argument("--budget", type=float, default=0.0, help="seconds for the run; 0: none")
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--timeout", type=positive_float, default=600.0,
+                   help="seconds per configuration")  # fmt: skip
+    p.add_argument("--budget", type=non_negative_float, default=0.0,
+                   help="seconds for the run; 0: none")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "gdn_vs_fla.json"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_outputs(parser, {"--json": args.json})
+    if "fla" in args.impls:
+        import importlib.util
+
+        missing = [m for m in ("torch", "fla") if importlib.util.find_spec(m) is None]
+        if missing:  # every fla row an error before
+            parser.error(
+                f"argument --impls: fla needs PyTorch and fla (fla-core); "
+                f"{' and '.join(missing)} not installed (leave fla out of --impls)"
+            )
     from chunkscan.commands.measure import run_isolated
 
     started, rows = time.perf_counter(), []

@@ -16,7 +16,9 @@ GPU of 32 GB or less). On the device itself ``bench/gpu_gaps.py`` times the same
 ``--real`` (a CUDA device only) builds with the real kernels instead (each launch through
 ``mx.fast.precompiled_cuda_kernel``, after a first evaluated call that compiles them;
 the builds are not evaluated), and ``--profile N`` prints cProfile's N costliest
-functions over the timed builds (their own time).
+functions over the timed builds (their own time). ``--json`` (default
+``bench-out/graph_build.json``) writes the row printed, every build's milliseconds
+(sorted) and the run's provenance (``bench/_common.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ import argparse
 import pathlib
 import sys
 import time
+
+from _common import (
+    OUT,
+    check_outputs,
+    cuda_missing,
+    meta,
+    non_negative_int,
+    positive_int,
+    write_json,
+)
 
 
 def build_times(
@@ -75,20 +87,34 @@ def build_times(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, default=16384)
-    p.add_argument("--repeats", type=int, default=80)
-    p.add_argument("--group-mib", type=int, default=4096)
+    p.add_argument("--T", type=positive_int, default=16384)
+    p.add_argument("--repeats", type=positive_int, default=80)
+    p.add_argument("--group-mib", type=positive_int, default=4096)
     p.add_argument("--real", action="store_true", help="the real kernels (a CUDA device)")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
+    p.add_argument("--profile", type=non_negative_int, default=0, metavar="N",
                    help="print cProfile's N costliest functions")  # fmt: skip
+    p.add_argument("--json", default=str(OUT / "graph_build.json"))
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
+    # --real off CUDA built the portable graph and printed it as the kernels' (found by
+    # probing)
+    why = cuda_missing("graph_build --real") if args.real else None
+    if why:
+        print(why)
+        return 2
     ts = build_times(args.T, args.repeats, args.group_mib, args.real, args.profile)
+    row = {
+        "T": args.T, "real": args.real, "group_mib": args.group_mib, "repeats": args.repeats,
+        "median_ms": ts[len(ts) // 2] * 1e3, "min_ms": ts[0] * 1e3,
+        "p10_ms": ts[len(ts) // 10] * 1e3, "build_ms": [t * 1e3 for t in ts],
+    }  # fmt: skip
     print(
         f"T={args.T}{' (real kernels)' if args.real else ''}: graph build median "
-        f"{ts[len(ts) // 2] * 1e3:.2f} ms "
-        f"(min {ts[0] * 1e3:.2f}, 10th percentile {ts[len(ts) // 10] * 1e3:.2f}; "
+        f"{row['median_ms']:.2f} ms "
+        f"(min {row['min_ms']:.2f}, 10th percentile {row['p10_ms']:.2f}; "
         f"{args.repeats} builds)"
     )
+    write_json(args.json, meta(), [row])
     return 0
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _common import OUT, meta, write_json
+from _common import OUT, check_outputs, meta, positive_int, write_json
 
 NAMES = ("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
@@ -128,9 +128,9 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gates", type=float, nargs="+", default=[0.0, -0.3, 0.3, 0.6, 1.2])
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 64])
-    p.add_argument("--T", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--D", type=int, default=16)
+    p.add_argument("--chunk-sizes", type=positive_int, nargs="+", default=[8, 16, 64])
+    p.add_argument("--T", type=positive_int, nargs="+", default=[64, 128])
+    p.add_argument("--D", type=positive_int, default=16)
     p.add_argument("--state-std", type=float, nargs="+", default=[1.0])
     p.add_argument("--beta", type=float, default=None,
                    help="one beta for every step (default: uniform in [0.1, 0.9])")  # fmt: skip
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the gate per key channel, [B, T, Hv, Dk] (default: per head)")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "growth_gates.json"))
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
     rows = []
     for T in args.T:
         for std in args.state_std:

@@ -17,14 +17,27 @@ the CPU's encoding. A CUDA device only.
     python3 bench/launch_cost.py --launches 400 --pads 64 128 256 1024
 
 ``--real`` also prints the sizes of the binaries of the op's kernels (one small fwd+bwd
-of ``chunkscan.gated_delta_rule`` at the Qwen3-Next head shape).
+of ``chunkscan.gated_delta_rule`` at the Qwen3-Next head shape). ``--json`` (default
+``bench-out/launch_cost.json``) writes one row per kind (microseconds per launch) and
+the run's provenance (``bench/_common.py``; the binaries' sizes in its ``op_binaries``).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+
+from _common import (
+    OUT,
+    check_outputs,
+    cuda_missing,
+    meta,
+    non_negative_int,
+    positive_int,
+    write_json,
+)
 
 N = 1024
 _SOURCE = """
@@ -95,7 +108,7 @@ def time_chain(fn, launches: int, repeats: int) -> tuple[float, float]:
     return statistics.median(builds[1:]), statistics.median(evals[1:])
 
 
-def real_sizes() -> None:
+def real_sizes() -> list[dict]:
     import mlx.core as mx
     from gated_delta import _inputs, make_step
 
@@ -108,26 +121,42 @@ def real_sizes() -> None:
         return chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=h0)
 
     mx.eval(make_step(op, w, w_s, "loss")(*xs))
+    sizes = []
     for kernel in _backend._CUDA_KERNELS.values():
         for symbol, binary in getattr(kernel, "_binaries", {}).values():
             print(f"  {len(binary) / 1024:7.1f} KiB  {symbol}")
+            sizes.append({"symbol": symbol, "kib": len(binary) / 1024})
+    return sizes
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--launches", type=int, default=400)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--pads", type=int, nargs="*", default=[64, 128, 256, 1024], help="KiB")
+    p.add_argument("--launches", type=positive_int, default=400)
+    p.add_argument("--repeats", type=positive_int, default=7)
+    p.add_argument("--pads", type=non_negative_int, nargs="*", default=[64, 128, 256, 1024],
+                   help="KiB")  # fmt: skip
     p.add_argument("--real", action="store_true")
-    args = p.parse_args()
+    p.add_argument("--json", default=str(OUT / "launch_cost.json"))
+    args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
+    why = cuda_missing("launch_cost")  # a traceback on a CPU before
+    if why:
+        print(why)
+        return 2
     print(f"{'kind':>22}  build us/launch  eval us/launch  ({args.launches} launches)")
+    rows = []
     for label, fn in kinds(args.pads):
         build, ev = time_chain(fn, args.launches, args.repeats)
         print(f"{label:>22}  {build * 1e6:15.1f}  {ev * 1e6:14.1f}", flush=True)
+        row = {"kind": label, "launches": args.launches, "repeats": args.repeats}
+        rows.append(dict(row, build_us_per_launch=build * 1e6, eval_us_per_launch=ev * 1e6))
+    extra = {}
     if args.real:
         print("the op's kernels' binaries:")
-        real_sizes()
+        extra["op_binaries"] = real_sizes()
+    write_json(args.json, meta(**extra), rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

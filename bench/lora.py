@@ -42,6 +42,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MiB = 1024.0 * 1024.0
+MODES = ("stock", "patched", "patched+attn", "stub", "stub+attn")
 
 
 def _stub_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **_):
@@ -247,30 +248,33 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, devi
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _common import check_outputs, non_negative_int, positive_float, positive_int
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--modes", nargs="+", default=["stock", "patched", "stub"])
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    # choices: an unknown mode gave one error row per T and exit status 0 (found by probing)
+    parser.add_argument("--modes", nargs="+", default=["stock", "patched", "stub"], choices=MODES)
+    parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the model's weights (and so the activations); on CUDA, "
                         "chunkscan.attention's kernels take bfloat16/float16 only")  # fmt: skip
-    parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--chunk-size", type=positive_int, default=None)
     from chunkscan.ops.gated_delta.chunk import SAVE_MODES
 
     parser.add_argument("--save-states", choices=SAVE_MODES, default=None,
                         help="what the patched op keeps for the backward (default: "
                         "patch()'s, groups)")  # fmt: skip
-    parser.add_argument("--memory-limit-mib", type=int, default=None,
+    parser.add_argument("--memory-limit-mib", type=non_negative_int, default=None,
                         help="MLX's memory limit this far above the model and tokens "
                         "(mx.set_memory_limit); with MLX_MAX_MB_PER_BUFFER=64 in the "
                         "environment it bounds the op's peak on CUDA (docs/mlx_lm.md)")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--max-stock-gib", type=float, default=20.0,
+    parser.add_argument("--repeats", type=positive_int, default=2)
+    parser.add_argument("--max-stock-gib", type=positive_float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
     parser.add_argument("--config", type=json.loads, default=None,
                         help="JSON overrides of the tiny model's config.json, e.g. "
                         "'{\"hidden_size\": 2048}'")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--timeout", type=positive_float, default=1800.0)
     parser.add_argument("--cold-jit", action="store_true",
                         help="give each configuration empty kernel caches (TMPDIR for the CPU "
                         "backend, MLX_PTX_CACHE_DIR for CUDA), so that its first step compiles "
@@ -282,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true",
                         help="keep the other rows already in --json")  # fmt: skip
     args = parser.parse_args(argv)
+    check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
 
     if args.replot:
         # Beside --json: writing beside the file read rewrote committed results (their
@@ -372,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_outputs(meta: dict[str, Any], rows: list[dict[str, Any]], path: pathlib.Path) -> None:
-    order = ("stock", "patched", "patched+attn", "stub", "stub+attn")
-    modes = [m for m in order if any(r["mode"] == m for r in rows)]
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     table = _table(rows, modes, sorted({r["T"] for r in rows}))
     cmds = "\n".join(f"    {c}" for c in meta["commands"])
     path.with_suffix(".md").write_text(

@@ -25,7 +25,7 @@ import argparse
 import pathlib
 import sys
 
-from _common import OUT, meta, write_json
+from _common import OUT, check_outputs, meta, positive_int, write_json
 
 KiB = 1024.0
 # Output names of each kernel (``_chunk_cuda``'s and ``_pass_cuda``'s order), for the
@@ -94,23 +94,25 @@ def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, default=16384)
-    p.add_argument("--chunk-size", type=int, default=64)
-    p.add_argument("--group-mib", type=int, default=16384,
+    p.add_argument("--T", type=positive_int, default=16384)
+    p.add_argument("--chunk-size", type=positive_int, default=64)
+    p.add_argument("--group-mib", type=positive_int, default=16384,
                    help="the group budget (default 16384: an H200's, 1/8 of its memory "
                    "capped at 16 GiB)")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "memory_breakdown.json"))
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
     rows, groups = allocations(args.T, args.group_mib, args.chunk_size)
     total = sum(r["kib_per_token"] for r in rows)
+    # written before the table, which a pipe may cut (`| head -1` in run 99 did)
+    write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, groups=groups,
+                               total_kib_per_token=total), rows)  # fmt: skip
     print(f"T={args.T} C={args.chunk_size}, {groups} group(s): kernel outputs allocated "
           f"in one fwd+bwd, KiB per token (total {total:.1f})")  # fmt: skip
     for r in rows:
         if r["kib_per_token"] >= 0.05:
             print(f"  {r['launch']:2d} {_base_name(r['kernel']):<16s} {r['output']:<18s} "
                   f"{r['kib_per_token']:6.1f}  {r['shape']} {r['dtype']}")  # fmt: skip
-    write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, groups=groups,
-                               total_kib_per_token=total), rows)  # fmt: skip
     return 0
 
 

@@ -67,14 +67,21 @@ def fla_call(T: int, harness: str = "cotangents"):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _common import cuda_missing, non_negative_int, positive_int
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     impls = ("chunkscan", "chunkscan-portable", "fla")
     p.add_argument("--impl", choices=impls, default="chunkscan")
-    p.add_argument("--T", type=int, default=16384)
-    p.add_argument("--C", type=int, default=None, help="chunkscan's chunk size")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--T", type=positive_int, default=16384)
+    p.add_argument("--C", type=positive_int, default=None, help="chunkscan's chunk size")
+    p.add_argument("--warmup", type=non_negative_int, default=2)
     p.add_argument("--harness", choices=("cotangents", "loss"), default="cotangents")
     args = p.parse_args(argv)
+    # fla's kernels: a traceback without a CUDA PyTorch before (found by probing)
+    why = cuda_missing("ncu_op --impl fla", mlx=False, torch=True) if args.impl == "fla" else None
+    if why:
+        print(why)
+        return 2
     torch = _torch_cuda()
     if args.impl == "fla":
         call = fla_call(args.T, args.harness)

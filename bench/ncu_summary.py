@@ -21,6 +21,8 @@ import json
 import re
 import sys
 
+from _common import check_outputs, non_negative_int
+
 COLUMNS = {
     "us": "gpu__time_duration.sum",
     "regs": "launch__registers_per_thread",
@@ -129,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("csv")
     p.add_argument("--by-name", action="store_true")
     p.add_argument("--json", default=None)
-    p.add_argument("--top", type=int, default=0, help="print the N longest rows only")
+    p.add_argument("--top", type=non_negative_int, default=0,
+                   help="print the N longest rows only")  # fmt: skip
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
     raw, units = read_rows(args.csv)
     rows = [summarise(r, units) for r in raw]
     if args.by_name:

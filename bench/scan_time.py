@@ -49,11 +49,13 @@ def time_modes(T: int, grads: str, modes: list[str], args) -> dict[str, dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _common import check_outputs, positive_int
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--T", type=int, nargs="+", default=[1024])
-    p.add_argument("--H", type=int, default=8)
-    p.add_argument("--D", type=int, default=128)
-    p.add_argument("--chunk", type=int, default=32)
+    p.add_argument("--T", type=positive_int, nargs="+", default=[1024])
+    p.add_argument("--H", type=positive_int, default=8)
+    p.add_argument("--D", type=positive_int, default=128)
+    p.add_argument("--chunk", type=positive_int, default=32)
     p.add_argument(
         "--modes",
         nargs="+",
@@ -62,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"modes timed against {BASELINE}",
     )
     p.add_argument("--grads", nargs="+", default=list(reporter.GRADS), choices=list(reporter.GRADS))
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=positive_int, default=7)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
     modes = [BASELINE] + [m for m in args.modes if m != BASELINE]
     rows = []
     print(

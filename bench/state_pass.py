@@ -121,24 +121,26 @@ def _device() -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from _common import non_negative_int, positive_int
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, nargs="+", default=[64, 256, 1024])
-    p.add_argument("--L", type=int, default=32)
-    p.add_argument("--R", type=int, default=128)
-    p.add_argument("--Dk", type=int, default=128)
-    p.add_argument("--C", type=int, default=64)
+    p.add_argument("--n", type=positive_int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--L", type=positive_int, default=32)
+    p.add_argument("--R", type=positive_int, default=128)
+    p.add_argument("--Dk", type=positive_int, default=128)
+    p.add_argument("--C", type=positive_int, default=64)
     p.add_argument(
         "--tr",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[16, 8, 32],
         help="kernel row tiles to time (CHUNKSCAN_PASS_TR); the first is the default",
     )
-    p.add_argument("--runs", type=int, default=7)
-    p.add_argument("--check-n", type=int, default=64)
+    p.add_argument("--runs", type=positive_int, default=7)
+    p.add_argument("--check-n", type=positive_int, default=64)
     p.add_argument(
         "--skip-portable-above",
-        type=int,
+        type=non_negative_int,
         default=1024,
         help="time the portable pass only for n up to this",
     )
@@ -230,7 +232,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from _common import check_outputs
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_outputs(parser, {"--out": args.out})
     if not (mx.cuda.is_available() and _passes.use_kernels(True)):
         print("[state_pass bench] needs MLX with a CUDA GPU as the default device.")
         return 2

@@ -8,15 +8,28 @@ lists), which is what this guards (see docs/design.md, "Many outputs").
 
     python bench/stepwise_chunk.py --T 500 1000 2000 20000            # one chunk each
     python bench/stepwise_chunk.py --T 1000 2000 4000 --chunk 1       # many chunks
+
+``--json`` (default ``bench-out/stepwise_chunk.json``) writes the rows of the table
+(``T``, ``chunk``, ``H``, ``D``, ``seconds``, ``rss_mib`` or ``error``) and the run's
+provenance (``bench/_common.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import mlx.core as mx
-from _common import child_env  # bench/ is this script's sys.path[0]
+from _common import (  # bench/ is this script's sys.path[0]
+    OUT,
+    check_outputs,
+    child_env,
+    meta,
+    positive_float,
+    positive_int,
+    write_json,
+)
 
 import chunkscan
 from chunkscan.commands import reporter
@@ -47,26 +60,33 @@ def measure(T: int, chunk: int, H: int, D: int) -> dict:
     return {"seconds": time.perf_counter() - t0, "rss_mib": (_vm_hwm() - before) / 2**20}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--T", type=int, nargs="+", default=[500, 1000, 2000])
-    p.add_argument("--chunk", type=int, default=None, help="steps per chunk (default: T)")
-    p.add_argument("--H", type=int, default=2)
-    p.add_argument("--D", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=600.0)
-    args = p.parse_args()
+    p.add_argument("--T", type=positive_int, nargs="+", default=[500, 1000, 2000])
+    p.add_argument("--chunk", type=positive_int, default=None,
+                   help="steps per chunk (default: T)")  # fmt: skip
+    p.add_argument("--H", type=positive_int, default=2)
+    p.add_argument("--D", type=positive_int, default=8)
+    p.add_argument("--timeout", type=positive_float, default=600.0)
+    p.add_argument("--json", default=str(OUT / "stepwise_chunk.json"))
+    args = p.parse_args(argv)
+    check_outputs(p, {"--json": args.json})
     print("| T | chunk | seconds | peak RSS MiB |\n|---|---|---|---|")
+    rows = []
     for T in args.T:
         chunk = args.chunk or T
         cfg = dict(T=T, chunk=chunk, H=args.H, D=args.D)
         res = run_isolated(
             "stepwise_chunk:measure", cfg, timeout=args.timeout, env=child_env(bench=True)
         )
+        rows.append(dict(cfg, **res))
         if "error" in res:
             print(f"| {T} | {chunk} | {res['error']} | |", flush=True)
         else:
             print(f"| {T} | {chunk} | {res['seconds']:.2f} | {res['rss_mib']:.0f} |", flush=True)
+    write_json(args.json, meta(), rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import pathlib
 import sys
@@ -9,6 +11,7 @@ import sys
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+PROVENANCE = {"argv", "commit", "date", "device", "versions"}  # bench/_common.py's meta()
 
 
 @pytest.mark.parametrize("gate", ["head", "channel"])
@@ -146,9 +149,10 @@ def test_op_count_reads_the_graph(tmp_path, monkeypatch):
     sys.modules.pop("op_count", None)
 
 
-def test_graph_build_times_the_fused_paths_graph(monkeypatch, capsys):
+def test_graph_build_times_the_fused_paths_graph(monkeypatch, capsys, tmp_path):
     """``bench/graph_build.py`` builds the fused path's fwd+bwd graph with faked kernels
-    (a small T): every fused kernel is launched, and the build's times are printed."""
+    (a small T): every fused kernel is launched, and the build's times are printed and
+    written (``--json``)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import graph_build
 
@@ -164,9 +168,16 @@ def test_graph_build_times_the_fused_paths_graph(monkeypatch, capsys):
     monkeypatch.setattr(
         _chunk_cuda, "_launch", lambda w, *a, **k: launched.add(w) or real(w, *a, **k)
     )
-    assert graph_build.main(["--T", "256", "--repeats", "3"]) == 0
+    out = tmp_path / "build.json"
+    assert graph_build.main(["--T", "256", "--repeats", "3", "--json", str(out)]) == 0
     assert "T=256: graph build median" in capsys.readouterr().out
     assert launched == set(_chunk_cuda._KERNELS)
+    # --json: the row printed, with the run's provenance (none written before)
+    written = json.loads(out.read_text())
+    assert PROVENANCE <= set(written["meta"])
+    (row,) = written["rows"]
+    assert (row["T"], row["real"], row["repeats"], len(row["build_ms"])) == (256, False, 3, 3)
+    assert row["median_ms"] == row["build_ms"][1] and row["min_ms"] == row["build_ms"][0]
     sys.modules.pop("graph_build", None)
 
 
@@ -283,3 +294,268 @@ def test_lora_replot_writes_beside_json_not_beside_the_file_read(tmp_path, monke
     assert lora.main(["--replot", str(source), "--json", str(out)]) == 0
     assert out.with_suffix(".md").is_file()
     assert sorted(p.name for p in source.parent.iterdir()) == ["lora_cpu.json"]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """``bench("name")``: the bench script's module (``bench/`` on ``sys.path``), taken
+    out of ``sys.modules`` again afterwards."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    loaded = []
+
+    def load(name):
+        loaded.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)
+
+
+# One number out of range per script and option kind: each failed only after measuring
+# (a traceback, or error rows and exit status 0) before (found by probing).
+BAD_NUMBERS = [
+    ("attention", ["--T", "0"], "--T"),
+    ("attention", ["--repeats", "0"], "--repeats"),
+    ("attention", ["--chunk-size", "-16"], "--chunk-size"),
+    ("attention", ["--timeout", "0"], "--timeout"),
+    ("attention_kernels", ["--repeats", "0"], "--repeats"),
+    ("first_call", ["--T", "-1"], "--T"),
+    ("fla_gdn", ["--T", "0"], "--T"),
+    ("fla_gdn", ["--warmup", "-1"], "--warmup"),
+    ("gated_delta", ["--repeats", "0"], "--repeats"),
+    ("gated_delta", ["--chunk-size", "0"], "--chunk-size"),
+    ("gdn_fused_kernels", ["--tokens", "0"], "--tokens"),
+    ("gdn_fused_kernels", ["--tokens", "32", "--C", "64"], "--tokens"),  # no chunk
+    ("gdn_phases", ["--chunk-size", "-4"], "--chunk-size"),
+    ("gdn_phases", ["--group-chunks", "0"], "--group-chunks"),
+    ("gdn_vs_fla", ["--T", "0"], "--T"),
+    ("gdn_vs_fla", ["--chunk-sizes", "-64"], "--chunk-sizes"),
+    ("gdn_vs_fla", ["--budget", "-1"], "--budget"),
+    ("gpu_gaps", ["--T", "0"], "--T"),
+    ("graph_build", ["--repeats", "0"], "--repeats"),
+    ("growth_gates", ["--chunk-sizes", "8", "0"], "--chunk-sizes"),
+    ("launch_cost", ["--launches", "0"], "--launches"),
+    ("lora", ["--T", "0"], "--T"),
+    ("lora", ["--repeats", "0"], "--repeats"),
+    ("lora", ["--modes", "patchd"], "--modes"),  # an error row per T before
+    ("memory_breakdown", ["--chunk-size", "0"], "--chunk-size"),
+    ("ncu_op", ["--T", "0"], "--T"),
+    ("ncu_summary", ["x.csv", "--top", "-1"], "--top"),
+    ("ncu_source_summary", ["x.csv", "--top", "-1"], "--top"),
+    ("op_count", ["--C", "0"], "--C"),
+    ("scan_time", ["--rounds", "0"], "--rounds"),
+    ("state_pass", ["--runs", "0"], "--runs"),
+    ("stepwise_chunk", ["--T", "0"], "--T"),
+    ("stepwise_chunk", ["--chunk", "-1"], "--chunk"),
+    ("tc_probe", ["--n", "0"], "--n"),
+]
+
+
+@pytest.mark.parametrize("script,argv,option", BAD_NUMBERS)
+def test_bad_numbers_fail_at_parse_time(script, argv, option, bench, tmp_path, capsys):
+    """A count, size or time out of range fails before anything runs, as argparse fails
+    (exit status 2, one line naming the option), with nothing written."""
+    with pytest.raises(SystemExit) as exc:
+        bench(script).main([*argv])
+    assert exc.value.code == 2
+    assert f": error: argument {option}: " in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_number_types_name_the_rule(bench):
+    """``_common``'s argparse types: what they take and the message they give."""
+    common = bench("_common")
+    assert common.positive_int("3") == 3 and common.non_negative_int("0") == 0
+    assert common.positive_float("0.5") == 0.5 and common.non_negative_float("0") == 0.0
+    for convert, text in ((common.positive_int, "0"), (common.positive_int, "-2"),
+                          (common.positive_int, "1.5"), (common.non_negative_int, "-1"),
+                          (common.positive_float, "0"), (common.non_negative_float, "nan"),
+                          (common.non_negative_float, "-0.1")):  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError, match=f"but got '{text}'"):
+            convert(text)
+
+
+# Each output option of each script, given a folder: it failed only when writing, after
+# the measuring (found by probing); the small sizes keep a regression short.
+BAD_OUTPUTS = [
+    ("attention", ["--T", "16"], "--json"),
+    ("attention_kernels", ["--T", "16", "--repeats", "1"], "--json"),
+    ("first_call", ["--T", "16", "--modes", "fwd"], "--json"),
+    ("fla_gdn", ["--T", "16"], "--json"),
+    ("gated_delta", ["--T", "16", "--impls", "chunkscan"], "--json"),
+    ("gated_delta", ["--T", "16", "--impls", "chunkscan"], "--md"),
+    ("gated_delta", ["--T", "16", "--impls", "chunkscan"], "--png"),
+    ("gdn_fused_kernels", ["--tokens", "64", "--repeats", "1"], "--json"),
+    ("gdn_phases", ["--T", "32", "--D", "8", "--repeats", "1"], "--json"),
+    ("gdn_vs_fla", ["--T", "16", "--impls", "chunkscan-portable"], "--json"),
+    ("gpu_gaps", ["--T", "16"], "--json"),
+    ("graph_build", ["--T", "64", "--repeats", "1"], "--json"),
+    ("growth_gates", ["--T", "16", "--gates", "0", "--chunk-sizes", "8"], "--json"),
+    ("launch_cost", ["--launches", "1", "--repeats", "1"], "--json"),
+    ("lora", ["--T", "16", "--modes", "stub"], "--json"),
+    ("memory_breakdown", ["--T", "64"], "--json"),
+    ("op_count", ["--T", "128", "--C", "64"], "--json"),
+    ("scan_time", ["--T", "8", "--H", "1", "--D", "2", "--rounds", "1"], "--json"),
+    ("state_pass", ["--n", "2", "--runs", "1"], "--out"),
+    ("stepwise_chunk", ["--T", "8"], "--json"),
+    ("tc_probe", ["--n", "1"], "--out"),
+]
+
+
+@pytest.mark.parametrize("script,argv,option", BAD_OUTPUTS)
+def test_outputs_are_checked_before_measuring(script, argv, option, bench, tmp_path, capsys):
+    """An output path that is a folder fails at once (exit status 2, one line naming the
+    option), before any measuring."""
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        bench(script).main([*argv, option, str(folder)])
+    assert exc.value.code == 2
+    assert f"error: argument {option}: '{folder}' is a directory" in capsys.readouterr().err
+
+
+def test_check_outputs_makes_the_folder_and_refuses_a_file_in_its_place(bench, tmp_path):
+    """A missing parent folder is made (as ``write_json`` makes it); a file in a folder's
+    place, or a folder where a file is written beside the output (``.md``, ``.png``), is
+    refused at once."""
+    common = bench("_common")
+    parser = argparse.ArgumentParser(prog="x")
+    common.check_outputs(parser, {"--json": tmp_path / "new" / "deeper" / "a.json", "--md": None})
+    assert (tmp_path / "new" / "deeper").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        common.check_outputs(parser, {"--json": tmp_path / "file" / "sub" / "a.json"})
+    (tmp_path / "a.png").mkdir()
+    with pytest.raises(SystemExit):
+        common.check_outputs(parser, {"--json": tmp_path / "a.json"}, beside=(".md", ".png"))
+    common.check_outputs(parser, {"--json": tmp_path / "a.json"}, beside=(".md",))
+
+
+# The CUDA-only scripts (and options) on a machine without CUDA: one line, exit status 2,
+# where most gave a traceback (found by probing; state_pass and tc_probe did this already).
+NO_CUDA = [
+    ("attention_kernels", ["--T", "16", "--json"], "[attention_kernels] needs MLX with a CUDA"),
+    ("gdn_fused_kernels", ["--tokens", "64", "--json"], "[gdn_fused_kernels] needs MLX with"),
+    ("gpu_gaps", ["--T", "16", "--json"], "[gpu_gaps] needs MLX with a CUDA GPU"),
+    ("launch_cost", ["--launches", "1", "--json"], "[launch_cost] needs MLX with a CUDA GPU"),
+    ("graph_build", ["--real", "--T", "64", "--json"], "[graph_build --real] needs MLX with"),
+    ("ncu_op", ["--impl", "fla", "--T", "16"], "[ncu_op --impl fla] needs PyTorch with CUDA"),
+    ("state_pass", ["--n", "2", "--out"], "[state_pass bench] needs MLX with a CUDA GPU"),
+    ("tc_probe", ["--n", "1", "--out"], "[tc_probe] needs MLX with a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("script,argv,line", NO_CUDA)
+def test_cuda_only_scripts_say_so_without_cuda(script, argv, line, bench, monkeypatch, tmp_path,
+                                               capsys):  # fmt: skip
+    """Without CUDA (MLX's CUDA back-end and PyTorch made unavailable here, so this holds
+    on a GPU machine too) the script prints one line and returns 2, writing nothing."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch: ImportError
+    out = tmp_path / "out.json"
+    if argv[-1].startswith("--"):
+        argv = [*argv, str(out)]
+    assert bench(script).main(argv) == 2
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith(line)
+    assert not out.exists()
+
+
+def test_fla_scripts_say_so_without_pytorch_or_fla(bench, monkeypatch, tmp_path, capsys):
+    """``bench/fla_gdn.py`` without PyTorch: one line and exit status 2 (a traceback
+    before); ``bench/gdn_vs_fla.py`` with fla in ``--impls`` but fla or PyTorch missing:
+    a parse error (one error row per T before)."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    out = tmp_path / "fla.json"
+    assert bench("fla_gdn").main(["--T", "16", "--json", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "[bench.fla_gdn] fla's kernels need PyTorch with a CUDA GPU; PyTorch is not installed."
+    )
+    assert not out.exists()
+    monkeypatch.setitem(sys.modules, "fla", None)
+    with pytest.raises(SystemExit) as exc:
+        bench("gdn_vs_fla").main(["--T", "16", "--json", str(out)])
+    assert exc.value.code == 2
+    assert "error: argument --impls: fla needs PyTorch and fla" in capsys.readouterr().err
+    assert not out.exists()
+    common = bench("_common")
+    assert common.cuda_missing("x", mlx=False, torch=True) == (
+        "[x] needs PyTorch with CUDA; PyTorch is not installed."
+    )
+
+
+def test_stepwise_chunk_writes_its_rows_with_provenance(bench, monkeypatch, tmp_path):
+    """``bench/stepwise_chunk.py --json``: the table's rows (a failed configuration's
+    error too) and the run's provenance; it wrote no JSON before. The measuring process
+    is faked (the test reads the wiring, not the machine)."""
+    stepwise_chunk = bench("stepwise_chunk")
+    ran = []
+
+    def fake_run(target, cfg, timeout, env):
+        ran.append((target, cfg))
+        if cfg["T"] == 30:
+            return {"error": "timed out"}
+        return {"seconds": 0.5, "rss_mib": 12.0}
+
+    monkeypatch.setattr(stepwise_chunk, "run_isolated", fake_run)
+    out = tmp_path / "sub" / "stepwise.json"
+    argv = ["--T", "20", "30", "--chunk", "4", "--H", "1", "--D", "2", "--json", str(out)]
+    assert stepwise_chunk.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert PROVENANCE <= set(data["meta"])
+    assert data["rows"] == [
+        {"T": 20, "chunk": 4, "H": 1, "D": 2, "seconds": 0.5, "rss_mib": 12.0},
+        {"T": 30, "chunk": 4, "H": 1, "D": 2, "error": "timed out"},
+    ]
+    assert [t for t, _ in ran] == ["stepwise_chunk:measure"] * 2
+    default = pathlib.Path(stepwise_chunk.OUT) / "stepwise_chunk.json"
+    assert default.parent.name == "bench-out"
+
+
+def test_launch_cost_writes_its_rows_with_provenance(bench, monkeypatch, tmp_path, capsys):
+    """``bench/launch_cost.py --json`` (CUDA only; here with MLX's ``add`` alone on the
+    CPU, the CUDA check skipped): one row per kind, the figures printed."""
+    launch_cost = bench("launch_cost")
+    monkeypatch.setattr(launch_cost, "cuda_missing", lambda *a, **k: None)
+    monkeypatch.setattr(launch_cost, "kinds", lambda pads: [("mlx add", lambda x: x + 1.0)])
+    out = tmp_path / "launch.json"
+    assert launch_cost.main(["--launches", "3", "--repeats", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert PROVENANCE <= set(data["meta"]) and "op_binaries" not in data["meta"]
+    (row,) = data["rows"]
+    assert (row["kind"], row["launches"], row["repeats"]) == ("mlx add", 3, 1)
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == f"{'mlx add':>22}  {row['build_us_per_launch']:15.1f}  " + (
+        f"{row['eval_us_per_launch']:14.1f}"
+    )
+
+
+def test_gpu_gaps_writes_its_rows_and_prints_as_before(bench, monkeypatch, tmp_path, capsys):
+    """``bench/gpu_gaps.py --json`` (CUDA and PyTorch only; here the profiled call is
+    faked): one row per mode with the figures of the line printed, which reads as it
+    did before the rows were written."""
+    gpu_gaps = bench("gpu_gaps")
+    ks = [(0.0, 10.0), (5.0, 12.0), (40.0, 50.0)]  # microseconds
+    by_name = {"a": [10.0, 10.0], "b": [7.0]}
+    fake = gpu_gaps.summary_row("eager", [0.003, 0.001, 0.002], [0.0005] * 3, 0.004, ks, -1000.0,
+                                by_name, 1)  # fmt: skip
+    assert fake["top"] == [{"kernel": "a", "ms": 0.02, "launches": 2}]
+    gpu_gaps.print_row(fake)
+    assert capsys.readouterr().out.splitlines() == [
+        "eager: wall 2.00 ms (graph built in 0.50; profiled 4.00, first kernel 1.00 ms in), "
+        "3 kernels, span 0.05 ms, busy 0.02 ms, gaps 0.03 ms (1 over 20 us: 0.03 ms, largest "
+        "0.03 ms)",
+        "       0.020 ms     2x  a",
+    ]
+    monkeypatch.setattr(gpu_gaps, "cuda_missing", lambda *a, **k: None)
+    monkeypatch.setattr(gpu_gaps, "profile_mode", lambda label, *a: dict(fake, mode=label))
+    out = tmp_path / "gaps.json"
+    assert gpu_gaps.main(["--T", "16", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert PROVENANCE <= set(data["meta"])
+    assert [(r["mode"], r["T"], r["harness"]) for r in data["rows"]] == [
+        ("eager", 16, "cotangents"), ("compiled", 16, "cotangents")
+    ]  # fmt: skip
+    assert gpu_gaps.build_parser().parse_args([]).json.endswith("bench-out/gpu_gaps.json")
