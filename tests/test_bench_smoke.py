@@ -559,3 +559,33 @@ def test_gpu_gaps_writes_its_rows_and_prints_as_before(bench, monkeypatch, tmp_p
         ("eager", 16, "cotangents"), ("compiled", 16, "cotangents")
     ]  # fmt: skip
     assert gpu_gaps.build_parser().parse_args([]).json.endswith("bench-out/gpu_gaps.json")
+
+
+def test_memory_breakdown_counts_every_kernel_output(monkeypatch, capsys, tmp_path):
+    """``bench/memory_breakdown.py`` (faked kernels): one row per launch and output, the
+    printed total their sum, and the rows the outputs' shapes say, per token at the
+    Qwen3-Next shape with C = 64 (Hv = 32, Dk = Dv = 128, float32): the states entering
+    the chunks 32 KiB (32 * 128 * 128 * 4 / 64 bytes), ``w`` 16 (32 * 128 * 4)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import memory_breakdown
+
+    from chunkscan import _backend
+    from chunkscan.ops.gated_delta import _passes, chunk
+
+    for module, name in ((_backend, "RUNNER"), (_backend, "_LIMITS"), (_backend, "_CAPABILITY"),
+                         (chunk, "_fused"), (chunk, "_GROUP_BYTES"),
+                         (_passes, "use_kernels")):  # fmt: skip
+        monkeypatch.setattr(module, name, getattr(module, name))
+    out = tmp_path / "mb.json"
+    assert memory_breakdown.main(["--T", "512", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    rows, meta = written["rows"], written["meta"]
+    assert PROVENANCE <= set(meta) and meta["groups"] == 1
+    total = sum(r["kib_per_token"] for r in rows)
+    assert abs(total - meta["total_kib_per_token"]) < 1e-9
+    assert f"(total {total:.1f})" in capsys.readouterr().out
+    by = {(r["launch"], r["output"]): r["kib_per_token"] for r in rows}
+    states = [kib for (_, name), kib in by.items() if name == "states per chunk"]
+    assert states == [32.0, 32.0]  # the forward's entering states, the backward's cotangents
+    assert [kib for (_, name), kib in by.items() if name == "w"] == [16.0]
+    assert len({r["launch"] for r in rows}) == max(r["launch"] for r in rows) + 1
