@@ -552,6 +552,22 @@ def test_error_non_array_leaf():
         chunkscan.scan(_ok_f, 0.0, mx.zeros((4, 3)))
 
 
+@pytest.mark.parametrize("init_type, returned", [(tuple, list), (list, tuple)])
+def test_error_carry_list_for_tuple(init_type, returned):
+    """A carry returned as a list for a tuple ``init`` (or the other way) is refused, as
+    ``lax.scan`` does: the tree check's container types (a mutation that compared
+    them as equal survived every test)."""
+    init = init_type([mx.zeros((3,)), mx.zeros((3,))])
+
+    def f(c, x):
+        return returned([c[0] + x.sum(0), c[1]]), x
+
+    msg = (f"  * init is a {init_type.__name__} but the returned carry is a "
+           f"{returned.__name__}.")  # fmt: skip
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(f, init, mx.zeros((4, 3)), chunk_size=2)
+
+
 def test_error_carry_structure_shape_dtype():
     init = {"S": mx.zeros((2, 4, 6)), "n": mx.zeros((2,))}
 
