@@ -35,8 +35,8 @@ def checkpoint(fun: F) -> F:
             (ints, floats, strings) are passed through unchanged as constants; integer
             and boolean arrays (indices, masks) are constants of the recomputation
             (their gradient is zero). An ``nn.Module`` argument (or one inside a tree
-            argument) raises: capture it in ``fun`` instead, or use
-            :func:`chunkscan.scan` with ``params=``.
+            argument) raises: capture it in ``fun`` instead (it then gets no gradient), or
+            use :func:`chunkscan.scan` with ``params=`` for its weights' gradients.
 
     Returns:
         callable: With the signature of ``fun``.

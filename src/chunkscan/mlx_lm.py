@@ -60,10 +60,11 @@ mask=mask[, sinks=...])`` with ``[B, H, L, D]`` tensors, in every module of the
 installed mlx-lm that holds it (llama, qwen3_next and so qwen3_5, ... about a hundred
 families; ``base`` too, so modules imported later pick the replacement up; a family
 that computes attention itself, such as gemma2, or calls ``mx.fast``'s, is untouched). The
-replacement calls :func:`chunkscan.attention` for calls with no cache
-and no attention sinks (the training path: ``mask`` is ``"causal"``, ``None`` or an
-array); calls with a cache (generation, prefill, quantized caches) or sinks go to
-mlx-lm's function unchanged. The seam checks are those of the Gated DeltaNet seam: the
+replacement calls :func:`chunkscan.attention` for calls with no cache, no attention
+sinks, a ``mask`` that is ``"causal"``, ``None`` or boolean, one dtype and a Python
+``scale`` (the training path); every other call (a cache: generation, prefill,
+quantized caches; sinks; a floating mask; mixed dtypes) goes to mlx-lm's function
+unchanged. The seam checks are those of the Gated DeltaNet seam: the
 signature, the by-name imports of :data:`REQUIRED_ATTENTION_MODULES`, and a probe of
 values and gradients against the stock function.
 """
@@ -527,8 +528,10 @@ def patch(
             process, so work of other threads started meanwhile goes to the CPU too:
             patch before starting them, or pass ``False``). Default: ``True``.
         attention (bool, optional): Also route calls of mlx-lm's
-            ``scaled_dot_product_attention`` without a cache to
-            :func:`chunkscan.attention`; ``False`` keeps MLX's kernels. Default: ``True``.
+            ``scaled_dot_product_attention`` without a cache or sinks, whose mask is
+            ``"causal"``, ``None`` or boolean, to :func:`chunkscan.attention` (others
+            stay with mlx-lm's, see :func:`scaled_dot_product_attention`); ``False``
+            keeps MLX's kernels. Default: ``True``.
         save_states (str, optional): The op's ``save_states``: ``"groups"`` keeps one
             state per group of chunks for the backward instead of one per chunk, which
             adds up over a model's layers (on the H200, the 4-layer LoRA step at
