@@ -341,6 +341,18 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     lora.check_args(args)
     assert args.adapter_path == str(tmp_path / "out")
     assert args.resume_adapter_file == str(tmp_path / "first" / "adapters.safetensors")
+    # a file where training writes its folder, and --test alone without adapters: mlx-lm
+    # raised after the model loaded (found by probing)
+    (tmp_path / "a_file").write_text("")
+    base = ["--model", str(model), "--data", str(data)]
+    args = lora.resolve_args([*base, "--train", "--adapter-path", str(tmp_path / "a_file")])
+    with pytest.raises(SystemExit, match=re.escape("a_file is a file; training writes")):
+        lora.check_args(args)
+    (data / "test.jsonl").write_text((data / "valid.jsonl").read_text())
+    args = lora.resolve_args([*base, "--test", "--adapter-path", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=re.escape("which holds no adapters.safetensors")):
+        lora.check_args(args)
+    lora.check_args(lora.resolve_args([*base, "--test", "--adapter-path", ""]))
 
 
 @pytest.mark.parametrize(

@@ -478,7 +478,30 @@ def check_args(args: types.SimpleNamespace) -> None:
         value = getattr(args, name, None)  # mlx-lm opened '~/...' as written, wrote into
         if isinstance(value, str) and value.startswith("~"):  # ./~ (found by probing)
             setattr(args, name, os.path.expanduser(value))
+    _check_adapter_path(args)
     _check_resumed_adapters(args)
+
+
+def _check_adapter_path(args: types.SimpleNamespace) -> None:
+    """``--adapter-path``: training writes a folder there (a file in its place was
+    mlx-lm's ``FileExistsError`` after the model loaded); ``--test`` alone reads the
+    adapters from it (a missing folder was a ``FileNotFoundError`` then; found by
+    probing)."""
+    path = getattr(args, "adapter_path", None)
+    if not isinstance(path, str) or path == "":
+        return
+    where = pathlib.Path(path)
+    if args.train and where.exists() and not where.is_dir():
+        raise SystemExit(
+            f"chunkscan lora: --adapter-path {path} is a file; training writes its "
+            f"adapters into a folder there. Pass a folder."
+        )
+    if args.test and not args.train and not (where / "adapters.safetensors").is_file():
+        raise SystemExit(
+            f"chunkscan lora: --test reads the adapters from --adapter-path {path}, which "
+            f"holds no adapters.safetensors. Pass the folder of a trained run, or "
+            f"--adapter-path '' to test the model without adapters."
+        )
 
 
 def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
