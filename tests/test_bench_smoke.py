@@ -589,3 +589,8 @@ def test_memory_breakdown_counts_every_kernel_output(monkeypatch, capsys, tmp_pa
     assert states == [32.0, 32.0]  # the forward's entering states, the backward's cotangents
     assert [kib for (_, name), kib in by.items() if name == "w"] == [16.0]
     assert len({r["launch"] for r in rows}) == max(r["launch"] for r in rows) + 1
+    # a C the fused kernels do not take runs the batched ops, which it does not count
+    # (C = 128 read 34.2 KiB/token, the state pass alone)
+    with pytest.raises(SystemExit) as stop:
+        memory_breakdown.main(["--chunk-size", "128", "--json", str(out)])
+    assert stop.value.code == 2
