@@ -167,8 +167,9 @@ def test_real_run_saves_adapters_that_load_back(tmp_path, capsys, monkeypatch):
     assert "chunkscan.gated_delta_rule (chunk_size=16" in out
     assert "peak memory" in out
     # the first report counts the paths' calls of the run (not patch()'s probes)
-    routes = re.search(r"calls so far .*: chunkscan.gated_delta_rule (\d+), "
-                       r"chunkscan.attention (\d+), mlx-lm's attention (\d+)\n", out)  # fmt: skip
+    routes = re.search(r"where the calls went so far .*-> chunkscan.gated_delta_rule (\d+); "
+                       r"attention without a cache -> chunkscan.attention (\d+), "
+                       r"mlx-lm's (\d+)\n", out)  # fmt: skip
     assert routes and int(routes[1]) > 0 and int(routes[2]) > 0, out
     config = json.loads((adapters / "adapter_config.json").read_text())
     assert config["gdn_chunk_size"] == 16
@@ -194,8 +195,8 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
         cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, mx.zeros((4, 4)))  # floating
         cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, None, sinks=mx.zeros((2,)))
     line = lora._routes_line()
-    assert "chunkscan.attention 1, mlx-lm's attention 2 (sinks, a floating mask" in line
-    assert "chunkscan.gated_delta_rule 0," in line
+    assert "-> chunkscan.attention 1, mlx-lm's 2 (sinks, a floating mask" in line
+    assert "-> chunkscan.gated_delta_rule 0;" in line
 
 
 def test_demo_runs(capsys):
@@ -211,6 +212,21 @@ def test_demo_with_test_evaluates(capsys):
     argv = ["--demo", "--iters", "1", "--max-seq-length", "48", "--test", "--test-batches", "1"]
     assert lora.main(argv) == 0
     assert "Test loss" in capsys.readouterr().out
+
+
+def test_demo_checks_its_adapter_path(tmp_path, monkeypatch):
+    """``--demo`` skipped the adapter-path checks: a file there was mlx-lm's
+    FileExistsError after the model loaded, and '~/x' wrote into ./~/x while the demo
+    said "adapters in ~/x" (found by probing)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit, match=re.escape("afile is a file; training writes")):
+        lora.main(["--demo", "--iters", "1", "--adapter-path", str(afile)])
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args.adapter_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert lora.main(["--demo", "--iters", "1", "--adapter-path", "~/kept"]) == 0
+    assert ran == [str(tmp_path / "kept")]
 
 
 def test_demo_refuses_a_file_as_its_folder(tmp_path):
@@ -350,8 +366,25 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
         lora.check_args(args)
     (data / "test.jsonl").write_text((data / "valid.jsonl").read_text())
     args = lora.resolve_args([*base, "--test", "--adapter-path", str(tmp_path / "none")])
-    with pytest.raises(SystemExit, match=re.escape("which holds no adapters.safetensors")):
+    with pytest.raises(SystemExit, match=re.escape("holds no adapters.safetensors or adapter")):
         lora.check_args(args)
+    # a folder with adapters but no adapter_config.json (mlx-lm reads both), a file above
+    # the folder training makes, a broken link there, a seed numpy refuses
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "adapters.safetensors").write_bytes(b"")
+    args = lora.resolve_args([*base, "--test", "--adapter-path", str(tmp_path / "half")])
+    with pytest.raises(SystemExit, match=re.escape("which holds no adapter_config.json")):
+        lora.check_args(args)
+    args = lora.resolve_args([*base, "--train", "--adapter-path", str(tmp_path / "a_file/x")])
+    with pytest.raises(SystemExit, match=re.escape("a_file is a file; training writes")):
+        lora.check_args(args)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    args = lora.resolve_args([*base, "--train", "--adapter-path", str(tmp_path / "dangling")])
+    with pytest.raises(SystemExit, match=re.escape("dangling is a broken link")):
+        lora.check_args(args)
+    with pytest.raises(SystemExit, match=re.escape("--seed must be at most 2**32 - 1, not")):
+        lora.resolve_args([*base, "--train", "--seed", str(2**32)])
+    lora.resolve_args([*base, "--train", "--seed", str(2**32 - 1)])
     lora.check_args(lora.resolve_args([*base, "--test", "--adapter-path", ""]))
 
 

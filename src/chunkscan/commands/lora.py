@@ -253,8 +253,9 @@ _WHOLE_NUMBERS = {
     "save_every": (1, None, True),
     "num_layers": (1, -1, True),
     "val_batches": (0, -1, True),
-    "seed": (0, None, False),  # numpy's seed, after the model loads (found by probing)
+    "seed": (0, None, False),  # numpy's seed, mlx_lm.lora.run's first line (probing)
 }
+_MAX_SEED = 2**32 - 1  # numpy's largest seed
 
 
 def _check_numbers(args: dict) -> None:
@@ -273,6 +274,9 @@ def _check_numbers(args: dict) -> None:
                 f"{PROG}: --{name.replace('_', '-')}{source} must be a whole number of at "
                 f"least {least}{also}, not {value!r}."
             )
+    seed = args.get("seed")
+    if isinstance(seed, int) and seed > _MAX_SEED:
+        raise SystemExit(f"{PROG}: --seed{source} must be at most 2**32 - 1, not {seed}.")
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
         number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
@@ -351,9 +355,12 @@ def _routes_line() -> str:
     calls = seam.routed_calls
     stock = calls["mlx-lm's attention"]
     return (
-        f"chunkscan: calls so far (a compiled step counts once): "
-        f"chunkscan.gated_delta_rule {calls['chunkscan.gated_delta_rule']}, "
-        f"chunkscan.attention {calls['chunkscan.attention']}, mlx-lm's attention {stock}"
+        f"chunkscan: where the calls went so far (per Python call: a compiled step counts "
+        f"once, a checkpointed layer twice; attention's include validation's, which runs "
+        f"Gated DeltaNet through mlx-lm's inference kernel): Gated DeltaNet training "
+        f"path -> chunkscan.gated_delta_rule {calls['chunkscan.gated_delta_rule']}; "
+        f"attention without a cache -> chunkscan.attention {calls['chunkscan.attention']}, "
+        f"mlx-lm's {stock}"
         + (" (sinks, a floating mask or mixed dtypes: as in mlx-lm)" if stock else "")
     )
 
@@ -474,34 +481,48 @@ def check_args(args: types.SimpleNamespace) -> None:
                     f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
                     f"holds an example). Add examples, or remove the file."
                 )
-    for name in ("adapter_path", "resume_adapter_file"):  # as for --model and --data:
-        value = getattr(args, name, None)  # mlx-lm opened '~/...' as written, wrote into
-        if isinstance(value, str) and value.startswith("~"):  # ./~ (found by probing)
-            setattr(args, name, os.path.expanduser(value))
-    _check_adapter_path(args)
+    _check_adapter_paths(args)
     _check_resumed_adapters(args)
 
 
-def _check_adapter_path(args: types.SimpleNamespace) -> None:
-    """``--adapter-path``: training writes a folder there (a file in its place was
-    mlx-lm's ``FileExistsError`` after the model loaded); ``--test`` alone reads the
-    adapters from it (a missing folder was a ``FileNotFoundError`` then; found by
-    probing)."""
+def _check_adapter_paths(args: types.SimpleNamespace) -> None:
+    """``~`` expanded in ``--adapter-path`` and ``--resume-adapter-file``, as in
+    ``--model`` and ``--data`` (mlx-lm opened '~/...' as written and wrote into ./~);
+    then ``--adapter-path``: training makes a folder there (a file, a broken link or a
+    file above it was mlx-lm's error after the model loaded), and ``--test`` alone
+    reads a trained run's adapters from it (``adapters.safetensors`` and
+    ``adapter_config.json``; found by probing)."""
+    for name in ("adapter_path", "resume_adapter_file"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
     path = getattr(args, "adapter_path", None)
     if not isinstance(path, str) or path == "":
         return
     where = pathlib.Path(path)
-    if args.train and where.exists() and not where.is_dir():
-        raise SystemExit(
-            f"chunkscan lora: --adapter-path {path} is a file; training writes its "
-            f"adapters into a folder there. Pass a folder."
-        )
-    if args.test and not args.train and not (where / "adapters.safetensors").is_file():
-        raise SystemExit(
-            f"chunkscan lora: --test reads the adapters from --adapter-path {path}, which "
-            f"holds no adapters.safetensors. Pass the folder of a trained run, or "
-            f"--adapter-path '' to test the model without adapters."
-        )
+    if args.train:
+        for p in (where, *where.parents):
+            if p.is_symlink() and not p.exists():
+                raise SystemExit(
+                    f"chunkscan lora: --adapter-path {path}: {p} is a broken link; "
+                    f"training makes a folder there. Pass another folder."
+                )
+            if p.exists():
+                if not p.is_dir():
+                    raise SystemExit(
+                        f"chunkscan lora: --adapter-path {path}: {p} is a file; training "
+                        f"writes its adapters into a folder there. Pass a folder."
+                    )
+                break
+    elif args.test:
+        missing = [f for f in ("adapters.safetensors", "adapter_config.json")
+                   if not (where / f).is_file()]  # fmt: skip
+        if missing:
+            raise SystemExit(
+                f"chunkscan lora: --test reads a trained run's adapters from --adapter-path "
+                f"{path}, which holds no {' or '.join(missing)}. Pass the folder of a "
+                f"trained run, or --adapter-path '' to test the model without adapters."
+            )
 
 
 def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
@@ -718,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # the first resolve_args gave its warnings
             warnings.simplefilter("ignore")
             args = resolve_args(argv, demo_dir)
+        _check_adapter_paths(args)  # as without --demo (found by probing)
         _write_demo(args)
         print(f"chunkscan lora --demo: tiny random Qwen3-Next model in {args.model}", flush=True)
         run(args)
