@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import platform
@@ -32,7 +33,7 @@ def _at_least(convert, kind: str, least: float, strict: bool):
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {kind} but got {text!r}") from None
-        if not (value > least if strict else value >= least):
+        if not (value > least if strict else value >= least) or not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be {kind} but got {text!r}")
         return value
 
@@ -54,17 +55,24 @@ def check_outputs(
     parser: argparse.ArgumentParser,
     paths: dict[str, str | os.PathLike | None],
     beside: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
 ) -> None:
     """Before measuring: ``parser.error`` (exit status 2, one line naming the option)
-    where an output of ``paths`` (option -> path; None or "" for an output switched off)
+    where an output of ``paths`` (option -> path; None for an output switched off)
     cannot be written, or a file written beside it with a suffix of ``beside`` (a table,
-    a plot). A missing parent folder is created, as :func:`write_json` does. A folder
-    given as the path, or a file in its parent's place, failed only at the end, after
-    minutes of measuring (found by probing)."""
+    a plot). ``""`` switches off the outputs of ``optional`` (the script skips them) and
+    is refused for the others (it failed after the measuring: ``IsADirectoryError``). A
+    missing parent folder is created, as :func:`write_json` does. A folder given as the
+    path, or a file in its parent's place, failed only at the end, after minutes of
+    measuring (found by probing)."""
     for option, path in paths.items():
-        if path is None or str(path) == "":
+        if path is None or (str(path) == "" and option in optional):
             continue
+        if str(path) == "":
+            parser.error(f"argument {option}: an empty path (this script always writes it)")
         path = pathlib.Path(path)
+        if path.is_dir():  # before with_suffix, which '.' makes raise
+            parser.error(f"argument {option}: {str(path)!r} is a directory")
         files = [path, *(path.with_suffix(suffix) for suffix in beside)]
         for f in files:
             if f.is_dir():

@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from _common import check_outputs
 
-    check_outputs(parser, {"--json": args.json})
+    check_outputs(parser, {"--json": args.json}, optional=("--json",))
     started = time.perf_counter()
     try:
         import torch

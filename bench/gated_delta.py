@@ -354,7 +354,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     from _common import check_outputs
 
-    check_outputs(parser, {"--json": args.json, "--png": args.png, "--md": args.md})
+    check_outputs(
+        parser,
+        {"--json": args.json, "--png": args.png, "--md": args.md},
+        optional=("--json", "--png", "--md"),
+    )
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)

@@ -16,9 +16,9 @@ and output, in launch order. Nothing runs; any machine, the CPU included.
 
 ``--chunk-size`` 32 or 64, the sizes the fused kernels take (at any other the batched
 MLX ops run, whose buffers this does not see). Not counted: MLX's own ops around the
-kernels (the forward's non-finite masks, the zero cotangents, a few reshapes that
-copy), which are small at this shape, and the inputs and their cotangents (the
-benchmarks' peak is measured above them).
+kernels (masks, the zero cotangents, a few reshapes that copy), which are small at this
+shape, and the inputs and their cotangents (the benchmarks' peak is measured above
+them). ``CHUNKSCAN_GDN_SAVE=groups`` counts that form (the header says which).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ KiB = 1024.0
 _NAMES = {
     "prepare": ("a", "p", "w", "u", "kt", "decay"),
     "output": ("o, or unused", "unused, or h"),
-    "state_pass": ("states per chunk", "states stored", "last state"),
+    # the forward's states, or the backward's cotangents of them
+    "state_pass": ("states per chunk", "state leaving", "states stored"),
     "state_grads": ("d_vnew", "d_w", "d_qg", "d_kt", "d_p", "m2", "d_decay"),
     "input_grads": ("dq per value head", "dk per value head", "dv", "dg", "dbeta"),
     "sum_value_heads": ("dq", "dk"),
@@ -48,8 +49,26 @@ def _base_name(kernel: str) -> str:
     return kernel.removesuffix("_tc")
 
 
-def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int]:
-    """One row per launch and output, in launch order; and the number of groups."""
+def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str]:
+    """One row per launch and output, in launch order; the number of groups; the
+    ``save_states`` in effect. The fakes are undone on return (they had stayed: the op
+    returned zeros for the rest of the process; found by probing)."""
+    from chunkscan import _backend
+    from chunkscan.ops.gated_delta import _passes
+    from chunkscan.ops.gated_delta import chunk as chunk_module
+
+    faked = [(_backend, "RUNNER"), (_backend, "_LIMITS"), (_backend, "_CAPABILITY"),
+             (chunk_module, "_fused"), (chunk_module, "_GROUP_BYTES"),
+             (_passes, "use_kernels")]  # fmt: skip
+    saved = [(module, name, getattr(module, name)) for module, name in faked]
+    try:
+        return _allocations(T, group_mib, chunk_size)
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def _allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str]:
     from gated_delta import _inputs, make_step
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
@@ -79,7 +98,8 @@ def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], in
     make_step(op, w, w_s, "cotangents")(*xs)
     spec = chunk_module.Spec(1, T, 16, 32, 128, 128, 1.0, chunk_size, None)
     n = -(-T // chunk_size)
-    groups = -(-n // chunk_module._group_size(spec, chunk_size, fused=True))
+    save = chunk_module._saved_states()
+    groups = -(-n // chunk_module._group_size(spec, chunk_size, fused=True, save=save))
     rows = []
     for j, (name, outs) in enumerate(launches):
         names = _NAMES.get(_base_name(name), ())
@@ -91,7 +111,7 @@ def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], in
                 "launch": j, "kernel": name, "output": names[i] if i < len(names) else f"#{i}",
                 "shape": list(shape), "dtype": str(dtype), "kib_per_token": size / KiB / T,
             })  # fmt: skip
-    return rows, groups
+    return rows, groups, save
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=str(OUT / "memory_breakdown.json"))
     args = p.parse_args(argv)
     check_outputs(p, {"--json": args.json})
-    rows, groups = allocations(args.T, args.group_mib, args.chunk_size)
+    rows, groups, save = allocations(args.T, args.group_mib, args.chunk_size)
     total = sum(r["kib_per_token"] for r in rows)
     # written before the table, which a pipe may cut (`| head -1` in run 99 did)
     write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, groups=groups,
-                               total_kib_per_token=total), rows)  # fmt: skip
-    print(f"T={args.T} C={args.chunk_size}, {groups} group(s): kernel outputs allocated "
-          f"in one fwd+bwd, KiB per token (total {total:.1f})")  # fmt: skip
+                               save_states=save, total_kib_per_token=total), rows)  # fmt: skip
+    print(f"T={args.T} C={args.chunk_size}, {groups} group(s), save_states={save!r}: kernel "
+          f"outputs allocated in one fwd+bwd, KiB per token (total {total:.1f})")  # fmt: skip
     for r in rows:
         if r["kib_per_token"] >= 0.05:
             print(f"  {r['launch']:2d} {_base_name(r['kernel']):<16s} {r['output']:<18s} "

@@ -370,7 +370,8 @@ def test_number_types_name_the_rule(bench):
     for convert, text in ((common.positive_int, "0"), (common.positive_int, "-2"),
                           (common.positive_int, "1.5"), (common.non_negative_int, "-1"),
                           (common.positive_float, "0"), (common.non_negative_float, "nan"),
-                          (common.non_negative_float, "-0.1")):  # fmt: skip
+                          (common.non_negative_float, "-0.1"), (common.positive_float, "inf"),
+                          (common.non_negative_float, "inf")):  # fmt: skip
         with pytest.raises(argparse.ArgumentTypeError, match=f"but got '{text}'"):
             convert(text)
 
@@ -429,6 +430,13 @@ def test_check_outputs_makes_the_folder_and_refuses_a_file_in_its_place(bench, t
     with pytest.raises(SystemExit):
         common.check_outputs(parser, {"--json": tmp_path / "a.json"}, beside=(".md", ".png"))
     common.check_outputs(parser, {"--json": tmp_path / "a.json"}, beside=(".md",))
+    # '' is refused where the script always writes (IsADirectoryError after measuring),
+    # taken where it switches the output off; '.' with beside= (with_suffix raised)
+    with pytest.raises(SystemExit):
+        common.check_outputs(parser, {"--json": ""})
+    common.check_outputs(parser, {"--json": ""}, optional=("--json",))
+    with pytest.raises(SystemExit):
+        common.check_outputs(parser, {"--json": "."}, beside=(".md", ".png"))
 
 
 # The CUDA-only scripts (and options) on a machine without CUDA: one line, exit status 2,
@@ -572,15 +580,17 @@ def test_memory_breakdown_counts_every_kernel_output(monkeypatch, capsys, tmp_pa
     from chunkscan import _backend
     from chunkscan.ops.gated_delta import _passes, chunk
 
-    for module, name in ((_backend, "RUNNER"), (_backend, "_LIMITS"), (_backend, "_CAPABILITY"),
-                         (chunk, "_fused"), (chunk, "_GROUP_BYTES"),
-                         (_passes, "use_kernels")):  # fmt: skip
-        monkeypatch.setattr(module, name, getattr(module, name))
+    before = {(m, name): getattr(m, name) for m, name in (
+        (_backend, "RUNNER"), (_backend, "_LIMITS"), (_backend, "_CAPABILITY"),
+        (chunk, "_fused"), (chunk, "_GROUP_BYTES"), (_passes, "use_kernels"))}  # fmt: skip
     out = tmp_path / "mb.json"
     assert memory_breakdown.main(["--T", "512", "--json", str(out)]) == 0
+    # the fakes are undone: they had stayed, and the op returned zeros afterwards (probing)
+    for (m, name), value in before.items():
+        assert getattr(m, name) is value, name
     written = json.loads(out.read_text())
     rows, meta = written["rows"], written["meta"]
-    assert PROVENANCE <= set(meta) and meta["groups"] == 1
+    assert PROVENANCE <= set(meta) and meta["groups"] == 1 and meta["save_states"] == "chunks"
     total = sum(r["kib_per_token"] for r in rows)
     assert abs(total - meta["total_kib_per_token"]) < 1e-9
     assert f"(total {total:.1f})" in capsys.readouterr().out
