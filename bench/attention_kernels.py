@@ -67,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    check_outputs(p, {"--json": args.json}, optional=("--json",))
     why = cuda_missing("attention_kernels")
     if why:
         print(why)
         return 2
+    check_outputs(p, {"--json": args.json}, optional=("--json",))
     rows = []
     for T in args.T:
         row = measure(T, args.repeats)

@@ -35,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.tokens < args.C:  # no chunk at all
         p.error(f"argument --tokens: must be at least --C ({args.C}) but got {args.tokens}")
-    check_outputs(p, {"--json": args.json})
     why = cuda_missing("gdn_fused_kernels")
     if why:
         print(why)
         return 2
+    check_outputs(p, {"--json": args.json})
     if args.profile:
         os.environ["CHUNKSCAN_GDN_PROFILE"] = "1"
 

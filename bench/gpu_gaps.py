@@ -139,11 +139,11 @@ def print_row(r: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    check_outputs(p, {"--json": args.json})
     why = cuda_missing("gpu_gaps", torch=True)  # a traceback on a CPU before
     if why:
         print(why)
         return 2
+    check_outputs(p, {"--json": args.json})
     import mlx.core as mx
     from gated_delta import _inputs, make_step
 

@@ -95,13 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="print cProfile's N costliest functions")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "graph_build.json"))
     args = p.parse_args(argv)
-    check_outputs(p, {"--json": args.json})
     # --real off CUDA built the portable graph and printed it as the kernels' (found by
     # probing)
     why = cuda_missing("graph_build --real") if args.real else None
     if why:
         print(why)
         return 2
+    check_outputs(p, {"--json": args.json})
     ts = build_times(args.T, args.repeats, args.group_mib, args.real, args.profile)
     row = {
         "T": args.T, "real": args.real, "group_mib": args.group_mib, "repeats": args.repeats,

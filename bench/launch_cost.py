@@ -138,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real", action="store_true")
     p.add_argument("--json", default=str(OUT / "launch_cost.json"))
     args = p.parse_args(argv)
-    check_outputs(p, {"--json": args.json})
     why = cuda_missing("launch_cost")  # a traceback on a CPU before
     if why:
         print(why)
         return 2
+    check_outputs(p, {"--json": args.json})
     print(f"{'kind':>22}  build us/launch  eval us/launch  ({args.launches} launches)")
     rows = []
     for label, fn in kinds(args.pads):

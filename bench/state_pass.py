@@ -232,14 +232,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import check_outputs
+    from _common import check_outputs, cuda_missing
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_outputs(parser, {"--out": args.out})
-    if not (mx.cuda.is_available() and _passes.use_kernels(True)):
-        print("[state_pass bench] needs MLX with a CUDA GPU as the default device.")
+    why = cuda_missing("state_pass bench")
+    if why or not _passes.use_kernels(True):
+        print(why or "[state_pass bench] needs the CUDA kernels on (CHUNKSCAN_CUDA_KERNELS=0).")
         return 2
+    check_outputs(parser, {"--out": args.out})
     result = run(args)
     print()
     print(table(result["rows"]))
