@@ -107,9 +107,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return x.reshape((B, Hk, G) + tuple(x.shape[1:]))
 
     if spec.channel:  # the core's choice (chunk._make_core)
-        prepare = functools.partial(op._prepare_channel, full=False)
-        prepare_full = functools.partial(op._prepare_channel, full=True)
-        group_backward = op._group_backward_channel
+        from chunkscan.ops.gated_delta import _channel
+
+        prepare = functools.partial(_channel.prepare, full=False)
+        prepare_full = functools.partial(_channel.prepare, full=True)
+        group_backward = _channel.group_backward
     else:
         prepare = prepare_full = op._prepare
         group_backward = op._group_backward
