@@ -117,6 +117,15 @@ def cuda_missing(script: str, mlx: bool = True, torch: bool = False) -> str | No
     return None
 
 
+def stop_without_cuda(script: str, mlx: bool = True, torch: bool = False) -> bool:
+    """Print :func:`cuda_missing`'s line and return True where it has one (the script
+    then returns 2); False where all is there."""
+    why = cuda_missing(script, mlx=mlx, torch=torch)
+    if why:
+        print(why)
+    return why is not None
+
+
 def device() -> str:
     """The default MLX device, with the GPU's name where ``nvidia-smi`` knows it."""
     import mlx.core as mx

@@ -59,7 +59,7 @@ def measure(T: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import check_outputs, cuda_missing, meta, positive_int
+    from _common import check_outputs, meta, positive_int, stop_without_cuda
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    why = cuda_missing("attention_kernels")
-    if why:
-        print(why)
+    if stop_without_cuda("attention_kernels"):
         return 2
     check_outputs(p, {"--json": args.json}, optional=("--json",))
     rows = []

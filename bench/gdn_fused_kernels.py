@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 
-from _common import OUT, check_outputs, cuda_missing, meta, positive_int, write_json
+from _common import OUT, check_outputs, meta, positive_int, stop_without_cuda, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.tokens < args.C:  # no chunk at all
         p.error(f"argument --tokens: must be at least --C ({args.C}) but got {args.tokens}")
-    why = cuda_missing("gdn_fused_kernels")
-    if why:
-        print(why)
+    if stop_without_cuda("gdn_fused_kernels"):
         return 2
     check_outputs(p, {"--json": args.json})
     if args.profile:

@@ -29,10 +29,10 @@ import time
 from _common import (
     OUT,
     check_outputs,
-    cuda_missing,
     meta,
     non_negative_int,
     positive_int,
+    stop_without_cuda,
     write_json,
 )
 
@@ -139,9 +139,7 @@ def print_row(r: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    why = cuda_missing("gpu_gaps", torch=True)  # a traceback on a CPU before
-    if why:
-        print(why)
+    if stop_without_cuda("gpu_gaps", torch=True):  # a traceback on a CPU before
         return 2
     check_outputs(p, {"--json": args.json})
     import mlx.core as mx

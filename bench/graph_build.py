@@ -31,10 +31,10 @@ import time
 from _common import (
     OUT,
     check_outputs,
-    cuda_missing,
     meta,
     non_negative_int,
     positive_int,
+    stop_without_cuda,
     write_json,
 )
 
@@ -97,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # --real off CUDA built the portable graph and printed it as the kernels' (found by
     # probing)
-    why = cuda_missing("graph_build --real") if args.real else None
-    if why:
-        print(why)
+    if args.real and stop_without_cuda("graph_build --real"):
         return 2
     check_outputs(p, {"--json": args.json})
     ts = build_times(args.T, args.repeats, args.group_mib, args.real, args.profile)

@@ -32,10 +32,10 @@ import time
 from _common import (
     OUT,
     check_outputs,
-    cuda_missing,
     meta,
     non_negative_int,
     positive_int,
+    stop_without_cuda,
     write_json,
 )
 
@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real", action="store_true")
     p.add_argument("--json", default=str(OUT / "launch_cost.json"))
     args = p.parse_args(argv)
-    why = cuda_missing("launch_cost")  # a traceback on a CPU before
-    if why:
-        print(why)
+    if stop_without_cuda("launch_cost"):  # a traceback on a CPU before
         return 2
     check_outputs(p, {"--json": args.json})
     print(f"{'kind':>22}  build us/launch  eval us/launch  ({args.launches} launches)")

@@ -67,7 +67,7 @@ def fla_call(T: int, harness: str = "cotangents"):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import cuda_missing, non_negative_int, positive_int
+    from _common import non_negative_int, positive_int, stop_without_cuda
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     impls = ("chunkscan", "chunkscan-portable", "fla")
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--harness", choices=("cotangents", "loss"), default="cotangents")
     args = p.parse_args(argv)
     # fla's kernels: a traceback without a CUDA PyTorch before (found by probing)
-    why = cuda_missing("ncu_op --impl fla", mlx=False, torch=True) if args.impl == "fla" else None
-    if why:
-        print(why)
+    if args.impl == "fla" and stop_without_cuda("ncu_op --impl fla", mlx=False, torch=True):
         return 2
     torch = _torch_cuda()
     if args.impl == "fla":

@@ -232,13 +232,14 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import check_outputs, cuda_missing
+    from _common import check_outputs, stop_without_cuda
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    why = cuda_missing("state_pass bench")
-    if why or not _passes.use_kernels(True):
-        print(why or "[state_pass bench] needs the CUDA kernels on (CHUNKSCAN_CUDA_KERNELS=0).")
+    if stop_without_cuda("state_pass bench"):
+        return 2
+    if not _passes.use_kernels(True):
+        print("[state_pass bench] needs the CUDA kernels on (CHUNKSCAN_CUDA_KERNELS=0).")
         return 2
     check_outputs(parser, {"--out": args.out})
     result = run(args)

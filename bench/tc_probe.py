@@ -83,15 +83,13 @@ def run(a: np.ndarray, b: np.ndarray, c: np.ndarray, runner=None) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _common import check_outputs, cuda_missing, meta, positive_int
+    from _common import check_outputs, meta, positive_int, stop_without_cuda
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=positive_int, default=96, help="problems (16 x 16 outputs each)")
     p.add_argument("--out", default="bench-out/tc_probe.npz")
     args = p.parse_args(argv)
-    why = cuda_missing("tc_probe")
-    if why:
-        print(why)
+    if stop_without_cuda("tc_probe"):
         return 2
     check_outputs(p, {"--out": args.out})
 

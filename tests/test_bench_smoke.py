@@ -412,8 +412,8 @@ def test_outputs_are_checked_before_measuring(script, argv, option, bench, tmp_p
     folder.mkdir()
     module = bench(script)
     for m in (module, bench("_common")):  # the CUDA-only scripts check CUDA first
-        if hasattr(m, "cuda_missing"):
-            monkeypatch.setattr(m, "cuda_missing", lambda *a, **k: None)
+        if hasattr(m, "stop_without_cuda"):
+            monkeypatch.setattr(m, "stop_without_cuda", lambda *a, **k: False)
     from chunkscan.ops.gated_delta import _passes
 
     monkeypatch.setattr(_passes, "use_kernels", lambda *a, **k: True)  # state_pass asks too
@@ -534,7 +534,7 @@ def test_launch_cost_writes_its_rows_with_provenance(bench, monkeypatch, tmp_pat
     """``bench/launch_cost.py --json`` (CUDA only; here with MLX's ``add`` alone on the
     CPU, the CUDA check skipped): one row per kind, the figures printed."""
     launch_cost = bench("launch_cost")
-    monkeypatch.setattr(launch_cost, "cuda_missing", lambda *a, **k: None)
+    monkeypatch.setattr(launch_cost, "stop_without_cuda", lambda *a, **k: False)
     monkeypatch.setattr(launch_cost, "kinds", lambda pads: [("mlx add", lambda x: x + 1.0)])
     out = tmp_path / "launch.json"
     assert launch_cost.main(["--launches", "3", "--repeats", "1", "--json", str(out)]) == 0
@@ -565,7 +565,7 @@ def test_gpu_gaps_writes_its_rows_and_prints_as_before(bench, monkeypatch, tmp_p
         "0.03 ms)",
         "       0.020 ms     2x  a",
     ]
-    monkeypatch.setattr(gpu_gaps, "cuda_missing", lambda *a, **k: None)
+    monkeypatch.setattr(gpu_gaps, "stop_without_cuda", lambda *a, **k: False)
     monkeypatch.setattr(gpu_gaps, "profile_mode", lambda label, *a: dict(fake, mode=label))
     out = tmp_path / "gaps.json"
     assert gpu_gaps.main(["--T", "16", "--json", str(out)]) == 0
