@@ -6,9 +6,11 @@
 
 Before measuring, a script refuses what would fail only later: numbers out of range
 (``positive_int`` and its kin as argparse ``type=``), outputs it cannot write
-(:func:`check_outputs`) and, for the CUDA-only scripts, a machine without CUDA
-(:func:`cuda_missing`). Each gives one line and exit status 2 where a traceback, or rows
-of errors and exit status 0, came after the measuring before (found by probing).
+(:func:`check_outputs`), inputs it cannot read (:func:`readable_file`, and
+:func:`read_saved` for its own JSON read back) and, for the CUDA-only scripts, a machine
+without CUDA (:func:`cuda_missing`). Each gives one line and exit status 2 where a
+traceback, or rows of errors and exit status 0, came after the measuring before (found
+by probing).
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ positive_float = _at_least(float, "a number > 0", 0.0, strict=True)
 non_negative_float = _at_least(float, "a number >= 0", 0.0, strict=False)
 
 
+def readable_file(text: str) -> str:
+    """argparse ``type=`` for an input file (a CSV, a JSON): a missing or unreadable one
+    fails at parse time, "argument csv: no such file: 'x.csv'", where a traceback came."""
+    path = pathlib.Path(text).expanduser()
+    if not path.is_file():
+        why = "a directory" if path.is_dir() else "no such file"
+        raise argparse.ArgumentTypeError(f"{why}: {text!r}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"not readable: {text!r}")
+    return str(path)
+
+
 def check_outputs(
     parser: argparse.ArgumentParser,
     paths: dict[str, str | os.PathLike | None],
@@ -90,6 +104,34 @@ def check_outputs(
         for f in [path.parent] + [f for f in files if f.exists()]:
             if not os.access(f, os.W_OK):
                 parser.error(f"argument {option}: {str(f)!r} is not writable")
+
+
+def read_saved(parser: argparse.ArgumentParser, option: str, path: str, keys: tuple[str, ...]):
+    """The JSON a script's ``--from-json`` rebuilds its table from: ``parser.error`` (exit
+    status 2, one line naming the option) where the file is missing or unreadable, is not
+    JSON, or is not what the script writes (a dict with ``keys``; with ``keys`` empty, a
+    list of row dicts). A traceback came there before (found by probing)."""
+    file = pathlib.Path(path).expanduser()
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        parser.error(f"argument {option}: {path!r}: no such file")
+    except IsADirectoryError:
+        parser.error(f"argument {option}: {path!r} is a directory")
+    except (OSError, UnicodeDecodeError) as exc:
+        parser.error(f"argument {option}: cannot read {path!r}: {exc}")
+    except json.JSONDecodeError as exc:
+        parser.error(f"argument {option}: {path!r} is not JSON ({exc})")
+    if keys:
+        ok = isinstance(data, dict) and all(key in data for key in keys)
+        want = f"an object with keys {', '.join(keys)}"
+    else:
+        ok = isinstance(data, list) and all(isinstance(row, dict) for row in data)
+        want = "a list of rows"
+    if not ok:
+        parser.error(f"argument {option}: {path!r} is not {want}, as this script's --json "
+                     "writes")  # fmt: skip
+    return data
 
 
 def cuda_missing(script: str, mlx: bool = True, torch: bool = False) -> str | None:

@@ -256,21 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from _common import check_outputs
+    from _common import check_outputs, read_saved
 
     check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
     out = pathlib.Path(args.json)
     if args.from_json:
         # The table and plot go beside --json (default bench-out/), never beside the file
         # read: that overwrote committed results (found by probing).
-        rows = json.loads(pathlib.Path(args.from_json).read_text())
+        rows = read_saved(parser, "--from-json", args.from_json, keys=())
     else:
         rows = run(args)
         meta = _meta(argv)
         rows = [dict(r, meta=meta) for r in rows]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rows, indent=1))
-    meta = rows[0]["meta"] if rows else {}
+    meta = rows[0].get("meta", {}) if rows else {}
     r0 = rows[0] if rows else {}
     title = (
         f"attention fwd+bwd, B={r0.get('B')} Hq={r0.get('Hq')} Hkv={r0.get('Hkv')} "

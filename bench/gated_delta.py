@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
             "[bench.gated_delta] --gate channel runs chunkscan and mlx_lm only but got "
             f"--impls {' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
-    from _common import check_outputs
+    from _common import check_outputs, read_saved
 
     check_outputs(
         parser,
@@ -360,8 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         optional=("--json", "--png", "--md"),
     )
     if args.from_json:
-        with open(args.from_json) as fh:
-            saved = json.load(fh)
+        saved = read_saved(parser, "--from-json", args.from_json, keys=("rows", "title"))
         rows, title, info = saved["rows"], saved["title"], saved.get("meta", saved.get("argv"))
     else:
         from _common import meta

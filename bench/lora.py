@@ -247,6 +247,40 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, devi
     fig.savefig(path, dpi=120)
 
 
+def _config_overrides(text: str) -> dict[str, Any]:
+    """``--config``'s type: a JSON object (a list or a number failed after measuring)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        example = '{"hidden_size": 2048}'
+        raise argparse.ArgumentTypeError(f"must be a JSON object, e.g. '{example}', "
+                                         f"but got {text!r}")  # fmt: skip
+    return value
+
+
+def _check_config_fields(parser: argparse.ArgumentParser, config: dict | None) -> None:
+    """``--config``'s keys must be fields of the model's ``ModelArgs``: mlx-lm's
+    ``from_dict`` drops the others, so a misspelt key measured the default model
+    (found by probing)."""
+    if not config:
+        return
+    import dataclasses
+    import importlib
+
+    model_type = config.get("model_type", "qwen3_next")
+    try:
+        arch = importlib.import_module(f"mlx_lm.models.{model_type}")
+    except ImportError:
+        parser.error(f"argument --config: mlx-lm has no model_type {model_type!r}")
+    fields = {f.name for f in dataclasses.fields(arch.ModelArgs)}
+    unknown = sorted(set(config) - fields - {"model_type"})
+    if unknown:
+        parser.error(f"argument --config: {', '.join(map(repr, unknown))} not fields of "
+                     f"mlx_lm.models.{model_type}.ModelArgs (it would drop them)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     from _common import check_outputs, non_negative_int, positive_float, positive_int
 
@@ -271,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--max-stock-gib", type=positive_float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
-    parser.add_argument("--config", type=json.loads, default=None,
+    parser.add_argument("--config", type=_config_overrides, default=None,
                         help="JSON overrides of the tiny model's config.json, e.g. "
                         "'{\"hidden_size\": 2048}'")  # fmt: skip
     parser.add_argument("--timeout", type=positive_float, default=1800.0)
@@ -286,16 +320,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true",
                         help="keep the other rows already in --json")  # fmt: skip
     args = parser.parse_args(argv)
+    _check_config_fields(parser, args.config)
     check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
+    from _common import read_saved
 
     if args.replot:
         # Beside --json: writing beside the file read rewrote committed results (their
         # tables gained columns; found by probing).
-        data = json.loads(args.replot.read_text())
+        data = read_saved(parser, "--replot", str(args.replot), keys=("meta", "rows"))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         _write_outputs(data["meta"], data["rows"], args.json)
         return 0
 
+    # The rows --merge keeps, read before measuring: a --json it could not read failed
+    # only after every configuration had run (found by probing).
+    old = None
+    if args.merge and args.json.exists():
+        old = read_saved(parser, "--json", str(args.json), keys=("meta", "rows"))
     from _common import child_env, empty_kernel_caches, kernels_compiled
     from _common import meta as provenance
 
@@ -341,9 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     commands = []
-    if args.merge and args.json.exists():
-        old = json.loads(args.json.read_text())
-
+    if old is not None:
         # A row is replaced only by one of the same mode, T, chunk size, save mode and
         # memory limit.
         def key(r):

@@ -34,7 +34,7 @@ import gzip
 import io
 import sys
 
-from _common import non_negative_int
+from _common import non_negative_int, readable_file
 from ncu_summary import number as parse_number
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -147,7 +147,7 @@ def summarise_lines(function: dict, top: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("csv", help="the source page's CSV (.csv or .csv.gz)")
+    p.add_argument("csv", type=readable_file, help="the source page's CSV (.csv or .csv.gz)")
     p.add_argument("--top", type=non_negative_int, default=8,
                    help="instructions (or lines) listed per launch")  # fmt: skip
     p.add_argument(

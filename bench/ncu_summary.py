@@ -21,7 +21,7 @@ import json
 import re
 import sys
 
-from _common import check_outputs, non_negative_int
+from _common import check_outputs, non_negative_int, readable_file
 
 COLUMNS = {
     "us": "gpu__time_duration.sum",
@@ -128,7 +128,7 @@ def fmt(v: object, width: int, digits: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("csv")
+    p.add_argument("csv", type=readable_file)
     p.add_argument("--by-name", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--top", type=non_negative_int, default=0,

@@ -447,6 +447,68 @@ def test_check_outputs_makes_the_folder_and_refuses_a_file_in_its_place(bench, t
         common.check_outputs(parser, {"--json": "."}, beside=(".md", ".png"))
 
 
+# Each input a script reads back: a missing, unreadable or foreign file gave a
+# traceback; lora.py --merge read its --json only after measuring (found by probing).
+BAD_INPUTS = [
+    ("attention", ["--from-json"], "[1, 2]", "is not a list of rows"),
+    ("gated_delta", ["--from-json"], "[]", "is not an object with keys rows, title"),
+    ("lora", ["--replot"], '{"rows": []}', "is not an object with keys meta, rows"),
+    ("lora", ["--T", "16", "--modes", "stub", "--merge", "--json"], "{", "is not JSON"),
+    ("ncu_summary", [], None, None),
+    ("ncu_source_summary", [], None, None),
+]
+
+
+@pytest.mark.parametrize("script,argv,text,message", BAD_INPUTS)
+def test_inputs_read_back_are_checked_first(script, argv, text, message, bench, tmp_path,
+                                            capsys, monkeypatch):  # fmt: skip
+    """Missing, a folder, or (for the JSON ones) not JSON / not the script's own shape:
+    one line naming the option, exit status 2, before anything is measured."""
+    from chunkscan.commands import measure
+
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: pytest.fail("measured"))
+    module = bench(script)
+    option = argv[-1] if argv else "csv"
+    merge = "--merge" in argv  # a missing --json is a new one there, a folder check_outputs'
+    out = [] if merge else ["--json", str(tmp_path / "out" / "o.json")]
+    cases = [] if merge else [(tmp_path / "missing.json", "no such file"), (tmp_path, "directory")]
+    if text is not None:
+        (tmp_path / "bad.json").write_text(text)
+        cases.append((tmp_path / "bad.json", message))
+    for path, expected in cases:
+        if script.startswith("ncu"):
+            call = [str(path)]
+        else:
+            call = [*argv, str(path), *out]
+        with pytest.raises(SystemExit) as exc:
+            module.main(call)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert f"error: argument {option}: " in err and expected in err, err
+    assert not (tmp_path / "out" / "o.md").exists()
+
+
+def test_lora_config_must_name_model_fields(bench, capsys, monkeypatch):
+    """``bench/lora.py --config``: a JSON object whose keys are fields of the model's
+    ``ModelArgs``. A misspelt key was dropped by mlx-lm's ``from_dict`` (the default
+    model measured), a list failed after measuring (found by probing)."""
+    from chunkscan.commands import measure
+
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: pytest.fail("measured"))
+    lora = bench("lora")
+    for config, expected in (('[1]', "must be a JSON object"), ("x", "not JSON"),
+                             ('{"hidden_sizee": 4}', "'hidden_sizee' not fields of mlx_lm"),
+                             ('{"model_type": "nope"}', "no model_type 'nope'")):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            lora.main(["--T", "16", "--config", config])
+        assert exc.value.code == 2
+        assert expected in capsys.readouterr().err.splitlines()[-1]
+    # the negative control: a real field passes the check (and would measure)
+    with pytest.raises(pytest.fail.Exception, match="measured"):
+        lora.main(["--T", "16", "--modes", "stub", "--config", '{"hidden_size": 128}',
+                   "--json", str(pathlib.Path(lora.ROOT) / "bench-out" / "t.json")])  # fmt: skip
+
+
 # The CUDA-only scripts (and options) on a machine without CUDA: one line, exit status 2,
 # where most gave a traceback (found by probing; state_pass and tc_probe did this already).
 NO_CUDA = [
