@@ -324,6 +324,22 @@ def test_short_calls_go_to_mx_fast(monkeypatch):
     assert len(called) == 3
 
 
+@pytest.mark.parametrize("name,bad", [("CHUNKSCAN_CUDA_KERNELS", "yes"),
+                                      ("CHUNKSCAN_CPU_THREADS", "abc")])  # fmt: skip
+def test_bad_settings_raise_on_short_calls_too(name, bad, monkeypatch):
+    """A bad setting raises whatever the call's size: on the mx.fast shortcut it passed
+    silently, and raised only once a call took the blocked path (found by probing)."""
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", 64 * 64)
+    monkeypatch.setenv(name, bad)
+    for T in (64, 65):  # the shortcut, then the blocked path
+        q, k, v, _ = make_inputs(1, 2, 1, T, T, 8)
+        with pytest.raises(ValueError, match=f"environment variable {name}"):
+            mx.eval(chunkscan.attention(q, k, v, scale=0.3, mask="causal"))
+    monkeypatch.setenv(name, "1")  # a good value: the shortcut runs (the negative control)
+    q, k, v, _ = make_inputs(1, 2, 1, 64, 64, 8)
+    mx.eval(chunkscan.attention(q, k, v, scale=0.3, mask="causal"))
+
+
 def test_plan_blocks_cover_the_rows_within_budget(monkeypatch):
     monkeypatch.setattr(blocked, "SCRATCH_BYTES", 1 << 16)
     for T, S, mask in ((1000, 1000, "causal"), (300, 1000, "causal"), (1000, 300, "causal"),

@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from ... import _backend, _ordering, _tree
 from ..._backend import check_kernels, use_kernels
-from .._cpu_threads import matmul
+from .._cpu_threads import matmul, threads
 from . import _cuda
 from ._checks import Spec, check_inputs, empty_result
 from .naive import mask_5d
@@ -122,6 +122,11 @@ def attention(
     """
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     check_kernels("attention", kernels)
+    # Read, and so check, the settings of the blocked path before the shortcut: a bad
+    # CHUNKSCAN_CUDA_KERNELS or CHUNKSCAN_CPU_THREADS raised only once calls grew past
+    # FAST_MAX_SCORES (found by probing; gated_delta_rule raises at every size).
+    use_kernels(kernels, "attention")
+    threads()
     if (empty := empty_result(spec, q)) is not None:
         return empty
     if _use_fast(spec):
