@@ -715,6 +715,11 @@ class _ClassLevelHolder(_Namespace):  # self.net found on a base class, not the 
         s = mx.tanh(self.net(s) + x)
         return s, s
 
+    @classmethod
+    def class_step(cls, s, x):  # cls.net: the class is the method's __self__
+        s = mx.tanh(cls.net(s) + x)
+        return s, s
+
 
 @dataclasses.dataclass(slots=True)
 class _SlotsHolder:  # no __dict__: the walk reads its slots
@@ -815,6 +820,13 @@ def _capture_cases():
         "attribute of self's class": (
             chunkscan.stepwise(_ClassLevelHolder().step),
             "through step -> self -> net",
+            "net",
+            True,
+        ),
+        # Missed before session 35 (a zero gradient, no warning; found by probing).
+        "class method": (
+            chunkscan.stepwise(_ClassLevelHolder.class_step),
+            "through step -> cls -> net",
             "net",
             True,
         ),
@@ -931,6 +943,90 @@ def test_the_capture_walk_runs_no_user_code():
     walk = _capture._Walk()
     walk.visit(Runner().step, [], 0, root=True)
     assert len(walk.seen) < 20, len(walk.seen)
+
+
+def test_the_capture_walk_runs_no_attribute_hook_of_the_user():
+    """Globals whose ``__getattr__`` or ``__getattribute__`` raises: ``scan`` runs as
+    ``f`` does, calling neither. ``hasattr(obj, "__dict__")`` ran a slotted config's
+    ``__getattr__`` (its ``KeyError`` came out of ``scan``), a proxy's
+    ``__getattribute__`` ran for ``__dict__``, and a module's ``__getattr__`` (PEP 562)
+    for each attribute the code reads (found by probing)."""
+    calls = []
+
+    class SlottedConfig:
+        __slots__ = ("values", "__hidden")
+
+        def __init__(self, net):
+            self.values = {"scale": 2.0}
+            self.__hidden = net  # a mangled slot: the walk finds the module there too
+
+        def __getattr__(self, name):
+            calls.append(("getattr", name))
+            return self.values[name]
+
+    class Proxy:
+        def __getattribute__(self, name):
+            calls.append(("getattribute", name))
+            raise RuntimeError(f"proxy: {name}")
+
+    settings = types.ModuleType("chunkscan_test_lazy_settings")
+
+    def lazy(name):
+        calls.append(("module", name))
+        raise RuntimeError(name)
+
+    settings.__getattr__ = lazy
+    settings.depth = 2
+    lin = nn.Linear(3, 3)
+    config, proxy = SlottedConfig(lin), Proxy()
+    glob = {"config": config, "proxy": proxy, "settings": settings, "mx": mx}
+    code = (
+        "def f(c, x):\n"
+        "    if c.size < 0:  # never: the names are read only by the walk\n"
+        "        return proxy.scale + settings.missing, None\n"
+        "    return c * config.values['scale'] + x.sum(0), x\n"
+    )
+    exec(code, glob)
+    with pytest.warns(
+        chunkscan.ClosureCaptureWarning, match="through config -> _SlottedConfig__hidden"
+    ):
+        c, _ = chunkscan.scan(glob["f"], mx.zeros(3), mx.ones((4, 3)), chunk_size=2)
+    assert c.tolist() == [6.0] * 3 and calls == []
+
+
+def test_a_parameter_tree_of_the_captured_module_is_passed():
+    """``params=model.trainable_parameters()`` with ``model.update(params)`` in ``f``
+    (MLX's functional pattern) gets the loop's gradient and no warning; it warned that
+    the module "gets no gradient" (found by probing). A tree of other shapes still warns
+    (the negative control)."""
+    model = nn.Linear(3, 3)
+    xs = mx.random.normal((4, 3), key=mx.random.key(1))
+    h0 = mx.random.normal((3,), key=mx.random.key(2))
+
+    def f(c, x, p):
+        model.update(p)
+        return mx.tanh(model(c) + x.sum(0)), x
+
+    def loss(p, use_scan):
+        if use_scan:
+            c, _ = chunkscan.scan(f, h0, xs, chunk_size=2, params=p)
+        else:
+            c = h0
+            for lo in range(0, 4, 2):
+                c, _ = f(c, xs[lo : lo + 2], p)
+        return (c**2).sum()
+
+    p0 = model.trainable_parameters()
+    g_loop = mx.grad(loss)(p0, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g_scan = mx.grad(loss)(p0, True)
+    model.update(p0)
+    assert_trees_close(g_scan, g_loop, 1e-6, "grads")
+    assert mx.abs(g_scan["weight"]).max().item() > 0
+    other = {"weight": mx.zeros((3, 2)), "bias": mx.zeros((3,))}  # not model's tree
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="'model'"):
+        chunkscan.scan(lambda c, x, p: (model(c), x), h0, xs, chunk_size=2, params=other)
 
 
 def test_issue_example_warns_and_params_gives_the_loop_gradient():

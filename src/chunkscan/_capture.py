@@ -12,7 +12,7 @@ can reach and reports every module on the way:
 - bound methods: the object (``self``) and the function; the attributes of a plain
   object reached that way (or called directly, a functor), its ``__slots__`` too (a
   ``slots=True`` dataclass), and the data attributes set on its class and bases
-  (``self.shared`` held by the class);
+  (``self.shared`` held by the class); a class method's class (``cls.net``);
 - a global that is a Python module or a class, through the attributes the code reads
   of it (``cfg.net`` where ``cfg`` is a module of settings, ``Cfg.net`` a class used
   as a namespace), without running a property;
@@ -21,7 +21,9 @@ can reach and reports every module on the way:
 The walk is bounded (depth, objects visited, items per container), never looks
 inside MLX or mlx-lm, inside chunkscan's own functions only at their closures, nor
 inside the standard library's objects (but its namespaces) or an Enum's members, and
-runs none of the user's code (no property, no ``__getattr__``), so it stays cheap: 4
+runs none of the user's code (no property, no ``__getattr__`` or ``__getattribute__``:
+every value is read through its class's descriptor or a ``__dict__``, every kind told
+by ``type(obj)``, never ``obj.__class__``), so it stays cheap: 4
 µs for a plain function, 63 µs for a bound method whose class holds a logger and an
 Enum member (a reviewing probe's script, 200 loggers in the process); it can miss a
 module hidden deeper than that, never report one that is not reachable.
@@ -70,41 +72,50 @@ class _Walk:
         if _is_inert(obj):
             return
         self.seen.add(id(obj))
-        if isinstance(obj, nn.Module):
+        # Kinds by type(obj): isinstance asks obj.__class__ where the type does not
+        # match, which runs a __getattribute__ of the user's.
+        kind = type(obj)
+        if issubclass(kind, nn.Module):
             self.found.append((path or ["f"], obj))
             return
         nxt = depth + 1
-        if isinstance(obj, functools.partial):
+        if issubclass(kind, functools.partial):
             self.visit(obj.func, path, nxt)
             for i, a in enumerate(obj.args[:MAX_ITEMS]):
                 self.visit(a, path + ["partial", f"args[{i}]"], nxt)
             for k, a in list(obj.keywords.items())[:MAX_ITEMS]:
                 self.visit(a, path + ["partial", k], nxt)
-        elif inspect.ismethod(obj):
-            self.visit(obj.__self__, path + ["self"], nxt)
+        elif kind is types.MethodType:
+            holder = obj.__self__
+            if issubclass(type(holder), type):  # a class method: what it reads as cls.net
+                if not _ours(holder.__module__):
+                    for k, item in _class_values(holder)[:MAX_ITEMS]:
+                        self.visit(item, path + ["cls", k], nxt)
+            else:
+                self.visit(holder, path + ["self"], nxt)
             self.visit(obj.__func__, path, nxt)
-        elif inspect.isfunction(obj):
+        elif kind is types.FunctionType:
             self._visit_function(obj, path, nxt, root)
-        elif isinstance(obj, (list, tuple)):
+        elif issubclass(kind, (list, tuple)):
             for i, item in enumerate(obj[:MAX_ITEMS]):
                 self.visit(item, _index(path, f"[{i}]"), nxt)
-        elif isinstance(obj, dict):
+        elif issubclass(kind, dict):
             for k, item in list(obj.items())[:MAX_ITEMS]:
                 self.visit(item, _index(path, f"[{k!r}]"), nxt)
         elif _stdlib_object(obj):
             return  # a logger, a lock, a file: holds no model, and a logger reaches them all
-        elif not isinstance(obj, type) and (hasattr(obj, "__dict__") or _slot_names(obj)):
+        elif (attributes := _attributes(obj)) is not None:
             # A plain object: a bound method's self, a functor, a config holder (its
             # slots too: a slots=True dataclass has no __dict__, and its module was
             # missed before session 30).
-            call = inspect.getattr_static(type(obj), "__call__", None)
-            if inspect.isfunction(call):
+            call = inspect.getattr_static(kind, "__call__", None)
+            if type(call) is types.FunctionType:
                 self.visit(call, path, nxt)
-            for k, item in _attributes(obj)[:MAX_ITEMS]:
+            for k, item in attributes[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
             # What it reads through its class (self.shared, set on the class: missed
             # before, found by probing).
-            for k, item in _class_values(type(obj))[:MAX_ITEMS]:
+            for k, item in _class_values(kind)[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
@@ -134,11 +145,12 @@ class _Walk:
         # are skipped (mx.tanh would only use up the walk's budget of objects).
         for name, attr in global_attributes:
             holder = fn.__globals__.get(name)
-            if isinstance(holder, types.ModuleType):
-                if _ours(holder.__name__) or not hasattr(holder, attr):
+            if type(holder) is types.ModuleType:
+                # its namespace, not getattr: that runs a module's __getattr__ (PEP 562)
+                if _ours(holder.__name__) or attr not in vars(holder):
                     continue
-                self.visit(getattr(holder, attr), path + [f"{name}.{attr}"], depth)
-            elif isinstance(holder, type) and not _ours(holder.__module__):
+                self.visit(vars(holder)[attr], path + [f"{name}.{attr}"], depth)
+            elif issubclass(type(holder), type) and not _ours(holder.__module__):
                 value = _class_attribute(holder, attr)
                 if value is not None:
                     self.visit(value, path + [f"{name}.{attr}"], depth)
@@ -167,24 +179,35 @@ def _globals_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[tuple[st
     return tuple(names), tuple(pairs)
 
 
-def _slot_names(obj: Any) -> list[str]:
-    """The ``__slots__`` names of ``obj``'s class and its bases."""
-    names: list[str] = []
+def _attributes(obj: Any) -> list[tuple[str, Any]] | None:
+    """``obj``'s instance attributes: its ``__dict__`` and its slots that are set, each
+    read through the descriptor its class holds for it (``hasattr(obj, "__dict__")``
+    and ``vars`` ran a ``__getattr__`` of the user's where there was no ``__dict__``, and
+    a ``KeyError`` it raised came out of ``scan``; found by probing). ``None`` for an
+    object with neither (a C type's)."""
+    in_dict: list[tuple[str, Any]] | None = None
+    in_slots: list[tuple[str, Any]] = []
+    has_slots = False
     for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        names.extend([slots] if isinstance(slots, str) else slots)
-    return [n for n in names if n not in ("__dict__", "__weakref__")]
-
-
-def _attributes(obj: Any) -> list[tuple[str, Any]]:
-    """``obj``'s instance attributes: its ``__dict__`` and its slots that are set."""
-    items = list(vars(obj).items()) if hasattr(obj, "__dict__") else []
-    for name in _slot_names(obj):
-        try:
-            items.append((name, object.__getattribute__(obj, name)))
-        except AttributeError:  # a slot never set
-            continue
-    return items
+        own = vars(cls)
+        if in_dict is None and "__dict__" in own:  # the first class that gives one
+            slot = own["__dict__"]
+            values = slot.__get__(obj, cls) if type(slot) is types.GetSetDescriptorType else None
+            in_dict = list(values.items()) if type(values) is dict else []
+        names = own.get("__slots__", ())
+        for name in [names] if isinstance(names, str) else names:
+            if name.startswith("__") and not name.endswith("__"):  # stored mangled
+                name = f"_{cls.__name__.lstrip('_')}{name}"
+            slot = own.get(name)
+            if type(slot) is types.MemberDescriptorType:
+                has_slots = True
+                try:
+                    in_slots.append((name, slot.__get__(obj, cls)))
+                except AttributeError:  # a slot never set
+                    continue
+    if in_dict is None and not has_slots:
+        return None
+    return (in_dict or []) + in_slots
 
 
 #: Namespaces of the standard library, walked as any plain object (a config may hold a
@@ -247,9 +270,10 @@ def _index(path: list[str], sub: str) -> list[str]:
 
 def _is_inert(obj: Any) -> bool:
     """Values that cannot hold a module worth reporting (cheap to rule out)."""
-    if obj is None or isinstance(
-        obj, (str, bytes, int, float, complex, bool, type, types.ModuleType, range)
+    kind = type(obj)
+    if obj is None or issubclass(
+        kind, (str, bytes, int, float, complex, bool, type, types.ModuleType, range)
     ):
         return True
-    from_mlx = (type(obj).__module__ or "").split(".")[0] == "mlx"  # mx.array, dtypes
-    return from_mlx and not isinstance(obj, nn.Module)
+    from_mlx = (kind.__module__ or "").split(".")[0] == "mlx"  # mx.array, dtypes
+    return from_mlx and not issubclass(kind, nn.Module)

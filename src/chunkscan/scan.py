@@ -144,7 +144,7 @@ def scan(
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
-    _warn_on_captured_modules(f, module)
+    _warn_on_captured_modules(f, p_leaves, p_def)
 
     plan = _Plan(
         f=f,
@@ -645,22 +645,28 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool
         module.update(previous)
 
 
-def _warn_on_captured_modules(f: Callable, module: nn.Module | None) -> None:
+def _warn_on_captured_modules(f: Callable, passed_leaves: list[mx.array], passed_def) -> None:
     """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
-    being passed it (closures, globals, ``functools.partial``, bound methods,
-    ``stepwise``'s step; see :mod:`chunkscan._capture`). The ``params`` module and its
-    submodules are passed, so they are fine, and so is any module whose every trainable
-    array is one of theirs (``self`` captured by a method that passes ``params=self.cell``,
-    ``self.cell`` its only trainable part: a false warning before, found by probing): one
-    test covers all three, and a module with no trainable array."""
-    passed = (
-        {id(a) for a in _tree.flatten(module.trainable_parameters())[0]}
-        if module is not None
-        else set()
-    )
+    being passed it (closures, globals, ``functools.partial``, bound methods, class
+    methods, ``stepwise``'s step; see :mod:`chunkscan._capture`). Passed, so fine: a
+    module whose every trainable array is one of ``params``' (``passed_leaves``, its
+    tree ``passed_def``): the ``params`` module and its submodules, ``self`` captured by
+    a method that passes ``params=self.cell`` where ``self.cell`` is its only trainable
+    part; and a module whose parameter tree ``params`` is, in structure, shapes and
+    dtypes (``params=model.trainable_parameters()`` with ``model.update(params)`` in
+    ``f``; under a transform ``params`` are the transform's arrays, not the module's).
+    The last two warned falsely before (found by probing). One test covers these, and a
+    module with no trainable array."""
+    passed = {id(a) for a in passed_leaves}
+    kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
     for path, value in _capture.captured_modules(f):
-        if all(id(a) in passed for a in _tree.flatten(value.trainable_parameters())[0]):
+        leaves, treedef = _tree.flatten(value.trainable_parameters())
+        if all(id(a) in passed for a in leaves):
+            continue
+        if _tree.same_structure(treedef, passed_def) and kinds == [
+            (a.shape, a.dtype) for a in _tree.reorder_like(passed_def, value.trainable_parameters())
+        ]:
             continue
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
