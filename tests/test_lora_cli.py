@@ -308,7 +308,7 @@ def no_load(monkeypatch):
 
 
 def test_missing_model_path_is_reported_before_loading(tmp_path, no_load):
-    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     missing = tmp_path / "no_such_model"
     msg = (
         f"chunkscan lora: --model {missing}: no such folder (and not a Hugging Face repo "
@@ -339,12 +339,13 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     msg = f"chunkscan lora: --data {empty} has no train.jsonl, which --train reads"
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(["--model", str(model), "--data", str(empty), "--train"])
-    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     (data / "test.jsonl").unlink()  # (the demo's data set has one since session 30)
     with pytest.raises(SystemExit, match=re.escape("has no test.jsonl, which --test reads")):
         lora.main(["--model", str(model), "--data", str(data), "--test"])
     monkeypatch.setenv("HOME", str(tmp_path))
-    args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train"])
+    args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train",
+                              "--num-layers", "-1"])  # fmt: skip
     lora.check_args(args)
     assert (args.model, args.data) == (str(model), str(data))
     # the adapters' paths too: mlx-lm wrote '~/out' into ./~/out and failed to open a
@@ -352,7 +353,7 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     (tmp_path / "first").mkdir()
     (tmp_path / "first" / "adapters.safetensors").write_bytes(b"")
     args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train",
-                              "--adapter-path", "~/out",
+                              "--num-layers", "-1", "--adapter-path", "~/out",
                               "--resume-adapter-file", "~/first/adapters.safetensors"])  # fmt: skip
     lora.check_args(args)
     assert args.adapter_path == str(tmp_path / "out")
@@ -360,7 +361,7 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     # a file where training writes its folder, and --test alone without adapters: mlx-lm
     # raised after the model loaded (found by probing)
     (tmp_path / "a_file").write_text("")
-    base = ["--model", str(model), "--data", str(data)]
+    base = ["--model", str(model), "--data", str(data), "--num-layers", "-1"]
     args = lora.resolve_args([*base, "--train", "--adapter-path", str(tmp_path / "a_file")])
     with pytest.raises(SystemExit, match=re.escape("a_file is a file; training writes")):
         lora.check_args(args)
@@ -444,7 +445,7 @@ def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(["-c", str(cfg), "--train"])
     model = small_model(tmp_path / "model")
-    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     for split in ("valid", "train"):
         kept = (data / f"{split}.jsonl").read_text()
         (data / f"{split}.jsonl").write_text("\n  \n")
@@ -461,13 +462,13 @@ def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, m
     ran = []
     monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
     model = small_model(tmp_path / "model")
-    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "adapters.safetensors").write_bytes(b"")
     config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 4, "scale": 20.0}}
     (earlier / "adapter_config.json").write_text(json.dumps(config))
-    argv = ["--model", str(model), "--data", str(data), "--train",
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
             "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
     with pytest.raises(SystemExit, match=re.escape("was trained with rank 4 (")):
         lora.main(argv)
@@ -478,7 +479,7 @@ def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, m
     assert lora.main([*argv, "-c", str(cfg)]) == 0 and len(ran) == 1
     missing = ["--resume-adapter-file", str(tmp_path / "none.safetensors")]
     with pytest.raises(SystemExit, match=re.escape("none.safetensors: no such file")):
-        lora.main([*argv[:5], *missing])
+        lora.main([*argv[:7], *missing])
 
 
 def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypatch, capsys):
@@ -486,8 +487,8 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     qwen3_next, ..." (found by probing)."""
     monkeypatch.setattr(mlx_lm.lora, "run", lambda args: None)
     model = small_model(tmp_path / "model")
-    data = write_dataset(tmp_path / "data", n_train=2, n_valid=1)
-    argv = ["--model", str(model), "--data", str(data), "--train"]
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
     assert lora.main(argv) == 0
     assert "Gated DeltaNet training path -> chunkscan.gated_delta_rule" in capsys.readouterr().out
     config = json.loads((model / "config.json").read_text())
@@ -595,3 +596,80 @@ def test_an_mlx_lm_without_what_lora_wraps_stops_with_one_line(monkeypatch, name
     msg = f"mlx_lm.lora {mlx_lm.__version__} has no {name}, which chunkscan"
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(["--demo", "--iters", "1"])
+
+
+def test_demo_runs_the_checks_made_without_it(tmp_path, monkeypatch, no_load):
+    """``--demo`` may use the user's own folders, and skipped the resume and data checks:
+    rank-8 adapters resumed into a rank-4 demo trained and saved adapters that did not
+    load (exit status 0), a missing resume file and an empty valid.jsonl of a --data
+    folder were mlx-lm's tracebacks (found by probing)."""
+    model = small_model(tmp_path / "model")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "adapters.safetensors").write_bytes(b"")
+    config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 8, "scale": 20.0}}
+    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    cfg = tmp_path / "rank4.yaml"
+    cfg.write_text("lora_parameters: {rank: 4, scale: 20.0, dropout: 0.0}\n")
+    demo = ["--demo", "--iters", "1", "--model", str(model), "--adapter-path", str(tmp_path / "a")]
+    resume = ["--resume-adapter-file", str(earlier / "adapters.safetensors")]
+    with pytest.raises(SystemExit, match=re.escape("was trained with rank 8 (")):
+        lora.main([*demo, *resume, "-c", str(cfg)])
+    with pytest.raises(SystemExit, match=re.escape("none.safetensors: no such file")):
+        lora.main([*demo, "--resume-adapter-file", str(tmp_path / "none.safetensors")])
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    (data / "valid.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=re.escape("valid.jsonl is empty")):
+        lora.main([*demo, "--data", str(data)])
+    # the negative control: the same demo with a full data folder reaches the run
+    (data / "valid.jsonl").write_text((data / "train.jsonl").read_text())
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*demo, "--data", str(data)])
+
+
+def test_more_layers_or_a_larger_batch_than_there_are_is_refused_before_loading(tmp_path, no_load):
+    """``--num-layers`` above the model's layers (mlx-lm's default 16 on a smaller
+    model too) and a split with fewer examples than ``--batch-size`` were mlx-lm's
+    ``ValueError`` tracebacks after the model loaded (found by probing)."""
+    model = small_model(tmp_path / "model")  # 2 layers
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    base = ["--model", str(model), "--data", str(data), "--train"]
+    for argv, message in (
+        ([], "--num-layers 16 (mlx_lm.lora default) asks for more layers than --model"),
+        (["--num-layers", "3"], "(2: num_hidden_layers in its config.json). Pass --num-layers 2"),
+        (["--num-layers", "2", "--batch-size", "5"], "train.jsonl holds 4 examples, fewer than "
+         "--batch-size 5 (mlx-lm makes no batch of them). Pass --batch-size 4 or less"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            lora.main([*base, *argv])
+    (data / "valid.jsonl").write_text((data / "valid.jsonl").read_text().splitlines()[0])
+    with pytest.raises(SystemExit, match=re.escape("valid.jsonl holds 1 example, fewer")):
+        lora.main([*base, "--num-layers", "2"])
+    # the negative controls: within range, or a split no batch reads, reaches the run
+    for ok in (["--num-layers", "2", "--val-batches", "0"], ["--num-layers", "-1",
+               "--batch-size", "1"]):  # fmt: skip
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main([*base, *ok])
+    # a config whose layers it cannot count says nothing (text_config's are read)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": None}))
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*base, "--batch-size", "1"])
+    text = {**config, "num_hidden_layers": None, "text_config": {"num_hidden_layers": 2}}
+    (model / "config.json").write_text(json.dumps(text))
+    with pytest.raises(SystemExit, match=re.escape("--num-layers 3 asks for more layers")):
+        lora.main([*base, "--batch-size", "1", "--num-layers", "3"])
+
+
+@pytest.mark.parametrize("text", ["abc", "-5", "1.5T"])
+def test_a_bad_clear_cache_threshold_is_one_line(text, capsys):
+    """mlx-lm's size parser raised ``decimal.InvalidOperation`` (or ``KeyError``) out of
+    argparse: a traceback (found by probing)."""
+    with pytest.raises(SystemExit) as exc:
+        lora.build_parser().parse_args(["--clear-cache-threshold", text])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.endswith(f"argument --clear-cache-threshold: must be a size in bytes such as "
+                        f"512, 100MB or 1.5G, not {text!r}")  # fmt: skip
+    parsed = lora.build_parser().parse_args(["--clear-cache-threshold", "1.5G"])
+    assert parsed.clear_cache_threshold == 1_500_000_000

@@ -130,6 +130,25 @@ def _chunk_size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _size_arg(parse):
+    """``parse`` (mlx-lm's ``_parse_size``: "512", "1.5G", "100MB") as an argparse type:
+    its ``decimal.InvalidOperation`` or ``KeyError`` for "abc" or "-5" came out of
+    argparse as a traceback (found by probing)."""
+
+    def size(text: str) -> int:
+        try:
+            value = parse(text)
+        except Exception:  # noqa: BLE001 (any of mlx-lm's parse errors)
+            value = None
+        if not isinstance(value, int) or value < 0:
+            raise argparse.ArgumentTypeError(
+                f"must be a size in bytes such as 512, 100MB or 1.5G, not {text!r}"
+            )
+        return value
+
+    return size
+
+
 class _GdnChunkSize(argparse.Action):
     """Stores ``--gdn-chunk-size``; warns when it is given as ``--scan-chunk-size``."""
 
@@ -151,6 +170,9 @@ def build_parser():
     # mlx_lm.lora gives these two a non-None default, so their YAML keys never
     # apply; None restores CLI > YAML > defaults (CONFIG_DEFAULTS has both).
     parser.set_defaults(clear_cache_threshold=None, trust_remote_code=None)
+    for action in parser._actions:  # mlx-lm's size parser raises decimal's errors
+        if action.dest == "clear_cache_threshold" and action.type is not None:
+            action.type = _size_arg(action.type)
     parser.add_argument(
         "--gdn-chunk-size",
         _OLD_FLAG,
@@ -466,23 +488,83 @@ def check_args(args: types.SimpleNamespace) -> None:
     args.model = _check_source("--model", args.model, "an MLX model folder", model=True)
     if not getattr(args, "hf_dataset", None):
         args.data = _check_source("--data", args.data, "a data folder (train.jsonl, valid.jsonl)")
-        data = pathlib.Path(args.data)
-        for wanted, split in ((args.train, "train"), (args.test, "test")):
-            if wanted and data.is_dir() and not (data / f"{split}.jsonl").is_file():
-                raise SystemExit(
-                    f"chunkscan lora: --data {args.data} has no {split}.jsonl, which "
-                    f"--{split} reads (mlx_lm.lora reads train.jsonl, valid.jsonl and "
-                    f"test.jsonl from the folder). Add it, or pass another folder."
-                )
-        for split in ("train", "valid", "test"):
-            path = data / f"{split}.jsonl"
-            if path.is_file() and not _has_a_line(path):  # mlx-lm: an IndexError
-                raise SystemExit(
-                    f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
-                    f"holds an example). Add examples, or remove the file."
-                )
+    _check_local_inputs(args)
     _check_adapter_paths(args)
     _check_resumed_adapters(args)
+
+
+def _check_local_inputs(args: types.SimpleNamespace) -> None:
+    """What can be told of a local ``--data`` and ``--model`` folder before anything
+    loads (with and without ``--demo``, whose folders may be the user's: it skipped
+    these before; found by probing): :func:`_check_data` and :func:`_check_layers`."""
+    if not getattr(args, "hf_dataset", None) and pathlib.Path(args.data).is_dir():
+        _check_data(args)
+    _check_layers(args)
+
+
+def _check_data(args: types.SimpleNamespace) -> None:
+    """The data folder holds the splits this run reads, none of them empty, and each
+    split a batch reads holds at least ``--batch-size`` examples (mlx-lm: an
+    ``IndexError`` for an empty one, a ``ValueError`` traceback after the model loaded
+    for a short one; found by probing)."""
+    data = pathlib.Path(args.data)
+    for wanted, split in ((args.train, "train"), (args.test, "test")):
+        if wanted and not (data / f"{split}.jsonl").is_file():
+            raise SystemExit(
+                f"chunkscan lora: --data {args.data} has no {split}.jsonl, which "
+                f"--{split} reads (mlx_lm.lora reads train.jsonl, valid.jsonl and "
+                f"test.jsonl from the folder). Add it, or pass another folder."
+            )
+    # the splits read in batches of --batch-size: train and (for validation) valid with
+    # --train, test with --test
+    batched = {"train": args.train, "valid": args.train and args.val_batches != 0,
+               "test": args.test}  # fmt: skip
+    for split in ("train", "valid", "test"):
+        path = data / f"{split}.jsonl"
+        if not path.is_file():
+            continue
+        examples = _count_lines(path, up_to=max(args.batch_size, 1))
+        if examples == 0:
+            raise SystemExit(
+                f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
+                f"holds an example). Add examples, or remove the file."
+            )
+        if batched[split] and examples < args.batch_size:
+            raise SystemExit(
+                f"chunkscan lora: --data {args.data}: {split}.jsonl holds {examples} "
+                f"example{'s' if examples != 1 else ''}, fewer than --batch-size "
+                f"{args.batch_size} (mlx-lm makes no batch of them). Pass --batch-size "
+                f"{examples} or less, or add examples."
+            )
+
+
+def _check_layers(args: types.SimpleNamespace) -> None:
+    """With ``--train``, ``--num-layers`` (mlx_lm.lora's default: 16) at most the layers
+    of a local model folder, as its ``config.json`` counts them (``num_hidden_layers``,
+    or its ``text_config``'s): mlx-lm raised after loading the model (found by probing).
+    Nothing is said where the count cannot be read (a Hub id, another key)."""
+    if not args.train or args.num_layers == -1:
+        return
+    try:
+        with open(pathlib.Path(args.model, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError, TypeError):
+        return
+    if not isinstance(config, dict):
+        return
+    text = config.get("text_config")
+    count = config.get("num_hidden_layers")
+    if count is None and isinstance(text, dict):
+        count = text.get("num_hidden_layers")
+    if isinstance(count, int) and not isinstance(count, bool) and args.num_layers > count:
+        default = args.num_layers == _mlx_lm_lora().CONFIG_DEFAULTS.get("num_layers")
+        raise SystemExit(
+            f"chunkscan lora: --num-layers {args.num_layers}"
+            f"{' (mlx_lm.lora default)' if default else ''} "
+            f"asks for more layers than --model {args.model} has ({count}: "
+            f"num_hidden_layers in its config.json). Pass --num-layers {count} or less, "
+            f"or -1 for all of them."
+        )
 
 
 def _check_adapter_paths(args: types.SimpleNamespace) -> None:
@@ -564,10 +646,17 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
             )
 
 
-def _has_a_line(path: pathlib.Path) -> bool:
-    """Whether the file has a line that is not blank (read up to the first)."""
+def _count_lines(path: pathlib.Path, up_to: int) -> int:
+    """The lines of the file that are not blank, counted up to ``up_to`` (read no
+    further)."""
+    found = 0
     with open(path, "rb") as f:
-        return any(line.strip() for line in f)
+        for line in f:
+            if line.strip():
+                found += 1
+                if found >= up_to:
+                    break
+    return found
 
 
 def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
@@ -739,8 +828,12 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # the first resolve_args gave its warnings
             warnings.simplefilter("ignore")
             args = resolve_args(argv, demo_dir)
-        _check_adapter_paths(args)  # as without --demo (found by probing)
+        # The checks made without --demo: the demo's folders may be the user's own
+        # (a --data folder it uses as it is; found by probing)
+        _check_adapter_paths(args)
+        _check_resumed_adapters(args)
         _write_demo(args)
+        _check_local_inputs(args)
         print(f"chunkscan lora --demo: tiny random Qwen3-Next model in {args.model}", flush=True)
         run(args)
         kept = (
