@@ -22,6 +22,7 @@ import os
 import pathlib
 import platform
 import subprocess
+import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -225,6 +226,26 @@ def chunkscan_src() -> str:
     import importlib
 
     return str(pathlib.Path(importlib.import_module("chunkscan").__file__).resolve().parents[1])
+
+
+def import_test_helpers():
+    """``tests/helpers.py`` of the checkout whose chunkscan this process imports (its
+    ``fake_fused_kernels``), else of the checkout beside this script. The scripts took
+    the folder beside themselves only, so a copy of ``bench/`` run elsewhere stopped
+    at ``No module named 'helpers'`` (found by probing)."""
+    import importlib
+
+    here = pathlib.Path(__file__).resolve().parents[1]
+    for root in (pathlib.Path(chunkscan_src()).parent, here):
+        if (root / "tests" / "helpers.py").is_file():
+            if str(root / "tests") not in sys.path:
+                sys.path.insert(0, str(root / "tests"))
+            return importlib.import_module("helpers")
+    raise SystemExit(
+        f"this script fakes the CUDA kernels with tests/helpers.py of a chunkscan checkout, "
+        f"but neither {chunkscan_src()} nor {here} is in one. Run it with a checkout's "
+        f"sources: PYTHONPATH=<checkout>/src."
+    )
 
 
 def child_env(bench: bool = False) -> dict[str, str]:

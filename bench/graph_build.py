@@ -24,8 +24,6 @@ functions over the timed builds (their own time). ``--json`` (default
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 import time
 
 from _common import (
@@ -50,10 +48,9 @@ def build_times(
     from chunkscan.ops.gated_delta import chunk as chunk_module
 
     if not real:
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-        from helpers import fake_fused_kernels
+        from _common import import_test_helpers
 
-        fake_fused_kernels()
+        import_test_helpers().fake_fused_kernels()
     chunk_module._GROUP_BYTES = group_mib << 20
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, "bfloat16", 0)
     mx.eval(xs, w, w_s)

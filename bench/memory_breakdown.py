@@ -24,8 +24,6 @@ them). ``CHUNKSCAN_GDN_SAVE=groups`` counts that form (the header says which).
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 
 from _common import OUT, check_outputs, meta, positive_int, write_json
 
@@ -69,10 +67,10 @@ def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], in
 
 
 def _allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str]:
+    from _common import import_test_helpers
     from gated_delta import _inputs, make_step
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-    from helpers import fake_fused_kernels
+    fake_fused_kernels = import_test_helpers().fake_fused_kernels
 
     import chunkscan
     from chunkscan import _backend

@@ -341,8 +341,8 @@ BAD_NUMBERS = [
     ("lora", ["--modes", "patchd"], "--modes"),  # an error row per T before
     ("memory_breakdown", ["--chunk-size", "0"], "--chunk-size"),
     ("ncu_op", ["--T", "0"], "--T"),
-    ("ncu_summary", ["x.csv", "--top", "-1"], "--top"),
-    ("ncu_source_summary", ["x.csv", "--top", "-1"], "--top"),
+    ("ncu_summary", [__file__, "--top", "-1"], "--top"),  # an input that exists
+    ("ncu_source_summary", [__file__, "--top", "-1"], "--top"),
     ("op_count", ["--C", "0"], "--C"),
     ("scan_time", ["--rounds", "0"], "--rounds"),
     ("state_pass", ["--runs", "0"], "--runs"),
@@ -674,3 +674,25 @@ def test_memory_breakdown_counts_every_kernel_output(monkeypatch, capsys, tmp_pa
     with pytest.raises(SystemExit) as stop:
         memory_breakdown.main(["--chunk-size", "128", "--json", str(out)])
     assert stop.value.code == 2
+
+
+def test_a_copy_of_bench_finds_the_test_helpers_of_its_chunkscan(tmp_path, monkeypatch):
+    """``memory_breakdown.py`` and ``graph_build.py`` fake the kernels with
+    ``tests/helpers.py``, which they looked for beside themselves only: a copy of
+    ``bench/`` stopped at ``No module named 'helpers'`` (found by probing). Now the
+    checkout whose chunkscan is imported is asked first."""
+    import importlib.util
+
+    copy = tmp_path / "elsewhere" / "bench"
+    copy.mkdir(parents=True)
+    (copy / "_common.py").write_text((BENCH / "_common.py").read_text())
+    assert not (tmp_path / "elsewhere" / "tests").exists()  # where they looked before
+    spec = importlib.util.spec_from_file_location("copied_common", copy / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "helpers", raising=False)  # restored afterwards
+    helpers = common.import_test_helpers()
+    checkout = pathlib.Path(common.chunkscan_src()).parent
+    assert pathlib.Path(helpers.__file__).resolve() == (checkout / "tests" / "helpers.py").resolve()
+    assert callable(helpers.fake_fused_kernels)
