@@ -478,6 +478,16 @@ def test_tensor_core_switch(monkeypatch):
         _pass_cuda.choose_tc_config(64, 128, 128, True, False)
     monkeypatch.delenv("CHUNKSCAN_PASS_TC_TR")
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False) is not None
+    # Rows per piece: a multiple of 16 dividing C; another value left the tensor-core
+    # kernels for the FMA one without a word (found by auditing the docs, session 35)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC_CP", "16")
+    assert _pass_cuda.choose_tc_config(64, 128, 128, True, False).CP == 16
+    for bad in ("24", "0", "128"):
+        monkeypatch.setenv("CHUNKSCAN_PASS_TC_CP", bad)
+        message = "CHUNKSCAN_PASS_TC_CP must be a multiple of 16 that divides the chunk size 64 "
+        with pytest.raises(ValueError, match=f"{message}but is {bad}"):
+            _pass_cuda.choose_tc_config(64, 128, 128, True, False)
+    monkeypatch.delenv("CHUNKSCAN_PASS_TC_CP")
     # Unforced: 32 rows, for either kind of product
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=True).TR == 32
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=False).TR == 32

@@ -1064,6 +1064,13 @@ def choose_tc_config(
             f"state's {R} rows but is {forced_tr}. Unset it for the default."
         )
     forced_cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
+    if forced_cp is not None and (forced_cp <= 0 or forced_cp % 16 or C % forced_cp):
+        # any other value left the tensor-core kernels for the FMA one, silently
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_CP must be a multiple of 16 that divides "
+            f"the chunk size {C} but is {forced_cp}. Unset it for the default (the most "
+            f"rows per piece whose tiles fit)."
+        )
     if tf32 is None:
         tf32 = tf32_products("gated_delta_rule")
     limit = cuda_limits().smem_per_block
