@@ -32,8 +32,13 @@ Outputs start with every bit set (NaN in float dtypes: MLX's outputs start
 uninitialised, so an element a kernel never writes must show), shared memory NaN-filled
 before each block. Where the compiler has
 AddressSanitizer the program is built with it: an access past an input, an output or
-the dynamic shared memory stops the run with the sanitizer's report. Needs ``g++``
-(C++20).
+the dynamic shared memory stops the run with the sanitizer's report. Alignment is
+CUDA's: ``float4`` / ``uint4`` take 16 bytes, ``float2`` 8 (UndefinedBehaviorSanitizer
+stops a misaligned read or write), a ``wmma`` load or store needs a 32-byte aligned
+pointer, the shared memory starts 128-byte aligned, and :data:`ODD_INPUTS` places
+inputs one element past a 16-byte boundary, as MLX hands a kernel a view at an odd
+offset (session 35: the state passes' 16-byte loads of such an initial state, which
+faults on a device, ran here). Needs ``g++`` (C++20).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ _PRELUDE = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 #define CS_EMULATE 1
@@ -110,9 +116,11 @@ namespace cuda { namespace std = ::std; }  // cuda::std::numeric_limits
 #include <cstring>
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, sizeof f); return f; }
 inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, sizeof x); return x; }
-struct uint4 { unsigned x, y, z, w; };
-struct float4 { float x, y, z, w; };
-struct float2 { float x, y; };
+// CUDA's alignment (a vector load from a misaligned address faults on the device; here
+// UndefinedBehaviorSanitizer stops the run where the compiler has it)
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
@@ -193,8 +201,16 @@ template <class U, int M, int N, int K, class T, class L, class V>
 inline void fill_fragment(fragment<U, M, N, K, T, L>& f, V v) {
   for (int e = 0; e < f.num_elements; ++e) f.x[e] = float(v);
 }
+// wmma's rule: the matrix pointer 256-bit (32-byte) aligned; a device faults otherwise.
+inline void cs_wmma_aligned(const void* p, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 32) {
+    std::fprintf(stderr, "cuda_emulate: wmma::%s at %p, not 32-byte aligned\n", what, p);
+    std::abort();
+  }
+}
 template <class U, int M, int N, int K, class T, class L, class P>
 inline void load_matrix_sync(fragment<U, M, N, K, T, L>& f, const P* p, unsigned ldm) {
+  cs_wmma_aligned(p, "load_matrix_sync");
   constexpr bool row = std::is_same_v<L, row_major>;
   using F = fragment<U, M, N, K, T, L>;
   for (int r = 0; r < F::ROWS; ++r)
@@ -204,6 +220,7 @@ inline void load_matrix_sync(fragment<U, M, N, K, T, L>& f, const P* p, unsigned
 template <int M, int N, int K, class T, class P>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const P* p, unsigned ldm,
                              layout_t l) {
+  cs_wmma_aligned(p, "load_matrix_sync");
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       f.x[r * N + c] = float(l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]);
@@ -211,6 +228,7 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const P* p, u
 template <int M, int N, int K, class T, class P>
 inline void store_matrix_sync(P* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
                               layout_t l) {
+  cs_wmma_aligned(p, "store_matrix_sync");
   __syncwarp();  // every lane writes the same values; none reads a half-written tile
   if (cs_lane() == 0)
     for (int r = 0; r < M; ++r)
@@ -278,10 +296,11 @@ inline void mma_sync(fragment<accumulator, M, N, K, T>& d,
 """
 
 _MAIN = r"""
-static std::vector<char> cs_read(const char* path, size_t n) {
-  std::vector<char> b(n);
+// An input's bytes, ``off`` bytes into its buffer (the buffer 16-byte aligned).
+static std::vector<char> cs_read(const char* path, size_t n, size_t off) {
+  std::vector<char> b(n + off);
   FILE* f = std::fopen(path, "rb");
-  if (!f || std::fread(b.data(), 1, n, f) != n) {
+  if (!f || std::fread(b.data() + off, 1, n, f) != n) {
     std::fprintf(stderr, "read %%s\n", path); std::exit(2);
   }
   std::fclose(f);
@@ -294,8 +313,10 @@ int main(int argc, char** argv) {
   blockDim = {%(TX)d, %(TY)d, %(TZ)d};
   gridDim = {%(GX)d, %(GY)d, %(GZ)d};
   const int nt = %(TX)d * %(TY)d * %(TZ)d;
-  std::vector<float> smem((%(SMEM)d + 3) / 4);  // exact: AddressSanitizer sees overflows
-  cs_smem_base = smem.data();
+  // exact (AddressSanitizer sees overflows), and 128-byte aligned as a device's is
+  float* smem = static_cast<float*>(
+      ::operator new(((%(SMEM)d + 3) / 4) * sizeof(float), std::align_val_t(128)));
+  cs_smem_base = smem;
   std::barrier<> bar(nt);
   cs_barrier = &bar;
   for (int w = 0; w * 32 < nt; ++w)
@@ -309,7 +330,7 @@ int main(int argc, char** argv) {
         for (unsigned by = 0; by < gridDim.y; ++by)
           for (unsigned bx = 0; bx < gridDim.x; ++bx) {
             blockIdx = {bx, by, bz};
-            if (t == 0) std::fill(smem.begin(), smem.end(), std::nanf(""));
+            if (t == 0) std::fill(smem, smem + (%(SMEM)d + 3) / 4, std::nanf(""));
             bar.arrive_and_wait();
             cs_kernel(%(ARGS)s);
             bar.arrive_and_wait();
@@ -354,7 +375,8 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
     for i, (name, arr) in enumerate(inputs):
         ct = _ctype(arr.dtype)
         params.append(f"const {ct}* {name}")
-        args.append(f"reinterpret_cast<const {ct}*>(in{i}.data())")
+        off = arr.dtype.size if name in ODD_INPUTS else 0
+        args.append(f"reinterpret_cast<const {ct}*>(in{i}.data() + {off})")
         # MLX passes an input's shape, strides and ndim where the source names them.
         dims = ", ".join(str(d) for d in arr.shape) or "0"
         strides = [1] * arr.ndim
@@ -374,7 +396,7 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
                 args.append(f"in{i}_{suffix}")
         reads.append(
             f'  std::snprintf(path, sizeof path, "%s/in{i}", dir);\n'
-            f"  auto in{i} = cs_read(path, {arr.nbytes});"
+            f"  auto in{i} = cs_read(path, {arr.nbytes}, {off});"
         )
     for i, (name, shape, dtype) in enumerate(outputs):
         ct = _ctype(dtype)
@@ -402,6 +424,13 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
     return _PRELUDE + header + "\n" + kernel + _MAIN % fields
 
 
+#: Kernel inputs (by parameter name) placed one element past a 16-byte boundary, as MLX
+#: passes a row-contiguous view at an odd offset to a kernel (``x[1:]`` of a flat
+#: buffer, reshaped): a kernel's vector load from one stops the run (above). Empty: each
+#: input at the start of its own 16-byte aligned buffer. Tests set it.
+ODD_INPUTS: frozenset[str] = frozenset()
+
+
 def available() -> bool:
     return shutil.which("g++") is not None
 
@@ -421,10 +450,14 @@ def _sanitizer_flags() -> list[str]:
             ok = subprocess.run(cmd, capture_output=True).returncode == 0
             ok = ok and subprocess.run([os.path.join(d, "probe")], env=_ENV).returncode == 0
         _ASAN.append(ok)
-    return ["-fsanitize=address", "-fno-omit-frame-pointer"] if _ASAN[0] else []
+    asan = ["-fsanitize=address", "-fno-omit-frame-pointer"] if _ASAN[0] else []
+    return asan + _UBSAN_ALIGNMENT
 
 
 _ENV = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0"}
+#: UndefinedBehaviorSanitizer's alignment check (g++ 4.9 and later), fatal: a float4,
+#: uint4 or float2 read from an address CUDA would fault on stops the run.
+_UBSAN_ALIGNMENT = ["-fsanitize=alignment", "-fno-sanitize-recover=alignment"]
 
 
 def run(name, header, source, inputs, outputs, template, grid, threadgroup, smem):

@@ -983,6 +983,26 @@ def test_cuda_wide_loads_single_loads_and_odd_offsets_agree(monkeypatch, dtype):
 
 
 @needs_cuda
+@pytest.mark.parametrize("tf32", ["0", "1"])
+def test_cuda_initial_state_at_an_odd_offset(monkeypatch, tf32):
+    """A float32 initial state given as a view one element into a buffer reaches the
+    state passes as it is; their 16- / 8-byte and wmma loads of it were misaligned (a
+    fault on the device; found by the emulator probe, session 35). Every value and
+    gradient equals the aligned call's, with the 3xTF32 wmma and the TF32 mma forward
+    passes and the FMA reverse pass."""
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", tf32)
+    inputs = make_inputs(1, 256, 2, 4, 128, 128)
+    aligned = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64)
+    odd = list(inputs)
+    flat = mx.concatenate([mx.zeros((1,), dtype=mx.float32), inputs[5].reshape(-1)])
+    odd[5] = flat[1:].reshape(inputs[5].shape)
+    mx.eval(odd)
+    got = outputs_and_grads(gated_delta_rule, odd, chunk_size=64)
+    for name, a, b in zip(NAMES, aligned, got):
+        assert mx.array_equal(a, b).item(), name
+
+
+@needs_cuda
 def test_cuda_tf32_heads_of_96(monkeypatch):
     """Heads of 96 on the device with TF32 products (csg::tc_run's per-tile B
     fragments), against the oracle."""

@@ -505,6 +505,36 @@ def test_tensor_core_switch(monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+@pytest.mark.parametrize("kind", ["fma", "wmma", "mma"])
+def test_emulated_initial_states_at_an_odd_offset(kind, monkeypatch):
+    """``inits`` one element past a 16-byte boundary (MLX hands a kernel a float32
+    initial state given as such a view as it is): each state-pass kernel reads it a float
+    at a time (the wmma one through shared memory) and gives bitwise the aligned call's
+    values. Their 16-byte, 8-byte and wmma loads of it were misaligned, a fault on a
+    device; the emulator now stops there (found by the emulator probe, session 35)."""
+    emu = cuda_emulator()
+    names = []
+
+    def runner(name, *args):
+        names.append(name)
+        return emu.run(name, *args)
+
+    monkeypatch.setattr(_backend, "RUNNER", runner)
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC", "0" if kind == "fma" else "1")
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1" if kind == "mma" else "0")
+    monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "1")
+    args, kw = _kernel_case(CUDA_SHAPES[1], 1, False, monkeypatch)  # two loads of inits
+    aligned = _np(_pass_cuda.state_pass(*args, **kw))
+    monkeypatch.setattr(emu, "ODD_INPUTS", frozenset({"inits"}))
+    odd = _np(_pass_cuda.state_pass(*args, **kw))
+    kernel = {"fma": "", "wmma": "_tc", "mma": "_mma"}[kind]
+    assert names == [f"chunkscan_state_pass{kernel}"] * 2, names
+    for a, b in zip([aligned[0], aligned[1], *aligned[2]], [odd[0], odd[1], *odd[2]]):
+        assert np.array_equal(a, b)
+    assert _max_err(aligned, reference_pass(*args, **kw)) < (2e-3 if kind == "mma" else 2e-6)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 def test_default_dispatch_of_the_passes(monkeypatch):
     """With ``CHUNKSCAN_PASS_TC`` unset, the forward pass launches the tensor-core kernel
     and the reverse pass the FMA kernel (names of the launched kernels, emulated)."""

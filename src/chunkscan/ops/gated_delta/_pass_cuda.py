@@ -205,12 +205,19 @@ _SOURCE = r"""
       const int ld = loads[c];
       if (ld >= 0) {
         const float* src = inits + (static_cast<size_t>(ld) * L + lane) * RD;
+        // inits is the caller's initial state: MLX hands a kernel a view at an offset as
+        // it is, so at an address that is not a 16-byte multiple it is read a float at a
+        // time (a float4 load from there faults). Uniform over the grid: no divergence.
+        const bool vec = (reinterpret_cast<unsigned long long>(inits) & 15) == 0;
 #pragma unroll
         for (int b = 0; b < B2; ++b)
 #pragma unroll
-          for (int q = 0; q < J4; ++q)
-            xr[b][q] = *reinterpret_cast<const float4*>(
-                src + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q));
+          for (int q = 0; q < J4; ++q) {
+            const float* x =
+                src + static_cast<size_t>(r0 + tr2 + TR2 * b) * DK + 4 * (tj2 + TJ2 * q);
+            xr[b][q] = vec ? *reinterpret_cast<const float4*>(x)
+                           : make_float4(x[0], x[1], x[2], x[3]);
+          }
       }
       // Decay of this chunk: one scalar, or (CHANNEL) one per key column j of X.
       const size_t dc = static_cast<size_t>(lane) * n + c;
@@ -485,12 +492,26 @@ _SOURCE_TC = (
   cs_acc acc[MT][JT];
   auto col = [&](int q) { return 16 * (warp * JT + q); };
   auto load_x = [&](const float* src) {  // X tile from a [R, DK] row-major state
+    // wmma loads need a 32-byte aligned address: an initial state given as a view at
+    // another offset (MLX passes it as it is) comes through the warp's own tiles of xs,
+    // which the chunk start writes next anyway. Uniform over the grid: no divergence.
+    const bool direct = (reinterpret_cast<unsigned long long>(src) & 31) == 0;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int q = 0; q < JT; ++q)
-        wmma::load_matrix_sync(xr[m][q], src + static_cast<size_t>(r0 + 16 * m) * DK + col(q),
-                               DK, wmma::mem_row_major);
+      for (int q = 0; q < JT; ++q) {
+        const float* from = src + static_cast<size_t>(r0 + 16 * m) * DK + col(q);
+        if (direct) {
+          wmma::load_matrix_sync(xr[m][q], from, DK, wmma::mem_row_major);
+        } else {
+          float* tile = xs + 16 * m * XSTR + col(q);
+          for (int e = tid % 32; e < 256; e += 32)
+            tile[(e / 16) * XSTR + e % 16] = from[(e / 16) * DK + e % 16];
+          __syncwarp();
+          wmma::load_matrix_sync(xr[m][q], tile, XSTR, wmma::mem_row_major);
+          __syncwarp();  // read by every lane before the warp writes the tile again
+        }
+      }
   };
   auto store_x = [&](float* dst, unsigned ld) {
 #pragma unroll
@@ -827,14 +848,17 @@ _SOURCE_MMA = (
     return (16 * m + g + 8 * hi) * ld + 16 * warp * JT + 8 * q + 2 * t;
   };
   auto load_x = [&](const float* src) {  // X tile from a [R, DK] row-major state
+    // an initial state given as a view at an odd offset (MLX passes it as it is): a float
+    // at a time, where a float2 load faults. Uniform over the grid: no divergence.
+    const bool vec = (reinterpret_cast<unsigned long long>(src) & 7) == 0;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int q = 0; q < NQ; ++q)
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const float2 v = *reinterpret_cast<const float2*>(src + static_cast<size_t>(r0) * DK +
-                                                            at(m, q, hi, DK));
+          const float* x = src + static_cast<size_t>(r0) * DK + at(m, q, hi, DK);
+          const float2 v = vec ? *reinterpret_cast<const float2*>(x) : make_float2(x[0], x[1]);
           xr[m][q][2 * hi] = v.x;
           xr[m][q][2 * hi + 1] = v.y;
         }
