@@ -81,6 +81,7 @@ _PRELUDE = r"""
 #define __global__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __grid_constant__
 struct cs_dim3 { unsigned x = 0, y = 0, z = 0; };

@@ -176,6 +176,33 @@ def test_cuda_kernels_read_transposed_inputs(monkeypatch):
     assert len(used) == 2, "the calls did not take the kernels"
 
 
+def _one_element_in(x):
+    """``x``'s values as a row-contiguous view one element into a buffer (MLX hands such
+    a view to a kernel as it is: 2 bytes past a 16-byte boundary for bf16)."""
+    flat = mx.concatenate([mx.zeros((1,), dtype=x.dtype), x.reshape(-1)])
+    return flat[1:].reshape(x.shape)
+
+
+@needs_cuda
+def test_cuda_kernels_read_inputs_at_an_odd_offset(monkeypatch):
+    """q, k, v and the cotangent as views one element into a buffer: the kernels' 16-byte
+    loads of them were misaligned (a fault on the device; found by the emulator probe,
+    session 35); now eight 2-byte loads each, and every result equals the aligned call's,
+    bit for bit."""
+    B, Hq, Hkv, T, D = 1, 4, 2, 200, 128
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, T, D, dtype=mx.bfloat16)
+    odd = [_one_element_in(x) for x in (q, k, v, ct)]
+    mx.eval(odd)
+    kw = dict(scale=D**-0.5, mask="causal")
+    used = []
+    real = _cuda.backward
+    monkeypatch.setattr(_cuda, "backward", lambda *a: used.append(1) or real(*a))
+    for a, b in zip(_grads(kw, blocked.blocked_attention, *odd),
+                    _grads(kw, blocked.blocked_attention, q, k, v, ct)):  # fmt: skip
+        assert mx.array_equal(a, b).item()
+    assert len(used) == 2, "the calls did not take the kernels"
+
+
 # ------------------------------------------------------------- emulated on the CPU
 
 EMULATED_CASES = [
@@ -212,3 +239,22 @@ def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
         e_k, e_o = rel_rmse(a, r), rel_rmse(b, r)
         assert e_k <= 2 * e_o + 1e-6, f"{name}: kernel {e_k:.2e} vs ops {e_o:.2e}"
         assert max_rel(a, r) <= 2 * max_rel(b, r) + 1e-6, name
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+def test_emulated_kernels_read_inputs_at_an_odd_offset(monkeypatch):
+    """Every input of the three kernels one element past a 16-byte boundary (as MLX
+    passes a view at an odd offset): bitwise the aligned run's values. Their 16-byte
+    loads of such inputs stopped the emulator (a fault on a device; session 35)."""
+    emu = cuda_emulator()
+    monkeypatch.setattr(_backend, "RUNNER", emu.run)
+    monkeypatch.setattr(blocked, "uses_cuda_kernels", lambda spec, dtype, kernels: (
+        kernels is not False and _cuda.supports(spec, dtype)))  # fmt: skip
+    monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)
+    B, Hq, Hkv, T, S, D, Dv, mask = EMULATED_CASES[0]
+    q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=mx.bfloat16)
+    grads = functools.partial(_grads, dict(scale=D**-0.5, mask=mask), blocked.blocked_attention)
+    aligned = grads(q, k, v, ct)
+    monkeypatch.setattr(emu, "ODD_INPUTS", frozenset({"q", "k", "v", "dout", "o"}))
+    for name, a, b in zip(("o", "dq", "dk", "dv"), aligned, grads(q, k, v, ct)):
+        assert mx.array_equal(a, b).item(), name

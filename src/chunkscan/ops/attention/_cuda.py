@@ -54,11 +54,27 @@ using namespace nvcuda;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
+// load_tile's path for a src that is not 16-byte aligned: one element at a time, out of
+// line (inlined, it took the kernels' registers from 140 to 174 at heads of 256: NVRTC)
+template <typename DT, int ROWS, int COLS, int LD, int NTH>
+__device__ __noinline__ void load_tile_elements(DT* dst, const DT* src, int valid, int tid) {
+  for (int e = tid; e < ROWS * COLS; e += NTH) {
+    const int r = e / COLS, c = e % COLS;
+    dst[r * LD + c] = r < valid ? src[static_cast<size_t>(r) * COLS + c] : DT(0.f);
+  }
+}
+
 // dst[r][c] (row stride LD) = src[r][c] (rows of COLS contiguous elements), r < ROWS;
-// rows >= valid are zero. 16-byte copies.
+// rows >= valid are zero. 16-byte copies; where src is not 16-byte aligned (an input given
+// as a view at an odd offset, which MLX passes as it is: a 16-byte load from there faults)
+// one element at a time (uniform over the grid: no divergence).
 template <typename DT, int ROWS, int COLS, int LD, int NTH>
 __device__ __forceinline__ void load_tile(DT* dst, const DT* src, int valid, int tid) {
   constexpr int V = COLS / 8;
+  if ((reinterpret_cast<unsigned long long>(src) & 15) != 0) {
+    load_tile_elements<DT, ROWS, COLS, LD, NTH>(dst, src, valid, tid);
+    return;
+  }
   for (int e = tid; e < ROWS * V; e += NTH) {
     const int r = e / V;
     const int c = (e % V) * 8;
