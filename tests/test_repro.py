@@ -192,6 +192,12 @@ def test_a_failed_reference_keeps_the_row(tmp_path):
     assert "max_grad_diff" not in row
     row.update(mode="cs.scan", grads="qkv", T=16)
     assert repro.format_table([row], [16]).endswith("| no reference |")
+    # beside a T that was checked, the worst difference says which T it does not cover
+    # (it read as covering every T; found by probing)
+    checked = dict(row, T=8, max_grad_diff=0.0)
+    del checked["check"]
+    table = repro.format_table([checked, row], [8, 16])
+    assert table.endswith("| 0.0e+00 (not checked at T=16: no reference) |"), table
 
 
 def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch, capsys):

@@ -296,8 +296,13 @@ def format_table(rows: list[dict], Ts: list[int]) -> str:
         mem = [_cell(by_T.get(T), "peak_mib", "{:.1f}") for T in Ts]
         sec = [_cell(by_T.get(T), "seconds", "{:.2f}") for T in Ts]
         diffs = [r.get("max_grad_diff") for r in by_T.values() if "max_grad_diff" in r]
+        # T whose reference failed: the worst difference covers the others only (it read
+        # as covering every T before; found by probing)
+        unchecked = [T for T in Ts if "check" in by_T.get(T, {})]
         if diffs:
             diff = f"{worst(diffs):.1e}"
+            if unchecked:
+                diff += f" (not checked at T={', '.join(map(str, unchecked))}: no reference)"
         elif any(r.get("reference") for r in by_T.values()):
             diff = "(reference)"
         elif any("check" in r for r in by_T.values()):
