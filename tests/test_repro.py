@@ -399,3 +399,18 @@ def test_the_demo_model_is_the_same_in_every_process():
     mx.random.seed(2)
     b = dict(tree_flatten(demo_model.build_model(config, seed=0).parameters()))
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11's")
+def test_measuring_processes_ignore_modules_in_the_working_folder(tmp_path, monkeypatch):
+    """``python -m`` put the working folder first on the measuring process's path: a
+    ``statistics.py`` there failed every configuration of ``chunkscan repro`` (found by
+    probing). The negative control runs the same with ``PYTHONSAFEPATH`` cleared."""
+    (tmp_path / "statistics.py").write_text("raise ImportError('a module of the user')\n")
+    monkeypatch.chdir(tmp_path)
+    config = dict(grads="qkv", T=8, H=1, D=4, chunk=4, check_max_T=0)
+    row = measure.run_isolated("chunkscan.commands.repro:measure", dict(config, mode="cs.scan"))
+    assert "error" not in row and row["peak_mib"] >= 0, row
+    row = measure.run_isolated("chunkscan.commands.repro:measure", dict(config, mode="cs.scan"),
+                               env={"PYTHONSAFEPATH": ""})  # fmt: skip
+    assert "a module of the user" in row.get("error", ""), row

@@ -128,10 +128,14 @@ def run_isolated(
     """Run ``target`` (``"package.module:function"``) with ``config`` in a new process.
 
     Returns the function's dict, or ``{"error": ...}`` when the process failed, ran
-    out of memory or timed out.
+    out of memory or timed out. The working folder is not put on the new process's
+    ``sys.path`` (``PYTHONSAFEPATH=1``, Python 3.11 and later): ``python -m`` put it
+    first, and a ``statistics.py`` there failed every configuration of ``chunkscan
+    repro`` (found by probing); the target comes from ``PYTHONPATH`` or the install.
     """
     cmd = [sys.executable, "-m", "chunkscan.commands.measure", target, json.dumps(config)]
     full_env = dict(os.environ)
+    full_env.setdefault("PYTHONSAFEPATH", "1")
     full_env.update(env or {})
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
