@@ -10,6 +10,7 @@ float32 oracle on the upcast inputs, next to the blocked path's own error (run t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 
@@ -42,6 +43,11 @@ def test_supports():
     assert not _cuda.supports(_spec(8, 8, 64, 32, None), mx.bfloat16)  # Dv < 64
     assert not _cuda.supports(_spec(8, 8, 64, 288, None), mx.bfloat16)  # Dv > 256
     assert not _cuda.supports(_spec(8, 8, 64, 64, mx.ones((8, 8), mx.bool_)), mx.bfloat16)
+    # a scale whose product with log2(e) overflows float32: every kernel output was NaN
+    # (their scores are taken in base 2; found by the emulator probe, session 35)
+    for scale, taken in ((2.3e38, True), (-2.3e38, True), (2.4e38, False), (-3e38, False)):
+        spec = dataclasses.replace(_spec(8, 8, 64, 64, None), scale=scale)
+        assert _cuda.supports(spec, mx.bfloat16) is taken, scale
 
 
 @pytest.mark.parametrize("kib, sizes", [(163, (64, 128, 192)), (99, (64,))])

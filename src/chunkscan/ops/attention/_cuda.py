@@ -497,6 +497,10 @@ def smem_bytes(D: int, Dv: int) -> dict[str, int]:
     return {"fwd": fwd, "dq": dq, "dkdv": dkdv}
 
 
+_LOG2E = 1.4426950408889634  # as the kernels' LOG2E
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def supports(spec: Spec, dtype: mx.Dtype) -> bool:
     """Whether the kernels take this call: bfloat16, head sizes 64, 128, 192 or 256 whose
     kernels fit the device's shared memory (:func:`chunkscan._backend.cuda_limits`; on
@@ -507,8 +511,14 @@ def supports(spec: Spec, dtype: mx.Dtype) -> bool:
     with ``p~`` up to 256 (its lazily moved reference) to the input dtype, which for
     float16 overflows at a 256x smaller ``|dp - delta|`` than the blocked path's
     ``p (dp - delta)`` (``p <= 1``). The kernels compile and pass the H200 tests for
-    float16 too (run 4); a float16 variant whose reference always moves is the fix."""
+    float16 too (run 4); a float16 variant whose reference always moves is the fix.
+
+    A scale whose product with log2(e) overflows float32 (above about 2.36e38) stays
+    on the blocked ops too: the kernels take their scores in base 2 (``c2 = scale *
+    LOG2E``), and every output was NaN there (found by the emulator probe)."""
     if dtype != mx.bfloat16:
+        return False
+    if not abs(spec.scale) * _LOG2E <= _FLOAT32_MAX:
         return False
     if spec.D % 64 or spec.Dv % 64 or not (64 <= spec.D <= 256 and 64 <= spec.Dv <= 256):
         return False
