@@ -253,6 +253,22 @@ def cuda_emulator():
     return module
 
 
+def emulate_kernels(monkeypatch) -> tuple[Any, list[str]]:
+    """Every kernel launch run by :func:`cuda_emulator` (``chunkscan._backend.RUNNER``);
+    returns the emulator module (its ``ODD_INPUTS`` a test may set) and the list of the
+    launched kernels' names, in order."""
+    from chunkscan import _backend
+
+    emu, names = cuda_emulator(), []
+
+    def runner(name, *args, **kwargs):
+        names.append(name)
+        return emu.run(name, *args, **kwargs)
+
+    monkeypatch.setattr(_backend, "RUNNER", runner)
+    return emu, names
+
+
 def fake_cuda_limits(monkeypatch, kib_per_block: int, kib_per_sm: int | None = None) -> None:
     """Make :func:`chunkscan._backend.cuda_limits` report a CUDA device with this much
     shared memory per block (and per multiprocessor): what the kernels' dispatch and

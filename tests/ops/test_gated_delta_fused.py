@@ -22,7 +22,14 @@ import warnings
 
 import mlx.core as mx
 import pytest
-from helpers import cuda_emulator, fake_cuda_limits, fake_fused_kernels, max_rel, spoil_token
+from helpers import (
+    cuda_emulator,
+    emulate_kernels,
+    fake_cuda_limits,
+    fake_fused_kernels,
+    max_rel,
+    spoil_token,
+)
 from helpers import gated_delta_inputs as make_inputs
 from helpers import gdn_low_precision_pair as low_precision_pair
 from helpers import gdn_outputs_and_grads as outputs_and_grads
@@ -486,14 +493,7 @@ def test_emulated_with_every_kernel(monkeypatch):
     of ``_rows_cuda`` (the non-finite rows, dq and dk summed over the value heads)."""
     from chunkscan.ops.gated_delta import _passes
 
-    emu = cuda_emulator()
-    names = []
-
-    def runner(name, *args):
-        names.append(name)
-        return emu.run(name, *args)
-
-    monkeypatch.setattr(_backend, "RUNNER", runner)
+    emu, names = emulate_kernels(monkeypatch)
     monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
     cu = [0, 45, 100]
     inputs = make_inputs(1, 100, 1, 2, 32, 64, n_states=2)

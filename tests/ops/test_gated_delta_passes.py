@@ -11,7 +11,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import cuda_emulator, fake_cuda_limits
+from helpers import cuda_emulator, emulate_kernels, fake_cuda_limits
 
 from chunkscan import _backend
 from chunkscan.ops.gated_delta import _passes
@@ -396,13 +396,7 @@ def test_emulated_tf32_state_pass(shape, case, tr, kind, cp, monkeypatch):
     per block (64: ``CHUNKSCAN_PASS_TC_TR=64``); ``cp``: rows per staged piece (16 at
     C = 32: two pieces a chunk, the chunk scalars and H staged with the first and the
     last)."""
-    names, run = [], cuda_emulator().run
-
-    def runner(name, *args, **kwargs):
-        names.append(name)
-        return run(name, *args, **kwargs)
-
-    monkeypatch.setattr(_backend, "RUNNER", runner)
+    _, names = emulate_kernels(monkeypatch)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
     monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "1" if kind == "mma" else "0")
@@ -512,14 +506,7 @@ def test_emulated_initial_states_at_an_odd_offset(kind, monkeypatch):
     at a time (the wmma one through shared memory) and gives bitwise the aligned call's
     values. Their 16-byte, 8-byte and wmma loads of it were misaligned, a fault on a
     device; the emulator now stops there (found by the emulator probe, session 35)."""
-    emu = cuda_emulator()
-    names = []
-
-    def runner(name, *args):
-        names.append(name)
-        return emu.run(name, *args)
-
-    monkeypatch.setattr(_backend, "RUNNER", runner)
+    emu, names = emulate_kernels(monkeypatch)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "0" if kind == "fma" else "1")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1" if kind == "mma" else "0")
     monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "1")
@@ -539,13 +526,7 @@ def test_default_dispatch_of_the_passes(monkeypatch):
     """With ``CHUNKSCAN_PASS_TC`` unset, the forward pass launches the tensor-core kernel
     and the reverse pass the FMA kernel (names of the launched kernels, emulated)."""
     monkeypatch.delenv("CHUNKSCAN_PASS_TC", raising=False)
-    names, run = [], cuda_emulator().run
-
-    def runner(name, *args):
-        names.append(name)
-        return run(name, *args)
-
-    monkeypatch.setattr(_backend, "RUNNER", runner)
+    _, names = emulate_kernels(monkeypatch)
     for reverse, case in ((False, 1), (True, 3)):
         args, kw = _kernel_case(CUDA_SHAPES[1], case, False, monkeypatch)
         assert kw["reverse"] is reverse
