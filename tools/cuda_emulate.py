@@ -125,6 +125,15 @@ struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+// cp.async of n bytes: both addresses n-byte aligned (PTX), done at once.
+inline void cs_cp_async(void* dst, const void* src, size_t n) {
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % n) {
+    std::fprintf(stderr, "cuda_emulate: cp.async of %zu bytes from %p to %p, misaligned\n", n,
+                 src, dst);
+    std::abort();
+  }
+  std::memcpy(dst, src, n);
+}
 
 // Warp-level operations: the 32 threads of a warp meet at a barrier of their own.
 static std::vector<std::barrier<>*> cs_warp_barriers;
@@ -354,7 +363,8 @@ def _ctype(dtype: mx.Dtype) -> str:
 def _host_source(text: str) -> str:
     """Kernel text for the host compiler: ``#include <mma.h>`` dropped (the prelude
     emulates ``nvcuda::wmma``), a helper ``void f(float* dst, const float* src)`` that
-    issues a 16- or 4-byte ``cp.async`` made a ``memcpy`` (and its commit / wait asm
+    issues a 16- or 4-byte ``cp.async`` made a ``memcpy`` with PTX's alignment check
+    (both addresses a multiple of the size; and its commit / wait asm
     statements removed: the copy has landed when the kernel waits), ``extern __shared__
     T name[];`` made a pointer into the block's shared memory."""
     text = text.replace("#include <mma.h>", "")
@@ -362,7 +372,7 @@ def _host_source(text: str) -> str:
     # no-ops.
     text = re.sub(r"(void\s+\w+\s*\(\s*float\*\s*(\w+)\s*,\s*const float\*\s*(\w+)\s*\)\s*"
                   r"\{)[^}]*cp\.async\.c[ag]\.shared\.global \[%0\], \[%1\], (16|4);[^}]*\}",
-                  r"\1 std::memcpy(\2, \3, \4); }", text)  # fmt: skip
+                  r"\1 cs_cp_async(\2, \3, \4); }", text)  # fmt: skip
     text = re.sub(r'asm\s+volatile\s*\(\s*"cp\.async\.(commit_group|wait_group \d+);\\n"'
                   r'\s*:::\s*"memory"\s*\)\s*;', ";", text)  # fmt: skip
     return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",

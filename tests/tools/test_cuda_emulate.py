@@ -73,3 +73,42 @@ def test_mma_sync_sums_as_the_h200_does():
     # the problems do exercise the truncation: to nearest differs on most outputs
     exact = np.einsum("pik,pkj->pij", rec["a"].astype(np.float64), rec["b"]) + rec["c"]
     assert np.mean(exact.astype(np.float32) == rec["d"]) < 0.5
+
+
+# Four values per thread: a float4 load, or a 16-byte cp.async into shared memory (the
+# helper's form the emulator rewrites: tools/cuda_emulate.py, _host_source).
+COPY4 = r"""
+  CS_DYN_SMEM(sm);
+  const int t = threadIdx.x;
+  if (VIA_CP) {
+    cp16(sm + 4 * t, x + 4 * t);
+  } else {
+    *reinterpret_cast<float4*>(sm + 4 * t) = *reinterpret_cast<const float4*>(x + 4 * t);
+  }
+  __syncthreads();
+  for (int e = 0; e < 4; ++e) y[4 * t + e] = sm[4 * t + e];
+"""
+CP16 = r"""
+__device__ __forceinline__ void cp16(float* dst, const float* src) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+"""
+
+
+@pytest.mark.parametrize("via_cp", [False, True], ids=["float4", "cp.async"])
+def test_misaligned_vector_access_is_stopped(via_cp, monkeypatch):
+    """CUDA's alignment rules (session 35): a 16-byte load or cp.async from an address
+    that is not a multiple of 16 faults on a device, so the emulator stops there; the
+    same kernel on an aligned input (the negative control) runs and copies the values.
+    ODD_INPUTS places an input one element past a 16-byte boundary, as MLX passes a view
+    at an odd offset."""
+    emu = cuda_emulator()
+    x = mx.arange(64).astype(mx.float32)
+    args = (HEADER + CP16, COPY4, [("x", x)], [("y", (64,), mx.float32)],
+            [("VIA_CP", via_cp)], (16, 1, 1), (16, 1, 1), 64 * 4)  # fmt: skip
+    (y,) = emu.run("copy4", *args)
+    assert mx.array_equal(y, x).item()
+    monkeypatch.setattr(emu, "ODD_INPUTS", frozenset({"x"}))
+    with pytest.raises(RuntimeError, match="misaligned"):
+        emu.run("copy4", *args)
