@@ -15,22 +15,46 @@
 #   kernel times at T = 16384 against base/ (c652525: is the uniform alignment branch
 #   free?) and the phase clocks;
 #   one side-by-side sample at T = 16384, ten repeats, beside fla.
-# One call after the set-up call: `bash <this> a <commit> c652525`; outputs in
-# $OUT/run101a.tgz (base/ = `git archive c652525 src`, carried).
-source bench/device_run.sh 101 "$@"  # st, $S, pack, kernel_checks, samples_16384
-st attention_tests  # (cuda_tests writes tests_h200_cuda.txt, which kernel_checks rewrites)
-MLX_ENABLE_TF32=0 timeout 120 python3 -m pytest -q -s -p no:cacheprovider -rs \
-  tests/ops/test_attention_cuda.py -k "cuda and not emulated" 2>&1 \
-  | tee $S/tests_h200_attention.txt | grep -E "passed|failed|^FAILED|Error" | tail -6
-pack
-st attention_kernels
-mkdir -p base/bench && cp bench/attention_kernels.py bench/_common.py base/bench/  # its src/
-for tree in . base .; do
-  (cd $tree && timeout 100 python3 bench/attention_kernels.py --T 16384 \
-    --json $S/attention_kernels_$( [ $tree = . ] && echo new || echo base )_$RANDOM.json 2>&1 | tail -2)
-done
-pack
-kernel_checks
-cd bench
-samples_16384 1
+# Three calls after the set-up call (each under the 600 s limit): `bash <this> <part>
+# <commit> c652525` with part a (the CUDA tests), b (the attention kernels' times,
+# Nsight Compute against base/, the phase clocks), c (the sample); outputs in
+# $OUT/run101<part>.tgz (base/ = `git archive c652525 src`, carried).
+source bench/device_run.sh 101 "$@"  # st, $S, pack, kernel stages, samples_16384
+case "$RUN_PART" in
+a)
+  st attention_tests  # (cuda_tests writes tests_h200_cuda.txt, for the GDN files below)
+  MLX_ENABLE_TF32=0 timeout 120 python3 -m pytest -q -s -p no:cacheprovider -rs \
+    tests/ops/test_attention_cuda.py -k "cuda and not emulated" 2>&1 \
+    | tee $S/tests_h200_attention.txt | grep -E "passed|failed|^FAILED|Error" | tail -6
+  pack
+  st tests
+  cuda_tests
+  pack
+  ;;
+b)
+  st attention_kernels
+  mkdir -p base/bench && cp bench/attention_kernels.py bench/_common.py base/bench/  # its src/
+  for tree in . base .; do
+    tag=$( [ $tree = . ] && echo new || echo base )
+    (cd $tree && timeout 100 python3 bench/attention_kernels.py --T 16384 \
+      --json $S/attention_kernels_${tag}_$RANDOM.json 2>&1 | tail -2)
+  done
+  pack
+  cd bench
+  st ncu
+  ncu_kernels new
+  pack
+  st ncu_base
+  ncu_base
+  pack
+  st profile
+  timeout 60 python3 gdn_fused_kernels.py --profile --C 64 --json $S/gdn_profile_C64.json 2>&1 \
+    | grep -v CSPROF
+  pack
+  ;;
+c)
+  cd bench
+  samples_16384 1
+  ;;
+esac
 st done
