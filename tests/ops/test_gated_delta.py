@@ -197,20 +197,66 @@ def test_saving_group_states_gives_the_same_results(monkeypatch, case):
         gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, save_states="all")
     monkeypatch.setattr(chunk_module, "_SAVE", None)
     monkeypatch.setenv("CHUNKSCAN_GDN_SAVE", "all")
-    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_SAVE must be 'groups' or 'chunks'"):
+    with pytest.raises(ValueError, match="environment variable CHUNKSCAN_GDN_SAVE must be"):
         gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, initial_state=inputs[5])
 
 
-@pytest.mark.parametrize("name", ["CHUNKSCAN_GDN_KEEP_PREPARED", "CHUNKSCAN_GDN_TF32"])
-def test_the_cuda_paths_settings_are_checked_on_every_path(monkeypatch, name):
-    """Settings only the fused CUDA path uses raise on a bad value wherever the call
-    runs (``banana`` passed the CPU silently, found by probing)."""
+# (variable, a good value): every setting of the CUDA kernels; session 35 added all but
+# the first two (each passed the CPU silently, found by probing).
+CUDA_SETTINGS = [
+    ("CHUNKSCAN_GDN_KEEP_PREPARED", "0"), ("CHUNKSCAN_GDN_TF32", "0"),
+    ("CHUNKSCAN_GDN_TC", "1"), ("CHUNKSCAN_PASS_TC", "0"), ("CHUNKSCAN_PASS_MMA", "0"),
+    ("CHUNKSCAN_GDN_NT", "256"), ("CHUNKSCAN_GDN_TV", "64"), ("CHUNKSCAN_GDN_OUT_TH", "64"),
+    ("CHUNKSCAN_PASS_TR", "16"), ("CHUNKSCAN_PASS_SMEM_KB", "100"),
+    ("CHUNKSCAN_PASS_TC_TR", "32"), ("CHUNKSCAN_PASS_TC_CP", "32"),
+    ("CHUNKSCAN_GDN_PROFILE", "0"), ("CHUNKSCAN_GDN_SCALAR_LOADS", "0"),
+    ("CHUNKSCAN_CUDA_PRECOMPILE", "0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,good", CUDA_SETTINGS, ids=[n for n, _ in CUDA_SETTINGS])
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_the_cuda_paths_settings_are_checked_on_every_path(monkeypatch, name, good, gate):
+    """Settings only the CUDA kernels use raise on a bad value wherever the call runs,
+    per-channel gates included (``banana`` passed the CPU silently, found by probing);
+    a good value runs (the negative control)."""
     q, k, v, g, beta, _ = make_inputs(1, 12, 1, 1, 4, 4)
+    if gate == "channel":
+        g = mx.broadcast_to(g[..., None], (*g.shape, 4))
     monkeypatch.setenv(name, "banana")
     with pytest.raises(ValueError, match=f"environment variable {name} must be"):
         gated_delta_rule(q, k, v, g, beta, chunk_size=4)
-    monkeypatch.setenv(name, "0")
+    monkeypatch.setenv(name, good)
     mx.eval(gated_delta_rule(q, k, v, g, beta, chunk_size=4))
+
+
+def test_cuda_settings_out_of_range_raise_and_empty_calls_check_too(monkeypatch):
+    """Values of the right kind out of range: a row tile of 5 (or 0) and a budget of 0
+    KiB left the state-pass kernel, or took the default, silently; ``yes`` for a switch
+    read as off; a call of no tokens returned before reading the thread count and the
+    group budget (found by probing)."""
+    q, k, v, g, beta, _ = make_inputs(1, 12, 1, 1, 4, 4)
+    for name, value, message in (
+        ("CHUNKSCAN_PASS_TR", "5", "must be a positive multiple of 4"),
+        ("CHUNKSCAN_PASS_TR", "0", "must be a positive multiple of 4"),
+        ("CHUNKSCAN_PASS_SMEM_KB", "0", "must be at least 1"),
+        ("CHUNKSCAN_PASS_TC_TR", "8", "must be 16, 32 or 64"),
+        ("CHUNKSCAN_PASS_TC_CP", "24", "must be a positive multiple of 16"),
+        ("CHUNKSCAN_GDN_SCALAR_LOADS", "yes", "environment variable"),
+        ("CHUNKSCAN_GDN_NT", "128", "must be 256 or 512"),
+    ):  # fmt: skip
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name} {message}|{message}"):
+            gated_delta_rule(q, k, v, g, beta, chunk_size=4)
+        monkeypatch.delenv(name)
+    empty = [x[:, :0] for x in (q, k, v, g, beta)]
+    for name in ("CHUNKSCAN_CPU_THREADS", "CHUNKSCAN_GDN_GROUP_MIB"):
+        monkeypatch.setenv(name, "banana")
+        with pytest.raises(ValueError, match=f"environment variable {name} must be"):
+            gated_delta_rule(*empty, chunk_size=4)
+        monkeypatch.delenv(name)
+    o, state = gated_delta_rule(*empty, chunk_size=4)  # the negative control
+    assert o.shape == (1, 0, 1, 4)
 
 
 def test_packed_with_array_offsets_and_no_initial_state():

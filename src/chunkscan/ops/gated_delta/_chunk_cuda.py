@@ -2058,6 +2058,27 @@ _SWITCHES = (
 )
 
 
+def _switch_on(var: str) -> bool:
+    """A tuning or test switch of :data:`_SWITCHES`: ``1`` on; ``0``, ``auto`` or unset
+    off; anything else raises (``yes`` or `` 1`` read as off, silently; found by
+    probing)."""
+    return bool(
+        _backend.env_switch(var, "gated_delta_rule", "1 (on) or 0 / auto (off, the default)")
+    )
+
+
+def check_settings() -> None:
+    """Read, and so check, the chunk kernels' settings at shapes that need no device
+    (``chunk._check_fused_settings`` calls this on every path): ``CHUNKSCAN_GDN_NT``,
+    ``_TV``, ``_OUT_TH``, ``_TC`` and the switches."""
+    threads("prepare", 64)
+    slice_columns(128)
+    output_step_columns(128)
+    tc_products()
+    for var, _ in _SWITCHES:
+        _switch_on(var)
+
+
 def tc_products() -> bool:
     """Whether ``prepare`` and ``input_grads`` run their q / k products on the tensor
     cores (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
@@ -2106,7 +2127,7 @@ def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, st
     """``(name, source, header, threads, shared memory)`` of a launch of ``which``."""
     nt = threads(which, C, Dk, Dv, tv)
     smem = smem_bytes(which, C, Dk, Dv, nt, tv)
-    on = [macro for var, macro in _SWITCHES if _backend.getenv(var) == "1"]
+    on = [macro for var, macro in _SWITCHES if _switch_on(var)]
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
     cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
     tc = cores and which in _TC_KERNELS

@@ -1234,9 +1234,50 @@ def choose_config(
     (``R=None``: any ``R`` the row tile divides; ``L``, the lanes, sizes the budget).
     Reads ``CHUNKSCAN_PASS_TR`` and ``CHUNKSCAN_PASS_SMEM_KB`` at each call; the search
     itself is cached (every launch asks)."""
+    env_tr, env_kib = _fma_tiling_settings()
+    return _search_config(C, Dk, R, has_e, TR or env_tr, L, env_kib, cuda_limits())
+
+
+def _fma_tiling_settings() -> tuple[int | None, int | None]:
+    """``CHUNKSCAN_PASS_TR`` (a positive multiple of 4) and ``CHUNKSCAN_PASS_SMEM_KB``
+    (at least 1), ``None`` where unset. 0 meant the default and any other row tile
+    (5, -1) left the kernel for the portable pass, silently; 0 KiB or less gave the
+    smallest tiles (found by probing)."""
     env_tr = env_int("CHUNKSCAN_PASS_TR", "gated_delta_rule", "a row tile such as 16")
+    if env_tr is not None and (env_tr <= 0 or env_tr % 4):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TR must be a positive multiple of 4 (rows "
+            f"of the state per block, such as 16) but is {env_tr}. Unset it for the default."
+        )
     env_kib = env_int("CHUNKSCAN_PASS_SMEM_KB", "gated_delta_rule", "a number of KiB such as 100")
-    return _search_config(C, Dk, R, has_e, TR or env_tr or None, L, env_kib, cuda_limits())
+    if env_kib is not None and env_kib < 1:
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_SMEM_KB must be at least 1 (KiB of shared "
+            f"memory per block, such as 100) but is {env_kib}. Unset it for the default."
+        )
+    return env_tr, env_kib
+
+
+def check_settings() -> None:
+    """Read, and so check, the state-pass kernels' settings where no shape is at hand
+    (``chunk._check_fused_settings`` calls this on every path): the switches, the FMA
+    kernel's tiling, and the tensor-core kernels' row tile and piece as numbers (their
+    fit to a shape is checked where a pass takes them)."""
+    tc_enabled(reverse=False)
+    mma_enabled()
+    _fma_tiling_settings()
+    tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16, 32 or 64 rows per block")
+    if tr is not None and tr not in (16, 32, 64):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16, 32 or 64 but is {tr}. "
+            f"Unset it for the default."
+        )
+    cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
+    if cp is not None and (cp <= 0 or cp % 16):
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_CP must be a positive multiple of 16 but "
+            f"is {cp}. Unset it for the default."
+        )
 
 
 @functools.lru_cache(maxsize=1024)

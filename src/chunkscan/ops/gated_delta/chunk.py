@@ -28,11 +28,11 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from ... import _backend, _ordering, _tree
+from ... import _backend, _ordering, _precompile, _tree
 from ..._backend import env_int
 from ...split import split_at
 from .._cpu_threads import matmul, threads
-from . import _chunk_cuda, _passes, _rows_cuda
+from . import _chunk_cuda, _pass_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
 from ._triangular import unit_lower_inverse
 from .naive import l2_normalize
@@ -208,6 +208,8 @@ def gated_delta_rule(
     cuda = _passes.use_kernels(kernels, "gated_delta_rule")
     save = _saved_states(save_states)
     _check_fused_settings()
+    _group_mib_setting()  # read, and so checked, before a call of no tokens returns
+    threads()
     empty = empty_result(spec, q, initial_state)
     if empty is not None:
         return empty
@@ -593,12 +595,13 @@ def _saved_states(save: str | None = None) -> str:
                 f"CHUNKSCAN_GDN_SAVE, else 'chunks'), not {save!r}"
             )
         return save
-    save = _SAVE or (_backend.getenv("CHUNKSCAN_GDN_SAVE") or "").strip() or "chunks"
-    if save not in SAVE_MODES:
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_GDN_SAVE must be 'groups' or 'chunks', not {save!r}"
-        )
-    return save
+    if _SAVE:
+        return _SAVE
+    return _backend.env_choice(
+        "CHUNKSCAN_GDN_SAVE", "gated_delta_rule", SAVE_MODES,
+        "chunks (the state entering every chunk kept for the backward, the default) or "
+        "groups (the state entering every group)",
+    ) or "chunks"  # fmt: skip
 
 
 def _keep_last_preparation() -> bool:
@@ -615,11 +618,14 @@ def _keep_last_preparation() -> bool:
 
 
 def _check_fused_settings() -> None:
-    """Read, and so check, the settings only the fused CUDA path uses, on every path: a
-    bad value raises wherever the call runs, not first on a GPU (``banana`` passed the
-    CPU silently; found by probing)."""
+    """Read, and so check, the settings only the CUDA kernels use, on every path: a bad
+    value raises wherever the call runs, not first on a GPU (``banana`` passed the CPU
+    silently; found by probing; since session 35 every kernel setting, not two)."""
     _keep_last_preparation()
     _backend.tf32_products("gated_delta_rule")
+    _chunk_cuda.check_settings()
+    _pass_cuda.check_settings()
+    _precompile.mode()
 
 
 def _cat(parts: list[mx.array], axis: int) -> mx.array:
@@ -659,18 +665,24 @@ def _group_size(
     if budget is None:
         budget = _GROUP_BYTES
     if budget is None:
-        mib = env_int("CHUNKSCAN_GDN_GROUP_MIB", "gated_delta_rule",
-                      "a whole number of MiB such as 1024")  # fmt: skip
-        if mib is not None and mib < 1:  # 0 read as one-chunk groups: the slowest form
-            raise ValueError(
-                f"[gated_delta_rule] the environment variable CHUNKSCAN_GDN_GROUP_MIB must "
-                f"be at least 1 (MiB of one group's scratch) but is {mib}. Set a budget "
-                f"such as 1024, or unset it for the default."
-            )
+        mib = _group_mib_setting()
         budget = None if mib is None else mib << 20
     if budget is None:
         budget = _default_group_bytes()
     return max(1, budget // per_chunk)
+
+
+def _group_mib_setting() -> int | None:
+    """``CHUNKSCAN_GDN_GROUP_MIB`` (at least 1), ``None`` where unset."""
+    mib = env_int("CHUNKSCAN_GDN_GROUP_MIB", "gated_delta_rule",
+                  "a whole number of MiB such as 1024")  # fmt: skip
+    if mib is not None and mib < 1:  # 0 read as one-chunk groups: the slowest form
+        raise ValueError(
+            f"[gated_delta_rule] the environment variable CHUNKSCAN_GDN_GROUP_MIB must "
+            f"be at least 1 (MiB of one group's scratch) but is {mib}. Set a budget "
+            f"such as 1024, or unset it for the default."
+        )
+    return mib
 
 
 def _default_group_bytes() -> int:
