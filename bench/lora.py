@@ -195,7 +195,9 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
         p, s, st = by.get(("patched", T), {}), by.get(("stock", T), {}), by.get(("stub", T), {})
         cells += [_ratio(p, s), _ratio(p, st)]
         if "peak_mib" in p and "peak_mib" in st:
-            cells.append(f"{(p['peak_mib'] - st['peak_mib']) / T:.4f}")
+            # per token of the batch, as the MiB/tok columns (it divided by T alone)
+            tokens = T * p.get("batch", 1)
+            cells.append(f"{(p['peak_mib'] - st['peak_mib']) / tokens:.4f}")
         else:
             cells.append("")
         for m in modes:
@@ -219,7 +221,8 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, devi
     by = {(r["mode"], r["T"]): r for r in rows if "peak_mib" in r}
     for m, color in (("stock", "C0"), ("patched", "C1")):
         pts = sorted(T for (mm, T) in by if mm == m and ("stub", T) in by)
-        share = [(by[(m, T)]["peak_mib"] - by[("stub", T)]["peak_mib"]) / T for T in pts]
+        share = [(by[(m, T)]["peak_mib"] - by[("stub", T)]["peak_mib"])
+                 / (T * by[(m, T)].get("batch", 1)) for T in pts]  # fmt: skip
         if pts:
             ax2.plot(pts, share, "o-", color=color, label=f"{m} - stub")
     for m in modes:

@@ -100,21 +100,23 @@ def summarise(row: dict[str, str], units: dict[str, str]) -> dict[str, object]:
 
 
 def by_name(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """One row per kernel name: its launches' times summed, its other columns those of
+    its longest launch. (The longest was compared with the running sum from the third
+    launch on, so an earlier launch's columns were kept; found by probing.)"""
     merged: dict[str, dict[str, object]] = {}
+    longest: dict[str, float] = {}
     for r in rows:
-        m = merged.get(r["kernel"])
+        name, us = r["kernel"], r["us"] or 0
+        m = merged.get(name)
         if m is None:
-            merged[r["kernel"]] = dict(r, launches=1)
+            merged[name], longest[name] = dict(r, launches=1), us
             continue
-        total = (m["us"] or 0) + (r["us"] or 0)
-        if (r["us"] or 0) > (m.get("_longest") or m["us"] or 0):
-            keep = dict(r, launches=m["launches"])
-            keep["_longest"] = r["us"]
-            m = merged[r["kernel"]] = keep
+        total = (m["us"] or 0) + us
+        if us > longest[name]:
+            longest[name] = us
+            m = merged[name] = dict(r, launches=m["launches"])
         m["us"] = total
         m["launches"] += 1
-    for m in merged.values():
-        m.pop("_longest", None)
     return sorted(merged.values(), key=lambda r: -(r["us"] or 0))
 
 

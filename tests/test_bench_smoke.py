@@ -99,7 +99,24 @@ def test_ncu_summary_reads_the_committed_gzipped_csv(capsys, monkeypatch):
         assert state_grads["smem_kib"] == pytest.approx(smem_kib)
     assert ncu_summary.main([str(ncu / "ncu_chunkscan_16k_sol_c4ad00f.csv.gz"), "--top", "1"]) == 0
     assert capsys.readouterr().out.startswith("110 kernels, 17.89 ms in all")
+    # one row per name keeps its longest launch's columns: from the third launch on the
+    # longest was compared with the running sum, so an earlier launch's stayed (probing)
+    rows = [{"kernel": "k", "us": us, "regs": regs} for us, regs in
+            ((12.0, 1), (10.0, 2), (13.0, 3), (11.0, 4), (5.0, 5))]  # fmt: skip
+    (merged,) = ncu_summary.by_name(rows)
+    assert merged["us"] == 51.0 and merged["launches"] == 5 and merged["regs"] == 3
     sys.modules.pop("ncu_summary", None)
+
+
+def test_lora_table_counts_the_batch_in_the_patched_minus_stub_column(bench):
+    """``(patched-stub) MiB/tok`` divided by T alone, a batch's times the MiB/tok columns
+    beside it (which divide by batch x T; found by probing)."""
+    lora = bench("lora")
+    rows = [dict(mode=m, T=16, batch=2, peak_mib=peak, mib_per_token=peak / 32,
+                 seconds_per_step=1.0, first_step_seconds=1.0)
+            for m, peak in (("patched", 10.0), ("stub", 6.0))]  # fmt: skip
+    table = lora._table(rows, ["patched", "stub"], [16])
+    assert "| 0.1250 |" in table, table  # (10 - 6) / (2 x 16)
 
 
 def test_ncu_source_summary_reads_the_source_page(tmp_path, monkeypatch, capsys):
