@@ -71,6 +71,7 @@ def check_outputs(
     paths: dict[str, str | os.PathLike | None],
     beside: tuple[str, ...] = (),
     optional: tuple[str, ...] = (),
+    inputs: tuple[str | os.PathLike, ...] = (),
 ) -> None:
     """Before measuring: ``parser.error`` (exit status 2, one line naming the option)
     where an output of ``paths`` (option -> path; None for an output switched off)
@@ -79,7 +80,10 @@ def check_outputs(
     is refused for the others (it failed after the measuring: ``IsADirectoryError``). A
     missing parent folder is created, as :func:`write_json` does. A folder given as the
     path, or a file in its parent's place, failed only at the end, after minutes of
-    measuring (found by probing)."""
+    measuring (found by probing). Two outputs in one file (``--json P --md P``, or
+    ``--json X.md`` beside its ``.md``), or an output over one of ``inputs``, are refused
+    too: the last one written replaced the others, with exit status 0 (probing)."""
+    taken = {pathlib.Path(f).resolve(): "an input of this run" for f in inputs}
     for option, path in paths.items():
         if path is None or (str(path) == "" and option in optional):
             continue
@@ -88,7 +92,14 @@ def check_outputs(
         path = pathlib.Path(path)
         if path.is_dir():  # before with_suffix, which '.' makes raise
             parser.error(f"argument {option}: {str(path)!r} is a directory")
+        if path.suffix in beside:
+            parser.error(f"argument {option}: {str(path)!r} ends in {path.suffix}, as a file "
+                         f"written beside it does: pass a path ending in .json")  # fmt: skip
         files = [path, *(path.with_suffix(suffix) for suffix in beside)]
+        for f in files:
+            if f.resolve() in taken:
+                parser.error(f"argument {option}: {str(f)!r} is also {taken[f.resolve()]}")
+            taken[f.resolve()] = f"written for {option}"
         for f in files:
             if f.is_dir():
                 parser.error(f"argument {option}: {str(f)!r} is a directory")

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=non_negative_int, default=0,
                    help="print the N longest rows only")  # fmt: skip
     args = p.parse_args(argv)
-    check_outputs(p, {"--json": args.json}, optional=("--json",))
+    check_outputs(p, {"--json": args.json}, optional=("--json",), inputs=(args.csv,))
     raw, units = read_rows(args.csv)
     rows = [summarise(r, units) for r in raw]
     if args.by_name:

@@ -526,6 +526,23 @@ def test_lora_config_must_name_model_fields(bench, capsys, monkeypatch):
                    "--json", str(pathlib.Path(lora.ROOT) / "bench-out" / "t.json")])  # fmt: skip
 
 
+def test_two_outputs_in_one_file_are_refused(bench, tmp_path, capsys):
+    """``--json P --md P``, ``--json X.md`` (its table goes to X.md) and ``ncu_summary.py
+    IN --json IN`` each wrote one output over another, exit status 0 (found by probing)."""
+    cases = (
+        ("gated_delta", ["--T", "16", "--json", str(tmp_path / "s.out"), "--md",
+                         str(tmp_path / "s.out"), "--png", ""], "is also written for --json"),
+        ("attention", ["--T", "16", "--json", str(tmp_path / "a.md")], "ends in .md"),
+        ("ncu_summary", [__file__, "--json", __file__], "is also an input of this run"),
+    )  # fmt: skip
+    for script, argv, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            bench(script).main(argv)
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err.splitlines()[-1], script
+    assert not list(tmp_path.iterdir())
+
+
 # The CUDA-only scripts (and options) on a machine without CUDA: one line, exit status 2,
 # where most gave a traceback (found by probing; state_pass and tc_probe did this already).
 NO_CUDA = [
