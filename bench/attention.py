@@ -229,9 +229,16 @@ def _print_row(row: dict[str, Any]) -> None:
     )
 
 
+def _phase(rows: list[dict[str, Any]]) -> str:
+    """What the rows timed: "fwd" (``--phase fwd``) or "fwd+bwd" (labelled fwd+bwd
+    whatever they timed before; found by probing)."""
+    return "fwd" if rows and rows[0].get("phase") == "fwd" else "fwd+bwd"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| impl | T | fwd+bwd (ms) | peak (KiB/token) | time / mlx_fast | blocks | kernel |",
+        f"| impl | T | {_phase(rows)} (ms) | peak (KiB/token) | time / mlx_fast | blocks "
+        "| kernel |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -249,7 +256,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
     from _common import plot_time_and_memory
 
-    plot_time_and_memory(rows, path, title, IMPLS, "ms", "fwd+bwd time (ms)")
+    plot_time_and_memory(rows, path, title, IMPLS, "ms", f"{_phase(rows)} time (ms)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = rows[0].get("meta", {}) if rows else {}
     r0 = rows[0] if rows else {}
     title = (
-        f"attention fwd+bwd, B={r0.get('B')} Hq={r0.get('Hq')} Hkv={r0.get('Hkv')} "
+        f"attention {_phase(rows)}, B={r0.get('B')} Hq={r0.get('Hq')} Hkv={r0.get('Hkv')} "
         f"D={r0.get('D')} {r0.get('dtype')} mask={r0.get('mask')}, {meta.get('device', '')}"
     )
     md = f"{title}\n\n    {' '.join(meta.get('argv', []))}\n\n{table(rows)}\n"

@@ -205,6 +205,11 @@ def _find_openblas(value: str | None) -> str | None:
     if not value:
         return None
     if value != "auto":
+        # a missing library is dropped by the loader with a warning in the child's
+        # stderr, and the run used the bundled BLAS while the title said OpenBLAS
+        # (found by probing)
+        if not pathlib.Path(value).is_file():
+            raise SystemExit(f"[bench.gated_delta] --openblas {value}: no such file.")
         return value
     for pattern in (
         "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",

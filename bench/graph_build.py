@@ -6,10 +6,13 @@ The kernels are faked (each launch returns lazy zeros of its outputs' shapes, th
 ``chunkscan._backend.RUNNER``: ``tests/helpers.py``'s ``fake_fused_kernels``) and taken
 as on a CUDA GPU, so this runs on any machine, the CPU included, and builds the graph
 the H200 builds: Qwen3-Next layer shape (B=1, Hk=16, Hv=32, Dk=Dv=128, bf16), C = 64,
-groups of ``--group-mib`` (4096, an H200's default, 1/32 of its memory capped at 4096:
-one group at T = 16384; runs before session 23 took 1024, five groups, the default of a
-GPU of 32 GB or less). On the device itself ``bench/gpu_gaps.py`` times the same build
-("graph built in"). Run a tree's own sources with ``PYTHONPATH=<tree>/src``.
+groups of ``--group-mib`` (default 4096: the H200's budget from session 23 to 28, 1/32
+of its memory capped at 4096, one group at T = 16384, four at 65536; since session 29
+the H200 takes 16384, 1/8 of its memory, one group up to T = 65536: pass
+``--group-mib 16384`` for its graph there; runs before session 23 took 1024, five
+groups, the default of a GPU of 32 GB or less). On the device itself
+``bench/gpu_gaps.py`` times the same build ("graph built in"). Run a tree's own
+sources with ``PYTHONPATH=<tree>/src``.
 
     python bench/graph_build.py --T 16384 --repeats 80
 
