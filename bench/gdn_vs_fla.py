@@ -53,7 +53,6 @@ def measure_mlx(
     group_mib: int | None = None,
     repeats: int = 5,
     dtype: str = "bfloat16",
-    compile_groups: bool = True,
     memory_limit_mib: int | None = None,
     save: str | None = None,
     harness: str = "cotangents",
@@ -71,7 +70,6 @@ def measure_mlx(
 
     if group_mib:
         chunk_module._GROUP_BYTES = group_mib << 20
-    chunk_module._COMPILE_GROUPS = compile_groups
     xs, w, w_s = _inputs(T, 1, 16, 32, 128, 128, dtype, 0)
     mx.eval(xs, w, w_s)
     if memory_limit_mib:
@@ -106,7 +104,7 @@ def measure_mlx(
     return {
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
-        "group_mib": group_mib, "compile_groups": compile_groups,
+        "group_mib": group_mib,
         "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(save),
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
         "fused_kernels": fused,
@@ -147,13 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[0],
         help="scratch budget of one group of chunks; 0: the library default",
-    )
-    p.add_argument(
-        "--compile-groups",
-        nargs="+",
-        default=["on"],
-        choices=["on", "off"],
-        help="chunkscan's per-group functions compiled (the default) or not",
     )
     p.add_argument(
         "--memory-limit-mib",
@@ -206,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 for C in args.chunk_sizes:
                     for mib in args.group_mib:
-                        for cg, lim, save in itertools.product(
-                            args.compile_groups, args.memory_limit_mib, args.save
-                        ):
+                        # (no --compile-groups: the per-group functions are compiled in
+                        # forward-only calls alone, and this times fwd+bwd; the option
+                        # changed nothing, found by probing)
+                        for lim, save in itertools.product(args.memory_limit_mib, args.save):
                             cfg = {
                                 "T": T,
                                 "impl": impl,
@@ -216,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
                                 "chunk_size": C,
                                 "group_mib": mib or None,
                                 "repeats": args.repeats,
-                                "compile_groups": cg == "on",
                                 "memory_limit_mib": lim or None,
                                 "save": save,
                                 "harness": harness,
@@ -249,7 +240,6 @@ def _line(row: dict[str, Any]) -> str:
         f"{head}: {row['ms']:9.2f} ms {row['kib_per_token']:8.1f} KiB/token"
         + (f"  first call {first:6.2f} s" if first is not None else "")
         + (f"  group {row['group_mib']} MiB" if row.get("group_mib") else "")
-        + ("  groups compiled" if row.get("compile_groups") else "")
         + (f"  memory limit +{row['memory_limit_mib']} MiB" if row.get("memory_limit_mib") else "")
         + (f"  save={row['save']}" if row.get("save") else "")
         + ("  fused kernels" if row.get("fused_kernels") else "")
