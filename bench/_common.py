@@ -52,6 +52,8 @@ non_negative_int = _at_least(int, "an integer >= 0", 0, strict=False)
 positive_float = _at_least(float, "a number > 0", 0.0, strict=True)
 #: ``type=`` for seconds where 0 means no limit (a budget).
 non_negative_float = _at_least(float, "a number >= 0", 0.0, strict=False)
+#: ``type=`` for a value of either sign (a gate): NaN and infinities fail.
+finite_float = _at_least(float, "a finite number", -math.inf, strict=True)
 
 
 def readable_file(text: str) -> str:

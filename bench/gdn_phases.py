@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", default=str(OUT / "gdn_phases.json"))
     args = p.parse_args(argv)
+    if args.Hv % args.Hk:  # a traceback, or an error row and exit status 0 (probing)
+        p.error(f"argument --Hv: {args.Hv} is not a multiple of --Hk {args.Hk}")
     check_outputs(p, {"--json": args.json})
     row = run(args)
     n = row["groups"]

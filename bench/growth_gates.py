@@ -26,7 +26,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _common import OUT, check_outputs, meta, positive_int, write_json
+from _common import (
+    OUT,
+    check_outputs,
+    finite_float,
+    meta,
+    non_negative_float,
+    positive_int,
+    write_json,
+)
 
 NAMES = ("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
@@ -127,12 +135,12 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gates", type=float, nargs="+", default=[0.0, -0.3, 0.3, 0.6, 1.2])
+    p.add_argument("--gates", type=finite_float, nargs="+", default=[0.0, -0.3, 0.3, 0.6, 1.2])
     p.add_argument("--chunk-sizes", type=positive_int, nargs="+", default=[8, 16, 64])
     p.add_argument("--T", type=positive_int, nargs="+", default=[64, 128])
     p.add_argument("--D", type=positive_int, default=16)
-    p.add_argument("--state-std", type=float, nargs="+", default=[1.0])
-    p.add_argument("--beta", type=float, default=None,
+    p.add_argument("--state-std", type=non_negative_float, nargs="+", default=[1.0])
+    p.add_argument("--beta", type=finite_float, default=None,
                    help="one beta for every step (default: uniform in [0.1, 0.9])")  # fmt: skip
     p.add_argument("--channel", action="store_true",
                    help="the gate per key channel, [B, T, Hv, Dk] (default: per head)")  # fmt: skip

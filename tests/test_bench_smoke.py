@@ -352,6 +352,10 @@ BAD_NUMBERS = [
     ("gpu_gaps", ["--T", "0"], "--T"),
     ("graph_build", ["--repeats", "0"], "--repeats"),
     ("growth_gates", ["--chunk-sizes", "8", "0"], "--chunk-sizes"),
+    ("growth_gates", ["--gates", "nan"], "--gates"),  # rows of NaN, exit status 0
+    ("growth_gates", ["--state-std", "-1"], "--state-std"),
+    ("gdn_phases", ["--Hk", "2", "--Hv", "3"], "--Hv"),  # a traceback
+    ("first_call", ["--Hk", "2", "--Hv", "3"], "--Hv"),  # an error row, exit status 0
     ("launch_cost", ["--launches", "0"], "--launches"),
     ("lora", ["--T", "0"], "--T"),
     ("lora", ["--repeats", "0"], "--repeats"),
