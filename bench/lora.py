@@ -386,11 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     commands = []
     if old is not None:
-        # A row is replaced only by one of the same mode, T, chunk size, save mode and
-        # memory limit.
+        # A row is replaced only by one of the same mode, T, chunk size, save mode,
+        # memory limit, batch, dtype and model config (the last three were left out:
+        # rows of another batch or model replaced each other; found by probing).
         def key(r):
             return (r["mode"], r["T"], r.get("chunk_size"), r.get("save_states"),
-                    r.get("memory_limit_mib"))  # fmt: skip
+                    r.get("memory_limit_mib"), r.get("batch", 1), r.get("dtype", "float32"),
+                    json.dumps(r.get("config"), sort_keys=True))  # fmt: skip
 
         new_keys = {key(r) for r in rows}
         rows = [r for r in old["rows"] if key(r) not in new_keys] + rows
