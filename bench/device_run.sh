@@ -33,9 +33,9 @@
 #                line info): $S/ncu_src_cuda_sass.csv.gz (run scripts 71, 72 and 75 wrote
 #                this out);
 #   kernel_checks  (at the tree's root; returns there) what a kernel change is run with:
-#                cuda_tests, ncu_kernels new, ncu_base and the phase clocks
-#                ($S/gdn_profile_C64.json), each stage marked and packed (run scripts
-#                68, 69, 72 and 73 wrote these stages out).
+#                cuda_tests, then kernel_timings: ncu_kernels new, ncu_base and the phase
+#                clocks ($S/gdn_profile_C64.json), each stage marked and packed (run
+#                scripts 68, 69, 72 and 73 wrote these stages out).
 # CHUNKSCAN_COMMIT names the code in every JSON (the copied tree's git metadata does not).
 source bench/device_setup.sh >/dev/null 2>&1
 st() { echo "=== $1 ($(date +%T))"; }
@@ -96,10 +96,7 @@ source_counters() {
   gzip -f $S/ncu_src_cuda_sass.csv
   rm -f $S/ncu_src.ncu-rep
 }
-kernel_checks() {
-  st tests
-  cuda_tests
-  pack
+kernel_timings() {  # (at the tree's root; returns there) kernel_checks but its tests
   cd bench || return
   st ncu
   ncu_kernels new
@@ -112,4 +109,10 @@ kernel_checks() {
     | grep -v CSPROF
   pack
   cd ..
+}
+kernel_checks() {
+  st tests
+  cuda_tests
+  pack
+  kernel_timings
 }

@@ -40,17 +40,7 @@ b)
       --json $S/attention_kernels_${tag}_$RANDOM.json 2>&1 | tail -2)
   done
   pack
-  cd bench
-  st ncu
-  ncu_kernels new
-  pack
-  st ncu_base
-  ncu_base
-  pack
-  st profile
-  timeout 60 python3 gdn_fused_kernels.py --profile --C 64 --json $S/gdn_profile_C64.json 2>&1 \
-    | grep -v CSPROF
-  pack
+  kernel_timings
   ;;
 c)
   cd bench
