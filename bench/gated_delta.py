@@ -353,9 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.gate == "channel" and not set(args.impls) <= {"chunkscan", "mlx_lm"}:
-        raise SystemExit(
-            "[bench.gated_delta] --gate channel runs chunkscan and mlx_lm only but got "
-            f"--impls {' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
+        parser.error(  # exit status 2, as argparse's own (it was 1; found by probing)
+            "argument --impls: --gate channel runs chunkscan and mlx_lm only but got "
+            f"{' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
     from _common import check_outputs, read_saved
 

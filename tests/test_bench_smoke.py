@@ -342,6 +342,7 @@ BAD_NUMBERS = [
     ("fla_gdn", ["--warmup", "-1"], "--warmup"),
     ("gated_delta", ["--repeats", "0"], "--repeats"),
     ("gated_delta", ["--chunk-size", "0"], "--chunk-size"),
+    ("gated_delta", ["--gate", "channel", "--impls", "mlx_fast"], "--impls"),  # exit 1
     ("gdn_fused_kernels", ["--tokens", "0"], "--tokens"),
     ("gdn_fused_kernels", ["--tokens", "32", "--C", "64"], "--tokens"),  # no chunk
     ("gdn_phases", ["--chunk-size", "-4"], "--chunk-size"),
