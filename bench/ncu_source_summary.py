@@ -160,14 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     with opener(args.csv, "rt") as f:
         text = f.read()
     if args.bank_conflicts:
-        print("\n".join(summarise_bank_conflicts(text, args.top)))
-        return 0
-    if text.lstrip().startswith('"File Path"'):  # the cuda,sass page
-        for function in source_lines(text):
-            print("\n".join(summarise_lines(function, args.top)))
-        return 0
-    for launch in launches(text):
-        print("\n".join(summarise(launch, args.top)))
+        lines = summarise_bank_conflicts(text, args.top)
+    elif text.lstrip().startswith('"File Path"'):  # the cuda,sass page
+        lines = [ln for f in source_lines(text) for ln in summarise_lines(f, args.top)]
+    else:
+        lines = [ln for launch in launches(text) for ln in summarise(launch, args.top)]
+    if not lines:  # another kind of page: it printed nothing, exit status 0 (probing)
+        print(f"ncu_source_summary.py: {args.csv}: no launch or source line found; pass "
+              f"Nsight Compute's source page (--page source --csv)", file=sys.stderr)  # fmt: skip
+        return 1
+    print("\n".join(lines))
     return 0
 
 

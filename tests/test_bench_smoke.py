@@ -735,3 +735,13 @@ def test_a_copy_of_bench_finds_the_test_helpers_of_its_chunkscan(tmp_path, monke
     checkout = pathlib.Path(common.chunkscan_src()).parent
     assert pathlib.Path(helpers.__file__).resolve() == (checkout / "tests" / "helpers.py").resolve()
     assert callable(helpers.fake_fused_kernels)
+
+
+def test_ncu_source_summary_says_when_the_page_is_another(bench, capsys):
+    """A SpeedOfLight CSV given where the source page belongs printed nothing, exit
+    status 0 (found by probing): now one line and exit status 1."""
+    summary = bench("ncu_source_summary")
+    sol = BENCH / "results" / "h200" / "ncu" / "ncu_chunkscan_16k_sol_3454e77.csv.gz"
+    assert summary.main([str(sol)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no launch or source line found" in captured.err
