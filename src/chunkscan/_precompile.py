@@ -75,6 +75,18 @@ def mode() -> str:
     return value if value in ("0", "ptx") else "cubin"
 
 
+def line_info() -> bool:
+    """``CHUNKSCAN_CUDA_LINEINFO``: ``1`` compiles with line information (profiling);
+    ``0``, ``auto`` or unset, without; anything else raises (``yes`` read as off;
+    found by probing)."""
+    return bool(
+        _backend.env_switch(
+            "CHUNKSCAN_CUDA_LINEINFO", "chunkscan",
+            "1 (line information, for profiling) or 0 / auto (none, the default)",
+        )
+    )  # fmt: skip
+
+
 def template_lines(template, type_name=_CUDA_TYPES.__getitem__) -> list[str]:
     """MLX's template arguments ``[(name, bool | int | dtype)]`` as the C++ lines its
     ``build_kernel`` puts at the top of a kernel; ``type_name`` maps a dtype to its C++
@@ -318,7 +330,7 @@ class Kernel:
             src = probe.replace("void SYMBOL(", f"void {symbol}(", 1)
             kind, version = mode(), nvrtc.version
             compile_fn = functools.partial(nvrtc.compile, ptx=kind == "ptx")
-            if os.environ.get("CHUNKSCAN_CUDA_LINEINFO") == "1":
+            if line_info():
                 path = _write_source(src, symbol)
                 compile_fn = functools.partial(compile_fn, source_path=path)
                 version += "+lineinfo"  # its own cache key

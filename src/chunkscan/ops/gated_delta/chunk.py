@@ -626,6 +626,7 @@ def _check_fused_settings() -> None:
     _chunk_cuda.check_settings()
     _pass_cuda.check_settings()
     _precompile.mode()
+    _precompile.line_info()
 
 
 def _cat(parts: list[mx.array], axis: int) -> mx.array:
