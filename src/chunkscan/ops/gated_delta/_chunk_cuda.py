@@ -2074,9 +2074,18 @@ def check_settings() -> None:
     threads("prepare", 64)
     slice_columns(128)
     output_step_columns(128)
-    tc_products()
+    _tc_switch()  # (not tc_products: no need to ask the device)
     for var, _ in _SWITCHES:
         _switch_on(var)
+
+
+def _tc_switch() -> bool | None:
+    """``CHUNKSCAN_GDN_TC``: ``True`` / ``False`` where forced, ``None`` for auto."""
+    return env_switch(
+        "CHUNKSCAN_GDN_TC", "gated_delta_rule",
+        "auto (tensor cores where the GPU has them, the default), 1 (always) or 0 (the FMA "
+        "loops)",
+    )  # fmt: skip
 
 
 def tc_products() -> bool:
@@ -2084,11 +2093,7 @@ def tc_products() -> bool:
     cores (``_HEADER_TC``): ``CHUNKSCAN_GDN_TC`` (read at each call) ``1`` yes, ``0`` no,
     ``auto`` or unset: yes unless the device reports a compute capability below 8.0
     (tf32 ``wmma`` needs sm_80)."""
-    forced = env_switch(
-        "CHUNKSCAN_GDN_TC", "gated_delta_rule",
-        "auto (tensor cores where the GPU has them, the default), 1 (always) or 0 (the FMA "
-        "loops)",
-    )  # fmt: skip
+    forced = _tc_switch()
     if forced is not None:
         return forced
     cc = compute_capability()

@@ -1081,20 +1081,7 @@ def choose_tc_config(
     cc = compute_capability()
     if cc is not None and cc < (8, 0):
         return None
-    forced_tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16, 32 or 64 rows per block")
-    if forced_tr is not None and (forced_tr not in (16, 32, 64) or R % forced_tr):
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16, 32 or 64 and divide the "
-            f"state's {R} rows but is {forced_tr}. Unset it for the default."
-        )
-    forced_cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
-    if forced_cp is not None and (forced_cp <= 0 or forced_cp % 16 or C % forced_cp):
-        # any other value left the tensor-core kernels for the FMA one, silently
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_CP must be a multiple of 16 that divides "
-            f"the chunk size {C} but is {forced_cp}. Unset it for the default (the most "
-            f"rows per piece whose tiles fit)."
-        )
+    forced_tr, forced_cp = _tc_tiling_settings(C, R)
     if tf32 is None:
         tf32 = tf32_products("gated_delta_rule")
     limit = cuda_limits().smem_per_block
@@ -1258,6 +1245,29 @@ def _fma_tiling_settings() -> tuple[int | None, int | None]:
     return env_tr, env_kib
 
 
+def _tc_tiling_settings(C: int | None = None, R: int | None = None) -> tuple[int | None, ...]:
+    """``CHUNKSCAN_PASS_TC_TR`` (16, 32 or 64, dividing the state's ``R`` rows where given)
+    and ``CHUNKSCAN_PASS_TC_CP`` (a positive multiple of 16, dividing the chunk size ``C``
+    where given), ``None`` where unset: any other value left the tensor-core kernels for
+    the FMA one, silently."""
+    tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16, 32 or 64 rows per block")
+    if tr is not None and (tr not in (16, 32, 64) or (R is not None and R % tr)):
+        fit = f" and divide the state's {R} rows" if R is not None else ""
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16, 32 or 64{fit} but is {tr}. "
+            f"Unset it for the default."
+        )
+    cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
+    if cp is not None and (cp <= 0 or cp % 16 or (C is not None and C % cp)):
+        rule = (f"a multiple of 16 that divides the chunk size {C}" if C is not None
+                else "a positive multiple of 16")  # fmt: skip
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_CP must be {rule} but is {cp}. Unset it "
+            f"for the default (the most rows per piece whose tiles fit)."
+        )
+    return tr, cp
+
+
 def check_settings() -> None:
     """Read, and so check, the state-pass kernels' settings where no shape is at hand
     (``chunk._check_fused_settings`` calls this on every path): the switches, the FMA
@@ -1266,18 +1276,7 @@ def check_settings() -> None:
     tc_enabled(reverse=False)
     mma_enabled()
     _fma_tiling_settings()
-    tr = env_int("CHUNKSCAN_PASS_TC_TR", "gated_delta_rule", "16, 32 or 64 rows per block")
-    if tr is not None and tr not in (16, 32, 64):
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_TR must be 16, 32 or 64 but is {tr}. "
-            f"Unset it for the default."
-        )
-    cp = env_int("CHUNKSCAN_PASS_TC_CP", "gated_delta_rule", "rows per piece such as 32")
-    if cp is not None and (cp <= 0 or cp % 16):
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_PASS_TC_CP must be a positive multiple of 16 but "
-            f"is {cp}. Unset it for the default."
-        )
+    _tc_tiling_settings()
 
 
 @functools.lru_cache(maxsize=1024)
