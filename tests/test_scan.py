@@ -172,6 +172,58 @@ def test_second_derivatives_match_plain_autograd(chunk):
     assert_trees_close(got, ref, 1e-5, "second derivatives")
 
 
+_ZERO_SIZE_CARRY = """
+import json, sys
+import mlx.core as mx
+import chunkscan
+
+def step(c, x):
+    h, e = c
+    return (h * x, e), x * h  # e: a zero-size carry leaf, passed through
+
+def inner(h, x, chunk):
+    if chunk:
+        f = chunkscan.stepwise(step)
+        _, y = chunkscan.scan(f, (h, mx.zeros((0,))), x, chunk_size=chunk)
+    else:
+        ys, c = [], (h, mx.zeros((0,)))
+        for t in range(x.shape[0]):
+            c, y = step(c, x[t])
+            ys.append(y)
+        y = mx.stack(ys)
+    return (y**2).sum()
+
+x = mx.linspace(0.5, 1.5, 8).reshape(4, 2)
+h0 = mx.ones((2,))
+out = {}
+for chunk in (0, 1, 2):
+    second = mx.grad(lambda x: (mx.grad(inner)(h0, x, chunk) ** 2).sum())(x)
+    out[chunk] = second.tolist()
+print(json.dumps(out))
+"""
+
+
+def test_second_derivative_with_a_zero_size_carry_leaf():
+    """A carry leaf with no elements (a ``(B, 0, D)`` convolution state) through a
+    second derivative over several chunks: the backward read each saved carry as
+    ``leaf[j]``, and MLX 0.32.4's vjp of an integer index of a zero-size array divides
+    by zero: the process died of SIGFPE (found by probing). In a subprocess, so that a
+    crash fails this test only; against the per-step loop (measured max relative error
+    1.2e-8; bound 1e-6)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _ZERO_SIZE_CARRY], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    out = json.loads(proc.stdout)
+    ref = np.array(out["0"])
+    for chunk in ("1", "2"):
+        np.testing.assert_allclose(np.array(out[chunk]), ref, rtol=1e-6, err_msg=chunk)
+
+
 def test_pytree_carry_and_inputs_on_axis_1():
     """Dict carry, dict xs, tuple ys, time on axis 1 ([B, T, D])."""
     B, T, D = 2, 23, 6

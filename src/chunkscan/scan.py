@@ -242,7 +242,13 @@ class _Plan:
         out = []
         for b, (lo, hi) in enumerate(self.saved_blocks):
             stacked = blocks[b * n : (b + 1) * n]
-            out.extend([leaf[j] for leaf in stacked] for j in range(hi - lo))
+            # A slice, not leaf[j]: MLX 0.32.4's vjp of an integer index of a zero-size
+            # array divides by zero (SIGFPE), and a second derivative of scan takes it
+            # for a zero-size carry leaf (found by probing)
+            out.extend(
+                [leaf[j : j + 1].reshape(leaf.shape[1:]) for leaf in stacked]
+                for j in range(hi - lo)
+            )
         return out
 
     def split_primals(self, primals: list) -> tuple[list, list, list]:
