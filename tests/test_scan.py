@@ -1132,6 +1132,27 @@ def test_module_passed_as_params_and_captured_does_not_warn():
         _scan_loss(chunkscan.stepwise(step), params=model)()
 
 
+def test_a_captured_twin_of_the_params_module_warns():
+    """``params=cell_a`` and ``f`` using a captured ``cell_b`` of the same architecture
+    (a forward and a backward cell): ``cell_b``'s parameter tree matched ``params``' in
+    structure, shapes and dtypes, which is what ``params=model.trainable_parameters()``
+    passes, so it did not warn, and its gradient was zero (found by probing). With a
+    module as ``params`` only its own arrays count as passed."""
+    cell_a, cell_b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def f(s, x, p):  # uses cell_b, not p
+        return mx.tanh(cell_b(s) + x.sum(0)), x * s
+
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="captures the nn.Module 'cell_b'"):
+        chunkscan.scan(f, mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2, params=cell_a)
+    # A tree as params still matches by structure (what a transform passes for
+    # model.update(params): test_a_parameter_tree_of_the_captured_module_is_passed).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        params = cell_a.trainable_parameters()
+        chunkscan.scan(f, mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2, params=params)
+
+
 def test_a_captured_module_whose_trainable_arrays_are_all_passed_does_not_warn():
     """A method capturing ``self`` and passing ``params=self.cell``, ``self.cell`` its
     only trainable part: every array of ``self`` is passed, so no gradient is lost, but

@@ -144,7 +144,7 @@ def scan(
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
-    _warn_on_captured_modules(f, p_leaves, p_def)
+    _warn_on_captured_modules(f, p_leaves, p_def, params_module=module is not None)
 
     plan = _Plan(
         f=f,
@@ -651,7 +651,9 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool
         module.update(previous)
 
 
-def _warn_on_captured_modules(f: Callable, passed_leaves: list[mx.array], passed_def) -> None:
+def _warn_on_captured_modules(
+    f: Callable, passed_leaves: list[mx.array], passed_def, params_module: bool = False
+) -> None:
     """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
     being passed it (closures, globals, ``functools.partial``, bound methods, class
     methods, ``stepwise``'s step; see :mod:`chunkscan._capture`). Passed, so fine: a
@@ -662,7 +664,10 @@ def _warn_on_captured_modules(f: Callable, passed_leaves: list[mx.array], passed
     dtypes (``params=model.trainable_parameters()`` with ``model.update(params)`` in
     ``f``; under a transform ``params`` are the transform's arrays, not the module's).
     The last two warned falsely before (found by probing). One test covers these, and a
-    module with no trainable array."""
+    module with no trainable array. The match by structure is not taken where
+    ``params`` is a module (``params_module``): its arrays are the module's own, so the
+    match could only be another module of the same architecture (a forward and a
+    backward cell), whose gradient was zero without a warning (found by probing)."""
     passed = {id(a) for a in passed_leaves}
     kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
@@ -670,9 +675,15 @@ def _warn_on_captured_modules(f: Callable, passed_leaves: list[mx.array], passed
         leaves, treedef = _tree.flatten(value.trainable_parameters())
         if all(id(a) in passed for a in leaves):
             continue
-        if _tree.same_structure(treedef, passed_def) and kinds == [
-            (a.shape, a.dtype) for a in _tree.reorder_like(passed_def, value.trainable_parameters())
-        ]:
+        if (
+            not params_module
+            and _tree.same_structure(treedef, passed_def)
+            and kinds
+            == [
+                (a.shape, a.dtype)
+                for a in _tree.reorder_like(passed_def, value.trainable_parameters())
+            ]
+        ):
             continue
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
