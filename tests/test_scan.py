@@ -821,6 +821,14 @@ def _capture_cases():
     def chunk_m(c, xc, m):
         return c, m(xc)
 
+    @functools.cache
+    def cached():
+        return lin
+
+    def through_cache(s, x):
+        s = mx.tanh(cached()(s) + x)
+        return s, s
+
     return {
         "stepwise closure": (chunkscan.stepwise(step), "through step -> lin", "lin", True),
         "stepwise global": (chunkscan.stepwise(_global_step), "through step -> LIN", "LIN", True),
@@ -882,6 +890,15 @@ def _capture_cases():
             "net",
             True,
         ),
+        # Both missed before session 36 (a zero gradient, no warning; found by probing).
+        "functools.cache helper": (
+            chunkscan.stepwise(through_cache),
+            "through step -> cached -> lin",
+            "lin",
+            True,
+        ),
+        "staticmethod object": (chunkscan.stepwise(staticmethod(step)), "through step -> lin",
+                                "lin", True),  # fmt: skip
     }
 
 

@@ -8,7 +8,9 @@ can reach and reports every module on the way:
 - the closure cells, default arguments and referenced globals of a Python function,
   recursively through the functions found there (a ``stepwise`` chunk function
   reaches its ``step`` through its closure, ``step`` a helper through a global);
-- ``functools.partial``: its function, arguments and keywords;
+- ``functools.partial``: its function, arguments and keywords; a ``functools.cache`` /
+  ``lru_cache`` wrapper: the function it wraps; a ``staticmethod`` or ``classmethod``
+  object: its function;
 - bound methods: the object (``self``) and the function; the attributes of a plain
   object reached that way (or called directly, a functor), its ``__slots__`` too (a
   ``slots=True`` dataclass), and the data attributes set on its class and bases
@@ -96,6 +98,8 @@ class _Walk:
             self.visit(obj.__func__, path, nxt)
         elif kind is types.FunctionType:
             self._visit_function(obj, path, nxt, root)
+        elif kind is staticmethod or kind is classmethod:  # the object itself as f
+            self.visit(obj.__func__, path, nxt)
         elif issubclass(kind, (list, tuple)):
             for i, item in enumerate(obj[:MAX_ITEMS]):
                 self.visit(item, _index(path, f"[{i}]"), nxt)
@@ -103,7 +107,12 @@ class _Walk:
             for k, item in list(obj.items())[:MAX_ITEMS]:
                 self.visit(item, _index(path, f"[{k!r}]"), nxt)
         elif _stdlib_object(obj):
-            return  # a logger, a lock, a file: holds no model, and a logger reaches them all
+            # A logger, a lock, a file: holds no model, and a logger reaches them all.
+            # But a functools.cache / lru_cache wrapper: the function it wraps (a helper
+            # returning a module was missed, found by probing).
+            wrapped = dict(_attributes(obj) or ()).get("__wrapped__")
+            if wrapped is not None:
+                self.visit(wrapped, path, nxt)
         elif (attributes := _attributes(obj)) is not None:
             # A plain object: a bound method's self, a functor, a config holder (its
             # slots too: a slots=True dataclass has no __dict__, and its module was
