@@ -897,8 +897,12 @@ def _capture_cases():
             "lin",
             True,
         ),
-        "staticmethod object": (chunkscan.stepwise(staticmethod(step)), "through step -> lin",
-                                "lin", True),  # fmt: skip
+        "staticmethod object": (
+            chunkscan.stepwise(staticmethod(step)),
+            "through step -> lin",
+            "lin",
+            True,
+        ),
     }
 
 
