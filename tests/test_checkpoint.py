@@ -181,6 +181,36 @@ def test_error_module_argument():
         Block()(mx.zeros((2, 3)))
 
 
+def test_error_object_holding_arrays():
+    """A dataclass or ``SimpleNamespace`` argument holding arrays was passed as a
+    constant, as by ``mx.checkpoint``: its arrays got a zero gradient with no error,
+    against the uncheckpointed function's (found by probing). It raises naming the
+    argument and the fields; an object holding no array still passes as a constant."""
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class State:
+        h: mx.array
+        scale: float = 2.0
+
+    def fun(s, x):
+        return mx.tanh(s.h * x * s.scale)
+
+    x, h = mx.array([0.5, -1.0, 2.0]), mx.array([1.0, 2.0, 3.0])
+    msg = "[checkpoint] argument 0 is a State holding arrays (.h); checkpoint differentiates"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        mx.grad(lambda h: chunkscan.checkpoint(fun)(State(h), x).sum())(h)
+    msg = "keyword argument 's'[1] is a SimpleNamespace holding arrays (.w, .hs)"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        ns = types.SimpleNamespace(w=h, hs=[h], n=3)
+        chunkscan.checkpoint(lambda x, s: x * s[1].w)(x, s=(1, ns))
+    # No array held: a constant, as before.
+    cfg = types.SimpleNamespace(scale=3.0, name="cfg")
+    out = chunkscan.checkpoint(lambda x, c: x * c.scale)(x, cfg)
+    np.testing.assert_array_equal(np.array(out), np.array(x * 3.0))
+
+
 def _chunk_loop(run, h, xs, w):
     """``h`` after ``run(h, x_chunk, w)`` over ``xs`` in chunks of 2 steps."""
     for x in chunkscan.split(xs, 2):

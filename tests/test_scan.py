@@ -825,6 +825,12 @@ def _capture_cases():
     def cached():
         return lin
 
+    cfg = types.SimpleNamespace(net=lin)
+
+    def through_namespace(s, x):
+        s = mx.tanh(cfg.net(s) + x)
+        return s, s
+
     def through_cache(s, x):
         s = mx.tanh(cached()(s) + x)
         return s, s
@@ -895,6 +901,13 @@ def _capture_cases():
             chunkscan.stepwise(through_cache),
             "through step -> cached -> lin",
             "lin",
+            True,
+        ),
+        # Missed before session 36 too: a SimpleNamespace's attributes were read as none.
+        "SimpleNamespace": (
+            chunkscan.stepwise(through_namespace),
+            "through step -> cfg -> net",
+            "net",
             True,
         ),
         "staticmethod object": (

@@ -110,17 +110,17 @@ class _Walk:
             # A logger, a lock, a file: holds no model, and a logger reaches them all.
             # But a functools.cache / lru_cache wrapper: the function it wraps (a helper
             # returning a module was missed, found by probing).
-            wrapped = dict(_attributes(obj) or ()).get("__wrapped__")
+            wrapped = dict(attributes(obj) or ()).get("__wrapped__")
             if wrapped is not None:
                 self.visit(wrapped, path, nxt)
-        elif (attributes := _attributes(obj)) is not None:
+        elif (attrs := attributes(obj)) is not None:
             # A plain object: a bound method's self, a functor, a config holder (its
             # slots too: a slots=True dataclass has no __dict__, and its module was
             # missed before session 30).
             call = inspect.getattr_static(kind, "__call__", None)
             if type(call) is types.FunctionType:
                 self.visit(call, path, nxt)
-            for k, item in attributes[:MAX_ITEMS]:
+            for k, item in attrs[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
             # What it reads through its class (self.shared, set on the class: missed
             # before, found by probing).
@@ -188,7 +188,7 @@ def _globals_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[tuple[st
     return tuple(names), tuple(pairs)
 
 
-def _attributes(obj: Any) -> list[tuple[str, Any]] | None:
+def attributes(obj: Any) -> list[tuple[str, Any]] | None:
     """``obj``'s instance attributes: its ``__dict__`` and its slots that are set, each
     read through the descriptor its class holds for it (``hasattr(obj, "__dict__")``
     and ``vars`` ran a ``__getattr__`` of the user's where there was no ``__dict__``, and
@@ -201,7 +201,10 @@ def _attributes(obj: Any) -> list[tuple[str, Any]] | None:
         own = vars(cls)
         if in_dict is None and "__dict__" in own:  # the first class that gives one
             slot = own["__dict__"]
-            values = slot.__get__(obj, cls) if type(slot) is types.GetSetDescriptorType else None
+            # a getset descriptor, or a member one (SimpleNamespace's: its attributes
+            # were read as none, and a module held there was missed; found by probing)
+            readable = (types.GetSetDescriptorType, types.MemberDescriptorType)
+            values = slot.__get__(obj, cls) if type(slot) in readable else None
             in_dict = list(values.items()) if type(values) is dict else []
         names = own.get("__slots__", ())
         for name in [names] if isinstance(names, str) else names:

@@ -36,7 +36,11 @@ def checkpoint(fun: F) -> F:
             and boolean arrays (indices, masks) are constants of the recomputation
             (their gradient is zero). An ``nn.Module`` argument (or one inside a tree
             argument) raises: capture it in ``fun`` instead (it then gets no gradient), or
-            use :func:`chunkscan.scan` with ``params=`` for its weights' gradients.
+            use :func:`chunkscan.scan` with ``params=`` for its weights' gradients. So
+            does any other object holding arrays among its attributes (a dataclass, a
+            ``SimpleNamespace``): ``mx.checkpoint`` passes it as a constant, its
+            arrays without a gradient; pass them as arrays or in a list, tuple or
+            dict.
 
     Returns:
         callable: With the signature of ``fun``.
@@ -78,6 +82,8 @@ def checkpoint(fun: F) -> F:
         leaves, treedef = _tree.flatten((args, kwargs))
         if any(isinstance(leaf, nn.Module) for leaf in leaves):
             _raise_on_module(fun, args, kwargs)
+        if any(_holds_arrays(leaf) for leaf in leaves):
+            _raise_on_array_holder(args, kwargs)
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
         arrays = [leaves[i] for i in slots]
         # The closures below outlive this call (the vjp runs later), so they keep only
@@ -166,4 +172,47 @@ def _raise_on_module(fun: Callable, args: tuple, kwargs: dict) -> None:
                     "plain dict of the module's arrays. Capture the module in fun's closure "
                     "instead (it then gets no gradient, as with mx.checkpoint), or, for "
                     "gradients of its weights, use chunkscan.scan with params=module."
+                )
+
+
+def _holds_arrays(leaf: Any) -> bool:
+    """Whether a leaf that is not an array (a dataclass, a ``SimpleNamespace``) holds
+    arrays in its attributes, directly or in a list, tuple or dict there: passed as a
+    constant, they got no gradient with no error (as with ``mx.checkpoint``; found by
+    probing), and the call's closures kept them, and their graph, alive."""
+    if isinstance(leaf, (mx.array, str, bytes, int, float, complex, type(None))):
+        return False
+    return bool(_arrays_in_attributes(leaf))
+
+
+def _arrays_in_attributes(obj: Any) -> list[str]:
+    """The names of ``obj``'s attributes that are, or hold, arrays (read without
+    running the user's code: :func:`._capture.attributes`)."""
+    from ._capture import attributes
+
+    names = []
+    for name, value in attributes(obj) or ():
+        held = _tree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
+        if any(isinstance(v, mx.array) for v in held):
+            names.append(name)
+    return names
+
+
+def _raise_on_array_holder(args: tuple, kwargs: dict) -> None:
+    """Raise naming the argument that holds arrays in its attributes."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
+    for where, a in named:
+        leaves, treedef = _tree.flatten(a)
+        for path, leaf in zip(_tree.paths(treedef, where), leaves):
+            held = _arrays_in_attributes(leaf) if _holds_arrays(leaf) else []
+            if held:
+                fields = ", ".join(f".{n}" for n in held[:4])
+                raise TypeError(
+                    f"[checkpoint] {path} is a {type(leaf).__name__} holding arrays "
+                    f"({fields}); checkpoint differentiates arrays and lists, tuples and "
+                    "dicts of arrays, and would pass it as a constant: its arrays would "
+                    "get no gradient (mx.checkpoint does the same, silently). Pass the "
+                    "arrays themselves, or a dict of them; to keep them constant, capture "
+                    "the object in fun's closure instead."
                 )
