@@ -275,6 +275,29 @@ def test_error_leaves_of_different_lengths():
         f(mx.zeros(()), (mx.ones((4, 2)), mx.ones((3, 2))))
 
 
+def test_error_called_directly_on_no_steps():
+    """Called directly on a chunk of no steps (or of no array), stepwise returned
+    ``(carry, None)`` without calling ``step``, where ``scan`` raises for the same input
+    (found by probing)."""
+    f = chunkscan.stepwise(lambda c, x: (c + x, x))
+    msg = "[stepwise] xs_chunk has length 0 along axis 0: there is no step to run."
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        f(mx.zeros((3,)), mx.zeros((0, 3)))
+    with pytest.raises(ValueError, match=re.escape("[stepwise] xs_chunk holds no array")):
+        f(mx.zeros((3,)), ())
+
+
+def test_error_returned_non_array_names_no_closure():
+    """A non-array returned value: the fix is to return arrays; the message said "or
+    close over non-array constants in f", which is for inputs (found by probing)."""
+    msg = "  * y is a float.\nReturn arrays: wrap the values with mx.array(...)."
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.scan(chunkscan.stepwise(lambda c, x: (c, 1.0)), mx.zeros(()), mx.zeros((2, 4)))
+    msg = "  * the output is a float.\nReturn arrays: wrap the values with mx.array(...)."
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.checkpoint(lambda x: 1.0)(mx.zeros((2,)))
+
+
 def test_numpy_integers_and_bools_are_taken():
     """``axis=np.int64(1)`` (taken by ``chunk_size`` already) and ``xs_grad=np.False_``:
     both were refused, the second as "must be a bool ... but got np.False_ (bool)"

@@ -131,7 +131,9 @@ def require_arrays(fn: str, name: str, tree: Any) -> tuple[list[mx.array], tuple
     if bad:
         kinds = {isinstance(leaf, nn.Module) for leaf in leaves if not isinstance(leaf, mx.array)}
         fixes = []
-        if False in kinds:
+        if False in kinds and name in _OUTPUTS:  # a return value: no closure to use
+            fixes.append("Return arrays: wrap the values with mx.array(...).")
+        elif False in kinds:
             fixes.append(
                 "Wrap the values with mx.array(...), or close over non-array constants in f."
             )

@@ -104,6 +104,12 @@ def stepwise(
             f"every leaf of xs_chunk must have the same length along axis {time_axis}",
             "Pass one chunk of each input.",
         )  # fmt: skip
+        if steps == 0:  # scan never passes one; called directly it returned (carry, None)
+            what = "holds no array" if not leaves else f"has length 0 along axis {time_axis}"
+            raise ValueError(
+                f"[stepwise] xs_chunk {what}: there is no step to run. Pass a chunk of at "
+                "least one step of each input."
+            )
         per_leaf = [
             split_at(x, list(range(1, steps)), ax) if steps > 1 else [x]
             for x, ax in zip(leaves, axes)
@@ -126,8 +132,6 @@ def stepwise(
             else:
                 y_leaves = _check_same_y(first, y_def, y_leaves, t)
             ys.append(y_leaves)
-        if first is None:  # no steps: scan never passes an empty chunk
-            return carry, None
         y_names = _tree.paths(first[0], "y")
         for name, spec in zip(y_names, first[1]):
             if not -(len(spec.shape) + 1) <= time_axis <= len(spec.shape):
