@@ -455,6 +455,41 @@ def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):
         (data / f"{split}.jsonl").write_text(kept)
 
 
+def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path, no_load):
+    """mlx-lm parses every line of each split with ``json.loads`` after the model
+    loaded: one blank line (a trailing empty line, even in a valid.jsonl that
+    ``--val-batches 0`` never reads) was a ``JSONDecodeError`` naming neither file nor
+    line, and a line without the first line's key a ``KeyError`` (found by probing)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+            "--val-batches", "0"]  # fmt: skip
+    train = (data / "train.jsonl").read_text()
+    example = train.splitlines()[0]
+    where = f"chunkscan lora: --data {data}:"
+    cases = [
+        ("valid", train + "\n", "valid.jsonl line 5 is blank; mlx-lm reads every line"),
+        ("train", train + "  \n", "train.jsonl line 5 is blank"),
+        ("train", train + "{'text': 1}\n", "train.jsonl line 5 is not valid JSON (Expecting"),
+        ("train", train + "[1, 2]\n", "train.jsonl line 5 is a JSON list, not an object"),
+        ("train", train + '{"prompt": "a"}\n', "train.jsonl line 5 lacks 'text', which line 1"),
+        ("train", '{"txt": "a b"}\n' + train, "train.jsonl line 1 has none of the keys mlx-lm"),
+    ]
+    for split, content, msg in cases:
+        kept = (data / f"{split}.jsonl").read_text()
+        (data / f"{split}.jsonl").write_text(content)
+        with pytest.raises(SystemExit, match=re.escape(f"{where} {msg}")):
+            lora.main(argv)
+        (data / f"{split}.jsonl").write_text(kept)
+    # prompt / completion and chat examples, and CRLF line ends, pass
+    pairs = json.dumps({"prompt": "a b", "completion": "c d"})
+    chat = json.dumps({"messages": [{"role": "user", "content": "a\u2028b"}]}, ensure_ascii=False)
+    for content in ((pairs + "\n") * 4, (chat + "\r\n") * 4, (example + "\r\n") * 4):
+        (data / "train.jsonl").write_text(content, newline="")
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main(argv)
+
+
 def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, monkeypatch):
     """mlx-lm loads ``--resume-adapter-file`` with ``strict=False``: rank-4 adapters were
     loaded with their own shapes into a rank-8 run, trained, and saved beside a rank-8
@@ -480,6 +515,48 @@ def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, m
     missing = ["--resume-adapter-file", str(tmp_path / "none.safetensors")]
     with pytest.raises(SystemExit, match=re.escape("none.safetensors: no such file")):
         lora.main([*argv[:7], *missing])
+
+
+def test_resumed_adapters_of_layers_or_keys_this_run_skips_are_refused(tmp_path, monkeypatch):
+    """Adapters of layers 0 and 1 resumed with ``--num-layers 1`` (the last layer only):
+    mlx-lm loads the file with ``strict=False``, so layer 0's were dropped, trained no
+    further and left out of the saved file, exit status 0 (found by probing). So are
+    adapters of a projection the run's ``lora_parameters.keys`` leave out. A run that
+    wraps every resumed layer and key goes on."""
+    import mlx.core as mx
+
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
+    model = small_model(tmp_path / "model")  # 2 layers
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    names = [f"model.layers.{i}.mlp.up_proj.lora_{ab}" for i in (0, 1) for ab in "ab"]
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), {n: mx.zeros((2,)) for n in names})
+    config = {
+        "fine_tune_type": "lora",
+        "lora_parameters": {
+            "rank": 8,
+            "scale": 20.0,
+            "dropout": 0.0,
+            "keys": ["mlp.up_proj", "mlp.down_proj"],
+        },
+    }
+    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    argv = ["--model", str(model), "--data", str(data), "--train",
+            "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
+    msg = ("holds adapters of layer 0, which --num-layers 1 does not wrap (the last 1 of the "
+           "model's 2: from layer 1)")  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main([*argv, "--num-layers", "1"])
+    cfg = tmp_path / "keys.yaml"
+    cfg.write_text("lora_parameters: {rank: 8, scale: 20.0, dropout: 0.0, keys: [mlp.up_proj]}\n")
+    with pytest.raises(SystemExit, match=re.escape("this run's lack ['mlp.down_proj']")):
+        lora.main([*argv, "--num-layers", "-1", "-c", str(cfg)])
+    assert not ran
+    # the negative control: every resumed layer and key wrapped
+    assert lora.main([*argv, "--num-layers", "2"]) == 0 and len(ran) == 1
+    assert lora.main([*argv, "--num-layers", "-1"]) == 0 and len(ran) == 2
 
 
 def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypatch, capsys):

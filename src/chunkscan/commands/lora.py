@@ -22,12 +22,15 @@ through :func:`chunkscan.attention`, and their memory per token stays flat. Ever
 Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults. Before
 anything is loaded, the command checks that there is something to do (``--train`` or
 ``--test``) and that ``--model`` and ``--data`` name an existing folder or a Hugging
-Face repo id (``namespace/name``), that no data file there is empty, that the numbers
+Face repo id (``namespace/name``), that every data file there reads as mlx-lm reads it
+(one JSON example per line, none blank, each with the first line's keys:
+:func:`_read_examples`) and none is empty, that the numbers
 mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-layers``,
 ``--val-batches``, ``--learning-rate``, ...: :data:`_WHOLE_NUMBERS`; ``--batch-size -2``
 hung mlx-lm for ever, ``--num-layers 0`` trained every layer), that the YAML file
 parses and that a ``--resume-adapter-file`` exists with this run's fine-tune type and
-rank (:func:`_check_resumed_adapters`), and says what is wrong; a failed Hub download
+rank, its layers and projections among those this run wraps
+(:func:`_check_resumed_adapters`), and says what is wrong; a failed Hub download
 is reported in one line, not as a traceback.
 """
 
@@ -523,7 +526,7 @@ def _check_data(args: types.SimpleNamespace) -> None:
         path = data / f"{split}.jsonl"
         if not path.is_file():
             continue
-        examples = _count_lines(path, up_to=max(args.batch_size, 1))
+        examples = _read_examples(path, args)
         if examples == 0:
             raise SystemExit(
                 f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
@@ -545,18 +548,9 @@ def _check_layers(args: types.SimpleNamespace) -> None:
     Nothing is said where the count cannot be read (a Hub id, another key)."""
     if not args.train or args.num_layers == -1:
         return
-    try:
-        with open(pathlib.Path(args.model, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError, TypeError):
-        return
-    if not isinstance(config, dict):
-        return
-    text = config.get("text_config")
-    count = config.get("num_hidden_layers")
-    if count is None and isinstance(text, dict):
-        count = text.get("num_hidden_layers")
-    if isinstance(count, int) and not isinstance(count, bool) and args.num_layers > count:
+    config = _model_config(args.model)
+    count = _layer_count(config)
+    if count is not None and args.num_layers > count:
         default = args.num_layers == _mlx_lm_lora().CONFIG_DEFAULTS.get("num_layers")
         raise SystemExit(
             f"chunkscan lora: --num-layers {args.num_layers}"
@@ -565,6 +559,26 @@ def _check_layers(args: types.SimpleNamespace) -> None:
             f"num_hidden_layers in its config.json). Pass --num-layers {count} or less, "
             f"or -1 for all of them."
         )
+
+
+def _model_config(model: Any) -> dict:
+    """A local model folder's ``config.json`` (``{}`` where it cannot be read)."""
+    try:
+        with open(pathlib.Path(model, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError, TypeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _layer_count(config: dict) -> int | None:
+    """The model's layers (``num_hidden_layers``, or its ``text_config``'s); ``None``
+    where the config does not say."""
+    text = config.get("text_config")
+    count = config.get("num_hidden_layers")
+    if count is None and isinstance(text, dict):
+        count = text.get("num_hidden_layers")
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def _check_adapter_paths(args: types.SimpleNamespace) -> None:
@@ -644,19 +658,132 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
                 f"that do not load. Give this run the same {what} (-c or its flag), or "
                 f"start without --resume-adapter-file."
             )
+    if args.fine_tune_type != "full":
+        _check_resumed_coverage(args, resume, saved_lora, lora_parameters)
 
 
-def _count_lines(path: pathlib.Path, up_to: int) -> int:
-    """The lines of the file that are not blank, counted up to ``up_to`` (read no
-    further)."""
-    found = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                found += 1
-                if found >= up_to:
-                    break
-    return found
+def _check_resumed_coverage(
+    args: types.SimpleNamespace, resume: Any, saved_lora: dict, lora_parameters: dict
+) -> None:
+    """The resumed adapters' layers (read off the tensor names in the file's header)
+    are among the last ``--num-layers`` this run wraps, and their projections
+    (``lora_parameters.keys`` beside it) among this run's keys: mlx-lm loads the file
+    with ``strict=False``, so adapters of a layer or projection this run does not wrap
+    were dropped, trained no further and left out of the saved file, with no message
+    (a run resumed with ``--num-layers 1`` lost the other layers' adapters; found by
+    probing)."""
+    path = pathlib.Path(str(resume)).expanduser()
+    count = _layer_count(_model_config(args.model))
+    wrapped = args.num_layers if args.num_layers != -1 else count
+    layers = _tensor_layers(path)
+    if count is not None and wrapped is not None and layers:
+        first = count - wrapped
+        outside = sorted(i for i in layers if i < first)
+        if outside:
+            shown = ", ".join(map(str, outside[:8])) + (", ..." if len(outside) > 8 else "")
+            raise SystemExit(
+                f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
+                f"layer{'s' if len(outside) > 1 else ''} {shown}, which --num-layers "
+                f"{args.num_layers} does not wrap (the last {wrapped} of the model's "
+                f"{count}: from layer {first}): mlx-lm would load "
+                f"it anyway (strict=False) and drop them. Pass --num-layers "
+                f"{count - outside[0]} or more (-1: all), or start without "
+                f"--resume-adapter-file."
+            )
+    before, now = saved_lora.get("keys"), lora_parameters.get("keys")
+    if isinstance(before, list) and isinstance(now, list):
+        dropped = [k for k in before if k not in now]
+        if dropped:
+            raise SystemExit(
+                f"chunkscan lora: --resume-adapter-file {resume} was trained with "
+                f"lora_parameters keys {before!r} ({path.parent / 'adapter_config.json'}), "
+                f"this run's lack {dropped!r}: mlx-lm would load it anyway (strict=False) "
+                f"and drop those adapters. Give this run the same keys (-c), or start "
+                f"without --resume-adapter-file."
+            )
+
+
+def _tensor_layers(path: pathlib.Path) -> set[int]:
+    """The layer indices (``...layers.<i>.``) in the tensor names of a safetensors
+    file, read from its header alone; empty where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= 1 << 26:
+                return set()
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(header, dict):
+        return set()
+    found = (_LAYER_NAME.search(name) for name in header if name != "__metadata__")
+    return {int(m.group(1)) for m in found if m}
+
+
+_LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _read_examples(path: pathlib.Path, args: types.SimpleNamespace) -> int:
+    """The examples of a data file, read as mlx-lm reads them (every line one JSON
+    object; the first line's keys choose the format: ``prompt`` and ``completion``,
+    ``messages`` or ``text``, under their ``*_feature`` names; every line then needs
+    that format's keys); 0 for a file of blank lines only. Else the command stops naming
+    the file and the line, before the model loads: mlx-lm parsed each line with
+    ``json.loads`` after loading the model, so one blank line (a trailing empty line
+    too) was a ``JSONDecodeError`` naming neither, and a missing key a ``KeyError``
+    (found by probing)."""
+    prompt = getattr(args, "prompt_feature", None) or "prompt"
+    completion = getattr(args, "completion_feature", None) or "completion"
+    chat = getattr(args, "chat_feature", None) or "messages"
+    text = getattr(args, "text_feature", None) or "text"
+    where = f"chunkscan lora: --data {args.data}: {path.name}"
+    # as mlx-lm iterates it (text mode: lines end at \n, \r\n or \r, where
+    # str.splitlines would also cut at a U+2028 inside a JSON string)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line.rstrip("\n") for line in f]
+    if not any(line.strip() for line in lines):
+        return 0
+    needed: tuple[str, ...] = ()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            raise SystemExit(
+                f"{where} line {number} is blank; mlx-lm reads every line as one JSON "
+                f"example. Remove the line."
+            )
+        try:
+            example = json.loads(line)
+        except ValueError as e:
+            raise SystemExit(f"{where} line {number} is not valid JSON ({e}).") from None
+        if not isinstance(example, dict):
+            raise SystemExit(
+                f"{where} line {number} is a JSON {type(example).__name__}, not an object "
+                f"of an example's fields."
+            )
+        if number == 1:
+            if prompt in example and completion in example:
+                needed = (prompt, completion)
+            elif chat in example:
+                needed = (chat,)
+            elif text in example:
+                needed = (text,)
+            else:
+                raise SystemExit(
+                    f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} "
+                    f"and {completion!r}; or {chat!r}; its keys: {sorted(example)!r}). See "
+                    f"mlx-lm's LORA.md, \"Data\"."
+                )
+            if needed == (text,) and getattr(args, "mask_prompt", False):
+                raise SystemExit(
+                    f"{where} holds {text!r} examples, which have no prompt to mask: "
+                    f"--mask-prompt takes {prompt!r} / {completion!r} or {chat!r} examples."
+                )
+        lacking = [k for k in needed if k not in example]
+        if lacking:
+            raise SystemExit(
+                f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
+                f"line 1 has: mlx-lm reads every example in line 1's format."
+            )
+    return len(lines)
 
 
 def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
