@@ -517,7 +517,10 @@ def patch(
     Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
     name (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, ...). Only calls with
     ``use_kernel=False`` (modules in training mode) change; inference is untouched.
-    Models already loaded are covered too (the name is looked up at call time).
+    Models already loaded are covered too (the name is looked up at call time); a
+    step compiled with ``mx.compile`` keeps the path it was traced with (traced before
+    the patch: mlx-lm's own, and its memory; inside it: chunkscan's, after ``undo()``
+    too), so patch before a compiled step's first call.
 
     Args:
         chunk_size (int, optional): Steps per chunk for the op; ``None`` keeps the
