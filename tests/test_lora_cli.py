@@ -490,6 +490,28 @@ def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path
             lora.main(argv)
 
 
+def test_lora_parameters_without_the_keys_mlx_lm_reads_are_refused(tmp_path, no_load):
+    """A YAML ``lora_parameters`` replaces mlx-lm's whole, and mlx-lm reads ``rank``,
+    ``scale`` and ``dropout`` without a default: one left out was a ``KeyError`` after
+    the model loaded (found by probing). Full fine-tuning reads none of them."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    cfg = tmp_path / "rank.yaml"
+    cfg.write_text("lora_parameters: {rank: 4}\n")
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+            "-c", str(cfg)]  # fmt: skip
+    msg = (f"lora_parameters (from the command line or -c {cfg}) lacks 'scale' and "
+           "'dropout', which mlx-lm reads without a default")  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(argv)
+    cfg.write_text("lora_parameters: 4\n")
+    with pytest.raises(SystemExit, match=re.escape("must be a mapping such as")):
+        lora.main(argv)
+    cfg.write_text("lora_parameters: {rank: 4}\nfine_tune_type: full\n")
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)
+
+
 def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, monkeypatch):
     """mlx-lm loads ``--resume-adapter-file`` with ``strict=False``: rank-4 adapters were
     loaded with their own shapes into a rank-8 run, trained, and saved beside a rank-8

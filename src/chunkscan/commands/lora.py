@@ -302,6 +302,7 @@ def _check_numbers(args: dict) -> None:
     seed = args.get("seed")
     if isinstance(seed, int) and seed > _MAX_SEED:
         raise SystemExit(f"{PROG}: --seed{source} must be at most 2**32 - 1, not {seed}.")
+    _check_lora_parameters(args, source)
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
         number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
@@ -309,6 +310,30 @@ def _check_numbers(args: dict) -> None:
             raise SystemExit(
                 f"{PROG}: --learning-rate{source} must be a number of at least 0, not {rate!r}."
             )
+
+
+def _check_lora_parameters(args: dict, source: str) -> None:
+    """With ``--train`` of LoRA or DoRA adapters, ``lora_parameters`` (a YAML file's
+    replaces mlx-lm's defaults whole) holds ``rank``, ``scale`` and ``dropout``, which
+    mlx-lm reads without a default: one left out was a ``KeyError`` after the model
+    loaded (found by probing)."""
+    if not args.get("train") or args.get("fine_tune_type") == "full":
+        return
+    given = args.get("lora_parameters")
+    if not isinstance(given, dict):
+        raise SystemExit(
+            f"{PROG}: lora_parameters{source} must be a mapping such as "
+            f"{{rank: 8, scale: 20.0, dropout: 0.0}}, not {given!r}."
+        )
+    missing = [k for k in ("rank", "scale", "dropout") if k not in given]
+    if missing:
+        defaults = _mlx_lm_lora().CONFIG_DEFAULTS.get("lora_parameters", {})
+        shown = ", ".join(f"{k}: {defaults[k]}" for k in missing if k in defaults)
+        raise SystemExit(
+            f"{PROG}: lora_parameters{source} lacks {' and '.join(map(repr, missing))}, "
+            f"which mlx-lm reads without a default (a YAML lora_parameters replaces "
+            f"mlx-lm's whole); add {shown or 'them'}."
+        )
 
 
 # Keys mlx-lm reads from its options without a flag or a default of their own
@@ -770,7 +795,7 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace) -> int:
                 raise SystemExit(
                     f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} "
                     f"and {completion!r}; or {chat!r}; its keys: {sorted(example)!r}). See "
-                    f"mlx-lm's LORA.md, \"Data\"."
+                    "mlx-lm's LORA.md, section Data."
                 )
             if needed == (text,) and getattr(args, "mask_prompt", False):
                 raise SystemExit(
