@@ -104,9 +104,13 @@ def getenv(name: str, default: str | None = None) -> str | None:
 
 
 def check_kernels(fn: str, kernels: object) -> None:
-    """Raise unless ``kernels`` is ``True``, ``False`` or ``None`` (``kernels=0`` or
-    ``"no"`` would otherwise read as a request for the kernels)."""
-    if kernels is not None and not isinstance(kernels, bool):
+    """Raise unless ``kernels`` is ``True``, ``False`` (a NumPy bool too, as every
+    other switch takes: ``np.False_`` was refused as "not True, False or None"; found by
+    probing) or ``None`` (``kernels=0`` or ``"no"`` would otherwise read as a request
+    for the kernels)."""
+    from .split import np_bool
+
+    if kernels is not None and not isinstance(kernels, (bool, np_bool())):
         raise TypeError(
             f"[{fn}] kernels must be True, False or None but got {kernels!r} "
             f"({type(kernels).__name__}). Pass kernels=False for the portable ops, or None "
@@ -159,7 +163,7 @@ def use_kernels(kernels: bool | None = None, fn: str = "chunkscan") -> bool:
     (:func:`check_kernels` first; any value but ``0``, ``1``, ``auto`` or empty
     raises)."""
     check_kernels(fn, kernels)
-    if kernels is False:
+    if kernels is not None and not kernels:
         return False
     # "false" or "off" used to keep the kernels on: env_switch raises for them.
     if kernels is None and env_switch(

@@ -434,9 +434,13 @@ def test_errors_are_pinned():
     _raises(TypeError, "[attention] kernels must be True, False or None but got 'no' (str).",
             q, k, v, scale=1.0, kernels="no")  # fmt: skip
     _raises(ValueError, "[attention] an array mask must be boolean (True = attend) or floating "
-            "(added to the scores) but got dtype mlx.core.int32. Pass mask.astype(mx.bool_) "
-            "or mask.astype(mx.float32).", q, k, v, scale=1.0,
+            "(added to the scores; float32, float16 or bfloat16) but got dtype mlx.core.int32. "
+            "Pass mask.astype(mx.bool_) or mask.astype(mx.float32).", q, k, v, scale=1.0,
             mask=mx.ones((8, 8), mx.int32))  # fmt: skip
+    # float64 is floating, but not one of the three (the message said "or floating")
+    _raises(ValueError, "(added to the scores; float32, float16 or bfloat16) but got dtype "
+            "mlx.core.float64.", q, k, v, scale=1.0,
+            mask=mx.ones((8, 8), mx.float64))  # fmt: skip
     _raises(ValueError, "[attention] mask must broadcast to [B, Hq, T, S] = (1, 4, 8, 8) (each "
             "dimension 1 or full, at most 4 dimensions) but got shape (2, 8, 8).", q, k, v,
             scale=1.0, mask=mx.ones((2, 8, 8), mx.bool_))  # fmt: skip

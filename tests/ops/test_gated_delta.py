@@ -570,8 +570,9 @@ def test_errors(change, error, message):
 
 def test_numpy_and_narrow_integer_arguments_read_as_python_ones():
     """``cu_seqlens`` as NumPy integers, a NumPy array or an MLX array of any integer
-    dtype, and ``normalize_qk`` as a NumPy bool, give the call with Python values (they
-    were rejected as not integers / not a bool, found by probing)."""
+    dtype, and ``normalize_qk`` and ``kernels`` as NumPy bools, give the call with Python
+    values (they were rejected as not integers / not a bool, found by probing; kernels
+    in session 36)."""
     np = pytest.importorskip("numpy")
     q, k, v, g, beta = [x[:1] for x in _good()]
     want = gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 4, 10], normalize_qk=True)
@@ -581,7 +582,8 @@ def test_numpy_and_narrow_integer_arguments_read_as_python_ones():
         mx.array([0, 4, 10], dtype=mx.int16),
         mx.array([0, 4, 10], dtype=mx.uint8),
     ):
-        got = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, normalize_qk=np.True_)
+        got = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, normalize_qk=np.True_,
+                               kernels=np.False_)  # fmt: skip
         assert all(mx.array_equal(a, b).item() for a, b in zip(got, want)), cu
 
 

@@ -121,7 +121,8 @@ def _check_mask(
     else:
         raise ValueError(
             f"[{fn}] an array mask must be boolean (True = attend) or floating (added to "
-            f"the scores) but got dtype {mask.dtype}. Pass mask.astype(mx.bool_) or "
+            f"the scores; float32, float16 or bfloat16) but got dtype {mask.dtype}. Pass "
+            f"mask.astype(mx.bool_) or "
             f"mask.astype({str(dtype).replace('mlx.core.', 'mx.')})."
         )
     shape = _shape(mask)
