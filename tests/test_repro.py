@@ -129,6 +129,26 @@ def test_an_output_that_is_a_folder_fails_before_measuring(name, tmp_path, capsy
     )
 
 
+@pytest.mark.parametrize("name", repro.OUTPUTS)
+def test_an_output_that_is_a_link_fails_before_measuring(name, tmp_path, capsys,
+                                                        no_measuring):  # fmt: skip
+    """A link where the JSON goes was written through, into the file it named, and one
+    where the plot goes was replaced (found by probing): refused, leaving the file the
+    link names as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    with pytest.raises(SystemExit) as info:
+        repro.main(["--T", "8", "--out", str(out)])
+    assert info.value.code == 2
+    assert f"{out / name} is a symbolic link; remove it or pass another --out" in (
+        capsys.readouterr().err
+    )
+    assert victim.read_text() == "mine"
+
+
 def test_no_stale_plot_beside_a_new_json(tmp_path, monkeypatch, capsys):
     """``--no-plot`` (or a run that measured nothing) left an earlier run's plot beside
     the new JSON (found by probing); an empty plot was drawn where nothing was measured."""

@@ -116,8 +116,9 @@ OUTPUTS = (REPORT, PLOT)  # what a run writes into --out
 
 def check_out_dir(path: str) -> str | None:
     """Create ``path`` if needed and write a probe file there, and check that each of
-    :data:`OUTPUTS` there is a file or absent (a folder named ``repro.json`` failed the
-    run only after every configuration had been measured); the problem, or None."""
+    :data:`OUTPUTS` there is a file (not a link) or absent (a folder named
+    ``repro.json`` failed the run only after every configuration had been measured);
+    the problem, or None."""
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
@@ -126,6 +127,10 @@ def check_out_dir(path: str) -> str | None:
         return f"{type(e).__name__}: {e.strerror or e}"
     for name in OUTPUTS:
         target = os.path.join(path, name)
+        # A link was written through (repro.json: into whatever file it named) or
+        # replaced (repro.png), found by probing: refused, as a folder there is.
+        if os.path.islink(target):
+            return f"{target} is a symbolic link; remove it or pass another --out"
         if os.path.lexists(target) and not os.path.isfile(target):
             return f"{target} is not a file; remove it or pass another --out"
     return None
