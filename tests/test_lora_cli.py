@@ -490,6 +490,29 @@ def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path
             lora.main(argv)
 
 
+def test_a_model_config_mlx_lm_cannot_read_is_refused_before_loading(tmp_path, no_load):
+    """A ``config.json`` that is not JSON, or names a model type mlx-lm has no model for,
+    was mlx-lm's traceback (found by probing)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    config = (model / "config.json").read_text()
+    where = f"chunkscan lora: --model {model}: config.json"
+    cases = [
+        ("{not json", f"{where} is not valid JSON (Expecting property name"),
+        ("[1]", f"{where} names no model_type"),
+        (json.dumps(dict(json.loads(config), model_type="foo_bar")),
+         f"{where}: Model type foo_bar not supported. (mlx-lm "),
+    ]  # fmt: skip
+    for text, msg in cases:
+        (model / "config.json").write_text(text)
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            lora.main(argv)
+    (model / "config.json").write_text(config)
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)
+
+
 def test_lora_parameters_without_the_keys_mlx_lm_reads_are_refused(tmp_path, no_load):
     """A YAML ``lora_parameters`` replaces mlx-lm's whole, and mlx-lm reads ``rank``,
     ``scale`` and ``dropout`` without a default: one left out was a ``KeyError`` after

@@ -527,7 +527,40 @@ def _check_local_inputs(args: types.SimpleNamespace) -> None:
     these before; found by probing): :func:`_check_data` and :func:`_check_layers`."""
     if not getattr(args, "hf_dataset", None) and pathlib.Path(args.data).is_dir():
         _check_data(args)
+    _check_model_type(args)
     _check_layers(args)
+
+
+def _check_model_type(args: types.SimpleNamespace) -> None:
+    """A local model folder's ``config.json`` is a JSON object with a ``model_type``
+    this mlx-lm has a model for: a config that was not JSON, or an unknown type, was
+    mlx-lm's traceback (found by probing)."""
+    path = pathlib.Path(args.model, "config.json")
+    if not path.is_file():
+        return
+    where = f"chunkscan lora: --model {args.model}: config.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise SystemExit(f"{where} is not valid JSON ({e}).") from None
+    except OSError:
+        return
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise SystemExit(f"{where} names no model_type (mlx-lm picks the model by it).")
+    try:  # mlx-lm's own lookup (private: where a release lacks it, nothing is said)
+        from mlx_lm.utils import _get_classes
+    except ImportError:
+        return
+    try:
+        _get_classes(config)
+    except ValueError as e:
+        import mlx_lm
+
+        raise SystemExit(
+            f"{where}: {e} (mlx-lm {getattr(mlx_lm, '__version__', '?')}; its models are "
+            f"the modules of mlx_lm/models)."
+        ) from None
 
 
 def _check_data(args: types.SimpleNamespace) -> None:
