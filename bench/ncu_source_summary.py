@@ -32,6 +32,7 @@ import collections
 import csv
 import gzip
 import io
+import re
 import sys
 
 from _common import non_negative_int, readable_file
@@ -103,7 +104,7 @@ def source_lines(text: str, column: str = SAMPLES) -> list[dict]:
     SASS rows under it, which carry no line number, are not counted again)."""
     out: list[dict] = []
     col = None
-    for row in csv.reader(io.StringIO(text)):
+    for row in map(_source_row, text.splitlines()):
         if not row:
             continue
         if row[0] == "Function Name":
@@ -113,6 +114,23 @@ def source_lines(text: str, column: str = SAMPLES) -> list[dict]:
         elif out and col is not None and row[0].strip().isdigit():
             out[-1]["lines"].append((int(row[0]), row[1], number(row[col])))
     return out
+
+
+# A CUDA source line's row: its number, the line as written, "-" for the address and
+# the SASS, then the counters. Nsight Compute writes the line without escaping its
+# quotes (asm volatile("cp.async ..." :: "r"(d) ...), so the csv module misread such a
+# row: the counter it took for the samples was "-", read as 0, and an inline-asm line's
+# samples (the state pass's mma and cp.async, 11609 and 1547 of them) and bank
+# conflicts went uncounted (found by probing).
+_LINE_ROW = re.compile(r'^"(\d+)","(.*?)","-","-",(".*)$')
+
+
+def _source_row(line: str) -> list[str]:
+    """One row of the cuda,sass page as its fields (see :data:`_LINE_ROW`)."""
+    m = _LINE_ROW.match(line)
+    if m:
+        return [m.group(1), m.group(2), "-", "-", *next(csv.reader([m.group(3)]))]
+    return next(csv.reader([line]), [])
 
 
 def summarise_bank_conflicts(text: str, top: int) -> list[str]:

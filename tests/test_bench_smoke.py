@@ -233,6 +233,15 @@ def test_ncu_source_summary_reads_the_cuda_sass_page(tmp_path, monkeypatch, caps
     assert out[1].startswith("   75.0%  L12") and out[1].endswith("acc = fmaf(a, b, acc);")
     assert out[2].startswith("   25.0%  L7")
     assert len(out) == 3
+    # A line of inline asm, which Nsight Compute writes with its quotes unescaped: the
+    # csv module misread the row and its samples counted as 0, as did its bank
+    # conflicts (the committed pages' cp.async and mma lines; found by probing).
+    asm = '"10","asm volatile("cp.async [%0], 16;\\n" ::"r"(d) : "memory");","-","-","60"\n'
+    path.write_text(path.read_text() + asm)
+    assert ncu_source_summary.main([str(path), "--top", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "k_01: 100 samples, 4 source lines"
+    assert out[1].startswith("   60.0%  L10") and 'asm volatile("cp.async' in out[1]
     sys.modules.pop("ncu_source_summary", None)
 
 
