@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
-import json
 import re
 import sys
 
-from _common import check_outputs, non_negative_int, readable_file
+from _common import check_outputs, meta, non_negative_int, readable_file, write_json
 
 COLUMNS = {
     "us": "gpu__time_duration.sum",
@@ -137,10 +136,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the N longest rows only")  # fmt: skip
     args = p.parse_args(argv)
     check_outputs(p, {"--json": args.json}, optional=("--json",), inputs=(args.csv,))
-    raw, units = read_rows(args.csv)
+    try:
+        raw, units = read_rows(args.csv)
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, IndexError) as e:
+        raw, units = [], {}  # not gzip, not text, no rows: said below
+        why = f" ({type(e).__name__}: {e})"
+    else:
+        why = ""
+    # Another page (the source page's warp samples) printed "23534 kernels, 0.00 ms in
+    # all" with rows named "?", exit status 0; an empty file or a .gz that was not gzip
+    # a traceback (found by probing).
+    if not raw or COLUMNS["us"] not in units or "Kernel Name" not in units:
+        print(f"ncu_summary.py: {args.csv}: no kernel rows with {COLUMNS['us']}{why}; pass "
+              f"Nsight Compute's raw page (ncu --csv --page raw, as bench/ncu_op.py writes)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     rows = [summarise(r, units) for r in raw]
     if args.by_name:
         rows = by_name(rows)
+    if args.json:  # before printing: a closed pipe (| head) stopped it being written
+        write_json(args.json, meta(input=args.csv), rows)
     total = sum(r["us"] or 0 for r in rows)
     print(f"{len(raw)} kernels, {total / 1e3:.2f} ms in all")
     head = "  ".join(h.rjust(w) for h, w in
@@ -156,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         stalls = " ".join(f"{k}={v}" for k, v in r["stalls"].items())
         name, n = str(r["kernel"])[:40], r.get("launches", 1)
         print(f"{name:40s} {n:>3}  {'  '.join(cells)}  {stalls}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -77,6 +77,20 @@ def test_ncu_op_runs_and_its_summary_reads_ncu_csv(tmp_path, monkeypatch, capsys
     assert "1200.5" in printed[2]
     with pytest.raises(ValueError, match="unknown unit 'furlong'"):
         ncu_summary.scaled(1.0, "furlong")
+    # The JSON carries the run's provenance (it held argv alone, sys.argv's even when
+    # main was called with its own) and the file read.
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["input"] == str(path) and {"commit", "date", "versions"} <= set(meta)
+    # Another page, an empty file, a .gz that is not gzip: a message and exit status 1
+    # (the source page printed "23534 kernels, 0.00 ms in all" with exit status 0, the
+    # others were tracebacks; found by probing).
+    src = BENCH / "results/h200/ncu/ncu_src_cuda_sass_16k_89268cd.csv.gz"
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "text.csv.gz").write_text("not gzip")
+    for bad in (src, tmp_path / "empty.csv", tmp_path / "text.csv.gz"):
+        capsys.readouterr()
+        assert ncu_summary.main([str(bad)]) == 1
+        assert "no kernel rows with gpu__time_duration.sum" in capsys.readouterr().err
     for name in ("ncu_op", "ncu_summary"):
         sys.modules.pop(name, None)
 
