@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -143,7 +144,11 @@ def measure(
         "loss": loss.item(),
         "peak_mib": peak / MiB,
         "mib_per_token": peak / MiB / (batch * T),
-        "seconds_per_step": sorted(times)[len(times) // 2],
+        # the median (with an even count the mean of the middle two: the element at
+        # len // 2 was the slower of two steps at the default --repeats 2, found by
+        # probing) and every step's time
+        "seconds_per_step": statistics.median(times),
+        "step_seconds": times,
         "first_step_seconds": first,
         "device": str(mx.default_device()),
         "dtype": dtype,
@@ -171,8 +176,24 @@ def _ratio(x: dict[str, Any], y: dict[str, Any]) -> str:
     return ""
 
 
+# What a row's setup is besides its mode and T (its commit included: --merge keeps rows
+# of other runs; not the chunk size and save mode, which only the patched modes have).
+# The table pairs a mode's row with another's, and a T with the smallest, only within
+# one setup: keyed on (mode, T) alone, a merged batch-4 patched row was set against a
+# batch-1 stub row (patched/stub 5.4; found by probing).
+_SETUP = ("batch", "dtype", "memory_limit_mib", "config", "commit")
+
+
+def _setup(r: dict[str, Any]) -> tuple:
+    return tuple(json.dumps(r.get(k), sort_keys=True) for k in _SETUP)
+
+
 def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
-    by = {(r["mode"], r["T"]): r for r in rows}
+    by = {(r["mode"], r["T"], _setup(r)): r for r in rows}
+    setups = list(dict.fromkeys(_setup(r) for r in rows))
+    # the fields that tell the setups apart, named in the T column where there are
+    # several (none in the table of one run)
+    differ = [k for i, k in enumerate(_SETUP) if len({s[i] for s in setups}) > 1]
     t0 = min(Ts)
     head = (
         "| T | "
@@ -183,16 +204,27 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
     )
     sep = "|" + "---|" * (1 + 4 * len(modes) + 3)
     lines = [head, sep]
+    for setup in setups:
+        lines += _table_rows(by, setup, differ, modes, Ts, t0)
+    return "\n".join(lines)
+
+
+def _table_rows(by, setup, differ, modes, Ts, t0) -> list[str]:
+    """The table's lines of one setup (see :data:`_SETUP`), one per T it has."""
+    lines = []
     for T in Ts:
-        cells = [str(T)]
+        if not any((m, T, setup) in by for m in modes):
+            continue
+        named = [f"{k} {json.loads(setup[_SETUP.index(k)])}" for k in differ]
+        cells = [str(T) + (f" ({', '.join(named)})" if named else "")]
         for m in modes:
-            r = by.get((m, T), {})
+            r = by.get((m, T, setup), {})
             if "peak_mib" in r:
                 step = f"{r['seconds_per_step']:.2f} ({r['first_step_seconds']:.1f})"
                 cells += [f"{r['peak_mib']:.0f}", f"{r['mib_per_token']:.3f}", step]
             else:
                 cells += [r.get("error", "not run")[:50], "", ""]
-        p, s, st = by.get(("patched", T), {}), by.get(("stock", T), {}), by.get(("stub", T), {})
+        p, s, st = (by.get((m, T, setup), {}) for m in ("patched", "stock", "stub"))
         cells += [_ratio(p, s), _ratio(p, st)]
         if "peak_mib" in p and "peak_mib" in st:
             # per token of the batch, as the MiB/tok columns (it divided by T alone)
@@ -201,11 +233,11 @@ def _table(rows: list[dict[str, Any]], modes: list[str], Ts: list[int]) -> str:
         else:
             cells.append("")
         for m in modes:
-            r, r0 = by.get((m, T), {}), by.get((m, t0), {})
+            r, r0 = by.get((m, T, setup), {}), by.get((m, t0, setup), {})
             ok = "mib_per_token" in r and "mib_per_token" in r0
             cells.append(f"{r['mib_per_token'] / r0['mib_per_token']:.3f}" if ok else "")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return lines
 
 
 def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, device: str) -> None:

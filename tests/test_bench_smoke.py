@@ -133,6 +133,31 @@ def test_lora_table_counts_the_batch_in_the_patched_minus_stub_column(bench):
     assert "| 0.1250 |" in table, table  # (10 - 6) / (2 x 16)
 
 
+def test_lora_table_pairs_rows_of_one_setup_only(bench, monkeypatch):
+    """``--merge`` keeps rows of other runs: a batch-4 patched row was set against a
+    batch-1 stub row of another commit (patched/stub 5.4; found by probing). Rows pair
+    within one batch, dtype, memory limit, model and commit; the T column names what
+    tells the setups apart. And a step time is the median: with two steps the mean of
+    both, where the slower was reported (found by probing)."""
+    lora = bench("lora")
+    row = dict(T=16, peak_mib=8.0, mib_per_token=0.5, seconds_per_step=1.0,
+               first_step_seconds=1.0, dtype="float32")  # fmt: skip
+    rows = [dict(row, mode="stub", batch=1, commit="a"),
+            dict(row, mode="patched", batch=4, commit="b", peak_mib=40.0),
+            dict(row, mode="stub", batch=4, commit="b", peak_mib=20.0)]  # fmt: skip
+    lines = lora._table(rows, ["patched", "stub"], [16]).splitlines()[2:]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("| 16 (batch 1, commit a) | not run |")
+    assert lines[1].startswith("| 16 (batch 4, commit b) | 40 |")
+    assert "| 2.000 |" in lines[1] and "| 2.000 |" not in lines[0]  # 40 / 20, not 40 / 8
+    # The step time, in a real (stub) step with the clock faked: two steps of 1 s and
+    # 3 s give 2 s.
+    ticks = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0])
+    monkeypatch.setattr(lora.time, "perf_counter", lambda: next(ticks))
+    row = lora.measure("stub", 16, repeats=2)
+    assert row["seconds_per_step"] == 2.0 and row["step_seconds"] == [1.0, 3.0]
+
+
 def test_ncu_source_summary_reads_the_source_page(tmp_path, monkeypatch, capsys):
     """``bench/ncu_source_summary.py`` splits each launch's warp-stall samples of ncu's
     source page (SASS) by stall reason and by opcode, predicates skipped, and lists the
