@@ -122,7 +122,7 @@ def measure_fla(T: int, repeats: int = 10, harness: str = "cotangents") -> dict[
     return {
         "impl": "fla", "T": T, "compiled": False, "ms": row["seconds"] * 1e3,
         "kib_per_token": row["kib_per_token"], "chunk_size": 64,
-        "wall_ms": row["wall_seconds"] * 1e3, "harness": harness,
+        "wall_ms": row["wall_seconds"] * 1e3, "harness": harness, "repeats": repeats,
     }  # fmt: skip
 
 
@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     for harness, T in itertools.product(args.harness, args.T):
         for impl in args.impls:
             if impl == "fla":
-                configs.append(("bench_fla", {"T": T, "harness": harness}))
+                # --repeats for fla too (it timed its default of 10 whatever was
+                # asked: run 94's fla rows; found by probing)
+                configs.append(("bench_fla", {"T": T, "harness": harness,
+                                              "repeats": args.repeats}))  # fmt: skip
                 continue
             for mode in args.modes:
                 for C in args.chunk_sizes:

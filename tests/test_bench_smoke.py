@@ -651,6 +651,31 @@ def test_fla_scripts_say_so_without_pytorch_or_fla(bench, monkeypatch, tmp_path,
     )
 
 
+def test_gdn_vs_fla_times_fla_with_the_repeats_asked(bench, monkeypatch, tmp_path):
+    """fla's rows timed fla_gdn's default of 10 runs whatever ``--repeats`` said (run
+    94's three-repeat JSONs; found by probing). The measuring process is faked, and
+    fla's presence (the test reads the wiring, not the machine)."""
+    import importlib.util
+
+    import chunkscan.commands.measure as measure
+
+    gdn_vs_fla = bench("gdn_vs_fla")
+    ran = []
+    monkeypatch.setattr(
+        measure, "run_isolated", lambda target, cfg, **kw: ran.append((target, cfg)) or {"ms": 1.0}
+    )
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda m, *a: object() if m in ("torch", "fla") else find_spec(m, *a),
+    )
+    out = tmp_path / "rows.json"
+    argv = ["--T", "16", "--impls", "fla", "--repeats", "3", "--json", str(out)]
+    assert gdn_vs_fla.main(argv) == 0
+    assert ran == [("gdn_vs_fla:measure_fla", {"T": 16, "harness": "cotangents", "repeats": 3})]
+
+
 def test_stepwise_chunk_writes_its_rows_with_provenance(bench, monkeypatch, tmp_path):
     """``bench/stepwise_chunk.py --json``: the table's rows (a failed configuration's
     error too) and the run's provenance; it wrote no JSON before. The measuring process
