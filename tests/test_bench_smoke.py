@@ -661,9 +661,12 @@ def test_gdn_vs_fla_times_fla_with_the_repeats_asked(bench, monkeypatch, tmp_pat
 
     gdn_vs_fla = bench("gdn_vs_fla")
     ran = []
-    monkeypatch.setattr(
-        measure, "run_isolated", lambda target, cfg, **kw: ran.append((target, cfg)) or {"ms": 1.0}
-    )
+
+    def run_isolated(target, cfg, **kw):
+        ran.append((target, cfg))
+        return {"error": "faked"}
+
+    monkeypatch.setattr(measure, "run_isolated", run_isolated)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
