@@ -513,6 +513,45 @@ def test_a_model_config_mlx_lm_cannot_read_is_refused_before_loading(tmp_path, n
         lora.main(argv)
 
 
+def test_the_prechecks_leave_to_mlx_lm_what_it_accepts(tmp_path, monkeypatch):
+    """Found by reviewing session 36's prechecks: a model of its own code
+    (``model_file``, with ``trust_remote_code``) is built by mlx-lm without the model
+    types it knows, so its type is not checked; a data file's examples are held to
+    line 1's keys only in the splits the run reads (mlx-lm takes the keys of an example
+    only when it reads it; every file's lines must still be JSON); and the resumed
+    adapters' layers are not checked where the config's ``num_layers`` disagrees with
+    ``num_hidden_layers`` (LongCat-Flash builds ``num_layers``)."""
+    import mlx.core as mx
+
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(
+        json.dumps(dict(config, model_type="my_arch", model_file="my_model.py"))
+    )
+    argv = ["--model", str(model), "--data", str(data), "--num-layers", "-1"]
+    assert lora.main([*argv, "--train"]) == 0
+    (model / "config.json").write_text(json.dumps(config))
+    train = (data / "train.jsonl").read_text()
+    (data / "train.jsonl").write_text(train + '{"prompt": "a"}\n')
+    assert lora.main([*argv, "--test", "--adapter-path", ""]) == 0  # train.jsonl unread
+    with pytest.raises(SystemExit, match=re.escape("train.jsonl line 5 lacks 'text'")):
+        lora.main([*argv, "--train"])
+    (data / "train.jsonl").write_text(train)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    names = [f"model.layers.{i}.mlp.up_proj.lora_{ab}" for i in (0, 1) for ab in "ab"]
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), {n: mx.zeros((2,)) for n in names})
+    resume = [*argv[:4], "--train", "--num-layers", "1", "--resume-adapter-file",
+              str(earlier / "adapters.safetensors")]  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape("holds adapters of layer 0, which")):
+        lora.main(resume)
+    (model / "config.json").write_text(json.dumps(dict(config, num_layers=1)))
+    assert lora.main(resume) == 0 and len(ran) == 3
+
+
 def test_lora_parameters_without_the_keys_mlx_lm_reads_are_refused(tmp_path, no_load):
     """A YAML ``lora_parameters`` replaces mlx-lm's whole, and mlx-lm reads ``rank``,
     ``scale`` and ``dropout`` without a default: one left out was a ``KeyError`` after
@@ -523,7 +562,7 @@ def test_lora_parameters_without_the_keys_mlx_lm_reads_are_refused(tmp_path, no_
     cfg.write_text("lora_parameters: {rank: 4}\n")
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
             "-c", str(cfg)]  # fmt: skip
-    msg = (f"lora_parameters (from the command line or -c {cfg}) lacks 'scale' and "
+    msg = (f"lora_parameters (from -c {cfg}) lacks 'scale' and "
            "'dropout', which mlx-lm reads without a default")  # fmt: skip
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(argv)

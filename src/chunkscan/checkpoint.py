@@ -9,6 +9,9 @@ together (rule 3). Pair it with :func:`chunkscan.split` for the chunk inputs (ru
 from __future__ import annotations
 
 import functools
+import itertools
+import types
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -36,11 +39,12 @@ def checkpoint(fun: F) -> F:
             and boolean arrays (indices, masks) are constants of the recomputation
             (their gradient is zero). An ``nn.Module`` argument (or one inside a tree
             argument) raises: capture it in ``fun`` instead (it then gets no gradient), or
-            use :func:`chunkscan.scan` with ``params=`` for its weights' gradients. So
-            does any other object holding arrays among its attributes (a dataclass, a
-            ``SimpleNamespace``): ``mx.checkpoint`` passes it as a constant, its
-            arrays without a gradient; pass them as arrays or in a list, tuple or
-            dict.
+            use :func:`chunkscan.scan` with ``params=`` for its weights' gradients.
+            Any other object (a dataclass, a ``SimpleNamespace``) is passed as a
+            constant, as by ``mx.checkpoint``, its arrays without a gradient; where
+            its attributes hold arrays or modules, a ``UserWarning`` says so (pass
+            them as arrays or in a list, tuple or dict to differentiate them, or
+            capture the object in ``fun``'s closure to keep them constant).
 
     Returns:
         callable: With the signature of ``fun``.
@@ -83,7 +87,7 @@ def checkpoint(fun: F) -> F:
         if any(isinstance(leaf, nn.Module) for leaf in leaves):
             _raise_on_module(fun, args, kwargs)
         if any(_holds_arrays(leaf) for leaf in leaves):
-            _raise_on_array_holder(args, kwargs)
+            _warn_on_array_holder(fun, args, kwargs)
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
         arrays = [leaves[i] for i in slots]
         # The closures below outlive this call (the vjp runs later), so they keep only
@@ -177,29 +181,46 @@ def _raise_on_module(fun: Callable, args: tuple, kwargs: dict) -> None:
 
 def _holds_arrays(leaf: Any) -> bool:
     """Whether a leaf that is not an array (a dataclass, a ``SimpleNamespace``) holds
-    arrays in its attributes, directly or in a list, tuple or dict there: passed as a
-    constant, they got no gradient with no error (as with ``mx.checkpoint``; found by
-    probing), and the call's closures kept them, and their graph, alive."""
-    if isinstance(leaf, (mx.array, str, bytes, int, float, complex, type(None))):
+    arrays or modules in its attributes, directly or among the first items of a list,
+    tuple or dict there (no deeper: this runs at every call)."""
+    if isinstance(leaf, _NEVER_HOLDERS) or isinstance(leaf, type):
         return False
     return bool(_arrays_in_attributes(leaf))
 
 
+# Leaves never looked into: what cannot hold an array, and Python modules (a module
+# passed as an argument had its namespace scanned at every call; review).
+_NEVER_HOLDERS = (mx.array, str, bytes, int, float, complex, type(None), types.ModuleType,
+                  types.FunctionType, types.BuiltinFunctionType)  # fmt: skip
+_ITEMS = 64  # items of a list, tuple or dict attribute looked at
+
+
 def _arrays_in_attributes(obj: Any) -> list[str]:
-    """The names of ``obj``'s attributes that are, or hold, arrays (read without
-    running the user's code: :func:`._capture.attributes`)."""
+    """The names of ``obj``'s attributes that are, or hold, arrays or modules (read
+    without running the user's code: :func:`._capture.attributes`)."""
     from ._capture import attributes
+
+    def held(value: Any) -> bool:
+        return isinstance(value, (mx.array, nn.Module))
 
     names = []
     for name, value in attributes(obj) or ():
-        held = _tree.flatten(value)[0] if isinstance(value, (list, tuple, dict)) else [value]
-        if any(isinstance(v, mx.array) for v in held):
+        if isinstance(value, dict) and not isinstance(value, nn.Module):
+            items = list(itertools.islice(value.values(), _ITEMS))
+        elif isinstance(value, (list, tuple)):
+            items = value[:_ITEMS]
+        else:
+            items = [value]
+        if any(held(v) for v in items):
             names.append(name)
     return names
 
 
-def _raise_on_array_holder(args: tuple, kwargs: dict) -> None:
-    """Raise naming the argument that holds arrays in its attributes."""
+def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:
+    """Warn naming the argument that holds arrays or modules in its attributes: passed
+    as a constant, as by ``mx.checkpoint``, they got no gradient with no sign of it
+    (found by probing; a constant table, such as a rotary embedding's, is the usual
+    case, so a warning and not an error)."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
     for where, a in named:
@@ -208,11 +229,14 @@ def _raise_on_array_holder(args: tuple, kwargs: dict) -> None:
             held = _arrays_in_attributes(leaf) if _holds_arrays(leaf) else []
             if held:
                 fields = ", ".join(f".{n}" for n in held[:4])
-                raise TypeError(
-                    f"[checkpoint] {path} is a {type(leaf).__name__} holding arrays "
-                    f"({fields}); checkpoint differentiates arrays and lists, tuples and "
-                    "dicts of arrays, and would pass it as a constant: its arrays would "
-                    "get no gradient (mx.checkpoint does the same, silently). Pass the "
-                    "arrays themselves, or a dict of them; to keep them constant, capture "
-                    "the object in fun's closure instead."
+                warnings.warn(
+                    f"[checkpoint] {path} of {getattr(fun, '__qualname__', 'fun')} is a "
+                    f"{type(leaf).__name__} holding arrays or modules ({fields}); "
+                    "checkpoint, as mx.checkpoint, passes it as a constant: they get no "
+                    "gradient. Pass the arrays themselves (or a dict of them) to "
+                    "differentiate them; capture the object in fun's closure to keep "
+                    "them constant without this warning.",
+                    UserWarning,
+                    stacklevel=3,
                 )
+                return

@@ -80,8 +80,8 @@ def stepwise(
             ``step`` does not return a pair, or returns ``y`` of another structure
             than at the first step.
         ValueError: when called, ``axis`` is out of range for a leaf, the leaves of
-            ``xs_chunk`` differ in length along it, or a ``y`` leaf changes shape or
-            dtype between steps.
+            ``xs_chunk`` differ in length along it, ``xs_chunk`` has no step (length 0,
+            or no array), or a ``y`` leaf changes shape or dtype between steps.
 
     Example:
         >>> def rnn(h, x, w):

@@ -302,7 +302,7 @@ def _check_numbers(args: dict) -> None:
     seed = args.get("seed")
     if isinstance(seed, int) and seed > _MAX_SEED:
         raise SystemExit(f"{PROG}: --seed{source} must be at most 2**32 - 1, not {seed}.")
-    _check_lora_parameters(args, source)
+    _check_lora_parameters(args)
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
         number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
@@ -312,13 +312,14 @@ def _check_numbers(args: dict) -> None:
             )
 
 
-def _check_lora_parameters(args: dict, source: str) -> None:
+def _check_lora_parameters(args: dict) -> None:
     """With ``--train`` of LoRA or DoRA adapters, ``lora_parameters`` (a YAML file's
     replaces mlx-lm's defaults whole) holds ``rank``, ``scale`` and ``dropout``, which
     mlx-lm reads without a default: one left out was a ``KeyError`` after the model
     loaded (found by probing)."""
     if not args.get("train") or args.get("fine_tune_type") == "full":
         return
+    source = f" (from -c {args['config']})" if args.get("config") else ""  # no flag sets it
     given = args.get("lora_parameters")
     if not isinstance(given, dict):
         raise SystemExit(
@@ -548,6 +549,8 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
         return
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise SystemExit(f"{where} names no model_type (mlx-lm picks the model by it).")
+    if config.get("model_file"):  # the model's own code (trust_remote_code): mlx-lm's call
+        return
     try:  # mlx-lm's own lookup (private: where a release lacks it, nothing is said)
         from mlx_lm.utils import _get_classes
     except ImportError:
@@ -560,7 +563,7 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
         raise SystemExit(
             f"{where}: {e} (mlx-lm {getattr(mlx_lm, '__version__', '?')}; its models are "
             f"the modules of mlx_lm/models)."
-        ) from None
+        ) from e
 
 
 def _check_data(args: types.SimpleNamespace) -> None:
@@ -580,11 +583,14 @@ def _check_data(args: types.SimpleNamespace) -> None:
     # --train, test with --test
     batched = {"train": args.train, "valid": args.train and args.val_batches != 0,
                "test": args.test}  # fmt: skip
+    # the splits whose examples this run reads (mlx-lm parses every file's lines, but
+    # takes an example's keys only when it reads the example)
+    read = {split for split, wanted in batched.items() if wanted}
     for split in ("train", "valid", "test"):
         path = data / f"{split}.jsonl"
         if not path.is_file():
             continue
-        examples = _read_examples(path, args)
+        examples = _read_examples(path, args, keys=split in read)
         if examples == 0:
             raise SystemExit(
                 f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
@@ -698,9 +704,9 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
         with open(path.parent / "adapter_config.json") as f:
             saved = json.load(f)
     except (OSError, ValueError):
-        return
+        saved = {}  # the layers are still read off the file's tensor names
     if not isinstance(saved, dict):
-        return
+        saved = {}
     lora_parameters = args.lora_parameters if isinstance(args.lora_parameters, dict) else {}
     saved_lora = saved.get("lora_parameters")
     saved_lora = saved_lora if isinstance(saved_lora, dict) else {}
@@ -731,9 +737,16 @@ def _check_resumed_coverage(
     (a run resumed with ``--num-layers 1`` lost the other layers' adapters; found by
     probing)."""
     path = pathlib.Path(str(resume)).expanduser()
-    count = _layer_count(_model_config(args.model))
+    config = _model_config(args.model)
+    count = _layer_count(config)
     wrapped = args.num_layers if args.num_layers != -1 else count
     layers = _tensor_layers(path)
+    # Said only where the count is surely the layers mlx-lm builds: not where the
+    # config's num_layers disagrees (LongCat-Flash builds num_layers, half of
+    # num_hidden_layers) or a tensor names a layer past it (found by review).
+    other = config.get("num_layers", count)
+    if other != count or (layers and count is not None and max(layers) >= count):
+        count = None
     if count is not None and wrapped is not None and layers:
         first = count - wrapped
         outside = sorted(i for i in layers if i < first)
@@ -781,67 +794,83 @@ def _tensor_layers(path: pathlib.Path) -> set[int]:
 _LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _read_examples(path: pathlib.Path, args: types.SimpleNamespace) -> int:
+def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool = True) -> int:
     """The examples of a data file, read as mlx-lm reads them (every line one JSON
     object; the first line's keys choose the format: ``prompt`` and ``completion``,
-    ``messages`` or ``text``, under their ``*_feature`` names; every line then needs
-    that format's keys); 0 for a file of blank lines only. Else the command stops naming
-    the file and the line, before the model loads: mlx-lm parsed each line with
-    ``json.loads`` after loading the model, so one blank line (a trailing empty line
-    too) was a ``JSONDecodeError`` naming neither, and a missing key a ``KeyError``
-    (found by probing)."""
+    ``messages`` or ``text``, under their ``*_feature`` names; with ``keys``, for a split
+    this run reads, every line then needs that format's keys); 0 for a file of blank
+    lines only. Else the command stops naming the file and the line, before the model
+    loads: mlx-lm parsed each line with ``json.loads`` after loading the model, so one
+    blank line (a trailing empty line too) was a ``JSONDecodeError`` naming neither,
+    and a missing key a ``KeyError`` (found by probing). Read a line at a time."""
     prompt = getattr(args, "prompt_feature", None) or "prompt"
     completion = getattr(args, "completion_feature", None) or "completion"
     chat = getattr(args, "chat_feature", None) or "messages"
     text = getattr(args, "text_feature", None) or "text"
     where = f"chunkscan lora: --data {args.data}: {path.name}"
+    needed: tuple[str, ...] = ()
+    blank = None  # the first blank line: an error unless every line is blank
+    count = 0
     # as mlx-lm iterates it (text mode: lines end at \n, \r\n or \r, where
     # str.splitlines would also cut at a U+2028 inside a JSON string)
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [line.rstrip("\n") for line in f]
-    if not any(line.strip() for line in lines):
-        return 0
-    needed: tuple[str, ...] = ()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            raise SystemExit(
-                f"{where} line {number} is blank; mlx-lm reads every line as one JSON "
-                f"example. Remove the line."
-            )
-        try:
-            example = json.loads(line)
-        except ValueError as e:
-            raise SystemExit(f"{where} line {number} is not valid JSON ({e}).") from None
-        if not isinstance(example, dict):
-            raise SystemExit(
-                f"{where} line {number} is a JSON {type(example).__name__}, not an object "
-                f"of an example's fields."
-            )
-        if number == 1:
-            if prompt in example and completion in example:
-                needed = (prompt, completion)
-            elif chat in example:
-                needed = (chat,)
-            elif text in example:
-                needed = (text,)
-            else:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                blank = blank or number
+                continue
+            if blank is not None:
+                break
+            count += 1
+            example = _parse_example(where, number, line)
+            if count == 1:
+                needed = _example_format(where, example, prompt, completion, chat, text, args)
+            lacking = [k for k in needed if k not in example] if keys else []
+            if lacking:
                 raise SystemExit(
-                    f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} "
-                    f"and {completion!r}; or {chat!r}; its keys: {sorted(example)!r}). See "
-                    "mlx-lm's LORA.md, section Data."
+                    f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
+                    f"line 1 has: mlx-lm reads every example in line 1's format."
                 )
-            if needed == (text,) and getattr(args, "mask_prompt", False):
-                raise SystemExit(
-                    f"{where} holds {text!r} examples, which have no prompt to mask: "
-                    f"--mask-prompt takes {prompt!r} / {completion!r} or {chat!r} examples."
-                )
-        lacking = [k for k in needed if k not in example]
-        if lacking:
-            raise SystemExit(
-                f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
-                f"line 1 has: mlx-lm reads every example in line 1's format."
-            )
-    return len(lines)
+    if blank is not None and count:
+        raise SystemExit(
+            f"{where} line {blank} is blank; mlx-lm reads every line as one JSON "
+            f"example. Remove the line."
+        )
+    return count
+
+
+def _parse_example(where: str, number: int, line: str) -> dict:
+    """One line of a data file as the JSON object it must be."""
+    try:
+        example = json.loads(line)
+    except ValueError as e:
+        raise SystemExit(f"{where} line {number} is not valid JSON ({e}).") from None
+    if not isinstance(example, dict):
+        raise SystemExit(
+            f"{where} line {number} is a JSON {type(example).__name__}, not an object "
+            f"of an example's fields."
+        )
+    return example
+
+
+def _example_format(where, example, prompt, completion, chat, text, args) -> tuple[str, ...]:
+    """The keys of the format mlx-lm picks from the first example (as its
+    ``create_dataset``)."""
+    if prompt in example and completion in example:
+        return (prompt, completion)
+    if chat in example:
+        return (chat,)
+    if text not in example:
+        raise SystemExit(
+            f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} "
+            f"and {completion!r}; or {chat!r}; its keys: {sorted(example)!r}). See "
+            "mlx-lm's LORA.md, section Data."
+        )
+    if getattr(args, "mask_prompt", False):
+        raise SystemExit(
+            f"{where} holds {text!r} examples, which have no prompt to mask: "
+            f"--mask-prompt takes {prompt!r} / {completion!r} or {chat!r} examples."
+        )
+    return (text,)
 
 
 def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
