@@ -74,6 +74,7 @@ def check_outputs(
     beside: tuple[str, ...] = (),
     optional: tuple[str, ...] = (),
     inputs: tuple[str | os.PathLike, ...] = (),
+    plots: tuple[str, ...] = (),
 ) -> None:
     """Before measuring: ``parser.error`` (exit status 2, one line naming the option)
     where an output of ``paths`` (option -> path; None for an output switched off)
@@ -84,7 +85,11 @@ def check_outputs(
     path, or a file in its parent's place, failed only at the end, after minutes of
     measuring (found by probing). Two outputs in one file (``--json P --md P``, or
     ``--json X.md`` beside its ``.md``), or an output over one of ``inputs``, are refused
-    too: the last one written replaced the others, with exit status 0 (probing)."""
+    too: the last one written replaced the others, with exit status 0 (probing). A
+    symbolic link where an output goes is refused: the output was written through it into
+    the file it named (probing). The options of ``plots`` must end in a suffix of
+    :data:`PLOT_SUFFIXES`: matplotlib refused another only after the measuring (probing),
+    and wrote ``P.png`` for a ``P`` without one."""
     taken = {pathlib.Path(f).resolve(): "an input of this run" for f in inputs}
     for option, path in paths.items():
         if path is None or (str(path) == "" and option in optional):
@@ -92,8 +97,11 @@ def check_outputs(
         if str(path) == "":
             parser.error(f"argument {option}: an empty path (this script always writes it)")
         path = pathlib.Path(path)
+        _refuse_a_link(parser, option, path)
         if path.is_dir():  # before with_suffix, which '.' makes raise
             parser.error(f"argument {option}: {str(path)!r} is a directory")
+        if option in plots:
+            _check_plot_suffix(parser, option, path)
         if path.suffix in beside:
             parser.error(f"argument {option}: {str(path)!r} ends in {path.suffix}, as a file "
                          f"written beside it does: pass a path ending in .json")  # fmt: skip
@@ -103,6 +111,7 @@ def check_outputs(
                 parser.error(f"argument {option}: {str(f)!r} is also {taken[f.resolve()]}")
             taken[f.resolve()] = f"written for {option}"
         for f in files:
+            _refuse_a_link(parser, option, f)
             if f.is_dir():
                 parser.error(f"argument {option}: {str(f)!r} is a directory")
         for folder in (path.parent, *path.parent.parents):
@@ -120,11 +129,42 @@ def check_outputs(
                 parser.error(f"argument {option}: {str(f)!r} is not writable")
 
 
-def read_saved(parser: argparse.ArgumentParser, option: str, path: str, keys: tuple[str, ...]):
+#: The suffixes a plot may end in (matplotlib's common formats; it takes a few more).
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def _check_plot_suffix(parser: argparse.ArgumentParser, option: str, path: pathlib.Path) -> None:
+    """``parser.error`` where ``path`` does not end in a suffix of :data:`PLOT_SUFFIXES`
+    (matplotlib's ValueError after the measuring before; found by probing)."""
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        what = f"ends in {path.suffix}" if path.suffix else "has no suffix"
+        parser.error(f"argument {option}: {str(path)!r} {what}, not a format the plot is "
+                     f"written in: pass a path ending in {', '.join(PLOT_SUFFIXES)}")  # fmt: skip
+
+
+def _refuse_a_link(parser: argparse.ArgumentParser, option: str, path: pathlib.Path) -> None:
+    """``parser.error`` where ``path`` is a symbolic link (a dangling one too): the output
+    was written through it into the file it named (found by probing)."""
+    if path.is_symlink():
+        parser.error(f"argument {option}: {str(path)!r} is a symbolic link: remove it or "
+                     "pass another path")  # fmt: skip
+
+
+def read_saved(
+    parser: argparse.ArgumentParser,
+    option: str,
+    path: str,
+    keys: tuple[str, ...],
+    row_keys: tuple[str, ...] = (),
+    measured_keys: tuple[str, ...] = (),
+):
     """The JSON a script's ``--from-json`` rebuilds its table from: ``parser.error`` (exit
     status 2, one line naming the option) where the file is missing or unreadable, is not
     JSON, or is not what the script writes (a dict with ``keys``; with ``keys`` empty, a
-    list of row dicts). A traceback came there before (found by probing)."""
+    list of row dicts). A traceback came there before (found by probing). With
+    ``row_keys`` (and ``measured_keys``, which a row without ``"error"`` needs too), each
+    row (``data["rows"]``, or the list itself) must hold the keys the table and plot
+    read: a row without one was a KeyError after the checks (found by probing)."""
     file = pathlib.Path(path).expanduser()
     try:
         data = json.loads(file.read_text())
@@ -145,7 +185,28 @@ def read_saved(parser: argparse.ArgumentParser, option: str, path: str, keys: tu
     if not ok:
         parser.error(f"argument {option}: {path!r} is not {want}, as this script's --json "
                      "writes")  # fmt: skip
+    if row_keys or measured_keys:
+        _check_rows(parser, option, path, data["rows"] if keys else data, row_keys,
+                    measured_keys)  # fmt: skip
     return data
+
+
+def _check_rows(parser, option: str, path: str, rows, row_keys, measured_keys) -> None:
+    """``parser.error`` naming the file, the row and the key where a row of ``rows`` is
+    not an object or lacks a key of ``row_keys`` (or, with no ``"error"``, of
+    ``measured_keys``)."""
+    if not isinstance(rows, list):
+        parser.error(f"argument {option}: {path!r}: its rows are not a list, as this "
+                     "script's --json writes")  # fmt: skip
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            parser.error(f"argument {option}: {path!r}: row {i} is not an object, as this "
+                         "script's --json writes")  # fmt: skip
+        need = row_keys + (measured_keys if "error" not in row else ())
+        missing = [key for key in need if key not in row]
+        if missing:
+            parser.error(f"argument {option}: {path!r}: row {i} has no key {missing[0]!r}, "
+                         "as this script's --json writes")  # fmt: skip
 
 
 def cuda_missing(script: str, mlx: bool = True, torch: bool = False) -> str | None:
@@ -221,6 +282,25 @@ def add_save_option(p) -> None:
         "entering state or each group's (recomputed per chunk in the backward); default: "
         "the op's",
     )
+
+
+def gdn_chunking(q, k, v, g, beta, chunk_size: int | None = None, kernels: bool | None = None):
+    """How :func:`chunkscan.gated_delta_rule` cuts these inputs into chunks (its
+    ``_Chunking``: ``.C`` the chunk it runs at, ``.N`` the chunks), as the op decides: a
+    ``chunk_size`` of None is the op's default, a chunk is cut to ``T``, rounded up to whole
+    sub-chunks of 8 for a per-channel gate and, on the fused CUDA path, to a size the
+    kernels take. The scripts recorded the size asked for, which the op had not run at
+    (``chunk_size: 32`` at T = 16; found by probing). ``bench/gdn_phases.py`` reads
+    ``.C`` the same way."""
+    from chunkscan.ops.gated_delta import _passes
+    from chunkscan.ops.gated_delta import chunk as op
+    from chunkscan.ops.gated_delta._checks import check_inputs
+
+    if chunk_size is None:
+        chunk_size = op.default_chunk_size(kernels, q.shape[-1], v.shape[-1])
+    spec = check_inputs("bench", q, k, v, g, beta, None, None, chunk_size, None)
+    cuda = _passes.use_kernels(kernels, "gated_delta_rule")
+    return op._Chunking(spec, op._fused_sizes(spec, cuda))
 
 
 def write_json(path: str | pathlib.Path, meta_: dict[str, Any], rows: list[dict]) -> None:

@@ -13,7 +13,8 @@ Implementations (``--impls``), each configuration in a fresh process
 
 The loss is ``sum(o)`` (float32); gradients for q, k and v. Memory:
 ``mx.get_peak_memory()`` above the active memory before the call (inputs excluded;
-forward, backward and the gradients included), after one warm-up call. Time: median
+forward, backward and the gradients included), after one warm-up call, per token of
+the whole batch (``kib_per_token``: the peak over ``tokens`` = B x T). Time: median
 of ``--repeats`` warm calls, and the ratio to ``mlx_fast`` at the same T in the same
 run. Output (default ``bench-out/attention.json`` in the repository root, wherever it is
 run from; outside ``bench/results``): a JSON list of rows ``{"impl", "T", "ms",
@@ -35,6 +36,9 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("chunkscan", "chunkscan_portable", "mlx_fast", "chunkscan_unordered")
 KiB = 1024.0
+# What table() and plot() read of a saved row: every row, and a row without "error".
+ROW_KEYS = ("impl", "T")
+MEASURED_KEYS = ("ms", "kib_per_token")
 SHAPES = {
     # Qwen3-Next's full-attention layers: 16 query heads, 2 kv heads, head_dim 256.
     "qwen3-next": dict(B=1, Hq=16, Hkv=2, D=256, dtype="bfloat16", mask="causal"),
@@ -134,7 +138,10 @@ def measure(
         "T": T,
         "S": S,
         "ms": 1000.0 * seconds,
-        "kib_per_token": peak / KiB / T,
+        # per token of the whole batch: it divided by T alone, so B = 4 read 4x the
+        # B = 1 figure (found by probing; the committed results all have B = 1)
+        "kib_per_token": peak / KiB / (B * T),
+        "tokens": B * T,
         "peak_bytes": peak,
         "blocks": n_blocks,
         "cuda_kernel": kernel,
@@ -157,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", choices=sorted(SHAPES), default="cpu-small")
     p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--impls", nargs="+", default=["chunkscan", "mlx_fast"], choices=IMPLS)
-    p.add_argument("--B", type=positive_int, default=None, help="override the shape's batch size")
+    p.add_argument("--B", type=positive_int, default=None,
+                   help="override the shape's batch size (KiB/token is per token of the "
+                   "batch: the peak over B x T)")  # fmt: skip
     p.add_argument("--Hq", type=positive_int, default=None,
                    help="override the shape's query heads")  # fmt: skip
     p.add_argument("--Hkv", type=positive_int, default=None, help="override the shape's kv heads")
@@ -179,17 +188,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds per configuration")  # fmt: skip
     p.add_argument("--json", default=str(ROOT / "bench-out" / "attention.json"))
-    p.add_argument("--from-json", default=None, help="only rebuild the table and plot")
+    p.add_argument("--from-json", default=None,
+                   help="only rebuild the table and plot, written beside --json (which may "
+                   "not name this file)")  # fmt: skip
     return p
+
+
+def _shape(args: argparse.Namespace) -> dict[str, Any]:
+    """``--shape``'s dimensions with the ones given over them."""
+    shape = dict(SHAPES[args.shape])
+    for key in ("B", "Hq", "Hkv", "D", "dtype", "mask"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    return shape
+
+
+def _check_heads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Query heads a multiple of the kv heads (grouped-query attention): one error row
+    per implementation and exit status 0 before (found by probing)."""
+    Hq, Hkv = _shape(args)["Hq"], _shape(args)["Hkv"]
+    if Hq % Hkv == 0:
+        return
+    shape = f" (--shape {args.shape}'s)"
+    if args.Hq is not None:
+        kv = f"--Hkv {Hkv}" + ("" if args.Hkv is not None else shape)
+        parser.error(f"argument --Hq: {Hq} is not a multiple of {kv}")
+    parser.error(f"argument --Hkv: --Hq {Hq}{shape} is not a multiple of {Hkv}")
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from chunkscan.commands.measure import run_isolated
 
-    shape = dict(SHAPES[args.shape])
-    for key in ("B", "Hq", "Hkv", "D", "dtype", "mask"):
-        if getattr(args, key) is not None:
-            shape[key] = getattr(args, key)
+    shape = _shape(args)
     if shape["mask"] == "none":
         shape["mask"] = None
     from _common import child_env
@@ -263,14 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_heads(parser, args)
     from _common import check_outputs, read_saved
 
-    check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
+    # --from-json's file as an input: a --json over it put the table and plot beside it,
+    # and a --json whose .md or .png is it wrote over it (found by probing)
+    check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"),
+                  inputs=(args.from_json,) if args.from_json else ())  # fmt: skip
     out = pathlib.Path(args.json)
     if args.from_json:
         # The table and plot go beside --json (default bench-out/), never beside the file
-        # read: that overwrote committed results (found by probing).
-        rows = read_saved(parser, "--from-json", args.from_json, keys=())
+        # read: that overwrote committed results (found by probing). Every row with the
+        # keys table() and plot() read (a KeyError before; probing).
+        rows = read_saved(parser, "--from-json", args.from_json, keys=(),
+                          row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
     else:
         rows = run(args)
         meta = _meta(argv)

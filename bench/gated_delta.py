@@ -40,6 +40,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench-out"  # default outputs (git-ignored); committed runs name their paths
 IMPLS = ("chunkscan", "mlx_lm", "mlx_fast", "scan")
 KiB = 1024.0
+# What table() and plot() read of a saved row: every row, and a row without "error".
+ROW_KEYS = ("impl", "T")
+MEASURED_KEYS = ("seconds", "kib_per_token")
 
 
 def _inputs(
@@ -179,6 +182,7 @@ def measure(
         "T": T,
         "dtype": dtype,
         "chunk_size": _chunk_used(impl, chunk_size),
+        "chunk_run": _chunk_run(impl, chunk_size, xs),
         "gate": gate,
         "save": save,
         "seconds": seconds,
@@ -189,7 +193,8 @@ def measure(
 
 
 def _chunk_used(impl: str, chunk_size: int | None) -> int | None:
-    """The chunk size the implementation really ran at (``None``: not chunked)."""
+    """The chunk size asked of the implementation, the op's default where none was
+    given (``None``: not chunked); :func:`_chunk_run` is the one it ran at."""
     if impl == "scan":
         return scan_chunk_size(chunk_size)
     if impl == "chunkscan":
@@ -198,6 +203,21 @@ def _chunk_used(impl: str, chunk_size: int | None) -> int | None:
         from chunkscan.ops.gated_delta.chunk import default_chunk_size
 
         return default_chunk_size()
+    return None
+
+
+def _chunk_run(impl: str, chunk_size: int | None, xs) -> int | None:
+    """The chunk the implementation ran at on ``xs`` (``None``: not chunked): the op cuts
+    a chunk to T and, for a per-channel gate, rounds it up to whole sub-chunks of 8, so
+    the size asked for is not always the one run (``chunk_size: 32`` at T = 16; found
+    by probing). Rows written before it have no ``chunk_run``."""
+    if impl == "scan":
+        return min(scan_chunk_size(chunk_size), xs[0].shape[1])  # scan cuts it to T too
+    if impl == "chunkscan":
+        _bench_on_path()  # measure() runs as bench.gated_delta in its own process
+        from _common import gdn_chunking
+
+        return gdn_chunking(*xs[:5], chunk_size=chunk_size).C
     return None
 
 
@@ -258,12 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds per configuration")  # fmt: skip
     p.add_argument("--json", default=str(OUT / "gated_delta.json"))
-    p.add_argument("--png", default=str(OUT / "gated_delta.png"))
+    p.add_argument("--png", default=str(OUT / "gated_delta.png"),
+                   help="the plot: a path ending in .png, .pdf, .svg, .jpg or .jpeg; '' for "
+                   "none")  # fmt: skip
     p.add_argument("--md", default=str(OUT / "gated_delta.md"))
     p.add_argument(
         "--from-json",
         default=None,
-        help="do not measure: rebuild the table and plot from a JSON file this script wrote",
+        help="do not measure: rebuild the table and plot from a JSON file this script "
+        "wrote (the outputs go elsewhere: --json, --md and --png may not name it)",
     )
     return p
 
@@ -347,9 +370,14 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    if str(ROOT / "bench") not in sys.path:  # _common, for the parser too
+def _bench_on_path() -> None:
+    """``bench/`` on ``sys.path``, for ``_common``."""
+    if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    _bench_on_path()  # _common, for the parser too
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.gate == "channel" and not set(args.impls) <= {"chunkscan", "mlx_lm"}:
@@ -359,13 +387,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     from _common import check_outputs, read_saved
 
+    # --from-json's file as an input: an output over it rewrote it, its table or plot in
+    # its place; --png's suffix: matplotlib refused it after the measuring (both found by
+    # probing)
     check_outputs(
         parser,
         {"--json": args.json, "--png": args.png, "--md": args.md},
         optional=("--json", "--png", "--md"),
+        inputs=(args.from_json,) if args.from_json else (),
+        plots=("--png",),
     )
     if args.from_json:
-        saved = read_saved(parser, "--from-json", args.from_json, keys=("rows", "title"))
+        # every row with the keys table() and plot() read (a KeyError before; probing)
+        saved = read_saved(parser, "--from-json", args.from_json, keys=("rows", "title"),
+                           row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
         rows, title, info = saved["rows"], saved["title"], saved.get("meta", saved.get("argv"))
     else:
         from _common import meta

@@ -30,6 +30,7 @@ from _common import (
     OUT,
     check_outputs,
     finite_float,
+    gdn_chunking,
     meta,
     non_negative_float,
     positive_int,
@@ -114,10 +115,15 @@ def measure(
             impls[f"chunk {C}"] = lambda *a, C=C: chunkscan.gated_delta_rule(
                 *a[:5], initial_state=a[5], chunk_size=C
             )
+        # the chunk each ran at: the op cuts it to T (and rounds it up to whole
+        # sub-chunks of 8 for a per-channel gate), so "chunk 16" and "chunk 64" at T = 16
+        # were two identical rows, told apart by their labels only (found by probing)
+        ran = {f"chunk {C}": gdn_chunking(*xs[:5], chunk_size=C).C for C in chunk_sizes}
         rows = []
         for impl, fn in impls.items():
             got = run(fn)
             row = {"T": T, "gate": gate, "impl": impl, "state_std": state_std}
+            row["chunk_run"] = ran.get(impl)  # None: the per-step loop
             row["channel"] = channel
             row["D"], row["beta"] = D, beta  # beta None: uniform in [0.1, 0.9]
             row["max_abs_o"] = mx.abs(ref[0]).max().item()
@@ -131,6 +137,14 @@ def measure(
             row["non_finite_grads"] = bad
             rows.append(row)
     return rows
+
+
+def _impl_label(row: dict) -> str:
+    """``row["impl"]``, with the chunk it ran at where that is not the one asked for."""
+    ran = row.get("chunk_run")  # absent in rows written before it
+    if ran is not None and row["impl"] != f"chunk {ran}":
+        return f"{row['impl']} (ran {ran})"
+    return row["impl"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         worst = max(r[n] for n in NAMES[2:])
-        cells = [f"{r['T']}", f"{r['gate']:+.1f}", f"{r['state_std']:g}", f"{r['max_abs_o']:.2g}"]
-        cells.append(r["impl"])
+        # the gate in as many digits as it has ({:+.1f} printed 0.05 and 0.1 both as
+        # +0.1; found by probing); one decimal reads as before (+0.0, -0.3, +1.2)
+        cells = [f"{r['T']}", f"{float(r['gate']):+}", f"{r['state_std']:g}"]
+        cells += [f"{r['max_abs_o']:.2g}", _impl_label(r)]
         cells += [f"{r['o']:.1e}", f"{r['final']:.1e}", f"{worst:.1e}"]
         cells.append(str(r["non_finite_grads"]))
         print("| " + " | ".join(cells) + " |")

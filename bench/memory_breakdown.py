@@ -47,10 +47,11 @@ def _base_name(kernel: str) -> str:
     return kernel.removesuffix("_tc")
 
 
-def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str]:
+def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str, int]:
     """One row per launch and output, in launch order; the number of groups; the
-    ``save_states`` in effect. The fakes are undone on return (they had stayed: the op
-    returned zeros for the rest of the process; found by probing)."""
+    ``save_states`` in effect; the chunk the kernels ran at (``chunk_size`` cut to ``T``,
+    rounded up to a size they take). The fakes are undone on return (they had stayed:
+    the op returned zeros for the rest of the process; found by probing)."""
     from chunkscan import _backend
     from chunkscan.ops.gated_delta import _passes
     from chunkscan.ops.gated_delta import chunk as chunk_module
@@ -66,8 +67,8 @@ def allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], in
             setattr(module, name, value)
 
 
-def _allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str]:
-    from _common import import_test_helpers
+def _allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], int, str, int]:
+    from _common import gdn_chunking, import_test_helpers
     from gated_delta import _inputs, make_step
 
     fake_fused_kernels = import_test_helpers().fake_fused_kernels
@@ -95,9 +96,13 @@ def _allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], i
 
     make_step(op, w, w_s, "cotangents")(*xs)
     spec = chunk_module.Spec(1, T, 16, 32, 128, 128, 1.0, chunk_size, None)
-    n = -(-T // chunk_size)
+    # the chunk the kernels ran at, as the op picks it (the fakes on): at T = 20 the
+    # header said C=64 where they ran C=32 (found by probing), and the groups were
+    # counted at the size asked for
+    chunks = gdn_chunking(*xs[:5], chunk_size=chunk_size)
     save = chunk_module._saved_states()
-    groups = -(-n // chunk_module._group_size(spec, chunk_size, fused=True, save=save))
+    size = chunk_module._group_size(spec, chunks.C, fused=True, save=save)
+    groups = len(chunks.groups(size))
     rows = []
     for j, (name, outs) in enumerate(launches):
         names = _NAMES.get(_base_name(name), ())
@@ -109,7 +114,7 @@ def _allocations(T: int, group_mib: int, chunk_size: int) -> tuple[list[dict], i
                 "launch": j, "kernel": name, "output": names[i] if i < len(names) else f"#{i}",
                 "shape": list(shape), "dtype": str(dtype), "kib_per_token": size / KiB / T,
             })  # fmt: skip
-    return rows, groups, save
+    return rows, groups, save, chunks.C
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=str(OUT / "memory_breakdown.json"))
     args = p.parse_args(argv)
     check_outputs(p, {"--json": args.json})
-    rows, groups, save = allocations(args.T, args.group_mib, args.chunk_size)
+    rows, groups, save, ran = allocations(args.T, args.group_mib, args.chunk_size)
     total = sum(r["kib_per_token"] for r in rows)
-    # written before the table, which a pipe may cut (`| head -1` in run 99 did)
-    write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, groups=groups,
-                               save_states=save, total_kib_per_token=total), rows)  # fmt: skip
-    print(f"T={args.T} C={args.chunk_size}, {groups} group(s), save_states={save!r}: kernel "
+    # written before the table, which a pipe may cut (`| head -1` in run 99 did);
+    # chunk_size as asked, chunk_run as run
+    write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, chunk_run=ran,
+                               groups=groups, save_states=save, total_kib_per_token=total),
+               rows)  # fmt: skip
+    asked = f" (--chunk-size {args.chunk_size} cut to T, to a size the kernels take)"
+    asked = asked if ran != args.chunk_size else ""
+    print(f"T={args.T} C={ran}{asked}, {groups} group(s), save_states={save!r}: kernel "
           f"outputs allocated in one fwd+bwd, KiB per token (total {total:.1f})")  # fmt: skip
     for r in rows:
         if r["kib_per_token"] >= 0.05:

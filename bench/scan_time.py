@@ -90,18 +90,14 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if args.json:
-        from chunkscan.commands.measure import provenance
+        # _common.meta(), as the other scripts record: provenance() alone had no GPU name
+        # in "device" (found by probing)
+        from _common import meta
 
-        meta = {
-            **provenance(),
-            "H": args.H,
-            "D": args.D,
-            "chunk": args.chunk,
-            "rounds": args.rounds,
-            "compiled": args.compile,
-        }
+        info = meta(H=args.H, D=args.D, chunk=args.chunk, rounds=args.rounds,
+                    compiled=args.compile)  # fmt: skip
         with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+            json.dump({"meta": info, "rows": rows}, fh, indent=1)
     return 0
 
 

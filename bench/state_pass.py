@@ -121,7 +121,7 @@ def _device() -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import non_negative_int, positive_int
+    from _common import OUT, non_negative_int, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=positive_int, nargs="+", default=[64, 256, 1024])
@@ -144,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="time the portable pass only for n up to this",
     )
-    p.add_argument("--out", default="bench-out/state_pass.json")
+    # under the checkout's bench-out/, as the other scripts write: it went to bench-out/
+    # of the folder run from (found by probing)
+    p.add_argument("--out", default=str(OUT / "state_pass.json"))
     return p
 
 

@@ -81,13 +81,22 @@ def run(a: np.ndarray, b: np.ndarray, c: np.ndarray, runner=None) -> np.ndarray:
     return np.array(d)
 
 
-def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _common import check_outputs, meta, positive_int, stop_without_cuda
+def build_parser() -> argparse.ArgumentParser:
+    from _common import OUT, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=positive_int, default=96, help="problems (16 x 16 outputs each)")
-    p.add_argument("--out", default="bench-out/tc_probe.npz")
+    # under the checkout's bench-out/, as the other scripts write: it went to bench-out/
+    # of the folder run from (found by probing)
+    p.add_argument("--out", default=str(OUT / "tc_probe.npz"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _common import check_outputs, meta, stop_without_cuda
+
+    p = build_parser()
     args = p.parse_args(argv)
     if stop_without_cuda("tc_probe"):
         return 2

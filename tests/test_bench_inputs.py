@@ -1,0 +1,317 @@
+"""What the bench scripts take and record: each check here was a bug found by probing
+(an output over an input, a plot suffix matplotlib refuses, a saved row without a key
+the table reads, heads that do not divide, the chunk recorded as asked rather than as
+run, a per-token figure of one sequence of the batch, a symbolic link written through,
+a device without its GPU's name, a default output relative to the folder run from)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pathlib
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+GD_ROW = {"impl": "chunkscan", "T": 16, "seconds": 0.5, "kib_per_token": 2.0}
+ATT_ROW = {"impl": "chunkscan", "T": 16, "ms": 5.0, "kib_per_token": 2.0}
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """``bench("name")``: the bench script's module (``bench/`` on ``sys.path``), taken
+    out of ``sys.modules`` again afterwards."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    loaded = []
+
+    def load(name):
+        loaded.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """The measuring processes fail the test: a check must stop the script first."""
+    from chunkscan.commands import measure
+
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: pytest.fail("measured"))
+
+
+def refused(module, argv, capsys) -> str:
+    """``module.main(argv)``'s last line on stderr, where it stops with exit status 2."""
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def test_outputs_over_the_saved_file_are_refused(bench, tmp_path, capsys, no_measuring):
+    """``gated_delta.py --from-json F --md F`` (or ``--json F``, ``--png F``) wrote over F
+    with exit status 0, as did ``attention.py --from-json F --json F`` (its table and plot
+    beside F) and ``--from-json X.md --json X.json`` (its table over F)."""
+    saved = json.dumps({"title": "t", "rows": [GD_ROW]})
+    for option, name in (("--json", "saved.json"), ("--md", "saved.json"),
+                         ("--png", "saved.png")):  # fmt: skip
+        path = tmp_path / name
+        path.write_text(saved)
+        outputs = {"--json": "", "--md": "", "--png": "", option: str(path)}
+        argv = ["--from-json", str(path), *(x for kv in outputs.items() for x in kv)]
+        err = refused(bench("gated_delta"), argv, capsys)
+        assert f"argument {option}: '{path}' is also an input of this run" in err, err
+        assert path.read_text() == saved
+    rows = json.dumps([ATT_ROW])
+    for name, out in (("a.json", "a.json"), ("a.md", "a.json")):
+        path = tmp_path / name
+        path.write_text(rows)
+        err = refused(bench("attention"), ["--from-json", str(path), "--json",
+                                           str(tmp_path / out)], capsys)  # fmt: skip
+        assert f"'{path}' is also an input of this run" in err, err
+        assert path.read_text() == rows
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.md", "saved.json",
+                                                          "saved.png"]  # fmt: skip
+
+
+def test_a_saved_file_rebuilds_elsewhere(bench, tmp_path, monkeypatch):
+    """The negative control: the table of a saved file goes to another path, a row
+    without ``chunk_run`` (written before it) or an error row's values included."""
+    path = tmp_path / "saved.json"
+    rows = [GD_ROW, {"impl": "mlx_lm", "T": 16, "error": "skipped"}]
+    path.write_text(json.dumps({"title": "t", "rows": rows}))
+    bench("gated_delta").main(["--from-json", str(path), "--json", "", "--png", "",
+                               "--md", str(tmp_path / "out.md")])  # fmt: skip
+    assert "| chunkscan | 16 | 0.500 | 2.0 |" in (tmp_path / "out.md").read_text()
+    attention = bench("attention")
+    monkeypatch.setattr(attention, "plot", lambda *a: None)
+    path.write_text(json.dumps([ATT_ROW, {"impl": "mlx_fast", "T": 16, "error": "x"}]))
+    assert attention.main(["--from-json", str(path), "--json", str(tmp_path / "o.json")]) == 0
+    assert "| chunkscan | 16 | 5.0 | 2.0 |" in (tmp_path / "o.md").read_text()
+
+
+def test_the_plot_suffix_is_checked_before_measuring(bench, tmp_path, capsys, no_measuring):
+    """``gated_delta.py --png x.pgn`` failed with matplotlib's ValueError after the
+    measuring; a path without a suffix was written as ``x.png``."""
+    for name, why in (("x.pgn", "ends in .pgn"), ("x", "has no suffix")):
+        argv = ["--T", "16", "--impls", "chunkscan", "--json", "", "--md", "",
+                "--png", str(tmp_path / name)]  # fmt: skip
+        err = refused(bench("gated_delta"), argv, capsys)
+        assert f"argument --png: '{tmp_path / name}' {why}, not a format" in err, err
+        assert ".png, .pdf, .svg, .jpg, .jpeg" in err
+    common = bench("_common")
+    parser = argparse.ArgumentParser(prog="x")
+    for name in ("a.png", "a.pdf", "a.SVG", "a.jpeg"):  # taken
+        common.check_outputs(parser, {"--png": tmp_path / name}, plots=("--png",))
+    common.check_outputs(parser, {"--json": tmp_path / "a.pgn"})  # only where asked
+
+
+SAVED_ROWS = [
+    ("gated_delta", {"rows": [{"x": 1}], "title": "t"}, "row 0 has no key 'impl'"),
+    ("gated_delta", {"rows": [GD_ROW, {"impl": "a", "T": 1}], "title": "t"},
+     "row 1 has no key 'seconds'"),
+    ("gated_delta", {"rows": [GD_ROW, 3], "title": "t"}, "row 1 is not an object"),
+    ("gated_delta", {"rows": {"impl": "a"}, "title": "t"}, "its rows are not a list"),
+    ("attention", [{"x": 1}], "row 0 has no key 'impl'"),
+    ("attention", [ATT_ROW, {"impl": "a", "T": 1, "ms": 1.0}], "row 1 has no key 'kib_per_token'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("script,saved,message", SAVED_ROWS)
+def test_saved_rows_need_the_keys_the_table_reads(script, saved, message, bench, tmp_path,
+                                                  capsys):  # fmt: skip
+    """A saved file of the right shape whose rows lack a key the table or plot reads:
+    one line naming the file, the row and the key (a KeyError before)."""
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(saved))
+    out = ["--json", str(tmp_path / "out" / "o.json")]
+    if script == "gated_delta":
+        out += ["--md", "", "--png", ""]
+    err = refused(bench(script), ["--from-json", str(path), *out], capsys)
+    assert f"error: argument --from-json: '{path}': {message}" in err, err
+    assert not (tmp_path / "out" / "o.md").exists()
+
+
+def _committed(kind: str) -> list[pathlib.Path]:
+    """The committed outputs of ``gated_delta.py`` (``{"title", "rows", ...}``) or of
+    ``attention.py`` (a list of rows with ``impl``)."""
+    found = []
+    for path in sorted((BENCH / "results").rglob("*.json")):
+        data = json.loads(path.read_text())
+        if kind == "gated_delta" and isinstance(data, dict) and {"title", "rows"} <= set(data):
+            found.append(path)
+        elif kind == "attention" and isinstance(data, list) and data and "impl" in data[0]:
+            found.append(path)
+    return found
+
+
+def test_the_committed_results_still_rebuild(bench, tmp_path, monkeypatch):
+    """Every committed output of the two scripts passes the row checks and rebuilds its
+    table (none has ``chunk_run`` or ``tokens``, written since); the attention results
+    all have B = 1, so per token of the batch (B x T) is what they read."""
+    gated, attention = _committed("gated_delta"), _committed("attention")
+    assert len(gated) >= 20 and len(attention) >= 7  # 22 and 7 at this writing
+    for path in gated:
+        md = tmp_path / f"{path.stem}.md"
+        bench("gated_delta").main(["--from-json", str(path), "--json", "", "--png", "",
+                                   "--md", str(md)])  # fmt: skip
+        assert md.read_text().count("\n| ") == len(json.loads(path.read_text())["rows"]) + 1
+    module = bench("attention")
+    monkeypatch.setattr(module, "plot", lambda *a: None)
+    for path in attention:
+        rows = json.loads(path.read_text())
+        assert {r["B"] for r in rows} == {1}, path
+        assert not any("--B" in r.get("meta", {}).get("argv", []) for r in rows), path
+        assert module.main(["--from-json", str(path), "--json",
+                            str(tmp_path / f"{path.stem}.json")]) == 0  # fmt: skip
+
+
+HEADS = [
+    (["--Hq", "3", "--Hkv", "2"], "argument --Hq: 3 is not a multiple of --Hkv 2"),
+    (["--Hq", "3"], "argument --Hq: 3 is not a multiple of --Hkv 2 (--shape cpu-small's)"),
+    (["--Hkv", "3"], "argument --Hkv: --Hq 4 (--shape cpu-small's) is not a multiple of 3"),
+    (["--shape", "qwen3-next", "--Hkv", "3"], "--Hq 16 (--shape qwen3-next's)"),
+]
+
+
+@pytest.mark.parametrize("argv,message", HEADS)
+def test_attention_heads_must_divide(argv, message, bench, tmp_path, capsys, no_measuring):
+    """``attention.py --Hq 3 --Hkv 2`` gave one error row per implementation and exit
+    status 0; as ``first_call.py`` and ``gdn_phases.py`` it now stops at parse time."""
+    argv = [*argv, "--T", "16", "--json", str(tmp_path / "a.json")]
+    err = refused(bench("attention"), argv, capsys)
+    assert message in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_attention_kib_per_token_counts_the_batch(bench):
+    """``kib_per_token`` divided the peak by T, so ``--B 4`` read about 4x the B = 1
+    figure: it is per token of the whole batch (``tokens`` = B x T)."""
+    attention = bench("attention")
+    row = attention.measure("chunkscan_portable", T=16, B=2, Hq=2, Hkv=1, D=8,
+                            dtype="float32", repeats=1)  # fmt: skip
+    assert row["peak_bytes"] > 0
+    assert row["kib_per_token"] == pytest.approx(row["peak_bytes"] / 1024 / 32)
+    assert row["tokens"] == 32
+    assert "B x T" in attention.build_parser().format_help()
+
+
+CHUNKS = [  # impl, T, chunk asked, gate, chunk run
+    ("chunkscan", 16, 32, "head", 16),  # cut to T
+    ("chunkscan", 16, None, "head", 16),  # the default (32 on the CPU), cut to T
+    ("chunkscan", 64, 32, "head", 32),  # as asked
+    ("chunkscan", 64, 12, "channel", 16),  # whole sub-chunks of 8
+    ("scan", 16, 32, "head", 16),  # scan cuts it to T too
+    ("mlx_fast", 16, 32, "head", None),  # not chunked
+]
+
+
+@pytest.mark.parametrize("impl,T,asked,gate,ran", CHUNKS)
+def test_gated_delta_rows_record_the_chunk_run(impl, T, asked, gate, ran, bench):
+    """``gated_delta.py``'s rows said ``chunk_size: 32`` at T = 16, where the op ran at
+    16: ``chunk_run`` is the chunk it ran at, ``chunk_size`` still the one asked for."""
+    gated_delta = bench("gated_delta")
+    row = gated_delta.measure(impl, T, dtype="float32", repeats=1, chunk_size=asked, Hk=1,
+                              Hv=1, Dk=8, Dv=8, gate=gate)  # fmt: skip
+    assert row["chunk_run"] == ran
+    assert row["chunk_size"] == gated_delta._chunk_used(impl, asked)
+
+
+def test_memory_breakdown_prints_the_chunk_the_kernels_ran_at(bench, tmp_path, capsys):
+    """At ``--T 20`` the header said ``C=64`` where the kernels ran ``C=32``."""
+    out = tmp_path / "mb.json"
+    assert bench("memory_breakdown").main(["--T", "20", "--json", str(out)]) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert (meta["chunk_size"], meta["chunk_run"], meta["groups"]) == (64, 32, 1)
+    assert capsys.readouterr().out.startswith("T=20 C=32 (--chunk-size 64 cut to T")
+
+
+def test_stepwise_chunk_records_the_chunk_scan_runs(bench, monkeypatch, tmp_path, capsys):
+    """``stepwise_chunk.py --T 8 --chunk 100`` recorded ``chunk: 100``: scan runs one
+    chunk of 8 (the measuring process faked)."""
+    stepwise_chunk = bench("stepwise_chunk")
+    ran = []
+    monkeypatch.setattr(stepwise_chunk, "run_isolated",
+                        lambda target, cfg, **k: ran.append(cfg) or {"seconds": 1.0,
+                                                                     "rss_mib": 1.0})  # fmt: skip
+    out = tmp_path / "s.json"
+    argv = ["--T", "8", "16", "--chunk", "10", "--H", "1", "--D", "2", "--json", str(out)]
+    assert stepwise_chunk.main(argv) == 0
+    assert [r["chunk"] for r in json.loads(out.read_text())["rows"]] == [8, 10]
+    assert [c["chunk"] for c in ran] == [8, 10]
+    assert "| 8 | 8 | 1.00 |" in capsys.readouterr().out
+
+
+def test_growth_gates_tells_gates_and_chunks_apart(bench, tmp_path, capsys):
+    """``--gates 0.05 0.1`` printed both as ``+0.1``; ``--chunk-sizes 16 64`` at T = 16
+    gave two identical rows labelled 16 and 64: ``chunk_run`` records 16 for both, and
+    the table says so."""
+    growth_gates = bench("growth_gates")
+    out = tmp_path / "g.json"
+    argv = ["--gates", "0.05", "0.1", "--chunk-sizes", "16", "64", "--T", "16", "--D", "2",
+            "--json", str(out)]  # fmt: skip
+    assert growth_gates.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert [line.split(" | ")[1] for line in lines] == ["+0.05"] * 3 + ["+0.1"] * 3
+    assert [line.split(" | ")[4] for line in lines[:3]] == ["naive", "chunk 16",
+                                                           "chunk 64 (ran 16)"]  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["chunk_run"] for r in rows] == [None, 16, 16] * 2
+    argv = ["--channel", "--gates", "0", "--chunk-sizes", "12", "--T", "32", "--D", "2",
+            "--json", str(out)]  # fmt: skip
+    assert growth_gates.main(argv) == 0
+    assert [r["chunk_run"] for r in json.loads(out.read_text())["rows"]] == [None, 16]
+    assert "| +0.0 |" in capsys.readouterr().out  # one decimal reads as before
+
+
+def test_check_outputs_refuses_a_symbolic_link(bench, tmp_path, capsys, no_measuring):
+    """An output path that is a symbolic link (or a file written beside it, or a
+    dangling link) was written through into the file it named."""
+    common = bench("_common")
+    parser = argparse.ArgumentParser(prog="x")
+    target = tmp_path / "target.json"
+    target.write_text("kept")
+    (tmp_path / "link.json").symlink_to(target)
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    (tmp_path / "b.md").symlink_to(target)
+    for paths, beside, name in (({"--json": tmp_path / "link.json"}, (), "link.json"),
+                                ({"--json": tmp_path / "dangling.json"}, (), "dangling.json"),
+                                ({"--json": tmp_path / "b.json"}, (".md",), "b.md")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            common.check_outputs(parser, paths, beside=beside)
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert f"'{tmp_path / name}' is a symbolic link: remove it or pass another path" in err
+    common.check_outputs(parser, {"--json": tmp_path / "c.json"}, beside=(".md",))  # no link
+    link = str(tmp_path / "link.json")
+    err = refused(bench("gated_delta"), ["--T", "16", "--impls", "chunkscan", "--json", link,
+                                         "--md", "", "--png", ""], capsys)  # fmt: skip
+    assert "argument --json: " in err and "is a symbolic link" in err
+    assert target.read_text() == "kept" and not (tmp_path / "nowhere.json").exists()
+
+
+def test_scan_time_records_the_device_as_the_others_do(bench, monkeypatch, tmp_path):
+    """``scan_time.py`` recorded ``provenance()``'s device, without the GPU's name that
+    ``_common.meta()`` gives the other scripts' files."""
+    common = bench("_common")
+    monkeypatch.setattr(common, "device", lambda: "gpu (A FAKE GPU), x86_64, 2 cpus")
+    out = tmp_path / "scan_time.json"
+    argv = ["--T", "8", "--H", "1", "--D", "2", "--chunk", "4", "--rounds", "1",
+            "--grads", "state", "--modes", "cs.scan", "--json", str(out)]  # fmt: skip
+    assert bench("scan_time").main(argv) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["device"] == "gpu (A FAKE GPU), x86_64, 2 cpus"
+    assert (meta["H"], meta["D"], meta["chunk"], meta["rounds"], meta["compiled"]) == (
+        1, 2, 4, 1, False
+    )  # fmt: skip
+
+
+def test_cuda_scripts_write_under_the_checkouts_bench_out(bench):
+    """``state_pass.py`` and ``tc_probe.py`` wrote to ``bench-out/`` of the folder run
+    from; the others (and now they) to the checkout's (``_common.OUT``)."""
+    out = bench("_common").OUT
+    assert bench("state_pass").build_parser().parse_args([]).out == str(out / "state_pass.json")
+    assert bench("tc_probe").build_parser().parse_args([]).out == str(out / "tc_probe.npz")
+    assert out.is_absolute() and out.name == "bench-out"
