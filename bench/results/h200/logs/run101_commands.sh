@@ -1,4 +1,5 @@
-# Run 101 (prepared in session 35, not run yet: no device machine was lent that session),
+# Run 101 (prepared in session 35; run in session 36 on an H100, outputs and log under
+# bench/results/h100/, logs/run101_c319df7.txt),
 # after run 100 (5c49b15). Session 35 changed the state-pass kernels without a GPU
 # (25ced99: a float32 initial state given as a view at an odd offset is read a float at a
 # time where it is not aligned for the kernel's vector or wmma loads, which had faulted);
