@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .split import np_bool
+
 # The settings an op reads "at each call" are read once per call: inside
 # settings_read_once(), getenv() and cuda_device() keep what they found (per thread) until
 # the outermost block ends. An eager Gated DeltaNet fwd+bwd asked the environment about
@@ -108,9 +110,9 @@ def check_kernels(fn: str, kernels: object) -> None:
     other switch takes: ``np.False_`` was refused as "not True, False or None"; found by
     probing) or ``None`` (``kernels=0`` or ``"no"`` would otherwise read as a request
     for the kernels)."""
-    from .split import np_bool
-
-    if kernels is not None and not isinstance(kernels, (bool, np_bool())):
+    if kernels is None or isinstance(kernels, bool):  # the usual case, asked first
+        return
+    if not isinstance(kernels, np_bool()):
         raise TypeError(
             f"[{fn}] kernels must be True, False or None but got {kernels!r} "
             f"({type(kernels).__name__}). Pass kernels=False for the portable ops, or None "
