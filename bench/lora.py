@@ -101,6 +101,7 @@ def measure(
     if base == "patched" or attn:
         extra = {} if save_states is None else {"save_states": save_states}
         handle = cmlx.patch(chunk_size=chunk_size, attention=bool(attn), **extra)
+    stock_update = qwen3_next.gated_delta_update
     if base == "stub":
         qwen3_next.gated_delta_update = _stub_update
 
@@ -136,6 +137,8 @@ def measure(
     if handle is not None:
         qwen3_next.gated_delta_update = cmlx._INSTALLED_GDN  # what undo() restores
         handle.undo()
+    if base == "stub":  # (a process of its own under main; a test's process goes on)
+        qwen3_next.gated_delta_update = stock_update
     return {
         "mode": mode,
         "T": T,

@@ -152,9 +152,16 @@ def test_lora_table_pairs_rows_of_one_setup_only(bench, monkeypatch):
     assert "| 2.000 |" in lines[1] and "| 2.000 |" not in lines[0]  # 40 / 20, not 40 / 8
     # The step time, in a real (stub) step with the clock faked: two steps of 1 s and
     # 3 s give 2 s.
+    import mlx_lm.models.qwen3_next as qwen3_next
+
+    # measure() stubs the recurrence in this process: restored however the test ends
+    # (the stub left behind broke every later mlx-lm test of the run)
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", qwen3_next.gated_delta_update)
+    stock = qwen3_next.gated_delta_update
     ticks = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0])
     monkeypatch.setattr(lora.time, "perf_counter", lambda: next(ticks))
     row = lora.measure("stub", 16, repeats=2)
+    assert qwen3_next.gated_delta_update is stock
     assert row["seconds_per_step"] == 2.0 and row["step_seconds"] == [1.0, 3.0]
 
 
