@@ -129,25 +129,52 @@ def check_outputs(
                 parser.error(f"argument {option}: {str(f)!r} is not writable")
 
 
-#: The suffixes a plot may end in (matplotlib's common formats; it takes a few more).
+#: The suffixes a plot may end in where matplotlib is not installed (it is asked
+#: otherwise: eps, tiff, webp and others too; found by review).
 PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
+def plot_suffixes() -> tuple[str, ...]:
+    """The suffixes matplotlib writes (:data:`PLOT_SUFFIXES` without it)."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return PLOT_SUFFIXES
+    return tuple(f".{k}" for k in FigureCanvasBase.get_supported_filetypes())
+
+
 def _check_plot_suffix(parser: argparse.ArgumentParser, option: str, path: pathlib.Path) -> None:
-    """``parser.error`` where ``path`` does not end in a suffix of :data:`PLOT_SUFFIXES`
-    (matplotlib's ValueError after the measuring before; found by probing)."""
-    if path.suffix.lower() not in PLOT_SUFFIXES:
+    """``parser.error`` where ``path`` does not end in a suffix matplotlib writes
+    (:func:`plot_suffixes`; its ValueError after the measuring before; found by
+    probing)."""
+    suffixes = plot_suffixes()
+    if path.suffix.lower() not in suffixes:
         what = f"ends in {path.suffix}" if path.suffix else "has no suffix"
-        parser.error(f"argument {option}: {str(path)!r} {what}, not a format the plot is "
-                     f"written in: pass a path ending in {', '.join(PLOT_SUFFIXES)}")  # fmt: skip
+        parser.error(f"argument {option}: {str(path)!r} {what}, which matplotlib does not "
+                     f"write: pass a path ending in {', '.join(suffixes)}")  # fmt: skip
 
 
 def _refuse_a_link(parser: argparse.ArgumentParser, option: str, path: pathlib.Path) -> None:
-    """``parser.error`` where ``path`` is a symbolic link (a dangling one too): the output
-    was written through it into the file it named (found by probing)."""
-    if path.is_symlink():
-        parser.error(f"argument {option}: {str(path)!r} is a symbolic link: remove it or "
-                     "pass another path")  # fmt: skip
+    """``parser.error`` where ``path`` is a symbolic link to a file or to nothing yet: the
+    output was written through it into the file it named (found by probing). A link to
+    something else (``/dev/stdout``) is written to as before (found by review)."""
+    if path.is_symlink() and (path.is_file() or not path.exists()):
+        parser.error(f"argument {option}: {str(path)!r} is a symbolic link to a file: "
+                     "remove it or pass another path")  # fmt: skip
+
+
+def replotted_inputs(from_json: str | None, json_out: str | None) -> tuple[str, ...]:
+    """The ``inputs`` for :func:`check_outputs` of a run that rebuilds its table from
+    ``from_json``: the file read, but none where ``--json`` names that same file outside
+    ``bench/results/`` (replotting one's last run in ``bench-out/`` in place, which the
+    input check had refused; found by review). Over a committed result it stays refused:
+    its table and plot are committed beside it."""
+    if not from_json:
+        return ()
+    read = pathlib.Path(from_json).resolve()
+    same = bool(json_out) and pathlib.Path(json_out).resolve() == read
+    committed = (ROOT / "bench" / "results").resolve() in read.parents
+    return () if same and not committed else (from_json,)
 
 
 def read_saved(
@@ -290,8 +317,9 @@ def gdn_chunking(q, k, v, g, beta, chunk_size: int | None = None, kernels: bool 
     ``chunk_size`` of None is the op's default, a chunk is cut to ``T``, rounded up to whole
     sub-chunks of 8 for a per-channel gate and, on the fused CUDA path, to a size the
     kernels take. The scripts recorded the size asked for, which the op had not run at
-    (``chunk_size: 32`` at T = 16; found by probing). ``bench/gdn_phases.py`` reads
-    ``.C`` the same way."""
+    (``chunk_size: 32`` at T = 16; found by probing). (``bench/gdn_phases.py`` builds
+    its ``_Chunking`` without the fused sizes: on CUDA with T below a chunk its ``C`` can
+    differ.)"""
     from chunkscan.ops.gated_delta import _passes
     from chunkscan.ops.gated_delta import chunk as op
     from chunkscan.ops.gated_delta._checks import check_inputs
@@ -389,7 +417,10 @@ def plot_time_and_memory(
         return
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     for impl, style in zip(impls, ("o-", "s--", "^:", "D-.")):
-        pts = sorted((r["T"], r) for r in rows if r["impl"] == impl and time_key in r)
+        # by T alone: rows of one T (of another save mode) compared their dicts, a
+        # TypeError that kept two committed results from rebuilding (found by review)
+        pts = sorted(((r["T"], r) for r in rows if r["impl"] == impl and time_key in r),
+                     key=lambda p: p[0])  # fmt: skip
         if not pts:
             continue
         Ts = [t for t, _ in pts]

@@ -294,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_heads(parser, args)
-    from _common import check_outputs, read_saved
+    from _common import check_outputs, read_saved, replotted_inputs
 
     # --from-json's file as an input: a --json over it put the table and plot beside it,
-    # and a --json whose .md or .png is it wrote over it (found by probing)
+    # and a --json whose .md or .png is it wrote over it (found by probing); but one's
+    # own last run replotted in place (bench-out/) is fine: replotted_inputs
     check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"),
-                  inputs=(args.from_json,) if args.from_json else ())  # fmt: skip
+                  inputs=replotted_inputs(args.from_json, args.json))  # fmt: skip
     out = pathlib.Path(args.json)
     if args.from_json:
         # The table and plot go beside --json (default bench-out/), never beside the file

@@ -385,16 +385,20 @@ def main(argv: list[str] | None = None) -> None:
             "argument --impls: --gate channel runs chunkscan and mlx_lm only but got "
             f"{' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
-    from _common import check_outputs, read_saved
+    from _common import check_outputs, read_saved, replotted_inputs
 
     # --from-json's file as an input: an output over it rewrote it, its table or plot in
     # its place; --png's suffix: matplotlib refused it after the measuring (both found by
-    # probing)
+    # probing). One's own last run replotted in place (--json naming the file read,
+    # outside bench/results/) is fine: that file is not written again (replotted_inputs).
+    inputs = replotted_inputs(args.from_json, args.json)
+    if args.from_json and not inputs:
+        args.json = ""
     check_outputs(
         parser,
         {"--json": args.json, "--png": args.png, "--md": args.md},
         optional=("--json", "--png", "--md"),
-        inputs=(args.from_json,) if args.from_json else (),
+        inputs=inputs,
         plots=("--png",),
     )
     if args.from_json:

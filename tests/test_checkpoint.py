@@ -210,6 +210,11 @@ def test_an_object_holding_arrays_warns():
     with pytest.warns(UserWarning, match=re.escape(msg + "is a SimpleNamespace holding arrays "
                                                    "or modules (.w, .hs, .net)")):  # fmt: skip
         chunkscan.checkpoint(lambda x, s: x * s[1].w)(x, s=(1, ns))
+    # a parameter tree (dicts of lists of dicts) held by a config object: missed when one
+    # level was looked at (found by review)
+    tree = types.SimpleNamespace(params=nn.Sequential(nn.Linear(3, 3)).trainable_parameters())
+    with pytest.warns(UserWarning, match=re.escape("holding arrays or modules (.params)")):
+        chunkscan.checkpoint(lambda x, s: x * 2)(x, tree)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = types.SimpleNamespace(scale=3.0, name="cfg")

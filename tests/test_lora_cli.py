@@ -469,6 +469,7 @@ def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path
     where = f"chunkscan lora: --data {data}:"
     cases = [
         ("valid", train + "\n", "valid.jsonl line 5 is blank; mlx-lm reads every line"),
+        ("valid", "\n" + train, "valid.jsonl line 1 is blank"),  # (read as empty: review)
         ("train", train + "  \n", "train.jsonl line 5 is blank"),
         ("train", train + "{'text': 1}\n", "train.jsonl line 5 is not valid JSON (Expecting"),
         ("train", train + "[1, 2]\n", "train.jsonl line 5 is a JSON list, not an object"),

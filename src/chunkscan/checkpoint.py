@@ -200,20 +200,25 @@ def _arrays_in_attributes(obj: Any) -> list[str]:
     without running the user's code: :func:`._capture.attributes`)."""
     from ._capture import attributes
 
-    def held(value: Any) -> bool:
-        return isinstance(value, (mx.array, nn.Module))
+    return [name for name, value in attributes(obj) or () if _holds(value, depth=3)]
 
-    names = []
-    for name, value in attributes(obj) or ():
-        if isinstance(value, dict) and not isinstance(value, nn.Module):
-            items = list(itertools.islice(value.values(), _ITEMS))
-        elif isinstance(value, (list, tuple)):
-            items = value[:_ITEMS]
-        else:
-            items = [value]
-        if any(held(v) for v in items):
-            names.append(name)
-    return names
+
+def _holds(value: Any, depth: int) -> bool:
+    """Whether ``value`` is, or holds within ``depth`` levels of lists, tuples and dicts
+    (the first :data:`_ITEMS` items of each), an array or a module: a parameter tree
+    (``model.parameters()``: dicts of lists of dicts) held by a config object was
+    missed when only one level was looked at (found by review)."""
+    if isinstance(value, (mx.array, nn.Module)):
+        return True
+    if depth == 0:
+        return False
+    if isinstance(value, dict):
+        items = itertools.islice(value.values(), _ITEMS)
+    elif isinstance(value, (list, tuple)):
+        items = value[:_ITEMS]
+    else:
+        return False
+    return any(_holds(v, depth - 1) for v in items)
 
 
 def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:

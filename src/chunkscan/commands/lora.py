@@ -818,7 +818,8 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
             if not line.strip():
                 blank = blank or number
                 continue
-            if blank is not None:
+            if blank is not None:  # a blank line before an example (the first too)
+                count += 1
                 break
             count += 1
             example = _parse_example(where, number, line)
@@ -830,7 +831,7 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
                     f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
                     f"line 1 has: mlx-lm reads every example in line 1's format."
                 )
-    if blank is not None and count:
+    if blank is not None and count:  # all blank: 0, the caller's "is empty"
         raise SystemExit(
             f"{where} line {blank} is blank; mlx-lm reads every line as one JSON "
             f"example. Remove the line."
