@@ -68,6 +68,49 @@ def test_binaries_are_cached_on_disk(tmp_path, monkeypatch):
     assert _precompile.cached_binary("src", "90", compile_fn, "13.0")[1] == binary  # unwritable
 
 
+def test_a_damaged_cache_file_is_built_again(tmp_path, monkeypatch):
+    """An empty or cut cache file (a crash between the write and the rename, a full
+    disk) was returned as it was at every call, and MLX failed to load it naming no
+    file (found by probing): a file that is no ELF cubin, or PTX without its version,
+    is a miss, built again and replaced. A write that fails leaves no file behind."""
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def compile_fn(source, arch):
+        calls.append(source)
+        return b"\x7fELF" + source.encode()
+
+    key, binary = _precompile.cached_binary("src", "90", compile_fn, "13.0")
+    cached = tmp_path / "cache" / f"{key}.cubin"
+    for damaged in (b"", b"\x7fEL", b"garbage"):
+        cached.write_bytes(damaged)
+        assert _precompile.cached_binary("src", "90", compile_fn, "13.0") == (key, binary)
+        assert cached.read_bytes() == binary
+    assert len(calls) == 4
+    ptx = lambda source, arch: b"//\n// NVVM\n.version 8.5\n.target sm_90\n"  # noqa: E731
+    key, text = _precompile.cached_binary("p", "90", ptx, "13.0", "ptx")
+    (tmp_path / "cache" / f"{key}.ptx").write_bytes(b"// cut")
+    assert _precompile.cached_binary("p", "90", ptx, "13.0", "ptx") == (key, text)
+    (tmp_path / "cache" / f"{key}.ptx").unlink()
+    (tmp_path / "cache" / f"{key}.ptx").mkdir()  # a folder where the file goes
+    assert _precompile.cached_binary("p", "90", ptx, "13.0", "ptx") == (key, text)
+    assert sorted(os.listdir(tmp_path / "cache")) == sorted([f"{key}.ptx", cached.name])
+
+
+def test_the_cache_folder_setting(monkeypatch, tmp_path):
+    """``~`` expanded and blanks ignored in ``CHUNKSCAN_CUDA_CACHE``, a relative
+    ``XDG_CACHE_HOME`` ignored (the XDG rule): ``'~/cc'`` was a folder named ``~`` in
+    the working directory (found by probing)."""
+    home = os.path.expanduser("~")
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", "~/cc")
+    assert _precompile.cache_dir() == os.path.join(home, "cc")
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", "  ")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    assert _precompile.cache_dir() == os.path.join(home, ".cache", "chunkscan", "cuda")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _precompile.cache_dir() == str(tmp_path / "chunkscan" / "cuda")
+
+
 class FakeCompiler:
     version = "0.0"
 
@@ -80,7 +123,7 @@ class FakeCompiler:
         self.sources.append(source)
         self.archs.append(arch)
         self.paths.append(source_path)
-        return b"binary:" + source.encode() + (b"+lines" if source_path else b"")
+        return b"\x7fELFbinary:" + source.encode() + (b"+lines" if source_path else b"")
 
 
 def _kernel(fallback_calls):
@@ -115,7 +158,7 @@ def test_kernel_passes_shapes_as_scalars(tmp_path, monkeypatch):
     assert call["scalars"] == [2, 5] and call["shared_memory"] == 4096
     assert call["ensure_row_contiguous"] and call["grid"] == (64, 1, 1)
     assert call["name"].startswith("k_") and f"void {call['name']}(" in fake.sources[0]
-    assert call["compiled_source"] == b"binary:" + fake.sources[0].encode()
+    assert call["compiled_source"] == b"\x7fELFbinary:" + fake.sources[0].encode()
     kernel(inputs=[x, y], **args)
     assert len(fake.sources) == 1  # one build per dtypes, ranks and template
     kernel(inputs=[x.astype(mx.bfloat16), y], **args)
@@ -156,6 +199,14 @@ def test_line_information_for_profiling(tmp_path, monkeypatch):
     assert launched[1]["compiled_source"].endswith(b"+lines")
     assert not launched[0]["compiled_source"].endswith(b"+lines")
     assert launched[2]["compiled_source"] == launched[0]["compiled_source"]
+    # one kernel object, the switch set after its first build: the build with line
+    # information (it launched the binary without, and wrote no source; probing)
+    kernel = _kernel([])
+    kernel(**args)
+    monkeypatch.setenv("CHUNKSCAN_CUDA_LINEINFO", "1")
+    kernel(**args)
+    assert launched[4]["compiled_source"].endswith(b"+lines")
+    assert not launched[3]["compiled_source"].endswith(b"+lines")
 
 
 def test_kernel_falls_back_to_mlx_with_one_warning(tmp_path, monkeypatch):

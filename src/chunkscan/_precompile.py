@@ -33,12 +33,14 @@ keys; the code is the same.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import glob
 import hashlib
 import os
 import sys
+import threading
 import warnings
 
 import mlx.core as mx
@@ -243,12 +245,28 @@ def compiler() -> Nvrtc:
 
 
 def cache_dir() -> str:
-    """``CHUNKSCAN_CUDA_CACHE``, else ``$XDG_CACHE_HOME/chunkscan/cuda``, else
-    ``~/.cache/chunkscan/cuda``."""
-    if os.environ.get("CHUNKSCAN_CUDA_CACHE"):
-        return os.environ["CHUNKSCAN_CUDA_CACHE"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """``CHUNKSCAN_CUDA_CACHE`` (``~`` expanded; blank is unset), else
+    ``$XDG_CACHE_HOME/chunkscan/cuda`` (an absolute one: a relative one is ignored, as
+    the XDG specification says), else ``~/.cache/chunkscan/cuda``. ``'~/cc'`` was a
+    folder named ``~`` in the working directory, ``' '`` a folder named so (found by
+    probing)."""
+    own = os.environ.get("CHUNKSCAN_CUDA_CACHE", "").strip()
+    if own:
+        return os.path.expanduser(own)
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "chunkscan", "cuda")
+
+
+def _usable(binary: bytes, kind: str) -> bool:
+    """Whether a cached file is a binary of its kind: a cubin an ELF file, PTX text
+    that declares its version. An empty or cut file (a crash between the write and the
+    rename, a full disk) was returned as it was, at every call, and MLX failed to load
+    it with no word of the file (found by probing)."""
+    if kind == "ptx":
+        return b".version" in binary[:4096]
+    return binary[:4] == b"\x7fELF"
 
 
 def cached_binary(
@@ -262,18 +280,22 @@ def cached_binary(
     path = os.path.join(cache_dir(), f"{key}.{kind}")
     try:
         with open(path, "rb") as fh:
-            return key, fh.read()
+            binary = fh.read()
+        if _usable(binary, kind):
+            return key, binary
     except OSError:
         pass
     binary = compile_fn(source, arch)
+    # per process and thread: two threads of one process shared the name (probing)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(cache_dir(), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as fh:
             fh.write(binary)
         os.replace(tmp, path)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):  # a failed write left its file (probing)
+            os.remove(tmp)
     return key, binary
 
 
@@ -315,9 +337,12 @@ class Kernel:
         """``(symbol, cubin)`` for a call's dtypes, ranks and template on the default
         device's architecture (a process may use GPUs of more than one)."""
         arch = _backend.once_per_block("<arch>", device_arch)
-        # Lists, not generators, into the key: 9 launches build it at every call.
+        # Lists, not generators, into the key: 9 launches build it at every call. The
+        # line-information switch too: set after a first build, it was ignored (the
+        # binary without it launched, no source written; found by probing).
         spec = (arch, tuple([x.dtype for x in inputs]), tuple([x.ndim for x in inputs]),
-                tuple(output_dtypes), tuple([(n, v) for n, v in template]))  # fmt: skip
+                tuple(output_dtypes), tuple([(n, v) for n, v in template]),
+                line_info())  # fmt: skip
         hit = self._binaries.get(spec)
         if hit is None:
             nvrtc = compiler()
