@@ -218,6 +218,11 @@ def test_a_failed_reference_keeps_the_row(tmp_path):
     del checked["check"]
     table = repro.format_table([checked, row], [8, 16])
     assert table.endswith("| 0.0e+00 (not checked at T=16: no reference) |"), table
+    # a T above --check-max-T, measured and not compared: said as well (found by
+    # probing: the README's command's table read as covering T = 4096)
+    beyond = {k: v for k, v in row.items() if k != "check"}
+    table = repro.format_table([checked, beyond], [8, 16])
+    assert table.endswith("| 0.0e+00 (not compared at T=16: --check-max-T) |"), table
 
 
 def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch, capsys):

@@ -304,10 +304,16 @@ def format_table(rows: list[dict], Ts: list[int]) -> str:
         # T whose reference failed: the worst difference covers the others only (it read
         # as covering every T before; found by probing)
         unchecked = [T for T in Ts if "check" in by_T.get(T, {})]
+        # T above --check-max-T, measured and never compared: said too (the README's
+        # own command gave a difference that read as covering T = 4096; probing)
+        beyond = [T for T in Ts if T in by_T and not {"max_grad_diff", "check", "error",
+                                                      "reference"} & set(by_T[T])]  # fmt: skip
         if diffs:
             diff = f"{worst(diffs):.1e}"
             if unchecked:
                 diff += f" (not checked at T={', '.join(map(str, unchecked))}: no reference)"
+            if beyond:
+                diff += f" (not compared at T={', '.join(map(str, beyond))}: --check-max-T)"
         elif any(r.get("reference") for r in by_T.values()):
             diff = "(reference)"
         elif any("check" in r for r in by_T.values()):
