@@ -225,6 +225,23 @@ def test_a_failed_reference_keeps_the_row(tmp_path):
     assert table.endswith("| 0.0e+00 (not compared at T=16: --check-max-T) |"), table
 
 
+def test_an_interrupted_run_leaves_no_reference_folder(tmp_path, monkeypatch):
+    """Ctrl-C while measuring left ``$TMPDIR/chunkscan-repro-*`` behind, with the plain
+    gradients kept for the comparison (found by probing)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def interrupted(target, config, **kw):
+        assert os.path.isdir(config["ref_dir"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(repro._measure, "run_isolated", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        repro.main(["--T", "8", "--out", str(tmp_path / "out")])
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("chunkscan-repro-")]
+
+
 def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch, capsys):
     """Without plain among the modes, one reference run per (gradients, T) up to
     --check-max-T, in a process of its own and with no row; repeated list entries run

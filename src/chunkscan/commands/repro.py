@@ -203,45 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(configs)} configurations, each in a fresh process",
         flush=True,
     )
-    rows = []
     started = time.perf_counter()
     ref_dir = tempfile.mkdtemp(prefix="chunkscan-repro-")
-    # plain first, so that its gradients are there for the other modes to compare with;
-    # where plain is not among the modes, a reference run of its own (no row)
-    configs.sort(key=lambda c: c[0] != "plain")
-    ref_failed: list[str] = []  # reference runs apart (no rows) that failed
-    if "plain" not in modes:
-        for grads, T in [(g, T) for g in grads_cases for T in Ts if T <= args.check_max_T]:
-            ref = _measure.run_isolated(
-                "chunkscan.commands.repro:measure",
-                dict(mode="plain", grads=grads, T=T, H=args.H, D=args.D, chunk=args.chunk,
-                     ref_dir=ref_dir, reference_only=True),
-                timeout=args.timeout,
-            )  # fmt: skip
-            if "error" in ref:
-                print(f"[ref] {grads:<5} plain autograd T={T:<6} {ref['error']}", flush=True)
-                ref_failed.append(f"  {grads} plain autograd (reference) T={T}: {ref['error']}")
-    for n, (mode, grads, T) in enumerate(configs, 1):
-        res = _measure.run_isolated(
-            "chunkscan.commands.repro:measure",
-            dict(
-                mode=mode,
-                grads=grads,
-                T=T,
-                H=args.H,
-                D=args.D,
-                chunk=args.chunk,
-                repeats=args.repeats,
-                compiled=args.compile,
-                check_max_T=args.check_max_T,
-                ref_dir=ref_dir,
-            ),
-            timeout=args.timeout,
-        )
-        rows.append({"mode": mode, "grads": grads, "T": T, **res})
-        status = res.get("error") or f"{res['peak_mib']:8.1f} MiB {res['seconds']:7.3f} s"
-        print(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}", flush=True)
-    shutil.rmtree(ref_dir, ignore_errors=True)
+    try:  # the plain gradients kept for the comparison go, Ctrl-C too (probing)
+        rows, ref_failed = _measure_all(args, configs, modes, grads_cases, Ts, ref_dir)
+    finally:
+        shutil.rmtree(ref_dir, ignore_errors=True)
     print(f"done in {time.perf_counter() - started:.0f} s\n")
     print(format_table(rows, Ts))
     os.makedirs(args.out, exist_ok=True)
@@ -279,6 +246,48 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def _measure_all(args, configs, modes, grads_cases, Ts, ref_dir) -> tuple[list, list]:
+    """Every configuration in a process of its own (and the plain references, where
+    plain is no mode): the rows, and the reference runs that failed."""
+    rows = []
+    # plain first, so that its gradients are there for the other modes to compare with;
+    # where plain is not among the modes, a reference run of its own (no row)
+    configs.sort(key=lambda c: c[0] != "plain")
+    ref_failed: list[str] = []  # reference runs apart (no rows) that failed
+    if "plain" not in modes:
+        for grads, T in [(g, T) for g in grads_cases for T in Ts if T <= args.check_max_T]:
+            ref = _measure.run_isolated(
+                "chunkscan.commands.repro:measure",
+                dict(mode="plain", grads=grads, T=T, H=args.H, D=args.D, chunk=args.chunk,
+                     ref_dir=ref_dir, reference_only=True),
+                timeout=args.timeout,
+            )  # fmt: skip
+            if "error" in ref:
+                print(f"[ref] {grads:<5} plain autograd T={T:<6} {ref['error']}", flush=True)
+                ref_failed.append(f"  {grads} plain autograd (reference) T={T}: {ref['error']}")
+    for n, (mode, grads, T) in enumerate(configs, 1):
+        res = _measure.run_isolated(
+            "chunkscan.commands.repro:measure",
+            dict(
+                mode=mode,
+                grads=grads,
+                T=T,
+                H=args.H,
+                D=args.D,
+                chunk=args.chunk,
+                repeats=args.repeats,
+                compiled=args.compile,
+                check_max_T=args.check_max_T,
+                ref_dir=ref_dir,
+            ),
+            timeout=args.timeout,
+        )
+        rows.append({"mode": mode, "grads": grads, "T": T, **res})
+        status = res.get("error") or f"{res['peak_mib']:8.1f} MiB {res['seconds']:7.3f} s"
+        print(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}", flush=True)
+    return rows, ref_failed
 
 
 def format_table(rows: list[dict], Ts: list[int]) -> str:
