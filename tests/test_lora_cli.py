@@ -20,6 +20,7 @@ import mlx_lm  # noqa: E402
 import mlx_lm.lora  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
+import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
 from chunkscan.commands import cli, lora  # noqa: E402
 from chunkscan.commands.demo_model import write_dataset, write_model  # noqa: E402
@@ -46,6 +47,10 @@ def test_no_command_prints_usage_to_stderr(capsys):
     assert cli.main(["-h"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and out.startswith("usage: chunkscan <command>")
+    # --version and -V (an unknown command before; found by probing)
+    for flag in ("--version", "-V"):
+        assert cli.main([flag]) == 0
+        assert capsys.readouterr().out == f"chunkscan {chunkscan.__version__}\n"
 
 
 def test_precedence_cli_yaml_defaults(tmp_path):

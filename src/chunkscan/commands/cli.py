@@ -4,6 +4,8 @@
   (:mod:`chunkscan.commands.repro`).
 - ``chunkscan lora``: ``mlx_lm.lora`` with the Gated DeltaNet patch
   (:mod:`chunkscan.commands.lora`).
+
+``chunkscan --version`` (``-V``) prints the package's version.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ def main(argv: list[str] | None = None) -> int:
         lines = [f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()]
         # usage asked for: stdout, status 0; no command: stderr, status 2 (as argparse)
         out = sys.stdout if argv else sys.stderr
-        print("usage: chunkscan <command> [options]\n\ncommands:\n" + "\n".join(lines), file=out)
+        print("usage: chunkscan <command> [options]  (or --version)\n\ncommands:\n"
+              + "\n".join(lines), file=out)  # fmt: skip
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):  # "unknown command" before (found by probing)
+        from .. import __version__
+
+        print(f"chunkscan {__version__}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(
