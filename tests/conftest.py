@@ -1,7 +1,10 @@
 """Fixtures for every test. Shared helpers live in ``helpers.py`` (this file's folder
 is on ``sys.path``, so test modules ``from helpers import ...``)."""
 
+import importlib
 import os
+import pathlib
+import sys
 
 # Float32 matmuls in full precision on CUDA, as the device scripts run every test there
 # (bench/h200_suite.sh, bench/device_run.sh): under MLX's default TF32 matmuls a loop
@@ -18,3 +21,22 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _seed():
     mx.random.seed(0)
+
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """``bench("name")``: the bench script's module (``bench/`` on ``sys.path``), taken
+    out of ``sys.modules`` again afterwards (the bench tests' files share it)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    loaded = []
+
+    def load(name):
+        loaded.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)

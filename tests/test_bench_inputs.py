@@ -11,29 +11,12 @@ import importlib
 import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
 GD_ROW = {"impl": "chunkscan", "T": 16, "seconds": 0.5, "kib_per_token": 2.0}
 ATT_ROW = {"impl": "chunkscan", "T": 16, "ms": 5.0, "kib_per_token": 2.0}
-
-
-@pytest.fixture
-def bench(monkeypatch):
-    """``bench("name")``: the bench script's module (``bench/`` on ``sys.path``), taken
-    out of ``sys.modules`` again afterwards."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    loaded = []
-
-    def load(name):
-        loaded.append(name)
-        return importlib.import_module(name)
-
-    yield load
-    for name in loaded:
-        sys.modules.pop(name, None)
 
 
 @pytest.fixture

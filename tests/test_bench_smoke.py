@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import pathlib
 import sys
@@ -366,22 +365,6 @@ def test_lora_replot_writes_beside_json_not_beside_the_file_read(tmp_path, monke
     assert lora.main(["--replot", str(source), "--json", str(out)]) == 0
     assert out.with_suffix(".md").is_file()
     assert sorted(p.name for p in source.parent.iterdir()) == ["lora_cpu.json"]
-
-
-@pytest.fixture
-def bench(monkeypatch):
-    """``bench("name")``: the bench script's module (``bench/`` on ``sys.path``), taken
-    out of ``sys.modules`` again afterwards."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    loaded = []
-
-    def load(name):
-        loaded.append(name)
-        return importlib.import_module(name)
-
-    yield load
-    for name in loaded:
-        sys.modules.pop(name, None)
 
 
 # One number out of range per script and option kind: each failed only after measuring
