@@ -185,6 +185,15 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
     assert (data["meta"]["modes"], data["meta"]["grads"]) == (["plain", "cs.scan"], ["state"])
     monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: fake(None, {"mode": "x"}))
     assert repro.main(argv + ["--out", str(tmp_path)]) == 0
+    # a gradient NaN or off plain autograd's fails the run too (exit 0 before; found by
+    # probing); one within GRAD_TOLERANCE does not
+    for diff, status in ((math.nan, 1), (0.5, 1), (repro.GRAD_TOLERANCE, 0)):
+        row = {"peak_mib": 1.0, "seconds": 0.1, "max_grad_diff": diff}
+        monkeypatch.setattr(measure, "run_isolated", lambda *a, row=row, **k: dict(row))
+        capsys.readouterr()
+        assert repro.main(argv + ["--out", str(tmp_path)]) == status, diff
+        if status:
+            assert "off plain autograd's" in capsys.readouterr().err
 
 
 def test_a_nan_gradient_error_shows_as_nan():

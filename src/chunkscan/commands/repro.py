@@ -8,8 +8,9 @@ fresh process; the table shows the backward peak above the inputs, the median ti
 and the largest gradient difference against plain autograd.
 
 Arguments are checked before anything runs (positive sizes, a writable ``--out``);
-the exit status is 0 when every configuration ran, 1 when any failed (listed on
-stderr; the table and repro.json are still written), 2 for bad arguments.
+the exit status is 0 when every configuration ran, 1 when any failed or its gradient
+is NaN or off plain autograd's by more than :data:`GRAD_TOLERANCE` (listed on stderr;
+the table and repro.json are still written), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ _positive_float = _number_arg(float, "a positive finite number", lambda v: 0 < v
 
 
 REPORT, PLOT = "repro.json", "repro.png"
+# The largest relative gradient difference against plain autograd that still passes:
+# the modes recompute the same float32 ops (0.0 measured for every mode on the CPU,
+# bench/results/cpu/repro*/repro.json); the margin is for another backend's order of
+# summation (TF32 matmuls on CUDA: ~1e-3).
+GRAD_TOLERANCE = 1e-2
 OUTPUTS = (REPORT, PLOT)  # what a run writes into --out
 
 
@@ -237,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             print(f"wrote {path}")
     failed = [r for r in rows if "error" in r]
+    # a gradient off plain autograd's (NaN, or more than GRAD_TOLERANCE) fails the run
+    # too: it exited 0 with a NaN difference (found by probing)
+    for r in rows:
+        diff = r.get("max_grad_diff")
+        if diff is not None and not diff <= GRAD_TOLERANCE:
+            failed.append(dict(r, error=f"gradient {diff:.1e} off plain autograd's"))
     if failed or ref_failed:
         lines = [f"  {r['grads']} {r['mode']} T={r['T']}: {r['error']}" for r in failed]
         print(
