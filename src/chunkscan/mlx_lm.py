@@ -3,7 +3,9 @@
 ``patch()`` swaps the training path of every mlx-lm model family that runs the gated
 delta rule (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, and any other family the installed
 mlx-lm has) for the chunked op, whose backward memory does not grow with the sequence
-length. Inference is left alone::
+length (and, with ``attention=True``, every attention call without a cache, in eval mode
+too, for :func:`chunkscan.attention`). Generation, whose calls have a cache, is left
+alone::
 
     import chunkscan.mlx_lm
 
@@ -36,14 +38,15 @@ function that:
   channel (``a`` ``[B, T, Hv, Dk]`` with ``A_log`` ``[Hv, 1]`` and ``dt_bias``
   ``[Hv, Dk]``: Kimi Linear's KDA, and any family passing a rank-4 gate), and calls
   ``chunkscan.gated_delta_rule(q, k, v, log_decay, beta, scale=1.0,
-  initial_state=state, chunk_size=...)``. Padding steps (``mask`` False) keep the
+  initial_state=state, chunk_size=..., save_states=...)`` (the handle's; ``"groups"``
+  by default). Padding steps (``mask`` False) keep the
   state and output zero, as mlx-lm's kernels do, whatever their inputs hold (their
   ``q``, ``k``, ``v`` read as zero); mlx-lm's training loss passes no mask (right
   padding, masked in the loss).
 
 ``undo()`` (or leaving the ``with`` block) puts mlx-lm's functions back. Patches nest:
 the names are restored when the last handle is undone, and the innermost live
-handle's ``chunk_size`` applies.
+handle's ``chunk_size`` and ``save_states`` apply.
 
 The seam is checked when patching, against the installed mlx-lm: the module, the
 signature of ``gated_delta_update`` (via ``inspect.signature``), the by-name imports
@@ -515,8 +518,11 @@ def patch(
     and (``attention=True``) its attention training path through :func:`chunkscan.attention`.
 
     Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
-    name (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, ...). Only calls with
-    ``use_kernel=False`` (modules in training mode) change; inference is untouched.
+    name (Qwen3-Next, Qwen3.5 and so Qwen3.5-MoE, which builds on it, ...). Of the
+    Gated DeltaNet path only calls with ``use_kernel=False`` (modules in training mode)
+    change; with ``attention=True`` every attention call without a cache goes to
+    :func:`chunkscan.attention`, in eval mode too (validation; the values agree but
+    for rows that attend to no key); calls with a cache (generation) are untouched.
     Models already loaded are covered too (the name is looked up at call time); a
     step compiled with ``mx.compile`` keeps the path it was traced with (traced before
     the patch: mlx-lm's own, and its memory; inside it: chunkscan's, after ``undo()``

@@ -192,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every configuration; 0 when all succeeded, 1 when any failed, 2 (argparse)
-    for bad arguments or an output folder that cannot be written."""
+    """Run every configuration; 0 when all succeeded, 1 when any failed or its
+    gradient is NaN or off plain autograd's (:data:`GRAD_TOLERANCE`), 2 (argparse) for
+    bad arguments or an output folder that cannot be written."""
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = check_out_dir(args.out)

@@ -32,8 +32,9 @@ def naive_recurrent_gated_delta_rule(
 ) -> tuple[mx.array, mx.array]:
     """The Gated DeltaNet recurrence, one token at a time, in float32.
 
-    Same signature, shapes and conventions as :func:`chunkscan.gated_delta_rule`
-    (``chunk_size`` and ``kernels`` are checked as there and otherwise ignored). Per value
+    The signature of :func:`chunkscan.gated_delta_rule` without ``save_states``, and its
+    shapes and conventions (``chunk_size`` and ``kernels`` are checked as there and
+    otherwise ignored). Per value
     head, with the state ``S`` of shape ``[Dv, Dk]``::
 
         S = exp(g_t) * S                  # g_t [Dk] (per channel): S * exp(g_t)[None, :]
