@@ -21,6 +21,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
 from typing import Any
@@ -45,9 +46,17 @@ def _at_least(convert, kind: str, least: float, strict: bool):
 
 #: argparse ``type=`` for counts and sizes (a T, repeats, a chunk size): 0 or less fails
 #: at parse time, "argument --T: must be a positive integer but got '0'", exit status 2.
-positive_int = _at_least(int, "a positive integer", 0, strict=True)
+def plain_int(text: str) -> int:
+    """``int(text)`` for ASCII digits with an optional sign only: ``int`` also reads
+    ``5_0`` (as 50) and other scripts' digits (found by probing)."""
+    if re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) is None:
+        raise ValueError(text)
+    return int(text)
+
+
+positive_int = _at_least(plain_int, "a positive integer", 0, strict=True)
 #: ``type=`` where 0 means something (none, off, the default): a negative number fails.
-non_negative_int = _at_least(int, "an integer >= 0", 0, strict=False)
+non_negative_int = _at_least(plain_int, "an integer >= 0", 0, strict=False)
 #: ``type=`` for seconds and sizes in MiB or GiB that must be above 0 (a timeout).
 positive_float = _at_least(float, "a number > 0", 0.0, strict=True)
 #: ``type=`` for seconds where 0 means no limit (a budget).

@@ -371,6 +371,7 @@ def test_lora_replot_writes_beside_json_not_beside_the_file_read(tmp_path, monke
 # (a traceback, or error rows and exit status 0) before (found by probing).
 BAD_NUMBERS = [
     ("attention", ["--T", "0"], "--T"),
+    ("attention", ["--T", "6_4"], "--T"),  # int() read 64 (found by probing)
     ("attention", ["--repeats", "0"], "--repeats"),
     ("attention", ["--chunk-size", "-16"], "--chunk-size"),
     ("attention", ["--timeout", "0"], "--timeout"),

@@ -93,8 +93,23 @@ def no_measuring(monkeypatch):
         (["--check-max-T", "-1"], "argument --check-max-T: must be an integer >= 0 but got -1"),
         (["--timeout", "0"], "argument --timeout: must be a positive finite number but got 0.0"),
         (["--timeout", "inf"], "argument --timeout: must be a positive finite number but got inf"),
+        # int() reads these as 50 and 3 (found by probing)
+        (["--T", "5_0"], "argument --T: must be a positive integer but got '5_0'"),
+        (["--T", "\u0663"], "argument --T: must be a positive integer but got '\u0663'"),
     ],
-    ids=["T0", "T-neg", "chunk0", "repeats0", "H0", "D-text", "check-neg", "timeout0", "inf"],
+    ids=[
+        "T0",
+        "T-neg",
+        "chunk0",
+        "repeats0",
+        "H0",
+        "D-text",
+        "check-neg",
+        "timeout0",
+        "inf",
+        "underscore",
+        "arabic-indic",
+    ],  # fmt: skip
 )
 def test_bad_arguments_fail_before_measuring(argv, message, tmp_path, capsys, no_measuring):
     with pytest.raises(SystemExit) as info:
