@@ -181,8 +181,8 @@ def _raise_on_module(fun: Callable, args: tuple, kwargs: dict) -> None:
 
 def _holds_arrays(leaf: Any) -> bool:
     """Whether a leaf that is not an array (a dataclass, a ``SimpleNamespace``) holds
-    arrays or modules in its attributes, directly or among the first items of a list,
-    tuple or dict there (no deeper: this runs at every call)."""
+    arrays or modules in its attributes, directly or within three levels of lists,
+    tuples and dicts there (:func:`_holds`: bounded, as this runs at every call)."""
     if isinstance(leaf, _NEVER_HOLDERS) or isinstance(leaf, type):
         return False
     return bool(_arrays_in_attributes(leaf))
