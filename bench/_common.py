@@ -48,7 +48,8 @@ def _at_least(convert, kind: str, least: float, strict: bool):
 #: at parse time, "argument --T: must be a positive integer but got '0'", exit status 2.
 def plain_int(text: str) -> int:
     """``int(text)`` for ASCII digits with an optional sign only: ``int`` also reads
-    ``5_0`` (as 50) and other scripts' digits (found by probing)."""
+    ``5_0`` (as 50) and other scripts' digits (found by probing). chunkscan's
+    ``_backend.plain_int``, which this module does not import (it imports no MLX)."""
     if re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) is None:
         raise ValueError(text)
     return int(text)

@@ -120,6 +120,15 @@ def check_kernels(fn: str, kernels: object) -> None:
         )
 
 
+def plain_int(text: str) -> int:
+    """``int(text)`` for ASCII digits with an optional sign (surrounding blanks
+    allowed) only: ``int`` also reads ``1_0`` (as 10) and other scripts' digits. A
+    ``ValueError`` otherwise. (``bench/_common.py`` keeps its own: it imports no MLX.)"""
+    if re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) is None:
+        raise ValueError(f"not a plain integer: {text!r}")
+    return int(text)
+
+
 def env_int(name: str, fn: str, what: str) -> int | None:
     """The environment variable ``name`` as an int (``None`` where unset or empty);
     anything else raises a ``ValueError`` that names the variable, ``fn`` and ``what``
@@ -127,13 +136,13 @@ def env_int(name: str, fn: str, what: str) -> int | None:
     text = getenv(name, "").strip()
     if not text:
         return None
-    # Plain ASCII digits only: int() also takes "1_0" (as 10) and other scripts' digits.
-    if re.fullmatch(r"[+-]?[0-9]+", text) is None:
+    try:
+        return plain_int(text)
+    except ValueError:
         raise ValueError(
             f"[{fn}] the environment variable {name} must be {what} but is {text!r}. "
             f"Set it to such a number, or unset it for the default."
-        )
-    return int(text)
+        ) from None
 
 
 def env_choice(name: str, fn: str, choices: tuple[str, ...], what: str) -> str | None:

@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .._backend import plain_int
 from . import measure as _measure
 from .reporter import GRADS, MODES, gradient_fn, make_inputs
 
@@ -107,16 +107,9 @@ def _number_arg(kind: type, rule: str, ok: Callable[[Any], bool]) -> Callable[[s
     return parse
 
 
-def _plain_int(text: str) -> int:
-    """``int(text)`` for ASCII digits with an optional sign only: ``int`` also reads
-    ``5_0`` (as 50) and other scripts' digits (found by probing)."""
-    if re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) is None:
-        raise ValueError(text)
-    return int(text)
-
-
-_positive_int = _number_arg(_plain_int, "a positive integer", lambda v: v >= 1)
-_non_negative_int = _number_arg(_plain_int, "an integer >= 0", lambda v: v >= 0)
+# ASCII digits only: int() read --T 5_0 as 50 (found by probing)
+_positive_int = _number_arg(plain_int, "a positive integer", lambda v: v >= 1)
+_non_negative_int = _number_arg(plain_int, "an integer >= 0", lambda v: v >= 0)
 _positive_float = _number_arg(float, "a positive finite number", lambda v: 0 < v < math.inf)
 
 
