@@ -86,7 +86,7 @@ def checkpoint(fun: F) -> F:
         leaves, treedef = _tree.flatten((args, kwargs))
         if any(isinstance(leaf, nn.Module) for leaf in leaves):
             _raise_on_module(fun, args, kwargs)
-        if any(_holds_arrays(leaf) for leaf in leaves):
+        if any(_held_fields(leaf) for leaf in leaves):
             _warn_on_array_holder(fun, args, kwargs)
         slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, mx.array)]
         arrays = [leaves[i] for i in slots]
@@ -162,30 +162,37 @@ def _raise_on_module(fun: Callable, args: tuple, kwargs: dict) -> None:
     """Raise naming the argument that is, or holds, an ``nn.Module``: flattened as the
     dict of its arrays, it reached ``fun`` as a plain dict ("'dict' object is not
     callable"; found by probing, inside a tuple or list argument too)."""
+    for path, leaf in _named_leaves(args, kwargs):
+        if isinstance(leaf, nn.Module):
+            method = " (self: checkpoint decorates a method)" if (
+                path == "argument 0" and _is_method(fun)) else ""  # fmt: skip
+            raise TypeError(
+                f"[checkpoint] {path}{method} is an nn.Module ({type(leaf).__name__}); "
+                "checkpoint passes arrays and pytrees of arrays, and would hand fun a "
+                "plain dict of the module's arrays. Capture the module in fun's closure "
+                "instead (it then gets no gradient, as with mx.checkpoint), or, for "
+                "gradients of its weights, use chunkscan.scan with params=module."
+            )
+
+
+def _named_leaves(args: tuple, kwargs: dict):
+    """``(path, leaf)`` for every leaf of the call's arguments, the path as the
+    messages name it (``argument 0[1]``, ``keyword argument 'm'['net']``)."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
     for where, a in named:
         leaves, treedef = _tree.flatten(a)
-        for path, leaf in zip(_tree.paths(treedef, where), leaves):
-            if isinstance(leaf, nn.Module):
-                method = " (self: checkpoint decorates a method)" if (
-                    path == "argument 0" and _is_method(fun)) else ""  # fmt: skip
-                raise TypeError(
-                    f"[checkpoint] {path}{method} is an nn.Module ({type(leaf).__name__}); "
-                    "checkpoint passes arrays and pytrees of arrays, and would hand fun a "
-                    "plain dict of the module's arrays. Capture the module in fun's closure "
-                    "instead (it then gets no gradient, as with mx.checkpoint), or, for "
-                    "gradients of its weights, use chunkscan.scan with params=module."
-                )
+        yield from zip(_tree.paths(treedef, where), leaves)
 
 
-def _holds_arrays(leaf: Any) -> bool:
-    """Whether a leaf that is not an array (a dataclass, a ``SimpleNamespace``) holds
-    arrays or modules in its attributes, directly or within three levels of lists,
-    tuples and dicts there (:func:`_holds`: bounded, as this runs at every call)."""
+def _held_fields(leaf: Any) -> list[str]:
+    """The attributes of a leaf that is not an array (a dataclass, a
+    ``SimpleNamespace``) that are, or hold within three levels of lists, tuples and
+    dicts, arrays or modules (:func:`_holds`: bounded, as this runs at every call);
+    ``[]`` for a leaf never looked into."""
     if isinstance(leaf, _NEVER_HOLDERS) or isinstance(leaf, type):
-        return False
-    return bool(_arrays_in_attributes(leaf))
+        return []
+    return _arrays_in_attributes(leaf)
 
 
 # Leaves never looked into: what cannot hold an array, and Python modules (a module
@@ -226,22 +233,18 @@ def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:
     as a constant, as by ``mx.checkpoint``, they got no gradient with no sign of it
     (found by probing; a constant table, such as a rotary embedding's, is the usual
     case, so a warning and not an error)."""
-    named = [(f"argument {i}", a) for i, a in enumerate(args)]
-    named += [(f"keyword argument {k!r}", a) for k, a in kwargs.items()]
-    for where, a in named:
-        leaves, treedef = _tree.flatten(a)
-        for path, leaf in zip(_tree.paths(treedef, where), leaves):
-            held = _arrays_in_attributes(leaf) if _holds_arrays(leaf) else []
-            if held:
-                fields = ", ".join(f".{n}" for n in held[:4])
-                warnings.warn(
-                    f"[checkpoint] {path} of {getattr(fun, '__qualname__', 'fun')} is a "
-                    f"{type(leaf).__name__} holding arrays or modules ({fields}); "
-                    "checkpoint, as mx.checkpoint, passes it as a constant: they get no "
-                    "gradient. Pass the arrays themselves (or a dict of them) to "
-                    "differentiate them; capture the object in fun's closure to keep "
-                    "them constant without this warning.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                return
+    for path, leaf in _named_leaves(args, kwargs):
+        held = _held_fields(leaf)
+        if held:
+            fields = ", ".join(f".{n}" for n in held[:4])
+            warnings.warn(
+                f"[checkpoint] {path} of {getattr(fun, '__qualname__', 'fun')} is a "
+                f"{type(leaf).__name__} holding arrays or modules ({fields}); "
+                "checkpoint, as mx.checkpoint, passes it as a constant: they get no "
+                "gradient. Pass the arrays themselves (or a dict of them) to "
+                "differentiate them; capture the object in fun's closure to keep "
+                "them constant without this warning.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
