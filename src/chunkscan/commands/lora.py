@@ -819,8 +819,7 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
                 blank = blank or number
                 continue
             if blank is not None:  # a blank line before an example (the first too)
-                count += 1
-                break
+                _blank_line(where, blank)
             count += 1
             example = _parse_example(where, number, line)
             if count == 1:
@@ -831,12 +830,16 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
                     f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
                     f"line 1 has: mlx-lm reads every example in line 1's format."
                 )
-    if blank is not None and count:  # all blank: 0, the caller's "is empty"
-        raise SystemExit(
-            f"{where} line {blank} is blank; mlx-lm reads every line as one JSON "
-            f"example. Remove the line."
-        )
+    if blank is not None and count:  # blank lines at the end (all blank: "is empty")
+        _blank_line(where, blank)
     return count
+
+
+def _blank_line(where: str, number: int) -> None:
+    raise SystemExit(
+        f"{where} line {number} is blank; mlx-lm reads every line as one JSON example. "
+        "Remove the line."
+    )
 
 
 def _parse_example(where: str, number: int, line: str) -> dict:
