@@ -209,6 +209,13 @@ def test_exit_status_is_1_when_a_configuration_fails(tmp_path, capsys, monkeypat
         assert repro.main(argv + ["--out", str(tmp_path)]) == status, diff
         if status:
             assert "off plain autograd's" in capsys.readouterr().err
+        # strict JSON: a NaN difference is written as "nan", not a bare NaN
+        saved = json.loads((tmp_path / "repro.json").read_text(), parse_constant=_refuse)
+        assert saved["rows"][0]["max_grad_diff"] == (diff if diff == diff else "nan")
+
+
+def _refuse(name):
+    raise ValueError(f"not strict JSON: {name}")
 
 
 def test_a_nan_gradient_error_shows_as_nan():
