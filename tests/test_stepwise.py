@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import re
@@ -131,6 +132,54 @@ def test_stepwise_without_an_axis_steps_along_scans():
     # Outside scan the default is axis 0.
     _, ys = chunkscan.stepwise(step)(mx.zeros((B,)), xs.T)
     assert mx.array_equal(ys, ref.T).item()
+
+
+def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monkeypatch):
+    """``mx.compile(stepwise(step))`` traced along axis 0 and then given to a scan along
+    axis 1 whose chunks have the same shapes (a batch as long as the chunk): the cached
+    trace stepped along axis 0, outputs off by up to 1.4 with no error (found by
+    probing). Now scan raises. Used along one axis only, or traced again (under
+    ``mx.grad``), it matches the uncompiled function; ``mx.checkpoint`` around it runs
+    its Python at every call and takes each scan's axis. Negative control: without the
+    check the outputs differ."""
+    B = T = D = 3
+    w = 0.5 * mx.random.normal((D, D), key=mx.random.key(0))
+    xs = mx.random.normal((B, T, D), key=mx.random.key(1))
+    h0 = mx.random.normal((B, D), key=mx.random.key(2))
+    other = mx.random.normal((T, B, D), key=mx.random.key(3))  # for a scan along axis 0
+
+    def step(h, x, w):
+        h = mx.tanh(x + h @ w)
+        return h, h
+
+    def run(f, axis=1, x=xs):
+        return chunkscan.scan(f, h0, x, chunk_size=3, params=w, axis=axis)
+
+    def loss(f, w):
+        return (chunkscan.scan(f, h0, xs, chunk_size=3, params=w, axis=1)[1] ** 2).sum()
+
+    ref = run(chunkscan.stepwise(step))
+    compiled = mx.compile(chunkscan.stepwise(step))
+    run(compiled, axis=0, x=other)
+    with pytest.raises(ValueError, match=r"trace at these shapes was made with axis 0"):
+        run(compiled)
+    one_axis = mx.compile(chunkscan.stepwise(step))
+    for _ in range(2):
+        assert_trees_close(run(one_axis), ref, tol=0.0)
+    g_ref = mx.grad(lambda w: loss(chunkscan.stepwise(step), w))(w)
+    assert_trees_close(mx.grad(lambda w: loss(compiled, w))(w), g_ref, tol=0.0)
+    checkpointed = mx.checkpoint(chunkscan.stepwise(step))
+    run(checkpointed, axis=0, x=other)
+    assert_trees_close(run(checkpointed), ref, tol=0.0)
+
+    @contextlib.contextmanager
+    def unchecked(*args):
+        yield
+
+    monkeypatch.setattr(importlib.import_module("chunkscan.scan"), "check_compiled_axis", unchecked)
+    stale = mx.compile(chunkscan.stepwise(step))
+    run(stale, axis=0, x=other)
+    assert mx.abs(run(stale)[1] - ref[1]).max().item() > 0.1
 
 
 @pytest.mark.parametrize("B", [3, 2], ids=["batch-as-long-as-the-chunk", "shorter-batch"])

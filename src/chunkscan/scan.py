@@ -31,7 +31,7 @@ from .split import (
     slices_at,
     split_at,
 )
-from .stepwise import scan_axis
+from .stepwise import check_compiled_axis, scan_axis
 
 
 class ClosureCaptureWarning(UserWarning):
@@ -282,7 +282,10 @@ class _Plan:
             p = [x.astype(x.dtype) for x in p]
         carry_tree = _tree.unflatten(self.init_def, carry)
         xs_tree = _tree.unflatten(self.xs_def, xs_chunk)
-        with scan_axis(self.axis):  # stepwise functions without an axis take scan's
+        with (
+            scan_axis(self.axis),  # stepwise functions without an axis take scan's
+            check_compiled_axis(self.f, self.axis, carry_tree, xs_tree),
+        ):
             if not self.has_params:
                 out = self.f(carry_tree, xs_tree)
             elif self.module is not None:

@@ -40,6 +40,38 @@ def _scan_axis() -> int:
     return 0 if axis is None else axis
 
 
+def _shapes(carry: Any, xs_chunk: Any) -> tuple:
+    """The shapes and dtypes of the array leaves of a call's carry and chunk."""
+    leaves, _ = _tree.flatten((carry, xs_chunk))
+    return tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, mx.array))
+
+
+@contextlib.contextmanager
+def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> Iterator[None]:
+    """Around ``scan``'s call of its chunk function ``f`` on ``(carry, xs_chunk)``: raise
+    where ``f`` is (or forwards the attributes of, as ``mx.compile``'s wrapper does) a
+    ``stepwise`` function made without an axis whose Python did not run in the call
+    (a cached ``mx.compile`` trace ran instead) and first ran at these shapes with
+    another axis than ``axis``: the trace steps along that axis, silently where the
+    lengths agree (found by probing: a batch as long as the chunk, outputs off by 1.4)."""
+    runs = getattr(f, "_chunkscan_runs", None)
+    if runs is None or getattr(f, "_chunkscan_axis", 0) is not None:
+        yield
+        return
+    before = runs[0]
+    yield
+    if runs[0] != before:  # it ran, reading this scan's axis
+        return
+    first = f._chunkscan_first_axes.get(_shapes(carry, xs_chunk))
+    if first is not None and first != axis:
+        raise ValueError(
+            f"[scan] axis={axis} but f is a compiled stepwise(step) made without an axis "
+            f"whose trace at these shapes was made with axis {first}: a trace keeps its "
+            f"axis, so it would step along axis {first} here. Give stepwise the axis, "
+            f"mx.compile(stepwise(step, axis={axis})), one compiled function per axis."
+        )
+
+
 def stepwise(
     step: Callable[..., tuple[Any, Any]], *, axis: int | None = None
 ) -> Callable[..., tuple[Any, Any]]:
@@ -94,8 +126,18 @@ def stepwise(
     if axis is not None:
         axis = check_axis("stepwise", axis)
 
+    # Made without an axis: how often its Python has run, and scan's axis at the first
+    # run per argument shapes (a trace of mx.compile keeps that axis; scan checks it:
+    # check_compiled_axis).
+    runs = [0]
+    first_axes: dict[tuple, int] = {}
+
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
-        time_axis = _scan_axis() if axis is None else axis
+        time_axis = axis
+        if time_axis is None:
+            time_axis = _scan_axis()
+            runs[0] += 1
+            first_axes.setdefault(_shapes(carry, xs_chunk), time_axis)
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
@@ -146,6 +188,8 @@ def stepwise(
 
     chunk_fn._chunkscan_step = step  # type: ignore[attr-defined]  # read by scan's checks
     chunk_fn._chunkscan_axis = axis  # type: ignore[attr-defined]  # None: scan's (scan.py)
+    chunk_fn._chunkscan_runs = runs  # type: ignore[attr-defined]  # for check_compiled_axis
+    chunk_fn._chunkscan_first_axes = first_axes  # type: ignore[attr-defined]
     return chunk_fn
 
 
