@@ -205,6 +205,11 @@ def kernels():
                     [("dq", "float32", 6), ("dk", "float32", 6)],
                     [("dq_sum", dt), ("dk_sum", dt)],
                     [("G", G), ("D", D), ("TQ", dt), ("TK", dt)]))  # fmt: skip
+    for packed in (False, True):
+        out.append((f"gated_delta non_finite_reach packed={packed}",
+                    "chunkscan_gdn_non_finite_reach", "", rc._REACH,
+                    [("state_bad", "int32", 3), ("q_bad", "bool", 3), ("seq_of", "int32", 1)],
+                    [("o_bad", "bool"), ("seq_bad", "bool")], [("PACKED", packed)]))  # fmt: skip
     return out
 
 

@@ -489,8 +489,9 @@ def test_emulated_with_every_kernel(monkeypatch):
     """The whole op as it runs on CUDA, every kernel emulated: the fused chunk kernels
     and the state-pass kernel (``kernels=None``, the dispatch of a CUDA device; the
     forward state pass on tensor cores and the reverse one on FMAs, ``input_grads``
-    with its q / k products on tensor cores: the defaults), and the two small kernels
-    of ``_rows_cuda`` (the non-finite rows, dq and dk summed over the value heads)."""
+    with its q / k products on tensor cores: the defaults), and the three small kernels
+    of ``_rows_cuda`` (the non-finite rows, their reach along each sequence, dq and dk
+    summed over the value heads)."""
     from chunkscan.ops.gated_delta import _passes
 
     emu, names = emulate_kernels(monkeypatch)
@@ -500,7 +501,8 @@ def test_emulated_with_every_kernel(monkeypatch):
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, cu_seqlens=cu)
     passes = {"chunkscan_state_pass_tc", "chunkscan_state_pass"}
     tc = _chunk_cuda._TC_KERNELS  # their q / k products on tensor cores, the default
-    small = {"chunkscan_gdn_non_finite_rows", "chunkscan_gdn_sum_value_heads"}
+    small = {"chunkscan_gdn_non_finite_rows", "chunkscan_gdn_non_finite_reach",
+             "chunkscan_gdn_sum_value_heads"}  # fmt: skip
     assert set(names) == passes | small | {
         f"chunkscan_gdn_{w}" + ("_tc" if w in tc else "") for w in _chunk_cuda._KERNELS
     }

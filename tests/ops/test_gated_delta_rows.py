@@ -1,4 +1,4 @@
-"""The two small CUDA kernels of gated_delta_rule (``_rows_cuda``) against the MLX ops
+"""The small CUDA kernels of gated_delta_rule (``_rows_cuda``) against the MLX ops
 they replace: the same bits, run by the CPU emulator everywhere with ``g++`` and compiled
 on a CUDA device (``-k cuda``; outputs in bench/results/h200/)."""
 
@@ -73,6 +73,38 @@ def check_masks(case, seed=0):
     assert o_bad.any() and not o_bad.all()  # the case exercises both
 
 
+REACH_CASES = [  # (B, Hv, T, packed): spans of one token and of several per thread
+    (2, 3, 37, False),
+    (1, 2, 2500, True),
+    (3, 1, 3000, False),
+]
+
+
+def check_reach(case, seed=0):
+    """non_finite_reach against the MLX ops on sparse random flags (about 0.7 per head
+    and batch row, q's 0.5) and random sequence boundaries, some of them just after a
+    flagged row: in its thread's span of tokens, and spans later."""
+    B, Hv, T, packed = case
+    rng = np.random.default_rng(seed)
+    bad_rows = mx.array((rng.random((B, Hv, T)) < 0.7 / T).astype(np.int32))
+    q_bad = mx.array(rng.random((B, T, Hv)) < 0.5 / T)
+    seqs = None
+    if packed:
+        # a sequence starting right after a flagged row, and two a few spans after one
+        flagged = np.nonzero(np.array(bad_rows).any(axis=(0, 1)))[0]
+        after = {int(flagged[0]) + 1} | {int(f) + 7 for f in flagged[1:3]}
+        cuts = set(rng.integers(1, T, size=12).tolist()) | after | {1, T - 1}
+        offsets = [0, *sorted(c for c in cuts if 0 < c < T), T]
+        seqs = tuple(zip(offsets, offsets[1:]))
+    ref = chunk_module._reach(bad_rows, q_bad, seqs)
+    got = _rows_cuda.non_finite_reach(bad_rows, q_bad, seqs)
+    for r, x in zip(ref, got):
+        assert r.dtype == x.dtype and r.shape == x.shape
+        assert mx.array_equal(r, x).item()
+    seq_bad = np.array(ref[1])
+    assert seq_bad.any() and not seq_bad.all()  # the case exercises both
+
+
 def check_sums(G, dtype, seed=0):
     rng = np.random.default_rng(seed)
     dq = mx.array(rng.normal(size=(1, 2, 32, 3, G, 32)).astype(np.float32))
@@ -94,6 +126,12 @@ def test_emulated_non_finite_rows_match_the_ops(emulated, case):
 
 
 @needs_cxx
+@pytest.mark.parametrize("case", REACH_CASES, ids=["short", "packed", "batched"])
+def test_emulated_non_finite_reach_matches_the_ops(emulated, case):
+    check_reach(case)
+
+
+@needs_cxx
 @pytest.mark.parametrize("G, dtype", [(1, mx.bfloat16), (2, mx.bfloat16), (3, mx.float16)])
 def test_emulated_sum_value_heads_match_the_ops(emulated, G, dtype):
     check_sums(G, dtype)
@@ -112,6 +150,12 @@ def test_supported_shapes():
 @pytest.mark.parametrize("case", CASES, ids=["bf16-G2", "fp32-packed", "fp16-channel-G3"])
 def test_cuda_non_finite_rows_match_the_ops(case):
     check_masks(case)
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", REACH_CASES, ids=["short", "packed", "batched"])
+def test_cuda_non_finite_reach_matches_the_ops(case):
+    check_reach(case)
 
 
 @needs_cuda

@@ -1,4 +1,4 @@
-"""Two small CUDA kernels around the fused ones, each one launch where MLX ops took many.
+"""Small CUDA kernels around the fused ones, each one launch where MLX ops took many.
 
 - :func:`non_finite_rows`: which tokens have a non-finite ``q``, or a non-finite ``k``,
   ``v``, ``beta`` or gate (the rows :func:`.chunk._non_finite_reach` counts). As MLX
@@ -6,12 +6,18 @@
   ``logical_or`` s and the transposing copy that join them: about fifteen launches,
   0.59 ms of kernel time per fwd+bwd at T = 16384 on the H200 (run 58's Nsight
   profile: the bf16 row sums alone 0.32 ms). Here one launch reads each input once.
+- :func:`non_finite_reach`: from those rows, where the recurrence has NaN: every output
+  from a sequence's first flagged row on (or with a flagged ``q``) and the final state
+  of such a sequence. As MLX ops: a cumulative sum, two compares, a ``logical_or`` and
+  a slice (packed sequences: a concatenate, two gathers and a subtract more), about 50
+  us of kernel time per call at T = 16384 (an H100's Nsight profile, run 101: the
+  compare of the transposed count alone 30 us) besides each op's launch; here one.
 - :func:`sum_value_heads`: ``dq`` and ``dk`` summed over the ``G`` value heads that
   share a key head, cast to the inputs' dtypes. As MLX ops: a column sum and a cast
   each, four launches per group of chunks (0.44 ms per fwd+bwd at T = 16384, run 58);
   here one.
 
-Both are chosen with the other CUDA kernels (``kernels`` / ``CHUNKSCAN_CUDA_KERNELS``)
+All are chosen with the other CUDA kernels (``kernels`` / ``CHUNKSCAN_CUDA_KERNELS``)
 and give what the MLX ops give, bit for bit: the same flags, and for ``G <= 2`` the same
 sums (``G`` float32 values added in order, then a round-to-nearest cast; MLX may add
 three or more in another order). Tested against those ops through the CPU emulator
@@ -19,6 +25,8 @@ three or more in another order). Tested against those ops through the CPU emulat
 """
 
 from __future__ import annotations
+
+import functools
 
 import mlx.core as mx
 
@@ -64,6 +72,45 @@ _ROWS = r"""
   }
 """
 
+# One block per (value head h, batch row b): a segmented OR scan along T of the rows'
+# flags, restarting at each sequence's first token. Each thread takes a span of tokens:
+# its span's (any flag since its last restart, whether it restarts) as bits 0 and 1, a
+# block-wide inclusive scan of those, then the span again from the carry of the spans
+# before it, writing o_bad and, at a sequence's last token, seq_bad.
+_REACH = r"""
+  const int h = blockIdx.x, b = blockIdx.y, HV = gridDim.x;
+  const int NT = blockDim.x, tid = threadIdx.x, T = state_bad_shape[2];
+  const int span = (T + NT - 1) / NT;
+  const int t0 = min(T, tid * span), t1 = min(T, t0 + span);
+  const int* row = state_bad + (size_t(b) * HV + h) * T;
+  auto starts = [&](int t) { return t == 0 || (PACKED && seq_of[t] != seq_of[t - 1]); };
+  int acc = 0, restarts = 0;
+  for (int t = t0; t < t1; ++t) {
+    if (starts(t)) acc = 0, restarts = 2;
+    acc |= row[t] != 0 ? 1 : 0;
+  }
+  extern __shared__ int scan[];
+  scan[tid] = acc | restarts;
+  __syncthreads();
+  for (int off = 1; off < NT; off *= 2) {
+    const int x = scan[tid], before = tid >= off ? scan[tid - off] : 0;
+    __syncthreads();
+    // x after `before`: x's flag alone where x restarts, else either's
+    scan[tid] = (x & 2) ? (x | (before & 2)) : (x | before);
+    __syncthreads();
+  }
+  acc = tid > 0 ? (scan[tid - 1] & 1) : 0;
+  for (int t = t0; t < t1; ++t) {
+    if (starts(t)) acc = 0;
+    acc |= row[t] != 0 ? 1 : 0;
+    const size_t r = (size_t(b) * T + t) * HV + h;
+    o_bad[r] = acc != 0 || q_bad[r];
+    if (t == T - 1 || (PACKED && seq_of[t + 1] != seq_of[t])) {
+      seq_bad[(PACKED ? seq_of[t] : b) * HV + h] = acc != 0;
+    }
+  }
+"""
+
 # Four outputs per thread: row r of [R, D] (R = rows of the key heads), columns c..c+3;
 # blockIdx.y 0: dq, 1: dk. The G value heads' rows summed in order.
 _SUMS = r"""
@@ -93,6 +140,7 @@ MAX_KEY_HEADS = 32  # one warp each in a block of at most 1024 threads
 MAX_GROUP = 30  # value heads per key head: bits 2 .. 31 of a warp's flags
 MAX_BATCH = 65535  # batch rows: the grid's second dimension
 SUM_THREADS = 256
+REACH_THREADS = 1024
 
 
 def rows_supported(B: int, Hk: int, G: int) -> bool:
@@ -124,6 +172,39 @@ def non_finite_rows(q, k, v, g, beta) -> tuple[mx.array, mx.array]:
         output_shapes=[(B, Hv, T), (B, T, Hv)], output_dtypes=[mx.int32, mx.bool_],
     )  # fmt: skip
     return state_bad, q_bad
+
+
+def non_finite_reach(
+    state_bad: mx.array, q_bad: mx.array, seqs: tuple[tuple[int, int], ...] | None
+) -> tuple[mx.array, mx.array]:
+    """``(o_bad [B, T, Hv], seq_bad [n_seq, Hv])``, both bool, from
+    :func:`non_finite_rows`' ``state_bad [B, Hv, T]`` and ``q_bad [B, T, Hv]``:
+    ``o_bad`` where a row of the token's sequence at or before it is flagged in
+    ``state_bad``, or its ``q_bad``; ``seq_bad`` where any row of the sequence is (the
+    sequences: ``seqs``' ``(start, end)`` of the one batch row, else the ``B`` rows).
+    Requires :func:`rows_supported`."""
+    B, Hv, T = state_bad.shape
+    packed = seqs is not None
+    kernel = cuda_kernel(
+        "gated_delta_rule", "chunkscan_gdn_non_finite_reach", ["state_bad", "q_bad", "seq_of"],
+        ["o_bad", "seq_bad"], _REACH, "", REACH_THREADS * 4,
+    )  # fmt: skip
+    return kernel(
+        inputs=[state_bad, q_bad, _sequence_of_tokens(seqs)],
+        template=[("PACKED", packed)],
+        grid=(Hv * REACH_THREADS, B, 1), threadgroup=(REACH_THREADS, 1, 1),
+        output_shapes=[(B, T, Hv), (len(seqs) if packed else B, Hv)],
+        output_dtypes=[mx.bool_, mx.bool_],
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _sequence_of_tokens(seqs: tuple[tuple[int, int], ...] | None) -> mx.array:
+    """``[T]`` int32: each token's packed sequence (``[1]`` zeros without ``seqs``,
+    not read); an array with data and no graph, made once per layout."""
+    if seqs is None:
+        return mx.zeros((1,), dtype=mx.int32)
+    return mx.array([i for i, (lo, hi) in enumerate(seqs) for _ in range(hi - lo)], dtype=mx.int32)
 
 
 def sums_supported(rows: int, D: int) -> bool:

@@ -966,8 +966,9 @@ def _non_finite_reach(
     non-finite ``k``, ``v``, ``beta`` or ``g`` (NaN or ``+inf``) of its sequence on,
     ``o[t]`` where ``q[t]`` is non-finite, and the final state of such a sequence.
     The masks are constants: the gradients of the other tokens are untouched.
-    ``kernel``: the rows flagged by one CUDA launch (:func:`._rows_cuda.non_finite_rows`,
-    where it applies) instead of about fifteen MLX ops; the same masks.
+    ``kernel``: two CUDA launches where they apply (:func:`._rows_cuda.non_finite_rows`
+    flags the rows, :func:`._rows_cuda.non_finite_reach` spreads them along each
+    sequence) instead of about twenty MLX ops; the same masks.
     """
     B, T, Hk, G, Hv = spec.B, spec.T, spec.Hk, spec.G, spec.Hv
     # Without stop_gradient, autodiff would build the (zero) vjp of every comparison:
@@ -982,26 +983,34 @@ def _non_finite_reach(
     # gave True), which turned whole outputs NaN; the logical ops are right.
     if kernel and _rows_cuda.rows_supported(B, Hk, G):
         bad_rows, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, beta)
-    else:
-        g_bad = mx.logical_not(_gate_ok(g))
-        if spec.channel:
-            g_bad = mx.any(g_bad, axis=-1)
-        state_bad = functools.reduce(mx.logical_or, (
-            per_value_head(_bad_rows(k)), _bad_rows(v), _non_finite_mask(beta), g_bad,
-        ))  # fmt: skip
-        # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here,
-        # of stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200
-        # (ncu, runs 23 and 25; a transposed view alone still takes that path), where
-        # the copy and a row scan take 12 us (run 26).
-        bad_rows = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
-        q_bad = per_value_head(_bad_rows(q))
+        return _rows_cuda.non_finite_reach(bad_rows, q_bad, spec.seqs)
+    g_bad = mx.logical_not(_gate_ok(g))
+    if spec.channel:
+        g_bad = mx.any(g_bad, axis=-1)
+    state_bad = functools.reduce(mx.logical_or, (
+        per_value_head(_bad_rows(k)), _bad_rows(v), _non_finite_mask(beta), g_bad,
+    ))  # fmt: skip
+    # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here,
+    # of stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200
+    # (ncu, runs 23 and 25; a transposed view alone still takes that path), where
+    # the copy and a row scan take 12 us (run 26).
+    bad_rows = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
+    return _reach(bad_rows, per_value_head(_bad_rows(q)), spec.seqs)
+
+
+def _reach(
+    bad_rows: mx.array, q_bad: mx.array, seqs: tuple[tuple[int, int], ...] | None
+) -> tuple[mx.array, mx.array]:
+    """:func:`._rows_cuda.non_finite_reach` in MLX ops (same arguments and results):
+    ``bad_rows [B, Hv, T]`` int32 counted along ``T`` within each sequence."""
+    B, Hv, _ = bad_rows.shape
     count = mx.cumsum(bad_rows, axis=-1).swapaxes(1, 2)
-    if spec.seqs is not None:
+    if seqs is not None:
         # Count within each sequence: subtract the count before its first token.
-        before = [lo for lo, hi in spec.seqs for _ in range(hi - lo)]
+        before = [lo for lo, hi in seqs for _ in range(hi - lo)]
         padded = mx.concatenate([mx.zeros((B, 1, Hv), dtype=mx.int32), count], axis=1)
         count = count - mx.take(padded, mx.array(before, dtype=mx.int32), axis=1)
-        last = mx.array([hi - 1 for _, hi in spec.seqs], dtype=mx.int32)
+        last = mx.array([hi - 1 for _, hi in seqs], dtype=mx.int32)
         seq_bad = mx.take(count, last, axis=1)[0] > 0
     else:
         seq_bad = count[:, -1] > 0
