@@ -73,7 +73,7 @@ def check_masks(case, seed=0):
     assert o_bad.any() and not o_bad.all()  # the case exercises both
 
 
-REACH_CASES = [  # (B, Hv, T, packed): spans of one token and of several per thread
+REACH_CASES = [  # (B, Hv, T, packed): one tile of the kernel's 1024 tokens, and three
     (2, 3, 37, False),
     (1, 2, 2500, True),
     (3, 1, 3000, False),
@@ -82,15 +82,16 @@ REACH_CASES = [  # (B, Hv, T, packed): spans of one token and of several per thr
 
 def check_reach(case, seed=0):
     """non_finite_reach against the MLX ops on sparse random flags (about 0.7 per head
-    and batch row, q's 0.5) and random sequence boundaries, some of them just after a
-    flagged row: in its thread's span of tokens, and spans later."""
+    and batch row, q's 0.5) and random sequence boundaries, one right after a flagged
+    row and two seven tokens after one (negative controls: the carry between tiles,
+    the restart in the scan's join, each dropped, fail)."""
     B, Hv, T, packed = case
     rng = np.random.default_rng(seed)
     bad_rows = mx.array((rng.random((B, Hv, T)) < 0.7 / T).astype(np.int32))
     q_bad = mx.array(rng.random((B, T, Hv)) < 0.5 / T)
     seqs = None
     if packed:
-        # a sequence starting right after a flagged row, and two a few spans after one
+        # a sequence starting right after a flagged row, and two a few tokens after one
         flagged = np.nonzero(np.array(bad_rows).any(axis=(0, 1)))[0]
         after = {int(flagged[0]) + 1} | {int(f) + 7 for f in flagged[1:3]}
         cuts = set(rng.integers(1, T, size=12).tolist()) | after | {1, T - 1}

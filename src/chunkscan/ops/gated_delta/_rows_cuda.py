@@ -73,41 +73,53 @@ _ROWS = r"""
 """
 
 # One block per (value head h, batch row b): a segmented OR scan along T of the rows'
-# flags, restarting at each sequence's first token. Each thread takes a span of tokens:
-# its span's (any flag since its last restart, whether it restarts) as bits 0 and 1, a
-# block-wide inclusive scan of those, then the span again from the carry of the spans
-# before it, writing o_bad and, at a sequence's last token, seq_bad.
+# flags, restarting at each sequence's first token, a tile of blockDim tokens at a time
+# (a token per thread: coalesced reads; the next tile's read issued before this tile's
+# scan). A token's state: bit 0 a flag since the last restart, bit 1 a restart. Warps
+# scan with shuffles, warp 0 the warps' totals, and the tiles carry the flag on.
 _REACH = r"""
-  const int h = blockIdx.x, b = blockIdx.y, HV = gridDim.x;
-  const int NT = blockDim.x, tid = threadIdx.x, T = state_bad_shape[2];
-  const int span = (T + NT - 1) / NT;
-  const int t0 = min(T, tid * span), t1 = min(T, t0 + span);
+  const int h = blockIdx.x, b = blockIdx.y, HV = gridDim.x, T = state_bad_shape[2];
+  const int NT = blockDim.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int* row = state_bad + (size_t(b) * HV + h) * T;
-  auto starts = [&](int t) { return t == 0 || (PACKED && seq_of[t] != seq_of[t - 1]); };
-  int acc = 0, restarts = 0;
-  for (int t = t0; t < t1; ++t) {
-    if (starts(t)) acc = 0, restarts = 2;
-    acc |= row[t] != 0 ? 1 : 0;
-  }
-  extern __shared__ int scan[];
-  scan[tid] = acc | restarts;
-  __syncthreads();
-  for (int off = 1; off < NT; off *= 2) {
-    const int x = scan[tid], before = tid >= off ? scan[tid - off] : 0;
-    __syncthreads();
-    // x after `before`: x's flag alone where x restarts, else either's
-    scan[tid] = (x & 2) ? (x | (before & 2)) : (x | before);
-    __syncthreads();
-  }
-  acc = tid > 0 ? (scan[tid - 1] & 1) : 0;
-  for (int t = t0; t < t1; ++t) {
-    if (starts(t)) acc = 0;
-    acc |= row[t] != 0 ? 1 : 0;
-    const size_t r = (size_t(b) * T + t) * HV + h;
-    o_bad[r] = acc != 0 || q_bad[r];
-    if (t == T - 1 || (PACKED && seq_of[t + 1] != seq_of[t])) {
-      seq_bad[(PACKED ? seq_of[t] : b) * HV + h] = acc != 0;
+  // y after x: y's flag alone where y restarts, else either's
+  auto join = [](int x, int y) { return (y & 2) ? (y | (x & 2)) : (x | y); };
+  auto state = [&](int t, int flagged) {
+    const bool starts = t == 0 || (PACKED && seq_of[t] != seq_of[t - 1]);
+    return (flagged != 0 ? 1 : 0) | (starts ? 2 : 0);
+  };
+  extern __shared__ int totals[];  // [NT / 32]: each warp's inclusive total
+  int carry = 0;                   // the flag entering the tile
+  int next = tid < T ? row[tid] : 0;
+  for (int base = 0; base < T; base += NT) {
+    const int t = base + tid;
+    int x = t < T ? state(t, next) : 0;
+    if (t + NT < T) next = row[t + NT];
+    for (int off = 1; off < 32; off *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, x, off);
+      if (lane >= off) x = join(y, x);
     }
+    if (lane == 31) totals[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < NT / 32 ? totals[lane] : 0;
+      for (int off = 1; off < 32; off *= 2) {
+        const int y = __shfl_up_sync(0xffffffffu, w, off);
+        if (lane >= off) w = join(y, w);
+      }
+      if (lane < NT / 32) totals[lane] = w;
+    }
+    __syncthreads();
+    const int before = warp > 0 ? join(carry, totals[warp - 1]) : carry;
+    const bool reach = (join(before, x) & 1) != 0;
+    if (t < T) {
+      const size_t r = (size_t(b) * T + t) * HV + h;
+      o_bad[r] = reach || q_bad[r];
+      if (t == T - 1 || (PACKED && seq_of[t + 1] != seq_of[t])) {
+        seq_bad[(PACKED ? seq_of[t] : b) * HV + h] = reach;
+      }
+    }
+    carry = join(carry, totals[NT / 32 - 1]) & 1;
+    __syncthreads();  // totals read before the next tile writes them
   }
 """
 
@@ -187,7 +199,7 @@ def non_finite_reach(
     packed = seqs is not None
     kernel = cuda_kernel(
         "gated_delta_rule", "chunkscan_gdn_non_finite_reach", ["state_bad", "q_bad", "seq_of"],
-        ["o_bad", "seq_bad"], _REACH, "", REACH_THREADS * 4,
+        ["o_bad", "seq_bad"], _REACH, "", REACH_THREADS // 32 * 4,
     )  # fmt: skip
     return kernel(
         inputs=[state_bad, q_bad, _sequence_of_tokens(seqs)],
