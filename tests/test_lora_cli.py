@@ -607,6 +607,71 @@ def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, m
         lora.main([*argv[:7], *missing])
 
 
+def test_resumed_adapters_are_checked_by_their_own_shapes_and_names(tmp_path, monkeypatch):
+    """Without an ``adapter_config.json`` beside ``--resume-adapter-file`` (a file copied
+    alone) a rank-4 file resumed at rank 8 went on, exit 0, and saved adapters that do
+    not load; a full fine-tune resumed with fewer ``--num-layers`` dropped the other
+    layers' weights from the saved file (both found by probing). The rank is read off
+    the ``lora_b`` shapes, the layers off the names; the same file at the right rank,
+    or with every layer trained, goes on."""
+    import mlx.core as mx
+
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
+    model = small_model(tmp_path / "model")  # 2 layers
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    lone = tmp_path / "lone" / "adapters.safetensors"
+    lone.parent.mkdir()
+    up = "model.layers.1.mlp.up_proj"
+    mx.save_safetensors(str(lone), {f"{up}.lora_a": mx.zeros((16, 4)),
+                                    f"{up}.lora_b": mx.zeros((4, 32))})  # fmt: skip
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+            "--resume-adapter-file", str(lone)]  # fmt: skip
+    msg = "holds adapters of rank 4 (its tensors' shapes), this run asks for rank 8"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(argv)
+    cfg = tmp_path / "rank4.yaml"
+    cfg.write_text("lora_parameters: {rank: 4, scale: 20.0, dropout: 0.0}\n")
+    assert lora.main([*argv, "-c", str(cfg)]) == 0 and len(ran) == 1
+    full = tmp_path / "full" / "adapters.safetensors"
+    full.parent.mkdir()
+    mx.save_safetensors(str(full), {f"model.layers.{i}.mlp.up_proj.weight": mx.zeros((2,))
+                                    for i in (0, 1)})  # fmt: skip
+    argv = ["--model", str(model), "--data", str(data), "--train", "--fine-tune-type", "full",
+            "--resume-adapter-file", str(full)]  # fmt: skip
+    with pytest.raises(
+        SystemExit, match=re.escape("holds adapters of layer 0, which --num-layers 1")
+    ):
+        lora.main([*argv, "--num-layers", "1"])
+    assert lora.main([*argv, "--num-layers", "2"]) == 0 and len(ran) == 2
+
+
+def test_lora_parameters_values_are_checked(tmp_path, no_load):
+    """mlx-lm takes ``lora_parameters`` as they are: rank 0 trained nothing and scale
+    .nan gave NaN adapters, both with exit 0; a negative rank, dropout 1.5 or a key that
+    is not a string failed after the model loaded (found by probing)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    cfg = tmp_path / "lora.yaml"
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+            "-c", str(cfg)]  # fmt: skip
+    for given, message in (
+        ("rank: 0, scale: 20.0, dropout: 0.0", "rank must be a whole number of at least 1, not 0"),
+        ("rank: -2, scale: 20.0, dropout: 0.0", "not -2"),
+        ("rank: 8.0, scale: 20.0, dropout: 0.0", "not 8.0"),
+        ("rank: 8, scale: .nan, dropout: 0.0", "scale must be a finite number, not nan"),
+        ("rank: 8, scale: 20.0, dropout: 1.5", "dropout must be a number from 0 up to"),
+        ("rank: 8, scale: 20.0, dropout: 0.0, keys: [1]", "keys must be a list of module names"),
+        ("rank: 8, scale: 20.0, dropout: 0.0, keys: []", "keys must be a list of module names"),
+    ):
+        cfg.write_text(f"lora_parameters: {{{given}}}\n")
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            lora.main(argv)
+    cfg.write_text("lora_parameters: {rank: 8, scale: 20.0, dropout: 0.0, keys: [mlp.up_proj]}\n")
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)
+
+
 def test_resumed_adapters_of_layers_or_keys_this_run_skips_are_refused(tmp_path, monkeypatch):
     """Adapters of layers 0 and 1 resumed with ``--num-layers 1`` (the last layer only):
     mlx-lm loads the file with ``strict=False``, so layer 0's were dropped, trained no
@@ -621,7 +686,8 @@ def test_resumed_adapters_of_layers_or_keys_this_run_skips_are_refused(tmp_path,
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    names = [f"model.layers.{i}.mlp.up_proj.lora_{ab}" for i in (0, 1) for ab in "ab"]
+    names = [f"model.layers.{i}.mlp.{p}_proj.lora_{ab}" for i in (0, 1) for p in ("up", "down")
+             for ab in "ab"]  # fmt: skip
     mx.save_safetensors(str(earlier / "adapters.safetensors"), {n: mx.zeros((2,)) for n in names})
     config = {
         "fine_tune_type": "lora",
@@ -641,8 +707,15 @@ def test_resumed_adapters_of_layers_or_keys_this_run_skips_are_refused(tmp_path,
         lora.main([*argv, "--num-layers", "1"])
     cfg = tmp_path / "keys.yaml"
     cfg.write_text("lora_parameters: {rank: 8, scale: 20.0, dropout: 0.0, keys: [mlp.up_proj]}\n")
-    with pytest.raises(SystemExit, match=re.escape("this run's lack ['mlp.down_proj']")):
+    msg = "holds adapters of mlp.down_proj, which this run's lora_parameters keys ['mlp.up_proj']"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main([*argv, "--num-layers", "-1", "-c", str(cfg)])
+    # read off the file's tensor names: without its adapter_config.json beside it (a
+    # run of mlx-lm's default keys saves none) the adapters were dropped (probing)
+    (earlier / "adapter_config.json").unlink()
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main([*argv, "--num-layers", "-1", "-c", str(cfg)])
+    (earlier / "adapter_config.json").write_text(json.dumps(config))
     assert not ran
     # the negative control: every resumed layer and key wrapped
     assert lora.main([*argv, "--num-layers", "2"]) == 0 and len(ran) == 1

@@ -335,6 +335,30 @@ def _check_lora_parameters(args: dict) -> None:
             f"which mlx-lm reads without a default (a YAML lora_parameters replaces "
             f"mlx-lm's whole); add {shown or 'them'}."
         )
+    # Their values, which mlx-lm takes as they are (found by probing): rank 0 trained
+    # nothing and exited 0, scale .nan gave NaN adapters, exit 0; a negative rank,
+    # dropout 1.5 or a key that is not a string failed after the model loaded.
+    rank, scale, dropout = given["rank"], given["scale"], given["dropout"]
+    problems = []
+    if not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
+        problems.append(f"rank must be a whole number of at least 1, not {rank!r}")
+    if not (_is_number(scale) and math.isfinite(scale)):
+        problems.append(f"scale must be a finite number, not {scale!r}")
+    if not (_is_number(dropout) and 0 <= dropout < 1):
+        problems.append(f"dropout must be a number from 0 up to (not including) 1, not {dropout!r}")
+    keys = given.get("keys")
+    if keys is not None and not (
+        isinstance(keys, list) and keys and all(isinstance(k, str) and k for k in keys)
+    ):
+        problems.append(
+            f"keys must be a list of module names such as [self_attn.q_proj], not {keys!r}"
+        )
+    if problems:
+        raise SystemExit(f"{PROG}: lora_parameters{source}: {'; '.join(problems)}.")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # Keys mlx-lm reads from its options without a flag or a default of their own
@@ -710,6 +734,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     lora_parameters = args.lora_parameters if isinstance(args.lora_parameters, dict) else {}
     saved_lora = saved.get("lora_parameters")
     saved_lora = saved_lora if isinstance(saved_lora, dict) else {}
+    header = _tensor_header(path)
     pairs = [("fine_tune_type", saved.get("fine_tune_type"), args.fine_tune_type)]
     if args.fine_tune_type != "full":
         pairs.append(("rank", saved_lora.get("rank"), lora_parameters.get("rank")))
@@ -722,25 +747,35 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
                 f"that do not load. Give this run the same {what} (-c or its flag), or "
                 f"start without --resume-adapter-file."
             )
-    if args.fine_tune_type != "full":
-        _check_resumed_coverage(args, resume, saved_lora, lora_parameters)
+    ranks, now = _lora_ranks(header), lora_parameters.get("rank")
+    # the file's own shapes: a file without its adapter_config.json beside it went
+    # unchecked (found by probing: rank 4 resumed at 8, exit 0, adapters that do not load)
+    if args.fine_tune_type != "full" and ranks and isinstance(now, int) and ranks != {now}:
+        raise SystemExit(
+            f"chunkscan lora: --resume-adapter-file {resume} holds adapters of rank "
+            f"{', '.join(map(str, sorted(ranks)))} (its tensors' shapes), this run asks for "
+            f"rank {now}: mlx-lm would load them anyway (strict=False) and save adapters "
+            f"that do not load. Give this run the same rank (lora_parameters in -c), or "
+            f"start without --resume-adapter-file."
+        )
+    _check_resumed_coverage(args, resume, header, lora_parameters)
 
 
 def _check_resumed_coverage(
-    args: types.SimpleNamespace, resume: Any, saved_lora: dict, lora_parameters: dict
+    args: types.SimpleNamespace, resume: Any, header: dict, lora_parameters: dict
 ) -> None:
     """The resumed adapters' layers (read off the tensor names in the file's header)
-    are among the last ``--num-layers`` this run wraps, and their projections
-    (``lora_parameters.keys`` beside it) among this run's keys: mlx-lm loads the file
-    with ``strict=False``, so adapters of a layer or projection this run does not wrap
-    were dropped, trained no further and left out of the saved file, with no message
-    (a run resumed with ``--num-layers 1`` lost the other layers' adapters; found by
-    probing)."""
-    path = pathlib.Path(str(resume)).expanduser()
+    are among the last ``--num-layers`` this run wraps (or, ``full``, trains), and
+    their modules among this run's ``lora_parameters.keys`` where it lists them: mlx-lm
+    loads the file with ``strict=False``, so adapters of a layer or module this run
+    does not wrap were dropped, trained no further and left out of the saved file, with
+    no message (found by probing: a run resumed with ``--num-layers 1`` lost the other
+    layers' adapters, LoRA or full; one with keys listed lost the adapters of the
+    default keys)."""
     config = _model_config(args.model)
     count = _layer_count(config)
     wrapped = args.num_layers if args.num_layers != -1 else count
-    layers = _tensor_layers(path)
+    layers = _tensor_layers(header)
     # Said only where the count is surely the layers mlx-lm builds: not where the
     # config's num_layers disagrees (LongCat-Flash builds num_layers, half of
     # num_hidden_layers) or a tensor names a layer past it (found by review).
@@ -761,34 +796,64 @@ def _check_resumed_coverage(
                 f"{count - outside[0]} or more (-1: all), or start without "
                 f"--resume-adapter-file."
             )
-    before, now = saved_lora.get("keys"), lora_parameters.get("keys")
-    if isinstance(before, list) and isinstance(now, list):
-        dropped = [k for k in before if k not in now]
+    keys = lora_parameters.get("keys")
+    if args.fine_tune_type != "full" and isinstance(keys, list):
+        dropped = sorted(_lora_modules(header) - set(keys))
         if dropped:
             raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} was trained with "
-                f"lora_parameters keys {before!r} ({path.parent / 'adapter_config.json'}), "
-                f"this run's lack {dropped!r}: mlx-lm would load it anyway (strict=False) "
-                f"and drop those adapters. Give this run the same keys (-c), or start "
-                f"without --resume-adapter-file."
+                f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
+                f"{', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}, which this "
+                f"run's lora_parameters keys {keys!r} leave out: mlx-lm would load it "
+                f"anyway (strict=False) and drop those adapters. Give this run keys that "
+                f"cover them (-c), or start without --resume-adapter-file."
             )
 
 
-def _tensor_layers(path: pathlib.Path) -> set[int]:
-    """The layer indices (``...layers.<i>.``) in the tensor names of a safetensors
-    file, read from its header alone; empty where it cannot be read."""
+def _tensor_header(path: pathlib.Path) -> dict:
+    """A safetensors file's header (tensor name -> its dtype, shape and offsets; no
+    ``__metadata__``), read alone; empty where it cannot be read."""
     try:
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
             if not 0 < size <= 1 << 26:
-                return set()
+                return {}
             header = json.loads(f.read(size))
     except (OSError, ValueError):
-        return set()
+        return {}
     if not isinstance(header, dict):
-        return set()
-    found = (_LAYER_NAME.search(name) for name in header if name != "__metadata__")
+        return {}
+    return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def _tensor_layers(header: dict) -> set[int]:
+    """The layer indices (``...layers.<i>.``) in a header's tensor names."""
+    found = (_LAYER_NAME.search(name) for name in header)
     return {int(m.group(1)) for m in found if m}
+
+
+def _lora_modules(header: dict) -> set[str]:
+    """The modules a header's LoRA / DoRA tensors adapt, named as ``lora_parameters``
+    keys name them: within a layer (``self_attn.q_proj``), else the whole path."""
+    modules = set()
+    for name in header:
+        module, _, leaf = name.rpartition(".")
+        if leaf in ("lora_a", "lora_b", "m") and module:
+            m = _LAYER_NAME.search(module + ".")
+            modules.add(module[m.end() :] if m else module)
+    return modules
+
+
+def _lora_ranks(header: dict) -> set[int]:
+    """The ranks of a header's LoRA / DoRA adapters, from the shapes of their
+    ``lora_b``: ``[r, out]``, or ``[experts, out, r]`` (mlx-lm's SwitchLinear)."""
+    ranks = set()
+    for name, info in header.items():
+        shape = info.get("shape")
+        if name.endswith(".lora_b") and isinstance(shape, list) and len(shape) in (2, 3):
+            rank = shape[0] if len(shape) == 2 else shape[-1]
+            if isinstance(rank, int):
+                ranks.add(rank)
+    return ranks
 
 
 _LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
