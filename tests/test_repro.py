@@ -457,6 +457,13 @@ def test_provenance_records_the_settings_and_threads(monkeypatch):
     meta = measure.provenance()
     assert meta["env"]["MLX_ENABLE_TF32"] == "0" and meta["env"]["CHUNKSCAN_CPU_THREADS"] == "1"
     assert meta["cpu_threads"] == 1 != _cpu_threads.MAX_THREADS
+    # a value refused is recorded as such: provenance is written after measuring, and
+    # it raised there, losing every result (found by probing)
+    for bad in ("abc", "0"):
+        monkeypatch.setenv("CHUNKSCAN_CPU_THREADS", bad)
+        meta = measure.provenance()
+        assert meta["cpu_threads"].startswith("refused: [chunkscan]"), meta["cpu_threads"]
+        assert meta["env"]["CHUNKSCAN_CPU_THREADS"] == bad
 
 
 def test_the_demo_model_is_the_same_in_every_process():

@@ -101,8 +101,18 @@ def provenance() -> dict[str, Any]:
         "device": f"{mx.default_device()}, {platform.machine()}, {os.cpu_count()} cpus",
         "versions": versions,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_RECORDED_ENV)},
-        "cpu_threads": _cpu_threads.threads(),  # the CPU products' threads in effect
+        "cpu_threads": _cpu_threads_in_effect(),
     }
+
+
+def _cpu_threads_in_effect() -> int | str:
+    """The threads the CPU products use, or why ``CHUNKSCAN_CPU_THREADS`` is refused:
+    provenance is written after measuring, and a bad value (which the measured code may
+    never read) raised there and lost every result (found by probing)."""
+    try:
+        return _cpu_threads.threads()
+    except ValueError as e:
+        return f"refused: {e}"
 
 
 class NoOrdering:
