@@ -481,12 +481,28 @@ def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path
         ("train", train + '{"prompt": "a"}\n', "train.jsonl line 5 lacks 'text', which line 1"),
         ("train", '{"txt": "a b"}\n' + train, "train.jsonl line 1 has none of the keys mlx-lm"),
     ]
+    # after the model loaded too (found by probing): bytes that are not UTF-8 (the check
+    # read them replaced), a value of another type (mid-training)
+    number = train.replace('"text"', '"text": 1, "x"', 1)
+    cases += [
+        ("train", train + '{"text": null}\n', "train.jsonl line 5: 'text' is a JSON null, not a"),
+        ("train", number, "train.jsonl line 1: 'text' is a JSON number, not a string"),
+        ("train", train + '{"text": "a \udcff"}\n', "train.jsonl line 5 is not UTF-8 (byte"),
+    ]  # fmt: skip
     for split, content, msg in cases:
         kept = (data / f"{split}.jsonl").read_text()
-        (data / f"{split}.jsonl").write_text(content)
+        (data / f"{split}.jsonl").write_bytes(content.encode("utf-8", "surrogateescape"))
         with pytest.raises(SystemExit, match=re.escape(f"{where} {msg}")):
             lora.main(argv)
         (data / f"{split}.jsonl").write_text(kept)
+    # a split that is a folder: mlx-lm opens every split file of the folder
+    kept = (data / "valid.jsonl").read_text()
+    (data / "valid.jsonl").unlink()
+    (data / "valid.jsonl").mkdir()
+    with pytest.raises(SystemExit, match=re.escape(f"{where} valid.jsonl is not a file")):
+        lora.main(argv)
+    (data / "valid.jsonl").rmdir()
+    (data / "valid.jsonl").write_text(kept)
     # prompt / completion and chat examples, and CRLF line ends, pass
     pairs = json.dumps({"prompt": "a b", "completion": "c d"})
     chat = json.dumps({"messages": [{"role": "user", "content": "a\u2028b"}]}, ensure_ascii=False)

@@ -612,6 +612,11 @@ def _check_data(args: types.SimpleNamespace) -> None:
     read = {split for split, wanted in batched.items() if wanted}
     for split in ("train", "valid", "test"):
         path = data / f"{split}.jsonl"
+        if path.exists() and not path.is_file():  # mlx-lm opens it (found by probing)
+            raise SystemExit(
+                f"chunkscan lora: --data {args.data}: {split}.jsonl is not a file; mlx-lm "
+                f"reads every split file of the folder. Remove or rename it."
+            )
         if not path.is_file():
             continue
         examples = _read_examples(path, args, keys=split in read)
@@ -878,8 +883,10 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
     count = 0
     # as mlx-lm iterates it (text mode: lines end at \n, \r\n or \r, where
     # str.splitlines would also cut at a U+2028 inside a JSON string)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
+    # strictly decoded, as mlx-lm decodes it (errors="replace" passed a file that is not
+    # UTF-8, then mlx-lm's UnicodeDecodeError came after loading; found by probing)
+    with open(path, encoding="utf-8") as f:
+        for number, line in _numbered_lines(f, where):
             if not line.strip():
                 blank = blank or number
                 continue
@@ -895,9 +902,47 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
                     f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
                     f"line 1 has: mlx-lm reads every example in line 1's format."
                 )
+            if keys:
+                _check_example_values(where, number, example, needed, chat)
     if blank is not None and count:  # blank lines at the end (all blank: "is empty")
         _blank_line(where, blank)
     return count
+
+
+def _numbered_lines(f, where: str):
+    """``(number, line)`` of a text file opened strictly as UTF-8; bytes that do not
+    decode stop the command naming their line (counted in the raw bytes: the text
+    layer decodes a chunk of lines at a time)."""
+    try:
+        yield from enumerate(f, 1)
+    except UnicodeDecodeError:
+        with open(f.name, "rb") as raw:
+            data = raw.read()
+        try:
+            data.decode("utf-8")
+            at = len(data)  # (not reached: the same bytes failed above)
+        except UnicodeDecodeError as e:
+            at = e.start
+        line = data[:at].count(b"\n") + 1
+        raise SystemExit(
+            f"{where} line {line} is not UTF-8 (byte {at} of the "
+            f"file); mlx-lm reads the file as UTF-8. Convert the file."
+        ) from None
+
+
+def _check_example_values(where: str, number: int, example: dict, needed, chat: str) -> None:
+    """The values of an example's format keys have the type mlx-lm's tokenizer calls
+    take (a string; the chat's messages, a list): ``{"text": null}`` failed mid-training
+    (found by probing)."""
+    for key in needed:
+        value, want = example[key], (list if key == chat else str)
+        if not isinstance(value, want):
+            kind = {type(None): "null", bool: "boolean", int: "number", float: "number",
+                    dict: "object"}.get(type(value), type(value).__name__)  # fmt: skip
+            raise SystemExit(
+                f"{where} line {number}: {key!r} is a JSON {kind}, not a "
+                f"{'list of messages' if want is list else 'string'}, which mlx-lm reads."
+            )
 
 
 def _blank_line(where: str, number: int) -> None:
