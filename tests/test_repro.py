@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -271,6 +272,39 @@ def test_an_interrupted_run_leaves_no_reference_folder(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         repro.main(["--T", "8", "--out", str(tmp_path / "out")])
     assert not [p for p in os.listdir(tmp_path) if p.startswith("chunkscan-repro-")]
+
+
+def test_a_terminated_run_leaves_no_reference_folder(tmp_path):
+    """SIGTERM (``timeout``'s signal) ended the process at once, leaving
+    ``$TMPDIR/chunkscan-repro-*`` (found by probing); now it exits 143 through the same
+    cleanup as Ctrl-C. Negative control: with SIGTERM's default action restored in the
+    command's process, the folder stays."""
+    import signal
+
+    def run(default_action: bool) -> tuple[int, list[str]]:
+        tmp = tmp_path / ("default" if default_action else "handled")
+        tmp.mkdir()
+        prelude = ("import signal, chunkscan.commands.cli as c; "
+                   "c._exit_on_sigterm = lambda: None; " if default_action else
+                   "import chunkscan.commands.cli as c; ")  # fmt: skip
+        code = prelude + "import sys; sys.exit(c.main(sys.argv[1:]))"
+        argv = ["repro", "--T", "64", "128", "--H", "1", "--D", "8", "--no-plot",
+                "--out", str(tmp / "out")]  # fmt: skip
+        env = dict(os.environ, TMPDIR=str(tmp))
+        proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            p.startswith("chunkscan-repro-") for p in os.listdir(tmp)
+        ):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        return code, [p for p in os.listdir(tmp) if p.startswith("chunkscan-repro-")]
+
+    assert run(default_action=False) == (143, [])
+    code, left = run(default_action=True)
+    assert code == -signal.SIGTERM and left
 
 
 def test_references_run_apart_where_plain_is_not_a_mode(tmp_path, monkeypatch, capsys):

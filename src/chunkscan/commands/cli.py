@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 
 COMMANDS = {
     "repro": ("chunkscan.commands.repro", "reproduce MLX issue #4837 and show the fix"),
@@ -41,7 +43,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     module = importlib.import_module(COMMANDS[name][0])
+    _exit_on_sigterm()
     return int(module.main(rest) or 0)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``'s signal, a scheduler's) raises ``SystemExit(143)`` in the
+    main thread, so that the commands' cleanup runs as it does for Ctrl-C: it ended the
+    process at once, leaving the demo's temporary model and repro's reference
+    gradients in the temporary folder (found by probing). A handler of the caller's own
+    is kept."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":
