@@ -510,6 +510,16 @@ def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path
         (data / "train.jsonl").write_text(content, newline="")
         with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
             lora.main(argv)
+    # ... but the first two go through the tokenizer's chat template: a model without
+    # one (the demo's had none) was a traceback after loading (found by probing)
+    tokenizer = json.loads((model / "tokenizer_config.json").read_text())
+    del tokenizer["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    for content, kind in ((pairs, "'prompt' / 'completion'"), (chat, "'messages'")):
+        (data / "train.jsonl").write_text((content + "\n") * 4)
+        msg = f"{where} train.jsonl holds {kind} examples, which mlx-lm formats with the"
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            lora.main(argv)
 
 
 def test_a_model_config_mlx_lm_cannot_read_is_refused_before_loading(tmp_path, no_load):

@@ -68,6 +68,9 @@ def build_model(config: dict[str, Any], seed: int = 0):
     return model
 
 
+_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
 def write_tokenizer(path: pathlib.Path) -> None:
     """Save a word-level ``tokenizer.json`` that ``mlx_lm.load`` reads offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -85,6 +88,9 @@ def write_tokenizer(path: pathlib.Path) -> None:
                 "pad_token": "<pad>",
                 "eos_token": "<eos>",
                 "model_max_length": 1 << 20,
+                # the messages' words in turn: prompt / completion and chat data need a
+                # chat template (without one, mlx-lm's traceback; found by probing)
+                "chat_template": _CHAT_TEMPLATE,
             },
             indent=2,
         )

@@ -896,6 +896,8 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
             example = _parse_example(where, number, line)
             if count == 1:
                 needed = _example_format(where, example, prompt, completion, chat, text, args)
+                if keys and needed != (text,):
+                    _check_chat_template(where, needed, args)
             lacking = [k for k in needed if k not in example] if keys else []
             if lacking:
                 raise SystemExit(
@@ -985,6 +987,33 @@ def _example_format(where, example, prompt, completion, chat, text, args) -> tup
             f"--mask-prompt takes {prompt!r} / {completion!r} or {chat!r} examples."
         )
     return (text,)
+
+
+def _check_chat_template(where: str, needed: tuple[str, ...], args: types.SimpleNamespace) -> None:
+    """``prompt`` / ``completion`` and chat examples go through the tokenizer's chat
+    template: a local model folder whose tokenizer has none (the demo's had none) was a
+    traceback after the model loaded (found by probing). Not asked of a Hub model."""
+    model = pathlib.Path(str(args.model)).expanduser()
+    if not model.is_dir() or _has_chat_template(model):
+        return
+    raise SystemExit(
+        f"{where} holds {' / '.join(map(repr, needed))} examples, which mlx-lm formats with "
+        f"the tokenizer's chat template, but --model {args.model} has none (no "
+        f"chat_template in tokenizer_config.json, no chat_template.jinja). Use 'text' "
+        f"examples, or a model whose tokenizer has a chat template."
+    )
+
+
+def _has_chat_template(model: pathlib.Path) -> bool:
+    """Whether a local model folder's tokenizer has a chat template (the places
+    transformers reads it from)."""
+    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((model / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return True  # unread: left to mlx-lm
+    return not isinstance(config, dict) or bool(config.get("chat_template"))
 
 
 def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
