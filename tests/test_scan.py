@@ -1187,6 +1187,43 @@ def test_a_captured_twin_of_the_params_module_warns():
         chunkscan.scan(f, mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2, params=params)
 
 
+def test_a_captured_twin_beside_the_module_a_params_tree_stands_for_warns():
+    """``params=cell_a.trainable_parameters()`` with ``cell_a.update(p)`` in the step and
+    a captured ``cell_b`` of the same architecture: both matched ``params`` by structure,
+    so nothing warned and ``cell_b``'s gradient was zero (found by probing). Under a
+    transform (``params`` the transform's arrays) one warning names both; outside one
+    (``params`` ``cell_a``'s own arrays) ``cell_b`` is the module left out. Negative
+    control: ``cell_a`` alone does not warn."""
+    cell_a, cell_b = nn.Linear(3, 3), nn.Linear(3, 3)
+    xs, h0 = mx.ones((4, 3)), mx.zeros((3,))
+
+    def step(h, x, p):
+        cell_a.update(p)
+        h = mx.tanh(cell_a(h) + cell_b(x))
+        return h, h
+
+    def loss(p):
+        return chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=p)[1].sum()
+
+    p0 = cell_a.trainable_parameters()
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="nn.Modules 'cell_a' and 'cell_b'"):
+        mx.grad(loss)(p0)
+    cell_a.update(p0)
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="captures the nn.Module 'cell_b'"):
+        loss(p0)
+
+    def alone(h, x, p):
+        cell_a.update(p)
+        h = mx.tanh(cell_a(h) + x)
+        return h, h
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mx.grad(lambda p: chunkscan.scan(chunkscan.stepwise(alone), h0, xs, chunk_size=2,
+                                         params=p)[1].sum())(p0)  # fmt: skip
+    cell_a.update(p0)
+
+
 def test_a_captured_module_whose_trainable_arrays_are_all_passed_does_not_warn():
     """A method capturing ``self`` and passing ``params=self.cell``, ``self.cell`` its
     only trainable part: every array of ``self`` is passed, so no gradient is lost, but

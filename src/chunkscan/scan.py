@@ -668,26 +668,43 @@ def _warn_on_captured_modules(
     ``f``; under a transform ``params`` are the transform's arrays, not the module's).
     The last two warned falsely before (found by probing). One test covers these, and a
     module with no trainable array. The match by structure is not taken where
-    ``params`` is a module (``params_module``): its arrays are the module's own, so the
-    match could only be another module of the same architecture (a forward and a
-    backward cell), whose gradient was zero without a warning (found by probing)."""
+    ``params`` is a module (``params_module``) or another captured module holds its
+    arrays: the match could only be another module of the same architecture (a forward
+    and a backward cell), whose gradient was zero without a warning; where two or more
+    match and none holds them (under a transform), one warning names them all (both
+    found by probing)."""
     passed = {id(a) for a in passed_leaves}
     kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
+    unpassed, alike, params_found = [], [], params_module
     for path, value in _capture.captured_modules(f):
         leaves, treedef = _tree.flatten(value.trainable_parameters())
+        shaped = _tree.same_structure(treedef, passed_def) and kinds == [
+            (a.shape, a.dtype) for a in _tree.reorder_like(passed_def, value.trainable_parameters())
+        ]
         if all(id(a) in passed for a in leaves):
-            continue
-        if (
-            not params_module
-            and _tree.same_structure(treedef, passed_def)
-            and kinds
-            == [
-                (a.shape, a.dtype)
-                for a in _tree.reorder_like(passed_def, value.trainable_parameters())
-            ]
-        ):
-            continue
+            params_found = params_found or (shaped and bool(leaves))
+        elif shaped:
+            alike.append((path, value))
+        else:
+            unpassed.append((path, value))
+    if len(alike) > 1 and not params_found:
+        # Two or more modules of params' architecture (a forward and a backward cell)
+        # and none of them params' own arrays (under a transform): one may be the
+        # module params stands for, the others get no gradient (found by probing).
+        names = " and ".join(repr(path[-1]) for path, _ in alike)
+        warnings.warn(
+            f"[scan] f captures the nn.Modules {names}, each of the structure, shapes and "
+            "dtypes of params: at most one of them is the module params stands for (updated "
+            "from it in f); the others' parameters are constants inside scan and get no "
+            "gradient. Pass every module's parameters in params (a dict of trees) and "
+            "update each module from its part.",
+            ClosureCaptureWarning,
+            stacklevel=3,
+        )
+    elif params_found:  # params' module is passed: another of its architecture is not
+        unpassed += alike
+    for path, value in unpassed:
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
         dotted = name.split(".")  # a module's attribute (cfg.net) is an expression too
