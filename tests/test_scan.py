@@ -600,6 +600,8 @@ def test_error_lengths_differ():
 def test_error_non_array_leaf():
     with pytest.raises(TypeError, match=re.escape("  * xs[1][0] is a float.")):
         chunkscan.scan(_ok_f, mx.zeros((3,)), (mx.zeros((4, 3)), [1.0]))
+    with pytest.raises(TypeError, match=re.escape("  * xs[1][0] is an int.")):  # not "a int"
+        chunkscan.scan(_ok_f, mx.zeros((3,)), (mx.zeros((4, 3)), [1]))
     with pytest.raises(TypeError, match=re.escape("[scan] every leaf of init must be an mx.array")):
         chunkscan.scan(_ok_f, 0.0, mx.zeros((4, 3)))
 

@@ -162,7 +162,12 @@ _OUTPUTS = ("the output", "ys", "y")
 def _leaf_kind(leaf: Any) -> str:
     if isinstance(leaf, nn.Module):
         return f"an nn.Module ({type(leaf).__name__})"
-    return f"a {type(leaf).__name__}"
+    return _a(type(leaf).__name__)
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article ("an int", "a float")."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _structure_differences(td_a: tuple, name_a: str, td_b: tuple, name_b: str) -> list[str]:
@@ -240,7 +245,7 @@ def check_carry(
             paths(init_def, "init"), paths(init_def, "the returned carry"), init_specs, out_leaves
         ):
             if not isinstance(b, mx.array):
-                diffs.append(f"{p_in} has {describe(a)} but {p_out} is a {type(b).__name__}")
+                diffs.append(f"{p_in} has {describe(a)} but {p_out} is {_a(type(b).__name__)}")
             elif tuple(a.shape) != tuple(b.shape):
                 diffs.append(
                     f"{p_in} has shape {tuple(a.shape)} but {p_out} has shape {tuple(b.shape)}"

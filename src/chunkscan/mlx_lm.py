@@ -540,7 +540,9 @@ def patch(
             ``scaled_dot_product_attention`` without a cache or sinks, whose mask is
             ``"causal"``, ``None`` or boolean, to :func:`chunkscan.attention` (others
             stay with mlx-lm's, see :func:`scaled_dot_product_attention`); ``False``
-            keeps MLX's kernels. Default: ``True``.
+            keeps MLX's kernels, unless another live handle asks for the routing (it
+            stays while any does: an inner ``attention=False`` does not undo an outer
+            handle's). Default: ``True``.
         save_states (str, optional): The op's ``save_states``: ``"groups"`` keeps one
             state per group of chunks for the backward instead of one per chunk, which
             adds up over a model's layers (on the H200, the 4-layer LoRA step at
