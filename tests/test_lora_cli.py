@@ -51,6 +51,9 @@ def test_no_command_prints_usage_to_stderr(capsys):
     for flag in ("--version", "-V"):
         assert cli.main([flag]) == 0
         assert capsys.readouterr().out == f"chunkscan {chunkscan.__version__}\n"
+    # extra arguments were ignored, exit 0 (found by probing)
+    assert cli.main(["--version", "extra"]) == 2
+    assert "--version takes no arguments, got ['extra']" in capsys.readouterr().err
 
 
 def test_precedence_cli_yaml_defaults(tmp_path):
@@ -82,8 +85,9 @@ def test_save_states_flag_and_yaml_key(tmp_path):
     [
         ("0", "chunk_size must be at least 1 but got 0. Pass a positive int such as"),
         ("2.5", "chunk_size must be an int but got '2.5'. Pass e.g. chunk_size="),
+        ("1_6", "chunk_size must be an int but got '1_6'"),  # int() read 16 (probing)
     ],
-    ids=["zero", "float"],
+    ids=["zero", "float", "underscore"],
 )
 def test_bad_gdn_chunk_size_flag(text, message, capsys):
     with pytest.raises(SystemExit) as info:

@@ -131,6 +131,17 @@ def test_unwritable_out_fails_before_measuring(tmp_path, capsys, no_measuring):
     ) in capsys.readouterr().err
 
 
+def test_out_under_the_home_folder_is_expanded(tmp_path, monkeypatch, capsys):
+    """``--out '~/x'`` made a folder named ``~`` in the working folder (found by
+    probing); it is the home folder's ``x``."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: {"peak_mib": 1.0,
+                                                                 "seconds": 0.1})  # fmt: skip
+    assert repro.main(["--T", "8", "--modes", "cs.scan", "--no-plot", "--out", "~/x"]) == 0
+    assert (tmp_path / "home" / "x" / "repro.json").is_file() and not (tmp_path / "~").exists()
+
+
 @pytest.mark.parametrize("name", repro.OUTPUTS)
 def test_an_output_that_is_a_folder_fails_before_measuring(name, tmp_path, capsys,
                                                           no_measuring):  # fmt: skip

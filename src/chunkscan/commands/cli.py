@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version"):  # "unknown command" before (found by probing)
         from .. import __version__
 
+        if argv[1:]:  # ignored before, exit 0 (found by probing)
+            print(f"chunkscan: {argv[0]} takes no arguments, got {argv[1:]}.", file=sys.stderr)
+            return 2
         print(f"chunkscan {__version__}")
         return 0
     name, rest = argv[0], argv[1:]

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 import mlx.core as mx
 
+from .._backend import plain_int
 from ..ops.gated_delta.chunk import SAVE_MODES
 from ..split import check_chunk_size
 
@@ -123,8 +124,8 @@ def _warn_renamed(old: str, new: str) -> None:
 
 def _chunk_size_arg(text: str) -> int:
     """argparse ``type`` of ``--gdn-chunk-size``: :func:`chunkscan.split.check_chunk_size`."""
-    try:
-        value: object = int(text)
+    try:  # ASCII digits only: int() read 1_6 as 16, and other scripts' digits (probing)
+        value: object = plain_int(text)
     except ValueError:
         value = text
     try:
@@ -1158,7 +1159,7 @@ def _layer_modules(model_class: type) -> list[types.ModuleType]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``chunkscan lora``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # a user's setting kept (probing)
     if not argv:
         build_parser().print_usage(sys.stderr)
         print(

@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     bad arguments or an output folder that cannot be written."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.out = os.path.expanduser(args.out)  # '~/x' was a folder named ~ here (probing)
     problem = check_out_dir(args.out)
     if problem:  # before measuring, not after every configuration has run
         parser.error(f"argument --out: cannot write to {args.out!r} ({problem})")
