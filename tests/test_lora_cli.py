@@ -333,6 +333,20 @@ def test_missing_model_path_is_reported_before_loading(tmp_path, no_load):
         lora.main(["--model", str(model), "--data", str(missing), "--train"])
     with pytest.raises(SystemExit, match=re.escape("chunkscan lora: nothing to do: pass --train")):
         lora.main(["--model", str(model), "--data", str(data)])
+    # found by probing: the demo with train: false in its -c wrote and loaded the model
+    # first; --train --adapter-path '' wrote the adapters into the working folder; a
+    # model folder without weights was mlx-lm's error after the checks
+    cfg = tmp_path / "no_train.yaml"
+    cfg.write_text("train: false\n")
+    with pytest.raises(SystemExit, match=re.escape("chunkscan lora: nothing to do: pass --train")):
+        lora.main(["--demo", "-c", str(cfg)])
+    with pytest.raises(SystemExit, match=re.escape("--adapter-path '' means no adapters")):
+        lora.main(["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+                   "--adapter-path", ""])  # fmt: skip
+    (model / "model.safetensors").rename(model / "weights.bin")
+    with pytest.raises(SystemExit, match=re.escape("holds no model*.safetensors")):
+        lora.main(["--model", str(model), "--data", str(data), "--train"])
+    (model / "weights.bin").rename(model / "model.safetensors")
 
 
 def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_load):

@@ -534,17 +534,23 @@ def _in_hub_cache(repo_id: str, filename: str) -> bool:
 
 def check_args(args: types.SimpleNamespace) -> None:
     """Raise ``SystemExit`` saying what is missing, before anything is loaded."""
-    if not args.train and not args.test:
-        raise SystemExit(
-            "chunkscan lora: nothing to do: pass --train (finetune) and/or --test "
-            "(evaluate), as with mlx_lm.lora; or --demo for an offline demo."
-        )
+    _check_something_to_do(args)
     args.model = _check_source("--model", args.model, "an MLX model folder", model=True)
     if not getattr(args, "hf_dataset", None):
         args.data = _check_source("--data", args.data, "a data folder (train.jsonl, valid.jsonl)")
     _check_local_inputs(args)
     _check_adapter_paths(args)
     _check_resumed_adapters(args)
+
+
+def _check_something_to_do(args: types.SimpleNamespace) -> None:
+    """``--train`` or ``--test`` (with ``--demo`` too: ``train: false`` in its ``-c``
+    wrote and loaded the model, then failed; found by probing)."""
+    if not args.train and not args.test:
+        raise SystemExit(
+            "chunkscan lora: nothing to do: pass --train (finetune) and/or --test "
+            "(evaluate), as with mlx_lm.lora; or --demo for an offline demo."
+        )
 
 
 def _check_local_inputs(args: types.SimpleNamespace) -> None:
@@ -558,12 +564,18 @@ def _check_local_inputs(args: types.SimpleNamespace) -> None:
 
 
 def _check_model_type(args: types.SimpleNamespace) -> None:
-    """A local model folder's ``config.json`` is a JSON object with a ``model_type``
-    this mlx-lm has a model for: a config that was not JSON, or an unknown type, was
-    mlx-lm's traceback (found by probing)."""
+    """A local model folder holds ``model*.safetensors`` and a ``config.json`` that is a
+    JSON object with a ``model_type`` this mlx-lm has a model for: no weights, a config
+    that was not JSON, or an unknown type, was mlx-lm's error after the checks (found
+    by probing)."""
     path = pathlib.Path(args.model, "config.json")
     if not path.is_file():
         return
+    if not any(path.parent.glob("model*.safetensors")):  # mlx-lm's error after the checks
+        raise SystemExit(
+            f"chunkscan lora: --model {args.model} holds no model*.safetensors (the "
+            f"weights mlx-lm loads). Pass a converted MLX model folder (mlx_lm.convert)."
+        )
     where = f"chunkscan lora: --model {args.model}: config.json"
     try:
         with open(path, encoding="utf-8") as f:
@@ -687,6 +699,11 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
         if isinstance(value, str) and value.startswith("~"):
             setattr(args, name, os.path.expanduser(value))
     path = getattr(args, "adapter_path", None)
+    if path == "" and args.train:  # mlx-lm wrote into the working folder (probing)
+        raise SystemExit(
+            "chunkscan lora: --adapter-path '' means no adapters (--test of the model "
+            "alone); training writes its adapters into a folder. Pass one."
+        )
     if not isinstance(path, str) or path == "":
         return
     where = pathlib.Path(path)
@@ -1188,6 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
             args = resolve_args(argv, demo_dir)
         # The checks made without --demo: the demo's folders may be the user's own
         # (a --data folder it uses as it is; found by probing)
+        _check_something_to_do(args)
         _check_adapter_paths(args)
         _check_resumed_adapters(args)
         _write_demo(args)
