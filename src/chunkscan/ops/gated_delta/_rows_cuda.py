@@ -9,9 +9,11 @@
 - :func:`non_finite_reach`: from those rows, where the recurrence has NaN: every output
   from a sequence's first flagged row on (or with a flagged ``q``) and the final state
   of such a sequence. As MLX ops: a cumulative sum, two compares, a ``logical_or`` and
-  a slice (packed sequences: a concatenate, two gathers and a subtract more), about 50
-  us of kernel time per call at T = 16384 (an H100's Nsight profile, run 101: the
-  compare of the transposed count alone 30 us) besides each op's launch; here one.
+  a slice (packed sequences: a concatenate, two gathers and a subtract more), four
+  kernels of 52 us per call at T = 16384 (an H100's Nsight profile, run 101: the compare
+  of the transposed count alone 30 us) besides each op's launch; here one of 29 us
+  (run 104, an H100; a first form, a span of tokens per thread, took 42 us on the H200
+  in run 103).
 - :func:`sum_value_heads`: ``dq`` and ``dk`` summed over the ``G`` value heads that
   share a key head, cast to the inputs' dtypes. As MLX ops: a column sum and a cast
   each, four launches per group of chunks (0.44 ms per fwd+bwd at T = 16384, run 58);
