@@ -381,6 +381,23 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     lora.check_args(args)
     assert args.adapter_path == str(tmp_path / "out")
     assert args.resume_adapter_file == str(tmp_path / "first" / "adapters.safetensors")
+    # -c '~/x.yaml' too (it was read as written; found by probing)
+    (tmp_path / "c.yaml").write_text("batch_size: 3\n")
+    assert lora.resolve_args(["-c", "~/c.yaml", "--train"]).batch_size == 3
+    # a Hugging Face dataset needs the datasets package, which mlx-lm imports only then:
+    # a ModuleNotFoundError after the model loaded (found by probing)
+    import importlib.util
+
+    hub = [*["--model", str(model), "--data", "someone/some-data"], "--train", "--num-layers", "-1"]
+    have = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets"
+                        else have(name, *a))  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape("--data someone/some-data is a Hugging Face")):
+        lora.check_args(lora.resolve_args(hub))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "datasets"
+                        else have(name, *a))  # fmt: skip
+    lora.check_args(lora.resolve_args(hub))  # goes on: the package is there
+    monkeypatch.setattr(importlib.util, "find_spec", have)
     # a file where training writes its folder, and --test alone without adapters: mlx-lm
     # raised after the model loaded (found by probing)
     (tmp_path / "a_file").write_text("")

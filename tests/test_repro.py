@@ -283,6 +283,14 @@ def test_an_interrupted_run_leaves_no_reference_folder(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         repro.main(["--T", "8", "--out", str(tmp_path / "out")])
     assert not [p for p in os.listdir(tmp_path) if p.startswith("chunkscan-repro-")]
+    # through the chunkscan command: status 130 and a line, not a traceback (probing)
+    from chunkscan.commands import cli
+
+    assert cli.main(["repro", "--T", "8", "--out", str(tmp_path / "out")]) == 130
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("chunkscan-repro-")]
+    import signal
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after the command
 
 
 def test_a_terminated_run_leaves_no_reference_folder(tmp_path):
@@ -296,7 +304,7 @@ def test_a_terminated_run_leaves_no_reference_folder(tmp_path):
         tmp = tmp_path / ("default" if default_action else "handled")
         tmp.mkdir()
         prelude = ("import signal, chunkscan.commands.cli as c; "
-                   "c._exit_on_sigterm = lambda: None; " if default_action else
+                   "c._exit_on_sigterm = lambda: False; " if default_action else
                    "import chunkscan.commands.cli as c; ")  # fmt: skip
         code = prelude + "import sys; sys.exit(c.main(sys.argv[1:]))"
         argv = ["repro", "--T", "64", "128", "--H", "1", "--D", "8", "--no-plot",

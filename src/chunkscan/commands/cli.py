@@ -46,20 +46,29 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    _exit_on_sigterm()
-    return int(module.main(rest) or 0)
+    handled = _exit_on_sigterm()
+    try:
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt:  # after the command's cleanup: a line, not a traceback
+        print(f"chunkscan {name}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _exit_on_sigterm() -> None:
+def _exit_on_sigterm() -> bool:
     """SIGTERM (``timeout``'s signal, a scheduler's) raises ``SystemExit(143)`` in the
-    main thread, so that the commands' cleanup runs as it does for Ctrl-C: it ended the
-    process at once, leaving the demo's temporary model and repro's reference
-    gradients in the temporary folder (found by probing). A handler of the caller's own
-    is kept."""
+    main thread while a command runs, so that its cleanup runs as it does for Ctrl-C:
+    it ended the process at once, leaving the demo's temporary model and repro's
+    reference gradients in the temporary folder (found by probing). A handler of the
+    caller's own is kept. Whether the handler was set."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminated)
+        return False
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False
+    signal.signal(signal.SIGTERM, _terminated)
+    return True
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -213,6 +213,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     lora = _mlx_lm_lora()
     args = vars(build_parser().parse_args(argv))
     if args.get("config"):
+        args["config"] = os.path.expanduser(args["config"])  # '~/x.yaml' unread (probing)
         try:
             with open(args["config"]) as f:
                 config = lora.yaml.load(f, lora.yaml_loader) or {}
@@ -538,9 +539,27 @@ def check_args(args: types.SimpleNamespace) -> None:
     args.model = _check_source("--model", args.model, "an MLX model folder", model=True)
     if not getattr(args, "hf_dataset", None):
         args.data = _check_source("--data", args.data, "a data folder (train.jsonl, valid.jsonl)")
+    if getattr(args, "hf_dataset", None) or not pathlib.Path(args.data).is_dir():
+        _check_datasets_installed(args)
     _check_local_inputs(args)
     _check_adapter_paths(args)
     _check_resumed_adapters(args)
+
+
+def _check_datasets_installed(args: types.SimpleNamespace) -> None:
+    """A Hugging Face dataset (a repo id as ``--data``, or ``hf_dataset``) is read with
+    the ``datasets`` package, which mlx-lm imports only then and chunkscan's ``lm``
+    extra does not install: a ``ModuleNotFoundError`` after the model loaded (found by
+    probing)."""
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is None:
+        source = "hf_dataset" if getattr(args, "hf_dataset", None) else f"--data {args.data}"
+        raise SystemExit(
+            f"chunkscan lora: {source} is a Hugging Face dataset, which mlx-lm reads with "
+            f"the datasets package, not installed here: pip install datasets (or "
+            f"'mlx-lm[train]'), or pass a local data folder."
+        )
 
 
 def _check_something_to_do(args: types.SimpleNamespace) -> None:
