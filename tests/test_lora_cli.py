@@ -852,6 +852,11 @@ def test_hub_failure_is_one_line(monkeypatch):
     monkeypatch.setattr(mlx_lm.lora, "run", offline)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(lora, "_hub_offline", lambda: False)
+    import importlib.util  # a Hub dataset needs the datasets package: taken as installed
+
+    have = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "datasets"
+                        else have(name, *a))  # fmt: skip
     msg = (
         "chunkscan lora: a Hugging Face Hub lookup failed for --model nobody/m or --data "
         "nobody/d (LocalEntryNotFoundError: Cannot find an appropriate cached snapshot.). "
