@@ -48,26 +48,41 @@ def _shapes(carry: Any, xs_chunk: Any) -> tuple:
 
 @contextlib.contextmanager
 def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> Iterator[None]:
-    """Around ``scan``'s call of its chunk function ``f`` on ``(carry, xs_chunk)``: raise
-    where ``f`` is (or forwards the attributes of, as ``mx.compile``'s wrapper does) a
-    ``stepwise`` function made without an axis whose Python did not run in the call
-    (a cached ``mx.compile`` trace ran instead) and first ran at these shapes with
-    another axis than ``axis``: the trace steps along that axis, silently where the
-    lengths agree (found by probing: a batch as long as the chunk, outputs off by 1.4)."""
+    """Around ``scan``'s call of its chunk function ``f`` on ``(carry, xs_chunk)``,
+    where ``f`` wraps a ``stepwise`` function made without an axis and forwards its
+    attributes (``mx.compile``'s wrapper does): keep the axes (per ``xs`` leaf,
+    normalized) that ``f``'s Python ran with at these shapes, and raise where it did not
+    run (a cached ``mx.compile`` trace ran instead) but ran with another axis before:
+    the trace may step along that one, silently where the lengths agree (found by
+    probing: a batch as long as the chunk, outputs off by 1.4). A trace is made by the
+    first untransformed call at its shapes; a call under ``mx.grad`` runs the Python
+    without one, and its axis is kept too, so a function run there with one axis and
+    then compiled with another raises where it need not: one compiled function per
+    axis avoids both. Wrappers that do not forward the attributes (``mx.checkpoint``,
+    a lambda) are not seen."""
     runs = getattr(f, "_chunkscan_runs", None)
-    if runs is None or getattr(f, "_chunkscan_axis", 0) is not None:
+    if (
+        runs is None
+        or getattr(f, "_chunkscan_axis", 0) is not None
+        or f is getattr(f, "_chunkscan_fn", None)  # stepwise's own: it always runs
+    ):
         yield
         return
     before = runs[0]
     yield
+    leaves = [x for x in _tree.flatten(xs_chunk)[0] if isinstance(x, mx.array)]
+    axes = tuple(axis % x.ndim if x.ndim else axis for x in leaves)
+    seen = f._chunkscan_axes_run.setdefault(id(f), {}).setdefault(_shapes(carry, xs_chunk), set())
     if runs[0] != before:  # it ran, reading this scan's axis
+        seen.add(axes)
         return
-    first = f._chunkscan_first_axes.get(_shapes(carry, xs_chunk))
-    if first is not None and first != axis:
+    other = sorted(seen - {axes})
+    if other:
         raise ValueError(
             f"[scan] axis={axis} but f is a compiled stepwise(step) made without an axis "
-            f"whose trace at these shapes was made with axis {first}: a trace keeps its "
-            f"axis, so it would step along axis {first} here. Give stepwise the axis, "
+            f"that ran at these shapes with axis {other[0][0] if other[0] else axis} "
+            f"before, and its compiled trace keeps the axis it was made with: it may "
+            f"step along that one here. Give stepwise the axis, "
             f"mx.compile(stepwise(step, axis={axis})), one compiled function per axis."
         )
 
@@ -126,18 +141,17 @@ def stepwise(
     if axis is not None:
         axis = check_axis("stepwise", axis)
 
-    # Made without an axis: how often its Python has run, and scan's axis at the first
-    # run per argument shapes (a trace of mx.compile keeps that axis; scan checks it:
-    # check_compiled_axis).
+    # Made without an axis: how often its Python has run, and (kept by scan, per
+    # wrapper and argument shapes) the axes it ran with: a trace of mx.compile keeps
+    # its axis (check_compiled_axis).
     runs = [0]
-    first_axes: dict[tuple, int] = {}
+    axes_run: dict[int, dict[tuple, set]] = {}
 
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
         time_axis = axis
         if time_axis is None:
             time_axis = _scan_axis()
             runs[0] += 1
-            first_axes.setdefault(_shapes(carry, xs_chunk), time_axis)
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
@@ -189,7 +203,8 @@ def stepwise(
     chunk_fn._chunkscan_step = step  # type: ignore[attr-defined]  # read by scan's checks
     chunk_fn._chunkscan_axis = axis  # type: ignore[attr-defined]  # None: scan's (scan.py)
     chunk_fn._chunkscan_runs = runs  # type: ignore[attr-defined]  # for check_compiled_axis
-    chunk_fn._chunkscan_first_axes = first_axes  # type: ignore[attr-defined]
+    chunk_fn._chunkscan_axes_run = axes_run  # type: ignore[attr-defined]
+    chunk_fn._chunkscan_fn = chunk_fn  # type: ignore[attr-defined]
     return chunk_fn
 
 
