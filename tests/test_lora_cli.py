@@ -523,6 +523,8 @@ def test_data_lines_mlx_lm_cannot_read_are_refused_naming_file_and_line(tmp_path
         ("train", train + '{"text": null}\n', "train.jsonl line 5: 'text' is a JSON null, not a"),
         ("train", number, "train.jsonl line 1: 'text' is a JSON number, not a string"),
         ("train", train + '{"text": "a \udcff"}\n', "train.jsonl line 5 is not UTF-8 (byte"),
+        # lines ended by a lone \r, as the text layer reads them (a review: "line 1")
+        ("train", train.replace("\n", "\r") + '{"text": "\udcff"}\r', "train.jsonl line 5 is not"),
     ]  # fmt: skip
     for split, content, msg in cases:
         kept = (data / f"{split}.jsonl").read_text()
@@ -778,6 +780,19 @@ def test_resumed_adapters_of_layers_or_keys_this_run_skips_are_refused(tmp_path,
         lora.main([*argv, "--num-layers", "-1", "-c", str(cfg)])
     (earlier / "adapter_config.json").write_text(json.dumps(config))
     assert not ran
+    # a key naming a module by its full path: mlx-lm wraps that module in any layer (a
+    # review found it refused, and its layer taken as outside --num-layers 1)
+    full = "model.layers.0.mlp.down_proj"
+    keys = f"[mlp.up_proj, {full}]"
+    cfg.write_text(f"lora_parameters: {{rank: 8, scale: 20.0, dropout: 0.0, keys: {keys}}}\n")
+    with pytest.raises(SystemExit, match=re.escape("holds adapters of mlp.down_proj, which")):
+        lora.main([*argv, "--num-layers", "-1", "-c", str(cfg)])  # layer 1's down_proj
+    kept = {f"{full}.lora_{ab}": mx.zeros((2,)) for ab in "ab"}
+    kept |= {f"model.layers.1.mlp.up_proj.lora_{ab}": mx.zeros((2,)) for ab in "ab"}
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), kept)
+    assert lora.main([*argv, "--num-layers", "1", "-c", str(cfg)]) == 0 and len(ran) == 1
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), {n: mx.zeros((2,)) for n in names})
+    ran.clear()
     # the negative control: every resumed layer and key wrapped
     assert lora.main([*argv, "--num-layers", "2"]) == 0 and len(ran) == 1
     assert lora.main([*argv, "--num-layers", "-1"]) == 0 and len(ran) == 2

@@ -566,9 +566,10 @@ def _check_something_to_do(args: types.SimpleNamespace) -> None:
     """``--train`` or ``--test`` (with ``--demo`` too: ``train: false`` in its ``-c``
     wrote and loaded the model, then failed; found by probing)."""
     if not args.train and not args.test:
+        demo = "" if getattr(args, "demo", False) else "; or --demo for an offline demo"
         raise SystemExit(
             "chunkscan lora: nothing to do: pass --train (finetune) and/or --test "
-            "(evaluate), as with mlx_lm.lora; or --demo for an offline demo."
+            f"(evaluate), as with mlx_lm.lora{demo}."
         )
 
 
@@ -817,7 +818,13 @@ def _check_resumed_coverage(
     config = _model_config(args.model)
     count = _layer_count(config)
     wrapped = args.num_layers if args.num_layers != -1 else count
-    layers = _tensor_layers(header)
+    keys = lora_parameters.get("keys") if args.fine_tune_type != "full" else None
+    keys = set(keys) if isinstance(keys, list) else None
+    modules = _lora_modules(header)
+    # mlx-lm also wraps a module its full path names in keys, in any layer (a review
+    # found such a resume refused): its tensors are no layer's to count
+    whole = {full for _, full in modules if keys is not None and full in keys}
+    layers = _tensor_layers({n: v for n, v in header.items() if n.rpartition(".")[0] not in whole})
     # Said only where the count is surely the layers mlx-lm builds: not where the
     # config's num_layers disagrees (LongCat-Flash builds num_layers, half of
     # num_hidden_layers) or a tensor names a layer past it (found by review).
@@ -838,14 +845,13 @@ def _check_resumed_coverage(
                 f"{count - outside[0]} or more (-1: all), or start without "
                 f"--resume-adapter-file."
             )
-    keys = lora_parameters.get("keys")
-    if args.fine_tune_type != "full" and isinstance(keys, list):
-        dropped = sorted(_lora_modules(header) - set(keys))
+    if keys is not None:
+        dropped = sorted({inner for inner, full in modules if not {inner, full} & keys})
         if dropped:
             raise SystemExit(
                 f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
                 f"{', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}, which this "
-                f"run's lora_parameters keys {keys!r} leave out: mlx-lm would load it "
+                f"run's lora_parameters keys {sorted(keys)!r} leave out: mlx-lm would load it "
                 f"anyway (strict=False) and drop those adapters. Give this run keys that "
                 f"cover them (-c), or start without --resume-adapter-file."
             )
@@ -873,15 +879,16 @@ def _tensor_layers(header: dict) -> set[int]:
     return {int(m.group(1)) for m in found if m}
 
 
-def _lora_modules(header: dict) -> set[str]:
-    """The modules a header's LoRA / DoRA tensors adapt, named as ``lora_parameters``
-    keys name them: within a layer (``self_attn.q_proj``), else the whole path."""
+def _lora_modules(header: dict) -> set[tuple[str, str]]:
+    """The modules a header's LoRA / DoRA tensors adapt, as ``(name within its layer,
+    full path)``, the two names ``lora_parameters`` keys may give (``self_attn.q_proj``;
+    ``model.layers.0.self_attn.q_proj``, or ``lm_head`` outside the layers)."""
     modules = set()
     for name in header:
         module, _, leaf = name.rpartition(".")
         if leaf in ("lora_a", "lora_b", "m") and module:
             m = _LAYER_NAME.search(module + ".")
-            modules.add(module[m.end() :] if m else module)
+            modules.add((module[m.end() :] if m else module, module))
     return modules
 
 
@@ -962,7 +969,9 @@ def _numbered_lines(f, where: str):
             at = len(data)  # (not reached: the same bytes failed above)
         except UnicodeDecodeError as e:
             at = e.start
-        line = data[:at].count(b"\n") + 1
+        # lines as the text layer ends them: at \r\n, \n or a lone \r (a review
+        # found the line of a \r-ended file miscounted)
+        line = len(re.findall(rb"\r\n|\r|\n", data[:at])) + 1
         raise SystemExit(
             f"{where} line {line} is not UTF-8 (byte {at} of the "
             f"file); mlx-lm reads the file as UTF-8. Convert the file."
