@@ -1195,7 +1195,8 @@ def test_a_captured_twin_beside_the_module_a_params_tree_stands_for_warns():
     so nothing warned and ``cell_b``'s gradient was zero (found by probing). Under a
     transform (``params`` the transform's arrays) one warning names both; outside one
     (``params`` ``cell_a``'s own arrays) ``cell_b`` is the module left out. Negative
-    control: ``cell_a`` alone does not warn."""
+    control: ``cell_a`` alone does not warn, nor two modules each updated from its own
+    part of params."""
     cell_a, cell_b = nn.Linear(3, 3), nn.Linear(3, 3)
     xs, h0 = mx.ones((4, 3)), mx.zeros((3,))
 
@@ -1224,6 +1225,24 @@ def test_a_captured_twin_beside_the_module_a_params_tree_stands_for_warns():
         mx.grad(lambda p: chunkscan.scan(chunkscan.stepwise(alone), h0, xs, chunk_size=2,
                                          params=p)[1].sum())(p0)  # fmt: skip
     cell_a.update(p0)
+
+    # What the warning advises, each module's tree in params and each module updated
+    # from its part, warned for both under mx.grad (a review found it): a module may be
+    # any subtree of params. Both get gradients.
+    def both(h, x, p):
+        cell_a.update(p["a"])
+        cell_b.update(p["b"])
+        h = mx.tanh(cell_a(h) + cell_b(x))
+        return h, h
+
+    p_ab = {"a": cell_a.trainable_parameters(), "b": cell_b.trainable_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = mx.grad(lambda p: chunkscan.scan(chunkscan.stepwise(both), h0, xs, chunk_size=2,
+                                             params=p)[1].sum())(p_ab)  # fmt: skip
+    assert all(mx.abs(g[k]["weight"]).max().item() > 0 for k in "ab")
+    cell_a.update(p_ab["a"])
+    cell_b.update(p_ab["b"])
 
 
 def test_a_captured_module_whose_trainable_arrays_are_all_passed_does_not_warn():
