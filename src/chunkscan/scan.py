@@ -697,11 +697,12 @@ def _warn_on_captured_modules(
     ``f``; under a transform ``params`` are the transform's arrays, not the module's).
     The last two warned falsely before (found by probing). One test covers these, and a
     module with no trainable array. The match by structure is not taken where
-    ``params`` is a module (``params_module``) or another captured module holds its
-    arrays: the match could only be another module of the same architecture (a forward
-    and a backward cell), whose gradient was zero without a warning; where two or more
-    match and none holds them (under a transform), one warning names them all (both
-    found by probing)."""
+    ``params`` is a module (``params_module``) or another captured module holds the
+    arrays of the subtree matched: the match could only be another module of the same
+    architecture (a forward and a backward cell), whose gradient was zero without a
+    warning; and where more modules match than ``params`` has subtrees of their
+    structure, one warning names them (both found by probing). A module may match any
+    subtree: ``params`` as a dict of each module's tree does not warn (a review)."""
     passed = {id(a) for a in passed_leaves}
     step = getattr(f, "_chunkscan_step", None)
     slots: list | None = None  # params' subtrees, worked out where a module needs them

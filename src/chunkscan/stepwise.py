@@ -46,6 +46,9 @@ def _shapes(carry: Any, xs_chunk: Any) -> tuple:
     return tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, mx.array))
 
 
+_COMPILED = type(mx.compile(lambda x: x))  # what mx.compile returns
+
+
 @contextlib.contextmanager
 def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> Iterator[None]:
     """Around ``scan``'s call of its chunk function ``f`` on ``(carry, xs_chunk)``,
@@ -64,7 +67,9 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
     if (
         runs is None
         or getattr(f, "_chunkscan_axis", 0) is not None
-        or f is getattr(f, "_chunkscan_fn", None)  # stepwise's own: it always runs
+        # stepwise's own function, or a Python wrapper (chunkscan.checkpoint's, which
+        # copies its attributes): they run the Python at every call, keeping nothing
+        or not isinstance(f, _COMPILED)
     ):
         yield
         return
@@ -204,7 +209,6 @@ def stepwise(
     chunk_fn._chunkscan_axis = axis  # type: ignore[attr-defined]  # None: scan's (scan.py)
     chunk_fn._chunkscan_runs = runs  # type: ignore[attr-defined]  # for check_compiled_axis
     chunk_fn._chunkscan_axes_run = axes_run  # type: ignore[attr-defined]
-    chunk_fn._chunkscan_fn = chunk_fn  # type: ignore[attr-defined]
     return chunk_fn
 
 
