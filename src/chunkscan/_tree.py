@@ -166,8 +166,9 @@ def _leaf_kind(leaf: Any) -> str:
 
 
 def _a(noun: str) -> str:
-    """``noun`` with its indefinite article ("an int", "a float")."""
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+    """``noun`` with its indefinite article ("an int", "a float", "a uint8": a type
+    name's u reads "you")."""
+    return f"{'an' if noun[:1].lower() in 'aeio' else 'a'} {noun}"
 
 
 def _structure_differences(td_a: tuple, name_a: str, td_b: tuple, name_b: str) -> list[str]:
