@@ -1244,6 +1244,23 @@ def test_a_captured_twin_beside_the_module_a_params_tree_stands_for_warns():
     cell_a.update(p_ab["a"])
     cell_b.update(p_ab["b"])
 
+    # A model whose only trainable layer is the one params stands for (its twin frozen)
+    # warned for the model under mx.grad (a review): its one trainable branch matches.
+    two = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    two.layers[1].freeze()
+
+    def first(h, x, p):
+        two.layers[0].update(p)
+        h = mx.tanh(two.layers[0](h) + two.layers[1](x))
+        return h, h
+
+    p1 = two.layers[0].trainable_parameters()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mx.grad(lambda p: chunkscan.scan(chunkscan.stepwise(first), h0, xs, chunk_size=2,
+                                         params=p)[1].sum())(p1)  # fmt: skip
+    two.layers[0].update(p1)
+
 
 def test_a_captured_module_whose_trainable_arrays_are_all_passed_does_not_warn():
     """A method capturing ``self`` and passing ``params=self.cell``, ``self.cell`` its

@@ -674,6 +674,21 @@ def _subtrees(tree: Any) -> list[tuple[tuple, list, set]]:
     return out
 
 
+def _narrowed(tree: Any) -> list[Any]:
+    """A module's parameter tree and, while one branch holds all its arrays, that
+    branch (a model whose only trainable layer is the one ``params`` stands for, its
+    twin frozen, warned: a review)."""
+    out = [tree]
+    while isinstance(tree, (dict, list, tuple)):
+        children = tree.values() if isinstance(tree, dict) else tree
+        holding = [c for c in children if _tree.flatten(c)[0]]
+        if len(holding) != 1:
+            break
+        tree = holding[0]
+        out.append(tree)
+    return out
+
+
 def _fits(tree: Any, slot: tuple[tuple, list, set]) -> bool:
     """Whether a module's parameter tree has the structure, shapes and dtypes of a
     params subtree (:func:`_subtrees`), dicts in any key order."""
@@ -715,7 +730,9 @@ def _warn_on_captured_modules(
             continue
         if slots is None:
             slots = [] if params_module else _subtrees(_tree.unflatten(passed_def, passed_leaves))
-        matched = {k for k, slot in enumerate(slots) if _fits(tree, slot)}
+        matched = {
+            k for k, slot in enumerate(slots) if any(_fits(t, slot) for t in _narrowed(tree))
+        }
         (alike if matched else unpassed).append((path, value, matched))
     # the subtrees whose arrays a passed module holds are that module's
     occupied = {k for k, (_, _, ids) in enumerate(slots or []) if ids in held_by_passed}
