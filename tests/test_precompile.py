@@ -303,7 +303,7 @@ def test_cuda_precompiled_kernels_equal_mlx_s(monkeypatch, tmp_path):
     names = {k.name for k in built}
     assert "chunkscan_attn_dkdv" in names  # prepare: its tensor-core form on a GPU (run 104)
     assert names & {"chunkscan_gdn_prepare", "chunkscan_gdn_prepare_tc"}
-    # FMA, wmma or mma.sync tensor cores (the last: the H200's default since session 22)
+    # FMA, wmma or mma.sync tensor cores (the last with TF32, the default on CUDA: run 54)
     assert names & {"chunkscan_state_pass", "chunkscan_state_pass_tc", "chunkscan_state_pass_mma"}
     assert len(os.listdir(tmp_path)) >= len(built)
     monkeypatch.setenv("CHUNKSCAN_CUDA_PRECOMPILE", "0")
