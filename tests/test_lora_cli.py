@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pathlib
 import re
 import types
@@ -994,3 +995,19 @@ def test_a_bad_clear_cache_threshold_is_one_line(text, capsys):
                         f"512, 100MB or 1.5G, not {text!r}")  # fmt: skip
     parsed = lora.build_parser().parse_args(["--clear-cache-threshold", "1.5G"])
     assert parsed.clear_cache_threshold == 1_500_000_000
+
+
+def test_a_users_tokenizers_parallelism_is_kept(tmp_path, monkeypatch, no_load):
+    """chunkscan lora set TOKENIZERS_PARALLELISM=true over a user's own value (found by
+    probing); it sets it only where unset."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    for given, after in (("false", "false"), (None, "true")):
+        if given is None:
+            monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+        else:
+            monkeypatch.setenv("TOKENIZERS_PARALLELISM", given)
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main(argv)
+        assert os.environ["TOKENIZERS_PARALLELISM"] == after
