@@ -602,6 +602,8 @@ def test_error_non_array_leaf():
         chunkscan.scan(_ok_f, mx.zeros((3,)), (mx.zeros((4, 3)), [1.0]))
     with pytest.raises(TypeError, match=re.escape("  * xs[1][0] is an int.")):  # not "a int"
         chunkscan.scan(_ok_f, mx.zeros((3,)), (mx.zeros((4, 3)), [1]))
+    with pytest.raises(TypeError, match=re.escape("  * xs[1][0] is a uint8.")):
+        chunkscan.scan(_ok_f, mx.zeros((3,)), (mx.zeros((4, 3)), [np.uint8(1)]))
     with pytest.raises(TypeError, match=re.escape("[scan] every leaf of init must be an mx.array")):
         chunkscan.scan(_ok_f, 0.0, mx.zeros((4, 3)))
 
