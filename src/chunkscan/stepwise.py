@@ -49,46 +49,52 @@ def _shapes(carry: Any, xs_chunk: Any) -> tuple:
 _COMPILED = type(mx.compile(lambda x: x))  # what mx.compile returns
 
 
+def _compiled(f: Callable) -> bool:
+    """Whether ``f`` is ``mx.compile``'s wrapper or wraps one (``__wrapped__``, set by
+    ``functools.wraps``: ``chunkscan.checkpoint(mx.compile(...))``)."""
+    for _ in range(16):
+        if isinstance(f, _COMPILED):
+            return True
+        f = getattr(f, "__wrapped__", None)
+        if f is None:
+            return False
+    return False
+
+
 @contextlib.contextmanager
 def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> Iterator[None]:
     """Around ``scan``'s call of its chunk function ``f`` on ``(carry, xs_chunk)``,
-    where ``f`` wraps a ``stepwise`` function made without an axis and forwards its
-    attributes (``mx.compile``'s wrapper does): keep the axes (per ``xs`` leaf,
-    normalized) that ``f``'s Python ran with at these shapes, and raise where it did not
-    run (a cached ``mx.compile`` trace ran instead) but ran with another axis before:
-    the trace may step along that one, silently where the lengths agree (found by
-    probing: a batch as long as the chunk, outputs off by 1.4). A trace is made by the
-    first untransformed call at its shapes; a call under ``mx.grad`` runs the Python
-    without one, and its axis is kept too, so a function run there with one axis and
-    then compiled with another raises where it need not: one compiled function per
-    axis avoids both. Wrappers that do not forward the attributes (``mx.checkpoint``,
-    a lambda) are not seen."""
+    where ``f`` is or wraps an ``mx.compile`` of a ``stepwise`` function made without
+    an axis (its attributes forwarded, as ``mx.compile`` and ``functools.wraps`` do):
+    keep the axes its Python ran with under a compiled wrapper at these shapes, and
+    raise where it did not run (a cached trace ran instead) but ran with another axis
+    before: the trace may step along that one, silently where the lengths agree (found
+    by probing: a batch as long as the chunk, outputs off by 1.4). MLX keeps a
+    function's traces per wrapped function, not per wrapper, and so are the axes
+    kept. Axes compare as written (``1`` and ``-2`` stack a ``y`` of lower rank
+    differently). Refused where it need not be: a function run under ``mx.grad``
+    (which runs the Python without leaving a trace) along one axis, then compiled
+    along another; an axis written two ways; a new ``mx.compile`` of the function after
+    one of another axis was freed. One compiled function per axis avoids all three. Not
+    seen: an ``mx.checkpoint`` or a lambda around the compiled function."""
     runs = getattr(f, "_chunkscan_runs", None)
-    if (
-        runs is None
-        or getattr(f, "_chunkscan_axis", 0) is not None
-        # stepwise's own function, or a Python wrapper (chunkscan.checkpoint's, which
-        # copies its attributes): they run the Python at every call, keeping nothing
-        or not isinstance(f, _COMPILED)
-    ):
+    if runs is None or getattr(f, "_chunkscan_axis", 0) is not None or not _compiled(f):
         yield
         return
     before = runs[0]
     yield
-    leaves = [x for x in _tree.flatten(xs_chunk)[0] if isinstance(x, mx.array)]
-    axes = tuple(axis % x.ndim if x.ndim else axis for x in leaves)
-    seen = f._chunkscan_axes_run.setdefault(id(f), {}).setdefault(_shapes(carry, xs_chunk), set())
+    seen = f._chunkscan_axes_run.setdefault(_shapes(carry, xs_chunk), set())
     if runs[0] != before:  # it ran, reading this scan's axis
-        seen.add(axes)
+        seen.add(axis)
         return
-    other = sorted(seen - {axes})
+    other = sorted(seen - {axis})
     if other:
         raise ValueError(
             f"[scan] axis={axis} but f is a compiled stepwise(step) made without an axis "
-            f"that ran at these shapes with axis {other[0][0] if other[0] else axis} "
-            f"before, and its compiled trace keeps the axis it was made with: it may "
-            f"step along that one here. Give stepwise the axis, "
-            f"mx.compile(stepwise(step, axis={axis})), one compiled function per axis."
+            f"that ran at these shapes with axis {other[0]} before, and its compiled "
+            f"trace keeps the axis it was made with: it may step along that one here. "
+            f"Give stepwise the axis, mx.compile(stepwise(step, axis={axis})), one "
+            f"compiled function per axis."
         )
 
 
@@ -147,10 +153,10 @@ def stepwise(
         axis = check_axis("stepwise", axis)
 
     # Made without an axis: how often its Python has run, and (kept by scan, per
-    # wrapper and argument shapes) the axes it ran with: a trace of mx.compile keeps
-    # its axis (check_compiled_axis).
+    # argument shapes) the axes it ran with under mx.compile: a trace keeps its axis
+    # (check_compiled_axis).
     runs = [0]
-    axes_run: dict[int, dict[tuple, set]] = {}
+    axes_run: dict[tuple, set] = {}
 
     def chunk_fn(carry: Any, xs_chunk: Any, *params: Any) -> tuple[Any, Any]:
         time_axis = axis
