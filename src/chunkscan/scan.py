@@ -654,50 +654,6 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool
         module.update(previous)
 
 
-def _subtrees(tree: Any) -> list[tuple[tuple, list, set]]:
-    """Every dict, list or tuple node of a params tree (the root too) that holds arrays:
-    ``(treedef, [(shape, dtype)] of its leaves, {id of its leaves})``."""
-    out = []
-
-    def walk(node: Any) -> None:
-        leaves, treedef = _tree.flatten(node)
-        arrays = [a for a in leaves if isinstance(a, mx.array)]
-        if arrays:
-            out.append((treedef, [(a.shape, a.dtype) for a in arrays], {id(a) for a in arrays}))
-        children = node.values() if isinstance(node, dict) else node
-        if isinstance(node, (dict, list, tuple)):
-            for child in children:
-                if isinstance(child, (dict, list, tuple)):
-                    walk(child)
-
-    walk(tree)
-    return out
-
-
-def _narrowed(tree: Any) -> list[Any]:
-    """A module's parameter tree and, while one branch holds all its arrays, that
-    branch (a model whose only trainable layer is the one ``params`` stands for, its
-    twin frozen, warned: a review)."""
-    out = [tree]
-    while isinstance(tree, (dict, list, tuple)):
-        children = tree.values() if isinstance(tree, dict) else tree
-        holding = [c for c in children if _tree.flatten(c)[0]]
-        if len(holding) != 1:
-            break
-        tree = holding[0]
-        out.append(tree)
-    return out
-
-
-def _fits(tree: Any, slot: tuple[tuple, list, set]) -> bool:
-    """Whether a module's parameter tree has the structure, shapes and dtypes of a
-    params subtree (:func:`_subtrees`), dicts in any key order."""
-    treedef, kinds, _ = slot
-    return _tree.same_structure(_tree.flatten(tree)[1], treedef) and kinds == [
-        (a.shape, a.dtype) for a in _tree.reorder_like(treedef, tree)
-    ]
-
-
 def _warn_on_captured_modules(
     f: Callable, passed_leaves: list[mx.array], passed_def, params_module: bool = False
 ) -> None:
@@ -712,50 +668,46 @@ def _warn_on_captured_modules(
     ``f``; under a transform ``params`` are the transform's arrays, not the module's).
     The last two warned falsely before (found by probing). One test covers these, and a
     module with no trainable array. The match by structure is not taken where
-    ``params`` is a module (``params_module``) or another captured module holds the
-    arrays of the subtree matched: the match could only be another module of the same
-    architecture (a forward and a backward cell), whose gradient was zero without a
-    warning; and where more modules match than ``params`` has subtrees of their
-    structure, one warning names them (both found by probing). A module may match any
-    subtree: ``params`` as a dict of each module's tree does not warn (a review)."""
+    ``params`` is a module (``params_module``) or another captured module holds its
+    arrays: the match could only be another module of the same architecture (a forward
+    and a backward cell), whose gradient was zero without a warning; where two or more
+    match and none holds them (under a transform), one warning names them all (both
+    found by probing). Matched against the whole of ``params`` only: a module that is a
+    part of it (``params`` a dict of two modules' trees, under a transform) warns
+    falsely; matching every subtree missed true warnings and cost O(n^2) (a review)."""
     passed = {id(a) for a in passed_leaves}
+    kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
-    slots: list | None = None  # params' subtrees, worked out where a module needs them
-    unpassed, alike, held_by_passed = [], [], []
+    unpassed, alike, params_found = [], [], params_module
     for path, value in _capture.captured_modules(f):
-        tree = value.trainable_parameters()
-        leaves, _ = _tree.flatten(tree)
+        leaves, treedef = _tree.flatten(value.trainable_parameters())
+        shaped = _tree.same_structure(treedef, passed_def) and kinds == [
+            (a.shape, a.dtype) for a in _tree.reorder_like(passed_def, value.trainable_parameters())
+        ]
         if all(id(a) in passed for a in leaves):
-            held_by_passed.append({id(a) for a in leaves})
-            continue
-        if slots is None:
-            slots = [] if params_module else _subtrees(_tree.unflatten(passed_def, passed_leaves))
-        matched = {
-            k for k, slot in enumerate(slots) if any(_fits(t, slot) for t in _narrowed(tree))
-        }
-        (alike if matched else unpassed).append((path, value, matched))
-    # the subtrees whose arrays a passed module holds are that module's
-    occupied = {k for k, (_, _, ids) in enumerate(slots or []) if ids in held_by_passed}
-    free = set().union(*(m for *_, m in alike)) - occupied
-    if alike and not free:  # params' own modules are passed: these are others
-        unpassed += alike
-    elif len(alike) > len(free):
-        # More modules of params' (sub)trees' architecture than such subtrees, none of
-        # them holding params' own arrays (under a transform): one that f does not
-        # update from params gets no gradient (found by probing: a forward and a
-        # backward cell, params the forward's)
-        names = " and ".join(repr(path[-1]) for path, *_ in alike)
+            params_found = params_found or (shaped and bool(leaves))
+        elif shaped:
+            alike.append((path, value))
+        else:
+            unpassed.append((path, value))
+    if len(alike) > 1 and not params_found:
+        # Two or more modules of params' architecture (a forward and a backward cell)
+        # and none of them params' own arrays (under a transform): one may be the
+        # module params stands for, the others get no gradient (found by probing).
+        names = " and ".join(repr(path[-1]) for path, _ in alike)
         warnings.warn(
-            f"[scan] f captures the nn.Modules {names}, more of them than params has trees "
-            "of their structure, shapes and dtypes: a module that f does not update from "
-            "params has constant parameters inside scan and gets no gradient. Pass each "
-            "module's parameters in params (a dict of trees) and update each from its "
-            "part (if f updates every one of them from params, shared weights, this does "
-            "not apply).",
+            f"[scan] f captures the nn.Modules {names}, each of the structure, shapes and "
+            "dtypes of params: at most one of them is the module params stands for (updated "
+            "from it in f); the others' parameters are constants inside scan and get no "
+            "gradient (if f updates each of them from params, shared weights, this does "
+            "not apply). Pass a module that holds them all as params=module (each an "
+            "attribute of it), and use the third argument of f.",
             ClosureCaptureWarning,
             stacklevel=3,
         )
-    for path, value, _ in unpassed:
+    elif params_found:  # params' module is passed: another of its architecture is not
+        unpassed += alike
+    for path, value in unpassed:
         name = path[-1]
         how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
         dotted = name.split(".")  # a module's attribute (cfg.net) is an expression too
