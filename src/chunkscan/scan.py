@@ -680,9 +680,10 @@ def _warn_on_captured_modules(
     step = getattr(f, "_chunkscan_step", None)
     unpassed, alike, params_found = [], [], params_module
     for path, value in _capture.captured_modules(f):
-        leaves, treedef = _tree.flatten(value.trainable_parameters())
+        tree = value.trainable_parameters()  # walks the module: once
+        leaves, treedef = _tree.flatten(tree)
         shaped = _tree.same_structure(treedef, passed_def) and kinds == [
-            (a.shape, a.dtype) for a in _tree.reorder_like(passed_def, value.trainable_parameters())
+            (a.shape, a.dtype) for a in _tree.reorder_like(passed_def, tree)
         ]
         if all(id(a) in passed for a in leaves):
             params_found = params_found or (shaped and bool(leaves))
