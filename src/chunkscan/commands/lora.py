@@ -294,7 +294,7 @@ def _check_numbers(args: dict) -> None:
         if training and not args.get("train"):
             continue
         value = args.get(name)
-        whole = isinstance(value, int) and not isinstance(value, bool)
+        whole = _is_whole(value)
         if not whole or not (value >= least or value == other):
             also = f", or {other} for all" if other is not None else ""
             raise SystemExit(
@@ -307,8 +307,7 @@ def _check_numbers(args: dict) -> None:
     _check_lora_parameters(args)
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
-        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
-        if not number or not 0 <= rate < math.inf:
+        if not _is_number(rate) or not 0 <= rate < math.inf:
             raise SystemExit(
                 f"{PROG}: --learning-rate{source} must be a number of at least 0, not {rate!r}."
             )
@@ -342,7 +341,7 @@ def _check_lora_parameters(args: dict) -> None:
     # dropout 1.5 or a key that is not a string failed after the model loaded.
     rank, scale, dropout = given["rank"], given["scale"], given["dropout"]
     problems = []
-    if not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
+    if not (_is_whole(rank) and rank >= 1):
         problems.append(f"rank must be a whole number of at least 1, not {rank!r}")
     if not (_is_number(scale) and math.isfinite(scale)):
         problems.append(f"scale must be a finite number, not {scale!r}")
@@ -361,6 +360,10 @@ def _check_lora_parameters(args: dict) -> None:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 # Keys mlx-lm reads from its options without a flag or a default of their own
@@ -704,7 +707,7 @@ def _layer_count(config: dict) -> int | None:
     count = config.get("num_hidden_layers")
     if count is None and isinstance(text, dict):
         count = text.get("num_hidden_layers")
-    return count if isinstance(count, int) and not isinstance(count, bool) else None
+    return count if _is_whole(count) else None
 
 
 def _check_adapter_paths(args: types.SimpleNamespace) -> None:
