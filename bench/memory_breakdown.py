@@ -36,8 +36,7 @@ _NAMES = {
     # the forward's states, or the backward's cotangents of them
     "state_pass": ("states per chunk", "state leaving", "states stored"),
     "state_grads": ("d_vnew", "d_w", "d_qg", "d_kt", "d_p", "m2", "d_decay"),
-    "input_grads": ("dq per value head", "dk per value head", "dv", "dg", "dbeta"),
-    "sum_value_heads": ("dq", "dk"),
+    "input_grads": ("dq", "dk", "dv", "dg", "dbeta"),
 }
 
 

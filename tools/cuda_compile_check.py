@@ -153,8 +153,11 @@ def kernels():
                                        (64, 128, 128, 1, "bfloat16", 512, 64),
                                        (32, 128, 128, 1, "bfloat16", 512, 32),
                                        (64, 128, 128, 2, "bfloat16", None, 128),
-                                       (64, 128, 128, 2, "bfloat16", 512, 128)):  # fmt: skip
-        for which, (names, outs, source) in cc._KERNELS.items():
+                                       (64, 128, 128, 2, "bfloat16", 512, 128),
+                                       (64, 128, 128, 2, "bfloat16", 256, 128)):  # fmt: skip
+        for which, (names, outs, _) in cc._KERNELS.items():
+            source = cc.kernel_source(which)
+            own = cc.kernel_defines(which)  # ahead of each header below
             tv = tv_ or cc.slice_columns(Dv, C, Dk)
             nt = nt_ or cc.threads(which, C, Dk, Dv, tv)
             base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
@@ -170,27 +173,27 @@ def kernels():
                                      ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)
                    for x in names]  # fmt: skip
-            odt = {"out": dt, "dv": dt, "dg": dt, "dbeta": dt}
+            odt = {"out": dt, "DQ": dt, "DKm": dt, "dv": dt, "dg": dt, "dbeta": dt}
             outs_t = [(x, odt.get(x, "float32")) for x in outs]
             label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
-            out.append((label, f"chunkscan_gdn_{which}", cc._HEADER, cc._COMMON + source,
+            out.append((label, f"chunkscan_gdn_{which}", own + cc._HEADER, source,
                         ins, outs_t, base + extra))  # fmt: skip
             if which in cc._TC_KERNELS:  # the q / k products on tensor cores (the default)
                 out.append((label + " tc", f"chunkscan_gdn_{which}_tc",
-                            cc._HEADER + cc._HEADER_TC, cc._COMMON + source, ins, outs_t,
+                            own + cc._HEADER + cc._HEADER_TC, source, ins, outs_t,
                             base + extra))  # fmt: skip
             if which in cc._TF32_KERNELS:  # one tf32 product per tile (CS_TF32)
                 out.append((label + " tf32", f"chunkscan_gdn_{which}_tf32_tc",
-                            "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC,
-                            cc._COMMON + source, ins, outs_t, base + extra))  # fmt: skip
+                            own + "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC,
+                            source, ins, outs_t, base + extra))  # fmt: skip
             if nt == 512 and C == 64:  # the phase clocks (CHUNKSCAN_GDN_PROFILE=1)
                 out.append((label + " profile", f"chunkscan_gdn_{which}",
-                            "#define CS_PROFILE 1\n" + cc._HEADER, cc._COMMON + source,
+                            "#define CS_PROFILE 1\n" + own + cc._HEADER, source,
                             ins, outs_t, base + extra))  # fmt: skip
                 if which in cc._TF32_KERNELS:  # and with TF32, as on a CUDA device
                     out.append((label + " tf32 profile", f"chunkscan_gdn_{which}_tf32_tc",
-                                "#define CS_PROFILE 1\n#define CS_TF32 1\n" + cc._HEADER
-                                + cc._HEADER_TC, cc._COMMON + source, ins, outs_t,
+                                own + "#define CS_PROFILE 1\n#define CS_TF32 1\n" + cc._HEADER
+                                + cc._HEADER_TC, source, ins, outs_t,
                                 base + extra))  # fmt: skip
     from chunkscan.ops.gated_delta import _rows_cuda as rc
 
@@ -200,11 +203,6 @@ def kernels():
         out.append((f"gated_delta non_finite_rows Hk={Hk} G={G} D={D} DG={DG} {dt}",
                     "chunkscan_gdn_non_finite_rows", rc._HEADER, rc._ROWS, ins,
                     [("state_bad", "int32"), ("q_bad", "bool")], t))  # fmt: skip
-        out.append((f"gated_delta sum_value_heads G={G} D={D} {dt}",
-                    "chunkscan_gdn_sum_value_heads", "", rc._SUMS,
-                    [("dq", "float32", 6), ("dk", "float32", 6)],
-                    [("dq_sum", dt), ("dk_sum", dt)],
-                    [("G", G), ("D", D), ("TQ", dt), ("TK", dt)]))  # fmt: skip
     for packed in (False, True):
         out.append((f"gated_delta non_finite_reach packed={packed}",
                     "chunkscan_gdn_non_finite_reach", "", rc._REACH,

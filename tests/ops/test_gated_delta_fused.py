@@ -324,10 +324,12 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     """The H200's choices: at C = 64 all 128 columns of Dv in one output / state_grads
     block, state_grads with 512 threads (219.25 KiB, its pieces of Dk 64 columns wide;
     187.25 with pieces of 32), output with 256 in two steps of 64 columns (101 KiB: two
-    blocks a multiprocessor), 64 columns at C = 32, 512 threads for input_grads, 256 for
-    the rest; where they would not fit, pieces of 32, 64 columns, then 32, and 256
+    blocks a multiprocessor), 64 columns at C = 32, 512 threads for input_grads (256 with
+    float32 products: its loop over the value heads needs more registers), 256 for the
+    rest; where they would not fit, pieces of 32, 64 columns, then 32, and 256
     threads."""
     fake_cuda_limits(monkeypatch, 227)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")  # TF32 products, as on a CUDA GPU
     assert _chunk_cuda.slice_columns(128, 64, 128) == 128
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64
     assert _chunk_cuda.slice_columns(64, 64, 64) == 64  # one slice of 64: the same NV
@@ -340,6 +342,10 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     assert _chunk_cuda.output_step_columns(32) == 32  # a narrower block: one step
     assert _chunk_cuda.threads("state_grads", 32, 128, 128) == 256
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
+    assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 256
+    assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 512  # input_grads alone
+    monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
     # state_grads' pieces of Dk: 64 columns in a wide block (219.25 KiB), else 32
     assert _chunk_cuda.piece_columns(64, 128, 128, 128, 512) == 64
     assert _chunk_cuda.smem_bytes("state_grads", 64, 128, 128) == 219.25 * 1024
@@ -501,8 +507,7 @@ def test_emulated_with_every_kernel(monkeypatch):
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, cu_seqlens=cu)
     passes = {"chunkscan_state_pass_tc", "chunkscan_state_pass"}
     tc = _chunk_cuda._TC_KERNELS  # their q / k products on tensor cores, the default
-    small = {"chunkscan_gdn_non_finite_rows", "chunkscan_gdn_non_finite_reach",
-             "chunkscan_gdn_sum_value_heads"}  # fmt: skip
+    small = {"chunkscan_gdn_non_finite_rows", "chunkscan_gdn_non_finite_reach"}
     assert set(names) == passes | small | {
         f"chunkscan_gdn_{w}" + ("_tc" if w in tc else "") for w in _chunk_cuda._KERNELS
     }

@@ -106,20 +106,6 @@ def check_reach(case, seed=0):
     assert seq_bad.any() and not seq_bad.all()  # the case exercises both
 
 
-def check_sums(G, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    dq = mx.array(rng.normal(size=(1, 2, 32, 3, G, 32)).astype(np.float32))
-    dk = mx.array(rng.normal(size=(1, 2, 32, 3, G, 32)).astype(np.float32))
-    got = _rows_cuda.sum_value_heads(dq, dk, dtype, mx.float32)
-    ref = [dq.sum(axis=4).astype(dtype), dk.sum(axis=4)]
-    if G == 3:  # against the sum in the kernel's order (MLX's own may add in another)
-        ref = [(dq[..., 0, :] + dq[..., 1, :] + dq[..., 2, :]).astype(dtype),
-               dk[..., 0, :] + dk[..., 1, :] + dk[..., 2, :]]  # fmt: skip
-    for r, x in zip(ref, got):
-        assert r.dtype == x.dtype and r.shape == x.shape
-        assert mx.array_equal(r, x).item()
-
-
 @needs_cxx
 @pytest.mark.parametrize("case", CASES, ids=["bf16-G2", "fp32-packed", "fp16-channel-G3"])
 def test_emulated_non_finite_rows_match_the_ops(emulated, case):
@@ -132,19 +118,11 @@ def test_emulated_non_finite_reach_matches_the_ops(emulated, case):
     check_reach(case)
 
 
-@needs_cxx
-@pytest.mark.parametrize("G, dtype", [(1, mx.bfloat16), (2, mx.bfloat16), (3, mx.float16)])
-def test_emulated_sum_value_heads_match_the_ops(emulated, G, dtype):
-    check_sums(G, dtype)
-
-
 def test_supported_shapes():
     assert _rows_cuda.rows_supported(65535, 32, 30)
     assert not _rows_cuda.rows_supported(1, 33, 1)  # a warp per key head, 1024 threads
     assert not _rows_cuda.rows_supported(1, 1, 31)  # a flag bit per value head
     assert not _rows_cuda.rows_supported(65536, 1, 1)  # the grid's second dimension
-    assert _rows_cuda.sums_supported(64, 32)  # one chunk of 32 rows, heads of 32
-    assert not _rows_cuda.sums_supported(10, 32)  # not whole blocks of 256 threads
 
 
 @needs_cuda
@@ -157,12 +135,6 @@ def test_cuda_non_finite_rows_match_the_ops(case):
 @pytest.mark.parametrize("case", REACH_CASES, ids=["short", "packed", "batched"])
 def test_cuda_non_finite_reach_matches_the_ops(case):
     check_reach(case)
-
-
-@needs_cuda
-@pytest.mark.parametrize("G, dtype", [(1, mx.bfloat16), (2, mx.bfloat16), (3, mx.float16)])
-def test_cuda_sum_value_heads_match_the_ops(G, dtype):
-    check_sums(G, dtype)
 
 
 @needs_cuda

@@ -5,8 +5,9 @@ of chunks: dozens of ops per group, each tens of microseconds on MLX's CUDA back
 and float32 intermediates of ``[C, C]`` or ``[C, D]`` per chunk and head written to
 memory between them. Here each of those stages is ONE CUDA kernel launch
 per group, one thread block per (chunk, lane) (a lane is one value head of one batch
-row; ``output`` and ``state_grads``: per slice of ``TV`` columns of ``Dv`` too), with the
-chunk's intermediates in shared memory. The math is :mod:`.chunk`'s, line for line
+row; ``output`` and ``state_grads``: per slice of ``TV`` columns of ``Dv`` too;
+``input_grads``: per key head, its ``G`` value heads in turn), with the chunk's
+intermediates in shared memory. The math is :mod:`.chunk`'s, line for line
 (``docs/gated_delta.md``); inputs of any float dtype are read and converted on load.
 The arithmetic is float32, with products of one of two kinds (``_HEADER_TC``):
 
@@ -82,7 +83,6 @@ from ..._backend import (
     env_switch,
     tf32_products,
 )
-from . import _rows_cuda
 from ._pass_cuda import CP_ASYNC, MMA_TF32, TF32_FRAGMENTS
 
 F32 = mx.float32
@@ -134,6 +134,21 @@ _HEADER = (
 #define CS_NAN std::nanf("")
 #define CS_INF HUGE_VALF
 #endif
+// The thread's index in its block (threadIdx.x). Where CS_FRESH_TID is defined
+// (input_grads: a loop over the value heads of a key head), every use reads it afresh
+// (a volatile read the compiler cannot hoist), so that the offsets each phase derives
+// from it are worked out where they are used, not once ahead of the loop and kept in
+// registers across it: 244 registers a thread at the Qwen3-Next shape with them hoisted,
+// where 512 threads allow 128 (tools/cuda_compile_check.py).
+#if defined(CS_FRESH_TID) && !defined(CS_EMULATE)
+__device__ __forceinline__ unsigned cs_tid() {
+  unsigned t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+#else
+#define cs_tid() threadIdx.x
+#endif
 // A value written to shared memory only as a tensor-core operand: with CS_TF32 rounded
 // to tf32 there, once, so that tc_run<.., RA / RB = false> reads it as it is (the same
 // value that rounding at each read gives: rounding is idempotent); else unchanged.
@@ -155,7 +170,7 @@ _HEADER = (
 #define CS_PROF_END(kname)                                                              \
   do {                                                                                  \
     CS_MARK();                                                                          \
-    if (threadIdx.x == 0 && blockIdx.z == 0 &&                                          \
+    if (cs_tid() == 0 && blockIdx.z == 0 &&                                          \
         (blockIdx.x == 0 || blockIdx.x == gridDim.x / 2) &&                             \
         (blockIdx.y == 0 || blockIdx.y == gridDim.y / 2))                               \
       printf("CSPROF %s %d %d %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "  \
@@ -321,13 +336,13 @@ __device__ __forceinline__ void load_tile(const T* src, size_t ld, F put, size_t
 #endif
   if (vec) {
 #pragma unroll 1
-    for (int e0 = threadIdx.x; e0 < ITEMS; e0 += LU * NT) {
+    for (int e0 = cs_tid(); e0 < ITEMS; e0 += LU * NT) {
       uint4 r[LU][NS];  // the raw bits: 4 registers per load, whatever T
       issue16<PR, ITEMS, NT>(r, src, ld, e0, zs);
       land16<PR, ITEMS, NT>(r, src, e0, put);
     }
   } else {  // one piece at a time: its VW x NS loads in flight
-    for (int e = threadIdx.x; e < ITEMS; e += NT) {
+    for (int e = cs_tid(); e < ITEMS; e += NT) {
       const T* p = src + size_t(e / PR) * ld + (e % PR) * VW;
       float x[NS][VW];
 #pragma unroll
@@ -375,14 +390,14 @@ template <int ROWS, int COLS, int NT, class T> struct TileLoad {
 #else
     vec = SPLIT && ((reinterpret_cast<unsigned long long>(s) | (l * sizeof(T))) & 15) == 0;
 #endif
-    if (vec) issue16<PR, ITEMS, NT>(r, s, l, threadIdx.x, 0);
+    if (vec) issue16<PR, ITEMS, NT>(r, s, l, cs_tid(), 0);
   }
   template <class F> __device__ __forceinline__ void land(F put) const {
     if (!vec) {
       load_tile<ROWS, COLS, NT>(src, ld, put);
       return;
     }
-    land16<PR, ITEMS, NT>(r, src, threadIdx.x, put);
+    land16<PR, ITEMS, NT>(r, src, cs_tid(), put);
   }
 };
 
@@ -403,7 +418,7 @@ __device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src,
 #endif
   if (vec) {
     constexpr int PR = COLS / 4;
-    for (int e = threadIdx.x; e < ROWS * PR; e += NT) {
+    for (int e = cs_tid(); e < ROWS * PR; e += NT) {
       const int r = e / PR, c = 4 * (e % PR);
       cs_cp_async16(dst + r * ldd + c, src + size_t(r) * ld + c);
     }
@@ -485,7 +500,7 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
   float v[RA][RBN];
   int tr, tc;
   __device__ __forceinline__ Tile() {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wpr = TC / WC;
+    const int lane = cs_tid() & 31, w = cs_tid() >> 5, wpr = TC / WC;
     tr = (w / wpr) * WR + lane / WC;
     tc = (w % wpr) * WC + lane % WC;
 #pragma unroll
@@ -591,6 +606,13 @@ template <int M, int N, int NT, bool RB = false, bool CB = false> struct Tile {
     store(ptr, val);
   }
   __device__ __forceinline__ float at(int a, int b) const { return v[a][b]; }
+  // Every owned output x = fn(row, column, x, a, b).
+  template <class F> __device__ __forceinline__ void apply(F fn) {
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < RBN; ++b) v[a][b] = fn(row(a), col(b), v[a][b], a, b);
+  }
 };
 #ifndef CS_TF32
 // A product of M x N outputs on NT threads, the same code for both kinds (input_grads):
@@ -615,7 +637,7 @@ __device__ __forceinline__ void prod(MM& mm, const float* A, int lda, const floa
 template <int C, int NT>
 __device__ __forceinline__ void chunk_gates(const float* gf, float* gma, float* ten) {
   static_assert(NT >= 64 && C % 16 == 0 && C <= 128, "chunk_gates: two warps, runs of 32");
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = cs_tid() / 32, lane = cs_tid() % 32;
   if (w >= 2) return;
   float carry = 0.f;  // the sum of the runs before
 #pragma unroll
@@ -650,7 +672,7 @@ __device__ __forceinline__ void fill_gam(const float* gf, float* gam) {
   constexpr int S = NT / C < C ? NT / C : C;
   constexpr int R = C / S;
   static_assert(C % S == 0, "fill_gam: runs of equal length");
-  const int tid = threadIdx.x;
+  const int tid = cs_tid();
   if (tid < C * S) {
     const int j = tid % C, i0 = (tid / C) * R;
     float s = 0.f;
@@ -697,7 +719,7 @@ __device__ __forceinline__ void inverse_level(float* Ls, float* As) {
   // + m] (sg = +-1: exact); then a barrier.
   auto product = [&](const float* X, int x0, int x1, const float* Y, int y0, int y1,
                      float* D, int d0, int d1, float sg) {
-    for (int u = threadIdx.x; u < UNITS; u += NT) {
+    for (int u = cs_tid(); u < UNITS; u += NT) {
       const int b0 = (u / PER_PAIR) * 2 * S, i0 = ((u % PER_PAIR) / S) * R, m = u % S;
       float acc[R];
 #pragma unroll
@@ -810,7 +832,7 @@ struct TcMM {
   static constexpr bool EVEN = TILES % NW == 0;  // every warp PER tiles (NW = NT / 32)
   static constexpr bool SMALL = !(EA && EB);
   TcAcc big[PER], small[SMALL ? PER : 1];
-  __device__ __forceinline__ int tile(int p) const { return threadIdx.x / 32 + p * NW; }
+  __device__ __forceinline__ int tile(int p) const { return cs_tid() / 32 + p * NW; }
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
@@ -837,10 +859,10 @@ struct TcMM {
   // The lane's first row and column of tile tl (tile_pos): TcAcc's element e lies at row
   // row0 + 8 ((e / 2) % 2), column col0 + 8 (e / 4) + e % 2.
   __device__ __forceinline__ int row0(int tl) const {
-    return tile_pos<SR>(tl / TN, (threadIdx.x % 32) / 4);
+    return tile_pos<SR>(tl / TN, (cs_tid() % 32) / 4);
   }
   __device__ __forceinline__ int col0(int tl) const {
-    return tile_pos<SC>(tl % TN, 2 * (threadIdx.x % 4));
+    return tile_pos<SC>(tl % TN, 2 * (cs_tid() % 4));
   }
   // f = tile tl's place in the row-major matrix D (row stride ld), or store f there: each
   // column pair 8 bytes at a time
@@ -926,6 +948,19 @@ struct TcMM {
     }
   }
   __device__ __forceinline__ float at(int a, int b) const { return big[a].x[b]; }
+  // Every output the lane holds x = fn(row, column, x, a, b) (as each_out names them);
+  // between tc_run()s too: the next run adds to the new values.
+  template <class F> __device__ __forceinline__ void apply(F fn) {
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int tl = tile(p);
+      if (tl >= TILES) break;  // the same for the whole warp
+      const int r0 = row0(tl), c0 = col0(tl);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        big[p].x[e] = fn(r0 + 8 * ((e / 2) % 2), c0 + 8 * (e / 4) + e % 2, big[p].x[e], p, e);
+    }
+  }
 #endif
 };
 // mm += A B over K (TcMM's operand rules). The k steps are the outer loop and the warp's
@@ -950,7 +985,7 @@ __device__ __forceinline__ void tc_run(MM& mm, const float* A, int lda, const fl
   // A's four values, or B's two halves' four), the others a 4-byte read per value.
   constexpr bool SHARED_B = MM::NWARPS % MM::TN == 0;
   if (mm.tile(0) >= MM::TILES) return;  // a warp without tiles (the same for the warp)
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int lane = cs_tid() % 32, g = lane / 4, t = lane % 4;
   // Each lane's first element of every fragment (row or column g, k = t), or with KA /
   // KB its row for ldmatrix, as a pointer, once; the k steps fully unrolled, so that
   // every load is that pointer plus a constant (lda and ldb are constants where the
@@ -1074,13 +1109,20 @@ __device__ __forceinline__ void prod(MM& mm, const float* A, int lda, const floa
 )
 
 # Every kernel: grid (n * NT, L, Z): blockIdx.x = chunk j of the group, blockIdx.y =
-# lane l = b * HV + h (value head h, key head h / G). Raw inputs in the chunk layout
-# [B, n, C, H, D] (token tok + i of chunk j: tok = (b * n + j) * C).
-_COMMON = r"""
+# lane l = b * HV + h (value head h, key head h / G); input_grads' blockIdx.y is a key
+# lane b * HK + hk instead (_KEY_LANES). Raw inputs in the chunk layout [B, n, C, H, D]
+# (token tok + i of chunk j: tok = (b * n + j) * C).
+_VALUE_LANE = r"""
   const int tid = threadIdx.x, j = blockIdx.x, l = blockIdx.y, n = gridDim.x;
   const int b = l / HV, h = l % HV, hk = h / G;
-  const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
   const size_t cl = size_t(l) * n + j;         // (lane, chunk)
+"""
+_KEY_LANE = r"""
+  const int j = blockIdx.x, n = gridDim.x;  // (tid: read in the loop, see cs_tid)
+  const int b = blockIdx.y / HK, hk = blockIdx.y % HK;
+"""
+_COMMON = r"""
+  const size_t tok = (size_t(b) * n + j) * C;  // first token of the chunk
   constexpr int LDC = C + 1;  // prepare's L and A (read a value at a time)
   constexpr int LDC4 = C + 4, LDK4 = DK + 4, LDV4 = DV + 4;  // rows read 16 B at a time
   const float scale = csg::bits_float(SCALE_BITS);
@@ -1569,19 +1611,24 @@ _STATE_GRADS = r"""
   CS_PROF_END("state_grads");  // 4: d_p, m2
 """
 
-# input_gradients: back through the preparation; dq, dk per value head (summed over
-# the G heads of a key head by the caller), zero where q or k is non-finite.
+# input_gradients: back through the preparation, one block per (chunk, key lane): the G
+# value heads of the key head one after another, each head's dv, dg and dbeta written as
+# it ends, dq and dk summed over the heads in the block's registers and written once, in
+# the inputs' dtypes (zero where q or k is non-finite). q, k and their products kk, qk
+# are the key head's: loaded and formed once for its G heads. (Before session 38, a block
+# per value lane wrote float32 dq, dk per value head, summed by a kernel of their own:
+# 32 KiB per token more at the Qwen3-Next shape, and kk, qk formed G times.)
 _INPUT_GRADS = r"""
   CS_DYN_SMEM(sm);
   float* As = sm;             // [C][LDC4] a
-  float* Gs = As + C * LDC4;  // [C][LDC4] gam
-  float* KKs = Gs + C * LDC4; // [C][LDC4] kk
-  float* QKs = KKs + C * LDC4;  // [C][LDC4] qk
+  float* KKs = As + C * LDC4; // [C][LDC4] kk (the key head's, kept for all its heads)
+  float* QKs = KKs + C * LDC4;  // [C][LDC4] qk (the same)
   float* DPs = QKs + C * LDC4;  // [C][LDC4] d_p, then d_qk = scale d_p gam
   float* M2s = DPs + C * LDC4;  // [C][LDC4] d_vnew v^T, then d_a, then d_l, then d_kk
-  float* M1s = M2s + C * LDC4;  // [C][LDC4] d_w k^T, then T1 = d_a a^T, then d_gam gam
-  float* Ks = M1s + C * LDC4; // [C][LDK4] k
-  float* Qs = Ks + C * LDK4;  // [C][LDK4] q
+  float* Gs = M2s + C * LDC4; // [C][LDC4] gam
+  float* M1s = Gs + C * LDC4;  // [C][LDC4] d_w k^T, then T1 = d_a a^T, then d_gam gam
+  float* Ks = M1s + C * LDC4; // [C][LDK4] k (the key head's)
+  float* Qs = Ks + C * LDK4;  // [C][LDK4] q (the key head's)
   float* Ws = Qs + C * LDK4;  // [C][LDK4] d_w (the NV partial sums added)
   float* red = Ws + C * LDK4; // [2][NT] row-dot partial sums
   float* gf = red + 2 * NT;
@@ -1593,50 +1640,21 @@ _INPUT_GRADS = r"""
   float* vg = dvbv + C;       // d_gamma gamma
   float* vt = vg + C;         // d_to_end to_end
   float* vb = vt + C;         // d_beta
-  const size_t LN = size_t(gridDim.y) * n;
-  auto part = [&](const float* X, int cols, int i, int c) {  // the NV partial sums
-    float s = 0.f;
-#pragma unroll
-    for (int z = 0; z < NV; ++z) s += X[((z * LN + cl) * C + i) * cols + c];
-    return s;
-  };
-  // The loads in flight together: a, and with one slice (NV = 1) d_w, d_p and m2, copied
-  // in the background; k's and q's loads, then (NV > 1) the partial sums added as they
-  // come. d_p is read in full (state_grads' tensor-core form writes it so); only its
-  // causal part is used (below, where it is read).
-  csg::copy_tile<C, C, NT>(As, LDC4, A + cl * C * C, C);
-  if constexpr (NV == 1) {
-    csg::copy_tile<C, DK, NT>(Ws, LDK4, DWp + cl * C * DK, DK);
-    csg::copy_tile<C, C, NT>(DPs, LDC4, DPp + cl * C * C, C);
-    csg::copy_tile<C, C, NT>(M2s, LDC4, M2p + cl * C * C, C);
-  }
+  const size_t LN = size_t(gridDim.y) * G * n;  // (value lanes) x chunks: NV's stride
   const size_t qk0 = tok * HK * DK + hk * DK;  // the chunk's q, k rows: stride HK DK
-  csg::TileLoad<C, DK, NT, csg::elem_t<decltype(k)>> kl;
-  csg::TileLoad<C, DK, NT, csg::elem_t<decltype(q)>> ql;
-  kl.issue(k + qk0, HK * DK);
-  ql.issue(q + qk0, HK * DK);
-  for (int i = tid; i < C; i += NT) {
-    gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
-    bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
-  }
-  if constexpr (NV > 1) {  // the NV partial sums, added
-    csg::load_tile<C, DK, NT, NV>(
-        DWp + cl * C * DK, DK, [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
-    csg::load_tile<C, C, NT, NV>(
-        DPp + cl * C * C, C, [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
-    csg::load_tile<C, C, NT, NV>(M2p + cl * C * C, C,
-                                 [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
-  }
-  kl.land([&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
-  ql.land([&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
-  csg::copies_land();
-  __syncthreads();
-  CS_MARK();  // 0: loads (partial sums added)
-  csg::chunk_gates<C, NT>(gf, gma, ten);
-  csg::fill_gam<C, LDC4, NT>(gf, Gs);
+  auto qk_at = [&](int i, int d) { return qk0 + i * HK * DK + d; };  // q's, k's (i, d)
   // bf16 / fp16 q and k: exact in tf32 (one product per tile; Qs and Ks go to the tensor
   // cores unrounded)
   constexpr bool EXQK = sizeof(*q) == 2 && sizeof(*k) == 2;
+  {
+    csg::TileLoad<C, DK, NT, csg::elem_t<decltype(k)>> kl;
+    csg::TileLoad<C, DK, NT, csg::elem_t<decltype(q)>> ql;
+    kl.issue(k + qk0, HK * DK);
+    ql.issue(q + qk0, HK * DK);
+    kl.land([&](int i, int d, float x) { Ks[i * LDK4 + d] = csg::fin(x); });
+    ql.land([&](int i, int d, float x) { Qs[i * LDK4 + d] = csg::fin(x); });
+  }
+  __syncthreads();
 #ifdef CS_TC
   {
     csg::TcMM<C, C, NT / 32, EXQK, EXQK> kk, qk;
@@ -1646,226 +1664,280 @@ _INPUT_GRADS = r"""
     qk.zero();
     csg::tc_run<DK, true, true, !EXQK, !EXQK>(qk, Qs, LDK4, Ks, LDK4);
     qk.store(QKs, LDC4);
-    csg::TcMM<C, C, NT / 32, false, EXQK> m1;  // d_w: partial sums, not exact
-    m1.zero();
-    csg::tc_run<DK, true, true, true, !EXQK>(m1, Ws, LDK4, Ks, LDK4);
-    m1.store(M1s, LDC4);
   }
 #else
   {
-    csg::Tile<C, C, NT> kk, qk, m1;
+    csg::Tile<C, C, NT> kk, qk;
     kk.mm4<DK>(csg::op<true>(Ks, LDK4), csg::op<true>(Ks, LDK4));
     qk.mm4<DK>(csg::op<true>(Qs, LDK4), csg::op<true>(Ks, LDK4));
-    m1.mm4<DK>(csg::op<true>(Ws, LDK4), csg::op<true>(Ks, LDK4));
     kk.each([&](int i, int t, float x, int, int) { KKs[i * LDC4 + t] = x; });
     qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC4 + t] = x; });
-    m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC4 + t] = x; });
   }
 #endif
-  __syncthreads();
-  CS_MARK();  // 1: gates, kk, qk, m1
-  // kdkb_i = sum_d (a^T d_w)[i, d] k[i, d]; dvbv_i = sum_c (a^T d_vnew)[i, c] v[i, c].
-  if (tid < C) {
-    const int i = tid;
-    float s1 = 0.f, s2 = 0.f;
-    for (int t = i; t < C; ++t) {
-      s1 = fmaf(As[t * LDC4 + i], M1s[t * LDC4 + i], s1);
-      s2 = fmaf(As[t * LDC4 + i], M2s[t * LDC4 + i], s2);
-    }
-    kdkb[i] = s1;
-    dvbv[i] = s2;
-  }
-  __syncthreads();
-  // d_a = d_w kb^T + d_vnew vb^T (kb = k beta gamma, vb = v beta).
-  for (int e = tid; e < C * C; e += NT) {
-    const int i = e / C, t = e % C;
-    M2s[i * LDC4 + t] = (M1s[i * LDC4 + t] * gma[t] + M2s[i * LDC4 + t]) * bt[t];
-  }
-  __syncthreads();
-  // The products from here on: csg::Prod, FMA loops or (CS_TF32) the tensor cores.
-  {
-    csg::Prod<C, C, NT> t1;  // d_a a^T
-    t1.zero();
-    csg::prod<C, true, true>(t1, M2s, LDC4, As, LDC4);
-    t1.each_out([&](int i, int m, float x, int, int) { M1s[i * LDC4 + m] = x; });
-  }
-  __syncthreads();
-  {
-    csg::Prod<C, C, NT, true, true, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
-    dl.zero();
-    csg::prod<C, false, false>(dl, As, LDC4, M1s, LDC4);
-    dl.each_out([&](int i, int m, float x, int, int) { M2s[i * LDC4 + m] = m < i ? -x : 0.f; });
-  }
-  __syncthreads();
-  CS_MARK();  // 2: kdkb, d_a, t1, d_l
-  {
-    // Row dots d_qg . q and d_kt . k and the row sums of d_l gam kk (strict): NS threads
-    // per row, each a fixed slice of columns, then summed in order (deterministic). Eight
-    // steps' loads of partial sums in flight at once (all of them took a head of 96 past
-    // 128 registers). M1s (d_a a^T, read no more) holds the third sums' parts.
-    constexpr int NS = NT / C;
-    static_assert(DK % NS == 0 && C % NS == 0, "input_grads: whole slices per row");
-    const int i = tid / NS, sl = tid % NS;
-    float s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma unroll 8
-    for (int j = 0; j < DK / NS; ++j) {
-      const int d = sl + j * NS;
-      s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK4 + d], s1);
-      s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK4 + d], s2);
-    }
-    for (int t = sl; t < i; t += NS) s3 += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
-    red[tid] = s1;
-    red[NT + tid] = s2;
-    M1s[i * LDC4 + sl] = s3;
-  }
-  __syncthreads();
-  CS_MARK();  // 3: row dots
-  if (tid < C) {
-    constexpr int NS = NT / C;
-    const int i = tid;
-    float dls = 0.f, dqgq = 0.f, dto = 0.f;
-    for (int sl = 0; sl < NS; ++sl) {
-      dqgq += red[i * NS + sl];
-      dto += red[NT + i * NS + sl];
-      dls += M1s[i * LDC4 + sl];
-    }
-    vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
-    vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
-    vt[i] = dto * ten[i];
-  }
-  __syncthreads();
-  // d_gam gam (strict) -> M1s; d_qk = scale d_p gam -> DPs; d_kk = d_l beta_i gam -> M2s.
-  for (int e = tid; e < C * C; e += NT) {
-    const int i = e / C, t = e % C;
-    const int x = i * LDC4 + t;
-    const float gm = Gs[x], dl = M2s[x], dp = t <= i ? DPs[x] : 0.f;  // d_p's causal part
-    M1s[x] = t < i ? (scale * dp * QKs[x] + dl * bt[i] * KKs[x]) * gm : 0.f;
-    DPs[x] = scale * dp * gm;
-    M2s[x] = dl * bt[i] * gm;
-  }
-  __syncthreads();
-  // d_kk, strictly lower, made symmetric: d_kk + d_kk^T, the operand of dk's product (each
-  // entry one of the two, the other a zero, so the sum is exact).
-  for (int e = tid; e < C * C; e += NT) {
-    const int i = e / C, t = e % C;
-    if (t > i) M2s[i * LDC4 + t] = M2s[t * LDC4 + i];
-  }
-  __syncthreads();
-  CS_MARK();  // 4: per-row sums, d_gam
-  {
-    // Row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]. NS threads per
-    // row, each a segment of C / NS columns: its own running sum, then the totals of the
-    // segments before it added.
-    constexpr int NS = NT / C, SEG = C / NS;
-    const int i = tid / NS, sl = tid % NS;
-    float* row = M1s + i * LDC4 + sl * SEG;
-    float r = 0.f;
+  CS_MARK();  // 0: q, k, kk, qk (once per key head)
+  // A q or k that reads as non-zero in Qs / Ks is finite (non-finite ones read as zero
+  // there): only for a zero one is the input read again. (Read for every output after
+  // the products, q, k and v took 10% of the kernel's stall samples, run 71.)
+  // dq and dk, summed over the key head's G value heads: each head's products accumulate
+  // into them and its epilogue terms are added as the head ends.
+  csg::Prod<C, DK, NT, false, true, false, true> dq;  // k read down its columns
+  csg::Prod<C, DK, NT, true, true, true, true> dk;    // (one layout with t2 below)
+  dq.zero();
+  dk.zero();
+#pragma unroll 1
+  for (int gi = 0; gi < G; ++gi) {
+    const int tid = cs_tid();                   // (read here: see cs_tid)
+    const int h = hk * G + gi, l = b * HV + h;  // the value head, its lane
+    const size_t cl = size_t(l) * n + j;        // (lane, chunk)
+    auto part = [&](const float* X, int cols, int i, int c) {  // the NV partial sums
+      float s = 0.f;
 #pragma unroll
-    for (int t = 0; t < SEG; ++t) {
-      const float x = row[t];
-      row[t] = r;
-      r += x;
+      for (int z = 0; z < NV; ++z) s += X[((z * LN + cl) * C + i) * cols + c];
+      return s;
+    };
+    // The head's loads in flight together: a, and with one slice (NV = 1) d_w, d_p and m2,
+    // copied in the background; then (NV > 1) the partial sums added as they come. d_p is
+    // read in full (state_grads' tensor-core form writes it so); only its causal part is
+    // used (below, where it is read).
+    csg::copy_tile<C, C, NT>(As, LDC4, A + cl * C * C, C);
+    if constexpr (NV == 1) {
+      csg::copy_tile<C, DK, NT>(Ws, LDK4, DWp + cl * C * DK, DK);
+      csg::copy_tile<C, C, NT>(DPs, LDC4, DPp + cl * C * C, C);
+      csg::copy_tile<C, C, NT>(M2s, LDC4, M2p + cl * C * C, C);
     }
-    red[tid] = r;
+    for (int i = tid; i < C; i += NT) {
+      gf[i] = csg::gate(csg::f(g[(tok + i) * HV + h]));
+      bt[i] = csg::fin(csg::f(beta[(tok + i) * HV + h]));
+    }
+    if constexpr (NV > 1) {  // the NV partial sums, added
+      csg::load_tile<C, DK, NT, NV>(
+          DWp + cl * C * DK, DK, [&](int i, int d, float x) { Ws[i * LDK4 + d] = x; }, LN * C * DK);
+      csg::load_tile<C, C, NT, NV>(
+          DPp + cl * C * C, C, [&](int i, int t, float x) { DPs[i * LDC4 + t] = x; }, LN * C * C);
+      csg::load_tile<C, C, NT, NV>(
+          M2p + cl * C * C, C, [&](int i, int t, float x) { M2s[i * LDC4 + t] = x; }, LN * C * C);
+    }
+    csg::copies_land();
     __syncthreads();
-    float before = 0.f;
-    for (int z = 0; z < sl; ++z) before += red[i * NS + z];
-#pragma unroll
-    for (int t = 0; t < SEG; ++t) row[t] += before;
-    // d_g[m]: every span that covers gate m (t < m <= i). NS threads per gate, each the
-    // rows i = m + sl, m + sl + NS, .. and the gates t = sl, sl + NS, .. < m; the parts
-    // then summed in order.
-    __syncthreads();
-    const int m = i;
-    float s = 0.f;
-    for (int r2 = m + sl; r2 < C; r2 += NS) s += M1s[r2 * LDC4 + m] + vg[r2];
-    for (int t = sl; t < m; t += NS) s += vt[t];
-    red[NT + tid] = s;
-  }
-  __syncthreads();
-  if (tid < C) {
-    constexpr int NS = NT / C;
-    const int m = tid;
-    float s = 0.f;
-    for (int sl = 0; sl < NS; ++sl) s += red[NT + m * NS + sl];
-    float dd = 0.f;
-#pragma unroll
-    for (int z = 0; z < NV; ++z) dd += DDECp[z * LN + cl];
-    s += dd * gma[C - 1];
-    const size_t r = (tok + m) * HV + h;
-    dg[r] = static_cast<TG>(csg::gate_ok(csg::f(g[r])) ? s : 0.f);
-    dbeta[r] = static_cast<TB>(isfinite(csg::f(beta[r])) ? vb[m] : 0.f);
-  }
-  CS_MARK();  // 5: prefix sums, d_g, d_beta
-  const int gi = h % G;
-  // The epilogues' global reads issued before the products, so that their latency hides
-  // behind them: the partial sums, and with TF32 (EARLY) d_vnew's tile (during dk's
-  // products) and v (during dv's). With TF32 too, a q or k that reads as non-zero in Qs /
-  // Ks is finite (non-finite ones read as zero there): only for a zero one is the input
-  // read again. (Read for every output after the products, q, k and v took 10% of the
-  // kernel's stall samples, run 71.) EARLY costs registers: 95 at the H200's default
-  // shape, against 72; the FMA tiles leave no room for it (128 registers with phase
-  // clocks before, 135-145 with it: past the 128 of 512 threads).
-#ifdef CS_TF32
-  constexpr bool EARLY = true;
+    csg::chunk_gates<C, NT>(gf, gma, ten);
+    csg::fill_gam<C, LDC4, NT>(gf, Gs);
+#ifdef CS_TC
+    {
+      csg::TcMM<C, C, NT / 32, false, EXQK> m1;  // d_w: partial sums, not exact
+      m1.zero();
+      csg::tc_run<DK, true, true, true, !EXQK>(m1, Ws, LDK4, Ks, LDK4);
+      m1.store(M1s, LDC4);
+    }
 #else
-  constexpr bool EARLY = false;
+    {
+      csg::Tile<C, C, NT> m1;
+      m1.mm4<DK>(csg::op<true>(Ws, LDK4), csg::op<true>(Ks, LDK4));
+      m1.each([&](int i, int t, float x, int, int) { M1s[i * LDC4 + t] = x; });
+    }
 #endif
-  auto qk_at = [&](int i, int d) { return qk0 + i * HK * DK + d; };  // q's, k's (i, d)
-  {
-    csg::Prod<C, DK, NT, false, true, false, true> dq;  // k read down its columns
-    dq.zero();
-    float pre[dq.RA][dq.RBN];
-    dq.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DQGp, DK, i, d); });
+    __syncthreads();
+    CS_MARK();  // 1 (per head): loads, gates, m1
+    // kdkb_i = sum_d (a^T d_w)[i, d] k[i, d]; dvbv_i = sum_c (a^T d_vnew)[i, c] v[i, c].
+    if (tid < C) {
+      const int i = tid;
+      float s1 = 0.f, s2 = 0.f;
+      for (int t = i; t < C; ++t) {
+        s1 = fmaf(As[t * LDC4 + i], M1s[t * LDC4 + i], s1);
+        s2 = fmaf(As[t * LDC4 + i], M2s[t * LDC4 + i], s2);
+      }
+      kdkb[i] = s1;
+      dvbv[i] = s2;
+    }
+    __syncthreads();
+    // d_a = d_w kb^T + d_vnew vb^T (kb = k beta gamma, vb = v beta).
+    for (int e = tid; e < C * C; e += NT) {
+      const int i = e / C, t = e % C;
+      M2s[i * LDC4 + t] = (M1s[i * LDC4 + t] * gma[t] + M2s[i * LDC4 + t]) * bt[t];
+    }
+    __syncthreads();
+    // The products from here on: csg::Prod, FMA loops or (CS_TF32) the tensor cores.
+    {
+      csg::Prod<C, C, NT> t1;  // d_a a^T
+      t1.zero();
+      csg::prod<C, true, true>(t1, M2s, LDC4, As, LDC4);
+      t1.each_out([&](int i, int m, float x, int, int) { M1s[i * LDC4 + m] = x; });
+    }
+    __syncthreads();
+    {
+      csg::Prod<C, C, NT, true, true, true, true> dl;  // d_l = -(a^T d_a a^T), strictly lower
+      dl.zero();
+      csg::prod<C, false, false>(dl, As, LDC4, M1s, LDC4);
+      dl.each_out([&](int i, int m, float x, int, int) { M2s[i * LDC4 + m] = m < i ? -x : 0.f; });
+    }
+    __syncthreads();
+    {
+      // Row dots d_qg . q and d_kt . k and the row sums of d_l gam kk (strict): NS threads
+      // per row, each a fixed slice of columns, then summed in order (deterministic). Eight
+      // steps' loads of partial sums in flight at once (all of them took a head of 96 past
+      // 128 registers). M1s (d_a a^T, read no more) holds the third sums' parts.
+      constexpr int NS = NT / C;
+      static_assert(DK % NS == 0 && C % NS == 0, "input_grads: whole slices per row");
+      const int i = tid / NS, sl = tid % NS;
+      float s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll 8
+      for (int j = 0; j < DK / NS; ++j) {
+        const int d = sl + j * NS;
+        s1 = fmaf(part(DQGp, DK, i, d), Qs[i * LDK4 + d], s1);
+        s2 = fmaf(part(DKTp, DK, i, d), Ks[i * LDK4 + d], s2);
+      }
+      for (int t = sl; t < i; t += NS)
+        s3 += M2s[i * LDC4 + t] * Gs[i * LDC4 + t] * KKs[i * LDC4 + t];
+      red[tid] = s1;
+      red[NT + tid] = s2;
+      M1s[i * LDC4 + sl] = s3;
+    }
+    __syncthreads();
+    if (tid < C) {
+      constexpr int NS = NT / C;
+      const int i = tid;
+      float dls = 0.f, dqgq = 0.f, dto = 0.f;
+      for (int sl = 0; sl < NS; ++sl) {
+        dqgq += red[i * NS + sl];
+        dto += red[NT + i * NS + sl];
+        dls += M1s[i * LDC4 + sl];
+      }
+      vb[i] = dvbv[i] + gma[i] * kdkb[i] + dls;
+      vg[i] = (scale * dqgq + bt[i] * kdkb[i]) * gma[i];
+      vt[i] = dto * ten[i];
+    }
+    __syncthreads();
+    // d_gam gam (strict) -> M1s; d_qk = scale d_p gam -> DPs; d_kk = d_l beta_i gam -> M2s.
+    for (int e = tid; e < C * C; e += NT) {
+      const int i = e / C, t = e % C;
+      const int x = i * LDC4 + t;
+      const float gm = Gs[x], dl = M2s[x], dp = t <= i ? DPs[x] : 0.f;  // d_p's causal part
+      M1s[x] = t < i ? (scale * dp * QKs[x] + dl * bt[i] * KKs[x]) * gm : 0.f;
+      DPs[x] = scale * dp * gm;
+      M2s[x] = dl * bt[i] * gm;
+    }
+    __syncthreads();
+    // d_kk, strictly lower, made symmetric: d_kk + d_kk^T, the operand of dk's product (each
+    // entry one of the two, the other a zero, so the sum is exact).
+    for (int e = tid; e < C * C; e += NT) {
+      const int i = e / C, t = e % C;
+      if (t > i) M2s[i * LDC4 + t] = M2s[t * LDC4 + i];
+    }
+    __syncthreads();
+    {
+      // Row prefix sums, in place: M1s[i][m] = sum_{t < m} d_gam gam [i][t]. NS threads per
+      // row, each a segment of C / NS columns: its own running sum, then the totals of the
+      // segments before it added.
+      constexpr int NS = NT / C, SEG = C / NS;
+      const int i = tid / NS, sl = tid % NS;
+      float* row = M1s + i * LDC4 + sl * SEG;
+      float r = 0.f;
+#pragma unroll
+      for (int t = 0; t < SEG; ++t) {
+        const float x = row[t];
+        row[t] = r;
+        r += x;
+      }
+      red[tid] = r;
+      __syncthreads();
+      float before = 0.f;
+      for (int z = 0; z < sl; ++z) before += red[i * NS + z];
+#pragma unroll
+      for (int t = 0; t < SEG; ++t) row[t] += before;
+      // d_g[m]: every span that covers gate m (t < m <= i). NS threads per gate, each the
+      // rows i = m + sl, m + sl + NS, .. and the gates t = sl, sl + NS, .. < m; the parts
+      // then summed in order.
+      __syncthreads();
+      const int m = i;
+      float s = 0.f;
+      for (int r2 = m + sl; r2 < C; r2 += NS) s += M1s[r2 * LDC4 + m] + vg[r2];
+      for (int t = sl; t < m; t += NS) s += vt[t];
+      red[NT + tid] = s;
+    }
+    __syncthreads();
+    if (tid < C) {
+      constexpr int NS = NT / C;
+      const int m = tid;
+      float s = 0.f;
+      for (int sl = 0; sl < NS; ++sl) s += red[NT + m * NS + sl];
+      float dd = 0.f;
+#pragma unroll
+      for (int z = 0; z < NV; ++z) dd += DDECp[z * LN + cl];
+      s += dd * gma[C - 1];
+      const size_t r = (tok + m) * HV + h;
+      dg[r] = static_cast<TG>(csg::gate_ok(csg::f(g[r])) ? s : 0.f);
+      dbeta[r] = static_cast<TB>(isfinite(csg::f(beta[r])) ? vb[m] : 0.f);
+    }
+    CS_MARK();  // 2 (per head): kdkb, d_a, t1, d_l, row dots, d_gam, prefix sums, d_g, d_beta
+    // The partial sums that dq's and dk's epilogues add (d_qg's, then d_kt's) are copied
+    // into gam's and m1's space (read no more) while the products run, where they fit
+    // and come from one slice (STAGE: NV = 1, C = 64); else the epilogues read them. No
+    // registers hold them across the products (read into registers ahead of them, as
+    // before session 38, they took the kernel past the 128 registers of 512 threads).
+    constexpr bool STAGE = NV == 1 && C * LDK4 <= 2 * C * LDC4;
+    float* Ps = Gs;  // [C][LDK4] over gam and m1 (STAGE)
+    auto summed = [&](const float* X, int i, int d) {
+      return STAGE ? Ps[i * LDK4 + d] : part(X, DK, i, d);
+    };
+    if constexpr (STAGE) csg::copy_tile<C, DK, NT>(Ps, LDK4, DQGp + cl * C * DK, DK);
     csg::prod<C, true, false, true, !EXQK>(dq, DPs, LDC4, Ks, LDK4);
-    dq.store_out([&](int i, int d) { return DQ + (((tok + i) * HK + hk) * G + gi) * DK + d; },
-             [&](int i, int d, float x, int a, int bb) {  // none for a non-finite q
-               return csg::finite_input(EARLY, Qs + i * LDK4 + d, q + qk_at(i, d))
-                   ? x + scale * gma[i] * pre[a][bb] : 0.f;
-             });
+    if constexpr (STAGE) {
+      csg::copies_land();
+      __syncthreads();
+    }
+    dq.apply([&](int i, int d, float x, int, int) {
+      return x + scale * gma[i] * summed(DQGp, i, d);
+    });
+    if constexpr (STAGE) {
+      __syncthreads();  // d_qg's read before d_kt's land over them
+      csg::copy_tile<C, DK, NT>(Ps, LDK4, DKTp + cl * C * DK, DK);
+    }
+    {
+      csg::Prod<C, DK, NT, true, true, true, true> t2;  // a^T d_w, this head's
+      t2.zero();
+      csg::prod<C, false, false, true, !EXQK>(dk, DPs, LDC4, Qs, LDK4);
+      // d_kk + d_kk^T: symmetric, so read down its columns as the other operands (spread)
+      csg::prod<C, false, false, true, !EXQK>(dk, M2s, LDC4, Ks, LDK4);
+      csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
+      if constexpr (STAGE) {
+        csg::copies_land();
+        __syncthreads();
+      }
+      dk.apply([&](int i, int d, float x, int a, int bb) {
+        return x + t2.at(a, bb) * bt[i] * gma[i] + summed(DKTp, i, d) * ten[i];
+      });
+    }
+    csg::TileLoad<C, DV, NT, float> dvl;
+    dvl.issue(DVN + cl * C * DV, DV);
+    csg::Prod<C, DV, NT, true, true, true, true> tv;
+    tv.zero();
+    __syncthreads();
+    float* DVs = DPs;           // [C][LDV4] d_vnew, over d_p .. m1 (none read any more)
+    static_assert(DV + 4 <= 4 * (C + 4), "d_vnew fits over d_p .. m1");
+    dvl.land([&](int i, int c, float x) { DVs[i * LDV4 + c] = x; });
+    __syncthreads();
+    {
+      csg::prod<C, false, false>(tv, As, LDC4, DVs, LDV4);
+      tv.store_out([&](int i, int c) { return dv + ((tok + i) * HV + h) * DV + c; },
+                   [&](int i, int c, float x, int, int) {  // none for a non-finite v
+                     return isfinite(csg::f(v[((tok + i) * HV + h) * DV + c])) ? x * bt[i] : 0.f;
+                   });
+    }
+    __syncthreads();  // a, d_vnew read before the next head's loads
+    CS_MARK();  // 3 (per head): dq's and dk's products, dv
   }
-  CS_MARK();  // 6: dq
-  csg::TileLoad<C, DV, NT, float> dvl;
-  if (EARLY) dvl.issue(DVN + cl * C * DV, DV);
-  {
-    csg::Prod<C, DK, NT, true, true, true, true> t1, t2;  // (one layout: t2.at in t1's stores)
-    t1.zero();
-    t2.zero();
-    float pre[t1.RA][t1.RBN];  // as for dq: the partial sums of d_kt
-    t1.each_out([&](int i, int d, float, int a, int bb) { pre[a][bb] = part(DKTp, DK, i, d); });
-    csg::prod<C, false, false, true, !EXQK>(t1, DPs, LDC4, Qs, LDK4);
-    // d_kk + d_kk^T: symmetric, so read down its columns as the other operands (spread)
-    csg::prod<C, false, false, true, !EXQK>(t1, M2s, LDC4, Ks, LDK4);
-    csg::prod<C, false, false>(t2, As, LDC4, Ws, LDK4);
-    t1.store_out([&](int i, int d) { return DKm + (((tok + i) * HK + hk) * G + gi) * DK + d; },
-             [&](int i, int d, float x, int a, int bb) {  // none for a non-finite k
-               return csg::finite_input(EARLY, Ks + i * LDK4 + d, k + qk_at(i, d))
-                   ? x + t2.at(a, bb) * bt[i] * gma[i] + pre[a][bb] * ten[i] : 0.f;
-             });
-  }
-  CS_MARK();  // 7: dk
-  if (!EARLY) dvl.issue(DVN + cl * C * DV, DV);
-  csg::Prod<C, DV, NT, true, true, true, true> tv;
-  tv.zero();
-  auto v_at = [&](int i, int c) { return v[((tok + i) * HV + h) * DV + c]; };
-  csg::elem_t<decltype(v)> vraw[EARLY ? tv.RA : 1][tv.RBN];
-  if (EARLY) tv.each_out([&](int i, int c, float, int a, int bb) { vraw[a][bb] = v_at(i, c); });
-  __syncthreads();
-  float* DVs = Gs;            // [C][LDV4] d_vnew, over gam .. d_w (none read any more)
-  static_assert(DV + 4 <= 6 * (C + 4), "d_vnew fits over gam .. m1");
-  dvl.land([&](int i, int c, float x) { DVs[i * LDV4 + c] = x; });
-  __syncthreads();
-  {
-    csg::prod<C, false, false>(tv, As, LDC4, DVs, LDV4);
-    tv.store_out([&](int i, int c) { return dv + ((tok + i) * HV + h) * DV + c; },
-                 [&](int i, int c, float x, int a, int bb) {  // none for a non-finite v
-                   const bool ok = isfinite(csg::f(EARLY ? vraw[EARLY ? a : 0][bb] : v_at(i, c)));
-                   return ok ? x * bt[i] : 0.f;
-                 });
-  }
-  CS_PROF_END("input_grads");  // 8: dv
+  // dq, dk: none for a non-finite q or k
+  dq.store_out([&](int i, int d) { return DQ + (tok + i) * HK * DK + hk * DK + d; },
+               [&](int i, int d, float x, int, int) {
+                 return csg::finite_input(true, Qs + i * LDK4 + d, q + qk_at(i, d)) ? x : 0.f;
+               });
+  dk.store_out([&](int i, int d) { return DKm + (tok + i) * HK * DK + hk * DK + d; },
+               [&](int i, int d, float x, int, int) {
+                 return csg::finite_input(true, Ks + i * LDK4 + d, k + qk_at(i, d)) ? x : 0.f;
+               });
+  CS_PROF_END("input_grads");  // 4 (last): dq, dk
 """
 
+_KEY_LANES = ("input_grads",)  # a block per key lane (b, hk), not per value lane
 _KERNELS = {
     "prepare": (["q", "k", "v", "g", "beta"], ["A", "P", "W", "U", "KT", "DECAY"],
                 _PREPARE),
@@ -1932,6 +2004,11 @@ def threads(
         wide = output_step_columns(tv) if which == "output" and tv is not None else tv
         return 512 if wide == WIDE_TV else NT
     nt = 512 if (which, C) in _NT_512 else NT
+    if nt == 512 and which in _KEY_LANES and not tf32_build(which):
+        # float32 products: the loop over the value heads took up to 136 registers a
+        # thread (float32 inputs, tools/cuda_compile_check.py), past the 128 of 512
+        # threads; 256 threads allow 255
+        nt = NT
     if nt == 512 and Dk is not None and Dv is not None:
         tv = slice_columns(Dv, C, Dk)
         if smem_bytes(which, C, Dk, Dv, 512, tv) > cuda_limits().smem_per_block:
@@ -2024,10 +2101,10 @@ def smem_bytes(
 def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
     """Float32 values per chunk and lane that one group's kernels write (forward and
     backward): ``a``, ``p``; ``w``, ``kt``, ``u``; ``h`` and the state cotangents;
-    ``d_vnew``; the ``NV`` partial sums; ``dq``, ``dk`` per value head."""
+    ``d_vnew``; the ``NV`` partial sums."""
     nv = Dv // (slice_columns(Dv, C, Dk) if tv is None else tv)
     per_slice = 3 * C * Dk + 2 * C * C
-    return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice + 2 * C * Dk
+    return 2 * C * C + C * (2 * Dk + Dv) + 2 * Dv * Dk + C * Dv + nv * per_slice
 
 
 @_planned
@@ -2100,6 +2177,15 @@ def tc_products() -> bool:
     return cc is None or cc >= (8, 0)
 
 
+def tf32_build(which: str, cores: bool | None = None) -> bool:
+    """Whether kernel ``which`` is built with ``CS_TF32`` (every product on the tensor
+    cores in TF32): one of :data:`_TF32_KERNELS`, with :func:`tc_products` (or ``cores``,
+    where the caller asked it) and :func:`chunkscan._backend.tf32_products`."""
+    if which not in _TF32_KERNELS:
+        return False
+    return (tc_products() if cores is None else cores) and tf32_products("gated_delta_rule")
+
+
 def _launch(which: str, inputs, template, L: int, n: int, z: int, outputs, C, Dk, Dv, tv=None):
     names, outs, _ = _KERNELS[which]
     # The launch's plan depends on the shapes, the variables below (read at each call),
@@ -2136,7 +2222,7 @@ def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, st
     header = "".join(f"#define {macro} 1\n" for macro in on) + _HEADER
     cores = (which in _TC_KERNELS or which in _TF32_KERNELS) and tc_products()  # asked once
     tc = cores and which in _TC_KERNELS
-    if cores and which in _TF32_KERNELS and tf32_products("gated_delta_rule"):
+    if cores and tf32_build(which, cores):
         on.append("CS_TF32")
         header = "#define CS_TF32 1\n" + header
         tc = True
@@ -2146,7 +2232,20 @@ def _plan(which: str, C: int, Dk: int, Dv: int, tv: int | None) -> tuple[str, st
     # The switches in the name too: MLX's own kernel cache (CHUNKSCAN_CUDA_PRECOMPILE=0)
     # knows a kernel by its name.
     name = "_".join([f"chunkscan_gdn_{which}"] + [m[3:].lower() for m in on])
-    return name, _COMMON + _KERNELS[which][2], header, nt, smem
+    return name, kernel_source(which), kernel_defines(which) + header, nt, smem
+
+
+def kernel_defines(which: str) -> str:
+    """What kernel ``which`` defines ahead of its header: ``CS_FRESH_TID`` for a key
+    lane's loop over its value heads (``cs_tid`` in :data:`_HEADER`)."""
+    return "#define CS_FRESH_TID 1\n" if which in _KEY_LANES else ""
+
+
+def kernel_source(which: str) -> str:
+    """The body of kernel ``which`` as MLX takes it: its lane's names (``b``, ``hk``,
+    ``tok``, and for a value lane ``l``, ``h``, ``cl``), then its own code."""
+    lane = _KEY_LANE if which in _KEY_LANES else _VALUE_LANE
+    return lane + _COMMON + _KERNELS[which][2]
 
 
 def _dims(q: mx.array, v: mx.array) -> tuple[int, int, int, int, int, int, int]:
@@ -2238,28 +2337,18 @@ def state_gradients(p: SimpleNamespace, s, d_s, d_o, o_bad, v) -> SimpleNamespac
 
 def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.array]:
     """``[dq, dk, dv, dg, dbeta]`` of a group in the chunk layout and dtypes of the raw
-    inputs ``xs = (q, k, v, g, beta)``; inputs read as zero (non-finite) get none."""
+    inputs ``xs = (q, k, v, g, beta)``; inputs read as zero (non-finite) get none. One
+    block per chunk and key lane: ``dq`` and ``dk`` summed over the key head's value
+    heads in the kernel."""
     q, k, v, g, beta = xs
     B, n, C, Hk, Hv, Dk, Dv = _dims(q, v)
-    G = Hv // Hk
     tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [
         ("NV", sg.nv), ("TG", g.dtype), ("TB", beta.dtype), ("TVO", v.dtype),
     ]  # fmt: skip
-    outs = [((B, n, C, Hk, G, Dk), F32), ((B, n, C, Hk, G, Dk), F32), (v.shape, v.dtype),
-            (g.shape, g.dtype), (beta.shape, beta.dtype)]  # fmt: skip
-    dq, dk, dv, dg, dbeta = _launch(
+    outs = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype), (g.shape, g.dtype),
+            (beta.shape, beta.dtype)]  # fmt: skip
+    return list(_launch(
         "input_grads",
         [q, k, v, g, beta, p.a, sg.dvn, sg.dw, sg.dqg, sg.dkt, sg.dp, sg.m2, sg.ddec],
-        tmpl, B * Hv, n, 1, outs, C, Dk, Dv,
-    )  # fmt: skip
-    # The kernel writes no gradient for a non-finite q or k (each of the G partial sums
-    # is zero there): summing over the G value heads and the cast are all that is left,
-    # one launch for both (or none: one value head per key head, float32 inputs).
-    if G == 1 and q.dtype == k.dtype == F32:
-        return [dq.squeeze(4), dk.squeeze(4), dv, dg, dbeta]
-    if _rows_cuda.sums_supported(B * n * C * Hk, Dk):
-        dq, dk = _rows_cuda.sum_value_heads(dq, dk, q.dtype, k.dtype)
-    else:
-        dq = (dq.sum(axis=4) if G > 1 else dq.squeeze(4)).astype(q.dtype)
-        dk = (dk.sum(axis=4) if G > 1 else dk.squeeze(4)).astype(k.dtype)
-    return [dq, dk, dv, dg, dbeta]
+        tmpl, B * Hk, n, 1, outs, C, Dk, Dv,
+    ))  # fmt: skip

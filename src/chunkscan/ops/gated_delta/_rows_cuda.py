@@ -14,16 +14,12 @@
   of the transposed count alone 30 us) besides each op's launch; here one of 29 us
   (run 104, an H100; a first form, a span of tokens per thread, took 42 us on the H200
   in run 103).
-- :func:`sum_value_heads`: ``dq`` and ``dk`` summed over the ``G`` value heads that
-  share a key head, cast to the inputs' dtypes. As MLX ops: a column sum and a cast
-  each, four launches per group of chunks (0.44 ms per fwd+bwd at T = 16384, run 58);
-  here one.
 
-All are chosen with the other CUDA kernels (``kernels`` / ``CHUNKSCAN_CUDA_KERNELS``)
-and give what the MLX ops give, bit for bit: the same flags, and for ``G <= 2`` the same
-sums (``G`` float32 values added in order, then a round-to-nearest cast; MLX may add
-three or more in another order). Tested against those ops through the CPU emulator
-(``tests/ops/test_gated_delta_rows.py``) and on a CUDA device.
+Both are chosen with the other CUDA kernels (``kernels`` / ``CHUNKSCAN_CUDA_KERNELS``)
+and give what the MLX ops give, bit for bit. Tested against those ops through the CPU
+emulator (``tests/ops/test_gated_delta_rows.py``) and on a CUDA device. (A third,
+``sum_value_heads``, summed ``dq`` and ``dk`` over the value heads of a key head until
+session 38, when ``input_grads`` took a key head's value heads in one block.)
 """
 
 from __future__ import annotations
@@ -125,35 +121,9 @@ _REACH = r"""
   }
 """
 
-# Four outputs per thread: row r of [R, D] (R = rows of the key heads), columns c..c+3;
-# blockIdx.y 0: dq, 1: dk. The G value heads' rows summed in order.
-_SUMS = r"""
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t r = i / (D / 4), c = (i % (D / 4)) * 4;
-  const float* src = (blockIdx.y == 0 ? dq : dk) + r * G * D + c;
-  float4 s = *reinterpret_cast<const float4*>(src);
-  for (int gi = 1; gi < G; ++gi) {
-    const float4 x = *reinterpret_cast<const float4*>(src + gi * D);
-    s.x += x.x;
-    s.y += x.y;
-    s.z += x.z;
-    s.w += x.w;
-  }
-  if (blockIdx.y == 0) {
-    TQ* o = dq_sum + r * D + c;
-    o[0] = static_cast<TQ>(s.x), o[1] = static_cast<TQ>(s.y);
-    o[2] = static_cast<TQ>(s.z), o[3] = static_cast<TQ>(s.w);
-  } else {
-    TK* o = dk_sum + r * D + c;
-    o[0] = static_cast<TK>(s.x), o[1] = static_cast<TK>(s.y);
-    o[2] = static_cast<TK>(s.z), o[3] = static_cast<TK>(s.w);
-  }
-"""
-
 MAX_KEY_HEADS = 32  # one warp each in a block of at most 1024 threads
 MAX_GROUP = 30  # value heads per key head: bits 2 .. 31 of a warp's flags
 MAX_BATCH = 65535  # batch rows: the grid's second dimension
-SUM_THREADS = 256
 REACH_THREADS = 1024
 
 
@@ -219,29 +189,3 @@ def _sequence_of_tokens(seqs: tuple[tuple[int, int], ...] | None) -> mx.array:
     if seqs is None:
         return mx.zeros((1,), dtype=mx.int32)
     return mx.array([i for i, (lo, hi) in enumerate(seqs) for _ in range(hi - lo)], dtype=mx.int32)
-
-
-def sums_supported(rows: int, D: int) -> bool:
-    """Whether :func:`sum_value_heads` takes ``rows`` key-head rows of ``D`` (its grid
-    of ``rows * D / 4`` threads in whole blocks of :data:`SUM_THREADS`)."""
-    return D % 4 == 0 and (rows * D // 4) % SUM_THREADS == 0
-
-
-def sum_value_heads(dq: mx.array, dk: mx.array, q_dtype: mx.Dtype, k_dtype: mx.Dtype):
-    """``dq``, ``dk`` ``[..., Hk, G, D]`` float32 -> their sums over ``G`` (in order
-    ``0 .. G-1``), ``[..., Hk, D]`` in ``q_dtype`` and ``k_dtype``. Requires
-    :func:`sums_supported` for the ``prod(shape[:-2])`` rows."""
-    *lead, G, D = dq.shape
-    rows = 1
-    for s in lead:
-        rows *= s
-    kernel = cuda_kernel(
-        "gated_delta_rule", "chunkscan_gdn_sum_value_heads", ["dq", "dk"],
-        ["dq_sum", "dk_sum"], _SUMS, "", 0,
-    )  # fmt: skip
-    return kernel(
-        inputs=[dq, dk],
-        template=[("G", G), ("D", D), ("TQ", q_dtype), ("TK", k_dtype)],
-        grid=(rows * D // 4, 2, 1), threadgroup=(SUM_THREADS, 1, 1),
-        output_shapes=[tuple(lead) + (D,)] * 2, output_dtypes=[q_dtype, k_dtype],
-    )  # fmt: skip
