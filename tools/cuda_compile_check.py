@@ -24,6 +24,7 @@ tested on a CUDA device (``bash bench/h200_suite.sh tests``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import os
@@ -148,6 +149,7 @@ def kernels():
                                        (32, 128, 128, 2, "bfloat16", None, None),
                                        (32, 64, 96, 1, "float32", None, None),
                                        (64, 96, 96, 1, "bfloat16", None, None),
+                                       (64, 96, 96, 2, "float32", None, None),
                                        (64, 128, 64, 4, "float16", None, None),
                                        (64, 128, 128, 1, "bfloat16", 256, 32),
                                        (64, 128, 128, 1, "bfloat16", 512, 64),
@@ -159,42 +161,39 @@ def kernels():
             source = cc.kernel_source(which)
             own = cc.kernel_defines(which)  # ahead of each header below
             tv = tv_ or cc.slice_columns(Dv, C, Dk)
-            nt = nt_ or cc.threads(which, C, Dk, Dv, tv)
-            base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4),
-                    ("HV", 4 * G)]  # fmt: skip
-            scale = 0.0 if which == "state_grads" else Dk**-0.5  # as cc.state_gradients
-            base.append(("SCALE_BITS", cc.scale_bits(scale)))
             raw = {"q", "k", "v", "g", "beta", "dout"}
-            extra = {"prepare": [("WRITE_A", dt != "float32")],
-                     "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv),
-                                ("TH", cc.output_step_columns(tv))],
-                     "state_grads": [("TV", tv), ("KS", cc.piece_columns(C, Dk, Dv, tv, nt))],
-                     "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
-                                     ("TVO", dt)]}[which]  # fmt: skip
             ins = [(x, dt if x in raw else "bool" if x == "obad" else "float32", 4)
                    for x in names]  # fmt: skip
             odt = {"out": dt, "DQ": dt, "DKm": dt, "dv": dt, "dg": dt, "dbeta": dt}
             outs_t = [(x, odt.get(x, "float32")) for x in outs]
-            label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
+
+            label, nt, t = _gdn_variant(which, C, Dk, Dv, G, dt, nt_, tv, tf32=False)
             out.append((label, f"chunkscan_gdn_{which}", own + cc._HEADER, source,
-                        ins, outs_t, base + extra))  # fmt: skip
+                        ins, outs_t, t))  # fmt: skip
             if which in cc._TC_KERNELS:  # the q / k products on tensor cores (the default)
                 out.append((label + " tc", f"chunkscan_gdn_{which}_tc",
-                            own + cc._HEADER + cc._HEADER_TC, source, ins, outs_t,
-                            base + extra))  # fmt: skip
-            if which in cc._TF32_KERNELS:  # one tf32 product per tile (CS_TF32)
-                out.append((label + " tf32", f"chunkscan_gdn_{which}_tf32_tc",
-                            own + "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC,
-                            source, ins, outs_t, base + extra))  # fmt: skip
+                            own + cc._HEADER + cc._HEADER_TC, source, ins, outs_t, t))  # fmt: skip
             if nt == 512 and C == 64:  # the phase clocks (CHUNKSCAN_GDN_PROFILE=1)
                 out.append((label + " profile", f"chunkscan_gdn_{which}",
                             "#define CS_PROFILE 1\n" + own + cc._HEADER, source,
-                            ins, outs_t, base + extra))  # fmt: skip
-                if which in cc._TF32_KERNELS:  # and with TF32, as on a CUDA device
-                    out.append((label + " tf32 profile", f"chunkscan_gdn_{which}_tf32_tc",
-                                own + "#define CS_PROFILE 1\n#define CS_TF32 1\n" + cc._HEADER
-                                + cc._HEADER_TC, source, ins, outs_t,
-                                base + extra))  # fmt: skip
+                            ins, outs_t, t))  # fmt: skip
+            if which in cc._TF32_KERNELS:  # one tf32 product per tile (CS_TF32)
+                label, nt, t = _gdn_variant(which, C, Dk, Dv, G, dt, nt_, tv, tf32=True)
+                header = own + "#define CS_TF32 1\n" + cc._HEADER + cc._HEADER_TC
+                out.append((label + " tf32", f"chunkscan_gdn_{which}_tf32_tc", header,
+                            source, ins, outs_t, t))  # fmt: skip
+                if nt == 512 and C == 64:  # and with the phase clocks, as on a CUDA device
+                    out.append(
+                        (
+                            label + " tf32 profile",
+                            f"chunkscan_gdn_{which}_tf32_tc",
+                            "#define CS_PROFILE 1\n" + header,
+                            source,
+                            ins,
+                            outs_t,
+                            t,
+                        )
+                    )
     from chunkscan.ops.gated_delta import _rows_cuda as rc
 
     for Hk, G, D, DG, dt in ((16, 2, 128, 1, "bfloat16"), (3, 3, 40, 40, "float32")):
@@ -212,6 +211,41 @@ def kernels():
 
 
 REGISTERS_PER_BLOCK = 65536  # sm_80 .. sm_90: a kernel of NT threads launches with <= 65536 / NT
+
+
+def _gdn_variant(which, C, Dk, Dv, G, dt, nt_, tv, tf32: bool) -> tuple[str, int, list]:
+    """(label, threads, template) of a Gated DeltaNet kernel, with the threads a device
+    takes for that build (``nt_``, else ``cc.threads``: input_grads' are 512 or 256 by
+    its products)."""
+    from chunkscan.ops.gated_delta import _chunk_cuda as cc
+
+    with _tf32_setting(tf32):
+        nt = nt_ or cc.threads(which, C, Dk, Dv, tv)
+    base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4), ("HV", 4 * G)]
+    scale = 0.0 if which == "state_grads" else Dk**-0.5  # as cc.state_gradients
+    base.append(("SCALE_BITS", cc.scale_bits(scale)))
+    extra = {"prepare": [("WRITE_A", dt != "float32")],
+             "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv),
+                        ("TH", cc.output_step_columns(tv))],
+             "state_grads": [("TV", tv), ("KS", cc.piece_columns(C, Dk, Dv, tv, nt))],
+             "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
+                             ("TVO", dt)]}[which]  # fmt: skip
+    label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
+    return label, nt, base + extra
+
+
+@contextlib.contextmanager
+def _tf32_setting(on: bool):
+    """CHUNKSCAN_GDN_TF32 set to ``on`` inside (the threads of a TF32 build)."""
+    before = os.environ.get("CHUNKSCAN_GDN_TF32")
+    os.environ["CHUNKSCAN_GDN_TF32"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CHUNKSCAN_GDN_TF32"]
+        else:
+            os.environ["CHUNKSCAN_GDN_TF32"] = before
 
 
 def ptxas_info(ptxas: str, ptx: bytes, arch: str) -> str:

@@ -324,10 +324,10 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     """The H200's choices: at C = 64 all 128 columns of Dv in one output / state_grads
     block, state_grads with 512 threads (219.25 KiB, its pieces of Dk 64 columns wide;
     187.25 with pieces of 32), output with 256 in two steps of 64 columns (101 KiB: two
-    blocks a multiprocessor), 64 columns at C = 32, 512 threads for input_grads (256 with
-    float32 products: its loop over the value heads needs more registers), 256 for the
-    rest; where they would not fit, pieces of 32, 64 columns, then 32, and 256
-    threads."""
+    blocks a multiprocessor), 64 columns at C = 32, 512 threads for input_grads at C = 64
+    (256 at C = 32, heads of 96 and with float32 products, where its loop over the value
+    heads needs more registers: _loop_fits_512), 256 for the rest; where they would not
+    fit, pieces of 32, 64 columns, then 32, and 256 threads."""
     fake_cuda_limits(monkeypatch, 227)
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")  # TF32 products, as on a CUDA GPU
     assert _chunk_cuda.slice_columns(128, 64, 128) == 128
@@ -341,7 +341,8 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     assert _chunk_cuda.smem_bytes("output", 64, 128, 128) == 101 * 1024
     assert _chunk_cuda.output_step_columns(32) == 32  # a narrower block: one step
     assert _chunk_cuda.threads("state_grads", 32, 128, 128) == 256
-    assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 512
+    assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 256  # registers (below)
+    assert _chunk_cuda.threads("input_grads", 64, 96, 96) == 256
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
     assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 256
     assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 512  # input_grads alone
@@ -362,8 +363,10 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     assert _chunk_cuda.slice_columns(128, 64, 128) == 32
     assert _chunk_cuda.slice_columns(128, 32, 128) == 64  # 57.6 KiB
     assert _chunk_cuda.supports(32, 128, 128, False)
-    fake_cuda_limits(monkeypatch, 85)  # input_grads: 86.1 KiB with 512 threads, 84.1 with 256
-    assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 256
+    fake_cuda_limits(monkeypatch, 227)
+    assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 512
+    fake_cuda_limits(monkeypatch, 224)  # input_grads: 224.25 KiB with 512 threads, 223.25 with 256
+    assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 256
 
 
 def test_layout_answers_follow_each_calls_settings(monkeypatch):

@@ -2004,16 +2004,23 @@ def threads(
         wide = output_step_columns(tv) if which == "output" and tv is not None else tv
         return 512 if wide == WIDE_TV else NT
     nt = 512 if (which, C) in _NT_512 else NT
-    if nt == 512 and which in _KEY_LANES and not tf32_build(which):
-        # float32 products: the loop over the value heads took up to 136 registers a
-        # thread (float32 inputs, tools/cuda_compile_check.py), past the 128 of 512
-        # threads; 256 threads allow 255
+    if nt == 512 and which in _KEY_LANES and not _loop_fits_512(which, C, Dv):
         nt = NT
     if nt == 512 and Dk is not None and Dv is not None:
         tv = slice_columns(Dv, C, Dk)
         if smem_bytes(which, C, Dk, Dv, 512, tv) > cuda_limits().smem_per_block:
             nt = NT
     return nt
+
+
+def _loop_fits_512(which: str, C: int, Dv: int | None) -> bool:
+    """Whether ``input_grads``' loop over the value heads fits 128 registers a thread
+    (512 threads): with TF32 products at C = 64 and a ``Dv`` other than 96 it took 56 to
+    108 (every ``Dk``, float32 inputs; 99 at the Qwen3-Next shape in bf16); with float32
+    products up to 136, with a ``Dv`` of 96 up to 184 (its products' tiles each load
+    their own operands), at C = 32 up to 152 (tools/cuda_compile_check.py, session 38).
+    Elsewhere the kernel takes 256 threads, which allow 255 registers."""
+    return tf32_build(which) and C == 64 and Dv is not None and Dv != 96
 
 
 @_planned
