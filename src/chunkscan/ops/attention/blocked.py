@@ -5,10 +5,12 @@ rows; each block attends to the keys it needs (with ``mask="causal"``, the prefi
 to the block's last visible key: blocks above the diagonal are never computed) with a
 full-row softmax in float32, so no running maximum is needed. The forward keeps only
 the output ``o``. The backward recomputes block by block (the FlashAttention-2
-backward): ``p`` from the scores, ``delta = rowsum(do * o)``, ``ds = p * (dp -
-delta)``; ``dq`` of a block is complete at once, ``dk`` and ``dv`` accumulate in
-float32 over the blocks. The ordering rules of :mod:`chunkscan._ordering` finish, and
-free, one block's scratch before the next block starts.
+backward): ``p`` from the scores, ``delta = sum_j p_j dp_j`` (a block holds its rows'
+every key; FlashAttention's ``rowsum(do * o)`` lost ``dq`` to rounding in low
+precision), ``ds = p * (dp - delta)``; ``dq`` of a block is complete at once, ``dk``
+and ``dv`` accumulate in float32 over the blocks. The ordering rules of
+:mod:`chunkscan._ordering` finish, and free, one block's scratch before the next block
+starts.
 
 Grouped heads: ``q`` is viewed as ``[B, Hkv, G, T, D]`` and a block's ``G`` heads are
 stacked as rows of one matrix product against the shared key/value head, so ``k`` and
@@ -314,34 +316,35 @@ def _make_core(
         dtype = q.dtype
         qg = q.reshape(B, Hkv, G, T, D)
         dog = do.astype(dtype).reshape(B, Hkv, G, T, Dv)
-        og = o.reshape(B, Hkv, G, T, Dv)
         dk = dv = None
         dqs = []
         # Last block first: it sees every key, so it starts the accumulators.
         for blk in reversed(blocks):
             t0, t1, kend = blk
             r = t1 - t0
-            ins = [qg[:, :, :, t0:t1], dog[:, :, :, t0:t1], og[:, :, :, t0:t1]]
+            ins = [qg[:, :, :, t0:t1], dog[:, :, :, t0:t1]]
             # Rule 2: recompute this block only after the previous one's gradients (the
             # first one after the cotangent: a Depends keeps mx.compile from merging its
             # recomputation with the forward's, which would keep the forward's scratch).
             ins = _ordering.recompute_after_cotangent(ins, [do] if dk is None else [dk, dv])
-            qb, dob, ob = ins
+            qb, dob = ins
             qr = (qb * scale).reshape(B, Hkv, G * r, D)
             dor = dob.reshape(B, Hkv, G * r, Dv)
             kp, vp = k[:, :, :kend], v[:, :, :kend]
             p = probs(qr, kp, blk, mask)
-            delta = mx.sum(dob.astype(F32) * ob.astype(F32), axis=-1, keepdims=True)
-            dp = matmul(dor, vp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, r, kend)
-            # Zero where p is: a masked key's dp (a product in the input dtype) can
-            # overflow float16 to inf, and 0 * inf made the row's dq NaN in blocks that
-            # hold masked keys only (found by probing: NaN with one block, finite with
-            # blocks of 16, for the same call).
-            # A NaN probability (from a NaN in q, k or the mask) keeps its NaN, as in
-            # MLX: ``p > 0`` alone turned it into a finite zero gradient (found by
-            # probing: dk all zeros for a NaN in k, with one block).
-            ds = mx.where(mx.logical_or(p > 0, mx.isnan(p)), p * (dp - delta), 0.0)
-            ds = ds.reshape(B, Hkv, G * r, kend).astype(dtype)
+            dp = matmul(dor, vp.swapaxes(-1, -2)).reshape(B, Hkv, G, r, kend)
+            # ds: dp zero where p is: a masked key's dp (a product in the input dtype)
+            # can overflow float16 to inf, and 0 * inf made the row's dq NaN in blocks
+            # that hold masked keys only (found by probing: NaN with one block, finite
+            # with blocks of 16, for the same call). A NaN probability (from a NaN in q,
+            # k or the mask) keeps its NaN, as in MLX: ``p > 0`` alone turned it into a
+            # finite zero gradient (found by probing: dk all zeros for a NaN in k, with
+            # one block). delta = sum_j p_j dp_j, from the same rounded dp: ds then
+            # cancels as the softmax's own vjp does. With delta = rowsum(do * o) (o and
+            # dp each rounded to the input dtype on their own) a peaked softmax's
+            # dp - delta was their rounding: in bfloat16 dq off by 0.32 where mx.fast's
+            # was 0.023 (found by probing; test_a_peaked_softmax_keeps_dq_as_mx_fast_does).
+            ds = _scores_gradient(p, dp).reshape(B, Hkv, G * r, kend)
             dq_b = (matmul(ds, kp) * scale).reshape(B, Hkv, G, r, D)
             dk_b = matmul(ds.swapaxes(-1, -2), qr)  # qr carries the scale
             dv_b = matmul(p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2), dor)
@@ -357,6 +360,17 @@ def _make_core(
         return [dq, dk.astype(k.dtype), dv.astype(v.dtype)] + d_masks
 
     return core
+
+
+def _scores_gradient(p: mx.array, dp: mx.array) -> mx.array:
+    """``ds = p * (dp - delta)`` of a block in ``dp``'s dtype (the inputs'), from the
+    float32 probabilities ``p`` and ``dp = do v^T``, with ``delta = sum_j p_j dp_j``
+    over its rows' keys (a block holds every key of its rows), in float32. ``dp``
+    counts only where ``p`` is non-zero or NaN."""
+    keep = mx.logical_or(p > 0, mx.isnan(p))
+    dp32 = mx.where(keep, dp.astype(F32), 0.0)
+    delta = mx.sum(p * dp32, axis=-1, keepdims=True)
+    return (p * (dp32 - delta)).astype(dp.dtype)
 
 
 def _accumulate(acc: mx.array | None, part: mx.array, kend: int) -> mx.array:
