@@ -150,6 +150,8 @@ def kernels():
                                        (32, 64, 96, 1, "float32", None, None),
                                        (64, 96, 96, 1, "bfloat16", None, None),
                                        (64, 96, 96, 2, "float32", None, None),
+                                       (64, 128, 128, 2, "bfloat16", None, 64),
+                                       (64, 64, 128, 2, "bfloat16", None, None),
                                        (64, 128, 64, 4, "float16", None, None),
                                        (64, 128, 128, 1, "bfloat16", 256, 32),
                                        (64, 128, 128, 1, "bfloat16", 512, 64),
@@ -215,11 +217,14 @@ REGISTERS_PER_BLOCK = 65536  # sm_80 .. sm_90: a kernel of NT threads launches w
 
 def _gdn_variant(which, C, Dk, Dv, G, dt, nt_, tv, tf32: bool) -> tuple[str, int, list]:
     """(label, threads, template) of a Gated DeltaNet kernel, with the threads a device
-    takes for that build (``nt_``, else ``cc.threads``: input_grads' are 512 or 256 by
-    its products)."""
+    takes for that build (``nt_``, else ``cc.threads`` under the settings that give
+    ``tv``: input_grads' are 512 or 256 by its products and slices)."""
     from chunkscan.ops.gated_delta import _chunk_cuda as cc
 
-    with _tf32_setting(tf32):
+    with _settings(
+        CHUNKSCAN_GDN_TF32="1" if tf32 else "0",
+        CHUNKSCAN_GDN_TV=str(tv) if tv != cc.slice_columns(Dv, C, Dk) else None,
+    ):
         nt = nt_ or cc.threads(which, C, Dk, Dv, tv)
     base = [("NT", nt), ("C", C), ("DK", Dk), ("DV", Dv), ("G", G), ("HK", 4), ("HV", 4 * G)]
     scale = 0.0 if which == "state_grads" else Dk**-0.5  # as cc.state_gradients
@@ -235,17 +240,19 @@ def _gdn_variant(which, C, Dk, Dv, G, dt, nt_, tv, tf32: bool) -> tuple[str, int
 
 
 @contextlib.contextmanager
-def _tf32_setting(on: bool):
-    """CHUNKSCAN_GDN_TF32 set to ``on`` inside (the threads of a TF32 build)."""
-    before = os.environ.get("CHUNKSCAN_GDN_TF32")
-    os.environ["CHUNKSCAN_GDN_TF32"] = "1" if on else "0"
+def _settings(**env: str | None):
+    """The environment variables ``env`` set inside (None: left as they are): the
+    settings under which a device builds a variant (TF32 products, columns per block)."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v for k, v in env.items() if v is not None})
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["CHUNKSCAN_GDN_TF32"]
-        else:
-            os.environ["CHUNKSCAN_GDN_TF32"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ptxas_info(ptxas: str, ptx: bytes, arch: str) -> str:

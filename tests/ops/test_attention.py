@@ -546,11 +546,12 @@ def test_the_bound_catches_quadratic_backwards(impl):
 def test_backward_recomputes_one_block_at_a_time(no_edge):
     """Rule 2 of the backward (a block's recomputation waits for the previous block's
     gradients), eager, T 512 -> 2048: growth within :func:`growth_bound_bytes`, 9.70 MB
-    at these lengths. Measured 6.44 MB (6.51-6.52 before session 38's delta, three runs
-    per length). With rule 2 off every block's recomputation may run up front: 32.5 MB
-    (3.4x the bound; 38.8-39.8 before). (Where delta came from a row dot of p and dp
-    as a matrix product, rule 2 off grew 9.4 MB only: MLX's order happened to keep the
-    blocks apart; the sum kept.) From 256 to 1024
+    at these lengths. Measured 6.53 MB (6.51-6.52 before session 38's delta, three runs
+    per length). With rule 2 off every block's recomputation may run up front: 62.5 MB
+    (6.4x the bound; 38.8-39.8 before). (Two other forms of session 38's delta, a row
+    dot of p and dp as a matrix product, and dp zeroed where p is before ds's where,
+    grew 9.4 and 10.0 MB with rule 2 off: MLX's order happened to keep the blocks
+    apart there; not taken.) From 256 to 1024
     (the test above) rule 2 off grew 3.55 MB against 3.07, inside that bound of 5.0:
     the tape's order happens to interleave the blocks there (found by mutation); at
     1024 -> 4096 it grew 174 MB. Compiled, rule 2 off grew 9.1-9.4 MB against 7.7-8.1

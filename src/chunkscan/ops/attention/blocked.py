@@ -344,7 +344,7 @@ def _make_core(
             # dp each rounded to the input dtype on their own) a peaked softmax's
             # dp - delta was their rounding: in bfloat16 dq off by 0.32 where mx.fast's
             # was 0.023 (found by probing; test_a_peaked_softmax_keeps_dq_as_mx_fast_does).
-            ds = _scores_gradient(p, dp).reshape(B, Hkv, G * r, kend)
+            ds = _scores_gradient(p, dp).reshape(B, Hkv, G * r, kend).astype(dtype)
             dq_b = (matmul(ds, kp) * scale).reshape(B, Hkv, G, r, D)
             dk_b = matmul(ds.swapaxes(-1, -2), qr)  # qr carries the scale
             dv_b = matmul(p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2), dor)
@@ -363,14 +363,16 @@ def _make_core(
 
 
 def _scores_gradient(p: mx.array, dp: mx.array) -> mx.array:
-    """``ds = p * (dp - delta)`` of a block in ``dp``'s dtype (the inputs'), from the
-    float32 probabilities ``p`` and ``dp = do v^T``, with ``delta = sum_j p_j dp_j``
-    over its rows' keys (a block holds every key of its rows), in float32. ``dp``
-    counts only where ``p`` is non-zero or NaN."""
+    """``ds = p * (dp - delta)`` of a block in float32, from the float32 probabilities
+    ``p`` and ``dp = do v^T``, with ``delta = sum_j p_j dp_j`` over its rows' keys (a
+    block holds every key of its rows); zero where ``p`` is zero (not NaN), whatever
+    ``dp`` and ``delta`` are there."""
     keep = mx.logical_or(p > 0, mx.isnan(p))
-    dp32 = mx.where(keep, dp.astype(F32), 0.0)
-    delta = mx.sum(p * dp32, axis=-1, keepdims=True)
-    return (p * (dp32 - delta)).astype(dp.dtype)
+    dp = dp.astype(F32)
+    delta = mx.sum(mx.where(keep, p * dp, 0.0), axis=-1, keepdims=True)
+    # (where dp was zeroed instead of ds, a non-finite delta reached masked keys as
+    # 0 * (0 - delta) = NaN, in a pattern that followed the blocks: found by review)
+    return mx.where(keep, p * (dp - delta), 0.0)
 
 
 def _accumulate(acc: mx.array | None, part: mx.array, kend: int) -> mx.array:

@@ -1674,6 +1674,8 @@ _INPUT_GRADS = r"""
     qk.each([&](int i, int t, float x, int, int) { QKs[i * LDC4 + t] = x; });
   }
 #endif
+  // Phase clocks (CS_PROFILE): this mark, three per value head, one at the end: the
+  // 14 slots hold G <= 4 (at larger G the last phases are not recorded).
   CS_MARK();  // 0: q, k, kk, qk (once per key head)
   // A q or k that reads as non-zero in Qs / Ks is finite (non-finite ones read as zero
   // there): only for a zero one is the input read again. (Read for every output after
@@ -1870,7 +1872,8 @@ _INPUT_GRADS = r"""
     CS_MARK();  // 2 (per head): kdkb, d_a, t1, d_l, row dots, d_gam, prefix sums, d_g, d_beta
     // The partial sums that dq's and dk's epilogues add (d_qg's, then d_kt's) are copied
     // into gam's and m1's space (read no more) while the products run, where they fit
-    // and come from one slice (STAGE: NV = 1, C = 64); else the epilogues read them. No
+    // and come from one slice (STAGE: NV = 1 and Dk + 4 <= 2 (C + 4): every Dk at
+    // C = 64, up to 64 at C = 32); else the epilogues read them. No
     // registers hold them across the products (read into registers ahead of them, as
     // before session 38, they took the kernel past the 128 registers of 512 threads).
     constexpr bool STAGE = NV == 1 && C * LDK4 <= 2 * C * LDC4;
@@ -1992,11 +1995,16 @@ def threads(
     """Threads per block of kernel ``which`` at chunk size ``C`` (see :data:`NT`; for
     ``output`` and ``state_grads`` given ``tv``, their columns of ``Dv`` per block, or
     ``Dk`` and ``Dv`` to work it out; 256 where, given ``Dk`` and ``Dv``, 512 would not
-    fit the device's shared memory), or ``CHUNKSCAN_GDN_NT`` where set (256 or 512)."""
+    fit the device's shared memory, and for ``input_grads`` where its loop over the value
+    heads would not fit 128 registers a thread, :func:`_loop_fits_512`), or
+    ``CHUNKSCAN_GDN_NT`` where set (256 or 512; ``input_grads`` keeps 256 where its loop
+    does not fit 512: the launch would fail)."""
     env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512")
     if env is not None:
         if env not in (256, 512):
             raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {env}")
+        if env == 512 and which in _KEY_LANES and not _loop_fits_512(which, C, Dk, Dv):
+            return NT
         return env
     if which in _NT_512_WIDE:
         if tv is None and Dv is not None:
@@ -2004,7 +2012,7 @@ def threads(
         wide = output_step_columns(tv) if which == "output" and tv is not None else tv
         return 512 if wide == WIDE_TV else NT
     nt = 512 if (which, C) in _NT_512 else NT
-    if nt == 512 and which in _KEY_LANES and not _loop_fits_512(which, C, Dv):
+    if nt == 512 and which in _KEY_LANES and not _loop_fits_512(which, C, Dk, Dv):
         nt = NT
     if nt == 512 and Dk is not None and Dv is not None:
         tv = slice_columns(Dv, C, Dk)
@@ -2013,14 +2021,17 @@ def threads(
     return nt
 
 
-def _loop_fits_512(which: str, C: int, Dv: int | None) -> bool:
+def _loop_fits_512(which: str, C: int, Dk: int | None, Dv: int | None) -> bool:
     """Whether ``input_grads``' loop over the value heads fits 128 registers a thread
-    (512 threads): with TF32 products at C = 64 and a ``Dv`` other than 96 it took 56 to
-    108 (every ``Dk``, float32 inputs; 99 at the Qwen3-Next shape in bf16); with float32
-    products up to 136, with a ``Dv`` of 96 up to 184 (its products' tiles each load
-    their own operands), at C = 32 up to 152 (tools/cuda_compile_check.py, session 38).
-    Elsewhere the kernel takes 256 threads, which allow 255 registers."""
-    return tf32_build(which) and C == 64 and Dv is not None and Dv != 96
+    (512 threads): with TF32 products and one slice of ``Dv`` (``NV = 1``, its partial
+    sums staged through shared memory) it took 56 to 108 at every ``Dk``, ``Dv`` and
+    dtype; with ``NV`` > 1 (each epilogue reading the slices' sums from global memory)
+    164 to 250, with float32 products up to 136 (tools/cuda_compile_check.py; a
+    review's sweep, session 38). Elsewhere, and where ``Dk`` or ``Dv`` is not given, the
+    kernel takes 256 threads, which allow 255 registers."""
+    if Dk is None or Dv is None or not tf32_build(which):
+        return False
+    return slice_columns(Dv, C, Dk) == Dv
 
 
 @_planned
