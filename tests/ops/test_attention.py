@@ -519,8 +519,9 @@ def growth_bound_bytes(T0, T1):
     """What may grow with T: per token, four arrays as wide as q (o, the cotangent, dq
     and its blocks) and four as wide as k (dk, dv and their float32 accumulators),
     twice over; plus four blocks of scratch (scores, probabilities and their
-    gradients). Measured growth 256 -> 1024: 3.0 MB (eager), 3.4 MB (compiled); the
-    bound is 5.0 MB; mx.fast grows 55 MB and the unordered op 20 MB."""
+    gradients). Measured growth 256 -> 1024: 3.2 MB (eager), 3.7 MB (compiled; 3.0 and
+    3.4 before session 38's delta); the bound is 5.0 MB; mx.fast grows 55 MB and the
+    unordered op 20 MB."""
     B, Hq, Hkv, D = MEM["B"], MEM["Hq"], MEM["Hkv"], MEM["D"]
     per_token = 4 * B * (4 * Hq * D + 4 * Hkv * D)
     return 2 * per_token * (T1 - T0) + 4 * MEM["scratch_mib"] * (1 << 20)
