@@ -289,10 +289,13 @@ def test_keep_prepared_switch_is_checked(monkeypatch):
 def test_emulated_tuning_knobs(emulated, monkeypatch, nt, tv):
     """Every kernel with 256 and with 512 threads per block, and ``state_grads`` with 32
     and 64 columns of Dv (CHUNKSCAN_GDN_NT / _TV; the defaults mix them), at C = 64 (the
-    triangular inverse's two doubling levels) against the oracle."""
+    triangular inverse's two doubling levels) against the oracle. But ``input_grads``:
+    with float32 products (the emulator's) its loop over the value heads does not fit
+    512 threads' registers, so it keeps 256 (the TF32 tests below run it with 512)."""
     monkeypatch.setenv("CHUNKSCAN_GDN_NT", str(nt))
     monkeypatch.setenv("CHUNKSCAN_GDN_TV", str(tv))
     assert all(_chunk_cuda.threads(w, 64) == nt for w in _chunk_cuda._KERNELS)
+    assert _chunk_cuda.threads("input_grads", 64, 32, 64) == 256
     assert _chunk_cuda.slice_columns(64) == tv
     inputs = make_inputs(1, 70, 1, 2, 32, 64)
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=64, kernels=False)
@@ -343,6 +346,14 @@ def test_defaults_shrink_to_fit_the_device(monkeypatch):
     assert _chunk_cuda.threads("state_grads", 32, 128, 128) == 256
     assert _chunk_cuda.threads("input_grads", 32, 128, 128) == 256  # registers (below)
     assert _chunk_cuda.threads("input_grads", 64, 96, 96) == 256
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "64")  # two slices of Dv: 166 registers at 512
+    assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 256
+    monkeypatch.setenv("CHUNKSCAN_GDN_NT", "512")  # forced, it still keeps 256 there
+    assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 256
+    assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 512
+    monkeypatch.delenv("CHUNKSCAN_GDN_TV")
+    assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 512
+    monkeypatch.delenv("CHUNKSCAN_GDN_NT")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "0")
     assert _chunk_cuda.threads("input_grads", 64, 128, 128) == 256
     assert _chunk_cuda.threads("state_grads", 64, 128, 128) == 512  # input_grads alone

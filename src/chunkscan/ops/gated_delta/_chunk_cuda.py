@@ -1997,14 +1997,14 @@ def threads(
     ``Dk`` and ``Dv`` to work it out; 256 where, given ``Dk`` and ``Dv``, 512 would not
     fit the device's shared memory, and for ``input_grads`` where its loop over the value
     heads would not fit 128 registers a thread, :func:`_loop_fits_512`), or
-    ``CHUNKSCAN_GDN_NT`` where set (256 or 512; ``input_grads`` keeps 256 where its loop
-    does not fit 512: the launch would fail)."""
+    ``CHUNKSCAN_GDN_NT`` where set (256 or 512; ``input_grads``, given ``Dk`` and ``Dv``,
+    keeps 256 where its loop does not fit 512: the launch would fail)."""
     env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512")
     if env is not None:
         if env not in (256, 512):
             raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {env}")
-        if env == 512 and which in _KEY_LANES and not _loop_fits_512(which, C, Dk, Dv):
-            return NT
+        if env == 512 and which in _KEY_LANES and Dk is not None and Dv is not None:
+            return env if _loop_fits_512(which, C, Dk, Dv) else NT
         return env
     if which in _NT_512_WIDE:
         if tv is None and Dv is not None:
