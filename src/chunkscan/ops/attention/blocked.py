@@ -333,13 +333,14 @@ def _make_core(
             kp, vp = k[:, :, :kend], v[:, :, :kend]
             p = probs(qr, kp, blk, mask)
             dp = matmul(dor, vp.swapaxes(-1, -2)).reshape(B, Hkv, G, r, kend)
-            # ds: dp zero where p is: a masked key's dp (a product in the input dtype)
-            # can overflow float16 to inf, and 0 * inf made the row's dq NaN in blocks
-            # that hold masked keys only (found by probing: NaN with one block, finite
-            # with blocks of 16, for the same call). A NaN probability (from a NaN in q,
-            # k or the mask) keeps its NaN, as in MLX: ``p > 0`` alone turned it into a
-            # finite zero gradient (found by probing: dk all zeros for a NaN in k, with
-            # one block). delta = sum_j p_j dp_j, from the same rounded dp: ds then
+            # ds zero where p is (and no p dp in delta there): a masked key's dp (a
+            # product in the input dtype) can overflow float16 to inf, and 0 * inf
+            # made the row's dq NaN in blocks that hold masked keys only (found by
+            # probing: NaN with one block, finite with blocks of 16, for the same
+            # call). A NaN probability (from a NaN in q, k or the mask) keeps its NaN,
+            # as in MLX: ``p > 0`` alone turned it into a finite zero gradient (found by
+            # probing: dk all zeros for a NaN in k, with one block).
+            # delta = sum_j p_j dp_j, from the same rounded dp: ds then
             # cancels as the softmax's own vjp does. With delta = rowsum(do * o) (o and
             # dp each rounded to the input dtype on their own) a peaked softmax's
             # dp - delta was their rounding: in bfloat16 dq off by 0.32 where mx.fast's
