@@ -121,6 +121,22 @@ def test_normalize_qk():
     assert max_rel(o, o_ref) <= FP32_TOL and max_rel(s, s_ref) <= FP32_TOL
 
 
+def test_normalize_qk_of_rows_whose_squares_overflow():
+    """A finite q or k row of norm above ~1.8e19 normalizes as the same row scaled down
+    (its square sum overflows float32; the plain form gave a zero row, silently)."""
+    inputs = make_inputs(1, 40, 2, 4, 16, 8)
+    want = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16, normalize_qk=True)
+    rows = (mx.arange(40) % 3 == 0).reshape(1, 40, 1, 1)  # every third token
+    huge = list(inputs)
+    huge[0] = mx.where(rows, inputs[0] * 1e20, inputs[0])
+    huge[1] = mx.where(rows, inputs[1] * 1e30, inputs[1])
+    got = outputs_and_grads(gated_delta_rule, huge, chunk_size=16, normalize_qk=True)
+    # dq, dk of the scaled rows are the unscaled ones scaled back: d(x / |x|) ~ 1 / |x|
+    for i, factor in ((2, 1e20), (3, 1e30)):
+        got[i] = mx.where(rows, got[i] * factor, got[i])
+    assert_fp32_close(got, want)
+
+
 def test_scale():
     inputs = make_inputs(1, 40, 1, 1, 8, 8)
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16, scale=0.7)

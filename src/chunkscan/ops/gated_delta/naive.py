@@ -11,9 +11,20 @@ L2_EPS = 1e-6
 
 
 def l2_normalize(x: mx.array) -> mx.array:
-    """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32."""
+    """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32.
+
+    Where ``sum(x**2)`` overflows float32 (a finite row of norm above ~1.8e19) the row
+    is first divided by its largest magnitude ``m`` (held constant: the result is the
+    same function of ``x`` for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) +
+    eps / m**2)``; every other row takes the plain form, ``m = 1`` exactly, so its
+    values and gradients are unchanged. (The plain form turned such rows into zeros.)
+    A row holding an infinity keeps the plain form (non-finite, as before)."""
     x = x.astype(mx.float32)
-    return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+    ss = mx.sum(x * x, axis=-1, keepdims=True)
+    big = mx.max(mx.abs(x), axis=-1, keepdims=True)
+    m = mx.stop_gradient(mx.where(mx.isinf(ss) & mx.isfinite(big), big, 1.0))
+    x = x / m
+    return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS / (m * m))
 
 
 def naive_recurrent_gated_delta_rule(
