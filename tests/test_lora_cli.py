@@ -209,6 +209,58 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
     assert "-> chunkscan.gated_delta_rule 0;" in line
 
 
+def _completions(path: pathlib.Path, prompt_words: int) -> pathlib.Path:
+    """A data folder of ``{"prompt", "completion"}`` lines (``--mask-prompt``'s form)."""
+    path.mkdir(parents=True, exist_ok=True)
+    words = "one two three four five six seven eight nine ten".split()
+    line = json.dumps({"prompt": " ".join(words[i % 10] for i in range(prompt_words)),
+                       "completion": "red green blue"})  # fmt: skip
+    for split in ("train", "valid"):
+        (path / f"{split}.jsonl").write_text((line + "\n") * 4)
+    return path
+
+
+def test_a_loss_that_is_not_finite_stops_the_run(tmp_path, capsys):
+    """``--mask-prompt`` with prompts longer than ``--max-seq-length``: no target token,
+    a loss of 0 / 0. mlx-lm trained on and saved NaN adapters, exit 0 (found by
+    probing); the run stops at the report, saves nothing at the end, and says that the
+    folder's weights are an earlier run's."""
+    model_path = small_model(tmp_path / "model")
+    data = _completions(tmp_path / "data", prompt_words=40)
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    earlier = {"earlier": mx.zeros((2,))}
+    mx.save_safetensors(str(adapters / "adapters.safetensors"), earlier)
+    argv = ["lora", "--model", str(model_path), "--data", str(data), "--train",
+            "--iters", "3", "--batch-size", "2", "--num-layers", "-1", "--mask-prompt",
+            "--max-seq-length", "16", "--val-batches", "1", "--steps-per-report", "1",
+            "--adapter-path", str(adapters)]  # fmt: skip
+    with pytest.raises(SystemExit, match=r"the training loss is nan at iteration 1;") as e:
+        cli.main(argv)
+    assert "--mask-prompt, a batch whose prompts fill --max-seq-length (16)" in str(e.value)
+    assert "is still an earlier run's, beside this run's adapter_config" in capsys.readouterr().err
+    assert set(mx.load(str(adapters / "adapters.safetensors"))) == {"earlier"}
+    # Prompts that leave room for the completion: the same run trains and saves.
+    _completions(tmp_path / "data", prompt_words=4)
+    assert cli.main(argv) == 0
+    saved = mx.load(str(adapters / "adapters.safetensors"))
+    assert "earlier" not in saved and all(mx.isfinite(v).all().item() for v in saved.values())
+    assert "earlier run's" not in capsys.readouterr().err
+
+
+def test_an_adapter_path_that_is_not_writable_is_refused(tmp_path, monkeypatch, no_load):
+    """mlx-lm's PermissionError came after the model had loaded (found by probing). The
+    tests run as root here, which may write anywhere: ``os.access`` is faked."""
+    model, data = small_model(tmp_path / "model"), write_dataset(tmp_path / "data")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    real = os.access
+    monkeypatch.setattr(lora.os, "access", lambda p, mode: p != folder and real(p, mode))
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    with pytest.raises(SystemExit, match=f"--adapter-path {folder / 'a'}: {folder} is not w"):
+        lora.main([*argv, "--adapter-path", str(folder / "a")])
+
+
 def test_demo_runs(capsys):
     rc = lora.main(["--demo", "--iters", "2", "--max-seq-length", "48", "--steps-per-report", "1"])
     assert rc == 0

@@ -402,11 +402,13 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     return config
 
 
-class _PeakMemory:
-    """Training callback printing peak memory at each report; chains mlx-lm's."""
+class _Reports:
+    """Training callback printing peak memory at each report, and stopping the run at
+    a training loss that is not finite; chains mlx-lm's."""
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: Any, args: types.SimpleNamespace):
         self.inner = inner
+        self.args = args
         self.routes_printed = False
 
     def on_train_loss_report(self, info: dict[str, Any]) -> None:
@@ -421,6 +423,8 @@ class _PeakMemory:
         )
         if self.inner is not None:
             self.inner.on_train_loss_report(info)
+        if not math.isfinite(info["train_loss"]):
+            raise SystemExit(_not_finite_loss(info, self.args))
 
     def on_val_loss_report(self, info: dict[str, Any]) -> None:
         if self.inner is not None:
@@ -445,15 +449,35 @@ def _routes_line() -> str:
     )
 
 
+def _not_finite_loss(info: dict[str, Any], args: types.SimpleNamespace) -> str:
+    """The message that stops a run whose training loss is not finite. mlx-lm trained
+    on and saved NaN adapters, exit 0: with ``--mask-prompt``, a batch whose prompts
+    fill ``--max-seq-length`` has no target tokens and its loss is 0 / 0 (found by
+    probing)."""
+    causes = "a learning rate too high, or float16 overflow"
+    if getattr(args, "mask_prompt", False):
+        causes = (
+            f"with --mask-prompt, a batch whose prompts fill --max-seq-length "
+            f"({getattr(args, 'max_seq_length', '?')}) has no target tokens (its loss is "
+            f"0 / 0): raise --max-seq-length or drop such examples; or " + causes
+        )
+    return (
+        f"{PROG}: stopped: the training loss is {info['train_loss']} at iteration "
+        f"{info['iteration']}; its gradients reach the adapters, so they were not "
+        f"saved at the end (a checkpoint saved since the last finite report may hold "
+        f"non-finite weights). Likely causes: {causes}."
+    )
+
+
 @contextlib.contextmanager
-def _report_peak_memory(lora: Any):
+def _report_peak_memory(lora: Any, args: types.SimpleNamespace):
     """Rebind ``mlx_lm.lora.get_reporting_callbacks`` (restored on exit).
 
     ``mlx_lm.lora.run`` ignores its ``training_callback`` argument and builds one from
     ``--report-to``, so this is the only way in.
     """
     original = lora.get_reporting_callbacks
-    lora.get_reporting_callbacks = lambda *a, **k: _PeakMemory(original(*a, **k))
+    lora.get_reporting_callbacks = lambda *a, **k: _Reports(original(*a, **k), args)
     try:
         yield
     finally:
@@ -742,6 +766,12 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
                     raise SystemExit(
                         f"chunkscan lora: --adapter-path {path}: {p} is a file; training "
                         f"writes its adapters into a folder there. Pass a folder."
+                    )
+                # mlx-lm's PermissionError came after the model had loaded (probing)
+                if not os.access(p, os.W_OK | os.X_OK):
+                    raise SystemExit(
+                        f"chunkscan lora: --adapter-path {path}: {p} is not writable; "
+                        f"training writes its adapters there. Pass a writable folder."
                     )
                 break
     elif args.test:
@@ -1142,8 +1172,53 @@ def run(args: types.SimpleNamespace) -> None:
             )
         print(f"chunkscan: {gdn}; {attention}", flush=True)
         seam.routed_calls.clear()  # patch()'s own probes called the paths
-        with _report_peak_memory(lora):
+        before = _adapters_before(args)
+        with _report_peak_memory(lora, args), _say_what_a_failure_left(args, before):
             lora.run(args)
+
+
+_ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
+
+
+def _adapters_before(args: types.SimpleNamespace) -> tuple | None:
+    """The size and time of ``adapters.safetensors`` and ``adapter_config.json`` in the
+    folder a training run writes, as they are now (``None`` for a missing file)."""
+    path = getattr(args, "adapter_path", None)
+    if not args.train or not isinstance(path, str) or path == "":
+        return None
+    return tuple(_stamp(pathlib.Path(path, name)) for name in _ADAPTER_FILES)
+
+
+def _stamp(path: pathlib.Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+@contextlib.contextmanager
+def _say_what_a_failure_left(args: types.SimpleNamespace, before: tuple | None):
+    """Where a training run fails after mlx-lm has written its ``adapter_config.json``
+    (first) and before the weights (at the end), an earlier run's weights are left
+    beside this run's config, which ``--test`` or ``mlx_lm.load`` would read as this
+    run's: say so on stderr (found by probing)."""
+    try:
+        yield
+    except BaseException:
+        if before is not None:
+            weights, config = before
+            now_weights, now_config = _adapters_before(args)
+            if weights is not None and now_weights == weights and now_config != config:
+                print(
+                    f"{PROG}: this run failed before saving its weights: "
+                    f"{pathlib.Path(args.adapter_path, _ADAPTER_FILES[0])} is still an "
+                    f"earlier run's, beside this run's {_ADAPTER_FILES[1]} (delete both, "
+                    f"or train again, before testing or loading them).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        raise
 
 
 class _Routes(NamedTuple):
