@@ -233,8 +233,7 @@ def _gdn_variant(which, C, Dk, Dv, G, dt, nt_, tv, tf32: bool) -> tuple[str, int
              "output": [("MODE_H", dt == "float32"), ("TO", dt), ("TV", tv),
                         ("TH", cc.output_step_columns(tv))],
              "state_grads": [("TV", tv), ("KS", cc.piece_columns(C, Dk, Dv, tv, nt))],
-             "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt),
-                             ("TVO", dt)]}[which]  # fmt: skip
+             "input_grads": [("NV", Dv // tv), ("TG", dt), ("TB", dt)]}[which]  # fmt: skip
     label = f"gated_delta {which} C={C} Dk={Dk} Dv={Dv} G={G} {dt} NT={nt} TV={tv}"
     return label, nt, base + extra
 

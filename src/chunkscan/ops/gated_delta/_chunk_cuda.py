@@ -2361,7 +2361,7 @@ def input_gradients(xs, p: SimpleNamespace, sg: SimpleNamespace) -> list[mx.arra
     q, k, v, g, beta = xs
     B, n, C, Hk, Hv, Dk, Dv = _dims(q, v)
     tmpl = _base(C, Dk, Dv, Hk, Hv, p.scale) + [
-        ("NV", sg.nv), ("TG", g.dtype), ("TB", beta.dtype), ("TVO", v.dtype),
+        ("NV", sg.nv), ("TG", g.dtype), ("TB", beta.dtype),
     ]  # fmt: skip
     outs = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype), (g.shape, g.dtype),
             (beta.shape, beta.dtype)]  # fmt: skip
