@@ -314,7 +314,7 @@ def test_a_decorated_generator_is_patched_while_it_runs_and_async_raises():
     with pytest.raises(TypeError, match=re.escape("cannot decorate the async function later")):
         cmlx.patch(verify=False)(later)
     assert not cmlx._stack
-    with pytest.raises(TypeError, match=re.escape("a Patch decorates a function, not a int")):
+    with pytest.raises(TypeError, match=re.escape("a Patch decorates a function, not an int")):
         cmlx.patch(verify=False)(3)
     assert not cmlx._stack  # (before, a rejected decoration left its patch applied)
 

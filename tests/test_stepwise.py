@@ -285,6 +285,8 @@ def test_step_must_return_a_pair():
         chunkscan.scan(chunkscan.stepwise(lambda c, x: c + x), mx.zeros(()), mx.zeros((4,)))
     with pytest.raises(TypeError, match=re.escape("but returned a tuple of 3 at step 0.")):
         chunkscan.scan(chunkscan.stepwise(lambda c, x: (c, x, x)), mx.zeros(()), mx.zeros((4,)))
+    with pytest.raises(TypeError, match=re.escape("but returned an int at step 0.")):  # "a int"
+        chunkscan.scan(chunkscan.stepwise(lambda c, x: 0), mx.zeros(()), mx.zeros((4,)))
 
 
 def test_y_structure_must_not_change_between_steps():

@@ -162,10 +162,10 @@ _OUTPUTS = ("the output", "ys", "y")
 def _leaf_kind(leaf: Any) -> str:
     if isinstance(leaf, nn.Module):
         return f"an nn.Module ({type(leaf).__name__})"
-    return _a(type(leaf).__name__)
+    return with_article(type(leaf).__name__)
 
 
-def _a(noun: str) -> str:
+def with_article(noun: str) -> str:
     """``noun`` with its indefinite article ("an int", "a float", "a uint8": a type
     name's u reads "you")."""
     return f"{'an' if noun[:1].lower() in 'aeio' else 'a'} {noun}"
@@ -176,7 +176,9 @@ def _structure_differences(td_a: tuple, name_a: str, td_b: tuple, name_b: str) -
 
     def walk(a: tuple, pa: str, b: tuple, pb: str) -> None:
         if a[0] != b[0] or (a[0] == "seq" and a[1] is not b[1]):
-            diffs.append(f"{pa} is a {_kind_name(a)} but {pb} is a {_kind_name(b)}")
+            diffs.append(
+                f"{pa} is {with_article(_kind_name(a))} but {pb} is {with_article(_kind_name(b))}"
+            )
             return
         if a[0] == "dict":
             keys_a, keys_b = list(a[1]), list(b[1])
@@ -246,7 +248,9 @@ def check_carry(
             paths(init_def, "init"), paths(init_def, "the returned carry"), init_specs, out_leaves
         ):
             if not isinstance(b, mx.array):
-                diffs.append(f"{p_in} has {describe(a)} but {p_out} is {_a(type(b).__name__)}")
+                diffs.append(
+                    f"{p_in} has {describe(a)} but {p_out} is {with_article(type(b).__name__)}"
+                )
             elif tuple(a.shape) != tuple(b.shape):
                 diffs.append(
                     f"{p_in} has shape {tuple(a.shape)} but {p_out} has shape {tuple(b.shape)}"

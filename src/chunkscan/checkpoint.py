@@ -238,8 +238,8 @@ def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:
         if held:
             fields = ", ".join(f".{n}" for n in held[:4])
             warnings.warn(
-                f"[checkpoint] {path} of {getattr(fun, '__qualname__', 'fun')} is a "
-                f"{type(leaf).__name__} holding arrays or modules ({fields}); "
+                f"[checkpoint] {path} of {getattr(fun, '__qualname__', 'fun')} is "
+                f"{_tree.with_article(type(leaf).__name__)} holding arrays or modules ({fields}); "
                 "checkpoint, as mx.checkpoint, passes it as a constant: they get no "
                 "gradient. Pass the arrays themselves (or a dict of them) to "
                 "differentiate them; capture the object in fun's closure to keep "

@@ -88,6 +88,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ._tree import with_article
 from .ops._checks import check_bool
 from .ops.gated_delta.chunk import SAVE_MODES
 from .split import check_chunk_size
@@ -466,7 +467,8 @@ class Patch:
         self.undo()  # first: a decorator that raises leaves no patch behind
         if not callable(fn):
             raise TypeError(
-                f"[chunkscan.mlx_lm.patch] a Patch decorates a function, not a {type(fn).__name__}."
+                f"[chunkscan.mlx_lm.patch] a Patch decorates a function, not "
+                f"{with_article(type(fn).__name__)}."
             )
         if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError(

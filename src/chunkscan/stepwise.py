@@ -221,7 +221,7 @@ def stepwise(
 def _describe_return(out: Any) -> str:
     if isinstance(out, tuple):
         return f"a tuple of {len(out)}"
-    return f"a {type(out).__name__}" if not isinstance(out, mx.array) else "one array"
+    return _tree.with_article(type(out).__name__) if not isinstance(out, mx.array) else "one array"
 
 
 def _check_same_y(first: tuple, y_def: tuple, y_leaves: list[mx.array], t: int) -> list:

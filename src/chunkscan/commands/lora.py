@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 
 from .._backend import plain_int
+from .._tree import with_article
 from ..ops.gated_delta.chunk import SAVE_MODES
 from ..split import check_chunk_size
 
@@ -382,7 +383,7 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     if not isinstance(config, dict):
         raise SystemExit(
             f"{PROG}: -c {path}: the config file must hold a mapping of option names to "
-            f"values (such as 'gdn_chunk_size: 64'), not a {type(config).__name__}."
+            f"values (such as 'gdn_chunk_size: 64'), not {with_article(type(config).__name__)}."
         )
     known = set(args) | set(defaults) | {_OLD_KEY} | _MLX_LM_DATA_KEYS
     for key in config:
