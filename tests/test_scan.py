@@ -786,6 +786,20 @@ class _SlotsHolder:  # no __dict__: the walk reads its slots
         return s, s
 
 
+class _Runner:  # step calls another method, which alone reads a global module
+    def step(self, s, x):
+        return self._inner(s, x)
+
+    def _inner(self, s, x):
+        s = mx.tanh(LIN(s) + x)
+        return s, s
+
+
+class _RunnerFunctor(_Runner):  # a functor whose call does the same
+    def __call__(self, s, x):
+        return self._inner(s, x)
+
+
 def _scan_loss(f, **kw):
     s0 = mx.zeros((3,))
     xs = mx.random.normal((8, 3), key=mx.random.key(5))
@@ -912,6 +926,19 @@ def _capture_cases():
             chunkscan.stepwise(through_namespace),
             "through step -> cfg -> net",
             "net",
+            True,
+        ),
+        # Both missed before session 39 (a zero gradient, no warning; found by probing).
+        "another method of self": (
+            chunkscan.stepwise(_Runner().step),
+            "through step -> self._inner -> LIN",
+            "LIN",
+            True,
+        ),
+        "another method of a functor": (
+            chunkscan.stepwise(_RunnerFunctor()),
+            "through step -> self._inner -> LIN",
+            "LIN",
             True,
         ),
         "staticmethod object": (

@@ -11,7 +11,8 @@ can reach and reports every module on the way:
 - ``functools.partial``: its function, arguments and keywords; a ``functools.cache`` /
   ``lru_cache`` wrapper: the function it wraps; a ``staticmethod`` or ``classmethod``
   object: its function;
-- bound methods: the object (``self``) and the function; the attributes of a plain
+- bound methods: the object (``self``) and the function, and the methods of its class
+  the function reads off ``self`` (``self.g``), bound to it; the attributes of a plain
   object reached that way (or called directly, a functor), its ``__slots__`` too (a
   ``slots=True`` dataclass), and the data attributes set on its class and bases
   (``self.shared`` held by the class); a class method's class (``cls.net``);
@@ -70,6 +71,9 @@ class _Walk:
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self.found: list[tuple[list[str], nn.Module]] = []
+        # the bound methods the walk makes (self.g of a method it walks), kept alive:
+        # ``seen`` holds ids, which a freed temporary's successor could reuse
+        self.made: list[types.MethodType] = []
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
         if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS or id(obj) in self.seen:
@@ -99,6 +103,8 @@ class _Walk:
             else:
                 self.visit(holder, path + ["self"], nxt)
             self.visit(obj.__func__, path, nxt)
+            if not issubclass(type(holder), type):
+                self._visit_methods_called(holder, obj.__func__, path, nxt)
         elif kind is types.FunctionType:
             self._visit_function(obj, path, nxt, root)
         elif kind is staticmethod or kind is classmethod:  # the object itself as f
@@ -125,12 +131,28 @@ class _Walk:
             call = inspect.getattr_static(kind, "__call__", None)
             if type(call) is types.FunctionType:
                 self.visit(call, path, nxt)
+                self._visit_methods_called(obj, call, path, nxt)
             for k, item in attrs[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
             # What it reads through its class (self.shared, set on the class: missed
             # before, found by probing).
             for k, item in _class_values(kind)[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
+
+    def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
+        """The methods of ``holder``'s class that ``fn`` (a method of it) reads off its
+        first argument (``self.g``), each walked as a method bound to ``holder``: a
+        module that only such a method reaches (a global read in ``g``) was missed,
+        found by probing. Methods of MLX's, mlx-lm's, chunkscan's or Python's own
+        classes are not walked (an ``nn.Module`` holder is reported, never walked)."""
+        if type(fn) is not types.FunctionType:
+            return
+        for name in _self_reads(fn.__code__):
+            method = inspect.getattr_static(type(holder), name, None)
+            if type(method) is types.FunctionType and not _ours(method.__module__):
+                bound = types.MethodType(method, holder)
+                self.made.append(bound)
+                self.visit(bound, path + [f"self.{name}"], depth)
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
         package = (fn.__module__ or "").split(".")[0]
@@ -191,6 +213,34 @@ def _globals_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[tuple[st
                 prev = ins.argval
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return tuple(names), tuple(pairs)
+
+
+_ARGUMENT_OPS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_CHECK",
+                           "LOAD_FAST_BORROW", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _self_reads(code: types.CodeType) -> tuple[str, ...]:
+    """The attributes the code (and the code nested in it, through its closure) reads
+    off its first argument (``self.g``), in order, once each; none where it takes no
+    argument."""
+    if code.co_argcount == 0:
+        return ()
+    first = code.co_varnames[0]
+    names: dict[str, None] = {}
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        prev = False  # whether the previous instruction loaded the first argument
+        for ins in dis.get_instructions(c):
+            if prev and ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str):
+                names[ins.argval] = None
+            prev = False
+            if ins.opname in _ARGUMENT_OPS:  # a pair of loads (3.13): the second counts
+                value = ins.argval[-1] if isinstance(ins.argval, tuple) else ins.argval
+                prev = value == first
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(names)
 
 
 def attributes(obj: Any) -> list[tuple[str, Any]] | None:
