@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from . import _capture, _ordering, _random, _tree
 from .split import (
@@ -103,7 +104,8 @@ def scan(
             passed to ``f`` as itself, with its trainable parameters differentiated
             (what ``nn.value_and_grad`` needs); arrays it updates in place (such as
             ``nn.BatchNorm``'s running statistics) are updated once per step, as by a
-            loop: the backward's recomputation restores them. ``scan`` warns
+            loop: the backward's recomputation restores them (those of a module ``f``
+            reaches without ``params`` too). ``scan`` warns
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, or ``stepwise``'s step. With
@@ -144,12 +146,13 @@ def scan(
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
-    _warn_on_captured_modules(f, p_leaves, p_def, params_module=module is not None)
+    captured = _warn_on_captured_modules(f, p_leaves, p_def, params_module=module is not None)
 
     plan = _Plan(
         f=f,
         has_params=params is not None,
         module=module,
+        captured=[m for m in captured if m is not module],
         init_def=init_def,
         init_specs=[_tree.ShapeDtype(a.shape, a.dtype) for a in init_leaves],
         xs_def=xs_def,
@@ -189,6 +192,7 @@ class _Plan:
         f,
         has_params,
         module,
+        captured,
         init_def,
         init_specs,
         xs_def,
@@ -200,6 +204,10 @@ class _Plan:
         constants,
     ):
         self.f, self.has_params, self.module = f, has_params, module
+        # Modules f reaches without params (_capture), and of them those whose arrays
+        # the forward's calls replaced (state updated in place, as nn.BatchNorm's running
+        # statistics in training mode): the recomputation puts those back afterwards.
+        self.captured, self.updated_in_place = captured, []
         self.init_def, self.init_specs = init_def, init_specs
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
         self.bounds, self.p_def, self.axis = bounds, p_def, axis
@@ -285,6 +293,7 @@ class _Plan:
         with (
             scan_axis(self.axis),  # stepwise functions without an axis take scan's
             check_compiled_axis(self.f, self.axis, carry_tree, xs_tree),
+            _arrays_kept(self.updated_in_place if recompute else ()),
         ):
             if not self.has_params:
                 out = self.f(carry_tree, xs_tree)
@@ -314,6 +323,7 @@ class _Plan:
         carry, diff_xs, p = self.split_primals(list(primals))
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
         ys_per_chunk, saved, block = [], [], []
+        arrays_before = [_array_ids(m) for m in self.captured]
         for i in range(len(self.bounds)):
             if i > 0:
                 block.append(carry)
@@ -335,6 +345,9 @@ class _Plan:
             # Depends would make the vjp recompute ys a state-only gradient never needs.)
             carry = _ordering.carry_after_outputs(carry, ys)
             ys_per_chunk.append(ys)
+        self.updated_in_place = [
+            m for m, ids in zip(self.captured, arrays_before) if _array_ids(m) != ids
+        ]
         ys = [
             mx.concatenate(list(parts), axis=self.axis % parts[0].ndim)
             if len(parts) > 1
@@ -637,6 +650,27 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
     return leaves
 
 
+def _array_ids(module: nn.Module) -> list[int]:
+    """The identities of every array the module holds (``parameters()``), in order."""
+    return [id(a) for _, a in tree_flatten(module.parameters())]
+
+
+@contextlib.contextmanager
+def _arrays_kept(modules: list[nn.Module]):
+    """Put every array of ``modules`` back as it was on entry, on exit: the
+    recomputation of a chunk updates the state of a module ``f`` captures (not passed
+    as ``params``) a second time otherwise (an ``nn.BatchNorm`` in training mode
+    reached by closure: its running statistics moved twice per step, silently; found
+    by probing, session 39). Only the modules whose arrays the forward's calls replaced
+    (``_Plan.updated_in_place``) are kept: a walk of each module per chunk."""
+    kept = [(m, m.parameters()) for m in modules]
+    try:
+        yield
+    finally:
+        for m, arrays in kept:
+            m.update(arrays)
+
+
 def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool = False):
     """Call ``f(carry, xs, module)`` with the module's trainable parameters set to ``p``.
 
@@ -656,8 +690,10 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool
 
 def _warn_on_captured_modules(
     f: Callable, passed_leaves: list[mx.array], passed_def, params_module: bool = False
-) -> None:
-    """Warn once per ``nn.Module`` with trainable parameters that ``f`` reaches without
+) -> list[nn.Module]:
+    """Every ``nn.Module`` ``f`` reaches without being passed it, found by
+    :func:`chunkscan._capture.captured_modules` (the walk runs once per call); and warn
+    once per ``nn.Module`` with trainable parameters that ``f`` reaches without
     being passed it (closures, globals, ``functools.partial``, bound methods, class
     methods, ``stepwise``'s step; see :mod:`chunkscan._capture`). Passed, so fine: a
     module whose every trainable array is one of ``params``' (``passed_leaves``, its
@@ -679,7 +715,8 @@ def _warn_on_captured_modules(
     kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
     unpassed, alike, params_found = [], [], params_module
-    for path, value in _capture.captured_modules(f):
+    found = _capture.captured_modules(f)
+    for path, value in found:
         tree = value.trainable_parameters()  # walks the module: once
         leaves, treedef = _tree.flatten(tree)
         shaped = _tree.same_structure(treedef, passed_def) and kinds == [
@@ -724,3 +761,4 @@ def _warn_on_captured_modules(
             ClosureCaptureWarning,
             stacklevel=3,
         )
+    return [value for _, value in found]
