@@ -19,7 +19,8 @@ can reach and reports every module on the way:
 - a global that is a Python module or a class, through the attributes the code reads
   of it (``cfg.net`` where ``cfg`` is a module of settings, ``Cfg.net`` a class used
   as a namespace), without running a property;
-- lists, tuples and dicts found on the way (their first items).
+- lists, tuples and dicts found on the way (their first items);
+- what ``mx.compile`` and ``mx.checkpoint`` return: the function they wrap.
 
 The walk is bounded (depth, objects visited, items per container), never looks
 inside MLX or mlx-lm, inside chunkscan's own functions only at their closures, nor
@@ -37,6 +38,7 @@ from __future__ import annotations
 import dis
 import enum
 import functools
+import gc
 import inspect
 import sys
 import types
@@ -77,6 +79,16 @@ class _Walk:
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
         if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS or id(obj) in self.seen:
+            return
+        if _wraps_a_function(obj):
+            # mx.compile(g) or mx.checkpoint(g): g, the one object it holds that is not a
+            # type or None (read by the garbage collector's traversal, which runs nothing
+            # of the user's). A module g reached was missed: the wrapper is MLX's, which
+            # the walk does not look into (found by probing, session 39).
+            self.seen.add(id(obj))
+            for held in gc.get_referents(obj):
+                if held is not None and not issubclass(type(held), type):
+                    self.visit(held, path, depth + 1)
             return
         if _is_inert(obj):
             return
@@ -333,6 +345,14 @@ def _class_values(cls: type) -> list[tuple[str, Any]]:
 
 def _index(path: list[str], sub: str) -> list[str]:
     return path[:-1] + [path[-1] + sub] if path else [sub]
+
+
+def _wraps_a_function(obj: Any) -> bool:
+    """Whether ``obj`` is what ``mx.compile`` and ``mx.checkpoint`` return (MLX's
+    ``_gc_func``: the function it wraps is reachable only through the garbage
+    collector's traversal)."""
+    kind = type(obj)
+    return kind.__name__ == "_gc_func" and (kind.__module__ or "").startswith("mlx")
 
 
 def _is_inert(obj: Any) -> bool:

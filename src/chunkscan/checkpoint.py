@@ -53,7 +53,10 @@ def checkpoint(fun: F) -> F:
         As with ``mx.checkpoint``, ``fun`` must be a function of its arguments: the
         backward calls it again, so Python state it reads (a call counter, a global
         that has changed since) gives the gradient of another function, with no
-        error. Arrays that ``fun`` captures by closure are constants: they get no
+        error. State that ``fun`` updates in place on a module it captures
+        (``nn.BatchNorm``'s running statistics in training mode) is updated again by
+        the recomputation, as with ``mx.checkpoint`` (:func:`chunkscan.scan` puts it
+        back). Arrays that ``fun`` captures by closure are constants: they get no
         gradient. Pass everything you differentiate (weights
         included) as arguments. A weight passed to every call of a chunk loop gets
         one gradient per call, and MLX sums them only at the end of the backward (as
