@@ -8,7 +8,10 @@ another. It runs the *logic* of a kernel (indexing, barriers, arithmetic) where 
 is reachable, so that a device run is not spent on an indexing bug. Warps are
 emulated only through the calls listed below: code that relies on lock-step execution
 without them, or uses inline PTX other than ``cp.async`` copies (16 or 4 bytes) behind a
-helper function, cannot run here.
+helper function and their ``commit_group`` / ``wait_group N``, cannot run here. A copy
+lands at its group's wait, not before (session 39; they landed at once before): a read
+that runs ahead of its copy's wait, or of the barrier after the copying thread's wait,
+reads the old contents.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
 ``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync``,
@@ -67,6 +70,7 @@ _TYPES = {
 
 _PRELUDE = r"""
 #include <barrier>
+#include <deque>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -125,14 +129,36 @@ struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-// cp.async of n bytes: both addresses n-byte aligned (PTX), done at once.
+// cp.async of n bytes: both addresses n-byte aligned (PTX). A copy lands only when its
+// thread waits for its group, as late as PTX allows: cp.async.commit_group closes the
+// thread's open group, cp.async.wait_group N lands every committed group but the N most
+// recent, in order. So a read of shared memory before its copy's wait (or before the
+// barrier after the copying thread's wait) sees the old contents here, as it may on a
+// device. Copies left at the end of a block are dropped.
+struct CsCopy { void* dst; const void* src; size_t n; };
+thread_local std::vector<CsCopy> cs_cp_open;
+thread_local std::deque<std::vector<CsCopy>> cs_cp_groups;
 inline void cs_cp_async(void* dst, const void* src, size_t n) {
   if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % n) {
     std::fprintf(stderr, "cuda_emulate: cp.async of %zu bytes from %p to %p, misaligned\n", n,
                  src, dst);
     std::abort();
   }
-  std::memcpy(dst, src, n);
+  cs_cp_open.push_back({dst, src, n});
+}
+inline void cs_cp_commit() {
+  cs_cp_groups.push_back(std::move(cs_cp_open));
+  cs_cp_open.clear();
+}
+inline void cs_cp_wait(size_t pending) {
+  while (cs_cp_groups.size() > pending) {
+    for (const CsCopy& c : cs_cp_groups.front()) std::memcpy(c.dst, c.src, c.n);
+    cs_cp_groups.pop_front();
+  }
+}
+inline void cs_cp_reset() {
+  cs_cp_open.clear();
+  cs_cp_groups.clear();
 }
 
 // Warp-level operations: the 32 threads of a warp meet at a barrier of their own.
@@ -343,6 +369,7 @@ int main(int argc, char** argv) {
             if (t == 0) std::fill(smem, smem + (%(SMEM)d + 3) / 4, std::nanf(""));
             bar.arrive_and_wait();
             cs_kernel(%(ARGS)s);
+            cs_cp_reset();
             bar.arrive_and_wait();
           }
     });
@@ -363,18 +390,20 @@ def _ctype(dtype: mx.Dtype) -> str:
 def _host_source(text: str) -> str:
     """Kernel text for the host compiler: ``#include <mma.h>`` dropped (the prelude
     emulates ``nvcuda::wmma``), a helper ``void f(float* dst, const float* src)`` that
-    issues a 16- or 4-byte ``cp.async`` made a ``memcpy`` with PTX's alignment check
-    (both addresses a multiple of the size; and its commit / wait asm
-    statements removed: the copy has landed when the kernel waits), ``extern __shared__
+    issues a 16- or 4-byte ``cp.async`` made the prelude's deferred copy with PTX's
+    alignment check (both addresses a multiple of the size) and its commit / wait asm
+    statements the prelude's (the copy lands at its group's wait), ``extern __shared__
     T name[];`` made a pointer into the block's shared memory."""
     text = text.replace("#include <mma.h>", "")
-    # cp.async copies (global to shared, 16 or 4 bytes) done at once; commit and wait:
-    # no-ops.
+    # cp.async copies (global to shared, 16 or 4 bytes), commits and waits: the prelude's
+    # deferred copies (each lands at its group's wait).
     text = re.sub(r"(void\s+\w+\s*\(\s*float\*\s*(\w+)\s*,\s*const float\*\s*(\w+)\s*\)\s*"
                   r"\{)[^}]*cp\.async\.c[ag]\.shared\.global \[%0\], \[%1\], (16|4);[^}]*\}",
                   r"\1 cs_cp_async(\2, \3, \4); }", text)  # fmt: skip
-    text = re.sub(r'asm\s+volatile\s*\(\s*"cp\.async\.(commit_group|wait_group \d+);\\n"'
-                  r'\s*:::\s*"memory"\s*\)\s*;', ";", text)  # fmt: skip
+    text = re.sub(r'asm\s+volatile\s*\(\s*"cp\.async\.commit_group;\\n"'
+                  r'\s*:::\s*"memory"\s*\)\s*;', "cs_cp_commit();", text)  # fmt: skip
+    text = re.sub(r'asm\s+volatile\s*\(\s*"cp\.async\.wait_group (\d+);\\n"'
+                  r'\s*:::\s*"memory"\s*\)\s*;', r"cs_cp_wait(\1);", text)  # fmt: skip
     return re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",
                   r"\1* \2 = reinterpret_cast<\1*>(cs_smem_base);", text)  # fmt: skip
 

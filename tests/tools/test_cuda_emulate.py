@@ -82,6 +82,8 @@ COPY4 = r"""
   const int t = threadIdx.x;
   if (VIA_CP) {
     cp16(sm + 4 * t, x + 4 * t);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   } else {
     *reinterpret_cast<float4*>(sm + 4 * t) = *reinterpret_cast<const float4*>(x + 4 * t);
   }
@@ -94,6 +96,41 @@ __device__ __forceinline__ void cp16(float* dst, const float* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 """
+
+
+# Two groups of 16-byte copies (x's first half, then its second), then a wait for all but
+# the WAIT most recent groups (WAIT < 0: none) and a barrier.
+COPY_GROUPS = r"""
+  CS_DYN_SMEM(sm);
+  const int t = threadIdx.x;
+  cp16(sm + 4 * t, x + 4 * t);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp16(sm + 64 + 4 * t, x + 64 + 4 * t);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  if (WAIT == 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  if (WAIT == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  __syncthreads();
+  for (int e = 0; e < 4; ++e) {
+    y[4 * t + e] = sm[4 * t + e];
+    y[64 + 4 * t + e] = sm[64 + 4 * t + e];
+  }
+"""
+
+
+@pytest.mark.parametrize("wait", [-1, 1, 0])
+def test_a_copy_lands_at_its_groups_wait(wait):
+    """cp.async copies land when their thread waits for their group (session 39; they
+    landed at once before, so a kernel that read a tile before waiting for it passed
+    here): with no wait a read sees the shared memory as it was (NaN-filled), after
+    ``wait_group 1`` the first group only, after ``wait_group 0`` both."""
+    x = mx.arange(128).astype(mx.float32)
+    (y,) = cuda_emulator().run(
+        "copy_groups", HEADER + CP16, COPY_GROUPS, [("x", x)], [("y", (128,), mx.float32)],
+        [("WAIT", wait)], (16, 1, 1), (16, 1, 1), 128 * 4,
+    )  # fmt: skip
+    landed = {-1: 0, 1: 64, 0: 128}[wait]
+    assert mx.array_equal(y[:landed], x[:landed]).item()
+    assert mx.isnan(y[landed:]).all().item()
 
 
 @pytest.mark.parametrize("via_cp", [False, True], ids=["float4", "cp.async"])
