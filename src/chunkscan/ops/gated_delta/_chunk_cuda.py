@@ -1471,15 +1471,30 @@ _STATE_GRADS = r"""
   csg::copies_land();
   __syncthreads();
   CS_MARK();  // 0: p, d_o, v loads
-  // The KS columns from k0 of S, dS (and w, kt) into shared memory.
-  auto load_s = [&](int k0) {
+  // The KS columns from k0 of S and w (group A: v_new's operands), of dS and kt (group
+  // B: d_vnew's), each one cp.async group, so that a piece's loads run behind the
+  // products of the piece before: A(k0 + KS) behind d_vnew's product of k0, B(k0 + KS)
+  // behind v_new's of k0 + KS, A(0) and B(0) behind p^T d_o (before session 39 each
+  // piece's four tiles landed before its products began).
+  auto load_a = [&](int k0) {
     csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
-    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
+    csg::copy_tile<C, KS, NT>(Wk, LDS, W + cl * C * DK + k0, DK);
+    cs_cp_async_commit();
   };
-  auto load_wk = [&](int k0) {
-    const size_t w0 = cl * C * DK + k0;
-    csg::copy_tile<C, KS, NT>(Wk, LDS, W + w0, DK);
-    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + w0, DK);
+  auto load_b = [&](int k0) {
+    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
+    csg::copy_tile<C, KS, NT>(Kk, LDS, KT + cl * C * DK + k0, DK);
+    cs_cp_async_commit();
+  };
+  // Pass 2's S and dS pieces, one group each (S's behind d_kt's product of the piece
+  // before, dS's behind d_w's and d_qg's of its own).
+  auto load_s2 = [&](int k0) {
+    csg::copy_tile<TV, KS, NT>(Sk, LDS, S + s0 + k0, DK);
+    cs_cp_async_commit();
+  };
+  auto load_ds2 = [&](int k0) {
+    csg::copy_tile<TV, KS, NT>(DSk, LDS, DS + s0 + k0, DK);
+    cs_cp_async_commit();
   };
   // This thread's part of sum(S * dS) over one piece (a fixed order: piece by piece).
   float dec = 0.f;
@@ -1493,6 +1508,13 @@ _STATE_GRADS = r"""
   // bf16 / fp16 d_o and v are exact in tf32: their tiles (Do, Vt) go to the tensor cores
   // unrounded, as v_new and d_vnew (Vn, DVn: written rounded, CS_OPERAND).
   constexpr bool EXO = sizeof(*dout) == 2, EXV = sizeof(*v) == 2;
+  // Pass 1, the order of one piece k0 (A(k0) and B(k0) in flight on entry):
+  //   wait for A, barrier; v_new += w S^T; wait for B, barrier; the S . dS dot; barrier
+  //   (S and w read by all); issue A(k0 + KS); d_vnew += kt dS^T; barrier (dS and kt
+  //   read); issue B(k0 + KS).
+  // A barrier follows the last piece: v_new and d_vnew are written over w and kt.
+  load_a(0);
+  load_b(0);
 #ifdef CS_TF32
   // The products on the tensor cores, one tf32 product per tile (CS_TF32), the results
   // stored from the fragments.
@@ -1502,14 +1524,17 @@ _STATE_GRADS = r"""
     dvn.zero();
     csg::tc_run<C, false, false, true, !EXO>(dvn, Ps, LDC4, Do, LDT);  // p^T d_o
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
-      load_s(k0);
-      load_wk(k0);
-      csg::copies_land();
+      cs_cp_async_wait_one();  // A(k0)
+      __syncthreads();
+      csg::tc_run<KS, true, true>(vn, Wk, LDS, Sk, LDS);
+      cs_cp_async_wait_all();  // B(k0)
       __syncthreads();
       dot_s();
-      csg::tc_run<KS, true, true>(vn, Wk, LDS, Sk, LDS);
+      __syncthreads();
+      if (k0 != LAST) load_a(k0 + KS);
       csg::tc_run<KS, true, true>(dvn, Kk, LDS, DSk, LDS);
       __syncthreads();
+      if (k0 != LAST) load_b(k0 + KS);
     }
     vn.each([&](int tl, csg::TcAcc& x) {  // v_new = u - w S^T
       csg::TcAcc u;
@@ -1528,14 +1553,17 @@ _STATE_GRADS = r"""
     csg::Tile<C, TV, NT> vn, dvn;
     dvn.mm4<C>(csg::op<false>(Ps, LDC4), csg::op<false>(Do, LDT));
     for (int k0 = 0; k0 < DK; k0 += KS) {  // pass 1: sums over Dk
-      load_s(k0);
-      load_wk(k0);
-      csg::copies_land();
+      cs_cp_async_wait_one();  // A(k0)
+      __syncthreads();
+      vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Sk, LDS));
+      cs_cp_async_wait_all();  // B(k0)
       __syncthreads();
       dot_s();
-      vn.mm4<KS>(csg::op<true>(Wk, LDS), csg::op<true>(Sk, LDS));
+      __syncthreads();
+      if (k0 != LAST) load_a(k0 + KS);
       dvn.mm4<KS>(csg::op<true>(Kk, LDS), csg::op<true>(DSk, LDS));
       __syncthreads();
+      if (k0 != LAST) load_b(k0 + KS);
     }
     vn.each([&](int i, int r, float x, int, int) {
       Vn[i * LDT + r] = U[(cl * C + i) * DV + e0 + r] - x;
@@ -1555,13 +1583,12 @@ _STATE_GRADS = r"""
   }
   if (tid == 0) DDECp[pz] = red[0];
   CS_MARK();  // 2: d_decay
-  for (int k0 = LAST; k0 >= 0; k0 -= KS) {  // pass 2: d_w, d_qg, d_kt, KS columns each
-    if (k0 != LAST) {
-      __syncthreads();  // every thread is done with the piece before
-      load_s(k0);
-      csg::copies_land();
-      __syncthreads();
-    }
+  // Pass 2 (d_w, d_qg, d_kt, KS columns each, from the piece pass 1 left in place down):
+  // d_w and d_qg of k0 from S; barrier; issue S(k0 - KS); wait for dS(k0) (in place at
+  // LAST), barrier; d_kt of k0 from dS; barrier; issue dS(k0 - KS), wait for S(k0 - KS),
+  // barrier. (The barrier after pass 1's pieces, above, ends its reads of Sk and DSk' last
+  // piece before the tree sum; v_new's and d_vnew's tiles are in place.)
+  for (int k0 = LAST; k0 >= 0; k0 -= KS) {
     const size_t d0 = pz * C * DK + k0;
 #ifdef CS_TF32
     csg::TcMM<C, KS, NT / 32, true, true, false, true> dw, dqg, dkt;  // S, dS down columns
@@ -1571,19 +1598,34 @@ _STATE_GRADS = r"""
     dqg.zero();
     csg::tc_run<TV, true, false, !EXO, true>(dqg, Do, LDT, Sk, LDS);
     dqg.store(DQGp + d0, DK);
-    dkt.zero();
-    csg::tc_run<TV, true, false, false, true>(dkt, Vn, LDT, DSk, LDS);
-    dkt.store(DKTp + d0, DK);
 #else
     csg::Tile<C, KS, NT, false, true> dw, dqg, dkt;
     dw.mm4<TV>(csg::op<true>(DVn, LDT), csg::op<false>(Sk, LDS));
     dqg.mm4<TV>(csg::op<true>(Do, LDT), csg::op<false>(Sk, LDS));
-    dkt.mm4<TV>(csg::op<true>(Vn, LDT), csg::op<false>(DSk, LDS));
     dw.store([&](int i, int d) { return DWp + d0 + i * DK + d; },
              [](int, int, float x, int, int) { return -x; });
     dqg.store([&](int i, int d) { return DQGp + d0 + i * DK + d; }, csg::Same());
+#endif
+    __syncthreads();  // every thread is done with S's piece
+    if (k0 != 0) load_s2(k0 - KS);
+    if (k0 != LAST) {  // dS(k0), issued the piece before
+      if (k0 != 0) cs_cp_async_wait_one(); else cs_cp_async_wait_all();
+      __syncthreads();
+    }
+#ifdef CS_TF32
+    dkt.zero();
+    csg::tc_run<TV, true, false, false, true>(dkt, Vn, LDT, DSk, LDS);
+    dkt.store(DKTp + d0, DK);
+#else
+    dkt.mm4<TV>(csg::op<true>(Vn, LDT), csg::op<false>(DSk, LDS));
     dkt.store([&](int i, int d) { return DKTp + d0 + i * DK + d; }, csg::Same());
 #endif
+    if (k0 != 0) {
+      __syncthreads();  // every thread is done with dS's piece
+      load_ds2(k0 - KS);
+      cs_cp_async_wait_one();  // S(k0 - KS)
+      __syncthreads();
+    }
   }
   CS_MARK();  // 3: d_w, d_qg, d_kt
 #ifdef CS_TF32

@@ -90,6 +90,10 @@ __device__ __forceinline__ void cs_cp_async_commit() {
 __device__ __forceinline__ void cs_cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+// All but the thread's last committed group (the one before it has landed).
+__device__ __forceinline__ void cs_cp_async_wait_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
 """
 
 _HEADER = CP_ASYNC + (
