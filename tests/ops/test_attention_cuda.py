@@ -239,9 +239,12 @@ def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
     calls = len(used)
     ops = grads(blocked.blocked_attention, q, k, v, ct, kernels=False)
     assert len(used) == calls, "kernels=False ran the kernels"
+    # Not bitwise the ops' results, as the same path twice would be (each output on its
+    # own was too strict: since the ops' scores are float32 (session 39) their dv can
+    # equal the kernels' bit for bit)
+    assert not all(mx.array_equal(a, b).item() for a, b in zip(got, ops)), "the same path twice?"
     for name, a, b, r in zip(("o", "dq", "dk", "dv"), got, ops, ref):
         assert a.dtype == mx.bfloat16 and a.shape == r.shape, name
-        assert not mx.array_equal(a, b).item(), f"{name}: the same path twice?"
         e_k, e_o = rel_rmse(a, r), rel_rmse(b, r)
         assert e_k <= 2 * e_o + 1e-6, f"{name}: kernel {e_k:.2e} vs ops {e_o:.2e}"
         assert max_rel(a, r) <= 2 * max_rel(b, r) + 1e-6, name

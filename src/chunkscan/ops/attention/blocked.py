@@ -232,11 +232,19 @@ def _make_core(
         return x[:, :, :, t0:t1].reshape(B, Hkv, G * (t1 - t0), x.shape[-1])
 
     def probs(
-        qr: mx.array, kp: mx.array, blk: tuple[int, int, int], mask: mx.array | None
+        rows: mx.array, kp: mx.array, blk: tuple[int, int, int], mask: mx.array | None
     ) -> mx.array:
-        """Float32 softmax ``[B, Hkv, G, r, kend]`` of a block (``qr`` already scaled)."""
+        """Float32 softmax ``[B, Hkv, G, r, kend]`` of a block, from its query rows
+        ``[B, Hkv, G * r, D]`` (unscaled) and keys. The scores are a float32 product of
+        the float32 operands (exact from bfloat16 / float16), scaled in float32: in
+        the input dtype each score was rounded as it left its product (and q by its
+        scale), so a bfloat16 score of a few hundred units was off by units, and a
+        peaked softmax's gradients by far more than the CUDA kernels', whose scores stay
+        float32 (dq 3.4 where the true dq is at most 9.5, against the kernels' 0.13;
+        `bench/attention_peaked.py`; session 39)."""
         t0, t1, kend = blk
-        s = matmul(qr, kp.swapaxes(-1, -2)).astype(F32).reshape(B, Hkv, G, t1 - t0, kend)
+        s = matmul(rows.astype(F32), kp.astype(F32).swapaxes(-1, -2)) * scale
+        s = s.reshape(B, Hkv, G, t1 - t0, kend)
         if spec.mask_kind == "causal":
             # Every row in a block sees key 0 (t0 >= T - S): no fully masked row.
             cols = mx.arange(kend)[None, :]
@@ -291,8 +299,7 @@ def _make_core(
             # The block's inputs wait for the previous block's output, so that blocks
             # run (and free their scratch) one after the other, not level by level.
             qb = _ordering.carry_after_outputs([qg[:, :, :, t0:t1]], prev)[0]
-            qr = (qb * scale).reshape(B, Hkv, G * (t1 - t0), D)
-            p = probs(qr, k[:, :, :kend], blk, mask)
+            p = probs(qb.reshape(B, Hkv, G * (t1 - t0), D), k[:, :, :kend], blk, mask)
             o_b = matmul(p.reshape(B, Hkv, G * (t1 - t0), kend).astype(dtype), v[:, :, :kend])
             o_b = o_b.reshape(B, Hkv, G, t1 - t0, Dv)
             outs.append(o_b)
@@ -328,10 +335,11 @@ def _make_core(
             # recomputation with the forward's, which would keep the forward's scratch).
             ins = _ordering.recompute_after_cotangent(ins, [do] if dk is None else [dk, dv])
             qb, dob = ins
-            qr = (qb * scale).reshape(B, Hkv, G * r, D)
+            rows = qb.reshape(B, Hkv, G * r, D)
+            qr = rows * scale
             dor = dob.reshape(B, Hkv, G * r, Dv)
             kp, vp = k[:, :, :kend], v[:, :, :kend]
-            p = probs(qr, kp, blk, mask)
+            p = probs(rows, kp, blk, mask)
             dp = matmul(dor, vp.swapaxes(-1, -2)).reshape(B, Hkv, G, r, kend)
             # ds zero where p is (and no p dp in delta there): a masked key's dp (a
             # product in the input dtype) can overflow float16 to inf, and 0 * inf
