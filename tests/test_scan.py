@@ -15,7 +15,7 @@ import pytest
 from helpers import assert_trees_close, max_outputs_of_one_primitive, max_rel
 
 import chunkscan
-from chunkscan import _tree
+from chunkscan import _capture, _tree
 from chunkscan.commands import reporter
 
 
@@ -434,6 +434,43 @@ def test_state_of_a_captured_module_is_updated_once_per_step(affine):
     assert mx.allclose(var_s, var_r, rtol=1e-5, atol=1e-6).item(), (var_s, var_r)
 
 
+class _Counter(nn.Module):
+    """A frozen call counter kept as an array, replaced by each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = mx.array(0.0)
+        self.freeze()
+
+    def __call__(self, x):
+        self.n = self.n + 1
+        return x
+
+
+def test_state_of_a_captured_module_whose_arrays_reuse_ids_is_kept():
+    """A captured module's replaced array can take the id of the one it replaced (Python
+    reuses a freed object's address): the forward compared ids and took such a module
+    as unchanged, and the recomputation advanced the counter a second time (8 calls for
+    4 chunks at T = 4; found by review). Each call of f counts once, for several T."""
+    counter, D = _Counter(), 4
+
+    def f(h, x, w):
+        counter(x)
+        h = mx.tanh(h @ w + x.sum(0))
+        return h, h[None]
+
+    w = 0.5 * mx.random.normal((D, D), key=mx.random.key(2))
+    for T in range(2, 7):
+        xs = mx.random.normal((T, D), key=mx.random.key(0))
+        counter.n = mx.array(0.0)
+
+        def loss(w, xs=xs):
+            return (chunkscan.scan(f, mx.zeros((D,)), xs, chunk_size=1, params=w)[1] ** 2).sum()
+
+        mx.eval(mx.value_and_grad(loss)(w), counter.n)
+        assert counter.n.item() == T, (T, counter.n.item())
+
+
 @pytest.mark.parametrize(
     "T,chunk,argnums,loss_kind",
     [
@@ -843,6 +880,16 @@ class _RunnerFunctor(_Runner):  # a functor whose call does the same
         return self._inner(s, x)
 
 
+class _StaticRunner:  # step calls a static method through self, which reads LIN
+    def step(self, s, x):
+        return self._inner(s, x)
+
+    @staticmethod
+    def _inner(s, x):
+        s = mx.tanh(LIN(s) + x)
+        return s, s
+
+
 def _scan_loss(f, **kw):
     s0 = mx.zeros((3,))
     xs = mx.random.normal((8, 3), key=mx.random.key(5))
@@ -984,6 +1031,12 @@ def _capture_cases():
             "LIN",
             True,
         ),
+        "a static method read off self": (
+            chunkscan.stepwise(_StaticRunner().step),
+            "through step -> self._inner -> LIN",
+            "LIN",
+            True,
+        ),
         # The three missed before session 39: MLX's wrappers were not looked into
         # (found by probing; the error of a compiled stepwise advises that form).
         "mx.compile(stepwise(step))": (
@@ -1071,6 +1124,41 @@ def test_captured_module_warns_through_defaults_containers_and_functors():
         with pytest.warns(chunkscan.ClosureCaptureWarning) as record:
             _scan_loss(f)()
         assert len(record) == 1 and f"captures the nn.Module {named}" in str(record[0].message)
+
+
+def test_methods_that_call_one_another_are_walked_once():
+    """A functor whose call reaches five methods that each call the four others, and a
+    module held by the functor: each method was walked once per path there (a fresh
+    bound method each time), which used up the walk's budget of objects before the
+    functor's attributes were reached: no warning for ``lin``, and milliseconds per
+    call (found by review)."""
+    lines = [
+        "class Net:",
+        "    def __init__(self):\n        self.lin = nn.Linear(3, 3)",
+        "    def __call__(self, s, x):\n        return self.m0(s, x)",
+    ]
+    for i in range(5):
+        calls = " + ".join(f"self.m{j}(s, x)" for j in range(5) if j != i)
+        lines.append(
+            f"    def m{i}(self, s, x):\n        if x.ndim == 0:\n            return {calls}\n"
+            f"        return mx.tanh(self.lin(s) + x), None"
+        )
+    namespace = {"nn": nn, "mx": mx}
+    exec("\n".join(lines), namespace)
+    net = namespace["Net"]()
+
+    def step(s, x):
+        s, _ = net(s, x)
+        return s, s
+
+    walk = _capture._Walk()
+    walk.visit(chunkscan.stepwise(step), [], 0, root=True)
+    assert [p for p, _ in walk.found] == [["step", "net", "lin"]]
+    assert len(walk.methods) == 5 and len(walk.seen) < 20, (len(walk.methods), len(walk.seen))
+    with pytest.warns(
+        chunkscan.ClosureCaptureWarning, match="'lin' \\(Linear\\) through step -> net"
+    ):
+        _scan_loss(chunkscan.stepwise(step))()
 
 
 def test_the_capture_walk_runs_no_user_code():

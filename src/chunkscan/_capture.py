@@ -73,9 +73,10 @@ class _Walk:
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self.found: list[tuple[list[str], nn.Module]] = []
-        # the bound methods the walk makes (self.g of a method it walks), kept alive:
-        # ``seen`` holds ids, which a freed temporary's successor could reuse
-        self.made: list[types.MethodType] = []
+        # (holder, function) of the methods walked as read off self: each once (a walk
+        # per path there ran through the budget of objects before a functor's own
+        # attributes were reached, and took milliseconds; found by review)
+        self.methods: set[tuple[int, int]] = set()
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
         if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS or id(obj) in self.seen:
@@ -143,28 +144,37 @@ class _Walk:
             call = inspect.getattr_static(kind, "__call__", None)
             if type(call) is types.FunctionType:
                 self.visit(call, path, nxt)
-                self._visit_methods_called(obj, call, path, nxt)
             for k, item in attrs[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
             # What it reads through its class (self.shared, set on the class: missed
             # before, found by probing).
             for k, item in _class_values(kind)[:MAX_ITEMS]:
                 self.visit(item, path + [k], nxt)
+            if type(call) is types.FunctionType:  # after its attributes: they come first
+                self._visit_methods_called(obj, call, path, nxt)
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
         """The methods of ``holder``'s class that ``fn`` (a method of it) reads off its
-        first argument (``self.g``), each walked as a method bound to ``holder``: a
-        module that only such a method reaches (a global read in ``g``) was missed,
-        found by probing. Methods of MLX's, mlx-lm's, chunkscan's or Python's own
-        classes are not walked (an ``nn.Module`` holder is reported, never walked)."""
-        if type(fn) is not types.FunctionType:
+        first argument (``self.g``, a static method's too), each walked once per holder:
+        a module that only such a method reaches (a global read in ``g``) was missed,
+        found by probing. A method's own reads off ``self`` are followed in turn.
+        Methods of MLX's, mlx-lm's, chunkscan's or Python's own classes are not
+        walked (an ``nn.Module`` subclass's own methods are)."""
+        if type(fn) is not types.FunctionType or depth > MAX_DEPTH:
             return
         for name in _self_reads(fn.__code__):
             method = inspect.getattr_static(type(holder), name, None)
-            if type(method) is types.FunctionType and not _ours(method.__module__):
-                bound = types.MethodType(method, holder)
-                self.made.append(bound)
-                self.visit(bound, path + [f"self.{name}"], depth)
+            bound = type(method) is not staticmethod
+            method = method if bound else method.__func__
+            if type(method) is not types.FunctionType or _ours(method.__module__):
+                continue
+            key = (id(holder), id(method))  # both alive while the walk runs
+            if key in self.methods or len(self.seen) >= MAX_OBJECTS:
+                continue
+            self.methods.add(key)
+            self.visit(method, path + [f"self.{name}"], depth)
+            if bound:
+                self._visit_methods_called(holder, method, path + [f"self.{name}"], depth + 1)
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
         package = (fn.__module__ or "").split(".")[0]
@@ -227,8 +237,12 @@ def _globals_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[tuple[st
     return tuple(names), tuple(pairs)
 
 
+# Loads of a local (or a cell) by name; the pairs (3.13 on) name two, the second loaded
+# last (STORE_FAST_LOAD_FAST: a comprehension's ``[self.g(x) for x in xs]``, found by
+# review).
 _ARGUMENT_OPS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_CHECK",
-                           "LOAD_FAST_BORROW", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})  # fmt: skip
+                           "STORE_FAST_LOAD_FAST", "LOAD_FAST_BORROW",
+                           "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
