@@ -323,7 +323,7 @@ class _Plan:
         carry, diff_xs, p = self.split_primals(list(primals))
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
         ys_per_chunk, saved, block = [], [], []
-        arrays_before = [_array_ids(m) for m in self.captured]
+        arrays_before = [_arrays_of(m) for m in self.captured]
         for i in range(len(self.bounds)):
             if i > 0:
                 block.append(carry)
@@ -346,7 +346,7 @@ class _Plan:
             carry = _ordering.carry_after_outputs(carry, ys)
             ys_per_chunk.append(ys)
         self.updated_in_place = [
-            m for m, ids in zip(self.captured, arrays_before) if _array_ids(m) != ids
+            m for m, before in zip(self.captured, arrays_before) if _replaced(before, _arrays_of(m))
         ]
         ys = [
             mx.concatenate(list(parts), axis=self.axis % parts[0].ndim)
@@ -650,9 +650,15 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
     return leaves
 
 
-def _array_ids(module: nn.Module) -> list[int]:
-    """The identities of every array the module holds (``parameters()``), in order."""
-    return [id(a) for _, a in tree_flatten(module.parameters())]
+def _arrays_of(module: nn.Module) -> list[mx.array]:
+    """Every array the module holds (``parameters()``), in order: the arrays, not their
+    ids (a replaced array's id was reused by its successor, and the module was taken as
+    unchanged: a counter moved twice per step, found by review)."""
+    return [a for _, a in tree_flatten(module.parameters())]
+
+
+def _replaced(before: list[mx.array], after: list[mx.array]) -> bool:
+    return len(before) != len(after) or any(a is not b for a, b in zip(before, after))
 
 
 @contextlib.contextmanager
@@ -662,7 +668,9 @@ def _arrays_kept(modules: list[nn.Module]):
     as ``params``) a second time otherwise (an ``nn.BatchNorm`` in training mode
     reached by closure: its running statistics moved twice per step, silently; found
     by probing, session 39). Only the modules whose arrays the forward's calls replaced
-    (``_Plan.updated_in_place``) are kept: a walk of each module per chunk."""
+    (``_Plan.updated_in_place``) are kept: a walk of each module per chunk. Arrays are
+    put back where they were (``Module.update``); items a call appended to a list of
+    the module stay (as for the ``params`` module)."""
     kept = [(m, m.parameters()) for m in modules]
     try:
         yield
