@@ -5,9 +5,10 @@ scale 1/8 (D = 64: scores up to a few hundred units at a magnitude of 30); the m
 absolute error of ``o``, ``dq``, ``dk``, ``dv`` against the float32 oracle on the same
 rounded inputs, for: the CUDA kernels' sources run on the CPU by
 ``tools/cuda_emulate.py`` (bfloat16 products summed in float32, as on the tensor cores:
-the scores stay float32), the blocked MLX ops (``kernels=False``: each score rounded to
-bfloat16 as it leaves its product), and ``mx.fast.scaled_dot_product_attention`` on
-this device. Needs g++ (C++20); any machine, nothing of a GPU's.
+the scores stay float32), the blocked MLX ops (``kernels=False``: float32 scores since
+session 39; before, each score was rounded to bfloat16 as it left its product), and
+``mx.fast.scaled_dot_product_attention`` on this device (on the CPU: scores rounded to
+bfloat16). Needs g++ (C++20); any machine, nothing of a GPU's.
 
     python bench/attention_peaked.py --json bench-out/attention_peaked.json
 """
