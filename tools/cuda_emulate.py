@@ -144,7 +144,11 @@ inline void cs_cp_async(void* dst, const void* src, size_t n) {
                  src, dst);
     std::abort();
   }
+#ifdef CS_CP_AT_ISSUE
+  std::memcpy(dst, src, n);
+#else
   cs_cp_open.push_back({dst, src, n});
+#endif
 }
 inline void cs_cp_commit() {
   cs_cp_groups.push_back(std::move(cs_cp_open));
@@ -461,7 +465,8 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
         "static void cs_kernel(" + ", ".join(params) + ") {\n"
         + "\n".join(consts) + "\n" + source + "\n}\n"
     )  # fmt: skip
-    return _PRELUDE + header + "\n" + kernel + _MAIN % fields
+    landing = "#define CS_CP_AT_ISSUE 1\n" if COPIES_LAND == "at issue" else ""
+    return landing + _PRELUDE + header + "\n" + kernel + _MAIN % fields
 
 
 #: Kernel inputs (by parameter name) placed one element past a 16-byte boundary, as MLX
@@ -469,6 +474,13 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
 #: buffer, reshaped): a kernel's vector load from one stops the run (above). Empty: each
 #: input at the start of its own 16-byte aligned buffer. Tests set it.
 ODD_INPUTS: frozenset[str] = frozenset()
+
+#: When a ``cp.async`` copy lands: ``"at wait"`` (the default: at its group's wait, the
+#: latest PTX allows, so a read before the wait sees the old shared memory) or ``"at
+#: issue"`` (at once, as before session 39: a copy issued before the barrier that ends
+#: the other threads' reads of its buffer overwrites what they still read, which the
+#: default hides; found by review). Tests run kernels under both.
+COPIES_LAND = "at wait"
 
 
 def available() -> bool:

@@ -117,18 +117,22 @@ COPY_GROUPS = r"""
 """
 
 
+@pytest.mark.parametrize("landing", ["at wait", "at issue"])
 @pytest.mark.parametrize("wait", [-1, 1, 0])
-def test_a_copy_lands_at_its_groups_wait(wait):
+def test_a_copy_lands_at_its_groups_wait(wait, landing, monkeypatch):
     """cp.async copies land when their thread waits for their group (session 39; they
     landed at once before, so a kernel that read a tile before waiting for it passed
     here): with no wait a read sees the shared memory as it was (NaN-filled), after
-    ``wait_group 1`` the first group only, after ``wait_group 0`` both."""
+    ``wait_group 1`` the first group only, after ``wait_group 0`` both. With
+    ``COPIES_LAND = "at issue"`` every copy has landed at once."""
+    emu = cuda_emulator()
+    monkeypatch.setattr(emu, "COPIES_LAND", landing)
     x = mx.arange(128).astype(mx.float32)
-    (y,) = cuda_emulator().run(
+    (y,) = emu.run(
         "copy_groups", HEADER + CP16, COPY_GROUPS, [("x", x)], [("y", (128,), mx.float32)],
         [("WAIT", wait)], (16, 1, 1), (16, 1, 1), 128 * 4,
     )  # fmt: skip
-    landed = {-1: 0, 1: 64, 0: 128}[wait]
+    landed = {-1: 0, 1: 64, 0: 128}[wait] if landing == "at wait" else 128
     assert mx.array_equal(y[:landed], x[:landed]).item()
     assert mx.isnan(y[landed:]).all().item()
 
