@@ -11,7 +11,9 @@ without them, or uses inline PTX other than ``cp.async`` copies (16 or 4 bytes) 
 helper function and their ``commit_group`` / ``wait_group N``, cannot run here. A copy
 lands at its group's wait, not before (session 39; they landed at once before): a read
 that runs ahead of its copy's wait, or of the barrier after the copying thread's wait,
-reads the old contents.
+reads the old contents. ``COPIES_LAND = "at issue"`` lands them at once, as before,
+which shows the other race instead: a copy issued before every thread has read the
+buffer it overwrites.
 
 Supported in kernel sources: ``threadIdx``, ``blockIdx``, ``blockDim``, ``gridDim``,
 ``__syncthreads``, ``__syncthreads_or``, ``__syncwarp``, ``__shfl_xor_sync``,
