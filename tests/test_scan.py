@@ -1161,6 +1161,39 @@ def test_methods_that_call_one_another_are_walked_once():
         _scan_loss(chunkscan.stepwise(step))()
 
 
+class _Meta(type):
+    def g(cls, s):  # never reached from an instance
+        return LIN(s)
+
+
+class _ShadowingRunner(metaclass=_Meta):
+    """``self.g`` is the instance's own lambda; ``self.h`` the instance's too, over the
+    class's method of that name. Neither reaches LIN."""
+
+    def __init__(self):
+        self.g = lambda s: mx.tanh(s)
+        self.h = lambda s: s
+
+    def h(self, s):  # shadowed by the instance's h
+        return LIN(s)
+
+    def __call__(self, s, x):
+        s = self.h(self.g(s + x))
+        return s, s
+
+
+def test_a_method_the_instance_cannot_reach_does_not_warn():
+    """A name read off self looked up with ``inspect.getattr_static`` on the class found
+    a metaclass's method, or a class method the instance's own attribute shadows, and
+    their module warned falsely (found by review). No warning."""
+    walk = _capture._Walk()
+    walk.visit(chunkscan.stepwise(_ShadowingRunner()), [], 0, root=True)
+    assert walk.found == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _scan_loss(chunkscan.stepwise(_ShadowingRunner()))()
+
+
 def test_the_capture_walk_runs_no_user_code():
     """Reading a class's attributes runs nothing of the user's: a ``dict`` subclass
     with ``__getattr__ = dict.__getitem__`` among them raised ``KeyError`` out of

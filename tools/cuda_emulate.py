@@ -467,6 +467,10 @@ def build(header, source, inputs, outputs, template, grid, threadgroup, smem) ->
         "static void cs_kernel(" + ", ".join(params) + ") {\n"
         + "\n".join(consts) + "\n" + source + "\n}\n"
     )  # fmt: skip
+    if COPIES_LAND not in ("at wait", "at issue"):
+        raise ValueError(
+            f"[cuda_emulate] COPIES_LAND must be 'at wait' or 'at issue', not {COPIES_LAND!r}"
+        )
     landing = "#define CS_CP_AT_ISSUE 1\n" if COPIES_LAND == "at issue" else ""
     return landing + _PRELUDE + header + "\n" + kernel + _MAIN % fields
 
@@ -481,7 +485,9 @@ ODD_INPUTS: frozenset[str] = frozenset()
 #: latest PTX allows, so a read before the wait sees the old shared memory) or ``"at
 #: issue"`` (at once, as before session 39: a copy issued before the barrier that ends
 #: the other threads' reads of its buffer overwrites what they still read, which the
-#: default hides; found by review). Tests run kernels under both.
+#: default hides; found by review). The fused chunk kernels' Qwen3-Next oracle cases run
+#: under both (``tests/ops/test_gated_delta_fused.py``); the other emulated tests at the
+#: wait. Another value raises.
 COPIES_LAND = "at wait"
 
 

@@ -73,9 +73,9 @@ class _Walk:
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self.found: list[tuple[list[str], nn.Module]] = []
-        # (holder, function) of the methods walked as read off self: each once (a walk
-        # per path there ran through the budget of objects before a functor's own
-        # attributes were reached, and took milliseconds; found by review)
+        # (class, function) of the methods walked as read off self: each once (a walk
+        # per path, then per holder, ran through the budget of objects before a
+        # functor's own attributes were reached, and took milliseconds; found by review)
         self.methods: set[tuple[int, int]] = set()
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
@@ -155,21 +155,27 @@ class _Walk:
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
         """The methods of ``holder``'s class that ``fn`` (a method of it) reads off its
-        first argument (``self.g``, a static method's too), each walked once per holder:
+        first argument (``self.g``, a static method's too), each walked once per class:
         a module that only such a method reaches (a global read in ``g``) was missed,
-        found by probing. A method's own reads off ``self`` are followed in turn.
-        Methods of MLX's, mlx-lm's, chunkscan's or Python's own classes are not
-        walked (an ``nn.Module`` subclass's own methods are)."""
+        found by probing. A method's own reads off ``self`` are followed in turn. Looked
+        up in the class and its bases only (not a metaclass's methods, nor a name the
+        instance itself holds: both warned falsely; found by review), and not in MLX's,
+        mlx-lm's, chunkscan's or Python's own classes (an ``nn.Module`` subclass's own
+        methods are walked). Each (class, method) counts against the walk's budget."""
         if type(fn) is not types.FunctionType or depth > MAX_DEPTH:
             return
+        kind = type(holder)
+        own = {k for k, _ in attributes(holder) or ()}
         for name in _self_reads(fn.__code__):
-            method = inspect.getattr_static(type(holder), name, None)
+            if name in own:
+                continue
+            method = next((vars(c)[name] for c in kind.__mro__ if name in vars(c)), None)
             bound = type(method) is not staticmethod
             method = method if bound else method.__func__
             if type(method) is not types.FunctionType or _ours(method.__module__):
                 continue
-            key = (id(holder), id(method))  # both alive while the walk runs
-            if key in self.methods or len(self.seen) >= MAX_OBJECTS:
+            key = (id(kind), id(method))  # both alive while the walk runs
+            if key in self.methods or len(self.seen) + len(self.methods) >= MAX_OBJECTS:
                 continue
             self.methods.add(key)
             self.visit(method, path + [f"self.{name}"], depth)

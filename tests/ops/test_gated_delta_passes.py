@@ -328,7 +328,8 @@ EMULATED_RUNS = [(CUDA_SHAPES[1], 1, False), (CUDA_SHAPES[2], 3, False),
 )  # fmt: skip
 def test_emulated_state_pass(shape, case, channel, monkeypatch):
     """The kernel's CUDA source run on the CPU (tools/cuda_emulate.py; its cp.async
-    copies done at once) against the float64 loop, under the bound of the CUDA test."""
+    copies landing at their waits) against the float64 loop, under the bound of the CUDA
+    test."""
     monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "0")  # the FMA kernel (the next test: the other)
     args, kw = _kernel_case(shape, case, channel, monkeypatch)

@@ -153,3 +153,15 @@ def test_misaligned_vector_access_is_stopped(via_cp, monkeypatch):
     monkeypatch.setattr(emu, "ODD_INPUTS", frozenset({"x"}))
     with pytest.raises(RuntimeError, match="misaligned"):
         emu.run("copy4", *args)
+
+
+def test_an_unknown_copies_land_raises(monkeypatch):
+    """A misspelt mode ran the default silently (found by review)."""
+    emu = cuda_emulator()
+    monkeypatch.setattr(emu, "COPIES_LAND", "at_issue")
+    x = mx.arange(128).astype(mx.float32)
+    with pytest.raises(ValueError, match="COPIES_LAND must be 'at wait' or 'at issue'"):
+        emu.run(
+            "copy_groups", HEADER + CP16, COPY_GROUPS, [("x", x)], [("y", (128,), mx.float32)],
+            [("WAIT", 0)], (16, 1, 1), (16, 1, 1), 128 * 4,
+        )  # fmt: skip
