@@ -12,7 +12,7 @@ can reach and reports every module on the way:
   ``lru_cache`` wrapper: the function it wraps; a ``staticmethod`` or ``classmethod``
   object: its function;
 - bound methods: the object (``self``) and the function, and the methods of its class
-  the function reads off ``self`` (``self.g``), bound to it; the attributes of a plain
+  the function reads off ``self`` (``self.g``, each once per class); the attributes of a plain
   object reached that way (or called directly, a functor), its ``__slots__`` too (a
   ``slots=True`` dataclass), and the data attributes set on its class and bases
   (``self.shared`` held by the class); a class method's class (``cls.net``);
