@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -61,6 +62,31 @@ def _compiled(f: Callable) -> bool:
     return False
 
 
+def _compiled_stepwise(f: Callable) -> Any:
+    """Where ``f`` is or wraps an ``mx.compile`` of a ``stepwise`` function, the object
+    its attributes are read from (the function, or a wrapper that forwards them); else
+    ``None``. Followed: ``__wrapped__`` (``functools.wraps``) and, where a wrapper of
+    MLX's (``mx.compile``'s or ``mx.checkpoint``'s, one type) does not forward them, the
+    one function it holds (read by the garbage collector's traversal, which runs
+    nothing of the user's): ``mx.checkpoint(mx.compile(stepwise(step)))`` was not seen
+    (found by probing). An ``mx.checkpoint`` taken for an ``mx.compile`` costs nothing:
+    its Python runs at every call, so no stale axis is ever found."""
+    node, compiled = f, False
+    for _ in range(16):
+        compiled = compiled or isinstance(node, _COMPILED)
+        if getattr(node, "_chunkscan_runs", None) is not None:
+            return node if compiled or _compiled(node) else None
+        nxt = getattr(node, "__wrapped__", None)
+        if nxt is None and isinstance(node, _COMPILED):
+            held = [r for r in gc.get_referents(node)
+                    if r is not None and not issubclass(type(r), type)]  # fmt: skip
+            nxt = held[0] if len(held) == 1 else None
+        if nxt is None:
+            return None
+        node = nxt
+    return None
+
+
 @contextlib.contextmanager
 def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> Iterator[None]:
     """Around ``scan``'s call of its chunk function ``f`` on ``(carry, xs_chunk)``,
@@ -76,9 +102,11 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
     (which runs the Python without leaving a trace) along one axis, then compiled
     along another; an axis written two ways; a new ``mx.compile`` of the function after
     one of another axis was freed. One compiled function per axis avoids all three. Not
-    seen: an ``mx.checkpoint`` or a lambda around the compiled function."""
+    seen: a lambda around the compiled function (an ``mx.checkpoint`` around it was not
+    seen before session 39)."""
+    f = _compiled_stepwise(f)
     runs = getattr(f, "_chunkscan_runs", None)
-    if runs is None or getattr(f, "_chunkscan_axis", 0) is not None or not _compiled(f):
+    if runs is None or getattr(f, "_chunkscan_axis", 0) is not None:
         yield
         return
     before = runs[0]
