@@ -880,6 +880,24 @@ class _RunnerFunctor(_Runner):  # a functor whose call does the same
         return self._inner(s, x)
 
 
+class _MemberRunner:  # reads a class method and a property off self, each reading LIN
+    def step(self, s, x):
+        return self._make(s, x)
+
+    @classmethod
+    def _make(cls, s, x):
+        s = mx.tanh(LIN(s) + x)
+        return s, s
+
+    def prop_step(self, s, x):
+        s = mx.tanh(self.net(s) + x)
+        return s, s
+
+    @property
+    def net(self):
+        return LIN
+
+
 class _StaticRunner:  # step calls a static method through self, which reads LIN
     def step(self, s, x):
         return self._inner(s, x)
@@ -1028,6 +1046,18 @@ def _capture_cases():
         "another method of a functor": (
             chunkscan.stepwise(_RunnerFunctor()),
             "through step -> self._inner -> LIN",
+            "LIN",
+            True,
+        ),
+        "a class method read off self": (
+            chunkscan.stepwise(_MemberRunner().step),
+            "through step -> self._make -> LIN",
+            "LIN",
+            True,
+        ),
+        "a property read off self": (
+            chunkscan.stepwise(_MemberRunner().prop_step),
+            "through step -> self.net -> LIN",
             "LIN",
             True,
         ),

@@ -155,7 +155,8 @@ class _Walk:
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
         """The methods of ``holder``'s class that ``fn`` (a method of it) reads off its
-        first argument (``self.g``, a static method's too), each walked once per class:
+        first argument (``self.g``; a static or class method's, a property's getter
+        too), each walked once per class:
         a module that only such a method reaches (a global read in ``g``) was missed,
         found by probing. A method's own reads off ``self`` are followed in turn. Looked
         up in the class and its bases only (not a metaclass's methods, nor a name the
@@ -169,9 +170,9 @@ class _Walk:
         for name in _self_reads(fn.__code__):
             if name in own:
                 continue
-            method = next((vars(c)[name] for c in kind.__mro__ if name in vars(c)), None)
-            bound = type(method) is not staticmethod
-            method = method if bound else method.__func__
+            member = next((vars(c)[name] for c in kind.__mro__ if name in vars(c)), None)
+            # the function behind it, read (never run), and whether it takes self
+            method, bound = _function_of(member)
             if type(method) is not types.FunctionType or _ours(method.__module__):
                 continue
             key = (id(kind), id(method))  # both alive while the walk runs
@@ -365,6 +366,21 @@ def _class_values(cls: type) -> list[tuple[str, Any]]:
 
 def _index(path: list[str], sub: str) -> list[str]:
     return path[:-1] + [path[-1] + sub] if path else [sub]
+
+
+def _function_of(member: Any) -> tuple[Any, bool]:
+    """The function a class member runs, and whether it takes the instance: a method's
+    itself; a static or class method's ``__func__`` (no instance); a ``property``'s or
+    ``functools.cached_property``'s getter (a class or static method, a property read
+    off self were not walked; found by review)."""
+    kind = type(member)
+    if kind is staticmethod or kind is classmethod:
+        return member.__func__, False
+    if kind is property:
+        return member.fget, True
+    if kind is functools.cached_property:
+        return member.func, True
+    return member, True
 
 
 def _wraps_a_function(obj: Any) -> bool:
