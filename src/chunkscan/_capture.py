@@ -42,8 +42,9 @@ import gc
 import inspect
 import sys
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
+import mlx.core as mx
 import mlx.nn as nn
 
 MAX_DEPTH = 8
@@ -81,15 +82,14 @@ class _Walk:
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
         if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS or id(obj) in self.seen:
             return
-        if _wraps_a_function(obj):
-            # mx.compile(g) or mx.checkpoint(g): g, the one object it holds that is not a
-            # type or None (read by the garbage collector's traversal, which runs nothing
-            # of the user's). A module g reached was missed: the wrapper is MLX's, which
-            # the walk does not look into (found by probing, session 39).
+        held = mlx_wrapped(obj)
+        if held is not None:
+            # mx.compile(g) or mx.checkpoint(g): g. A module g reached was missed: the
+            # wrapper is MLX's, which the walk does not look into (found by probing,
+            # session 39).
             self.seen.add(id(obj))
-            for held in gc.get_referents(obj):
-                if held is not None and not issubclass(type(held), type):
-                    self.visit(held, path, depth + 1)
+            for item in held:
+                self.visit(item, path, depth + 1)
             return
         if _is_inert(obj):
             return
@@ -167,7 +167,7 @@ class _Walk:
             return
         kind = type(holder)
         own = {k for k, _ in attributes(holder) or ()}
-        for name in _self_reads(fn.__code__):
+        for name in _reads(fn.__code__).self_attributes:
             if name in own:
                 continue
             member = next((vars(c)[name] for c in kind.__mro__ if name in vars(c)), None)
@@ -200,15 +200,15 @@ class _Walk:
             self.visit(value, path + ["a default argument"], depth)
         for name, value in list((fn.__kwdefaults__ or {}).items())[:MAX_ITEMS]:
             self.visit(value, path + [name], depth)
-        global_names, global_attributes = _globals_read(code)
-        for name in global_names:
+        reads = _reads(code)
+        for name in reads.names:
             if name in fn.__globals__:
                 self.visit(fn.__globals__[name], path + [name], depth)
         # A Python module or a class is inert, but what the code reads of it is not
         # (cfg.net of a module of settings, Cfg.net of a class used as a namespace:
         # the class was missed, found by probing); MLX's, mlx-lm's and chunkscan's own
         # are skipped (mx.tanh would only use up the walk's budget of objects).
-        for name, attr in global_attributes:
+        for name, attr in reads.global_attributes:
             holder = fn.__globals__.get(name)
             if type(holder) is types.ModuleType:
                 # its namespace, not getattr: that runs a module's __getattr__ (PEP 562)
@@ -221,29 +221,6 @@ class _Walk:
                     self.visit(value, path + [f"{name}.{attr}"], depth)
 
 
-@functools.lru_cache(maxsize=1024)
-def _globals_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """The globals the code (and the code nested in it) loads, and ``(global,
-    attribute)`` for each ``name.attr`` it reads of them; in order, once each, from one
-    walk of the bytecode."""
-    names: dict[str, None] = {}
-    pairs: dict[tuple[str, str], None] = {}
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        prev = None  # the global the previous instruction loaded
-        for ins in dis.get_instructions(c):
-            if prev is not None and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                if isinstance(ins.argval, str):
-                    pairs[(prev, ins.argval)] = None
-            prev = None
-            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
-                names[ins.argval] = None
-                prev = ins.argval
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return tuple(names), tuple(pairs)
-
-
 # Loads of a local (or a cell) by name; the pairs (3.13 on) name two, the second loaded
 # last (STORE_FAST_LOAD_FAST: a comprehension's ``[self.g(x) for x in xs]``, found by
 # review).
@@ -252,28 +229,42 @@ _ARGUMENT_OPS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_LOAD_FAST", "LO
                            "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})  # fmt: skip
 
 
+class _Reads(NamedTuple):
+    names: tuple[str, ...]  # the globals loaded
+    global_attributes: tuple[tuple[str, str], ...]  # (global, attribute): ``name.attr``
+    self_attributes: tuple[str, ...]  # read off the first argument: ``self.g``
+
+
 @functools.lru_cache(maxsize=1024)
-def _self_reads(code: types.CodeType) -> tuple[str, ...]:
-    """The attributes the code (and the code nested in it, through its closure) reads
-    off its first argument (``self.g``), in order, once each; none where it takes no
-    argument."""
-    if code.co_argcount == 0:
-        return ()
-    first = code.co_varnames[0]
+def _reads(code: types.CodeType) -> _Reads:
+    """What the code (and the code nested in it) reads, in order, once each, from one
+    walk of its bytecode: the globals it loads, ``(global, attribute)`` for each
+    ``name.attr`` it reads of them, and the attributes it reads off its first argument
+    (through the closure in nested code; none where it takes no argument)."""
+    first = code.co_varnames[0] if code.co_argcount else None
     names: dict[str, None] = {}
+    pairs: dict[tuple[str, str], None] = {}
+    own: dict[str, None] = {}
     stack = [code]
     while stack:
         c = stack.pop()
-        prev = False  # whether the previous instruction loaded the first argument
+        prev = None  # the global the previous instruction loaded
+        prev_first = False  # whether it loaded the first argument
         for ins in dis.get_instructions(c):
-            if prev and ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str):
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str):
+                if prev is not None:
+                    pairs[(prev, ins.argval)] = None
+                if prev_first:
+                    own[ins.argval] = None
+            prev, prev_first = None, False
+            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
                 names[ins.argval] = None
-            prev = False
-            if ins.opname in _ARGUMENT_OPS:  # a pair of loads (3.13): the second counts
+                prev = ins.argval
+            elif first is not None and ins.opname in _ARGUMENT_OPS:  # a pair: the second
                 value = ins.argval[-1] if isinstance(ins.argval, tuple) else ins.argval
-                prev = value == first
+                prev_first = value == first
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return tuple(names)
+    return _Reads(tuple(names), tuple(pairs), tuple(own))
 
 
 def attributes(obj: Any) -> list[tuple[str, Any]] | None:
@@ -383,12 +374,17 @@ def _function_of(member: Any) -> tuple[Any, bool]:
     return member, True
 
 
-def _wraps_a_function(obj: Any) -> bool:
-    """Whether ``obj`` is what ``mx.compile`` and ``mx.checkpoint`` return (MLX's
-    ``_gc_func``: the function it wraps is reachable only through the garbage
-    collector's traversal)."""
-    kind = type(obj)
-    return kind.__name__ == "_gc_func" and (kind.__module__ or "").startswith("mlx")
+#: What ``mx.compile`` and ``mx.checkpoint`` return (one type, MLX's ``_gc_func``).
+MLX_WRAPPER = type(mx.compile(lambda x: x))
+
+
+def mlx_wrapped(obj: Any) -> list[Any] | None:
+    """Where ``obj`` is an :data:`MLX_WRAPPER`, what it holds but its type and ``None``s
+    (the function it wraps: reachable only through the garbage collector's traversal,
+    which runs nothing of the user's); else ``None``."""
+    if type(obj) is not MLX_WRAPPER:
+        return None
+    return [r for r in gc.get_referents(obj) if r is not None and not issubclass(type(r), type)]
 
 
 def _is_inert(obj: Any) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import _tree
+from ._capture import MLX_WRAPPER, mlx_wrapped
 from .split import check_axis, common_length, normalize_axis, split_at
 
 # The axis of the innermost scan whose chunk function is running (scan.py sets it around
@@ -47,14 +47,11 @@ def _shapes(carry: Any, xs_chunk: Any) -> tuple:
     return tuple((tuple(x.shape), x.dtype) for x in leaves if isinstance(x, mx.array))
 
 
-_COMPILED = type(mx.compile(lambda x: x))  # what mx.compile returns
-
-
 def _compiled(f: Callable) -> bool:
     """Whether ``f`` is ``mx.compile``'s wrapper or wraps one (``__wrapped__``, set by
     ``functools.wraps``: ``chunkscan.checkpoint(mx.compile(...))``)."""
     for _ in range(16):
-        if isinstance(f, _COMPILED):
+        if isinstance(f, MLX_WRAPPER):
             return True
         f = getattr(f, "__wrapped__", None)
         if f is None:
@@ -73,13 +70,12 @@ def _compiled_stepwise(f: Callable) -> Any:
     its Python runs at every call, so no stale axis is ever found."""
     node, compiled = f, False
     for _ in range(16):
-        compiled = compiled or isinstance(node, _COMPILED)
+        compiled = compiled or isinstance(node, MLX_WRAPPER)
         if getattr(node, "_chunkscan_runs", None) is not None:
             return node if compiled or _compiled(node) else None
         nxt = getattr(node, "__wrapped__", None)
-        if nxt is None and isinstance(node, _COMPILED):
-            held = [r for r in gc.get_referents(node)
-                    if r is not None and not issubclass(type(r), type)]  # fmt: skip
+        if nxt is None:
+            held = mlx_wrapped(node) or []
             nxt = held[0] if len(held) == 1 else None
         if nxt is None:
             return None
