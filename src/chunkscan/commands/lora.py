@@ -1173,7 +1173,7 @@ def run(args: types.SimpleNamespace) -> None:
             )
         print(f"chunkscan: {gdn}; {attention}", flush=True)
         seam.routed_calls.clear()  # patch()'s own probes called the paths
-        before = _adapters_before(args)
+        before = _adapter_stamps(args)
         with _report_peak_memory(lora, args), _say_what_a_failure_left(args, before):
             lora.run(args)
 
@@ -1181,7 +1181,7 @@ def run(args: types.SimpleNamespace) -> None:
 _ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
 
 
-def _adapters_before(args: types.SimpleNamespace) -> tuple | None:
+def _adapter_stamps(args: types.SimpleNamespace) -> tuple | None:
     """The size and time of ``adapters.safetensors`` and ``adapter_config.json`` in the
     folder a training run writes, as they are now (``None`` for a missing file)."""
     path = getattr(args, "adapter_path", None)
@@ -1209,7 +1209,7 @@ def _say_what_a_failure_left(args: types.SimpleNamespace, before: tuple | None):
     except BaseException:
         if before is not None:
             weights, config = before
-            now_weights, now_config = _adapters_before(args)
+            now_weights, now_config = _adapter_stamps(args)
             if weights is not None and now_weights == weights and now_config != config:
                 print(
                     f"{PROG}: this run failed before saving its weights: "
