@@ -1212,6 +1212,52 @@ class _ShadowingRunner(metaclass=_Meta):
         return s, s
 
 
+class _DeepRunner:
+    """Its call reaches ``LIN`` through two methods: ``self.g``, then ``self.h``."""
+
+    def __call__(self, s, x):
+        return self.g(s, x)
+
+    def g(self, s, x):
+        return self.h(s, x)
+
+    def h(self, s, x):
+        s = mx.tanh(LIN(s) + x)
+        return s, s
+
+
+@pytest.mark.parametrize("what", ["object", "method"])
+def test_what_is_reached_first_at_the_depth_limit_is_walked_again_nearer_the_root(what):
+    """A holder (``object``: an object whose attribute is the module; ``method``: a
+    functor whose methods reach it) read by the step directly, but reached first
+    through a chain of lists that ends at the walk's depth limit: its module was
+    missed (walked once, at the limit, with what lies past it cut off: a zero
+    gradient and no warning; found in session 40). Each chain length up to the limit
+    warns."""
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.net = LIN
+    runner = _DeepRunner()
+    target = holder if what == "object" else runner
+
+    def make(a_chain, target):  # a_chain: the closure walked first (names are sorted)
+        def step(s, x):
+            assert a_chain
+            return target.net(s) if what == "object" else target(s, x)
+
+        return step
+
+    for n in range(1, _capture.MAX_DEPTH + 2):
+        chain = target
+        for _ in range(n):
+            chain = [chain]
+        paths = [p for p, m in _capture.captured_modules(chunkscan.stepwise(make(chain, target)))]
+        assert len(paths) == 1, (n, paths)
+
+
 def test_a_method_the_instance_cannot_reach_does_not_warn():
     """A name read off self looked up with ``inspect.getattr_static`` on the class found
     a metaclass's method, or a class method the instance's own attribute shadows, and

@@ -50,6 +50,7 @@ import mlx.nn as nn
 MAX_DEPTH = 8
 MAX_OBJECTS = 500
 MAX_ITEMS = 64
+COMPLETE = -1  # _Walk.seen's depth of an object walked to the end: never walked again
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 # Items of a container not visited at all: a namespace of 100 lists of 64 ints cost 2.1
 # ms per scan call, every int a visit and a path (found by reviewing session 36's walk).
@@ -72,32 +73,52 @@ def captured_modules(f: Any) -> list[tuple[list[str], nn.Module]]:
 
 class _Walk:
     def __init__(self) -> None:
-        self.seen: set[int] = set()
+        # id -> the depth an object was walked at where that walk was cut short (by
+        # the depth limit, or at an object itself cut short), else COMPLETE. One cut
+        # short is walked again where it is reached nearer the root: what lay past the
+        # limit may be in reach now (an object first reached at the limit through a
+        # long chain, then by a global at depth 2: its module was missed; found in
+        # session 40). Each object is so walked at most MAX_DEPTH + 1 times.
+        self.seen: dict[int, int] = {}
+        self.cuts = 0  # walks cut short so far
         self.found: list[tuple[list[str], nn.Module]] = []
         # (class, function) of the methods walked as read off self: each once (a walk
         # per path, then per holder, ran through the budget of objects before a
-        # functor's own attributes were reached, and took milliseconds; found by review)
-        self.methods: set[tuple[int, int]] = set()
+        # functor's own attributes were reached, and took milliseconds; found by
+        # review); -> its depth or COMPLETE, walked again as objects are
+        self.methods: dict[tuple[int, int], int] = {}
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
-        if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS or id(obj) in self.seen:
+        walked = self.seen.get(id(obj))
+        if depth > MAX_DEPTH or (walked is not None and walked <= depth):
+            # cut short here, unless obj's walk was complete: nearer the root, the walk
+            # that reached it could reach more
+            self.cuts += walked != COMPLETE
             return
+        if walked is None and len(self.seen) >= MAX_OBJECTS:
+            return
+        cuts = self.cuts
+        self._walk_into(obj, path, depth, root)
+        if id(obj) in self.seen and self.cuts == cuts:
+            self.seen[id(obj)] = COMPLETE
+
+    def _walk_into(self, obj: Any, path: list[str], depth: int, root: bool) -> None:
         held = mlx_wrapped(obj)
         if held is not None:
             # mx.compile(g) or mx.checkpoint(g): g. A module g reached was missed: the
             # wrapper is MLX's, which the walk does not look into (found by probing,
             # session 39).
-            self.seen.add(id(obj))
+            self.seen[id(obj)] = depth
             for item in held:
                 self.visit(item, path, depth + 1)
             return
         if _is_inert(obj):
             return
-        self.seen.add(id(obj))
+        self.seen[id(obj)] = depth
         # Kinds by type(obj): isinstance asks obj.__class__ where the type does not
         # match, which runs a __getattribute__ of the user's.
         kind = type(obj)
-        if issubclass(kind, nn.Module):
+        if issubclass(kind, nn.Module):  # complete: reported once, by the first path
             self.found.append((path or ["f"], obj))
             return
         nxt = depth + 1
@@ -163,7 +184,10 @@ class _Walk:
         instance itself holds: both warned falsely; found by review), and not in MLX's,
         mlx-lm's, chunkscan's or Python's own classes (an ``nn.Module`` subclass's own
         methods are walked). Each (class, method) counts against the walk's budget."""
-        if type(fn) is not types.FunctionType or depth > MAX_DEPTH:
+        if type(fn) is not types.FunctionType:
+            return
+        if depth > MAX_DEPTH:
+            self.cuts += 1
             return
         kind = type(holder)
         own = {k for k, _ in attributes(holder) or ()}
@@ -176,12 +200,19 @@ class _Walk:
             if type(method) is not types.FunctionType or _ours(method.__module__):
                 continue
             key = (id(kind), id(method))  # both alive while the walk runs
-            if key in self.methods or len(self.seen) + len(self.methods) >= MAX_OBJECTS:
+            walked = self.methods.get(key)
+            if walked is not None and walked <= depth:  # as in visit
+                self.cuts += walked != COMPLETE
                 continue
-            self.methods.add(key)
+            if walked is None and len(self.seen) + len(self.methods) >= MAX_OBJECTS:
+                continue
+            cuts = self.cuts
+            self.methods[key] = depth
             self.visit(method, path + [f"self.{name}"], depth)
             if bound:
                 self._visit_methods_called(holder, method, path + [f"self.{name}"], depth + 1)
+            if self.cuts == cuts:
+                self.methods[key] = COMPLETE
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
         package = (fn.__module__ or "").split(".")[0]
