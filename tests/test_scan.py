@@ -1406,6 +1406,57 @@ def test_a_parameter_tree_of_the_captured_module_is_passed():
         chunkscan.scan(lambda c, x, p: (model(c), x), h0, xs, chunk_size=2, params=other)
 
 
+def test_a_captured_module_holding_params_own_arrays_trains_through_them():
+    """``params`` the very arrays of a module ``f`` calls through its closure (``model``
+    updated from ``params`` outside ``scan``, or ``nn.value_and_grad(model, ...)``
+    passing ``params=model.trainable_parameters()``), ``f`` not reading its third
+    argument: the module's arrays were constants inside ``scan``, a zero gradient and
+    no warning, as every array of the module is one of ``params`` (found by probing,
+    session 40). The module now reads the chunk's ``params`` during each call: the
+    loop's gradient, eager and under ``nn.value_and_grad``; the module's arrays are its
+    own again after the call."""
+    model = nn.Linear(3, 3)
+    xs = mx.random.normal((6, 3), key=mx.random.key(1))
+    h0 = mx.random.normal((3,), key=mx.random.key(2))
+
+    def step(h, x, p):  # takes params, calls the captured model
+        h = mx.tanh(model(h) + x)
+        return h, h
+
+    def loss(params, use_scan):
+        model.update(params)
+        if use_scan:
+            _, ys = chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=params)
+        else:
+            h, ys = h0, []
+            for t in range(6):
+                h, y = step(h, xs[t], params)
+                ys.append(y)
+            ys = mx.stack(ys)
+        return (ys**2).sum()
+
+    p0 = model.trainable_parameters()
+    g_loop = mx.grad(loss)(p0, False)
+    model.update(p0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g_scan = mx.grad(loss)(p0, True)
+    model.update(p0)
+    assert mx.abs(g_loop["weight"]).max().item() > 0.1
+    assert_trees_close(g_scan, g_loop, 1e-6, "grads")
+
+    def module_loss(m, use_scan):
+        return loss(m.trainable_parameters(), use_scan)
+
+    _, g_loop = nn.value_and_grad(model, module_loss)(model, False)
+    _, g_scan = nn.value_and_grad(model, module_loss)(model, True)
+    assert_trees_close(g_scan, g_loop, 1e-6, "nn.value_and_grad grads")
+    model.update(p0)
+    c, _ = chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=p0)
+    mx.eval(c)
+    assert model.weight is p0["weight"] and model.bias is p0["bias"]
+
+
 def test_issue_example_warns_and_params_gives_the_loop_gradient():
     """The issue's example: a stepwise step closing over a Linear trains nothing
     (dW == 0) and now warns; passed as params= it gets the plain loop's gradient."""

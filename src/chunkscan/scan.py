@@ -146,13 +146,16 @@ def scan(
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
-    captured = _warn_on_captured_modules(f, p_leaves, p_def, params_module=module is not None)
+    captured, bound = _warn_on_captured_modules(
+        f, p_leaves, p_def, params_module=module is not None
+    )
 
     plan = _Plan(
         f=f,
         has_params=params is not None,
         module=module,
         captured=[m for m in captured if m is not module],
+        bound=bound if module is None else [],
         init_def=init_def,
         init_specs=[_tree.ShapeDtype(a.shape, a.dtype) for a in init_leaves],
         xs_def=xs_def,
@@ -193,6 +196,7 @@ class _Plan:
         has_params,
         module,
         captured,
+        bound,
         init_def,
         init_specs,
         xs_def,
@@ -208,6 +212,10 @@ class _Plan:
         # the forward's calls replaced (state updated in place, as nn.BatchNorm's running
         # statistics in training mode): the recomputation puts those back afterwards.
         self.captured, self.updated_in_place = captured, []
+        # Captured modules whose every trainable array is one of params' (a module f
+        # calls, params its own arrays): (module, its tree, the index in params of
+        # each leaf). They read the chunk's params during each call (_bound_to).
+        self.bound = bound
         self.init_def, self.init_specs = init_def, init_specs
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
         self.bounds, self.p_def, self.axis = bounds, p_def, axis
@@ -302,7 +310,8 @@ class _Plan:
                     self.f, self.module, self.p_def, p, carry_tree, xs_tree, recompute
                 )
             else:
-                out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
+                with _bound_to(self.bound if recompute else (), p):
+                    out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 f"[scan] f must return a pair (carry, ys) but returned {_tree.describe(out)}. "
@@ -679,6 +688,29 @@ def _arrays_kept(modules: list[nn.Module]):
             m.update(arrays)
 
 
+@contextlib.contextmanager
+def _bound_to(bound: list, p: list[mx.array]):
+    """In the backward's recomputation of a chunk, set each bound module's trainable
+    arrays to the handles on them in ``p`` (``_Plan.bound``), the arrays ``mx.vjp``
+    differentiates, and put all of the module's arrays back after the call (as
+    :func:`_call_with_module` does for the ``params`` module). Where ``params`` are the
+    arrays of a module ``f`` calls by closure (``model.update(params)`` outside
+    ``scan``, or ``nn.value_and_grad(model, ...)`` passing
+    ``params=model.trainable_parameters()``) and ``f`` does not read its third argument,
+    the recomputation read the module's own arrays, constants to ``mx.vjp``: a zero
+    gradient, no warning (found by probing, session 40). The forward needs no binding:
+    it reads the same values, and no gradient flows through it."""
+    kept = []
+    for module, treedef, where in bound:
+        kept.append((module, module.parameters()))
+        module.update(_tree.unflatten(treedef, [p[i] for i in where]))
+    try:
+        yield
+    finally:
+        for module, arrays in reversed(kept):
+            module.update(arrays)
+
+
 def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool = False):
     """Call ``f(carry, xs, module)`` with the module's trainable parameters set to ``p``.
 
@@ -698,7 +730,7 @@ def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool
 
 def _warn_on_captured_modules(
     f: Callable, passed_leaves: list[mx.array], passed_def, params_module: bool = False
-) -> list[nn.Module]:
+) -> tuple[list[nn.Module], list[tuple[nn.Module, Any, list[int]]]]:
     """Every ``nn.Module`` ``f`` reaches without being passed it, found by
     :func:`chunkscan._capture.captured_modules` (the walk runs once per call); and warn
     once per ``nn.Module`` with trainable parameters that ``f`` reaches without
@@ -718,11 +750,17 @@ def _warn_on_captured_modules(
     match and none holds them (under a transform), one warning names them all (both
     found by probing). Matched against the whole of ``params`` only: a module that is a
     part of it (``params`` a dict of two modules' trees, under a transform) warns
-    falsely; matching every subtree missed true warnings and cost O(n^2) (a review)."""
-    passed = {id(a) for a in passed_leaves}
+    falsely; matching every subtree missed true warnings and cost O(n^2) (a review).
+
+    Returns the modules found, and for each module whose every trainable array is one
+    of ``passed_leaves`` (by identity), ``(module, tree of its trainable parameters,
+    index in passed_leaves of each leaf)``: what :func:`_bound_to` needs."""
+    passed: dict[int, int] = {}
+    for i, a in enumerate(passed_leaves):
+        passed.setdefault(id(a), i)
     kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
-    unpassed, alike, params_found = [], [], params_module
+    unpassed, alike, params_found, bound = [], [], params_module, []
     found = _capture.captured_modules(f)
     for path, value in found:
         tree = value.trainable_parameters()  # walks the module: once
@@ -732,6 +770,8 @@ def _warn_on_captured_modules(
         ]
         if all(id(a) in passed for a in leaves):
             params_found = params_found or (shaped and bool(leaves))
+            if leaves:
+                bound.append((value, treedef, [passed[id(a)] for a in leaves]))
         elif shaped:
             alike.append((path, value))
         else:
@@ -769,4 +809,4 @@ def _warn_on_captured_modules(
             ClosureCaptureWarning,
             stacklevel=3,
         )
-    return [value for _, value in found]
+    return [value for _, value in found], bound
