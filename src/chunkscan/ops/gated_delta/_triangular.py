@@ -17,6 +17,8 @@ def unit_lower_inverse(lower: mx.array) -> mx.array:
 
     Recursive 2x2 block inversion, all blocks of one size at once:
     ``[[X11, 0], [-X22 L21 X11, X22]]``. Products only, so it runs on every backend.
+    Only the strictly lower part of ``lower`` is read, in the value and the gradient:
+    the diagonal and the upper part get a zero gradient.
     """
     n = lower.shape[-1]
     size = 1 << (n - 1).bit_length()
@@ -50,7 +52,9 @@ def _unit_lower_inverse_vjp(primals, cotangent, output):
     x = _tree.as_list(output)[0]
     ct = _tree.as_list(cotangent)[0]
     xt = x.swapaxes(-1, -2)
-    return -(xt @ (ct @ xt))
+    # the value reads the strictly lower part only: the rest gets no gradient (it got
+    # -X^T ct X^T's entries there; found by probing, session 40)
+    return mx.tril(-(xt @ (ct @ xt)), k=-1)
 
 
 def _mm(a: mx.array, b: mx.array) -> mx.array:
