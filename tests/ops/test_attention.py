@@ -468,8 +468,8 @@ def test_errors_are_pinned():
             "D=16)", q, k[..., :8], v, scale=1.0)  # fmt: skip
     _raises(ValueError, "[attention] v must have the batch size, heads and length of k (B=1, "
             "Hkv=2, S=8)", q, k, v[:, :, :7], scale=1.0)  # fmt: skip
-    _raises(TypeError, "[attention] scale must be a Python float but got NoneType.", q, k, v,
-            scale=None)  # fmt: skip
+    _raises(TypeError, "[attention] scale must be a real number (a Python float or int, a "
+            "NumPy scalar) but got NoneType.", q, k, v, scale=None)  # fmt: skip
     _raises(ValueError, "[attention] chunk_size must be at least 1 but got 0.", q, k, v,
             scale=1.0, chunk_size=0)  # fmt: skip
     _raises(TypeError, "[attention] chunk_size must be an int or None but got 2.5.", q, k, v,

@@ -56,7 +56,8 @@ def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: s
     if scale is None and none_ok:
         return None
     if isinstance(scale, (bool, np_bool())) or not isinstance(scale, numbers.Real):
-        kind = "a Python float or None" if none_ok else "a Python float"
+        kind = "a real number (a Python float or int, a NumPy scalar)"
+        kind += " or None" if none_ok else ""
         raise TypeError(
             f"[{fn}] scale must be {kind} but got {type(scale).__name__}. "
             f"Pass e.g. scale={example:.6g} {why}."
@@ -66,8 +67,11 @@ def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: s
     except OverflowError:  # an int past float's range
         value = math.inf
     if not math.isfinite(value):
+        shown = scale  # an int past float's range: its length, not its hundreds of digits
+        if isinstance(scale, numbers.Integral):
+            shown = f"an integer of {len(str(abs(int(scale))))} digits"
         raise ValueError(
-            f"[{fn}] scale must be finite but got {scale}: every output would be NaN or "
+            f"[{fn}] scale must be finite but got {shown}: every output would be NaN or "
             f"inf. Pass e.g. scale={example:.6g} {why}."
         )
     if abs(value) > _F32_MAX:  # finite in Python, inf once the op casts it to float32

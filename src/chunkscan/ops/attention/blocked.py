@@ -107,7 +107,9 @@ def attention(
             scratch) for bfloat16 inputs, head sizes 64, 128, 192 or 256 and no mask
             or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
             environment variable ``CHUNKSCAN_CUDA_KERNELS=0`` use the blocked ops.
-            Default: ``None`` (automatic).
+            ``True``: the kernels where they apply whatever that variable says (on a
+            machine without a CUDA GPU, none: the blocked ops, no error). Default:
+            ``None`` (automatic).
 
     Returns:
         array: ``[B, Hq, T, Dv]`` in the dtype of ``q``. A query row that sees no key
