@@ -1,5 +1,6 @@
 """chunkscan.checkpoint: a drop-in for mx.checkpoint with the same values and gradients."""
 
+import collections
 import re
 
 import mlx.core as mx
@@ -215,6 +216,12 @@ def test_an_object_holding_arrays_warns():
     tree = types.SimpleNamespace(params=nn.Sequential(nn.Linear(3, 3)).trainable_parameters())
     with pytest.warns(UserWarning, match=re.escape("holding arrays or modules (.params)")):
         chunkscan.checkpoint(lambda x, s: x * 2)(x, tree)
+    # a deque of arrays, which the pytree does not look into: a zero gradient and no
+    # warning (found by probing, session 40)
+    with pytest.warns(UserWarning, match=re.escape("is a deque holding arrays or modules ([1])")):
+        got = mx.grad(lambda h: chunkscan.checkpoint(lambda d: (d[1] * 2).sum())(
+            collections.deque([3, h])))(h)  # fmt: skip
+    assert mx.all(got == 0).item()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = types.SimpleNamespace(scale=3.0, name="cfg")

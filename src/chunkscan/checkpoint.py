@@ -8,6 +8,7 @@ together (rule 3). Pair it with :func:`chunkscan.split` for the chunk inputs (ru
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import types
@@ -189,13 +190,18 @@ def _named_leaves(args: tuple, kwargs: dict):
 
 
 def _held_fields(leaf: Any) -> list[str]:
-    """The attributes of a leaf that is not an array (a dataclass, a
-    ``SimpleNamespace``) that are, or hold within three levels of lists, tuples and
-    dicts, arrays or modules (:func:`_holds`: bounded, as this runs at every call);
-    ``[]`` for a leaf never looked into."""
+    """The attributes (``.name``) of a leaf that is not an array (a dataclass, a
+    ``SimpleNamespace``), or the items (``[i]``) of a ``collections.deque`` leaf, that
+    are, or hold within three levels of lists, tuples and dicts, arrays or modules
+    (:func:`_holds`: bounded, as this runs at every call); ``[]`` for a leaf never
+    looked into. (A deque of arrays reached ``fun`` as a constant with no warning: a
+    zero gradient, as with ``mx.checkpoint``; found by probing, session 40.)"""
     if isinstance(leaf, _NEVER_HOLDERS) or isinstance(leaf, type):
         return []
-    return _arrays_in_attributes(leaf)
+    if type(leaf) is collections.deque:
+        items = itertools.islice(leaf, _ITEMS)
+        return [f"[{i}]" for i, item in enumerate(items) if _holds(item, depth=3)]
+    return [f".{name}" for name in _arrays_in_attributes(leaf)]
 
 
 # Leaves never looked into: what cannot hold an array, and Python modules (a module
@@ -239,7 +245,7 @@ def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:
     for path, leaf in _named_leaves(args, kwargs):
         held = _held_fields(leaf)
         if held:
-            fields = ", ".join(f".{n}" for n in held[:4])
+            fields = ", ".join(held[:4])
             warnings.warn(
                 f"[checkpoint] {path} of {getattr(fun, '__qualname__', 'fun')} is "
                 f"{_tree.with_article(type(leaf).__name__)} holding arrays or modules ({fields}); "
