@@ -762,8 +762,12 @@ def test_error_ys_do_not_stack():
 
 
 def test_error_f_must_return_pair():
-    with pytest.raises(TypeError, match=re.escape("[scan] f must return a pair (carry, ys)")):
+    """It says what came back: ``(c,)`` read "type tuple" (found by probing)."""
+    with pytest.raises(TypeError, match=re.escape("[scan] f must return a pair (carry, ys) "
+                                                  "but returned one array.")):  # fmt: skip
         chunkscan.scan(lambda c, x: c, mx.zeros((3,)), mx.zeros((4, 3)))
+    with pytest.raises(TypeError, match=re.escape("but returned a tuple of 1. Return a tuple")):
+        chunkscan.scan(lambda c, x: (c,), mx.zeros((3,)), mx.zeros((4, 3)))
 
 
 def test_error_no_array_at_all():

@@ -120,6 +120,14 @@ def describe(leaf: Any) -> str:
     return f"type {type(leaf).__name__}"
 
 
+def describe_return(out: Any) -> str:
+    """What a function returned where a pair was due: ``a tuple of 1``, ``a list``,
+    ``one array`` (scan said ``type tuple`` for ``(c,)``; found by probing)."""
+    if isinstance(out, tuple):
+        return f"a tuple of {len(out)}"
+    return with_article(type(out).__name__) if not isinstance(out, mx.array) else "one array"
+
+
 def require_arrays(fn: str, name: str, tree: Any) -> tuple[list[mx.array], tuple]:
     """Flatten ``tree`` and raise a ``TypeError`` naming every non-array leaf."""
     leaves, treedef = flatten(tree)

@@ -314,8 +314,9 @@ class _Plan:
                     out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
-                f"[scan] f must return a pair (carry, ys) but returned {_tree.describe(out)}. "
-                "Return a tuple of two: the new carry and this chunk's outputs."
+                "[scan] f must return a pair (carry, ys) but returned "
+                f"{_tree.describe_return(out)}. Return a tuple of two: the new carry and this "
+                "chunk's outputs."
             )
         new_carry = _tree.check_carry("scan", self.init_specs, self.init_def, out[0])
         lo, hi = self.bounds[i]

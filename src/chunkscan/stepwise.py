@@ -213,7 +213,7 @@ def stepwise(
             if not isinstance(out, tuple) or len(out) != 2:
                 raise TypeError(
                     f"[stepwise] step must return a pair (carry, y) but returned "
-                    f"{_describe_return(out)} at step {t}. Return a tuple of two: the new "
+                    f"{_tree.describe_return(out)} at step {t}. Return a tuple of two: the new "
                     "carry and this step's output (None for no output)."
                 )
             carry, y = out
@@ -240,12 +240,6 @@ def stepwise(
     chunk_fn._chunkscan_runs = runs  # type: ignore[attr-defined]  # for check_compiled_axis
     chunk_fn._chunkscan_axes_run = axes_run  # type: ignore[attr-defined]
     return chunk_fn
-
-
-def _describe_return(out: Any) -> str:
-    if isinstance(out, tuple):
-        return f"a tuple of {len(out)}"
-    return _tree.with_article(type(out).__name__) if not isinstance(out, mx.array) else "one array"
 
 
 def _check_same_y(first: tuple, y_def: tuple, y_leaves: list[mx.array], t: int) -> list:
