@@ -222,6 +222,13 @@ def test_an_object_holding_arrays_warns():
         got = mx.grad(lambda h: chunkscan.checkpoint(lambda d: (d[1] * 2).sum())(
             collections.deque([3, h])))(h)  # fmt: skip
     assert mx.all(got == 0).item()
+
+    class Queue(collections.deque):  # a subclass, and a deque within (review)
+        pass
+
+    for held in (Queue([h]), {"a": collections.deque([collections.deque([h])])}):
+        with pytest.warns(UserWarning, match="holding arrays or modules"):
+            chunkscan.checkpoint(lambda x, s: x * 2)(x, held)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = types.SimpleNamespace(scale=3.0, name="cfg")

@@ -39,7 +39,9 @@ import dis
 import enum
 import functools
 import gc
+import heapq
 import inspect
+import itertools
 import sys
 import types
 from typing import Any, NamedTuple
@@ -50,7 +52,6 @@ import mlx.nn as nn
 MAX_DEPTH = 8
 MAX_OBJECTS = 500
 MAX_ITEMS = 64
-COMPLETE = -1  # _Walk.seen's depth of an object walked to the end: never walked again
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 # Items of a container not visited at all: a namespace of 100 lists of 64 ints cost 2.1
 # ms per scan call, every int a visit and a path (found by reviewing session 36's walk).
@@ -66,41 +67,54 @@ def captured_modules(f: Any) -> list[tuple[list[str], nn.Module]]:
     into (its submodules are part of it). ``f`` itself being a module is reported
     with the path ``["f"]``.
     """
-    walk = _Walk()
-    walk.visit(f, [], 0, root=True)
-    return walk.found
+    return _Walk().run(f)
 
 
 class _Walk:
+    """The walk, nearest first: every object (and method read off ``self``) is taken at
+    the least depth it is reached at, once. Depth first, an object first reached
+    through a long chain, at the depth limit, was walked there with what lay past the
+    limit cut off and never again: a module that a global read nearer the root reached
+    was missed (a zero gradient, no warning; found in session 40). Walking it again
+    where reached nearer cost up to 8x on graphs with cycles (review)."""
+
     def __init__(self) -> None:
-        # id -> the depth an object was walked at where that walk was cut short (by
-        # the depth limit, or at an object itself cut short), else COMPLETE. One cut
-        # short is walked again where it is reached nearer the root: what lay past the
-        # limit may be in reach now (an object first reached at the limit through a
-        # long chain, then by a global at depth 2: its module was missed; found in
-        # session 40). Each object is so walked at most MAX_DEPTH + 1 times.
-        self.seen: dict[int, int] = {}
-        self.cuts = 0  # walks cut short so far
+        self.seen: set[int] = set()
         self.found: list[tuple[list[str], nn.Module]] = []
         # (class, function) of the methods walked as read off self: each once (a walk
         # per path, then per holder, ran through the budget of objects before a
-        # functor's own attributes were reached, and took milliseconds; found by
-        # review); -> its depth or COMPLETE, walked again as objects are
-        self.methods: dict[tuple[int, int], int] = {}
+        # functor's own attributes were reached, and took milliseconds; found by review)
+        self.methods: set[tuple[int, int]] = set()
+        # (depth, order, what, ...): what is reached, taken least depth first, then in
+        # the order reached
+        self.queue: list[tuple] = []
+        self.order = itertools.count()
+        self.held: list[Any] = []  # what was walked, alive to the end: no id reused
+        self.queued: dict[int, int] = {}  # id -> the least depth it was queued at
+
+    def run(self, f: Any) -> list[tuple[list[str], nn.Module]]:
+        self.visit(f, [], 0, root=True)
+        while self.queue:
+            depth, _, what, *rest = heapq.heappop(self.queue)
+            if what == "object":
+                obj, path, root = rest
+                if id(obj) in self.seen or len(self.seen) >= MAX_OBJECTS:
+                    continue
+                self.held.append(obj)
+                self._walk_into(obj, path, depth, root)
+            else:
+                self._methods_now(*rest, depth)
+        return self.found
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
-        walked = self.seen.get(id(obj))
-        if depth > MAX_DEPTH or (walked is not None and walked <= depth):
-            # cut short here, unless obj's walk was complete: nearer the root, the walk
-            # that reached it could reach more
-            self.cuts += walked != COMPLETE
+        """Take ``obj`` in turn: once, by the first way found of the least depth."""
+        if depth > MAX_DEPTH or len(self.seen) >= MAX_OBJECTS:
             return
-        if walked is None and len(self.seen) >= MAX_OBJECTS:
+        queued = self.queued.get(id(obj))
+        if queued is not None and queued <= depth:  # walked, or waiting nearer the root
             return
-        cuts = self.cuts
-        self._walk_into(obj, path, depth, root)
-        if id(obj) in self.seen and self.cuts == cuts:
-            self.seen[id(obj)] = COMPLETE
+        self.queued[id(obj)] = depth
+        heapq.heappush(self.queue, (depth, next(self.order), "object", obj, path, root))
 
     def _walk_into(self, obj: Any, path: list[str], depth: int, root: bool) -> None:
         held = mlx_wrapped(obj)
@@ -108,13 +122,13 @@ class _Walk:
             # mx.compile(g) or mx.checkpoint(g): g. A module g reached was missed: the
             # wrapper is MLX's, which the walk does not look into (found by probing,
             # session 39).
-            self.seen[id(obj)] = depth
+            self.seen.add(id(obj))
             for item in held:
                 self.visit(item, path, depth + 1)
             return
         if _is_inert(obj):
             return
-        self.seen[id(obj)] = depth
+        self.seen.add(id(obj))
         # Kinds by type(obj): isinstance asks obj.__class__ where the type does not
         # match, which runs a __getattribute__ of the user's.
         kind = type(obj)
@@ -175,6 +189,12 @@ class _Walk:
                 self._visit_methods_called(obj, call, path, nxt)
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
+        """Take in turn the methods of ``holder``'s class that ``fn`` (a method of it)
+        reads off its first argument (:meth:`_methods_now`)."""
+        if type(fn) is types.FunctionType and depth <= MAX_DEPTH:
+            heapq.heappush(self.queue, (depth, next(self.order), "methods", holder, fn, path))
+
+    def _methods_now(self, holder: Any, fn: types.FunctionType, path: list[str], depth: int):
         """The methods of ``holder``'s class that ``fn`` (a method of it) reads off its
         first argument (``self.g``; a static or class method's, a property's getter
         too), each walked once per class:
@@ -184,11 +204,6 @@ class _Walk:
         instance itself holds: both warned falsely; found by review), and not in MLX's,
         mlx-lm's, chunkscan's or Python's own classes (an ``nn.Module`` subclass's own
         methods are walked). Each (class, method) counts against the walk's budget."""
-        if type(fn) is not types.FunctionType:
-            return
-        if depth > MAX_DEPTH:
-            self.cuts += 1
-            return
         kind = type(holder)
         own = {k for k, _ in attributes(holder) or ()}
         for name in _reads(fn.__code__).self_attributes:
@@ -200,24 +215,19 @@ class _Walk:
             if type(method) is not types.FunctionType or _ours(method.__module__):
                 continue
             key = (id(kind), id(method))  # both alive while the walk runs
-            walked = self.methods.get(key)
-            if walked is not None and walked <= depth:  # as in visit
-                self.cuts += walked != COMPLETE
+            if key in self.methods or len(self.seen) + len(self.methods) >= MAX_OBJECTS:
                 continue
-            if walked is None and len(self.seen) + len(self.methods) >= MAX_OBJECTS:
-                continue
-            cuts = self.cuts
-            self.methods[key] = depth
+            self.methods.add(key)
             self.visit(method, path + [f"self.{name}"], depth)
             if bound:
                 self._visit_methods_called(holder, method, path + [f"self.{name}"], depth + 1)
-            if self.cuts == cuts:
-                self.methods[key] = COMPLETE
 
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
         package = (fn.__module__ or "").split(".")[0]
-        if package in ("mlx", "mlx_lm") and not root:
-            return
+        # MLX's and mlx-lm's own functions: their closures only (a wrapper such as
+        # nn.utils.checkpoint(model) holds the module there: missed, a zero gradient
+        # and no warning; found by review, session 40), not what they read globally
+        theirs = package in ("mlx", "mlx_lm") and not root
         code = fn.__code__
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
@@ -225,7 +235,7 @@ class _Walk:
             except ValueError:  # an empty cell (a name assigned later)
                 continue
             self.visit(value, path + [name], depth)
-        if package == "chunkscan":  # e.g. stepwise's chunk function: its step only
+        if theirs or package == "chunkscan":  # stepwise's chunk function: its step only
             return
         for value in (fn.__defaults__ or ())[:MAX_ITEMS]:
             self.visit(value, path + ["a default argument"], depth)

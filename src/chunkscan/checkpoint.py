@@ -198,7 +198,7 @@ def _held_fields(leaf: Any) -> list[str]:
     zero gradient, as with ``mx.checkpoint``; found by probing, session 40.)"""
     if isinstance(leaf, _NEVER_HOLDERS) or isinstance(leaf, type):
         return []
-    if type(leaf) is collections.deque:
+    if isinstance(leaf, collections.deque):  # (a subclass too; review)
         items = itertools.islice(leaf, _ITEMS)
         return [f"[{i}]" for i, item in enumerate(items) if _holds(item, depth=3)]
     return [f".{name}" for name in _arrays_in_attributes(leaf)]
@@ -220,8 +220,8 @@ def _arrays_in_attributes(obj: Any) -> list[str]:
 
 
 def _holds(value: Any, depth: int) -> bool:
-    """Whether ``value`` is, or holds within ``depth`` levels of lists, tuples and dicts
-    (the first :data:`_ITEMS` items of each), an array or a module: a parameter tree
+    """Whether ``value`` is, or holds within ``depth`` levels of lists, tuples, deques
+    and dicts (the first :data:`_ITEMS` items of each), an array or a module: a parameter tree
     (``model.parameters()``: dicts of lists of dicts) held by a config object was
     missed when only one level was looked at (found by review)."""
     if isinstance(value, (mx.array, nn.Module)):
@@ -232,6 +232,8 @@ def _holds(value: Any, depth: int) -> bool:
         items = itertools.islice(value.values(), _ITEMS)
     elif isinstance(value, (list, tuple)):
         items = value[:_ITEMS]
+    elif isinstance(value, collections.deque):  # (a deque in a deque was missed; review)
+        items = itertools.islice(value, _ITEMS)
     else:
         return False
     return any(_holds(v, depth - 1) for v in items)

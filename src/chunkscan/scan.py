@@ -702,10 +702,10 @@ def _bound_to(bound: list, p: list[mx.array]):
     gradient, no warning (found by probing, session 40). The forward needs no binding:
     it reads the same values, and no gradient flows through it."""
     kept = []
-    for module, treedef, where in bound:
-        kept.append((module, module.parameters()))
-        module.update(_tree.unflatten(treedef, [p[i] for i in where]))
-    try:
+    try:  # (the binding too: one that raises leaves those bound before it restored)
+        for module, treedef, where in bound:
+            kept.append((module, module.parameters()))
+            module.update(_tree.unflatten(treedef, [p[i] for i in where]))
         yield
     finally:
         for module, arrays in reversed(kept):

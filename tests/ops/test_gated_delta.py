@@ -543,9 +543,9 @@ def _good():
             "1e+39: every output would be NaN or inf.",
         ),
         (
-            lambda a: a.update(scale=-(10**400)),  # its length, not 401 digits (probing)
+            lambda a: a.update(scale=-(10**5000)),  # not its digits (probing; review)
             ValueError,
-            f"{FN} scale must be finite but got an integer of 401 digits: every output",
+            f"{FN} scale must be finite but got an integer past float's range: every output",
         ),
         (
             lambda a: a.update(normalize_qk="no"),
