@@ -344,6 +344,10 @@ def test_demo_uses_a_complete_model_folder_without_writing(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
     lora._write_demo(types.SimpleNamespace(model=str(model), data=str(tmp_path / "d")))
     assert {p.name: p.stat().st_mtime_ns for p in model.iterdir()} == before
+    # the banner says whose model it is (it named the user's "tiny random Qwen3-Next")
+    assert lora._demo_banner(str(model)).endswith("your model in " + str(model) + ", as it "
+                                                  "is (not the demo's)")  # fmt: skip
+    assert "tiny random Qwen3-Next" in lora._demo_banner(str(tmp_path / "d"))
 
 
 # --------------------------------------------- what is missing, said before loading
@@ -527,6 +531,20 @@ def test_a_yaml_value_out_of_range_names_the_file(tmp_path):
     # With a schedule mlx-lm reads no learning_rate (found by review).
     cfg.write_text("learning_rate: -1\nlr_schedule: {name: cosine_decay, arguments: [0.1, 10]}\n")
     lora.resolve_args(["-c", str(cfg), "--train"])
+
+
+@pytest.mark.parametrize("key", ["demo", "train", "mask_prompt"])
+def test_a_yaml_switch_must_be_true_or_false(key, tmp_path):
+    """``demo: "no"`` (a quoted string, so true to Python) ran the demo with its
+    settings, and ``train: "false"`` trained (found by probing): refused, naming the
+    key; an unquoted ``no`` is YAML's false and passes."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f'{key}: "no"\n')
+    msg = f"-c {cfg}: {key} must be true or false (unquoted), not 'no'."
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["-c", str(cfg)])
+    cfg.write_text(f"{key}: no\n")
+    assert getattr(lora.resolve_args(["-c", str(cfg)]), key) is False
 
 
 def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):

@@ -285,6 +285,31 @@ def test_an_undone_handle_does_not_enter_again_and_a_decorator_patches_each_call
     assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack
 
 
+def test_a_live_handle_does_not_enter_twice_and_patch_takes_no_positional_argument():
+    """A handle entered again inside its own ``with`` block: the inner block's end
+    undid it, and the rest of the outer block ran mlx-lm's own path silently; refused
+    now, the outer block still patched. ``@patch`` without parentheses (or
+    ``patch(32)``) raised Python's "takes 0 positional arguments"; it says what to
+    write (both found by probing, session 40)."""
+    handle = cmlx.patch(chunk_size=16, verify=False)
+    with handle:
+        with pytest.raises(RuntimeError, match="this handle is in a with block already"):
+            with handle:
+                pass
+        assert handle.active and qwen3_next.gated_delta_update is cmlx._INSTALLED_GDN
+    assert qwen3_next.gated_delta_update is STOCK and not cmlx._stack
+    with pytest.raises(TypeError, match=re.escape("Write @chunkscan.mlx_lm.patch() (with")):
+
+        @cmlx.patch
+        def train():
+            pass
+
+    with pytest.raises(TypeError, match=re.escape("an int as its first argument. Write "
+                                                  "patch(chunk_size=32).")):  # fmt: skip
+        cmlx.patch(32)
+    assert not cmlx._stack
+
+
 def test_a_decorated_generator_is_patched_while_it_runs_and_async_raises():
     """``@patch()`` on a generator function patched only while the generator object was
     made, so its body ran mlx-lm's own path (found by probing the API); now each

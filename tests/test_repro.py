@@ -71,7 +71,8 @@ def test_table_marks_failures_and_missing_cells():
     ]
     table = repro.format_table(rows, [8, 16])
     assert "| qkv | plain | - | fail | - | fail | n/a |" in table
-    assert "| qkv | cs.scan | 1.0 | - | 0.50 | - | n/a |" in table
+    # measured, never compared (a T above --check-max-T): said so (it read "n/a")
+    assert "| qkv | cs.scan | 1.0 | - | 0.50 | - | not compared (T above --check-max-T) |" in table
 
 
 @pytest.fixture
@@ -266,6 +267,9 @@ def test_a_failed_reference_keeps_the_row(tmp_path):
     beyond = {k: v for k, v in row.items() if k != "check"}
     table = repro.format_table([checked, beyond], [8, 16])
     assert table.endswith("| 0.0e+00 (not compared at T=16: --check-max-T) |"), table
+    # none compared (--check-max-T 0): it said "n/a", no reason (probing, session 40)
+    table = repro.format_table([beyond], [16])
+    assert table.endswith("| not compared (T above --check-max-T) |"), table
 
 
 def test_an_interrupted_run_leaves_no_reference_folder(tmp_path, monkeypatch):

@@ -432,6 +432,7 @@ class Patch:
         self.attention = attention
         self.save_states = save_states
         self.verify = verify
+        self._entered = False  # in a with block (a second entry is refused)
 
     @property
     def active(self) -> bool:
@@ -457,6 +458,13 @@ class Patch:
                 "ended or undo() was called, and a handle applies once. Call "
                 "chunkscan.mlx_lm.patch() again for each with block."
             )
+        if self._entered:  # the inner block's end undid it for the outer (probing)
+            raise RuntimeError(
+                f"[chunkscan.mlx_lm.patch] this handle is in a with block already "
+                f"({self!r}): the inner block's end would undo it for the rest of the "
+                "outer one. Call chunkscan.mlx_lm.patch() again for the inner block."
+            )
+        self._entered = True
         return self
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -510,6 +518,8 @@ class Patch:
 
 
 def patch(
+    _positional: object = None,
+    /,
     *,
     chunk_size: int | None = None,
     verify: bool = True,
@@ -558,11 +568,19 @@ def patch(
 
     Raises:
         IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
-        TypeError: ``chunk_size`` is neither an int nor None, or ``verify`` /
-            ``attention`` is not a bool.
+        TypeError: a positional argument (``@patch`` without parentheses),
+            ``chunk_size`` is neither an int nor None, or ``verify`` / ``attention``
+            is not a bool.
         ValueError: ``chunk_size`` is an int below 1, or ``save_states`` is not
             ``"chunks"``, ``"groups"`` or ``None``.
     """
+    if _positional is not None:  # Python's "takes 0 positional arguments" before (probing)
+        how = "@chunkscan.mlx_lm.patch() (with parentheses)" if callable(_positional) else (
+            f"patch(chunk_size={_positional!r})")  # fmt: skip
+        raise TypeError(
+            f"[chunkscan.mlx_lm.patch] takes keyword arguments only but got "
+            f"{with_article(type(_positional).__name__)} as its first argument. Write {how}."
+        )
     chunk_size = check_chunk_size(
         "chunkscan.mlx_lm.patch", chunk_size, example=64, none="for the op's default"
     )

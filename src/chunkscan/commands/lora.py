@@ -379,7 +379,10 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     """The YAML file's mapping, checked: its top level must be a mapping; a key spelled
     as its flag (``gdn-chunk-size`` for ``gdn_chunk_size``) raises, since it would be
     ignored (mlx-lm's merge matches keys exactly); any other key no option knows (nor
-    :data:`_MLX_LM_DATA_KEYS`) is ignored by mlx-lm too, with a warning here."""
+    :data:`_MLX_LM_DATA_KEYS`) is ignored by mlx-lm too, with a warning here. A switch
+    (``demo``, and mlx-lm's whose default is ``false``: ``train``, ``test``, ...) must be
+    ``true`` or ``false``: a quoted ``"no"`` is a string, read as true (``demo: "no"``
+    ran the demo with its settings; found by probing)."""
     if not isinstance(config, dict):
         raise SystemExit(
             f"{PROG}: -c {path}: the config file must hold a mapping of option names to "
@@ -399,6 +402,12 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
                 "and is ignored.",
                 UserWarning,
                 stacklevel=3,
+            )
+    switches = {k for k, v in defaults.items() if isinstance(v, bool)} | {"demo"}
+    for key, value in config.items():
+        if key in switches and value is not None and not isinstance(value, bool):
+            raise SystemExit(
+                f"{PROG}: -c {path}: {key} must be true or false (unquoted), not {value!r}."
             )
     return config
 
@@ -541,6 +550,14 @@ def _write_demo(args: types.SimpleNamespace) -> None:
             "made by chunkscan lora --demo; it may rewrite the files in this folder\n"
         )
         write(path)
+
+
+def _demo_banner(model: str) -> str:
+    """The demo's model, or the user's own in a ``--model`` folder that had one (the
+    banner said "tiny random Qwen3-Next model" whatever it was; found by probing)."""
+    if pathlib.Path(model, DEMO_MARKER).exists():
+        return f"chunkscan lora --demo: tiny random Qwen3-Next model in {model}"
+    return f"chunkscan lora --demo: your model in {model}, as it is (not the demo's)"
 
 
 def _hub_offline() -> bool:
@@ -1317,7 +1334,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_resumed_adapters(args)
         _write_demo(args)
         _check_local_inputs(args)
-        print(f"chunkscan lora --demo: tiny random Qwen3-Next model in {args.model}", flush=True)
+        print(_demo_banner(args.model), flush=True)
         run(args)
         kept = (
             not pathlib.Path(args.adapter_path)

@@ -356,6 +356,8 @@ def format_table(rows: list[dict], Ts: list[int]) -> str:
             diff = "(reference)"
         elif any("check" in r for r in by_T.values()):
             diff = "no reference"
+        elif beyond:  # none compared: "n/a" with no reason before (found by probing)
+            diff = "not compared (T above --check-max-T)"
         else:
             diff = "n/a"
         lines.append(f"| {grads} | {mode} | " + " | ".join(mem + sec) + f" | {diff} |")
