@@ -372,3 +372,82 @@ def test_a_kernel_is_kept_per_shared_memory_size(monkeypatch):
     assert isinstance(small, _precompile.Kernel) and isinstance(large, _precompile.Kernel)
     assert (small.shared_memory, large.shared_memory) == (16384, 98304)
     assert _backend.cuda_kernel("t", "k", ["x"], ["out"], SOURCE, "", 16384) is small
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_first_call_compiles_its_kernels_together_before_any_launch(ahead, tmp_path, monkeypatch):
+    """The fused Gated DeltaNet path on a faked CUDA device (our compile faked, each
+    launch recorded): at a plan's first call every kernel of its fwd+bwd, the
+    backward's too, is built before the first launch, in threads where the machine has
+    more than one core (``chunk._compile_ahead``: they were built one at a time as the
+    graph build reached them, about 10 s of a fresh machine's first call at the
+    Qwen3-Next shape, run 111; ``_precompile.compile_first``). The same for the
+    attention kernels. Each binary once; the same plan again builds and dry-runs
+    nothing. Without the mechanism (``ahead=False``, the negative control) builds
+    come after launches."""
+    import threading
+
+    from helpers import fake_fused_kernels, gated_delta_inputs
+
+    from chunkscan import gated_delta_rule
+
+    fake_fused_kernels(monkeypatch.setattr)
+    monkeypatch.setattr(_backend, "RUNNER", None)  # the precompiled kernels, not a runner
+    monkeypatch.setattr(_backend, "cuda_device", lambda: True)
+    monkeypatch.setattr(_backend, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(_backend, "_LIMITS", {0: _backend.CudaLimits(227 << 10, 228 << 10, 132,
+                                                                     "H100")})  # fmt: skip
+    monkeypatch.setattr(_backend, "_CAPABILITY", {})
+    monkeypatch.setattr(_precompile, "_FIRST_DONE", set())
+    if not ahead:
+        monkeypatch.setattr(_precompile, "compile_first", lambda *a: None)
+    fake = FakeCompiler()
+    monkeypatch.setenv("CHUNKSCAN_CUDA_CACHE", str(tmp_path))
+    monkeypatch.setattr(_precompile, "compiler", lambda: fake)
+    monkeypatch.setattr(_precompile, "device_arch", lambda: "90")
+    launched: list[str] = []
+    built: list[tuple[int, int]] = []  # (launches so far, thread)
+    compile_one = fake.compile
+
+    def compile_noting(source, arch, ptx=False, source_path=None):
+        built.append((len(launched), threading.get_ident()))
+        return compile_one(source, arch, ptx, source_path)
+
+    def launch(**kw):
+        launched.append(kw["name"])
+        return [mx.zeros(s, d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"])]
+
+    monkeypatch.setattr(fake, "compile", compile_noting)
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", launch)
+    q, k, v, g, beta, h0 = gated_delta_inputs(1, 200, 2, 4, 64, 64, dtype=mx.bfloat16)
+
+    def fwd_bwd():
+        def op(*xs):
+            return gated_delta_rule(*xs[:5], initial_state=xs[5], chunk_size=64)
+
+        outs = op(q, k, v, g, beta, h0)
+        mx.vjp(op, [q, k, v, g, beta, h0], [mx.ones_like(o) for o in outs])
+
+    fwd_bwd()
+    n_built, n_launched = len(built), len(launched)
+    assert n_built >= 6 and len(set(launched)) == n_built, (n_built, sorted(set(launched)))
+    if not ahead:
+        assert any(before > 0 for before, _ in built), built
+        return
+    assert all(before == 0 for before, _ in built), built  # all before the first launch
+    if (os.cpu_count() or 1) > 1:
+        assert {t for _, t in built} - {threading.get_ident()}, "built in this thread only"
+    fwd_bwd()
+    assert len(built) == n_built and len(launched) == 2 * n_launched
+    from chunkscan.ops.attention import blocked
+
+    built.clear()
+    launched.clear()
+    qa, ka, va = (mx.ones((1, 2, 96, 64), dtype=mx.bfloat16) for _ in range(3))
+
+    def att(q, k, v):
+        return blocked.blocked_attention(q, k, v, scale=0.125, mask="causal").sum()
+
+    mx.grad(att, argnums=(0, 1, 2))(qa, ka, va)
+    assert len(built) >= 2 and len(set(launched)) == len(built), (built, launched)
+    assert all(before == 0 for before, _ in built), built
