@@ -33,7 +33,6 @@ keys; the code is the same.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -365,10 +364,6 @@ class Kernel:
         return hit
 
     def __call__(self, *, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
-        recorded = getattr(_AHEAD, "launches", None)
-        if recorded is not None:  # a build of compile_ahead's: noted, nothing launched
-            recorded.append((self, inputs, template, output_dtypes))
-            return [mx.zeros(shape, dtype) for shape, dtype in zip(output_shapes, output_dtypes)]
         if self._mlx is None:
             try:
                 symbol, cubin = self.binary(inputs, template, output_dtypes)
@@ -385,78 +380,6 @@ class Kernel:
                 self._mlx = self._fallback()
         return self._mlx(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                          output_shapes=output_shapes, output_dtypes=output_dtypes)  # fmt: skip
-
-
-_AHEAD = threading.local()  # .launches: the kernel calls compile_ahead's build makes
-
-
-def compile_ahead(build) -> int:
-    """Run ``build()`` (a lazy graph build that calls :class:`Kernel` s: one call's
-    fwd+bwd) with every kernel call noted instead of made (each returns lazy zeros of
-    its outputs' shapes; nothing is evaluated), then build the binaries those calls
-    need several at a time, in threads (NVRTC runs outside the GIL), into the kernels'
-    caches, where the real build then finds them. One at a time, as the build reached
-    them, a first call at the Qwen3-Next shape waited about 10 s for its kernels on a
-    fresh machine (run 111). Returns the number of distinct binaries asked for. A
-    binary that fails to build here is left to the real call (which reports it); an
-    error in ``build`` propagates."""
-    launches: list = []
-    _AHEAD.launches = launches
-    try:
-        build()
-    finally:
-        _AHEAD.launches = None
-    todo: dict[tuple, tuple] = {}
-    for kernel, inputs, template, output_dtypes in launches:
-        key = (id(kernel), tuple([x.dtype for x in inputs]), tuple([x.ndim for x in inputs]),
-               tuple(output_dtypes), tuple([(n, v) for n, v in template]))  # fmt: skip
-        todo.setdefault(key, (kernel, inputs, template, output_dtypes))
-    if not todo:
-        return 0
-    try:  # in this thread first, not by the first threads at once
-        _backend.once_per_block("<arch>", device_arch)
-        compiler()
-    except RuntimeError:  # no NVRTC, no device: the real calls fall back and say so
-        return 0
-
-    def one(call) -> None:
-        kernel, inputs, template, output_dtypes = call
-        with contextlib.suppress(Exception):  # the real call raises or falls back
-            kernel.binary(inputs, template, output_dtypes)
-
-    workers = max(1, min(len(todo), os.cpu_count() or 1, 16))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, todo.values()))
-    return len(todo)
-
-
-_FIRST_DONE: set = set()  # compile_first's plans, as seen
-
-
-def compile_first(plan: tuple, run, primals: list) -> None:
-    """At an op's first call with ``plan`` in a process (with the primals' dtypes and
-    chunkscan's and MLX's variables as set now), :func:`compile_ahead` the kernels of
-    ``run(*primals)`` (the call itself, returning its outputs as a list) and of its vjp:
-    all built together before the first launch. Only with precompiled kernels on a CUDA
-    device (not through :data:`chunkscan._backend.RUNNER`); ``run`` calls the op, which
-    comes here again and returns at once (the plan is marked first). A build that
-    fails here (under a transform the extra build does not take) is left to the real
-    call."""
-    if _backend.RUNNER is not None or mode() == "0" or not _backend.cuda_device():
-        return
-    # the variables that pick kernels and their builds (TF32, threads, ...)
-    env = [(k, v) for k, v in os.environ.items() if k.startswith(("CHUNKSCAN_", "MLX_"))]
-    key = plan + (tuple(sorted(env)), tuple([x.dtype for x in primals]))
-    if key in _FIRST_DONE:
-        return
-    _FIRST_DONE.add(key)
-
-    def fwd_bwd() -> None:
-        outs = run(*primals)
-        mx.vjp(run, primals, [mx.zeros(o.shape, o.dtype) for o in outs])
-
-    with contextlib.suppress(Exception):
-        compile_ahead(fwd_bwd)
 
 
 _WARNED: set = set()

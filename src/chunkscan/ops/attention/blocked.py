@@ -28,7 +28,7 @@ import math
 
 import mlx.core as mx
 
-from ... import _backend, _ordering, _precompile, _tree
+from ... import _backend, _ordering, _tree
 from ..._backend import check_kernels, use_kernels
 from .._cpu_threads import matmul, threads
 from . import _cuda
@@ -162,11 +162,6 @@ def _blocked(
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
     cuda = uses_cuda_kernels(spec, q.dtype, kernels)
-    if cuda:  # at a plan's first call, its kernels built together (_precompile)
-        _precompile.compile_first(
-            ("attention", spec),
-            lambda q, k, v: [_blocked(spec, q, k, v, mask, kernels)], [q, k, v],
-        )  # fmt: skip
     masks = [] if mask_arr is None else [mask_arr]
     core = _make_core(spec, plan_blocks(spec), cuda, _backend.settings_in_effect())
     return _tree.as_list(core(q, k, v, *masks))[0]

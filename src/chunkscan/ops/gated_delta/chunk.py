@@ -215,17 +215,6 @@ def gated_delta_rule(
     empty = empty_result(spec, q, initial_state)
     if empty is not None:
         return empty
-    if cuda:  # at a plan's first call, its kernels built together (_precompile)
-
-        def again(*xs: mx.array) -> list[mx.array]:
-            return list(gated_delta_rule(
-                *xs[:5], scale=scale, initial_state=xs[5] if len(xs) > 5 else None,
-                chunk_size=chunk_size, normalize_qk=normalize_qk, cu_seqlens=cu_seqlens,
-                kernels=kernels, save_states=save_states,
-            ))  # fmt: skip
-
-        primals = [x for x in (q, k, v, g, beta, initial_state) if x is not None]
-        _precompile.compile_first(("gated_delta_rule", spec, save, normalize_qk), again, primals)
     out_dtype = q.dtype
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
