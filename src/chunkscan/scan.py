@@ -214,7 +214,7 @@ class _Plan:
         self.captured, self.updated_in_place = captured, []
         # Captured modules whose every trainable array is one of params' (a module f
         # calls, params its own arrays): (module, its tree, the index in params of
-        # each leaf). They read the chunk's params during each call (_bound_to).
+        # each leaf). They read the chunk's params in the recomputation (modules_set).
         self.bound = bound
         self.init_def, self.init_specs = init_def, init_specs
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
@@ -281,8 +281,8 @@ class _Plan:
         self, i: int, carry: list, xs_chunk: list, p: list, recompute: bool = False
     ) -> tuple[list, list]:
         """Run ``f`` on chunk ``i``; check and flatten what it returns. ``recompute``:
-        the backward's second run, which leaves the ``params`` module's arrays as it
-        found them (see :func:`_call_with_module`)."""
+        the backward's second run, which leaves the modules' arrays as it found them
+        (see :meth:`modules_set`)."""
         # f gets handles of its own on the carry and xs leaves: an in-place update in f
         # (``c += ...``, ``c[...] = ...``) rebinds the handle it was given, and the
         # forward keeps the carry handles that enter each chunk for the backward, and
@@ -301,17 +301,14 @@ class _Plan:
         with (
             scan_axis(self.axis),  # stepwise functions without an axis take scan's
             check_compiled_axis(self.f, self.axis, carry_tree, xs_tree),
-            _arrays_kept(self.updated_in_place if recompute else ()),
+            _modules_set(self.modules_set(p, recompute), everything=recompute),
         ):
             if not self.has_params:
                 out = self.f(carry_tree, xs_tree)
             elif self.module is not None:
-                out = _call_with_module(
-                    self.f, self.module, self.p_def, p, carry_tree, xs_tree, recompute
-                )
+                out = self.f(carry_tree, xs_tree, self.module)
             else:
-                with _bound_to(self.bound if recompute else (), p):
-                    out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
+                out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 "[scan] f must return a pair (carry, ys) but returned "
@@ -328,6 +325,37 @@ class _Plan:
                 "Return at least one array, as the carry or as an output."
             )
         return new_carry, ys
+
+    def modules_set(self, p: list[mx.array], recompute: bool) -> list[tuple[nn.Module, Any]]:
+        """The modules whose arrays a call of ``f`` on a chunk sets, and to what
+        (``None``: kept only), for :func:`_modules_set`:
+
+        - the ``params`` module: its trainable parameters set to ``p`` (the chunk's
+          handles on them); after the backward's recomputation all its arrays are put
+          back, so that state ``f`` updates in place (``nn.BatchNorm``'s running
+          statistics in training mode) moves once per step, as in the loop, not twice
+          (before session 27 it did);
+        - in the recomputation, the captured modules whose arrays the forward's calls
+          replaced (``updated_in_place``: such state, reached by closure, moved twice
+          per step, silently; found by probing, session 39): kept;
+        - in the recomputation, the bound modules (``bound``: a module ``f`` calls by
+          closure whose every trainable array is one of ``params``, ``model.update(
+          params)`` before ``scan`` or ``nn.value_and_grad(model, ...)`` passing
+          ``params=model.trainable_parameters()``): their trainable arrays set to the
+          ones ``mx.vjp`` differentiates. Where ``f`` did not read its third argument
+          the recomputation read the module's own arrays, constants to ``mx.vjp``: a
+          zero gradient, no warning (found by probing, session 40). The forward needs
+          no binding: it reads the same values, and no gradient flows through it.
+
+        Items a call appended to a list of a module stay; one walk of each module per
+        call."""
+        sets: list[tuple[nn.Module, Any]] = []
+        if recompute:
+            sets += [(m, None) for m in self.updated_in_place]
+            sets += [(m, _tree.unflatten(td, [p[i] for i in where])) for m, td, where in self.bound]
+        if self.module is not None:
+            sets.append((self.module, _tree.unflatten(self.p_def, p)))
+        return sets
 
     def forward(self, *primals: mx.array) -> list[mx.array]:
         carry, diff_xs, p = self.split_primals(list(primals))
@@ -672,61 +700,23 @@ def _replaced(before: list[mx.array], after: list[mx.array]) -> bool:
 
 
 @contextlib.contextmanager
-def _arrays_kept(modules: list[nn.Module]):
-    """Put every array of ``modules`` back as it was on entry, on exit: the
-    recomputation of a chunk updates the state of a module ``f`` captures (not passed
-    as ``params``) a second time otherwise (an ``nn.BatchNorm`` in training mode
-    reached by closure: its running statistics moved twice per step, silently; found
-    by probing, session 39). Only the modules whose arrays the forward's calls replaced
-    (``_Plan.updated_in_place``) are kept: a walk of each module per chunk. Arrays are
-    put back where they were (``Module.update``); items a call appended to a list of
-    the module stay (as for the ``params`` module)."""
-    kept = [(m, m.parameters()) for m in modules]
-    try:
-        yield
-    finally:
-        for m, arrays in kept:
-            m.update(arrays)
-
-
-@contextlib.contextmanager
-def _bound_to(bound: list, p: list[mx.array]):
-    """In the backward's recomputation of a chunk, set each bound module's trainable
-    arrays to the handles on them in ``p`` (``_Plan.bound``), the arrays ``mx.vjp``
-    differentiates, and put all of the module's arrays back after the call (as
-    :func:`_call_with_module` does for the ``params`` module). Where ``params`` are the
-    arrays of a module ``f`` calls by closure (``model.update(params)`` outside
-    ``scan``, or ``nn.value_and_grad(model, ...)`` passing
-    ``params=model.trainable_parameters()``) and ``f`` does not read its third argument,
-    the recomputation read the module's own arrays, constants to ``mx.vjp``: a zero
-    gradient, no warning (found by probing, session 40). The forward needs no binding:
-    it reads the same values, and no gradient flows through it."""
+def _modules_set(sets: list[tuple[nn.Module, Any]], everything: bool):
+    """Set each module of ``sets`` to its tree (``Module.update``; ``None``: left as it
+    is) for the block, and put back on exit, last first, what each held on entry: all
+    of its arrays where ``everything``, else its trainable parameters (see
+    :meth:`_Plan.modules_set`). A set that raises leaves those before it put back."""
     kept = []
-    try:  # (the binding too: one that raises leaves those bound before it restored)
-        for module, treedef, where in bound:
-            kept.append((module, module.parameters()))
-            module.update(_tree.unflatten(treedef, [p[i] for i in where]))
+    try:
+        for module, tree in sets:
+            kept.append(
+                (module, module.parameters() if everything else module.trainable_parameters())
+            )
+            if tree is not None:
+                module.update(tree)
         yield
     finally:
         for module, arrays in reversed(kept):
             module.update(arrays)
-
-
-def _call_with_module(f, module: nn.Module, p_def, p, carry, xs, recompute: bool = False):
-    """Call ``f(carry, xs, module)`` with the module's trainable parameters set to ``p``.
-
-    The trainable parameters are put back afterwards. So, after a ``recompute`` (the
-    backward's second run of a chunk), are all the module's arrays: state that ``f``
-    updates in place, such as ``nn.BatchNorm``'s running statistics in training mode,
-    is then updated once per step, as by the loop, and not a second time by the
-    recomputation (before session 27 it was: the running mean after one
-    ``nn.value_and_grad`` differed from the loop's)."""
-    previous = module.parameters() if recompute else module.trainable_parameters()
-    module.update(_tree.unflatten(p_def, p))
-    try:
-        return f(carry, xs, module)
-    finally:
-        module.update(previous)
 
 
 def _warn_on_captured_modules(
@@ -755,7 +745,7 @@ def _warn_on_captured_modules(
 
     Returns the modules found, and for each module whose every trainable array is one
     of ``passed_leaves`` (by identity), ``(module, tree of its trainable parameters,
-    index in passed_leaves of each leaf)``: what :func:`_bound_to` needs."""
+    index in passed_leaves of each leaf)``: what :meth:`_Plan.modules_set` needs."""
     passed: dict[int, int] = {}
     for i, a in enumerate(passed_leaves):
         passed.setdefault(id(a), i)
