@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 
 from ..._backend import check_kernels
 from ._checks import check_inputs, empty_result
 
 L2_EPS = 1e-6
+_F32_MAX = 3.4028234663852886e38
 
 
 def l2_normalize(x: mx.array) -> mx.array:
     """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32.
 
-    Where ``sum(x**2)`` overflows float32 (a finite row of norm above ~1.8e19) the row
-    is first divided by its largest magnitude ``m`` (held constant: the result is the
-    same function of ``x`` for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) +
-    eps / m**2)``; every other row takes the plain form, ``m = 1`` exactly, so its
-    values and gradients are unchanged. (The plain form turned such rows into zeros.)
-    A row holding an infinity keeps the plain form (non-finite, as before)."""
+    Where ``sum(x**2)`` could overflow float32 (a finite row whose largest magnitude
+    passes ``sqrt(F32_MAX / D)``, about 1.6e18 at ``D = 128``) the row is first divided
+    by that magnitude ``m`` (held constant: the result is the same function of ``x``
+    for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps / m**2)``; every other
+    row takes the plain form, ``m = 1`` exactly, so its values and gradients are
+    unchanged. (The plain form turned rows whose square sum overflowed into zeros.) A
+    row holding an infinity or a NaN keeps the plain form (non-finite, as before). Two
+    reductions: the largest magnitude, then the square sum (three, with the square sum
+    taken twice, before session 40)."""
     x = x.astype(mx.float32)
-    ss = mx.sum(x * x, axis=-1, keepdims=True)
     big = mx.max(mx.abs(x), axis=-1, keepdims=True)
-    m = mx.stop_gradient(mx.where(mx.isinf(ss) & mx.isfinite(big), big, 1.0))
+    limit = math.sqrt(_F32_MAX / max(1, x.shape[-1]))  # below it no square sum overflows
+    m = mx.stop_gradient(mx.where((big > limit) & mx.isfinite(big), big, 1.0))
     x = x / m
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS / (m * m))
 
