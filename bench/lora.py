@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the model's weights (and so the activations); on CUDA, "
-                        "chunkscan.attention's kernels take bfloat16/float16 only")  # fmt: skip
+                        "chunkscan.attention's kernels take bfloat16 only")  # fmt: skip
     parser.add_argument("--chunk-size", type=positive_int, default=None)
     from chunkscan.ops.gated_delta.chunk import SAVE_MODES
 

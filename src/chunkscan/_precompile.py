@@ -12,6 +12,7 @@ Here the same kernel (the same source, template constants and argument order as 
 ``build_kernel``) is built with a small prelude instead of MLX's header (the kernels use
 nothing of it), compiled with the NVRTC library that MLX itself has loaded, for the
 device's own architecture, and the binary kept under ``CHUNKSCAN_CUDA_CACHE`` (default
+``$XDG_CACHE_HOME/chunkscan/cuda`` where ``XDG_CACHE_HOME`` is set, else
 ``~/.cache/chunkscan/cuda``). It runs through ``mx.fast.precompiled_cuda_kernel``. An
 input's ``<name>_shape``, which MLX passes as a struct, is passed as that many ``int``
 scalars and rebuilt as an array at the top of the kernel.
@@ -19,8 +20,8 @@ scalars and rebuilt as an array at the top of the kernel.
 Where a step before the launch fails (no NVRTC library found, a compile error, an MLX
 without ``precompiled_cuda_kernel``) the kernel is built by ``mx.fast.cuda_kernel`` as
 before, after one warning. A failure when MLX loads the module (at evaluation) is not
-caught: ``CHUNKSCAN_CUDA_PRECOMPILE=0`` (read when a kernel is first built) switches all
-of this off; ``=ptx`` keeps PTX instead of a cubin (the driver then translates it when
+caught: ``CHUNKSCAN_CUDA_PRECOMPILE=0`` (read each time a kernel is asked for) switches
+all of this off; ``=ptx`` keeps PTX instead of a cubin (the driver then translates it when
 the module loads).
 
 For profiling, ``CHUNKSCAN_CUDA_LINEINFO=1`` compiles with line information
