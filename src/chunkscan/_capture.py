@@ -132,7 +132,7 @@ class _Walk:
         # Kinds by type(obj): isinstance asks obj.__class__ where the type does not
         # match, which runs a __getattribute__ of the user's.
         kind = type(obj)
-        if issubclass(kind, nn.Module):  # complete: reported once, by the first path
+        if issubclass(kind, nn.Module):  # reported once, by the nearest way found first
             self.found.append((path or ["f"], obj))
             return
         nxt = depth + 1

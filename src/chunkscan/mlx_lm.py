@@ -575,8 +575,12 @@ def patch(
             ``"chunks"``, ``"groups"`` or ``None``.
     """
     if _positional is not None:  # Python's "takes 0 positional arguments" before (probing)
-        how = "@chunkscan.mlx_lm.patch() (with parentheses)" if callable(_positional) else (
-            f"patch(chunk_size={_positional!r})")  # fmt: skip
+        if callable(_positional):
+            how = "@chunkscan.mlx_lm.patch() (with parentheses)"
+        elif isinstance(_positional, int) and not isinstance(_positional, bool):
+            how = f"patch(chunk_size={_positional!r})"
+        else:
+            how = "its options by name, such as patch(chunk_size=64)"
         raise TypeError(
             f"[chunkscan.mlx_lm.patch] takes keyword arguments only but got "
             f"{with_article(type(_positional).__name__)} as its first argument. Write {how}."

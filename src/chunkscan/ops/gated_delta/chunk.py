@@ -171,8 +171,8 @@ def gated_delta_rule(
             the environment variable ``CHUNKSCAN_CUDA_KERNELS=0``; ``True``: on a
             CUDA device whatever that variable says (elsewhere there are none: the
             portable ops, no error); ``False``: always the portable MLX ops. The
-            kernels' products are TF32 where MLX's own
-            float32 matmuls are (on CUDA unless ``MLX_ENABLE_TF32=0``; relative errors
+            kernels' products are TF32 where MLX's own float32 matmuls are (on CUDA
+            unless ``MLX_ENABLE_TF32=0``; relative errors
             ~5e-4, as the portable path's there), float32 otherwise
             (``CHUNKSCAN_GDN_TF32=0`` or ``1`` forces either); with float32 products
             both paths agree to float32 tolerance. Default: ``None``.
