@@ -1432,9 +1432,9 @@ def test_a_captured_module_holding_params_own_arrays_trains_through_them():
     passing ``params=model.trainable_parameters()``), ``f`` not reading its third
     argument: the module's arrays were constants inside ``scan``, a zero gradient and
     no warning, as every array of the module is one of ``params`` (found by probing,
-    session 40). The module now reads the chunk's ``params`` during each call: the
-    loop's gradient, eager and under ``nn.value_and_grad``; the module's arrays are its
-    own again after the call."""
+    session 40). The module now reads the chunk's ``params`` in the backward's
+    recomputation: the loop's gradient, eager and under ``nn.value_and_grad``; the
+    module's arrays are its own again after the backward."""
     model = nn.Linear(3, 3)
     xs = mx.random.normal((6, 3), key=mx.random.key(1))
     h0 = mx.random.normal((3,), key=mx.random.key(2))
