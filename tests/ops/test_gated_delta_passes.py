@@ -317,20 +317,26 @@ def test_cuda_state_pass(shape, case, channel, tc, monkeypatch):
     assert diff_kp < 2e-2, diff_kp
 
 
-EMULATED_RUNS = [(CUDA_SHAPES[1], 1, False), (CUDA_SHAPES[2], 3, False),
-                 (CUDA_SHAPES[1], 3, True)]  # fmt: skip
+EMULATED_RUNS = [(CUDA_SHAPES[1], 1, False, "at wait"), (CUDA_SHAPES[2], 3, False, "at wait"),
+                 (CUDA_SHAPES[1], 3, True, "at wait"),
+                 (CUDA_SHAPES[2], 3, False, "at issue")]  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 @pytest.mark.parametrize(
-    "shape,case,channel", EMULATED_RUNS,
-    ids=[f"L{sh[0]}-C{sh[2]}-case{c}" + ("-channel" if ch else "") for sh, c, ch in EMULATED_RUNS],
+    "shape,case,channel,landing", EMULATED_RUNS,
+    ids=[f"L{sh[0]}-C{sh[2]}-case{c}" + ("-channel" if ch else "") + f"-{land.replace(' ', '-')}"
+         for sh, c, ch, land in EMULATED_RUNS],
 )  # fmt: skip
-def test_emulated_state_pass(shape, case, channel, monkeypatch):
-    """The kernel's CUDA source run on the CPU (tools/cuda_emulate.py; its cp.async
-    copies landing at their waits) against the float64 loop, under the bound of the CUDA
-    test."""
-    monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
+def test_emulated_state_pass(shape, case, channel, landing, monkeypatch):
+    """The kernel's CUDA source run on the CPU (tools/cuda_emulate.py) against the
+    float64 loop, under the bound of the CUDA test; its cp.async copies land at their
+    waits (a read before its wait fails), and in one multi-piece case at issue (a copy
+    issued before the barrier that ends other threads' reads of its buffer fails: the
+    next piece's staging moved above that barrier fails it; session 40)."""
+    emu = cuda_emulator()  # a module of its own, its landing set for this test
+    monkeypatch.setattr(emu, "COPIES_LAND", landing)
+    monkeypatch.setattr(_backend, "RUNNER", emu.run)
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "0")  # the FMA kernel (the next test: the other)
     args, kw = _kernel_case(shape, case, channel, monkeypatch)
     got = _np(_pass_cuda.state_pass(*args, **kw))
@@ -378,14 +384,15 @@ def test_emulated_tc_state_pass(shape, case, cp, tr, monkeypatch):
 TF32_EMULATED_RUNS = [(CUDA_SHAPES[1], 1, 32, "mma", None), (CUDA_SHAPES[2], 3, 32, "mma", None),
                       (CUDA_SHAPES[2], 1, 64, "mma", None), (CUDA_SHAPES[2], 3, 32, "wmma", None),
                       (CUDA_SHAPES[2], 1, 64, "wmma", None), (CUDA_SHAPES[2], 1, 32, "mma", 16),
-                      (CUDA_SHAPES[2], 3, 32, "mma", 16)]  # fmt: skip
+                      (CUDA_SHAPES[2], 3, 32, "mma", 16), (CUDA_SHAPES[2], 3, 32, "mma", -16),
+                      (CUDA_SHAPES[2], 3, 32, "wmma", -16)]  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 @pytest.mark.parametrize(
     "shape,case,tr,kind,cp", TF32_EMULATED_RUNS,
-    ids=[f"C{sh[2]}-case{c}-tr{tr}-{k}" + (f"-cp{cp}" if cp else "")
-         for sh, c, tr, k, cp in TF32_EMULATED_RUNS],
+    ids=[f"C{sh[2]}-case{c}-tr{tr}-{k}" + (f"-cp{abs(cp)}" if cp else "")
+         + ("-at-issue" if cp and cp < 0 else "") for sh, c, tr, k, cp in TF32_EMULATED_RUNS],
 )  # fmt: skip
 def test_emulated_tf32_state_pass(shape, case, tr, kind, cp, monkeypatch):
     """The tensor-core kernel with one tf32 product per tile (``CHUNKSCAN_GDN_TF32=1``)
@@ -396,8 +403,14 @@ def test_emulated_tf32_state_pass(shape, case, tr, kind, cp, monkeypatch):
     emulator) or the wmma kernel's TF32 form (``CHUNKSCAN_PASS_MMA=0``); ``tr``: rows
     per block (64: ``CHUNKSCAN_PASS_TC_TR=64``); ``cp``: rows per staged piece (16 at
     C = 32: two pieces a chunk, the chunk scalars and H staged with the first and the
-    last)."""
-    _, names = emulate_kernels(monkeypatch)
+    last); a negative ``cp``: that many, with the emulator's copies landing at issue
+    (a copy issued before the barrier that ends other threads' reads of its buffer
+    fails; the other cases land them at their waits, where a read before its wait
+    fails; session 40)."""
+    emu, names = emulate_kernels(monkeypatch)
+    if cp and cp < 0:
+        monkeypatch.setattr(emu, "COPIES_LAND", "at issue")
+        cp = -cp
     monkeypatch.setenv("CHUNKSCAN_PASS_TC", "1")
     monkeypatch.setenv("CHUNKSCAN_GDN_TF32", "1")
     monkeypatch.setenv("CHUNKSCAN_PASS_MMA", "1" if kind == "mma" else "0")
