@@ -692,6 +692,24 @@ def test_the_prechecks_leave_to_mlx_lm_what_it_accepts(tmp_path, monkeypatch):
     assert lora.main(resume) == 0 and len(ran) == 3
 
 
+def test_a_model_folder_without_tokenizer_files_is_refused_before_loading(tmp_path, no_load):
+    """mlx-lm loaded a tokenizer that made no tokens of any example, and training
+    stopped at its first batch with an ``IndexError`` traceback (found by probing,
+    session 40): refused before loading. Any tokenizer's files pass."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    saved = {p.name: p.read_bytes() for p in model.glob("tokenizer*")}
+    assert saved
+    for name in saved:
+        (model / name).unlink()
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    with pytest.raises(SystemExit, match=re.escape(f"--model {model} holds no tokenizer files")):
+        lora.main(argv)
+    (model / "tokenizer.model").write_bytes(b"")  # a SentencePiece model: passes this check
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)
+
+
 def test_lora_parameters_without_the_keys_mlx_lm_reads_are_refused(tmp_path, no_load):
     """A YAML ``lora_parameters`` replaces mlx-lm's whole, and mlx-lm reads ``rank``,
     ``scale`` and ``dropout`` without a default: one left out was a ``KeyError`` after

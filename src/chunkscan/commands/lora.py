@@ -651,6 +651,7 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
         return
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise SystemExit(f"{where} names no model_type (mlx-lm picks the model by it).")
+    _check_tokenizer_files(args.model)
     if config.get("model_file"):  # the model's own code (trust_remote_code): mlx-lm's call
         return
     try:  # mlx-lm's own lookup (private: where a release lacks it, nothing is said)
@@ -666,6 +667,25 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
             f"{where}: {e} (mlx-lm {getattr(mlx_lm, '__version__', '?')}; its models are "
             f"the modules of mlx_lm/models)."
         ) from e
+
+
+# Files of a tokenizer in a model folder (Hugging Face's fast and slow tokenizers,
+# SentencePiece, tiktoken): a folder with none of them is refused.
+_TOKENIZER_FILES = ("tokenizer*", "*.tiktoken", "*.model", "vocab*", "merges*", "spiece*")
+
+
+def _check_tokenizer_files(model: str) -> None:
+    """A local model folder holds some tokenizer's files: with none, mlx-lm loaded a
+    tokenizer that turned every example into no tokens, and training stopped at its
+    first batch with an ``IndexError`` traceback from mlx-lm's data set (found by
+    probing, session 40)."""
+    folder = pathlib.Path(model)
+    if not any(next(folder.glob(pattern), None) for pattern in _TOKENIZER_FILES):
+        raise SystemExit(
+            f"chunkscan lora: --model {model} holds no tokenizer files (tokenizer.json, "
+            f"tokenizer.model, vocab.json, ...: mlx-lm loads the tokenizer from the model "
+            f"folder). Copy them from the model's source, or pass the source's name."
+        )
 
 
 def _check_data(args: types.SimpleNamespace) -> None:
