@@ -545,6 +545,8 @@ def test_a_yaml_switch_must_be_true_or_false(key, tmp_path):
         lora.resolve_args(["-c", str(cfg)])
     cfg.write_text(f"{key}: no\n")
     assert getattr(lora.resolve_args(["-c", str(cfg)]), key) is False
+    cfg.write_text(f"{key}: 0\n")  # a number reads as mlx-lm reads it, by its truth (review)
+    assert getattr(lora.resolve_args(["-c", str(cfg)]), key) == 0
 
 
 def test_malformed_yaml_and_empty_data_are_one_line(tmp_path, no_load):
@@ -705,9 +707,11 @@ def test_a_model_folder_without_tokenizer_files_is_refused_before_loading(tmp_pa
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
     with pytest.raises(SystemExit, match=re.escape(f"--model {model} holds no tokenizer files")):
         lora.main(argv)
-    (model / "tokenizer.model").write_bytes(b"")  # a SentencePiece model: passes this check
-    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
-        lora.main(argv)
+    for name in ("tokenizer.model", "tekken.json"):  # SentencePiece's; Mistral's (review)
+        (model / name).write_bytes(b"")
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main(argv)
+        (model / name).unlink()
 
 
 def test_lora_parameters_without_the_keys_mlx_lm_reads_are_refused(tmp_path, no_load):

@@ -486,8 +486,9 @@ ODD_INPUTS: frozenset[str] = frozenset()
 #: issue"`` (at once, as before session 39: a copy issued before the barrier that ends
 #: the other threads' reads of its buffer overwrites what they still read, which the
 #: default hides; found by review). The fused chunk kernels' Qwen3-Next oracle cases run
-#: under both (``tests/ops/test_gated_delta_fused.py``); the other emulated tests at the
-#: wait. Another value raises.
+#: under both (``tests/ops/test_gated_delta_fused.py``), and one multi-piece case of each
+#: state-pass kernel (``tests/ops/test_gated_delta_passes.py``, since session 40); the
+#: other emulated tests at the wait. Another value raises.
 COPIES_LAND = "at wait"
 
 

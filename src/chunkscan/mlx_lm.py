@@ -517,8 +517,11 @@ class Patch:
         )
 
 
+_NO_ARGUMENT = object()  # patch()'s positional slot, empty
+
+
 def patch(
-    _positional: object = None,
+    _positional: object = _NO_ARGUMENT,
     /,
     *,
     chunk_size: int | None = None,
@@ -574,7 +577,7 @@ def patch(
         ValueError: ``chunk_size`` is an int below 1, or ``save_states`` is not
             ``"chunks"``, ``"groups"`` or ``None``.
     """
-    if _positional is not None:  # Python's "takes 0 positional arguments" before (probing)
+    if _positional is not _NO_ARGUMENT:  # Python's "takes 0 positional arguments" (probing)
         if callable(_positional):
             how = "@chunkscan.mlx_lm.patch() (with parentheses)"
         elif isinstance(_positional, int) and not isinstance(_positional, bool):

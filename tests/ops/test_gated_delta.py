@@ -137,6 +137,22 @@ def test_normalize_qk_of_rows_whose_squares_overflow():
     assert_fp32_close(got, want)
 
 
+@pytest.mark.parametrize("D", [96, 112, 128, 160])
+def test_l2_normalize_at_the_edge_of_overflow(D):
+    """A row of equal values just under ``sqrt(F32_MAX / D)``: its square sum, rounded,
+    overflowed float32 at some ``D`` (96, 112, 160) while the row took the plain form,
+    and it normalized to zeros (found by review, session 40). Each row normalizes to
+    ``1 / sqrt(D)``."""
+    import math
+
+    from chunkscan.ops.gated_delta.naive import l2_normalize
+
+    edge = float(mx.array(math.sqrt(3.4028234663852886e38 / D), dtype=mx.float32).item())
+    for value in (edge, float(np.nextafter(np.float32(edge), np.float32(0)))):
+        got = l2_normalize(mx.full((2, D), value, dtype=mx.float32))
+        assert mx.allclose(got, mx.full((2, D), D**-0.5), rtol=1e-6).item(), (value, got[0, :3])
+
+
 def test_scale():
     inputs = make_inputs(1, 40, 1, 1, 8, 8)
     got = outputs_and_grads(gated_delta_rule, inputs, chunk_size=16, scale=0.7)

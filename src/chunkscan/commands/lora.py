@@ -380,9 +380,9 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     as its flag (``gdn-chunk-size`` for ``gdn_chunk_size``) raises, since it would be
     ignored (mlx-lm's merge matches keys exactly); any other key no option knows (nor
     :data:`_MLX_LM_DATA_KEYS`) is ignored by mlx-lm too, with a warning here. A switch
-    (``demo``, and mlx-lm's whose default is ``false``: ``train``, ``test``, ...) must be
-    ``true`` or ``false``: a quoted ``"no"`` is a string, read as true (``demo: "no"``
-    ran the demo with its settings; found by probing)."""
+    (``demo``, and mlx-lm's whose default is ``false``: ``train``, ``test``, ...) must not
+    be a string: a quoted ``"no"`` read as true (``demo: "no"`` ran the demo with its
+    settings; found by probing)."""
     if not isinstance(config, dict):
         raise SystemExit(
             f"{PROG}: -c {path}: the config file must hold a mapping of option names to "
@@ -405,7 +405,8 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
             )
     switches = {k for k, v in defaults.items() if isinstance(v, bool)} | {"demo"}
     for key, value in config.items():
-        if key in switches and value is not None and not isinstance(value, bool):
+        # strings only: 1 and 0 read as mlx-lm reads them (their truth; review)
+        if key in switches and isinstance(value, str):
             raise SystemExit(
                 f"{PROG}: -c {path}: {key} must be true or false (unquoted), not {value!r}."
             )
@@ -671,7 +672,9 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
 
 # Files of a tokenizer in a model folder (Hugging Face's fast and slow tokenizers,
 # SentencePiece, tiktoken): a folder with none of them is refused.
-_TOKENIZER_FILES = ("tokenizer*", "*.tiktoken", "*.model", "vocab*", "merges*", "spiece*")
+# (tekken.json: Mistral's, which transformers reads with mistral-common; review)
+_TOKENIZER_FILES = ("tokenizer*", "tekken*", "*.tiktoken", "*.model", "vocab*", "merges*",
+                    "spiece*")  # fmt: skip
 
 
 def _check_tokenizer_files(model: str) -> None:

@@ -17,7 +17,9 @@ def l2_normalize(x: mx.array) -> mx.array:
     """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32.
 
     Where ``sum(x**2)`` could overflow float32 (a finite row whose largest magnitude
-    passes ``sqrt(F32_MAX / D)``, about 1.6e18 at ``D = 128``) the row is first divided
+    passes ``sqrt(F32_MAX / D) / 2``, about 8e17 at ``D = 128``: the half leaves room for
+    the rounding of the squares and their sum, which made rows just under
+    ``sqrt(F32_MAX / D)`` overflow at some ``D``, found by review) the row is first divided
     by that magnitude ``m`` (held constant: the result is the same function of ``x``
     for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps / m**2)``; every other
     row takes the plain form, ``m = 1`` exactly, so its values and gradients are
@@ -27,7 +29,7 @@ def l2_normalize(x: mx.array) -> mx.array:
     taken twice, before session 40)."""
     x = x.astype(mx.float32)
     big = mx.max(mx.abs(x), axis=-1, keepdims=True)
-    limit = math.sqrt(_F32_MAX / max(1, x.shape[-1]))  # below it no square sum overflows
+    limit = 0.5 * math.sqrt(_F32_MAX / max(1, x.shape[-1]))  # below, no square sum overflows
     m = mx.stop_gradient(mx.where((big > limit) & mx.isfinite(big), big, 1.0))
     x = x / m
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS / (m * m))
