@@ -1456,7 +1456,7 @@ def test_a_captured_module_holding_params_own_arrays_trains_through_them():
         return (ys**2).sum()
 
     p0 = model.trainable_parameters()
-    g_loop = mx.grad(loss)(p0, False)
+    g_loop = g_loop_eager = mx.grad(loss)(p0, False)
     model.update(p0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -1477,6 +1477,32 @@ def test_a_captured_module_holding_params_own_arrays_trains_through_them():
     mx.eval(mx.grad(lambda h: chunkscan.scan(
         chunkscan.stepwise(step), h, xs, chunk_size=2, params=p0)[1].sum())(h0))  # fmt: skip
     assert model.weight is p0["weight"] and model.bias is p0["bias"]
+
+    # A step that updates the module from params itself (MLX's functional pattern) needs
+    # no binding: none is made (a walk and two updates of the module per chunk before)
+    plain_step = step
+
+    def updating_step(h, x, p):
+        model.update(p)
+        return plain_step(h, x, p)
+
+    scan_module = importlib.import_module("chunkscan.scan")
+    bound_calls = []
+    modules_set = scan_module._modules_set
+
+    def noting(sets, everything):
+        bound_calls.extend(m for m, tree in sets if tree is not None and m is model)
+        return modules_set(sets, everything)
+
+    step = updating_step  # (loss reads step from this scope)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scan_module, "_modules_set", noting)
+        model.update(p0)
+        g_self = mx.grad(loss)(p0, True)
+    step = plain_step
+    model.update(p0)
+    assert_trees_close(g_self, g_loop_eager, 1e-6, "grads, the step updating the module")
+    assert not bound_calls, len(bound_calls)
 
 
 def test_issue_example_warns_and_params_gives_the_loop_gradient():

@@ -214,7 +214,8 @@ class _Plan:
         self.captured, self.updated_in_place = captured, []
         # Captured modules whose every trainable array is one of params' (a module f
         # calls, params its own arrays): (module, its tree, the index in params of
-        # each leaf). They read the chunk's params in the recomputation (modules_set).
+        # each leaf). They read the chunk's params in the recomputation (modules_set),
+        # but for those f itself updates from them (found after the first chunk's call).
         self.bound = bound
         self.init_def, self.init_specs = init_def, init_specs
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
@@ -309,6 +310,8 @@ class _Plan:
                 out = self.f(carry_tree, xs_tree, self.module)
             else:
                 out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
+                if i == 0 and not recompute and self.bound:
+                    self.bound = [b for b in self.bound if not _updates_itself(b, p)]
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 "[scan] f must return a pair (carry, ys) but returned "
@@ -345,7 +348,9 @@ class _Plan:
           ones ``mx.vjp`` differentiates. Where ``f`` did not read its third argument
           the recomputation read the module's own arrays, constants to ``mx.vjp``: a
           zero gradient, no warning (found by probing, session 40). The forward needs
-          no binding: it reads the same values, and no gradient flows through it.
+          no binding: it reads the same values, and no gradient flows through it; nor
+          does a module that ``f`` updates from its third argument itself (seen after
+          the first chunk's call: :func:`_updates_itself`).
 
         Items a call appended to a list of a module stay; one walk of each module per
         call."""
@@ -697,6 +702,16 @@ def _arrays_of(module: nn.Module) -> list[mx.array]:
 
 def _replaced(before: list[mx.array], after: list[mx.array]) -> bool:
     return len(before) != len(after) or any(a is not b for a, b in zip(before, after))
+
+
+def _updates_itself(bound: tuple, p: list[mx.array]) -> bool:
+    """Whether ``f``'s call left the bound module holding the chunk's handles on
+    ``params`` (``model.update(params)`` in ``f``, MLX's functional pattern): then the
+    recomputation needs no binding (it cost a walk and two updates of the module per
+    chunk)."""
+    module, _, where = bound
+    leaves = _tree.flatten(module.trainable_parameters())[0]
+    return len(leaves) == len(where) and all(a is p[i] for a, i in zip(leaves, where))
 
 
 @contextlib.contextmanager
