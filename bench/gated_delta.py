@@ -380,6 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     _bench_on_path()  # _common, for the parser too
     parser = build_parser()
     args = parser.parse_args(argv)
+    # each T once: a repeated one was measured twice and its ratios taken against the
+    # other run's reference row (found by probing; chunkscan repro drops repeats too)
+    args.T = list(dict.fromkeys(args.T))
     if args.gate == "channel" and not set(args.impls) <= {"chunkscan", "mlx_lm"}:
         parser.error(  # exit status 2, as argparse's own (it was 1; found by probing)
             "argument --impls: --gate channel runs chunkscan and mlx_lm only but got "

@@ -62,6 +62,7 @@ def measure_mlx(
     queued work to finish, and frees what it holds, once more memory is active);
     ``save``: what the op's forward keeps for the backward (its ``save_states``)."""
     import mlx.core as mx
+    from _common import gdn_chunking
     from gated_delta import _inputs
 
     import chunkscan
@@ -104,6 +105,8 @@ def measure_mlx(
     return {
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
+        # the chunk the op ran at (cut to T; found by probing, as in gated_delta.py)
+        "chunk_run": gdn_chunking(*xs[:5], chunk_size=chunk_size).C,
         "group_mib": group_mib,
         "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(save),
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
@@ -174,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # each T once: a repeated one was measured twice and its ratios taken against the
+    # other run's reference row (found by probing; chunkscan repro drops repeats too)
+    args.T = list(dict.fromkeys(args.T))
     check_outputs(parser, {"--json": args.json})
     if "fla" in args.impls:
         import importlib.util

@@ -24,6 +24,7 @@ Attention path).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from _common import (
@@ -131,9 +132,15 @@ def measure(
             for name, a, b in zip(NAMES, got, ref):
                 b = b.astype(mx.float32)
                 finite = mx.isfinite(a)
-                bad += int((~finite).sum().item()) if name.startswith("d") else 0
+                n_bad = int((~finite).sum().item())
+                bad += n_bad if name.startswith("d") else 0
                 diff = mx.where(finite, mx.abs(a - b), 0.0).max()
                 row[name] = (diff / mx.maximum(mx.abs(b).max(), 1e-30)).item()
+                if n_bad and not name.startswith("d"):
+                    # o or the final state not finite: NaN, not the finite part's error
+                    # (it read 0.0 where every value of the final state was NaN; probing)
+                    row[name] = math.nan
+                    row[f"non_finite_{name}"] = n_bad
             row["non_finite_grads"] = bad
             rows.append(row)
     return rows

@@ -261,7 +261,10 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, devi
         if pts:
             ax2.plot(pts, share, "o-", color=color, label=f"{m} - stub")
     for m in modes:
-        pts = sorted((r["T"], r) for r in rows if r.get("mode") == m and "peak_mib" in r)
+        # by T only: two rows of one T (a --merge of another setup) compared the dicts
+        # and raised after the measuring, leaving the old plot (found by probing)
+        pts = sorted(((r["T"], r) for r in rows if r.get("mode") == m and "peak_mib" in r),
+                     key=lambda tr: tr[0])  # fmt: skip
         if not pts:
             continue
         Ts = [t for t, _ in pts]
