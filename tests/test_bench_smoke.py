@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import sys
 
@@ -130,6 +131,19 @@ def test_lora_table_counts_the_batch_in_the_patched_minus_stub_column(bench):
             for m, peak in (("patched", 10.0), ("stub", 6.0))]  # fmt: skip
     table = lora._table(rows, ["patched", "stub"], [16])
     assert "| 0.1250 |" in table, table  # (10 - 6) / (2 x 16)
+
+
+def test_lora_plot_takes_two_rows_of_one_t(bench, tmp_path):
+    """Two rows of one mode and T (``--merge`` of another setup, or ``--T 64 64``): the
+    plot compared the row dicts and raised after the measuring, leaving the earlier
+    plot beside the new results (found by probing, session 40)."""
+    pytest.importorskip("matplotlib")
+    lora = bench("lora")
+    row = dict(mode="stub", T=16, peak_mib=8.0, mib_per_token=0.5, seconds_per_step=1.0,
+               first_step_seconds=1.0)  # fmt: skip
+    path = tmp_path / "plot.png"
+    lora._plot([row, dict(row, batch=2, peak_mib=9.0)], ["stub"], path, "cpu")
+    assert path.is_file()
 
 
 def test_lora_table_pairs_rows_of_one_setup_only(bench, monkeypatch):
@@ -347,6 +361,13 @@ def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     assert max(rows["chunk 64"][n] for n in ("o", "final")) <= 8e-6  # measured 1.3e-6
     assert rows["naive"]["non_finite_grads"] == rows["chunk 8"]["non_finite_grads"] == 0
     assert rows["chunk 64"]["non_finite_grads"] > 0
+    # o and the final state not finite (T = 128, +1.2 per token): NaN, counted; they
+    # read 0.0, the error of their finite part (found by probing, session 40)
+    argv = ["--gates", "1.2", "--chunk-sizes", "64", "--T", "128", "--json", str(out)]
+    assert growth_gates.main(argv) == 0
+    for r in json.loads(out.read_text())["rows"]:
+        assert math.isnan(r["o"]) and math.isnan(r["final"]), r
+        assert r["non_finite_final"] > 0 and r["non_finite_o"] > 0
     sys.modules.pop("growth_gates", None)
 
 
@@ -668,6 +689,11 @@ def test_gdn_vs_fla_times_fla_with_the_repeats_asked(bench, monkeypatch, tmp_pat
     argv = ["--T", "16", "--impls", "fla", "--repeats", "3", "--json", str(out)]
     assert gdn_vs_fla.main(argv) == 0
     assert ran == [("gdn_vs_fla:measure_fla", {"T": 16, "harness": "cotangents", "repeats": 3})]
+    # a repeated T is measured once (it ran twice, its ratios taken against the other
+    # run's reference row; found by probing, session 40)
+    ran.clear()
+    assert gdn_vs_fla.main([*argv[:2], "16", *argv[2:]]) == 0
+    assert len(ran) == 1, ran
 
 
 def test_stepwise_chunk_writes_its_rows_with_provenance(bench, monkeypatch, tmp_path):
