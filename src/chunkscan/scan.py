@@ -214,8 +214,9 @@ class _Plan:
         self.captured, self.updated_in_place = captured, []
         # Captured modules whose every trainable array is one of params' (a module f
         # calls, params its own arrays): (module, its tree, the index in params of
-        # each leaf). They read the chunk's params in the recomputation (modules_set),
-        # but for those f itself updates from them (found after the first chunk's call).
+        # each leaf, the id of each leaf). They read the chunk's params in the
+        # recomputation (modules_set), but for those f itself updates from them (found
+        # after the first chunk's call).
         self.bound = bound
         self.init_def, self.init_specs = init_def, init_specs
         self.xs_def, self.axes, self.grad_mask = xs_def, axes, grad_mask
@@ -357,7 +358,9 @@ class _Plan:
         sets: list[tuple[nn.Module, Any]] = []
         if recompute:
             sets += [(m, None) for m in self.updated_in_place]
-            sets += [(m, _tree.unflatten(td, [p[i] for i in where])) for m, td, where in self.bound]
+            sets += [
+                (m, _tree.unflatten(td, [p[i] for i in where])) for m, td, where, _ in self.bound
+            ]
         if self.module is not None:
             sets.append((self.module, _tree.unflatten(self.p_def, p)))
         return sets
@@ -709,9 +712,13 @@ def _updates_itself(bound: tuple, p: list[mx.array]) -> bool:
     ``params`` (``model.update(params)`` in ``f``, MLX's functional pattern): then the
     recomputation needs no binding (it cost a walk and two updates of the module per
     chunk)."""
-    module, _, where = bound
+    module, _, where, held = bound
     leaves = _tree.flatten(module.trainable_parameters())[0]
-    return len(leaves) == len(where) and all(a is p[i] for a, i in zip(leaves, where))
+    # ... and not the arrays it held before (the ids of params' own, which p would be
+    # without fresh handles: the binding would then be skipped wrongly)
+    return len(leaves) == len(where) and all(
+        a is p[i] and id(a) != before for a, i, before in zip(leaves, where, held)
+    )
 
 
 @contextlib.contextmanager
@@ -736,7 +743,7 @@ def _modules_set(sets: list[tuple[nn.Module, Any]], everything: bool):
 
 def _warn_on_captured_modules(
     f: Callable, passed_leaves: list[mx.array], passed_def, params_module: bool = False
-) -> tuple[list[nn.Module], list[tuple[nn.Module, Any, list[int]]]]:
+) -> tuple[list[nn.Module], list[tuple[nn.Module, Any, list[int], list[int]]]]:
     """Every ``nn.Module`` ``f`` reaches without being passed it, found by
     :func:`chunkscan._capture.captured_modules` (the walk runs once per call); and warn
     once per ``nn.Module`` with trainable parameters that ``f`` reaches without
@@ -760,7 +767,9 @@ def _warn_on_captured_modules(
 
     Returns the modules found, and for each module whose every trainable array is one
     of ``passed_leaves`` (by identity), ``(module, tree of its trainable parameters,
-    index in passed_leaves of each leaf)``: what :meth:`_Plan.modules_set` needs."""
+    index in passed_leaves of each leaf, id of each leaf)``: what
+    :meth:`_Plan.modules_set` and :func:`_updates_itself` need (ids, not the arrays: the
+    plan holds no primal)."""
     passed: dict[int, int] = {}
     for i, a in enumerate(passed_leaves):
         passed.setdefault(id(a), i)
@@ -777,7 +786,8 @@ def _warn_on_captured_modules(
         if all(id(a) in passed for a in leaves):
             params_found = params_found or (shaped and bool(leaves))
             if leaves:
-                bound.append((value, treedef, [passed[id(a)] for a in leaves]))
+                ids = [id(a) for a in leaves]
+                bound.append((value, treedef, [passed[i] for i in ids], ids))
         elif shaped:
             alike.append((path, value))
         else:
