@@ -19,7 +19,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from . import _capture, _ordering, _random, _tree
 from .split import (
@@ -700,7 +699,7 @@ def _arrays_of(module: nn.Module) -> list[mx.array]:
     """Every array the module holds (``parameters()``), in order: the arrays, not their
     ids (a replaced array's id was reused by its successor, and the module was taken as
     unchanged: a counter moved twice per step, found by review)."""
-    return [a for _, a in tree_flatten(module.parameters())]
+    return _tree.flatten(module.parameters())[0]
 
 
 def _replaced(before: list[mx.array], after: list[mx.array]) -> bool:

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..split import np_bool
 
-_F32_MAX = float(mx.finfo(mx.float32).max)
+F32_MAX = float(mx.finfo(mx.float32).max)  # the largest finite float32
 
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 DTYPE_NAMES = "float32, bfloat16 or float16"
@@ -74,9 +74,9 @@ def check_scale(fn: str, scale: object, example: float, *, none_ok: bool, why: s
             f"[{fn}] scale must be finite but got {shown}: every output would be NaN or "
             f"inf. Pass e.g. scale={example:.6g} {why}."
         )
-    if abs(value) > _F32_MAX:  # finite in Python, inf once the op casts it to float32
+    if abs(value) > F32_MAX:  # finite in Python, inf once the op casts it to float32
         raise ValueError(
-            f"[{fn}] scale must be finite in float32 (at most {_F32_MAX:.7g} in size) but "
+            f"[{fn}] scale must be finite in float32 (at most {F32_MAX:.7g} in size) but "
             f"got {scale}: every output would be NaN or inf. Pass e.g. "
             f"scale={example:.6g} {why}."
         )

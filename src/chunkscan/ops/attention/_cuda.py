@@ -38,6 +38,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..._backend import cuda_kernel, cuda_limits, param
+from .._checks import F32_MAX
 from ._checks import Spec
 
 F32 = mx.float32
@@ -498,7 +499,6 @@ def smem_bytes(D: int, Dv: int) -> dict[str, int]:
 
 
 _LOG2E = 1.4426950408889634  # as the kernels' LOG2E
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def supports(spec: Spec, dtype: mx.Dtype) -> bool:
@@ -518,7 +518,7 @@ def supports(spec: Spec, dtype: mx.Dtype) -> bool:
     LOG2E``), and every output was NaN there (found by the emulator probe)."""
     if dtype != mx.bfloat16:
         return False
-    if not abs(spec.scale) * _LOG2E <= _FLOAT32_MAX:
+    if not abs(spec.scale) * _LOG2E <= F32_MAX:
         return False
     if spec.D % 64 or spec.Dv % 64 or not (64 <= spec.D <= 256 and 64 <= spec.Dv <= 256):
         return False

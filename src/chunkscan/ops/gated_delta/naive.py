@@ -7,10 +7,10 @@ import math
 import mlx.core as mx
 
 from ..._backend import check_kernels
+from .._checks import F32_MAX
 from ._checks import check_inputs, empty_result
 
 L2_EPS = 1e-6
-_F32_MAX = 3.4028234663852886e38
 
 
 def l2_normalize(x: mx.array) -> mx.array:
@@ -29,7 +29,7 @@ def l2_normalize(x: mx.array) -> mx.array:
     taken twice, before session 40)."""
     x = x.astype(mx.float32)
     big = mx.max(mx.abs(x), axis=-1, keepdims=True)
-    limit = 0.5 * math.sqrt(_F32_MAX / max(1, x.shape[-1]))  # below, no square sum overflows
+    limit = 0.5 * math.sqrt(F32_MAX / max(1, x.shape[-1]))  # below, no square sum overflows
     m = mx.stop_gradient(mx.where((big > limit) & mx.isfinite(big), big, 1.0))
     x = x / m
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS / (m * m))
