@@ -204,7 +204,8 @@ def tf32_products(fn: str = "chunkscan") -> bool:
     product, each operand rounded to 10 mantissa bits, float32 sums), by
     ``CHUNKSCAN_GDN_TF32`` (read at each call): ``1`` yes, ``0`` no, ``auto`` or unset:
     as MLX's own float32 matmuls on this device, that is on a CUDA GPU unless
-    ``MLX_ENABLE_TF32=0`` (MLX's default is TF32 there; it reads the variable once per
+    ``MLX_ENABLE_TF32`` reads as 0 by C's ``atoi`` (``0``, but also ``""``, ``false``,
+    ``off``: :func:`c_atoi`; MLX's default is TF32 there; it reads the variable once per
     process, this at each call). Elsewhere (the CPU, the emulator) auto is float32."""
     forced = env_switch(
         "CHUNKSCAN_GDN_TF32", fn,
@@ -215,11 +216,21 @@ def tf32_products(fn: str = "chunkscan") -> bool:
         return forced
     if not cuda_device():
         return False
-    text = getenv("MLX_ENABLE_TF32", "").strip()
-    try:
-        return int(text) != 0 if text else True
-    except ValueError:  # MLX itself would fail to parse it; take MLX's default
-        return True
+    text = getenv("MLX_ENABLE_TF32")
+    return True if text is None else c_atoi(text) != 0
+
+
+def c_atoi(text: str) -> int:
+    """C's ``atoi(text)`` as glibc computes it on a 64-bit machine, which is how MLX
+    reads its integer variables (``env::get_var``): leading blanks, a sign and the
+    digits up to the first other character; no digits is 0 (``""``, ``"false"``,
+    ``"off"``: so ``MLX_ENABLE_TF32=false`` turns MLX's TF32 off, and it must turn ours
+    off too; found by probing); ``strtol``'s saturation, then the cut to 32 bits."""
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    if m is None:
+        return 0
+    n = max(-(2**63), min(2**63 - 1, int(m.group(1))))
+    return (n + 2**31) % 2**32 - 2**31
 
 
 _CUDA_KERNELS: dict[tuple, object] = {}

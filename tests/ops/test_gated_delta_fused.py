@@ -843,7 +843,7 @@ def test_emulated_spread_tiles_use_every_bank(tiles):
 
 def test_tf32_products_switch(monkeypatch):
     """``CHUNKSCAN_GDN_TF32``: auto (the default) follows MLX's own float32 matmuls, TF32
-    on a CUDA device unless ``MLX_ENABLE_TF32=0``, float32 elsewhere; 1 / 0 force it;
+    on a CUDA device unless ``MLX_ENABLE_TF32`` reads as 0 by C's atoi, float32 elsewhere; 1 / 0 force it;
     anything else raises naming the variable."""
     monkeypatch.delenv("CHUNKSCAN_GDN_TF32", raising=False)
     monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
@@ -852,7 +852,15 @@ def test_tf32_products_switch(monkeypatch):
         (True, None, True),
         (True, "0", False),
         (True, "1", True),
-        (True, "", True),
+        # MLX reads the variable with C's atoi: no leading digits is 0, TF32 off
+        # ("" and "false" read as on before; found by probing).
+        (True, "", False),
+        (True, "false", False),
+        (True, "off", False),
+        (True, "0x10", False),
+        (True, " 2", True),
+        (True, "1e3", True),
+        (True, "4294967296", False),
         (False, "1", False),
     ):
         monkeypatch.setattr(_backend, "cuda_device", lambda cuda=cuda: cuda)
