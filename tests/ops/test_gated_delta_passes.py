@@ -462,6 +462,25 @@ def test_per_channel_decay_reaches_the_kernel(monkeypatch):
     assert tmpl["CHANNEL"] is True
 
 
+def test_row_tile_that_the_shape_cannot_take_raises(monkeypatch):
+    """``CHUNKSCAN_PASS_TR`` of the right form (a multiple of 4) that does not divide the
+    state's rows gave no tiling, and every state-pass kernel (the tensor-core ones too,
+    ``supports`` asking this first) left for the portable pass without a word (found by
+    probing): it raises where the default tiling exists; a tile that divides is taken."""
+    fake_cuda_limits(monkeypatch, 227)
+    monkeypatch.delenv("CHUNKSCAN_PASS_TR", raising=False)
+    assert _pass_cuda.choose_config(64, 128, 128, True) is not None
+    monkeypatch.setenv("CHUNKSCAN_PASS_TR", "16")
+    assert _pass_cuda.choose_config(64, 128, 128, True).TR == 16
+    for bad in ("12", "24", "256"):
+        monkeypatch.setenv("CHUNKSCAN_PASS_TR", bad)
+        with pytest.raises(ValueError, match=f"CHUNKSCAN_PASS_TR={bad} leaves .* 128 rows"):
+            _pass_cuda.choose_config(64, 128, 128, True)
+    # a shape no tiling takes (Dk = 48) stays the portable pass's, no error
+    monkeypatch.setenv("CHUNKSCAN_PASS_TR", "12")
+    assert _pass_cuda.choose_config(64, 48, 128, True) is None
+
+
 def test_tensor_core_switch(monkeypatch):
     """``CHUNKSCAN_PASS_TC``: unset or auto takes the tensor-core kernel forward only, 1
     in both directions, 0 in neither; anything else raises naming the variable. A GPU
@@ -495,6 +514,15 @@ def test_tensor_core_switch(monkeypatch):
         message = "CHUNKSCAN_PASS_TC_CP must be a multiple of 16 that divides the chunk size 64 "
         with pytest.raises(ValueError, match=f"{message}but is {bad}"):
             _pass_cuda.choose_tc_config(64, 128, 128, True, False)
+    monkeypatch.delenv("CHUNKSCAN_PASS_TC_CP")
+    # A value of the right form whose tiles do not fit the device (an H100's 227 KiB a
+    # block: 64 rows a piece at Dk = 256) left the tensor-core kernel for the FMA one,
+    # silently (found by probing): it raises, naming the variable and the default.
+    fake_cuda_limits(monkeypatch, 227)
+    assert _pass_cuda.choose_tc_config(64, 256, 128, True, False, tf32=False).CP < 64
+    monkeypatch.setenv("CHUNKSCAN_PASS_TC_CP", "64")
+    with pytest.raises(ValueError, match=r"CHUNKSCAN_PASS_TC_CP=64 leaves .* unset"):
+        _pass_cuda.choose_tc_config(64, 256, 128, True, False, tf32=False)
     monkeypatch.delenv("CHUNKSCAN_PASS_TC_CP")
     # Unforced: 32 rows, for either kind of product
     assert _pass_cuda.choose_tc_config(64, 128, 128, True, False, tf32=True).TR == 32

@@ -1089,7 +1089,24 @@ def choose_tc_config(
     if tf32 is None:
         tf32 = tf32_products("gated_delta_rule")
     limit = cuda_limits().smem_per_block
-    return _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, limit, bool(tf32), has_h)
+    cfg = _search_tc_config(C, Dk, R, has_e, forced_tr, forced_cp, limit, bool(tf32), has_h)
+    if cfg is None and (forced_tr or forced_cp):
+        # Values of the right form whose tiles do not fit (CHUNKSCAN_PASS_TC_CP=64 at
+        # Dk = 256) left the tensor-core kernel for the FMA one, silently (found by
+        # probing): raise where the default tiling exists.
+        default = _search_tc_config(C, Dk, R, has_e, None, None, limit, bool(tf32), has_h)
+        if default is not None:
+            forced = ", ".join(
+                f"CHUNKSCAN_PASS_TC_{name}={value}"
+                for name, value in (("TR", forced_tr), ("CP", forced_cp)) if value
+            )
+            raise ValueError(
+                f"[gated_delta_rule] {forced} leaves the tensor-core state pass no tiling "
+                f"for chunks of {C}, Dk = {Dk} and a state of {R} rows within the device's "
+                f"{limit} bytes of shared memory per block. Use smaller values, or unset "
+                f"them for the default (rows {default.TR}, pieces of {default.CP} here)."
+            )
+    return cfg
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1226,7 +1243,22 @@ def choose_config(
     Reads ``CHUNKSCAN_PASS_TR`` and ``CHUNKSCAN_PASS_SMEM_KB`` at each call; the search
     itself is cached (every launch asks)."""
     env_tr, env_kib = _fma_tiling_settings()
-    return _search_config(C, Dk, R, has_e, TR or env_tr, L, env_kib, cuda_limits())
+    limits = cuda_limits()
+    cfg = _search_config(C, Dk, R, has_e, TR or env_tr, L, env_kib, limits)
+    if cfg is None and TR is None and env_tr is not None:
+        # A row tile the shape cannot take (12 for a state of 128 rows) left the kernel
+        # for the portable pass, silently, the tensor-core one too (supports() asks this
+        # first; found by probing): raise where the default tiling exists.
+        default = _search_config(C, Dk, R, has_e, None, L, env_kib, limits)
+        if default is not None:
+            rows = f" and a state of {R} rows" if R is not None else ""
+            raise ValueError(
+                f"[gated_delta_rule] CHUNKSCAN_PASS_TR={env_tr} leaves the state pass no "
+                f"tiling for chunks of {C}, Dk = {Dk}{rows} (the row tile must divide the "
+                f"rows, give at least 64 threads ({env_tr} * Dk / 4) and fit the shared "
+                f"memory). Unset it for the default ({default.TR} here)."
+            )
+    return cfg
 
 
 def _fma_tiling_settings() -> tuple[int | None, int | None]:
