@@ -786,3 +786,29 @@ def test_probes_run_on_the_cpu(monkeypatch):
     with real_on_cpu():
         assert mx.default_device() == mx.cpu
     assert mx.default_device() == previous
+
+
+def test_nested_verify_runs_the_probes_once(monkeypatch):
+    """``patch(verify=True)`` inside a ``patch(verify=False)`` probes the seams it asks
+    to verify (it skipped both, the seams being installed already; found by probing);
+    a third handle, the probes passed, does not repeat them; after the last undo a new
+    patch probes again."""
+    ran = []
+
+    def spy(which, real):
+        def probe(*args, **kwargs):
+            ran.append(which)
+            return real(*args, **kwargs)
+
+        return probe
+
+    monkeypatch.setattr(cmlx, "_probe", spy("gdn", cmlx._probe))
+    monkeypatch.setattr(cmlx, "_probe_attention", spy("attention", cmlx._probe_attention))
+    with cmlx.patch(verify=False):
+        assert ran == []
+        with cmlx.patch(verify=True):
+            assert sorted(ran) == ["attention", "gdn"]
+            with cmlx.patch(verify=True):
+                assert sorted(ran) == ["attention", "gdn"]
+    with cmlx.patch():
+        assert sorted(ran) == ["attention", "attention", "gdn", "gdn"]

@@ -119,6 +119,10 @@ _lock = threading.RLock()
 _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
+# The seams whose numerical probe passed while some handle is live ("gdn", "attention"):
+# a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
+# being installed already (found by probing); emptied with the last handle's undo.
+_verified: set[str] = set()
 
 
 def _mlx_lm_version() -> str:
@@ -450,6 +454,7 @@ class Patch:
                 # does any module that imported the replacement by name while patched.
                 _restore_everywhere(_NAME, _INSTALLED_GDN, _stock["fn"])
                 _saved.clear()
+                _verified.clear()
 
     def __enter__(self) -> Patch:
         if not self.active:
@@ -547,7 +552,8 @@ def patch(
         chunk_size (int, optional): Steps per chunk for the op; ``None`` keeps the
             op's default. Default: ``None``.
         verify (bool, optional): Compare patched and stock paths numerically on a
-            tiny input before patching. The comparison runs on the CPU, by switching
+            tiny input before patching (once while some handle is live: a nested
+            ``patch(verify=True)`` probes what no live handle has probed). The comparison runs on the CPU, by switching
             MLX's default device for its duration (MLX has one default device per
             process, so work of other threads started meanwhile goes to the CPU too:
             patch before starting them, or pass ``False``). Default: ``True``.
@@ -605,11 +611,12 @@ def patch(
         _op()
         if attention:
             _check_attention_seam(verify)
+        if verify and "gdn" not in _verified:
+            with on_cpu():
+                _probe(stock, options)
+            _verified.add("gdn")
         if not _saved:
             _stock["fn"] = stock
-            if verify:
-                with on_cpu():
-                    _probe(stock, options)
             for name, module in modules.items():
                 _saved[name] = getattr(module, _NAME)
                 setattr(module, _NAME, _INSTALLED_GDN)
@@ -732,9 +739,10 @@ def _check_attention_seam(verify: bool) -> None:
             problems.append(f"{name}.{_ATTN} is {bound!r}, not mlx_lm.models.base.{_ATTN}")
     if problems:
         raise _attention_fail(problems, "Pin mlx-lm to a version with this seam.")
-    if verify and not _attn_saved:
+    if verify and "attention" not in _verified:
         with on_cpu():
             _probe_attention(stock)
+        _verified.add("attention")
     _attn_stock["fn"] = stock
 
 
