@@ -553,8 +553,9 @@ def patch(
             op's default. Default: ``None``.
         verify (bool, optional): Compare patched and stock paths numerically on a
             tiny input before patching (once while some handle is live: a nested
-            ``patch(verify=True)`` probes what no live handle has probed). The comparison runs on the CPU, by switching
-            MLX's default device for its duration (MLX has one default device per
+            ``patch(verify=True)`` probes what no live handle has probed). The
+            comparison runs on the CPU, by switching MLX's default device for its
+            duration (MLX has one default device per
             process, so work of other threads started meanwhile goes to the CPU too:
             patch before starting them, or pass ``False``). Default: ``True``.
         attention (bool, optional): Also route calls of mlx-lm's

@@ -843,8 +843,8 @@ def test_emulated_spread_tiles_use_every_bank(tiles):
 
 def test_tf32_products_switch(monkeypatch):
     """``CHUNKSCAN_GDN_TF32``: auto (the default) follows MLX's own float32 matmuls, TF32
-    on a CUDA device unless ``MLX_ENABLE_TF32`` reads as 0 by C's atoi, float32 elsewhere; 1 / 0 force it;
-    anything else raises naming the variable."""
+    on a CUDA device unless ``MLX_ENABLE_TF32`` reads as 0 by C's atoi, float32
+    elsewhere; 1 / 0 force it; anything else raises naming the variable."""
     monkeypatch.delenv("CHUNKSCAN_GDN_TF32", raising=False)
     monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
     for cuda, mlx_tf32, on in (

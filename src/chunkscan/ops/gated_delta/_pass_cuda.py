@@ -1098,7 +1098,8 @@ def choose_tc_config(
         if default is not None:
             forced = ", ".join(
                 f"CHUNKSCAN_PASS_TC_{name}={value}"
-                for name, value in (("TR", forced_tr), ("CP", forced_cp)) if value
+                for name, value in (("TR", forced_tr), ("CP", forced_cp))
+                if value
             )
             raise ValueError(
                 f"[gated_delta_rule] {forced} leaves the tensor-core state pass no tiling "
