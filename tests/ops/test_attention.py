@@ -23,6 +23,9 @@ NAMES = ("o", "dq", "dk", "dv")
 F32_TOL = {"o": 1e-5, "dq": 1e-5, "dk": 1e-5, "dv": 1e-5}
 
 
+FAST_MAX_SCORES = blocked.FAST_MAX_SCORES  # the default, before the fixture below
+
+
 @pytest.fixture(autouse=True)
 def _blocked_path(monkeypatch):
     """Every test runs the blocked path unless it says otherwise (no mx.fast shortcut)."""
@@ -186,21 +189,27 @@ def test_low_precision_against_the_upcast_call(dtype, mask):
         assert err <= 3 * err_fast, f"{name}: {err:.2e} vs mx.fast's {err_fast:.2e}"
 
 
+@pytest.mark.parametrize("public", [False, True], ids=["blocked", "public"])
 @pytest.mark.parametrize("dtype, bound", [(mx.bfloat16, 0.02), (mx.float16, 0.0015)])
-def test_scores_of_hundreds_of_units_in_low_precision(dtype, bound):
+def test_scores_of_hundreds_of_units_in_low_precision(dtype, bound, public, monkeypatch):
     """q and k of magnitude 10 (D = 64, scale 1/8: scores of up to a few hundred
     units). Each score rounded to bfloat16 as it left its product (as mx.fast's on
     the CPU still is) put the blocked path's outputs and gradients off by up to 51% of
     their largest value (dk; o 11%, dq 35%); with float32 scores (session 39) at most
     6.2e-3 in bfloat16, 4.4e-4 in float16 (measured: error over the largest |value|,
-    against the float32 oracle on the rounded inputs). Bounds: about 3x those."""
+    against the float32 oracle on the rounded inputs). Bounds: about 3x those. The
+    public op too: this short call went to mx.fast on the CPU until session 41 (in
+    bfloat16 o off by 0.11, dq 0.35, dk 0.50; in float16 o 0.013, dk 0.022; found by
+    probing)."""
     keys = mx.random.split(mx.random.key(3), 4)
     shapes = [(1, 2, 64, 64), (1, 1, 64, 64), (1, 1, 64, 64), (1, 2, 64, 64)]
     xs = [mx.random.normal(s, key=k) for s, k in zip(shapes, keys)]
     xs[0], xs[1] = 10.0 * xs[0], 10.0 * xs[1]
     rounded = [x.astype(dtype) for x in xs]
     kw = dict(scale=0.125, mask="causal")
-    got = outputs_and_grads(blocked.blocked_attention, *rounded, chunk_size=16, **kw)
+    fn = chunkscan.attention if public else blocked.blocked_attention
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", FAST_MAX_SCORES)  # the public default
+    got = outputs_and_grads(fn, *rounded, chunk_size=16, **kw)
     ref = outputs_and_grads(naive_attention, *[x.astype(mx.float32) for x in rounded], **kw)
     for name, a, r in zip(NAMES, got, ref):
         err = mx.abs(a.astype(mx.float32) - r).max().item() / mx.abs(r).max().item()
@@ -431,6 +440,38 @@ def test_plan_blocks_takes_at_least_one_row(monkeypatch):
     q, k, v, _ = make_inputs(1, 2, 1, 300, 300, 8)
     blocks = plan_blocks(check_inputs("t", q, k, v, 1.0, None, None))
     assert blocks[-1][1] == 300 and all(t1 > t0 for t0, t1, _ in blocks)
+
+
+def test_short_calls_go_to_mx_fast_in_float32_only_on_the_cpu(monkeypatch):
+    """Below FAST_MAX_SCORES a float32 call is mx.fast's; a bfloat16 / float16 one on
+    the CPU takes the blocked form (MLX's CPU attention rounds its scores to the input
+    dtype); float16 scores past 65504 gave NaN outputs there (found by probing)."""
+    calls = []
+    real = mx.fast.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        if not kwargs.get("force_fused"):  # (the blocked form asks for a fused kernel)
+            calls.append(args[0].dtype)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", FAST_MAX_SCORES)  # the default
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
+    for dtype in (mx.float32, mx.bfloat16, mx.float16):
+        mx.eval(chunkscan.attention(*(x.astype(dtype) for x in (q, k, v)), scale=0.25))
+    assert calls == [mx.float32]
+    big = [(200 * x).astype(mx.float16) for x in (q, k)] + [v.astype(mx.float16)]
+    assert not mx.isnan(chunkscan.attention(*big, scale=0.25)).any().item()
+
+
+def test_fused_forward_setting_is_checked(monkeypatch):
+    """FUSED_FORWARD other than "auto" / "never" raises ("always" and "Auto" read as
+    "never" before; found by probing)."""
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
+    for bad in ("always", "Auto", None):
+        monkeypatch.setattr(blocked, "FUSED_FORWARD", bad)
+        with pytest.raises(ValueError, match="FUSED_FORWARD must be 'auto' or 'never'"):
+            blocked.blocked_attention(q, k, v, scale=0.25)
 
 
 def test_fused_forward_falls_back_on_cpu(monkeypatch):

@@ -79,7 +79,9 @@ def attention(
     memory is the inputs, outputs and gradients plus one block's scratch, not
     ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
     under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
-    ``FAST_MAX_SCORES`` scores per head), or for the values only where it is one block:
+    ``FAST_MAX_SCORES`` scores per head, no mask or a causal one; on the CPU in float32
+    only, as MLX's CPU attention rounds the scores to bfloat16 / float16 inputs' dtype),
+    or for the values only where it is one block:
     the blocked form's ordering edges (between blocks, and in its backward) have
     neither in MLX ("Not implemented for Depends"). Not under
     ``mx.compile(..., shapeless=True)``: the blocked form raises ("cannot infer output
@@ -133,7 +135,7 @@ def attention(
     threads()
     if (empty := empty_result(spec, q)) is not None:
         return empty
-    if _use_fast(spec):
+    if _use_fast(spec, q.dtype):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
     return _blocked(spec, q, k, v, mask, kernels)
 
@@ -158,6 +160,11 @@ def blocked_attention(
 def _blocked(
     spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object, kernels: bool | None
 ) -> mx.array:
+    if FUSED_FORWARD not in ("auto", "never"):  # "always" or "Auto" read as "never" (probing)
+        raise ValueError(
+            f"chunkscan.ops.attention.blocked.FUSED_FORWARD must be 'auto' or 'never' but "
+            f"is {FUSED_FORWARD!r}. Set it to one of those."
+        )
     mask_arr = None
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
@@ -172,9 +179,17 @@ def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool
     return use_kernels(kernels, "attention") and _cuda.supports(spec, dtype)
 
 
-def _use_fast(spec: Spec) -> bool:
+def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
+    """Whether the call goes to ``mx.fast`` as it is: a short call with no mask or a
+    causal one (``T <= S``), but not one in bfloat16 / float16 on the CPU, where MLX's
+    attention rounds the scores to the input dtype (the blocked form's are float32): at
+    scores of a few hundred units its bfloat16 outputs were off by 11% of their largest
+    value, ``dk`` by 50% (the blocked form: 0.4%, 0.6%), and float16 scores past 65504
+    gave NaN outputs (found by probing)."""
     simple = spec.mask_kind == "none" or (spec.mask_kind == "causal" and spec.T <= spec.S)
-    return simple and spec.T * spec.S <= FAST_MAX_SCORES
+    if not (simple and spec.T * spec.S <= FAST_MAX_SCORES):
+        return False
+    return dtype == F32 or mx.default_device() != mx.cpu
 
 
 def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
@@ -272,7 +287,7 @@ def _make_core(
         return mx.softmax(mx.where(seen, s, 0.0), axis=-1) * seen
 
     def fused_forward(q, k, v):
-        if FUSED_FORWARD != "auto":
+        if FUSED_FORWARD == "never":
             return None
         if not (spec.mask_kind == "none" or (spec.mask_kind == "causal" and empty_rows == 0)):
             return None
