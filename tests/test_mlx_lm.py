@@ -812,3 +812,29 @@ def test_nested_verify_runs_the_probes_once(monkeypatch):
                 assert sorted(ran) == ["attention", "gdn"]
     with cmlx.patch():
         assert sorted(ran) == ["attention", "attention", "gdn", "gdn"]
+
+
+def test_drop_ins_run_mlx_lm_with_no_patch_made(monkeypatch):
+    """The public drop-ins, imported by a model file of one's own, send inference to
+    mlx-lm's functions in a process that never patched (a ``KeyError: 'fn'`` before;
+    found by probing): the same values as mlx-lm's."""
+    from mlx_lm.models import base, gated_delta
+    from mlx_lm.models.cache import KVCache
+
+    monkeypatch.setattr(cmlx, "_stock", {})  # as in a process with no patch() yet
+    monkeypatch.setattr(cmlx, "_attn_stock", {})
+    keys = mx.random.split(mx.random.key(5), 4)
+    q = mx.random.normal((1, 4, 2, 32), key=keys[0])
+    v = mx.random.normal((1, 4, 2, 16), key=keys[1])
+    a = mx.random.normal((1, 4, 2), key=keys[2])
+    args = (q, q, v, a, a, mx.zeros(2), mx.ones(2), None, None)
+    got = cmlx.gated_delta_update(*args, use_kernel=True)
+    ref = gated_delta.gated_delta_update(*args, use_kernel=True)
+    for x, y in zip(got, ref):
+        assert mx.array_equal(x, y)
+    x = mx.random.normal((1, 2, 4, 32), key=keys[3])
+    cache = KVCache()
+    kk, vv = cache.update_and_fetch(x, x)
+    got = cmlx.scaled_dot_product_attention(x, kk, vv, cache, 0.2, "causal")
+    ref = base.scaled_dot_product_attention(x, kk, vv, cache, 0.2, "causal")
+    assert mx.array_equal(got, ref)

@@ -234,10 +234,18 @@ def gated_delta_update(
     ``[B, T, Hv, Dk]``) runs :func:`chunkscan.gated_delta_rule`.
     """
     if use_kernel:
-        stock = _stock["fn"]
+        stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
     routed_calls["chunkscan.gated_delta_rule"] += 1
     return _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
+
+
+def _stock_function(kept: dict[str, Any], module: str, name: str) -> Any:
+    """mlx-lm's own function: the one :func:`patch` kept, else (the public drop-ins
+    imported and called with no patch ever made: a ``KeyError`` before; found by
+    probing) the module's, which holds mlx-lm's while nothing is patched."""
+    fn = kept.get("fn")
+    return getattr(importlib.import_module(module), name) if fn is None else fn
 
 
 # -------------------------------------------------------------------- seam checks
@@ -693,7 +701,8 @@ def scaled_dot_product_attention(
     ):
         if cache is None:
             routed_calls["mlx-lm's attention"] += 1
-        return _attn_stock["fn"](queries, keys, values, cache, scale, mask, sinks)
+        stock = _stock_function(_attn_stock, "mlx_lm.models.base", _ATTN)
+        return stock(queries, keys, values, cache, scale, mask, sinks)
     routed_calls["chunkscan.attention"] += 1
     return _attention_op()(queries, keys, values, scale=scale, mask=mask)
 
