@@ -909,6 +909,41 @@ def test_non_finite_input_under_compile(name, value):
     assert mx.array_equal(o_c, o, equal_nan=True).item()  # measured on CPU: identical
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
+def test_non_finite_cotangent_stays_in_its_chunk_and_before(value):
+    """A non-finite cotangent of ``o[t]`` (one channel): the gradients of every later
+    chunk and of the other batch rows are those of the same call with that cotangent
+    zero, bit for bit; the loop's NaN (``dk``, ``dv``, ``dg``, ``dbeta`` of the tokens up
+    to ``t``, of that row) are non-finite here too. The rest of ``t``'s chunk may be
+    non-finite as well (the chunk products multiply the causal zeros by it; the loop
+    keeps those tokens finite): docs/gated_delta.md, "Non-finite input"."""
+    T, t, C = 40, 20, 16
+    inputs = make_inputs(2, T, 1, 2, 4, 3)
+    w = mx.random.normal((2, T, 2, 3), key=mx.random.key(6))
+    hit = (mx.arange(2)[:, None, None, None] == 0) & (mx.arange(T)[:, None, None] == t)
+    hit = hit & (mx.arange(2)[:, None] == 0) & (mx.arange(3) == 1)
+    bad_w, zero_w = mx.where(hit, value, w), mx.where(hit, 0.0, w)
+
+    def vjp(fn, ct):
+        def f(*a):
+            return fn(*a[:5], initial_state=a[5], chunk_size=C)[0]
+
+        return mx.vjp(f, inputs, [ct])[1]
+
+    bad, ok = vjp(gated_delta_rule, bad_w), vjp(gated_delta_rule, zero_w)
+    ref = vjp(naive_recurrent_gated_delta_rule, bad_w)
+    end = (t // C + 1) * C  # the end of t's chunk
+    for name, gb, go, gr in zip("q k v g beta".split(), bad[:5], ok[:5], ref[:5]):
+        assert mx.array_equal(gb[1], go[1]).item(), name  # the other row
+        assert mx.array_equal(gb[0, end:], go[0, end:]).item(), name  # later chunks
+        if name != "q":
+            lost = ~mx.isfinite(gr[0]).reshape(T, -1).all(axis=-1)
+            assert lost[: t + 1].all().item() and not lost[t + 1 :].any().item(), name
+            assert (~mx.isfinite(gb[0, : t + 1])).reshape(t + 1, -1).any(axis=-1).all().item()
+    assert mx.array_equal(bad[5][1], ok[5][1]).item()
+    assert not mx.isfinite(bad[5][0]).all().item() and not mx.isfinite(ref[5][0]).all().item()
+
+
 def test_non_finite_input_stays_in_its_packed_sequence():
     cu = [0, 7, 20]
     inputs = make_inputs(1, 20, 1, 2, 4, 3, n_states=2)
