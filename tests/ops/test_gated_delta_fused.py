@@ -414,6 +414,29 @@ def test_layout_answers_follow_each_calls_settings(monkeypatch):
             _chunk_cuda.slice_columns(128, 64, 128)
 
 
+def test_a_forced_width_that_does_not_fit_raises(monkeypatch):
+    """``CHUNKSCAN_GDN_TV=128`` on a GPU of 99 KiB a block: the blocks of that width do
+    not fit, and the fused kernels were off (and the default chunk size 128, not 32)
+    without a word (found by probing); it raises where the default width fits, names
+    the default, and leaves sizes that no width fits alone."""
+    from chunkscan.ops.gated_delta import _passes
+
+    fake_cuda_limits(monkeypatch, 99)
+    monkeypatch.setattr(_passes, "cuda_device", lambda: True)
+    monkeypatch.setattr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
+    monkeypatch.delenv("CHUNKSCAN_GDN_TV", raising=False)
+    assert chunk_module.default_chunk_size(None, 128, 128) == 32
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "32")
+    assert _chunk_cuda.supports(32, 128, 128, False)
+    monkeypatch.setenv("CHUNKSCAN_GDN_TV", "128")
+    assert not _chunk_cuda.supports(64, 128, 128, False)  # no width fits at 64 here
+    message = r"CHUNKSCAN_GDN_TV=128 gives blocks .* unset it for the default \(64 here\)"
+    with pytest.raises(ValueError, match=message):
+        _chunk_cuda.supports(32, 128, 128, False)
+    with pytest.raises(ValueError, match=message):
+        chunk_module.default_chunk_size(None, 128, 128)
+
+
 @pytest.mark.parametrize("kib, default", [(227, 64), (163, 32), (99, 32), (80, 128)])
 def test_default_chunk_size_follows_the_device(monkeypatch, kib, default):
     """On CUDA the default chunk size is the largest the fused kernels take (64, then

@@ -2083,13 +2083,22 @@ def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
     ``CHUNKSCAN_GDN_TV`` where set (32, 64 or 128); 32 where that does not divide ``Dv``.
     Without ``C`` and ``Dk``, :data:`TV`; given them, the widest default whose blocks
     (:func:`threads`) fit the device's shared memory."""
-    env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128")
+    env = _forced_slice_columns()
     if env is not None:
-        if env not in (32, 64, WIDE_TV):
-            raise ValueError(
-                f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32, 64 or 128, not {env}"
-            )
         return 32 if Dv % env else env
+    return _default_slice_columns(Dv, C, Dk)
+
+
+def _forced_slice_columns() -> int | None:
+    """``CHUNKSCAN_GDN_TV`` (32, 64 or 128), ``None`` where unset."""
+    env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128")
+    if env is not None and env not in (32, 64, WIDE_TV):
+        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32, 64 or 128, not {env}")
+    return env
+
+
+def _default_slice_columns(Dv: int, C: int | None, Dk: int | None) -> int:
+    """:func:`slice_columns` with ``CHUNKSCAN_GDN_TV`` unset."""
     if C is None or Dk is None:
         return TV if Dv % TV == 0 else 32
     wide = (WIDE_TV,) if C in _WIDE_C and Dv == WIDE_TV else ()
@@ -2179,8 +2188,24 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
         return False
     limit = cuda_limits().smem_per_block
+
+    def fits(tv: int) -> bool:
+        return all(smem_bytes(w, C, Dk, Dv, threads(w, C, Dk, Dv, tv), tv) <= limit
+                   for w in _KERNELS)  # fmt: skip
+
     tv = slice_columns(Dv, C, Dk)
-    return all(smem_bytes(w, C, Dk, Dv, threads(w, C, Dk, Dv, tv), tv) <= limit for w in _KERNELS)
+    if fits(tv):
+        return True
+    if _forced_slice_columns() is not None and fits(_default_slice_columns(Dv, C, Dk)):
+        # A forced width whose blocks do not fit the device turned the fused kernels
+        # off, and moved the default chunk size, without a word (found by probing).
+        raise ValueError(
+            f"[gated_delta_rule] CHUNKSCAN_GDN_TV={tv} gives blocks of more shared memory "
+            f"than the device's {limit} bytes per block at chunks of {C}, Dk = {Dk}, "
+            f"Dv = {Dv}, so the fused CUDA kernels could not run. Use a narrower width, "
+            f"or unset it for the default ({_default_slice_columns(Dv, C, Dk)} here)."
+        )
+    return False
 
 
 # Compile-time switches of the kernels, for tuning and tests (read at each call): the
