@@ -328,3 +328,34 @@ def gated_delta_second_derivative_peak(
     grad2 = mx.grad(squared_dk, argnums=(0, 1, 2))
     _, peak = peak_above_active(lambda: grad2(q, k, v))
     return {"peak": peak}
+
+
+def linear_attention_backward_peak(
+    T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, C: int, control: bool = False
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of all five gradients of ``linear_attention``;
+    ``control``: its chunks in a plain Python loop under MLX's autograd instead of
+    ``chunkscan.scan`` (the loop of ``scan``'s docstring), the negative control."""
+    from chunkscan.ops.linear_attention import chunk as chunk_module
+
+    if control:
+
+        def loop(f, init, xs, *, chunk_size, axis):
+            carry, ys = init, []
+            for lo in range(0, xs[0].shape[axis], chunk_size):
+                carry, y = f(carry, [x[:, lo : lo + chunk_size] for x in xs])
+                ys.append(y)
+            return carry, mx.concatenate(ys, axis=axis)
+
+        chunk_module.scan = loop
+    q, k, v, g, _, h0 = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv)
+    w = mx.random.normal((B, T, Hv, Dv), key=mx.random.key(7))
+    mx.eval(q, k, v, g, h0, w)
+
+    def loss(q, k, v, g, h0):
+        o, st = chunkscan.linear_attention(q, k, v, g, initial_state=h0, chunk_size=C)
+        return mx.sum(o * w) + mx.sum(st)
+
+    grad = mx.grad(loss, argnums=tuple(range(5)))
+    _, peak = peak_above_active(lambda: grad(q, k, v, g, h0))
+    return {"peak": peak}

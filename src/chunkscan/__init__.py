@@ -11,12 +11,15 @@ Public API:
   hand-written backward (see :mod:`chunkscan.ops.gated_delta`).
 - :func:`attention`: softmax attention in query blocks with a backward whose memory
   does not grow with T (see :mod:`chunkscan.ops.attention`).
+- :func:`linear_attention`: linear attention with a scalar decay per head and token,
+  chunkwise through :func:`scan` (see :mod:`chunkscan.ops.linear_attention`).
 """
 
 from ._compat import check_mlx as _check_mlx
 from .checkpoint import checkpoint
 from .ops.attention import attention, naive_attention
 from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
+from .ops.linear_attention import linear_attention, naive_recurrent_linear_attention
 from .scan import ClosureCaptureWarning, scan
 from .split import split
 from .stepwise import stepwise
@@ -30,8 +33,10 @@ __all__ = [
     "attention",
     "checkpoint",
     "gated_delta_rule",
+    "linear_attention",
     "naive_attention",
     "naive_recurrent_gated_delta_rule",
+    "naive_recurrent_linear_attention",
     "scan",
     "split",
     "stepwise",

@@ -67,8 +67,11 @@ def check_inputs(
     *,
     normalize_qk: object = False,
 ) -> Spec:
-    """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``."""
+    """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``.
+    ``beta=None``: an op with no ``beta`` (:func:`chunkscan.linear_attention`)."""
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    if beta is None:
+        del named["beta"]
     check_arrays(fn, named)
     check_bool(fn, "normalize_qk", normalize_qk)
     for name, ndim, layout in (
@@ -78,6 +81,8 @@ def check_inputs(
         ("g", 3, "[B, T, Hv]"),
         ("beta", 3, "[B, T, Hv]"),
     ):
+        if name not in named:
+            continue
         x = named[name]
         if name == "g" and x.ndim == 4:
             continue  # a per-channel gate [B, T, Hv, Dk], checked below
@@ -119,6 +124,8 @@ def check_inputs(
             f"got {_shape(g)}. Pass one log-decay per token, value head and key channel."
         )
     for name in ("beta",) if channel else ("g", "beta"):
+        if name not in named:
+            continue
         x = named[name]
         if _shape(x) != (B, T, Hv):
             raise ValueError(

@@ -1,0 +1,27 @@
+"""The checks of :func:`linear_attention` and its oracle: the Gated DeltaNet op's (the
+same layouts, no ``beta``), a gate per head only."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..gated_delta._checks import Spec
+from ..gated_delta._checks import check_inputs as _check_gdn_inputs
+
+F32 = mx.float32
+
+
+def check_inputs(fn, q, k, v, g, scale, initial_state, chunk_size) -> tuple[Spec, mx.array]:
+    """The checked shapes and the gate: ``g`` as given, or zeros ``[B, T, Hv]`` (no
+    decay) for ``g=None``."""
+    if g is None:  # (a v of another rank keeps its own error: it is checked first)
+        ok = isinstance(v, mx.array) and v.ndim == 4
+        g = mx.zeros(tuple(v.shape[:3]) if ok else (0, 0, 0), dtype=F32)
+    elif isinstance(g, mx.array) and g.ndim == 4:
+        raise ValueError(
+            f"[{fn}] g must have 3 dimensions [B, T, Hv] (one log-decay per token and "
+            f"value head) but got shape {tuple(g.shape)}: per-channel gates are not "
+            f"supported here. Pass one gate per head, or use chunkscan.gated_delta_rule."
+        )
+    spec = _check_gdn_inputs(fn, q, k, v, g, None, scale, initial_state, chunk_size, None)
+    return spec, g

@@ -1,0 +1,182 @@
+"""chunkscan.linear_attention against its per-step oracle: values, the five
+gradients, resets, low precision, compile, checks, and backward memory."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from helpers import gated_delta_inputs, max_rel, peak_growth
+
+from chunkscan import linear_attention, naive_recurrent_linear_attention
+
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dh0")
+# float32 against the float32 oracle: measured at most 4.7e-7 over the cases of
+# test_matches_the_oracle (values, final state, five gradients); the bound is about 10x.
+FP32_TOL = 5e-6
+
+
+def inputs(B, T, Hk, Hv, Dk, Dv, seed=0, dtype=mx.float32):
+    """``q, k, v, g, h0`` (``gated_delta_inputs``' ranges: unit keys, g in [-0.5, -0.01])."""
+    q, k, v, g, _, h0 = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv, dtype=dtype, seed=seed)
+    return q, k, v, g, h0
+
+
+def outputs_and_grads(fn, q, k, v, g, h0, *, compiled=False, exact_in=None, **kwargs):
+    """``[o, final_state, dq, dk, dv, dg, dh0]`` under random cotangents (values
+    representable in ``exact_in`` where given: a low-precision output's cotangent is
+    then not rounded)."""
+    B, T, Hv, Dv = v.shape
+    w = mx.random.normal((B, T, Hv, Dv), key=mx.random.key(11))
+    ws = mx.random.normal(h0.shape, key=mx.random.key(12))
+    if exact_in is not None:
+        w, ws = (x.astype(exact_in).astype(mx.float32) for x in (w, ws))
+
+    def run(q, k, v, g, h0):
+        return fn(q, k, v, g, initial_state=h0, **kwargs)
+
+    def loss(q, k, v, g, h0):
+        o, s = run(q, k, v, g, h0)
+        return mx.sum(o.astype(mx.float32) * w) + mx.sum(s * ws)
+
+    grad = mx.grad(loss, argnums=(0, 1, 2, 3, 4))
+    if compiled:
+        run, grad = mx.compile(run), mx.compile(grad)
+    return [*run(q, k, v, g, h0), *grad(q, k, v, g, h0)]
+
+
+def assert_close(got, ref, tol=FP32_TOL):
+    errors = {n: max_rel(a, b) for n, a, b in zip(NAMES, got, ref)}
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    assert not bad, f"max relative error above {tol}: {bad}"
+
+
+CASES = [  # (B, T, Hk, Hv, Dk, Dv, C)
+    (1, 1, 1, 1, 4, 4, 64),
+    (2, 37, 2, 4, 8, 5, 16),  # T not a multiple of C, Hv = 2 Hk, Dk != Dv
+    (1, 64, 1, 3, 6, 9, 64),  # one chunk, three value heads to a key head
+    (1, 65, 2, 2, 16, 16, 1),
+    (1, 100, 1, 2, 8, 8, 7),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_matches_the_oracle(case):
+    B, T, Hk, Hv, Dk, Dv, C = case
+    xs = inputs(B, T, Hk, Hv, Dk, Dv)
+    ref = outputs_and_grads(naive_recurrent_linear_attention, *xs)
+    assert_close(outputs_and_grads(linear_attention, *xs, chunk_size=C), ref)
+
+
+def test_no_gate_and_a_scale():
+    """``g=None`` is plain linear attention (the oracle with zero gates; no ``dg``)."""
+    q, k, v, g, h0 = inputs(1, 40, 1, 2, 8, 8)
+    zero = mx.zeros_like(g)
+    got = linear_attention(q, k, v, initial_state=h0, scale=0.3, chunk_size=16)
+    ref = naive_recurrent_linear_attention(q, k, v, zero, initial_state=h0, scale=0.3)
+    assert max_rel(got[0], ref[0]) <= FP32_TOL and max_rel(got[1], ref[1]) <= FP32_TOL
+
+
+def test_compiled_is_eager():
+    xs = inputs(2, 37, 2, 4, 8, 5)
+    eager = outputs_and_grads(linear_attention, *xs, chunk_size=16)
+    assert_close(outputs_and_grads(linear_attention, *xs, chunk_size=16, compiled=True), eager)
+
+
+def test_minus_inf_resets_the_state():
+    """``g_t = -inf``: the outputs from ``t`` on are those of a call starting at ``t``
+    from a zero state, and nothing is NaN, values or gradients (every span of gates is
+    a sum of the gates it covers: no ``-inf - (-inf)``)."""
+    T, t, C = 40, 21, 16
+    q, k, v, g, h0 = inputs(1, T, 1, 2, 8, 8)
+    g = mx.where((mx.arange(T) == t)[None, :, None], -mx.inf, g)
+    got = outputs_and_grads(linear_attention, q, k, v, g, h0, chunk_size=C)
+    for name, x in zip(NAMES, got):
+        assert not mx.isnan(x).any().item(), name
+    tail = [x[:, t:] for x in (q, k, v, g)]
+    o_tail, s_tail = linear_attention(*tail, initial_state=mx.zeros_like(h0), chunk_size=C)
+    assert max_rel(got[0][:, t:], o_tail) <= FP32_TOL
+    assert max_rel(got[1], s_tail) <= FP32_TOL
+    assert_close(got, outputs_and_grads(naive_recurrent_linear_attention, q, k, v, g, h0))
+
+
+@pytest.mark.parametrize("dtype, bound", [(mx.bfloat16, 0.008), (mx.float16, 0.001)])
+def test_low_precision_is_the_float32_call_rounded(dtype, bound):
+    """bfloat16 / float16 inputs: the products and the state are float32, so the call
+    is the float32 call on the same rounded inputs up to the rounding of ``o``, ``dq``,
+    ``dk`` and ``dv`` to the input dtype: measured at most 2.5e-3 (bf16) and 3.4e-4 (f16)
+    (bound about 3x); with cotangents the dtype represents, the float32 results
+    (``final_state``, ``dg``, ``dh0``) are the float32 call's bit for bit (bound
+    ``FP32_TOL``). Products left in the input dtype (q and k not cast: the scores
+    rounded) put ``dg`` 1.6e-3 off and still passed the first bound (mutation)."""
+    xs = inputs(1, 70, 2, 4, 16, 16)
+    rounded = [x.astype(dtype) for x in xs[:3]] + list(xs[3:])
+    got = outputs_and_grads(linear_attention, *rounded, chunk_size=16, exact_in=dtype)
+    up = [x.astype(mx.float32) for x in rounded[:3]] + list(xs[3:])
+    ref = outputs_and_grads(linear_attention, *up, chunk_size=16, exact_in=dtype)
+    assert got[0].dtype == dtype and got[1].dtype == mx.float32
+    assert_close(got, ref, bound)
+    for name in ("final_state", "dg", "dh0"):
+        i = NAMES.index(name)
+        assert max_rel(got[i], ref[i]) <= FP32_TOL, name
+
+
+def test_checks_name_the_op():
+    q, k, v, g, h0 = inputs(1, 8, 1, 2, 4, 4)
+    with pytest.raises(ValueError, match=r"\[linear_attention\] g must have 3 dimensions"):
+        linear_attention(q, k, v, mx.zeros((1, 8, 2, 4)))
+    with pytest.raises(ValueError, match=r"\[linear_attention\] v must have 4 dimensions"):
+        linear_attention(q, k, v[0])
+    with pytest.raises(ValueError, match=r"\[linear_attention\] g must have shape"):
+        linear_attention(q, k, v, g[:, :4])
+    with pytest.raises(ValueError, match=r"\[linear_attention\] initial_state must have"):
+        linear_attention(q, k, v, g, initial_state=h0[:, :1])
+    with pytest.raises(ValueError, match=r"\[linear_attention\] chunk_size"):
+        linear_attention(q, k, v, g, chunk_size=0)
+    with pytest.raises(TypeError, match=r"\[naive_recurrent_linear_attention\] scale"):
+        naive_recurrent_linear_attention(q, k, v, g, scale="1")
+
+
+def test_empty_sizes():
+    q, k, v, g, h0 = inputs(1, 8, 1, 2, 4, 4)
+    o, s = linear_attention(q[:, :0], k[:, :0], v[:, :0], g[:, :0], initial_state=h0)
+    assert o.shape == (1, 0, 2, 4) and mx.array_equal(s, h0).item()
+
+
+def test_backward_memory_keeps_one_state_per_chunk():
+    """Peak growth of all five gradients from T = 256 to 1024 (fresh processes, C = 16)
+    within the inputs' gradients, the output and its cotangent, a 1/C share of a state
+    and slack of four states: measured 1.87 MiB against a bound of 2.33 MiB; the same
+    chunks in a plain loop under MLX's autograd (the negative control: each chunk's
+    slices give zero-padded gradients of the whole sequence, and every chunk's
+    intermediates stay) 29.4 MiB."""
+    shape = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, C=16)
+    state = 4 * shape["Hv"] * shape["Dv"] * shape["Dk"]
+    inputs_ = 4 * (2 * shape["Hk"] * shape["Dk"] + shape["Hv"] * shape["Dv"] + shape["Hv"])
+    output = 4 * shape["Hv"] * shape["Dv"]
+    bound = (1024 - 256) * (inputs_ + 2 * output + state / shape["C"]) + 4 * state
+    growth = peak_growth("linear_attention_backward_peak", shape)
+    assert growth <= bound, f"peak grew by {growth / 2**20:.2f} > {bound / 2**20:.2f} MiB"
+    control = peak_growth("linear_attention_backward_peak", dict(shape, control=True))
+    assert control > bound, f"control grew by {control / 2**20:.2f} MiB only"
+
+
+@pytest.mark.parametrize("family", ["bailing_moe_linear", "bailing_hybrid"])
+def test_matches_mlx_lm_recurrent_gla(family):
+    """mlx-lm's ``recurrent_gla`` (the Bailing linear models' Lightning attention, heads
+    before time, a constant log-decay per head, the state ``[B, H, Dk, Dv]``) is this op
+    with ``g`` that constant at every token and the state transposed: measured 1.7e-7 /
+    2.3e-7 (o, state) against bailing_hybrid's chunked form, 4.6e-7 / 8.2e-7 against
+    bailing_moe_linear's per-token loop; bound ``FP32_TOL``."""
+    module = pytest.importorskip(f"mlx_lm.models.{family}")
+    q, k, v, g, h0 = inputs(2, 45, 3, 3, 8, 8)
+    slope = -mx.array([0.05, 0.3, 1.0])
+    h = h0.swapaxes(-1, -2)
+    heads_first = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]
+    if family == "bailing_hybrid":
+        y, s = module.recurrent_gla(*heads_first, slope, scale=0.4, h=h)
+    else:
+        y, s = module.recurrent_gla(*heads_first, slope, 0.4, h=h)
+    gates = mx.broadcast_to(slope, g.shape)
+    o, final = linear_attention(q, k, v, gates, scale=0.4, initial_state=h0, chunk_size=16)
+    assert max_rel(o, y.transpose(0, 2, 1, 3)) <= FP32_TOL
+    assert max_rel(final, s.swapaxes(-1, -2)) <= FP32_TOL
