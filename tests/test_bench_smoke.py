@@ -418,6 +418,8 @@ BAD_NUMBERS = [
     ("gdn_phases", ["--Hk", "2", "--Hv", "3"], "--Hv"),  # a traceback
     ("first_call", ["--Hk", "2", "--Hv", "3"], "--Hv"),  # an error row, exit status 0
     ("launch_cost", ["--launches", "0"], "--launches"),
+    ("linear_attention", ["--T", "0"], "--T"),
+    ("linear_attention", ["--chunk-size", "0"], "--chunk-size"),
     ("lora", ["--T", "0"], "--T"),
     ("lora", ["--repeats", "0"], "--repeats"),
     ("lora", ["--modes", "patchd"], "--modes"),  # an error row per T before
@@ -475,6 +477,8 @@ BAD_OUTPUTS = [
     ("graph_build", ["--T", "64", "--repeats", "1"], "--json"),
     ("growth_gates", ["--T", "16", "--gates", "0", "--chunk-sizes", "8"], "--json"),
     ("launch_cost", ["--launches", "1", "--repeats", "1"], "--json"),
+    ("linear_attention", ["--T", "16", "--impls", "chunkscan"], "--json"),
+    ("linear_attention", ["--T", "16", "--impls", "chunkscan"], "--md"),
     ("lora", ["--T", "16", "--modes", "stub"], "--json"),
     ("memory_breakdown", ["--T", "64"], "--json"),
     ("op_count", ["--T", "128", "--C", "64"], "--json"),
@@ -838,3 +842,13 @@ def test_ncu_source_summary_says_when_the_page_is_another(bench, capsys):
     assert summary.main([str(sol)]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "no launch or source line found" in captured.err
+
+
+def test_linear_attention_bench_measures_the_three_forms(bench):
+    """``bench/linear_attention.py``'s three implementations of one Lightning-attention
+    layer run and report (tiny shape, in this process)."""
+    module = bench("linear_attention")
+    for impl in module.IMPLS:
+        row = module.measure(impl, T=24, dtype="float32", repeats=1, chunk_size=8, H=2, D=8)
+        assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+    assert module.slopes(4) == [-(2**-2.0), -(2**-4.0), -(2**-6.0), -(2**-8.0)]

@@ -923,6 +923,11 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     (model / "config.json").write_text(json.dumps(hybrid))
     assert lora.main(argv) == 0
     assert "Gated DeltaNet training path -> chunkscan.gated_delta_rule" in capsys.readouterr().out
+    # bailing_moe_linear's Lightning attention goes to chunkscan.linear_attention
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="bailing_moe_linear")))
+    assert lora.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chunkscan: Lightning attention (mlx-lm's recurrent_gla) training path -> " in out
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

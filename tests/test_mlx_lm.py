@@ -36,8 +36,9 @@ STOCK = gd.gated_delta_update
 STOCK_ATTN = mlx_base.scaled_dot_product_attention
 CHUNK = 16
 # Patched against stock, float32 (relative RMSE, or relative for a loss): measured at most
-# 6.0e-6 (qwen3_next's LoRA gradients: the per-token loop against the chunk form, each
-# rounding in its own order) over every comparison below; the bound is about 16x that.
+# 6.0e-6 for the Gated DeltaNet families (qwen3_next's LoRA gradients: the per-token loop
+# against the chunk form, each rounding in its own order), 2.4e-5 for bailing_moe_linear's
+# Lightning attention, over every comparison below; the bound is about 4x the latter.
 RTOL = 1e-4
 
 
@@ -768,6 +769,7 @@ def test_probes_run_on_the_cpu(monkeypatch):
 
     monkeypatch.setattr(cmlx, "_probe", recording(real_gdn))
     monkeypatch.setattr(cmlx, "_probe_attention", recording(real_attn))
+    monkeypatch.setattr(cmlx, "_probe_lightning", recording(cmlx._probe_lightning))
     entered = []
     real_on_cpu = cmlx.on_cpu
 
@@ -780,7 +782,7 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
     with cmlx.patch():
         pass
-    assert len(seen) == 2 and len(entered) == 2
+    assert len(seen) == 3 and len(entered) == 3  # Gated DeltaNet, attention, Lightning
     assert all(d == mx.cpu for d in seen)
     previous = mx.default_device()
     with real_on_cpu():
@@ -838,3 +840,93 @@ def test_drop_ins_run_mlx_lm_with_no_patch_made(monkeypatch):
     got = cmlx.scaled_dot_product_attention(x, kk, vv, cache, 0.2, "causal")
     ref = base.scaled_dot_product_attention(x, kk, vv, cache, 0.2, "causal")
     assert mx.array_equal(got, ref)
+
+
+# -------------------------------------------------------- Lightning attention (Bailing)
+
+
+def bailing_linear_config(**kw):
+    """Bailing MoE linear (Ring / Ling linear), 4 layers: Lightning attention in layers
+    0-2, softmax attention in layer 3, MoE from layer 1 on; 2 heads of 32."""
+    cfg = dict(
+        model_type="bailing_moe_linear", hidden_size=64, intermediate_size=96,
+        max_position_embeddings=512, moe_intermediate_size=32, num_experts=4,
+        num_shared_experts=1, norm_topk_prob=True, num_attention_heads=2,
+        num_experts_per_tok=2, num_hidden_layers=4, num_key_value_heads=2,
+        rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=64, first_k_dense_replace=1,
+        layer_group_size=4, group_norm_size=1, head_dim=32, use_qk_norm=True,
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def gla_spy(monkeypatch):
+    """Record the chunk_size of each call of chunkscan.linear_attention via the seam."""
+    return _record_calls(monkeypatch, "_lightning_op", "chunk_size")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bailing_linear_lora_grads_match_stock(compiled, gla_spy):
+    """mlx-lm's bailing_moe_linear trains patched with the loss and LoRA gradients of
+    its per-token loop: each of the three Lightning-attention layers calls
+    chunkscan.linear_attention once (a compiled step: in its one trace)."""
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    stock = bl.recurrent_gla
+    model = lora_model(bailing_linear_config())
+    assert sum(not layer.is_global for layer in model.model.layers) == 3
+    batch, lengths = padded_batch(64)
+    loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    with cmlx.patch(chunk_size=CHUNK):
+        assert cmlx.lightning_patched_modules() == ("bailing_moe_linear",)
+        assert bl.recurrent_gla is not stock
+        loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    assert bl.recurrent_gla is stock and cmlx.lightning_patched_modules() == ()
+    assert gla_spy.count(CHUNK) == 3
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("query_key_value" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def test_bailing_linear_generation_keeps_its_tokens(gla_spy):
+    """Generation patched: the prompt (more than one token, no other sign of training)
+    goes through the op, each decoded token through mlx-lm's function; the tokens are
+    stock's, the last logits within rounding, the cache's state in mlx-lm's dtype."""
+    model = build_model(bailing_linear_config(), 0)
+    model.eval()
+    prompt = mx.array([[5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    toks0, last0 = greedy_tokens(model, prompt, 5)
+    with cmlx.patch(chunk_size=4):
+        toks1, last1 = greedy_tokens(model, prompt, 5)
+        cache = model.make_cache()
+        model(prompt, cache=cache)
+    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    assert gla_spy.count(4) == 6  # two prompts, three Lightning layers each
+    assert cache[0][0].dtype == mx.float32
+
+
+def test_bailing_linear_seam_that_changed_is_left_alone(monkeypatch):
+    """A ``recurrent_gla`` of the seam's signature that the patched call does not
+    reproduce (here: a scale applied twice) stays mlx-lm's, with a warning naming it;
+    the rest of the patch applies. Another signature is not the seam: untouched."""
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    real = bl.recurrent_gla
+
+    def changed(q, k, v, g, scale, h=None):
+        return real(q, k, v, g, scale * scale, h)
+
+    monkeypatch.setattr(bl, "recurrent_gla", changed)
+    with pytest.warns(RuntimeWarning, match="bailing_moe_linear.recurrent_gla is left"):
+        with cmlx.patch():
+            assert cmlx.lightning_patched_modules() == ()
+            assert bl.recurrent_gla is changed and "qwen3_next" in cmlx.patched_families()
+
+    def other(q, k, v, g, *, scale, h=None):
+        return real(q, k, v, g, scale, h)
+
+    monkeypatch.setattr(bl, "recurrent_gla", other)
+    with cmlx.patch():
+        assert cmlx.lightning_patched_modules() == () and bl.recurrent_gla is other

@@ -80,6 +80,7 @@ import functools
 import importlib
 import inspect
 import pathlib
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Collection
@@ -462,6 +463,7 @@ class Patch:
                 # does any module that imported the replacement by name while patched.
                 _restore_everywhere(_NAME, _INSTALLED_GDN, _stock["fn"])
                 _saved.clear()
+                _restore_lightning()
                 _verified.clear()
 
     def __enter__(self) -> Patch:
@@ -629,6 +631,10 @@ def patch(
             for name, module in modules.items():
                 _saved[name] = getattr(module, _NAME)
                 setattr(module, _NAME, _INSTALLED_GDN)
+            _install_lightning()
+        if verify and "lightning" not in _verified:
+            _verify_lightning()
+            _verified.add("lightning")
         names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
         handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
         _stack.append(handle)
@@ -853,3 +859,157 @@ def _model_modules() -> list[tuple[str, ModuleType]]:
 def attention_patched_modules() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules whose attention is patched now."""
     return tuple(sorted(n.rsplit(".", 1)[1] for n in _attn_saved))
+
+
+# ----------------------------------------------------- Lightning attention (Bailing)
+
+#: mlx-lm's per-token Lightning-attention recurrence, a module-level function that the
+#: family's ``LinearAttention.__call__`` calls by name as ``recurrent_gla(q=, k=, v=,
+#: g=self._slope, scale=self.scale, h=cache[0])`` (``[B, H, T, D]`` tensors, ``g`` one
+#: log-decay per head, ``h`` the state ``[B, H, Dk, Dv]`` or None): bailing_moe_linear
+#: in mlx-lm 0.32.2. (bailing_hybrid's takes ``scale``, ``mask`` and ``chunk`` by keyword
+#: and is chunked already: another signature, left alone.)
+_GLA = "recurrent_gla"
+_GLA_PARAMS = ("q", "k", "v", "g", "scale", "h")
+_gla_saved: dict[str, Any] = {}  # module name -> mlx-lm's function, while patched
+
+
+def _lightning_op():
+    """:func:`chunkscan.linear_attention` (looked up at call time, so tests can spy)."""
+    import chunkscan
+
+    return chunkscan.linear_attention
+
+
+def _chunked_gla(q, k, v, g, scale, h):
+    """mlx-lm's ``recurrent_gla`` through :func:`chunkscan.linear_attention`: the layout
+    turned (time before heads, the state ``[Dv, Dk]``), the gate the same at every token,
+    the results in the dtypes mlx-lm's loop gives (``q``'s, or promoted with ``h``'s)."""
+    B, H, T, _ = q.shape
+    dtype = q.dtype  # mlx-lm's: q's, promoted with a state's
+    if h is not None:
+        dtype = (mx.zeros((), dtype=q.dtype) + mx.zeros((), dtype=h.dtype)).dtype
+    kwargs = {}
+    if _stack and _stack[-1].chunk_size is not None:
+        kwargs["chunk_size"] = _stack[-1].chunk_size
+    o, state = _lightning_op()(
+        *(x.transpose(0, 2, 1, 3) for x in (q, k, v)),
+        mx.broadcast_to(g.astype(mx.float32), (B, T, H)),
+        scale=scale,
+        initial_state=None if h is None else h.swapaxes(-1, -2),
+        **kwargs,
+    )
+    return o.transpose(0, 2, 1, 3).astype(dtype), state.swapaxes(-1, -2).astype(dtype)
+
+
+def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
+    """What :func:`patch` binds to ``recurrent_gla`` in a family's module: calls of more
+    than one token (training; prefill too, which has no other sign) with one head count
+    for ``q``, ``k`` and ``v`` and a gate per head go to :func:`chunkscan.linear_attention`,
+    every other call (decoding one token) to mlx-lm's function."""
+
+    @functools.wraps(stock)
+    def recurrent_gla(q, k, v, g, scale, h=None):
+        takes = (
+            all(isinstance(x, mx.array) and x.ndim == 4 for x in (q, k, v))
+            and q.shape[2] > 1
+            and q.shape[1] == k.shape[1] == v.shape[1]
+            and isinstance(g, mx.array)
+            and g.shape == (q.shape[1],)
+            and not isinstance(scale, mx.array)
+        )
+        if not takes:
+            return stock(q, k, v, g, scale, h)
+        routed_calls["chunkscan.linear_attention"] += 1
+        return _chunked_gla(q, k, v, g, scale, h)
+
+    recurrent_gla.__qualname__ = "_lightning.recurrent_gla"
+    recurrent_gla._chunkscan_stock = stock  # type: ignore[attr-defined]
+    return recurrent_gla
+
+
+def _lightning_modules() -> dict[str, tuple[ModuleType, Any]]:
+    """Each ``mlx_lm.models`` module whose ``recurrent_gla`` has the seam's signature
+    (found by reading the sources for the name, then importing): ``name -> (module,
+    mlx-lm's function)``."""
+    gd = importlib.import_module("mlx_lm.models.base")
+    found = {}
+    for path in sorted(pathlib.Path(gd.__file__).parent.glob("*.py")):
+        if f"def {_GLA}(" not in path.read_text(encoding="utf-8"):
+            continue
+        name = f"mlx_lm.models.{path.stem}"
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional family that cannot load
+            continue
+        fn = _gla_saved.get(name, getattr(module, _GLA, None))
+        if not callable(fn):
+            continue
+        params = list(inspect.signature(fn).parameters.values())
+        names = tuple(p.name for p in params)
+        positional = all(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
+        if names == _GLA_PARAMS and positional and params[-1].default is None:
+            found[name] = (module, fn)
+    return found
+
+
+def _probe_lightning(stock: Callable[..., Any]) -> list[str]:
+    """The patched call against mlx-lm's on a tiny float32 input, with and without a
+    state; the problems found (none: ``[]``)."""
+    keys = mx.random.split(mx.random.key(13), 4)
+    q, k, v = (mx.random.normal((2, 3, 5, s), key=kk) for s, kk in zip((8, 8, 4), keys))
+    g = -mx.array([0.1, 0.7, 2.0])
+    h = mx.random.normal((2, 3, 8, 4), key=keys[3]) * 0.3
+    problems = []
+    for state in (None, h):
+        ours, theirs = _chunked_gla(q, k, v, g, 0.35, state), stock(q, k, v, g, 0.35, state)
+        for what, x1, x0 in zip(("output", "state"), ours, theirs):
+            err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
+            if not err <= 1e-4:
+                label = "a state" if state is not None else "no state"
+                problems.append(f"with {label} the {what} differs by {err:.2e}")
+    return problems
+
+
+def _install_lightning() -> None:
+    """Rebind ``recurrent_gla`` in each family that has the seam."""
+    for name, (module, stock) in _lightning_modules().items():
+        if name not in _gla_saved:
+            _gla_saved[name] = stock
+            setattr(module, _GLA, _lightning(stock))
+
+
+def _verify_lightning() -> None:
+    """Probe each patched family; one whose function the patched call does not
+    reproduce gets mlx-lm's back, with a warning (none is required: patch() goes on)."""
+    for name, stock in list(_gla_saved.items()):
+        with on_cpu():
+            problems = _probe_lightning(stock)
+        if problems:
+            _put_back_lightning(name, stock)
+            del _gla_saved[name]
+            warnings.warn(
+                f"[chunkscan.mlx_lm] {name}.{_GLA} is left as it is (mlx-lm "
+                f"{_mlx_lm_version()}): the patched call does not reproduce it: "
+                + "; ".join(problems),
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+def _put_back_lightning(name: str, stock: Any) -> None:
+    module = sys.modules.get(name)
+    bound = getattr(module, _GLA, None) if module is not None else None
+    if getattr(bound, "_chunkscan_stock", None) is stock:
+        setattr(module, _GLA, stock)
+
+
+def _restore_lightning() -> None:
+    for name, stock in _gla_saved.items():
+        _put_back_lightning(name, stock)
+    _gla_saved.clear()
+
+
+def lightning_patched_modules() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules whose ``recurrent_gla`` is patched now."""
+    return tuple(sorted(n.rsplit(".", 1)[1] for n in _gla_saved))

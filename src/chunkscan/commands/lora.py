@@ -457,6 +457,12 @@ def _routes_line() -> str:
         f"attention without a cache -> chunkscan.attention {calls['chunkscan.attention']}, "
         f"mlx-lm's {stock}"
         + (" (sinks, a floating mask or mixed dtypes: as in mlx-lm)" if stock else "")
+        + (
+            f"; Lightning attention of more than one token -> chunkscan.linear_attention "
+            f"{calls['chunkscan.linear_attention']}"
+            if calls["chunkscan.linear_attention"]
+            else ""
+        )
     )
 
 
@@ -1187,7 +1193,12 @@ def run(args: types.SimpleNamespace) -> None:
     lora = _mlx_lm_lora()
     with seam.patch(chunk_size=args.gdn_chunk_size, save_states=args.gdn_save_states) as handle:
         routes = _model_routes(args.model, handle.families)
-        if routes is not None and not routes.gated_deltanet:
+        if routes is not None and routes.lightning:
+            gdn = (
+                f"Lightning attention (mlx-lm's recurrent_gla) training path -> "
+                f"chunkscan.linear_attention (chunk_size={args.gdn_chunk_size})"
+            )
+        elif routes is not None and not routes.gated_deltanet:
             gdn = f"{routes.model_type} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
         else:
             gdn = (
@@ -1266,6 +1277,7 @@ class _Routes(NamedTuple):
     model_type: str
     gated_deltanet: bool  # runs a patched family's Gated DeltaNet layers
     attention: bool  # some module of the model holds the patched attention
+    lightning: bool = False  # runs a family whose recurrent_gla is patched (Bailing linear)
 
 
 def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
@@ -1290,12 +1302,14 @@ def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
         module = model_class.__module__  # mlx_lm.models.<remapped type>
         patched = {f"mlx_lm.models.{name}" for name in families}
         covered = seam._covered(module.rsplit(".", 1)[1], patched)
+        lightning = {f"mlx_lm.models.{name}" for name in seam.lightning_patched_modules()}
+        lightning_covered = seam._covered(module.rsplit(".", 1)[1], lightning)
         modules = _layer_modules(model_class)
     except Exception:  # noqa: BLE001 (any failure: say nothing about the routes)
         return None
     installed = seam._INSTALLED_ATTENTION
     attention = any(getattr(m, seam._ATTN, None) is installed for m in modules)
-    return _Routes(str(config["model_type"]), covered, attention)
+    return _Routes(str(config["model_type"]), covered, attention, lightning_covered)
 
 
 def _layer_modules(model_class: type) -> list[types.ModuleType]:
