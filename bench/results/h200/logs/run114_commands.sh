@@ -1,37 +1,32 @@
-# Run 114 (session 41): issue 9's acceptance on an H200, if one comes (none since run
-# 105; the op's kernels unchanged since run 110's a431d37). After the set-up call,
-# `bash <this> <part> <commit> 1b133f9` (base/ is not used); outputs in $OUT/run114<part>.tgz:
-#   a: fla and chunkscan side by side at T = 16384 and 65536, eager and compiled, C = 64
-#      (fla_side_by_side), then the portable path (kernels off) at 16384, C = 128;
-#   b: the 4-layer LoRA step at T = 2048 on the machine's caches as part a left them
-#      (MLX's PTX cache holds fla's and the op's kernels, not the model's), then at 8192
-#      (lora_8192);
-#   c: the CUDA tests of the fused kernels, the state passes and the rows (cuda_tests).
-source bench/device_run.sh 114 "$@"  # st, $S, pack, fla_side_by_side, lora_8192, cuda_tests
+# Run 114 (session 41). After the set-up call, `bash <this> <part> <commit> 1b133f9`
+# (base/ is not used); outputs in $OUT/run114<part>.tgz:
+#   a: the CUDA tests of the fused chunk kernels and the state passes (session 41 made
+#      a forced tiling the shape cannot take raise, in the code that picks the kernels;
+#      the kernels themselves are unchanged), then chunkscan.linear_attention beside
+#      mlx-lm's two recurrent_gla on the GPU (bench/linear_attention.py);
+#   b: issue 9: one side-by-side sample at T = 16384, ten repeats (samples_16384 1),
+#      then the LoRA step of the 4-layer model at T = 8192 (lora_8192).
+source bench/device_run.sh 114 "$@"  # st, $S, pack, cuda_tests, samples_16384, lora_8192
 case "$RUN_PART" in
 a)
-  cd bench
-  st side_by_side
-  fla_side_by_side
+  st tests
+  MLX_ENABLE_TF32=0 timeout 330 python3 -m pytest -q -s -p no:cacheprovider -rs \
+    tests/ops/test_gated_delta_fused.py tests/ops/test_gated_delta_passes.py \
+    -k "(cuda or tf32) and not emulated" 2>&1 \
+    | tee $S/tests_h200_cuda.txt | grep -E "passed|failed|^FAILED|Error" | tail -12
   pack
-  st portable
-  timeout 200 python3 gdn_vs_fla.py --T 16384 --impls chunkscan-portable --modes compiled eager \
-    --chunk-sizes 128 --repeats 3 --json $S/gdn_portable_16384_h200.json \
-    | grep --line-buffered -E "chunkscan|rror"
+  st linear_attention
+  cd bench
+  timeout 200 python3 linear_attention.py --T 2048 8192 --loop-max-T 8192 --repeats 3 \
+    --json $S/linear_attention_gpu.json --md $S/linear_attention_gpu.md 2>&1 | tail -12
   pack
   ;;
 b)
-  st lora_2048
-  timeout 200 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$(cat bench/lora_4layer.json)" \
-    --timeout 180 --T 2048 --modes stub patched --json $S/lora_h200_2048.json 2>&1 | tail -3
-  pack
-  st lora_8192
+  cd bench
+  samples_16384 1
+  cd ..
+  st lora
   lora_8192
-  pack
-  ;;
-c)
-  st tests
-  cuda_tests
   pack
   ;;
 esac
