@@ -432,9 +432,23 @@ def test_a_forced_width_that_does_not_fit_raises(monkeypatch):
     assert not _chunk_cuda.supports(64, 128, 128, False)  # no width fits at 64 here
     message = r"CHUNKSCAN_GDN_TV=128 gives blocks .* unset it for the default \(64 here\)"
     with pytest.raises(ValueError, match=message):
-        _chunk_cuda.supports(32, 128, 128, False)
+        _chunk_cuda.supports(32, 128, 128, False, strict=True)
     with pytest.raises(ValueError, match=message):
         chunk_module.default_chunk_size(None, 128, 128)
+    # sizes only looked at (not asked for) do not raise: a call at chunk_size=16 or 128
+    # (the batched ops, where the width does nothing) raised from the look for a better
+    # size to name in its warning (found by review)
+    assert not _chunk_cuda.supports(32, 128, 128, False)
+
+    def spec(C):
+        return Spec(1, 40, 1, 2, 128, 128, 1.0, C, None)
+
+    with pytest.raises(ValueError, match=message):
+        chunk_module._fused_sizes(spec(32), True)  # the size a call asks for
+    monkeypatch.setattr(chunk_module, "_WARNED_SIZES", set())
+    for C in (16, 128):
+        assert chunk_module._fused_sizes(spec(C), True) == ()
+        chunk_module._warn_on_a_size_the_kernels_skip(spec(C))  # no better size: quiet
 
 
 @pytest.mark.parametrize("kib, default", [(227, 64), (163, 32), (99, 32), (80, 128)])

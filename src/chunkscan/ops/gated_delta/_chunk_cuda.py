@@ -2177,12 +2177,17 @@ def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
 
 
 @_planned
-def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
+def supports(
+    C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1, strict: bool = False
+) -> bool:
     """Whether these kernels handle a call (scalar gates, C 32 or 64, Dk and Dv
     multiples of 32 up to 128, at most 65535 lanes ``B * Hv``: a CUDA grid's second
     dimension; every kernel's shared memory within the device's opt-in maximum per
     block, :func:`chunkscan._backend.cuda_limits`: 227 KiB on an H100 / H200, 163 on an
-    A100, 99 on consumer GPUs)."""
+    A100, 99 on consumer GPUs). ``strict``: the chunk size a call asks for (or the
+    default's): a ``CHUNKSCAN_GDN_TV`` that alone keeps the kernels from it raises;
+    where other sizes are only looked at (a warning's better size), it does not (it
+    raised for sizes no call used; found by review)."""
     if channel or C not in CHUNK_SIZES or lanes > MAX_GRID_Y:
         return False
     if Dk % 32 or Dv % 32 or not 32 <= Dk <= 128 or not 32 <= Dv <= 128:
@@ -2196,7 +2201,8 @@ def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1) -> bool:
     tv = slice_columns(Dv, C, Dk)
     if fits(tv):
         return True
-    if _forced_slice_columns() is not None and fits(_default_slice_columns(Dv, C, Dk)):
+    forced = strict and _forced_slice_columns() is not None
+    if forced and fits(_default_slice_columns(Dv, C, Dk)):
         # A forced width whose blocks do not fit the device turned the fused kernels
         # off, and moved the default chunk size, without a word (found by probing).
         raise ValueError(

@@ -253,7 +253,7 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
     if not _passes.use_kernels(kernels, "gated_delta_rule"):
         return 128
     for C in sorted(_chunk_cuda.CHUNK_SIZES, reverse=True):
-        if _chunk_cuda.supports(C, Dk, Dv, False):
+        if _chunk_cuda.supports(C, Dk, Dv, False, strict=True):
             return C
     return 128
 
@@ -264,7 +264,7 @@ def _fused_sizes(spec: Spec, kernels: bool) -> tuple[int, ...]:
     shorter than a chunk is padded to the next of them rather than cut to a size no
     kernel takes (a call whose longest sequence had 33-63 tokens ran the batched MLX
     ops at ``chunk_size=64``, found by probing the op)."""
-    if not _fused(spec, spec.chunk_size, kernels):
+    if not _fused(spec, spec.chunk_size, kernels, strict=True):
         return ()
     sizes = _chunk_cuda.CHUNK_SIZES
     return tuple(C for C in sizes if C <= spec.chunk_size and _fused(spec, C, kernels))
@@ -299,11 +299,12 @@ def _warn_on_a_size_the_kernels_skip(spec: Spec) -> None:
     )
 
 
-def _fused(spec: Spec, C: int, kernels: bool) -> bool:
+def _fused(spec: Spec, C: int, kernels: bool, strict: bool = False) -> bool:
     """Whether a call runs the fused chunk kernels of :mod:`._chunk_cuda` (CUDA kernels
-    on, scalar gates, a shape they handle); otherwise the batched MLX ops below."""
+    on, scalar gates, a shape they handle); otherwise the batched MLX ops below
+    (``strict``: the size the call asked for, :func:`._chunk_cuda.supports`)."""
     return kernels and _chunk_cuda.supports(
-        C, spec.Dk, spec.Dv, spec.channel, lanes=spec.B * spec.Hv
+        C, spec.Dk, spec.Dv, spec.channel, lanes=spec.B * spec.Hv, strict=strict
     )
 
 
