@@ -297,8 +297,8 @@ def fake_fused_kernels(set_attr=setattr) -> None:
         return [mx.zeros(shape, dtype) for _, shape, dtype in outputs]
 
     set_attr(_backend, "RUNNER", fake)
-    set_attr(chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
-        C, spec.Dk, spec.Dv, spec.channel))  # fmt: skip
+    set_attr(chunk_module, "_fused", lambda spec, C, kernels, strict=False: _chunk_cuda.supports(
+        C, spec.Dk, spec.Dv, spec.channel, strict=strict))  # fmt: skip
     set_attr(_passes, "use_kernels", lambda kernels=None, fn="": kernels is not False)
 
 

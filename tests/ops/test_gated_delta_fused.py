@@ -52,8 +52,8 @@ def emulated(monkeypatch):
     pass ``kernels=False``), wherever ``supports`` holds."""
     monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     monkeypatch.setattr(
-        chunk_module, "_fused", lambda spec, C, kernels: _chunk_cuda.supports(
-            C, spec.Dk, spec.Dv, spec.channel)
+        chunk_module, "_fused", lambda spec, C, kernels, strict=False: _chunk_cuda.supports(
+            C, spec.Dk, spec.Dv, spec.channel, strict=strict)
     )  # fmt: skip
     calls = []
     real = _chunk_cuda._launch

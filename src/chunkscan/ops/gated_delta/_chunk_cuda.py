@@ -2177,9 +2177,7 @@ def scratch_floats(C: int, Dk: int, Dv: int, tv: int | None = None) -> int:
 
 
 @_planned
-def supports(
-    C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1, strict: bool = False
-) -> bool:
+def supports(C: int, Dk: int, Dv: int, channel: bool, lanes: int = 1, strict: bool = False) -> bool:
     """Whether these kernels handle a call (scalar gates, C 32 or 64, Dk and Dv
     multiples of 32 up to 128, at most 65535 lanes ``B * Hv``: a CUDA grid's second
     dimension; every kernel's shared memory within the device's opt-in maximum per
