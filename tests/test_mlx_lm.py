@@ -930,3 +930,61 @@ def test_bailing_linear_seam_that_changed_is_left_alone(monkeypatch):
     monkeypatch.setattr(bl, "recurrent_gla", other)
     with cmlx.patch():
         assert cmlx.lightning_patched_modules() == () and bl.recurrent_gla is other
+
+
+def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
+    """A Lightning seam whose function raises under the probe (here: it returns another
+    layout) is left alone with a warning, the rest applies; a first patch() whose Gated
+    DeltaNet probe fails leaves no seam bound and no probe marked as passed (both left
+    mlx-lm patched with no handle, or skipped the attention probe next time; found by
+    review)."""
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    real = bl.recurrent_gla
+
+    def heads_last(q, k, v, g, scale, h=None):
+        y, s = real(q, k, v, g, scale, h)
+        return y.transpose(0, 2, 1, 3), s
+
+    monkeypatch.setattr(bl, "recurrent_gla", heads_last)
+    with pytest.warns(RuntimeWarning, match="recurrent_gla is left as it is.*probe raised"):
+        with cmlx.patch():
+            assert cmlx.lightning_patched_modules() == () and bl.recurrent_gla is heads_last
+    monkeypatch.setattr(bl, "recurrent_gla", real)
+
+    ran = []
+
+    def failing(stock, options):
+        raise cmlx.IncompatibleMlxLmError("probe failed")
+
+    def attention_probe(stock):
+        ran.append("attention")
+
+    monkeypatch.setattr(cmlx, "_probe", failing)
+    monkeypatch.setattr(cmlx, "_probe_attention", attention_probe)
+    with pytest.raises(cmlx.IncompatibleMlxLmError, match="probe failed"):
+        cmlx.patch()
+    assert ran == ["attention"] and cmlx._verified == set()
+    assert cmlx.patched_families() == () and cmlx.lightning_patched_modules() == ()
+    assert bl.recurrent_gla is real and qwen3_next.gated_delta_update is STOCK
+    monkeypatch.setattr(cmlx, "_probe", lambda stock, options: None)
+    with cmlx.patch():
+        assert ran == ["attention", "attention"]
+
+
+def test_bailing_linear_mixed_dtypes_stay_mlx_lms(gla_spy):
+    """q and k in float32 beside bfloat16 v (a bfloat16 model whose q / k norms are
+    float32) go to mlx-lm's function, which promotes them: the op refuses mixed dtypes,
+    and the patched model raised where stock ran (found by probing)."""
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    stock = bl.recurrent_gla
+    keys = mx.random.split(mx.random.key(2), 3)
+    q, k = (mx.random.normal((1, 2, 9, 8), key=kk) for kk in keys[:2])
+    v = mx.random.normal((1, 2, 9, 8), key=keys[2]).astype(mx.bfloat16)
+    g = -mx.array([0.2, 0.6])
+    ref = stock(q, k, v, g, 0.3)
+    with cmlx.patch():
+        got = bl.recurrent_gla(q, k, v, g, 0.3)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
+    assert gla_spy == [None, None]  # the probe's two calls only

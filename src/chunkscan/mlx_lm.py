@@ -461,10 +461,7 @@ class Patch:
             if not _stack:
                 # The families patched held mlx-lm's function (_check_families); so
                 # does any module that imported the replacement by name while patched.
-                _restore_everywhere(_NAME, _INSTALLED_GDN, _stock["fn"])
-                _saved.clear()
-                _restore_lightning()
-                _verified.clear()
+                _roll_back()
 
     def __enter__(self) -> Patch:
         if not self.active:
@@ -616,30 +613,53 @@ def patch(
             f"{save_states!r}"
         )
     with _lock:
-        gd, options = _load_seam()
-        stock = _stock["fn"] if _saved else getattr(gd, _NAME)
-        modules = _check_families(gd, stock)
-        _op()
-        if attention:
-            _check_attention_seam(verify)
-        if verify and "gdn" not in _verified:
-            with on_cpu():
-                _probe(stock, options)
-            _verified.add("gdn")
-        if not _saved:
-            _stock["fn"] = stock
-            for name, module in modules.items():
-                _saved[name] = getattr(module, _NAME)
-                setattr(module, _NAME, _INSTALLED_GDN)
-            _install_lightning()
-        if verify and "lightning" not in _verified:
-            _verify_lightning()
-            _verified.add("lightning")
-        names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
-        handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
-        _stack.append(handle)
-        _sync_attention()
-        return handle
+        try:
+            return _apply(chunk_size, verify, attention, save_states)
+        except BaseException:
+            if not _stack:  # a first handle that failed half-way leaves nothing behind
+                _roll_back()
+            raise
+
+
+def _apply(chunk_size, verify, attention, save_states) -> Patch:
+    """:func:`patch`'s work, under the lock."""
+    gd, options = _load_seam()
+    stock = _stock["fn"] if _saved else getattr(gd, _NAME)
+    modules = _check_families(gd, stock)
+    _op()
+    if attention:
+        _check_attention_seam(verify)
+    if verify and "gdn" not in _verified:
+        with on_cpu():
+            _probe(stock, options)
+        _verified.add("gdn")
+    if not _saved:
+        _stock["fn"] = stock
+        for name, module in modules.items():
+            _saved[name] = getattr(module, _NAME)
+            setattr(module, _NAME, _INSTALLED_GDN)
+        _install_lightning()
+    if verify and "lightning" not in _verified:
+        _verify_lightning()
+        _verified.add("lightning")
+    names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
+    handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
+    _stack.append(handle)
+    _sync_attention()
+    return handle
+
+
+def _roll_back() -> None:
+    """Put back everything a patch with no live handle left bound, and forget its
+    probes: a first ``patch()`` that raised half-way (a seam's probe raising) left
+    mlx-lm patched with no handle to undo it, and a probe that had passed was not run
+    again by the next ``patch(verify=True)`` (found by review)."""
+    if _saved:
+        _restore_everywhere(_NAME, _INSTALLED_GDN, _stock["fn"])
+        _saved.clear()
+    _restore_lightning()
+    _verified.clear()
+    _sync_attention()
 
 
 def patched_families() -> tuple[str, ...]:
@@ -905,8 +925,10 @@ def _chunked_gla(q, k, v, g, scale, h):
 def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
     """What :func:`patch` binds to ``recurrent_gla`` in a family's module: calls of more
     than one token (training; prefill too, which has no other sign) with one head count
-    for ``q``, ``k`` and ``v`` and a gate per head go to :func:`chunkscan.linear_attention`,
-    every other call (decoding one token) to mlx-lm's function."""
+    and one dtype for ``q``, ``k`` and ``v`` and a gate per head go to
+    :func:`chunkscan.linear_attention`, every other call (decoding one token; mixed
+    dtypes, which mlx-lm promotes and the op refuses: a bfloat16 model with float32 q
+    and k norms raised, found by probing) to mlx-lm's function."""
 
     @functools.wraps(stock)
     def recurrent_gla(q, k, v, g, scale, h=None):
@@ -914,6 +936,7 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
             all(isinstance(x, mx.array) and x.ndim == 4 for x in (q, k, v))
             and q.shape[2] > 1
             and q.shape[1] == k.shape[1] == v.shape[1]
+            and q.dtype == k.dtype == v.dtype
             and isinstance(g, mx.array)
             and g.shape == (q.shape[1],)
             and not isinstance(scale, mx.array)
@@ -983,8 +1006,11 @@ def _verify_lightning() -> None:
     """Probe each patched family; one whose function the patched call does not
     reproduce gets mlx-lm's back, with a warning (none is required: patch() goes on)."""
     for name, stock in list(_gla_saved.items()):
-        with on_cpu():
-            problems = _probe_lightning(stock)
+        try:
+            with on_cpu():
+                problems = _probe_lightning(stock)
+        except Exception as e:  # noqa: BLE001 - another output shape, an error: not the seam
+            problems = [f"the probe raised {type(e).__name__}: {e}"]
         if problems:
             _put_back_lightning(name, stock)
             del _gla_saved[name]

@@ -468,10 +468,12 @@ def test_fused_forward_setting_is_checked(monkeypatch):
     """FUSED_FORWARD other than "auto" / "never" raises ("always" and "Auto" read as
     "never" before; found by probing)."""
     q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
+    monkeypatch.setattr(blocked, "FAST_MAX_SCORES", FAST_MAX_SCORES)  # a short call too
     for bad in ("always", "Auto", None):
         monkeypatch.setattr(blocked, "FUSED_FORWARD", bad)
-        with pytest.raises(ValueError, match="FUSED_FORWARD must be 'auto' or 'never'"):
-            blocked.blocked_attention(q, k, v, scale=0.25)
+        for fn in (blocked.blocked_attention, chunkscan.attention):
+            with pytest.raises(ValueError, match="FUSED_FORWARD must be 'auto' or 'never'"):
+                fn(q, k, v, scale=0.25)
 
 
 def test_fused_forward_falls_back_on_cpu(monkeypatch):

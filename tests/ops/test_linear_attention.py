@@ -134,6 +134,14 @@ def test_checks_name_the_op():
         linear_attention(q, k, v, g, chunk_size=0)
     with pytest.raises(TypeError, match=r"\[naive_recurrent_linear_attention\] scale"):
         naive_recurrent_linear_attention(q, k, v, g, scale="1")
+    # (found by probing) other ranks of g got Gated DeltaNet's "or 4 [B, T, Hv, Dk]";
+    # the state's note named mlx-lm's layout as this op's; the oracle took chunk_size=0
+    with pytest.raises(ValueError, match=r"g must have 3 dimensions \[B, T, Hv\] .*\(4, 1\)\. "):
+        linear_attention(q, k, v, mx.zeros((4, 1)))
+    with pytest.raises(ValueError, match=r"key dim first: pass h\.swapaxes\(-1, -2\)"):
+        linear_attention(q, k, v, g, initial_state=mx.zeros((1, 2, 3, 4)))
+    with pytest.raises(ValueError, match=r"\[naive_recurrent_linear_attention\] chunk_size"):
+        naive_recurrent_linear_attention(q, k, v, g, chunk_size=0)
 
 
 def test_empty_sizes():

@@ -133,6 +133,7 @@ def attention(
     # FAST_MAX_SCORES (found by probing; gated_delta_rule raises at every size).
     use_kernels(kernels, "attention")
     threads()
+    _check_fused_forward()
     if (empty := empty_result(spec, q)) is not None:
         return empty
     if _use_fast(spec, q.dtype):
@@ -160,11 +161,7 @@ def blocked_attention(
 def _blocked(
     spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object, kernels: bool | None
 ) -> mx.array:
-    if FUSED_FORWARD not in ("auto", "never"):  # "always" or "Auto" read as "never" (probing)
-        raise ValueError(
-            f"chunkscan.ops.attention.blocked.FUSED_FORWARD must be 'auto' or 'never' but "
-            f"is {FUSED_FORWARD!r}. Set it to one of those."
-        )
+    _check_fused_forward()
     mask_arr = None
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
@@ -177,6 +174,16 @@ def _blocked(
 def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool:
     """Whether a call (past the shortcut to MLX) runs the CUDA kernels of :mod:`._cuda`."""
     return use_kernels(kernels, "attention") and _cuda.supports(spec, dtype)
+
+
+def _check_fused_forward() -> None:
+    """``FUSED_FORWARD`` is ``"auto"`` or ``"never"`` (``"always"`` or ``"Auto"`` read as
+    ``"never"``; found by probing). Checked by every call, the short ones too."""
+    if FUSED_FORWARD not in ("auto", "never"):
+        raise ValueError(
+            f"chunkscan.ops.attention.blocked.FUSED_FORWARD must be 'auto' or 'never' but "
+            f"is {FUSED_FORWARD!r}. Set it to one of those."
+        )
 
 
 def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:

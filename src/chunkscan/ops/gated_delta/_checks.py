@@ -66,9 +66,11 @@ def check_inputs(
     cu_seqlens: object,
     *,
     normalize_qk: object = False,
+    state_note: str = "Note the layout: value dim before key dim, as in mlx-lm.",
 ) -> Spec:
     """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``.
-    ``beta=None``: an op with no ``beta`` (:func:`chunkscan.linear_attention`)."""
+    ``beta=None``: an op with no ``beta`` (:func:`chunkscan.linear_attention`, which
+    gives its own ``state_note``, the end of a wrong ``initial_state`` shape's message)."""
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     if beta is None:
         del named["beta"]
@@ -150,8 +152,7 @@ def check_inputs(
             per = "batch row" if seqs is None else "packed sequence"
             raise ValueError(
                 f"[{fn}] initial_state must have shape [N, Hv, Dv, Dk] = {want} (one state "
-                f"per {per}) but got {_shape(initial_state)}. Note the layout: value dim "
-                f"before key dim, as in mlx-lm."
+                f"per {per}) but got {_shape(initial_state)}. {state_note}"
             )
         if initial_state.dtype not in FLOAT_DTYPES:
             raise ValueError(
