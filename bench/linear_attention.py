@@ -41,14 +41,18 @@ def slopes(H: int) -> list[float]:
 
 
 def measure(
-    impl: str, T: int, dtype: str = "bfloat16", repeats: int = 2, chunk_size: int = 64,
-    B: int = 1, H: int = 16, D: int = 128,
+    impl: str, T: int, dtype: str = "bfloat16", repeats: int = 2,
+    chunk_size: int | None = None, B: int = 1, H: int = 16, D: int = 128,
 ) -> dict[str, Any]:  # fmt: skip
-    """One configuration (run in its own process by :func:`main`)."""
+    """One configuration (run in its own process by :func:`main`); ``chunk_size``:
+    chunkscan's (``None``: the op's default on the device)."""
     import mlx.core as mx
 
     import chunkscan
     from chunkscan.commands.measure import median_seconds, peak_above_active
+    from chunkscan.ops.linear_attention.chunk import default_chunk_size
+
+    chunk_size = chunk_size or default_chunk_size()
 
     dt = getattr(mx, dtype)
     keys = mx.random.split(mx.random.key(0), 6)
@@ -108,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=positive_int, default=2)
-    p.add_argument("--chunk-size", type=positive_int, default=64, help="chunkscan's chunk")
+    p.add_argument("--chunk-size", type=positive_int, default=None,
+                   help="chunkscan's chunk (default: the op's on the device: 64 on a CPU, "
+                   "256 on a GPU)")  # fmt: skip
     p.add_argument("--loop-max-T", type=positive_int, default=2048,
                    help="largest T for mlx_lm_loop (a state per token in memory)")  # fmt: skip
     p.add_argument("--timeout", type=positive_float, default=1800.0,

@@ -883,7 +883,8 @@ def test_bailing_linear_lora_grads_match_stock(compiled, gla_spy):
         assert bl.recurrent_gla is not stock
         loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
     assert bl.recurrent_gla is stock and cmlx.lightning_patched_modules() == ()
-    assert gla_spy.count(CHUNK) == 3
+    # the probe's two calls, then one per layer (the op's own chunk: no chunk_size given)
+    assert gla_spy == [None] * 5
     assert abs(loss1 - loss0) <= RTOL * abs(loss0)
     assert g0.keys() == g1.keys() and any("query_key_value" in k for k in g0)
     for name in g0:
@@ -903,7 +904,7 @@ def test_bailing_linear_generation_keeps_its_tokens(gla_spy):
         cache = model.make_cache()
         model(prompt, cache=cache)
     assert toks1 == toks0 and rel(last1, last0) <= RTOL
-    assert gla_spy.count(4) == 6  # two prompts, three Lightning layers each
+    assert len(gla_spy) == 2 + 6  # the probe's two, then two prompts of three layers
     assert cache[0][0].dtype == mx.float32
 
 

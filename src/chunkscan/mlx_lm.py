@@ -909,15 +909,14 @@ def _chunked_gla(q, k, v, g, scale, h):
     dtype = q.dtype  # mlx-lm's: q's, promoted with a state's
     if h is not None:
         dtype = (mx.zeros((), dtype=q.dtype) + mx.zeros((), dtype=h.dtype)).dtype
-    kwargs = {}
-    if _stack and _stack[-1].chunk_size is not None:
-        kwargs["chunk_size"] = _stack[-1].chunk_size
+    # The op's own default chunk (64 on the CPU, 256 on a GPU), not the handle's
+    # chunk_size: that is the Gated DeltaNet op's (chunkscan lora resolves it to that
+    # op's default, 64 on a GPU, where this op took 5.4x as long as with 256; run 115).
     o, state = _lightning_op()(
         *(x.transpose(0, 2, 1, 3) for x in (q, k, v)),
         mx.broadcast_to(g.astype(mx.float32), (B, T, H)),
         scale=scale,
         initial_state=None if h is None else h.swapaxes(-1, -2),
-        **kwargs,
     )
     return o.transpose(0, 2, 1, 3).astype(dtype), state.swapaxes(-1, -2).astype(dtype)
 

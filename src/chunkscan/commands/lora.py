@@ -8,9 +8,7 @@ through :func:`chunkscan.attention`, and their memory per token stays flat. Ever
 ``mlx_lm.lora`` flag is accepted, plus:
 
 - ``--gdn-chunk-size N`` (YAML key ``gdn_chunk_size``): steps per chunk of
-  :func:`chunkscan.gated_delta_rule` in the Gated DeltaNet layers, and of
-  :func:`chunkscan.linear_attention` in the Lightning-attention layers of
-  ``bailing_moe_linear`` (default:
+  :func:`chunkscan.gated_delta_rule` in the Gated DeltaNet layers (default:
   :func:`op_default_chunk_size`); the resolved value is saved in ``adapter_config.json``.
   ``--scan-chunk-size`` / ``scan_chunk_size`` are deprecated aliases (they warn).
 - ``--demo``: build a tiny random Qwen3-Next model, tokenizer and data set in a
@@ -189,7 +187,6 @@ def build_parser():
         default=None,
         metavar="N",
         help="Steps per chunk of chunkscan.gated_delta_rule in Gated DeltaNet layers "
-        "and of chunkscan.linear_attention in Lightning-attention layers "
         f"(default: {op_default_chunk_size()} on this machine: the op's "
         "default_chunk_size() for heads of 128, which is 32 on a CPU, 64 on an Apple GPU "
         f"and 32, 64 or 128 on a CUDA GPU; {_OLD_FLAG} is a deprecated alias).",
@@ -1198,8 +1195,8 @@ def run(args: types.SimpleNamespace) -> None:
         routes = _model_routes(args.model, handle.families)
         if routes is not None and routes.lightning:
             gdn = (
-                f"Lightning attention (mlx-lm's recurrent_gla) training path -> "
-                f"chunkscan.linear_attention (chunk_size={args.gdn_chunk_size})"
+                "Lightning attention (mlx-lm's recurrent_gla) training path -> "
+                "chunkscan.linear_attention (its default chunk: 64 on a CPU, 256 on a GPU)"
             )
         elif routes is not None and not routes.gated_deltanet:
             gdn = f"{routes.model_type} has no Gated DeltaNet layers"  # not "patched: qwen3_next"

@@ -31,7 +31,7 @@ def naive_recurrent_linear_attention(
     float32).
     """
     fn = "naive_recurrent_linear_attention"
-    chunk_size = 64 if chunk_size is None else chunk_size  # checked as the op's (0 raises)
+    chunk_size = 1 if chunk_size is None else chunk_size  # checked as the op's (0 raises)
     spec, g = check_inputs(fn, q, k, v, g, scale, initial_state, chunk_size)
     if (empty := empty_result(spec, q, initial_state)) is not None:
         return empty
