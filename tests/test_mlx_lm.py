@@ -989,3 +989,48 @@ def test_bailing_linear_mixed_dtypes_stay_mlx_lms(gla_spy):
         got = bl.recurrent_gla(q, k, v, g, 0.3)
     assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
     assert gla_spy == [None, None]  # the probe's two calls only
+
+
+def test_a_first_patch_that_raises_after_installing_rolls_back(monkeypatch):
+    """With warnings as errors, a Lightning seam that fails its probe raises from
+    patch() after the Gated DeltaNet and Lightning seams were bound: everything is put
+    back and no probe stays marked (a patch with no handle stayed before; review)."""
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    real = bl.recurrent_gla
+
+    def changed(q, k, v, g, scale, h=None):
+        return real(q, k, v, g, 2.0 * scale, h)
+
+    monkeypatch.setattr(bl, "recurrent_gla", changed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="recurrent_gla is left as it is"):
+            cmlx.patch()
+    assert cmlx._stack == [] and cmlx._verified == set()
+    assert cmlx.patched_families() == () and cmlx.lightning_patched_modules() == ()
+    assert bl.recurrent_gla is changed and qwen3_next.gated_delta_update is STOCK
+    assert cmlx.attention_patched_modules() == ()
+
+
+def test_an_interrupted_nested_patch_leaves_no_handle(monkeypatch):
+    """A nested patch() interrupted after its handle joined the stack (in the attention
+    routing) takes the handle off again: the outer handle's undo restores everything (it
+    left a handle no one could undo; found by review)."""
+    real = cmlx._sync_attention
+    calls = []
+
+    def interrupted():
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real()
+
+    outer = cmlx.patch(verify=False, attention=False)
+    monkeypatch.setattr(cmlx, "_sync_attention", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cmlx.patch(verify=False, attention=True)
+    assert cmlx._stack == [outer]
+    outer.undo()
+    assert cmlx._stack == [] and cmlx.patched_families() == ()
+    assert cmlx.attention_patched_modules() == ()

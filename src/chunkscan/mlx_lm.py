@@ -645,7 +645,12 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
     names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
     handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
     _stack.append(handle)
-    _sync_attention()
+    try:
+        _sync_attention()
+    except BaseException:  # (an interrupt) the handle is not returned: not live either
+        _stack.remove(handle)
+        _sync_attention()
+        raise
     return handle
 
 

@@ -641,7 +641,7 @@ def test_emulated_mixed_input_dtypes(emulated):
     assert emulated
     emulated.clear()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(chunk_module, "_fused", lambda spec, C, kernels: False)
+        mp.setattr(chunk_module, "_fused", lambda spec, C, kernels, strict=False: False)
         ref = outputs_and_grads(gated_delta_rule, inputs, chunk_size=32, kernels=False)
     assert not emulated
     for name, a, b in zip(NAMES, got, ref):

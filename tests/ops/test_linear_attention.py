@@ -149,6 +149,7 @@ def test_the_default_chunk_is_the_devices(monkeypatch):
     from chunkscan.ops.linear_attention import chunk
 
     q, k, v, g, h0 = inputs(1, 150, 1, 2, 8, 8)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)  # (a GPU's default: 256)
     assert chunk.default_chunk_size() == 64
     got = linear_attention(q, k, v, g, initial_state=h0)
     ref = linear_attention(q, k, v, g, initial_state=h0, chunk_size=64)
