@@ -54,6 +54,15 @@ of each family, and a numerical probe of the patched against the stock training
 path (with and without a padding mask, and with each keyword option). Any mismatch
 raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
 
+Lightning attention
+-------------------
+``patch()`` also rebinds ``recurrent_gla``, mlx-lm's per-token Lightning-attention loop,
+in each ``mlx_lm.models`` module that defines it with the signature
+``(q, k, v, g, scale, h=None)`` (bailing_moe_linear in mlx-lm 0.32.2): calls of more
+than one token go to :func:`chunkscan.linear_attention`, decoding to mlx-lm's function.
+No such family is required; one whose function the patched call does not reproduce is
+left alone with a warning (``docs/mlx_lm.md``, "Lightning attention").
+
 Attention
 ---------
 ``patch()`` (unless ``attention=False``) also rebinds ``scaled_dot_product_attention``,
@@ -120,7 +129,8 @@ _lock = threading.RLock()
 _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
-# The seams whose numerical probe passed while some handle is live ("gdn", "attention"):
+# The seams whose numerical probe ran while some handle is live ("gdn", "attention",
+# "lightning"; a Lightning family that failed its probe is unbound, not kept):
 # a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
 # being installed already (found by probing); emptied with the last handle's undo.
 _verified: set[str] = set()
