@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_map
 
 from . import _capture, _ordering, _random, _tree
 from .split import (
@@ -207,10 +208,10 @@ class _Plan:
         constants,
     ):
         self.f, self.has_params, self.module = f, has_params, module
-        # Modules f reaches without params (_capture), and of them those whose arrays
-        # the forward's calls replaced (state updated in place, as nn.BatchNorm's running
-        # statistics in training mode): the recomputation puts those back afterwards.
-        self.captured, self.updated_in_place = captured, []
+        # Modules f reaches without params (_capture): the recomputation runs them on
+        # fresh handles and puts their arrays back afterwards (state f updates, as
+        # nn.BatchNorm's running statistics in training mode, moves once per step).
+        self.captured = captured
         # Captured modules whose every trainable array is one of params' (a module f
         # calls, params its own arrays): (module, its tree, the index in params of
         # each leaf, the id of each leaf). They read the chunk's params in the
@@ -338,9 +339,10 @@ class _Plan:
           back, so that state ``f`` updates in place (``nn.BatchNorm``'s running
           statistics in training mode) moves once per step, as in the loop, not twice
           (before session 27 it did);
-        - in the recomputation, the captured modules whose arrays the forward's calls
-          replaced (``updated_in_place``: such state, reached by closure, moved twice
-          per step, silently; found by probing, session 39): kept;
+        - in the recomputation, every captured module: kept (state ``f`` updates in a
+          module reached by closure moved twice per step, silently: found by probing,
+          session 39, for state replaced; session 41, for state updated in place, which
+          keeps its object, so every captured module is kept now, on fresh handles);
         - in the recomputation, the bound modules (``bound``: a module ``f`` calls by
           closure whose every trainable array is one of ``params``, ``model.update(
           params)`` before ``scan`` or ``nn.value_and_grad(model, ...)`` passing
@@ -356,7 +358,8 @@ class _Plan:
         call."""
         sets: list[tuple[nn.Module, Any]] = []
         if recompute:
-            sets += [(m, None) for m in self.updated_in_place]
+            bound = {id(b[0]) for b in self.bound}  # (kept as the bound sets keep them)
+            sets += [(m, None) for m in self.captured if id(m) not in bound]
             sets += [
                 (m, _tree.unflatten(td, [p[i] for i in where])) for m, td, where, _ in self.bound
             ]
@@ -368,7 +371,6 @@ class _Plan:
         carry, diff_xs, p = self.split_primals(list(primals))
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
         ys_per_chunk, saved, block = [], [], []
-        arrays_before = [_arrays_of(m) for m in self.captured]
         for i in range(len(self.bounds)):
             if i > 0:
                 block.append(carry)
@@ -390,9 +392,6 @@ class _Plan:
             # Depends would make the vjp recompute ys a state-only gradient never needs.)
             carry = _ordering.carry_after_outputs(carry, ys)
             ys_per_chunk.append(ys)
-        self.updated_in_place = [
-            m for m, before in zip(self.captured, arrays_before) if _replaced(before, _arrays_of(m))
-        ]
         ys = [
             mx.concatenate(list(parts), axis=self.axis % parts[0].ndim)
             if len(parts) > 1
@@ -695,17 +694,6 @@ def _check_ys(ys: Any, spec: _YsSpec, chunk_len: int, axis: int) -> list[mx.arra
     return leaves
 
 
-def _arrays_of(module: nn.Module) -> list[mx.array]:
-    """Every array the module holds (``parameters()``), in order: the arrays, not their
-    ids (a replaced array's id was reused by its successor, and the module was taken as
-    unchanged: a counter moved twice per step, found by review)."""
-    return _tree.flatten(module.parameters())[0]
-
-
-def _replaced(before: list[mx.array], after: list[mx.array]) -> bool:
-    return len(before) != len(after) or any(a is not b for a, b in zip(before, after))
-
-
 def _updates_itself(bound: tuple, p: list[mx.array]) -> bool:
     """Whether ``f``'s call left the bound module holding the chunk's handles on
     ``params`` (``model.update(params)`` in ``f``, MLX's functional pattern): then the
@@ -724,14 +712,19 @@ def _updates_itself(bound: tuple, p: list[mx.array]) -> bool:
 def _modules_set(sets: list[tuple[nn.Module, Any]], everything: bool):
     """Set each module of ``sets`` to its tree (``Module.update``; ``None``: left as it
     is) for the block, and put back on exit, last first, what each held on entry: all
-    of its arrays where ``everything``, else its trainable parameters (see
-    :meth:`_Plan.modules_set`). A set that raises leaves those before it put back."""
+    of its arrays where ``everything`` (the recomputation), else its trainable
+    parameters (see :meth:`_Plan.modules_set`). Where ``everything``, the block runs on
+    fresh handles of all the module's arrays (``astype`` to the same dtype: no copy), so
+    that an in-place update in ``f`` (``self.n += 1``) changes those and not the arrays
+    put back: it kept its object, and moved twice per step (found by probing, session
+    41). A set that raises leaves those before it put back."""
     kept = []
     try:
         for module, tree in sets:
-            kept.append(
-                (module, module.parameters() if everything else module.trainable_parameters())
-            )
+            arrays = module.parameters() if everything else module.trainable_parameters()
+            kept.append((module, arrays))
+            if everything:
+                module.update(tree_map(lambda a: a.astype(a.dtype), arrays))
             if tree is not None:
                 module.update(tree)
         yield
