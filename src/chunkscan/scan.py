@@ -339,10 +339,8 @@ class _Plan:
           back, so that state ``f`` updates in place (``nn.BatchNorm``'s running
           statistics in training mode) moves once per step, as in the loop, not twice
           (before session 27 it did);
-        - in the recomputation, every captured module: kept (state ``f`` updates in a
-          module reached by closure moved twice per step, silently: found by probing,
-          session 39, for state replaced; session 41, for state updated in place, which
-          keeps its object, so every captured module is kept now, on fresh handles);
+        - (the captured modules that are not bound are set once around the whole
+          backward, :meth:`captured_set`, not per chunk);
         - in the recomputation, the bound modules (``bound``: a module ``f`` calls by
           closure whose every trainable array is one of ``params``, ``model.update(
           params)`` before ``scan`` or ``nn.value_and_grad(model, ...)`` passing
@@ -358,14 +356,24 @@ class _Plan:
         call."""
         sets: list[tuple[nn.Module, Any]] = []
         if recompute:
-            bound = {id(b[0]) for b in self.bound}  # (kept as the bound sets keep them)
-            sets += [(m, None) for m in self.captured if id(m) not in bound]
             sets += [
                 (m, _tree.unflatten(td, [p[i] for i in where])) for m, td, where, _ in self.bound
             ]
         if self.module is not None:
             sets.append((self.module, _tree.unflatten(self.p_def, p)))
         return sets
+
+    def captured_set(self):
+        """The backward's block for the modules ``f`` reaches by closure and reads
+        (captured, not bound): on fresh handles of their arrays for the whole
+        recomputation, their arrays put back after it, so that state ``f`` updates in
+        them moves once per step, as in the loop (replaced or updated in place: state
+        reached by closure moved twice per step, silently; found by probing, sessions
+        39 and 41). Once per backward, not per chunk: a frozen base model captured by
+        closure, 2402 arrays, cost 335 against 60 ms a step per chunk (review)."""
+        bound = {id(b[0]) for b in self.bound}  # (set per chunk, as modules_set says)
+        sets = [(m, None) for m in self.captured if id(m) not in bound]
+        return _modules_set(sets, everything=True)
 
     def forward(self, *primals: mx.array) -> list[mx.array]:
         carry, diff_xs, p = self.split_primals(list(primals))
@@ -403,7 +411,7 @@ class _Plan:
     def backward(self, primals, cotangents, outputs) -> list[mx.array]:
         primals, cotangents = _tree.as_list(primals), _tree.as_list(cotangents)
         outputs = _tree.as_list(outputs)
-        n_init, n_dx, n_chunks = self.n_init, self.n_dx, len(self.bounds)
+        n_init = self.n_init
         n_ys = self.n_ys(len(outputs))
         init, diff_xs, p = self.split_primals(primals)
         carries_in = [init, *self.unstacked(outputs[n_init + n_ys :])]
@@ -422,14 +430,26 @@ class _Plan:
         ct_ys_chunks = self.chunked(ct_ys, [self.axis % c.ndim for c in ct_ys], True)
         diff_chunks = self.chunked(diff_xs, self.diff_axes, True)
 
-        d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
-        d_p: list[mx.array] = []
         # Integer and boolean carry and params leaves (a position counter, an index
         # table) are constants of the recomputation, as in ``checkpoint``: MLX has no
         # gradient with respect to indices, and asking the vjp for one raised
         # ("[gather] Cannot calculate VJP with respect to indices") where the loop
         # differentiated (found by probing). They get zero cotangents.
         floats = [mx.issubdtype(a.dtype, mx.inexact) for a in init + diff_xs + p]
+        with self.captured_set():
+            return self._backward_chunks(
+                init, diff_xs, p, carries_in, ct_carry, ct_saved, ct_ys_chunks, diff_chunks,
+                floats,
+            )  # fmt: skip
+
+    def _backward_chunks(
+        self, init, diff_xs, p, carries_in, ct_carry, ct_saved, ct_ys_chunks, diff_chunks,
+        floats,
+    ) -> list[mx.array]:  # fmt: skip
+        """:meth:`backward`'s reverse loop over the chunks."""
+        n_dx, n_chunks = self.n_dx, len(self.bounds)
+        d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
+        d_p: list[mx.array] = []
         for i in reversed(range(n_chunks)):
             # Rule 2: recompute chunk i only once the cotangent flowing into it exists.
             # It gates the xs chunks too: Depends is never merged by mx.compile's
@@ -719,12 +739,22 @@ def _modules_set(sets: list[tuple[nn.Module, Any]], everything: bool):
     put back: it kept its object, and moved twice per step (found by probing, session
     41). A set that raises leaves those before it put back."""
     kept = []
+    # One fresh handle per array object: an array held in two places (``self.view =
+    # self.buf``) stays one array, so that an in-place write through one is read
+    # through the other (two handles lost that gradient; found by review).
+    fresh: dict[int, mx.array] = {}
+
+    def handle(a: mx.array) -> mx.array:
+        if id(a) not in fresh:
+            fresh[id(a)] = a.astype(a.dtype)
+        return fresh[id(a)]
+
     try:
         for module, tree in sets:
             arrays = module.parameters() if everything else module.trainable_parameters()
             kept.append((module, arrays))
             if everything:
-                module.update(tree_map(lambda a: a.astype(a.dtype), arrays))
+                module.update(tree_map(handle, arrays))
             if tree is not None:
                 module.update(tree)
         yield
