@@ -515,6 +515,57 @@ def test_state_updated_by_in_place_operators_moves_once_per_step(how):
     assert_trees_close(g_s, g_r, 1e-5, "grads")
 
 
+class _Logging(nn.Module):
+    """A cell that appends what it saw to a list of its own (public, and of a
+    submodule)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.hist = []
+        self.inner = nn.Module()
+        self.inner.seen = []
+
+    def __call__(self, h, x):
+        self.hist.append(x.sum())
+        self.inner.seen.append(1)
+        return mx.tanh(self.lin(x) + h)
+
+
+@pytest.mark.parametrize("how", ["params", "closure"])
+def test_a_list_a_module_appends_to_grows_once_per_step(how):
+    """Items ``f`` appends to a module's list (its own or a submodule's): one per step
+    after ``nn.value_and_grad``, as in the loop, in order; the recomputation appended them
+    again, in reverse chunk order (found by probing; session 41)."""
+    T, B, D = 6, 2, 3
+    xs = mx.random.normal((T, B, D), key=mx.random.key(5))
+    h0 = mx.zeros((B, D))
+    cell = _Logging(D)
+
+    def step(h, x, m):
+        h = m(h, x)
+        return h, h
+
+    if how == "params":
+
+        def loss():
+            _, y = chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=cell)
+            return (y**2).sum()
+
+        mx.eval(nn.value_and_grad(cell, loss)())
+    else:
+        cell.freeze()
+
+        def loss(w):
+            f = chunkscan.stepwise(lambda h, x, w: step(h @ w, x, cell))
+            _, y = chunkscan.scan(f, h0, xs, chunk_size=2, params=w)
+            return (y**2).sum()
+
+        mx.eval(mx.grad(loss)(mx.eye(D)))
+    assert len(cell.hist) == T and len(cell.inner.seen) == T
+    assert all(mx.allclose(a, x.sum()).item() for a, x in zip(cell.hist, xs))
+
+
 class _Aliased(nn.Module):
     """One array held in two places, written in place through one, read through the
     other."""

@@ -352,8 +352,8 @@ class _Plan:
           does a module that ``f`` updates from its third argument itself (seen after
           the first chunk's call: :func:`_updates_itself`).
 
-        Items a call appended to a list of a module stay; one walk of each module per
-        call."""
+        Items a recomputation appends to a list of a module are cut off again
+        (:func:`_list_lengths`); one walk of each module per call."""
         sets: list[tuple[nn.Module, Any]] = []
         if recompute:
             sets += [
@@ -749,11 +749,13 @@ def _modules_set(sets: list[tuple[nn.Module, Any]], everything: bool):
             fresh[id(a)] = a.astype(a.dtype)
         return fresh[id(a)]
 
+    lengths: list[tuple[list, int]] = []  # the modules' lists, cut back at exit
     try:
         for module, tree in sets:
             arrays = module.parameters() if everything else module.trainable_parameters()
             kept.append((module, arrays))
             if everything:
+                lengths += _list_lengths(module)
                 module.update(tree_map(handle, arrays))
             if tree is not None:
                 module.update(tree)
@@ -761,6 +763,22 @@ def _modules_set(sets: list[tuple[nn.Module, Any]], everything: bool):
     finally:
         for module, arrays in reversed(kept):
             module.update(arrays)
+        for items, n in lengths:
+            del items[n:]
+
+
+def _list_lengths(module: nn.Module) -> list[tuple[list, int]]:
+    """``(list, its length)`` for every list the module and its submodules hold in an
+    attribute, public or private: what the recomputation appends to one (a history
+    ``f`` keeps, ``self.hist.append(x)``) is cut off again, so that each step appends
+    once, as in the loop (twice before, the recomputation's in reverse chunk order;
+    found by probing)."""
+    found = []
+    for m in module.modules():
+        for value in [*m.values(), *vars(m).values()]:
+            if isinstance(value, list):
+                found.append((value, len(value)))
+    return found
 
 
 def _warn_on_captured_modules(
