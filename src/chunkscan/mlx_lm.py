@@ -305,14 +305,24 @@ def _load_seam() -> tuple[Any, dict[str, Any]]:
     return gd, options
 
 
+@functools.lru_cache(maxsize=16)
+def _models_naming(models_dir: str, text: str) -> tuple[str, ...]:
+    """The ``mlx_lm.models`` modules whose source holds ``text``, by name (each seam's
+    search read every model file, about 140, at every ``patch()``: once per installed
+    mlx-lm and text now)."""
+    return tuple(
+        f"mlx_lm.models.{path.stem}"
+        for path in sorted(pathlib.Path(models_dir).glob("*.py"))
+        if text in path.read_text(encoding="utf-8")
+    )
+
+
 def _family_modules(gd: ModuleType) -> dict[str, ModuleType]:
     """Every module of ``mlx_lm.models`` that imports ``gated_delta_update`` by name."""
-    models_dir = pathlib.Path(gd.__file__).parent
     found = {}
-    for path in sorted(models_dir.glob("*.py")):
-        if path.stem == "gated_delta" or _NAME not in path.read_text(encoding="utf-8"):
+    for name in _models_naming(str(pathlib.Path(gd.__file__).parent), _NAME):
+        if name == gd.__name__:
             continue
-        name = f"mlx_lm.models.{path.stem}"
         try:
             found[name] = importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - an optional family that cannot load
@@ -969,12 +979,9 @@ def _lightning_modules() -> dict[str, tuple[ModuleType, Any]]:
     """Each ``mlx_lm.models`` module whose ``recurrent_gla`` has the seam's signature
     (found by reading the sources for the name, then importing): ``name -> (module,
     mlx-lm's function)``."""
-    gd = importlib.import_module("mlx_lm.models.base")
+    base = importlib.import_module("mlx_lm.models.base")
     found = {}
-    for path in sorted(pathlib.Path(gd.__file__).parent.glob("*.py")):
-        if f"def {_GLA}(" not in path.read_text(encoding="utf-8"):
-            continue
-        name = f"mlx_lm.models.{path.stem}"
+    for name in _models_naming(str(pathlib.Path(base.__file__).parent), f"def {_GLA}("):
         try:
             module = importlib.import_module(name)
         except Exception:  # noqa: BLE001 - an optional family that cannot load
