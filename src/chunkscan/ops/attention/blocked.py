@@ -155,13 +155,13 @@ def blocked_attention(
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     if (empty := empty_result(spec, q)) is not None:
         return empty
+    _check_fused_forward()
     return _blocked(spec, q, k, v, mask, kernels)
 
 
 def _blocked(
     spec: Spec, q: mx.array, k: mx.array, v: mx.array, mask: object, kernels: bool | None
 ) -> mx.array:
-    _check_fused_forward()
     mask_arr = None
     if spec.mask_kind in ("bool", "additive"):
         mask_arr = mask_5d(mx.stop_gradient(mask), spec)
