@@ -1,0 +1,34 @@
+# Run 118 (session 42): the CUDA tests on the last code (supports(strict=...) and the
+# tiling-knob errors of session 41 came after run 114's tests), then issue 9's figures.
+# After the set-up call, `bash <this> <part> <commit> 1b133f9` (base/ is not used);
+# outputs in $OUT/run118<part>.tgz:
+#   a: the CUDA tests of the fused chunk kernels, the state passes and the rows kernel
+#      (cuda_tests);
+#   b: fla and chunkscan side by side at T = 16384 and 65536, eager and compiled, C = 64
+#      (fla_side_by_side), then the portable path (kernels off) at 16384, C = 128;
+#   c: the LoRA step of the 4-layer model at T = 8192, stub and patched (lora_8192).
+source bench/device_run.sh 118 "$@"  # st, $S, pack, cuda_tests, fla_side_by_side, lora_8192
+case "$RUN_PART" in
+a)
+  st tests
+  cuda_tests
+  pack
+  ;;
+b)
+  cd bench
+  st side_by_side
+  fla_side_by_side
+  pack
+  st portable
+  timeout 200 python3 gdn_vs_fla.py --T 16384 --impls chunkscan-portable --modes compiled eager \
+    --chunk-sizes 128 --repeats 3 --json $S/gdn_portable_16384_h200.json \
+    | grep --line-buffered -E "chunkscan|rror"
+  pack
+  ;;
+c)
+  st lora
+  lora_8192
+  pack
+  ;;
+esac
+st done
