@@ -991,6 +991,25 @@ def test_bailing_linear_mixed_dtypes_stay_mlx_lms(gla_spy):
     assert gla_spy == [None, None]  # the probe's two calls only
 
 
+def test_bailing_linear_broadcast_state_stays_mlx_lms(gla_spy):
+    """A state broadcast over the batch (``h`` of batch 1 beside ``q`` of batch 2), which
+    mlx-lm's loop takes, goes to mlx-lm's function: the op raised, naming the state's
+    layout (found by probing). The handle's repr names the rebound module."""
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    stock = bl.recurrent_gla
+    keys = mx.random.split(mx.random.key(3), 4)
+    q, k, v = (mx.random.normal((2, 2, 9, 8), key=kk) for kk in keys[:3])
+    h = mx.random.normal((1, 2, 8, 8), key=keys[3])
+    g = -mx.array([0.2, 0.6])
+    ref = stock(q, k, v, g, 0.3, h)
+    with cmlx.patch() as handle:
+        got = bl.recurrent_gla(q, k, v, g, 0.3, h)
+        assert "lightning=('bailing_moe_linear',)" in repr(handle)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
+    assert gla_spy == [None, None]  # the probe's two calls only
+
+
 def test_a_first_patch_that_raises_after_installing_rolls_back(monkeypatch):
     """With warnings as errors, a Lightning seam that fails its probe raises from
     patch() after the Gated DeltaNet and Lightning seams were bound: everything is put

@@ -459,9 +459,11 @@ class Patch:
         attention: bool = False,
         save_states: str | None = "groups",
         verify: bool = True,
+        lightning: tuple[str, ...] = (),
     ):
         self.chunk_size = chunk_size
         self.families = families
+        self.lightning = lightning  # the Lightning-attention modules rebound
         self.attention = attention
         self.save_states = save_states
         self.verify = verify
@@ -545,7 +547,7 @@ class Patch:
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
             f"save_states={self.save_states!r} families={self.families} "
-            f"attention={self.attention}>"
+            f"lightning={self.lightning} attention={self.attention}>"
         )
 
 
@@ -663,7 +665,8 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
         _verify_lightning()
         _verified.add("lightning")
     names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
-    handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify)
+    handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify,
+                   lightning_patched_modules())  # fmt: skip
     _stack.append(handle)
     try:
         _sync_attention()
@@ -946,6 +949,11 @@ def _chunked_gla(q, k, v, g, scale, h):
     return o.transpose(0, 2, 1, 3).astype(dtype), state.swapaxes(-1, -2).astype(dtype)
 
 
+def _state_shaped(h: Any, q: mx.array, v: mx.array) -> bool:
+    """Whether ``h`` is a state ``[B, H, Dk, Dv]`` of the call's own sizes."""
+    return isinstance(h, mx.array) and h.shape == (*q.shape[:2], q.shape[3], v.shape[3])
+
+
 def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
     """What :func:`patch` binds to ``recurrent_gla`` in a family's module: calls of more
     than one token (training; prefill too, which has no other sign) with one head count
@@ -964,6 +972,9 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
             and isinstance(g, mx.array)
             and g.shape == (q.shape[1],)
             and not isinstance(scale, mx.array)
+            # a state of the call's own shape (one broadcast over the batch is mlx-lm's:
+            # the op raised, naming the layout; found by probing)
+            and (h is None or _state_shaped(h, q, v))
         )
         if not takes:
             return stock(q, k, v, g, scale, h)
