@@ -5,7 +5,7 @@ mlx-lm's two ``recurrent_gla`` (the Bailing linear models' layer).
 Implementations (``--impls``), each configuration in a fresh process
 (:func:`chunkscan.commands.measure.run_isolated`):
 
-- ``chunkscan``: :func:`chunkscan.linear_attention` (chunks through ``chunkscan.scan``);
+- ``chunkscan``: :func:`chunkscan.linear_attention` (chunk-parallel groups, backward by hand);
 - ``mlx_lm_loop``: ``mlx_lm.models.bailing_moe_linear.recurrent_gla``, a per-token loop
   (its training path; what ``chunkscan.mlx_lm.patch()`` replaces);
 - ``mlx_lm_chunked``: ``mlx_lm.models.bailing_hybrid.recurrent_gla``, chunks of 128 in a

@@ -12,7 +12,7 @@ Public API:
 - :func:`attention`: softmax attention in query blocks with a backward whose memory
   does not grow with T (see :mod:`chunkscan.ops.attention`).
 - :func:`linear_attention`: linear attention with a scalar decay per head and token,
-  chunkwise through :func:`scan` (see :mod:`chunkscan.ops.linear_attention`).
+  chunk-parallel with a hand-written backward (see :mod:`chunkscan.ops.linear_attention`).
 """
 
 from ._compat import check_mlx as _check_mlx

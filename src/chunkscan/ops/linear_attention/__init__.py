@@ -1,8 +1,8 @@
 """Linear attention with a scalar decay per head and token (plain, RetNet's, Lightning
 attention's): the chunked op and its per-step oracle.
 
-- :func:`linear_attention`: chunkwise, through :func:`chunkscan.scan` (the states
-  entering the chunks plus one chunk's recomputation in the backward).
+- :func:`linear_attention`: chunk-parallel in groups of chunks, the backward derived by
+  hand (the state entering each group plus one group's recomputation).
 - :func:`naive_recurrent_linear_attention`: the per-step float32 loop (test oracle).
 """
 
