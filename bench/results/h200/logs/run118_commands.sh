@@ -6,7 +6,10 @@
 #      (cuda_tests);
 #   b: fla and chunkscan side by side at T = 16384 and 65536, eager and compiled, C = 64
 #      (fla_side_by_side), then the portable path (kernels off) at 16384, C = 128;
-#   c: the LoRA step of the 4-layer model at T = 8192, stub and patched (lora_8192).
+#   c: the LoRA step of the 4-layer model at T = 8192, stub and patched (lora_8192),
+#      then session 42's chunk-parallel linear_attention: its tests on the GPU, and
+#      beside bailing_hybrid's chunked recurrent_gla at T = 8192 and 32768, C = 64, 128
+#      and 256 (bench/linear_attention.py).
 source bench/device_run.sh 118 "$@"  # st, $S, pack, cuda_tests, fla_side_by_side, lora_8192
 case "$RUN_PART" in
 a)
@@ -28,6 +31,21 @@ b)
 c)
   st lora
   lora_8192
+  pack
+  st linear_attention_tests
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_linear_attention.py \
+    -k "not memory" 2>&1 | tee $S/tests_gpu_linear_attention.txt | tail -2
+  cd bench
+  for C in 64 128 256; do
+    st linear_attention_C$C
+    timeout 150 python3 linear_attention.py --T 8192 32768 --impls chunkscan --repeats 3 \
+      --chunk-size $C --json $S/linear_attention_gpu_C$C.json --md $S/linear_attention_gpu_C$C.md \
+      2>&1 | tail -4
+    pack
+  done
+  st mlx_lm_chunked
+  timeout 120 python3 linear_attention.py --T 8192 32768 --impls mlx_lm_chunked --repeats 3 \
+    --json $S/linear_attention_gpu_hybrid.json --md $S/linear_attention_gpu_hybrid.md 2>&1 | tail -4
   pack
   ;;
 esac
