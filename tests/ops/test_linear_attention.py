@@ -4,6 +4,7 @@ gradients, resets, low precision, compile, checks, and backward memory."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -161,6 +162,28 @@ def test_the_default_chunk_is_the_devices(monkeypatch):
     assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
     assert chunk.default_chunk_size() == 256
+
+
+def test_group_budget_setting(monkeypatch):
+    """``CHUNKSCAN_LA_GROUP_MIB`` sizes the groups (the same values, to float32 rounding
+    of the state products); a budget below 1 MiB or not a number raises, naming it."""
+    from chunkscan.ops.linear_attention import chunk
+
+    xs = inputs(1, 300, 1, 2, 8, 8)
+    ref = linear_attention(*xs[:4], initial_state=xs[4], chunk_size=4)
+    spec = SimpleNamespace(chunk_size=64, Dk=256, Dv=256, B=1, Hv=2, T=8192)  # 5.2 MB a chunk
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    assert chunk._groups(spec)[0][1] == 3  # the CPU's 16 MiB
+    monkeypatch.setenv("CHUNKSCAN_LA_GROUP_MIB", "2048")
+    assert chunk._groups(spec)[0][1] == 64  # at most C chunks
+    monkeypatch.setenv("CHUNKSCAN_LA_GROUP_MIB", "1")
+    assert chunk._groups(spec)[0][1] == 1
+    got = linear_attention(*xs[:4], initial_state=xs[4], chunk_size=4)
+    assert all(max_rel(a, b) <= FP32_TOL for a, b in zip(got, ref))
+    for bad in ("0", "big"):
+        monkeypatch.setenv("CHUNKSCAN_LA_GROUP_MIB", bad)
+        with pytest.raises(ValueError, match="CHUNKSCAN_LA_GROUP_MIB"):
+            linear_attention(*xs[:4], chunk_size=4)
 
 
 def test_empty_sizes():

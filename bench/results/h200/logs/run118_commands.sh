@@ -6,10 +6,11 @@
 #      (cuda_tests);
 #   b: fla and chunkscan side by side at T = 16384 and 65536, eager and compiled, C = 64
 #      (fla_side_by_side), then the portable path (kernels off) at 16384, C = 128;
-#   c: the LoRA step of the 4-layer model at T = 8192, stub and patched (lora_8192),
-#      then session 42's chunk-parallel linear_attention: its tests on the GPU, and
-#      beside bailing_hybrid's chunked recurrent_gla at T = 8192 and 32768, C = 64, 128
-#      and 256 (bench/linear_attention.py).
+#   c: the LoRA step of the 4-layer model at T = 8192, stub and patched (lora_8192);
+#   d: session 42's chunk-parallel linear_attention: its tests on the GPU, then beside
+#      bailing_hybrid's chunked recurrent_gla at T = 8192 and 32768: C = 64, 128, 256
+#      under the default group budget, and C = 64 / 256 with 1024 and 256 MiB groups
+#      (CHUNKSCAN_LA_GROUP_MIB; bench/linear_attention.py).
 source bench/device_run.sh 118 "$@"  # st, $S, pack, cuda_tests, fla_side_by_side, lora_8192
 case "$RUN_PART" in
 a)
@@ -32,20 +33,27 @@ c)
   st lora
   lora_8192
   pack
+  ;;
+d)
   st linear_attention_tests
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_linear_attention.py \
     -k "not memory" 2>&1 | tee $S/tests_gpu_linear_attention.txt | tail -2
+  pack
   cd bench
-  for C in 64 128 256; do
-    st linear_attention_C$C
-    timeout 150 python3 linear_attention.py --T 8192 32768 --impls chunkscan --repeats 3 \
-      --chunk-size $C --json $S/linear_attention_gpu_C$C.json --md $S/linear_attention_gpu_C$C.md \
-      2>&1 | tail -4
+  la() {  # <tag> <chunk size> [VAR=value]: chunkscan at 8192 and 32768
+    st linear_attention_$1
+    env $3 timeout 100 python3 linear_attention.py --T 8192 32768 --impls chunkscan --repeats 3 \
+      --chunk-size $2 --json $S/linear_attention_gpu_$1.json --md $S/linear_attention_gpu_$1.md \
+      2>&1 | grep -E "T=|rror"
     pack
-  done
+  }
+  la C64 64; la C128 128; la C256 256
+  la C64_g1024 64 CHUNKSCAN_LA_GROUP_MIB=1024; la C256_g1024 256 CHUNKSCAN_LA_GROUP_MIB=1024
+  la C64_g256 64 CHUNKSCAN_LA_GROUP_MIB=256
   st mlx_lm_chunked
-  timeout 120 python3 linear_attention.py --T 8192 32768 --impls mlx_lm_chunked --repeats 3 \
-    --json $S/linear_attention_gpu_hybrid.json --md $S/linear_attention_gpu_hybrid.md 2>&1 | tail -4
+  timeout 100 python3 linear_attention.py --T 8192 32768 --impls mlx_lm_chunked --repeats 3 \
+    --json $S/linear_attention_gpu_hybrid.json --md $S/linear_attention_gpu_hybrid.md \
+    2>&1 | grep -E "T=|rror"
   pack
   ;;
 esac

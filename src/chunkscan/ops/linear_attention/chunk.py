@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from ... import _ordering
+from ..._backend import env_int
 from ...split import split_at
 from ..gated_delta._checks import empty_result
 from ..gated_delta.chunk import (
@@ -51,11 +52,12 @@ from ._checks import F32, check_inputs
 
 _NAN = mx.array(float("nan"), dtype=F32)
 
-# Scratch of one group of chunks in bytes; None: 16 MiB on the CPU (where a group's
-# size does not change its speed: T = 2048, 16 heads of 128, C = 64, bf16: 2.63-2.67 s
-# with 8 or 16 MiB, one chunk a group, at 41.3 KiB/token, 2.70-2.73 with 64 at 54.0),
-# else gated_delta_rule's GPU budget (1/8 of a CUDA GPU's memory from 1 to 16 GiB, 1 GiB
-# on an Apple GPU), where every group costs its launches. A hook for the tests.
+# Scratch of one group of chunks in bytes; None: CHUNKSCAN_LA_GROUP_MIB, else 16 MiB on
+# the CPU (where a group's size does not change its speed: T = 2048, 16 heads of 128,
+# C = 64, bf16: 2.63-2.67 s with 8 or 16 MiB, one chunk a group, at 41.3 KiB/token,
+# 2.70-2.73 with 64 at 54.0), else gated_delta_rule's GPU budget (1/8 of a CUDA GPU's
+# memory from 1 to 16 GiB, 1 GiB on an Apple GPU), where every group costs its
+# launches. A hook for the tests.
 _GROUP_BYTES: int | None = None
 _CPU_GROUP_BYTES = 16 << 20
 # At most this many chunks times C per group: the states entering a group's chunks are
@@ -146,6 +148,8 @@ def _groups(spec) -> list[tuple[int, int, int]]:
     per_chunk = 4 * spec.B * spec.Hv * (8 * C * C + 14 * C * D + 6 * spec.Dk * spec.Dv)
     budget = _GROUP_BYTES
     if budget is None:
+        budget = _group_mib_setting()
+    if budget is None:
         budget = _CPU_GROUP_BYTES if mx.default_device() == mx.cpu else _default_group_bytes()
     size = max(1, min(int(_CHUNKS_PER_C * C), budget // per_chunk))
     whole = spec.T // C
@@ -153,6 +157,21 @@ def _groups(spec) -> list[tuple[int, int, int]]:
     if spec.T % C:
         groups.append((whole * C, 1, spec.T % C))
     return groups
+
+
+def _group_mib_setting() -> int | None:
+    """``CHUNKSCAN_LA_GROUP_MIB`` (at least 1) in bytes, ``None`` where unset."""
+    mib = env_int("CHUNKSCAN_LA_GROUP_MIB", "linear_attention",
+                  "a whole number of MiB such as 1024")  # fmt: skip
+    if mib is None:
+        return None
+    if mib < 1:
+        raise ValueError(
+            f"[linear_attention] the environment variable CHUNKSCAN_LA_GROUP_MIB must be "
+            f"at least 1 (MiB of one group's scratch) but is {mib}. Set a budget such as "
+            f"1024, or unset it for the default."
+        )
+    return mib << 20
 
 
 def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
