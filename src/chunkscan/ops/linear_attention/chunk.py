@@ -175,9 +175,10 @@ def _group_mib_setting() -> int | None:
 
 
 def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
-    """The custom function ``(q, k, v, g, s0) -> [o, final, *entering]``: the inputs in
-    the op's layout, ``s0`` ``[B, Hv, Dv, Dk]`` float32; after ``o`` and the final state
-    the state entering each group after the first, kept for the backward."""
+    """The custom function ``(q, k, v, g, s0, o_bad) -> [o, final, *entering]``: the
+    inputs in the op's layout, ``s0`` ``[B, Hv, Dv, Dk]`` float32, ``o_bad [B, T, Hv]``
+    where the outputs are NaN (:func:`_non_finite_reach`); after ``o`` and the final
+    state the state entering each group after the first, kept for the backward."""
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     scale = spec.scale
     cuts = [t0 for t0, _, _ in groups[1:]]
