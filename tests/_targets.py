@@ -111,24 +111,6 @@ def without(edge: str):
     return Without()
 
 
-def linear_attention_forward_peak(
-    T: int, B: int, Hk: int, Hv: int, Dk: int, Dv: int, C: int, no_edge: str | None = None
-) -> dict[str, Any]:
-    """Peak bytes above the inputs of ``linear_attention``'s forward alone, one chunk per
-    group; ``no_edge``: one ordering rule switched off, the negative control."""
-    from chunkscan.ops.linear_attention import chunk as chunk_module
-
-    chunk_module._GROUP_BYTES = 1
-    if no_edge:
-        chunk_module._ordering = without(no_edge)
-    q, k, v, g, _, h0 = gated_delta_inputs(B, T, Hk, Hv, Dk, Dv)
-    mx.eval(q, k, v, g, h0)
-    _, peak = peak_above_active(
-        lambda: chunkscan.linear_attention(q, k, v, g, initial_state=h0, chunk_size=C)
-    )
-    return {"peak": peak}
-
-
 def shared_weight_backward_peak(T: int, mode: str, C: int, Din: int, D: int) -> dict[str, Any]:
     """Peak bytes above the inputs of the gradients of ``s_t = tanh(0.5 s_{t-1} + x_t W)``
     (``x [T, Din]``, ``W [Din, D]`` shared by every step) with respect to ``x``, ``W``
@@ -356,19 +338,16 @@ def linear_attention_backward_peak(
     Dk: int,
     Dv: int,
     C: int,
-    group_bytes: int | None = None,
     one_group: bool = False,
     no_edge: str | None = None,
     compiled: bool = False,
 ) -> dict[str, Any]:
-    """Peak bytes above the inputs of all five gradients of ``linear_attention``, its
-    groups set to ``group_bytes`` (``compiled``: under ``mx.compile``); the negative
-    controls: ``one_group``, the whole sequence one group (no budget, no cap on the
-    chunks per group), or ``no_edge``, one ordering rule of the op switched off
-    (:func:`without`)."""
+    """Peak bytes above the inputs of all five gradients of ``linear_attention``
+    (``compiled``: under ``mx.compile``); the negative controls: ``one_group``, the
+    whole sequence one group (no budget, no cap on the chunks per group), or
+    ``no_edge``, one ordering rule of the op switched off (:func:`without`)."""
     from chunkscan.ops.linear_attention import chunk as chunk_module
 
-    chunk_module._GROUP_BYTES = group_bytes
     if one_group:
         chunk_module._GROUP_BYTES = 1 << 60
         chunk_module._CHUNKS_PER_C = T

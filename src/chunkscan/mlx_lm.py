@@ -957,7 +957,8 @@ def _state_shaped(h: Any, q: mx.array, v: mx.array) -> bool:
 def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
     """What :func:`patch` binds to ``recurrent_gla`` in a family's module: calls of more
     than one token (training; prefill too, which has no other sign) with one head count
-    and one dtype for ``q``, ``k`` and ``v`` and a gate per head go to
+    and one dtype for ``q``, ``k`` and ``v``, a gate per head and no state or one of
+    the call's own shape ``[B, H, Dk, Dv]`` (not broadcast over the batch) go to
     :func:`chunkscan.linear_attention`, every other call (decoding one token; mixed
     dtypes, which mlx-lm promotes and the op refuses: a bfloat16 model with float32 q
     and k norms raised, found by probing) to mlx-lm's function."""
