@@ -477,11 +477,12 @@ class _Plan:
                 # derivative would ask for their gradient again.
                 primals_i = [a if d else mx.stop_gradient(a) for a, d in zip(primals_i, floats)]
 
-            def chunk_fn(
-                *args: mx.array, i: int = i, consts: list = consts, primals_i: list = primals_i
-            ) -> list[mx.array]:
-                it = iter(args)
-                full = [next(it) if d else a for a, d in zip(primals_i, floats)]
+            # Every primal enters the vjp, the integer and boolean ones behind a
+            # stop_gradient inside: captured by chunk_fn instead (a step counter in the
+            # carry), a second derivative built from two mx.grad calls came out wrong
+            # (found by probing, session 42; chunkscan.checkpoint alike).
+            def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
+                full = [a if d else mx.stop_gradient(a) for a, d in zip(args, floats)]
                 c, dx, pp = self.split_primals(full)
                 new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp, recompute=True)
                 return _distinct(new_c + ys)
@@ -492,15 +493,12 @@ class _Plan:
             # along axis 0 there (found by probing: wrong gradients, no error, where a
             # batch was as long as the chunk).
             axis_held = scan_axis(self.axis) if _AXIS_IN_BACKWARD else contextlib.nullcontext()
-            float_primals = [a for a, d in zip(primals_i, floats) if d]
-            grads = []
-            if float_primals:
+            grads = primals_i  # (no float leaf: zeros for every one, below)
+            if any(floats):
+                cts = ct_carry + [c[i] for c in ct_ys_chunks]
                 with _random.replaying(self.keys.get(i)), axis_held:
-                    _, grads = mx.vjp(
-                        chunk_fn, float_primals, ct_carry + [c[i] for c in ct_ys_chunks]
-                    )
-            it = iter(grads)
-            grads = [next(it) if d else mx.zeros_like(a) for a, d in zip(primals_i, floats)]
+                    _, grads = mx.vjp(chunk_fn, primals_i, cts)
+            grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals_i, floats)]
             d_carry, d_x, d_p_i = self.split_primals(grads)
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
             if i > 0:
