@@ -43,7 +43,6 @@ from ..._backend import env_int
 from ...split import split_at
 from ..gated_delta._checks import empty_result
 from ..gated_delta.chunk import (
-    _default_group_bytes,
     _finite,
     _finite_gate,
     _non_finite_reach,
@@ -55,11 +54,16 @@ _NAN = mx.array(float("nan"), dtype=F32)
 # Scratch of one group of chunks in bytes; None: CHUNKSCAN_LA_GROUP_MIB, else 16 MiB on
 # the CPU (where a group's size does not change its speed: T = 2048, 16 heads of 128,
 # C = 64, bf16: 2.63-2.67 s with 8 or 16 MiB, one chunk a group, at 41.3 KiB/token,
-# 2.70-2.73 with 64 at 54.0), else gated_delta_rule's GPU budget (1/8 of a CUDA GPU's
-# memory from 1 to 16 GiB, 1 GiB on an Apple GPU), where every group costs its
-# launches. A hook for the tests.
+# 2.70-2.73 with 64 at 54.0), else 256 MiB on a GPU. There every group costs its
+# launches, but MLX's CUDA back-end holds every buffer of a command graph until the
+# graph has run, so larger groups hold more at once: an H100 at T = 8192 / 32768, C =
+# 256, took 16 / 63 ms at 93.0 / 48.5 KiB/token with 256 MiB, 8 / 31 ms at 491 / 347 with
+# the Gated DeltaNet op's 1/8 of the GPU's memory, and 35 / 151 ms at 64.3 / 38.9 with
+# 128 MiB and C = 64 (run 118, bench/results/h100/linear_attention_h100_*_4e2cb6f*). A hook
+# for the tests.
 _GROUP_BYTES: int | None = None
 _CPU_GROUP_BYTES = 16 << 20
+_GPU_GROUP_BYTES = 256 << 20
 # At most this many chunks times C per group: the states entering a group's chunks are
 # one [n, n] by [n, Dv * Dk] product per head, whose work per token grows with n (at
 # n = C it is that of the product of the queries with the states).
@@ -150,7 +154,7 @@ def _groups(spec) -> list[tuple[int, int, int]]:
     if budget is None:
         budget = _group_mib_setting()
     if budget is None:
-        budget = _CPU_GROUP_BYTES if mx.default_device() == mx.cpu else _default_group_bytes()
+        budget = _CPU_GROUP_BYTES if mx.default_device() == mx.cpu else _GPU_GROUP_BYTES
     size = max(1, min(int(_CHUNKS_PER_C * C), budget // per_chunk))
     whole = spec.T // C
     groups = [(c * C, min(size, whole - c), C) for c in range(0, whole, size)]
