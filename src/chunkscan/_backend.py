@@ -145,6 +145,20 @@ def env_int(name: str, fn: str, what: str) -> int | None:
         ) from None
 
 
+def env_group_mib(name: str, fn: str) -> int | None:
+    """The environment variable ``name`` as a group budget in MiB, at least 1 (``None``
+    where unset); anything else raises a ``ValueError`` naming it and ``fn`` (a zero
+    would read as one-chunk groups, the slowest form)."""
+    mib = env_int(name, fn, "a whole number of MiB such as 1024")
+    if mib is not None and mib < 1:
+        raise ValueError(
+            f"[{fn}] the environment variable {name} must be at least 1 (MiB of one "
+            f"group's scratch) but is {mib}. Set a budget such as 1024, or unset it for "
+            f"the default."
+        )
+    return mib
+
+
 def env_choice(name: str, fn: str, choices: tuple[str, ...], what: str) -> str | None:
     """The environment variable ``name`` as one of ``choices`` (``None`` where unset or
     empty); anything else raises a ``ValueError`` that names the variable, ``fn`` and

@@ -29,7 +29,6 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from ... import _backend, _ordering, _precompile, _tree
-from ..._backend import env_int
 from ...split import split_at
 from .._cpu_threads import matmul, threads
 from . import _chunk_cuda, _pass_cuda, _passes, _rows_cuda
@@ -678,15 +677,7 @@ def _group_size(
 
 def _group_mib_setting() -> int | None:
     """``CHUNKSCAN_GDN_GROUP_MIB`` (at least 1), ``None`` where unset."""
-    mib = env_int("CHUNKSCAN_GDN_GROUP_MIB", "gated_delta_rule",
-                  "a whole number of MiB such as 1024")  # fmt: skip
-    if mib is not None and mib < 1:  # 0 read as one-chunk groups: the slowest form
-        raise ValueError(
-            f"[gated_delta_rule] the environment variable CHUNKSCAN_GDN_GROUP_MIB must "
-            f"be at least 1 (MiB of one group's scratch) but is {mib}. Set a budget "
-            f"such as 1024, or unset it for the default."
-        )
-    return mib
+    return _backend.env_group_mib("CHUNKSCAN_GDN_GROUP_MIB", "gated_delta_rule")
 
 
 def _default_group_bytes() -> int:

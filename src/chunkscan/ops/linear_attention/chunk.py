@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from ... import _ordering
-from ..._backend import env_int
+from ..._backend import env_group_mib
 from ...split import split_at
 from ..gated_delta._checks import empty_result
 from ..gated_delta.chunk import (
@@ -170,17 +170,8 @@ def _groups(spec) -> list[tuple[int, int, int]]:
 
 def _group_mib_setting() -> int | None:
     """``CHUNKSCAN_LA_GROUP_MIB`` (at least 1) in bytes, ``None`` where unset."""
-    mib = env_int("CHUNKSCAN_LA_GROUP_MIB", "linear_attention",
-                  "a whole number of MiB such as 1024")  # fmt: skip
-    if mib is None:
-        return None
-    if mib < 1:
-        raise ValueError(
-            f"[linear_attention] the environment variable CHUNKSCAN_LA_GROUP_MIB must be "
-            f"at least 1 (MiB of one group's scratch) but is {mib}. Set a budget such as "
-            f"1024, or unset it for the default."
-        )
-    return mib << 20
+    mib = env_group_mib("CHUNKSCAN_LA_GROUP_MIB", "linear_attention")
+    return None if mib is None else mib << 20
 
 
 def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
