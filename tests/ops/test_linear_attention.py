@@ -170,15 +170,17 @@ def test_group_budget_setting(monkeypatch):
     of the state products); a budget below 1 MiB or not a number raises, naming it."""
     from chunkscan.ops.linear_attention import chunk
 
-    xs = inputs(1, 300, 1, 2, 8, 8)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    xs = inputs(1, 40, 1, 2, 256, 256)  # 3.3 MB a chunk of 4: 1 MiB groups hold one
+    small = SimpleNamespace(chunk_size=4, Dk=256, Dv=256, B=1, Hv=2, T=40)
+    assert chunk._groups(small)[0][1] == 4  # the CPU's 16 MiB: C chunks
     ref = linear_attention(*xs[:4], initial_state=xs[4], chunk_size=4)
     spec = SimpleNamespace(chunk_size=64, Dk=256, Dv=256, B=1, Hv=2, T=8192)  # 5.2 MB a chunk
-    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
     assert chunk._groups(spec)[0][1] == 3  # the CPU's 16 MiB
     monkeypatch.setenv("CHUNKSCAN_LA_GROUP_MIB", "2048")
     assert chunk._groups(spec)[0][1] == 64  # at most C chunks
     monkeypatch.setenv("CHUNKSCAN_LA_GROUP_MIB", "1")
-    assert chunk._groups(spec)[0][1] == 1
+    assert chunk._groups(spec)[0][1] == chunk._groups(small)[0][1] == 1
     got = linear_attention(*xs[:4], initial_state=xs[4], chunk_size=4)
     assert all(max_rel(a, b) <= FP32_TOL for a, b in zip(got, ref))
     for bad in ("0", "big"):

@@ -59,7 +59,7 @@ _NAN = mx.array(float("nan"), dtype=F32)
 # graph has run, so larger groups hold more at once: an H100 at T = 8192 / 32768, C =
 # 256, took 16 / 63 ms at 93.0 / 48.5 KiB/token with 256 MiB, 8 / 31 ms at 491 / 347 with
 # the Gated DeltaNet op's 1/8 of the GPU's memory, and 35 / 151 ms at 64.3 / 38.9 with
-# 128 MiB and C = 64 (run 118, bench/results/h100/linear_attention_h100_*_4e2cb6f*). A hook
+# 128 MiB and C = 64 (run 118, bench/results/h100/linear_attention_h100_*_8780652*). A hook
 # for the tests.
 _GROUP_BYTES: int | None = None
 _CPU_GROUP_BYTES = 16 << 20
