@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from .._cpu_threads import matmul
+from .._finite import finite, finite_gate
 from . import chunk as _chunk
 from ._triangular import unit_lower_inverse
 from .chunk import (
@@ -27,8 +28,6 @@ from .chunk import (
     F32,
     _causal,
     _compiled,
-    _finite,
-    _finite_gate,
     _input_layout,
     _state_terms,
     _strict,
@@ -86,11 +85,11 @@ def _prepare_channel_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.arra
     G = Hv // Hk
     b = sub_size(C)
     m = C // b
-    qf = _finite(q).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
-    kf = _finite(k).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
-    vf = _finite(v).astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
-    gf = _finite_gate(g).astype(F32).reshape(B, n, C, Hk, G, Dk).transpose(0, 3, 4, 1, 2, 5)
-    bf = _finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+    qf = finite(q).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    kf = finite(k).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    vf = finite(v).astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
+    gf = finite_gate(g).astype(F32).reshape(B, n, C, Hk, G, Dk).transpose(0, 3, 4, 1, 2, 5)
+    bf = finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
 
     # Every decay is a product of exactly the factors exp(g_s) it spans (each <= 1 for
     # g <= 0, zero for g = -inf): never a positive exponent, never a quotient, and one

@@ -31,6 +31,7 @@ import mlx.core as mx
 from ... import _backend, _ordering, _precompile, _tree
 from ...split import split_at
 from .._cpu_threads import matmul, threads
+from .._finite import bad_rows, finite, finite_gate, finite_mask, gate_ok, non_finite_mask
 from . import _chunk_cuda, _pass_cuda, _passes, _rows_cuda
 from ._checks import Spec, check_inputs, empty_result
 from ._triangular import unit_lower_inverse
@@ -697,47 +698,6 @@ def _gpu_group_bytes(total: int | None) -> int:
     return min(16384 << 20, max(1024 << 20, total // 8))
 
 
-# The non-finite checks run per group, forward and backward. Under mx.grad MLX runs the
-# groups' compiled functions as plain ops (no fusion), so on a GPU each elementwise op
-# is a launch of tens of microseconds: these use two ops where mx.isfinite takes six
-# (two Equal, NotEqual, two LogicalOr, LogicalNot) and mx.zeros(()) one more.
-
-
-def _finite_mask(x: mx.array) -> mx.array:
-    """``mx.isfinite(x)``: ``x - x`` is exactly 0 for every finite ``x`` and NaN for
-    NaN and +-inf."""
-    return (x - x) == 0
-
-
-def _non_finite_mask(x: mx.array) -> mx.array:
-    """``~mx.isfinite(x)`` in two ops, as :func:`_finite_mask`."""
-    return (x - x) != 0
-
-
-def _bad_rows(x: mx.array) -> mx.array:
-    """``[..., D] -> [...]``: True where a row holds a non-finite value. ``x - x`` is 0
-    where finite and NaN elsewhere, so its row sum is exactly 0 or NaN: three launches
-    (subtract, sum, compare on the small result) where ``~mx.all(mx.isfinite(x), -1)``
-    takes eight."""
-    return mx.sum(x - x, axis=-1) != 0
-
-
-def _gate_ok(g: mx.array) -> mx.array:
-    """True where the gate is read as given: finite or ``-inf`` (a reset); False for
-    NaN (every comparison with it is False) and ``+inf``."""
-    return g < math.inf
-
-
-def _finite(x: mx.array) -> mx.array:
-    """``x`` with every non-finite value replaced by zero."""
-    return mx.where(_finite_mask(x), x, 0.0)
-
-
-def _finite_gate(g: mx.array) -> mx.array:
-    """``g`` with NaN and ``+inf`` replaced by zero (``-inf`` is a valid reset)."""
-    return mx.where(_gate_ok(g), g, 0.0)
-
-
 def _prepare(q, k, v, g, beta, scale: float) -> SimpleNamespace:
     """:func:`_prepare_arrays` as a namespace (compiled with ``_COMPILE_GROUPS``)."""
     fn = _compiled(_prepare_arrays) if _COMPILE_GROUPS else _prepare_arrays
@@ -759,11 +719,11 @@ def _prepare_arrays(q, k, v, g, beta, scale: float) -> dict[str, mx.array]:
     B, n, C, Hk, _ = q.shape
     Hv, Dv = v.shape[-2:]
     G = Hv // Hk
-    qf = _finite(q).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
-    kf = _finite(k).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
-    vf = _finite(v).astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
-    gf = _finite_gate(g).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
-    bf = _finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+    qf = finite(q).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    kf = finite(k).astype(F32).transpose(0, 3, 1, 2, 4)[:, :, None]
+    vf = finite(v).astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
+    gf = finite_gate(g).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+    bf = finite(beta).astype(F32).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
 
     # Log-decays relative to the chunk, each a sum of exactly the gates it spans (no
     # difference of two cumulative sums): no cancellation after a very negative gate,
@@ -901,7 +861,7 @@ def _input_layout(xs, d_q, d_k, d_v, d_g, d_beta) -> list[mx.array]:
     d_g = d_g.transpose((0, 3, 4, 1, 2, 5)[: d_g.ndim]).reshape(g.shape)
     d_beta = d_beta.transpose(0, 3, 4, 1, 2).reshape(beta.shape)
     read = (
-        _finite_mask(q), _finite_mask(k), _finite_mask(v), _gate_ok(g), _finite_mask(beta),
+        finite_mask(q), finite_mask(k), finite_mask(v), gate_ok(g), finite_mask(beta),
     )  # fmt: skip
     return [
         mx.where(ok, d, 0.0).astype(x.dtype)
@@ -976,20 +936,20 @@ def _non_finite_reach(
     # unmapped, MLX 0.32.4's bitwise_or / bitwise_and read garbage (all-False inputs
     # gave True), which turned whole outputs NaN; the logical ops are right.
     if kernel and _rows_cuda.rows_supported(B, Hk, G):
-        bad_rows, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, beta)
-        return _rows_cuda.non_finite_reach(bad_rows, q_bad, spec.seqs)
-    g_bad = mx.logical_not(_gate_ok(g))
+        flagged, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, beta)
+        return _rows_cuda.non_finite_reach(flagged, q_bad, spec.seqs)
+    g_bad = mx.logical_not(gate_ok(g))
     if spec.channel:
         g_bad = mx.any(g_bad, axis=-1)
     state_bad = functools.reduce(mx.logical_or, (
-        per_value_head(_bad_rows(k)), _bad_rows(v), _non_finite_mask(beta), g_bad,
+        per_value_head(bad_rows(k)), bad_rows(v), non_finite_mask(beta), g_bad,
     ))  # fmt: skip
     # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here,
     # of stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200
     # (ncu, runs 23 and 25; a transposed view alone still takes that path), where
     # the copy and a row scan take 12 us (run 26).
-    bad_rows = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
-    return _reach(bad_rows, per_value_head(_bad_rows(q)), spec.seqs)
+    flagged = mx.contiguous(state_bad.astype(mx.int32).swapaxes(1, 2))  # [B, Hv, T]
+    return _reach(flagged, per_value_head(bad_rows(q)), spec.seqs)
 
 
 def _reach(

@@ -41,12 +41,9 @@ import mlx.core as mx
 from ... import _ordering
 from ..._backend import env_group_mib
 from ...split import split_at
+from .._finite import bad_rows, finite, finite_gate
 from ..gated_delta._checks import empty_result
-from ..gated_delta.chunk import (
-    _finite,
-    _finite_gate,
-    _non_finite_reach,
-)
+from ..gated_delta.chunk import _non_finite_reach
 from ._checks import F32, check_inputs
 
 _NAN = mx.array(float("nan"), dtype=F32)
@@ -190,10 +187,10 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
         # the CPU, but the backward then made every group's copies up front, unless
         # ordered by a rule of its own: 1.94 MiB growth in test_backward_memory_is_one_group
         # at C = 16, against 1.16.)
-        q, k = (_finite(x.astype(F32)).reshape(B, n, C, Hk, 1, Dk).transpose(0, 3, 4, 1, 2, 5)
+        q, k = (finite(x.astype(F32)).reshape(B, n, C, Hk, 1, Dk).transpose(0, 3, 4, 1, 2, 5)
                 for x in (q, k))  # fmt: skip
-        v = _finite(v.astype(F32)).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
-        g = _finite_gate(g.astype(F32)).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
+        v = finite(v.astype(F32)).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
+        g = finite_gate(g.astype(F32)).reshape(B, n, C, Hk, G).transpose(0, 3, 4, 1, 2)
         return SimpleNamespace(q=q, k=k, v=v, g=g)
 
     def per_head_mask(bad, n, C):
@@ -312,7 +309,7 @@ def _combine(weights: mx.array, xs: mx.array, backward: bool) -> mx.array:
     ``c <= m`` backward), not of the rest through the zeros of ``weights``."""
     shape = xs.shape
     flat = xs.reshape(tuple(shape[:-2]) + (shape[-2] * shape[-1],))
-    bad = mx.sum(flat - flat, axis=-1) != 0  # [..., n]: a row holds a non-finite value
+    bad = bad_rows(flat)  # [..., n]: a row holds a non-finite value
     out = weights @ mx.where(bad[..., None], 0.0, flat)
     reach = mx.cumsum(bad.astype(mx.int32), axis=-1, reverse=backward) > 0
     return mx.where(reach[..., None], _NAN, out).reshape(shape)
