@@ -909,7 +909,7 @@ def _strict(C: int) -> mx.array:
 
 
 def _non_finite_reach(
-    spec: Spec, q, k, v, g, beta, kernel: bool = False
+    spec: Spec, q, k, v, g, beta: mx.array | None, kernel: bool = False
 ) -> tuple[mx.array, mx.array]:
     """Where the per-step recurrence has NaN from non-finite input: ``(o_bad [B, T, Hv],
     seq_bad [n_seq, Hv])``, both bool.
@@ -922,12 +922,13 @@ def _non_finite_reach(
     The masks are constants: the gradients of the other tokens are untouched.
     ``kernel``: two CUDA launches where they apply (:func:`._rows_cuda.non_finite_rows`
     flags the rows, :func:`._rows_cuda.non_finite_reach` spreads them along each
-    sequence) instead of about twenty MLX ops; the same masks.
+    sequence) instead of about twenty MLX ops; the same masks. ``beta=None``: an op
+    without it (:func:`chunkscan.linear_attention`), the MLX ops only.
     """
     B, T, Hk, G, Hv = spec.B, spec.T, spec.Hk, spec.G, spec.Hv
     # Without stop_gradient, autodiff would build the (zero) vjp of every comparison:
     # one input-sized zero buffer per input, measured ~3 KiB per token here.
-    q, k, v, g, beta = (mx.stop_gradient(x) for x in (q, k, v, g, beta))
+    q, k, v, g = (mx.stop_gradient(x) for x in (q, k, v, g))
 
     def per_value_head(bad_k):  # [B, T, Hk] -> [B, T, Hv]
         return mx.broadcast_to(bad_k[..., None], (B, T, Hk, G)).reshape(B, T, Hv)
@@ -935,15 +936,16 @@ def _non_finite_reach(
     # Boolean algebra through mx.logical_*, not | and ~: under mx.vmap with one operand
     # unmapped, MLX 0.32.4's bitwise_or / bitwise_and read garbage (all-False inputs
     # gave True), which turned whole outputs NaN; the logical ops are right.
-    if kernel and _rows_cuda.rows_supported(B, Hk, G):
-        flagged, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, beta)
+    if kernel and beta is not None and _rows_cuda.rows_supported(B, Hk, G):
+        flagged, q_bad = _rows_cuda.non_finite_rows(q, k, v, g, mx.stop_gradient(beta))
         return _rows_cuda.non_finite_reach(flagged, q_bad, spec.seqs)
     g_bad = mx.logical_not(gate_ok(g))
     if spec.channel:
         g_bad = mx.any(g_bad, axis=-1)
-    state_bad = functools.reduce(mx.logical_or, (
-        per_value_head(bad_rows(k)), bad_rows(v), non_finite_mask(beta), g_bad,
-    ))  # fmt: skip
+    flags = [per_value_head(bad_rows(k)), bad_rows(v), g_bad]
+    if beta is not None:
+        flags.append(non_finite_mask(mx.stop_gradient(beta)))
+    state_bad = functools.reduce(mx.logical_or, flags)
     # Counted along a contiguous axis: MLX's CUDA scan along a strided axis (T here,
     # of stride Hv) runs one thread per column, 0.64-0.66 ms at T = 16384 on an H200
     # (ncu, runs 23 and 25; a transposed view alone still takes that path), where
