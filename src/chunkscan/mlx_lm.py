@@ -158,6 +158,17 @@ def _seam_error(
     )
 
 
+def _differences(pairs, prefix: str = "") -> list[str]:
+    """The probes' comparison: ``(what, patched, stock)`` arrays whose largest difference
+    passes 1e-4 of the stock one's largest magnitude, each as a problem to report."""
+    problems = []
+    for what, ours, theirs in pairs:
+        err = (mx.abs(ours - theirs).max() / (mx.abs(theirs).max() + 1e-12)).item()
+        if not err <= 1e-4:
+            problems.append(f"{prefix}the {what} differs by {err:.2e}")
+    return problems
+
+
 def _fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
     return _seam_error(
         "the seam",
@@ -431,10 +442,7 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
             label += " and a padding mask"
         if gate is not None:
             label += " and a per-channel gate"
-        for what, x0, x1 in (("output", y0, y1), ("state", s_0, s_1)):
-            err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
-            if not err <= 1e-4:
-                problems.append(f"with {label} the {what} differs by {err:.2e}")
+        problems += _differences((("output", y1, y0), ("state", s_1, s_0)), f"with {label} ")
     if problems:
         raise _fail(
             ["the patched training path does not reproduce the stock one: " + p for p in problems],
@@ -826,13 +834,9 @@ def _probe_attention(stock: Any) -> None:
     def theirs(q, k, v):
         return stock(q, k, v, None, D**-0.5, "causal")
 
-    problems = []
     got = mx.vjp(lambda *a: [ours(*a)], [q, k, v], [ct])
     ref = mx.vjp(lambda *a: [theirs(*a)], [q, k, v], [ct])
-    for what, x1, x0 in zip(("output", "dq", "dk", "dv"), got[0] + got[1], ref[0] + ref[1]):
-        err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
-        if not err <= 1e-4:
-            problems.append(f"the {what} differs by {err:.2e}")
+    problems = _differences(zip(("output", "dq", "dk", "dv"), got[0] + got[1], ref[0] + ref[1]))
     if problems:
         raise _attention_fail(
             ["chunkscan.attention does not reproduce the stock function: " + p for p in problems],
@@ -1019,11 +1023,8 @@ def _probe_lightning(stock: Callable[..., Any]) -> list[str]:
     problems = []
     for state in (None, h):
         ours, theirs = _chunked_gla(q, k, v, g, 0.35, state), stock(q, k, v, g, 0.35, state)
-        for what, x1, x0 in zip(("output", "state"), ours, theirs):
-            err = (mx.abs(x1 - x0).max() / (mx.abs(x0).max() + 1e-12)).item()
-            if not err <= 1e-4:
-                label = "a state" if state is not None else "no state"
-                problems.append(f"with {label} the {what} differs by {err:.2e}")
+        label = "a state" if state is not None else "no state"
+        problems += _differences(zip(("output", "state"), ours, theirs), f"with {label} ")
     return problems
 
 
