@@ -529,6 +529,27 @@ def test_loud_failure_changed_mask_convention(monkeypatch):
     assert qwen3_next.gated_delta_update is inverted  # nothing was patched
 
 
+def test_loud_failure_changed_head_mapping(monkeypatch):
+    """Same signature, value head ``h`` reading key head ``h % Hk`` (tiled) instead of
+    ``h // (Hv // Hk)``: the probe's two key heads catch it (with one it passed, and a
+    model with two key heads trained on other gradients; found by probing)."""
+    sig = inspect.signature(STOCK)
+
+    def tiled(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        q, k, v = (bound.arguments[n] for n in "qkv")
+        reps = v.shape[2] // q.shape[2]
+        if reps > 1:  # give each value head its own key head, tiled: STOCK's repeat is then 1
+            bound.arguments["q"], bound.arguments["k"] = (
+                mx.tile(x, (1, 1, reps, 1)) for x in (q, k)
+            )
+        return STOCK(*bound.args, **bound.kwargs)
+
+    tiled.__signature__ = sig
+    _point_families_at(monkeypatch, tiled)
+    _expect_incompatible("does not reproduce the stock one: with defaults the output differs by")
+
+
 def kimi_config(**kw):
     """Kimi Linear, 4 layers: KDA (per-channel gate) in layer 1, MLA attention in the
     others, MoE from layer 2 on; 2 heads, head_dim 32."""
