@@ -24,6 +24,7 @@ import mlx_lm.models.base as mlx_base  # noqa: E402
 import mlx_lm.models.gated_delta as gd  # noqa: E402
 import mlx_lm.models.llama as llama  # noqa: E402
 import mlx_lm.models.qwen3_next as qwen3_next  # noqa: E402
+import mlx_lm.models.ssm as ssm  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 from mlx_lm.tuner import trainer  # noqa: E402
 from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
@@ -34,6 +35,7 @@ from chunkscan.commands.demo_model import build_model  # noqa: E402
 
 STOCK = gd.gated_delta_update
 STOCK_ATTN = mlx_base.scaled_dot_product_attention
+STOCK_SSD = ssm.ssm_attn
 CHUNK = 16
 # Patched against stock, float32 (relative RMSE, or relative for a loss): measured at most
 # 6.0e-6 for the Gated DeltaNet families (qwen3_next's LoRA gradients: the per-token loop
@@ -94,6 +96,7 @@ def _clean():
     assert cmlx.attention_patched_modules() == ()
     for module in (mlx_base, llama, qwen3_next):
         assert module.scaled_dot_product_attention is STOCK_ATTN
+    assert ssm.ssm_attn is STOCK_SSD and cmlx.ssd_patched_modules() == ()
 
 
 def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
@@ -791,6 +794,7 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "_probe", recording(real_gdn))
     monkeypatch.setattr(cmlx, "_probe_attention", recording(real_attn))
     monkeypatch.setattr(cmlx, "_probe_lightning", recording(cmlx._probe_lightning))
+    monkeypatch.setattr(cmlx, "_probe_ssd", recording(cmlx._probe_ssd))
     entered = []
     real_on_cpu = cmlx.on_cpu
 
@@ -803,7 +807,7 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
     with cmlx.patch():
         pass
-    assert len(seen) == 3 and len(entered) == 3  # Gated DeltaNet, attention, Lightning
+    assert len(seen) == 4 and len(entered) == 4  # Gated DeltaNet, attention, Lightning, SSD
     assert all(d == mx.cpu for d in seen)
     previous = mx.default_device()
     with real_on_cpu():
@@ -1074,3 +1078,121 @@ def test_an_interrupted_nested_patch_leaves_no_handle(monkeypatch):
     outer.undo()
     assert cmlx._stack == [] and cmlx.patched_families() == ()
     assert cmlx.attention_patched_modules() == ()
+
+
+# ------------------------------------------------------------- Mamba2 SSD (ssm_attn)
+
+
+def mamba2_config(**kw):
+    """mlx-lm's mamba2, 2 layers: 4 heads of 16 in 2 groups, a state of 16 per head."""
+    cfg = dict(
+        model_type="mamba2", num_heads=4, head_dim=16, vocab_size=64, hidden_size=32,
+        intermediate_size=64, state_size=16, num_hidden_layers=2, layer_norm_epsilon=1e-5,
+        conv_kernel=4, n_groups=2, use_bias=False, use_conv_bias=True,
+        tie_word_embeddings=False, time_step_limit=(0.0, float("inf")), time_step_rank="auto",
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+def nemotron_h_config(**kw):
+    """mlx-lm's nemotron_h, 4 blocks: Mamba2 (4 heads of 8, 2 groups), attention (2 heads,
+    1 KV head), Mamba2, MLP."""
+    cfg = dict(
+        model_type="nemotron_h", vocab_size=64, hidden_size=32, intermediate_size=64,
+        max_position_embeddings=512, num_attention_heads=2, num_key_value_heads=1,
+        attention_bias=False, mamba_num_heads=4, mamba_head_dim=8, mamba_proj_bias=False,
+        ssm_state_size=16, conv_kernel=4, n_groups=2, mlp_bias=False,
+        layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True, head_dim=16,
+        hybrid_override_pattern=["M", "*", "M", "-"], time_step_limit=(0.0, float("inf")),
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def ssd_spy(monkeypatch):
+    """Record each call of chunkscan.linear_attention through the SSD seam."""
+    return _record_calls(monkeypatch, "_ssd_op", "chunk_size")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("config", [mamba2_config, nemotron_h_config], ids=lambda c: c.__name__)
+def test_mamba2_lora_grads_match_stock(config, compiled, ssd_spy):
+    """Mamba2 families (mamba2; nemotron_h with its attention and MLP blocks) train
+    patched with the loss and LoRA gradients of mlx-lm's chunked SSD: each Mamba2 layer
+    calls chunkscan.linear_attention once, over several of its chunks (T - 1 = 149)."""
+    model = lora_model(config())
+    batch, lengths = padded_batch(64, lengths=(150, 97))
+    loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    with cmlx.patch() as handle:
+        assert cmlx.ssd_patched_modules() == ("ssm",) and ssm.ssm_attn is not STOCK_SSD
+        assert "ssd=('ssm',)" in repr(handle)
+        loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    assert ssd_spy == [None] * 2 + [None] * 2  # the probe's two calls, then two layers
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("in_proj" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def test_mamba2_generation_keeps_its_tokens(ssd_spy):
+    """Generation patched: the prompt's prefill (no padding) goes through the op, each
+    decoded token through mlx-lm's function; the tokens are stock's, the cache's state
+    float32 as mlx-lm's."""
+    model = build_model(nemotron_h_config(), 0)
+    model.eval()
+    prompt = mx.array([list(range(3, 40))])
+    toks0, last0 = greedy_tokens(model, prompt, 5)
+    with cmlx.patch():
+        toks1, last1 = greedy_tokens(model, prompt, 5)
+        cache = model.make_cache()
+        model(prompt, cache=cache)
+    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    assert len(ssd_spy) == 2 + 4  # the probe's two, then two prompts of two layers
+    assert all(c[1].dtype == mx.float32 for c in cache if hasattr(c, "lengths"))
+
+
+def test_ssd_calls_the_op_cannot_take_stay_mlx_lms(ssd_spy):
+    """A padding mask or lengths (left-padded or ragged batch prompts) or one token go
+    to mlx-lm's function: the same arrays."""
+    keys = mx.random.split(mx.random.key(4), 8)
+    x = mx.random.normal((2, 7, 4, 3), key=keys[0])
+    B, C = (mx.random.normal((2, 7, 2, 5), key=kk) for kk in keys[1:3])
+    dt = mx.random.normal((2, 7, 4), key=keys[3])
+    A_log, D, dt_bias = (mx.random.normal((4,), key=kk) for kk in keys[4:7])
+    state = mx.random.normal((2, 4, 3, 5), key=keys[7])
+    mask = mx.array([[True] * 7, [False, False] + [True] * 5])
+    limit = (0.001, 100.0)
+    calls = [
+        ((x, A_log, B, C, D, dt, dt_bias), {"mask": mask}),
+        ((x, A_log, B, C, D, dt, dt_bias, None, limit, None, mx.array([7, 5])), {}),
+        ((x[:, :1], A_log, B[:, :1], C[:, :1], D, dt[:, :1], dt_bias, state), {}),
+    ]
+    refs = [STOCK_SSD(*a, **kw) for a, kw in calls]
+    with cmlx.patch():
+        del ssd_spy[:]  # the probe's
+        for (args, kwargs), ref in zip(calls, refs):
+            got = ssm.ssm_attn(*args, **kwargs)
+            assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
+        assert ssd_spy == []
+        ssm.ssm_attn(x, A_log, B, C, D, dt, dt_bias, state)
+        assert len(ssd_spy) == 1
+
+
+def test_ssd_seam_that_changed_is_left_alone(monkeypatch):
+    """An ``ssm_attn`` of the seam's signature that the patched call does not reproduce
+    (here: its skip term ``D x`` doubled) stays mlx-lm's, with a warning naming it; the
+    rest of the patch applies."""
+    real = ssm.ssm_attn
+
+    def changed(x, A_log, B, C, D, dt, dt_bias, state=None, time_step_limit=(0.001, 100.0),
+                mask=None, lengths=None, step=256):  # fmt: skip
+        return real(x, A_log, B, C, 2 * D, dt, dt_bias, state, time_step_limit, mask, lengths, step)
+
+    monkeypatch.setattr(ssm, "ssm_attn", changed)
+    with pytest.warns(RuntimeWarning, match="ssm.ssm_attn is left as it is.*output differs"):
+        with cmlx.patch():
+            assert cmlx.ssd_patched_modules() == () and ssm.ssm_attn is changed
+            assert "qwen3_next" in cmlx.patched_families()
+    monkeypatch.setattr(ssm, "ssm_attn", real)

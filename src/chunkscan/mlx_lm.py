@@ -130,7 +130,7 @@ _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
 # The seams whose numerical probe ran while some handle is live ("gdn", "attention",
-# "lightning"; a Lightning family that failed its probe is unbound, not kept):
+# "lightning", "ssd"; a rebound module that failed its probe is unbound, not kept):
 # a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
 # being installed already (found by probing); emptied with the last handle's undo.
 _verified: set[str] = set()
@@ -470,10 +470,12 @@ class Patch:
         save_states: str | None = "groups",
         verify: bool = True,
         lightning: tuple[str, ...] = (),
+        ssd: tuple[str, ...] = (),
     ):
         self.chunk_size = chunk_size
         self.families = families
         self.lightning = lightning  # the Lightning-attention modules rebound
+        self.ssd = ssd  # the modules whose Mamba2 SSD (ssm_attn) is rebound
         self.attention = attention
         self.save_states = save_states
         self.verify = verify
@@ -557,7 +559,7 @@ class Patch:
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
             f"save_states={self.save_states!r} families={self.families} "
-            f"lightning={self.lightning} attention={self.attention}>"
+            f"lightning={self.lightning} ssd={self.ssd} attention={self.attention}>"
         )
 
 
@@ -670,13 +672,15 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
         for name, module in modules.items():
             _saved[name] = getattr(module, _NAME)
             setattr(module, _NAME, _INSTALLED_GDN)
-        _install_lightning()
-    if verify and "lightning" not in _verified:
-        _verify_lightning()
-        _verified.add("lightning")
+        for seam in _REBOUND.values():
+            seam.install()
+    for key, seam in _REBOUND.items():
+        if verify and key not in _verified:
+            seam.verify()
+            _verified.add(key)
     names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
     handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify,
-                   lightning_patched_modules())  # fmt: skip
+                   lightning_patched_modules(), ssd_patched_modules())  # fmt: skip
     _stack.append(handle)
     try:
         _sync_attention()
@@ -695,7 +699,8 @@ def _roll_back() -> None:
     if _saved:
         _restore_everywhere(_NAME, _INSTALLED_GDN, _stock["fn"])
         _saved.clear()
-    _restore_lightning()
+    for seam in _REBOUND.values():
+        seam.restore()
     _verified.clear()
     _sync_attention()
 
@@ -925,7 +930,6 @@ def attention_patched_modules() -> tuple[str, ...]:
 #: and is chunked already: another signature, left alone.)
 _GLA = "recurrent_gla"
 _GLA_PARAMS = ("q", "k", "v", "g", "scale", "h")
-_gla_saved: dict[str, Any] = {}  # module name -> mlx-lm's function, while patched
 
 
 def _lightning_op():
@@ -989,30 +993,7 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
         return _chunked_gla(q, k, v, g, scale, h)
 
     recurrent_gla.__qualname__ = "_lightning.recurrent_gla"
-    recurrent_gla._chunkscan_stock = stock  # type: ignore[attr-defined]
     return recurrent_gla
-
-
-def _lightning_modules() -> dict[str, tuple[ModuleType, Any]]:
-    """Each ``mlx_lm.models`` module whose ``recurrent_gla`` has the seam's signature
-    (found by reading the sources for the name, then importing): ``name -> (module,
-    mlx-lm's function)``."""
-    base = importlib.import_module("mlx_lm.models.base")
-    found = {}
-    for name in _models_naming(str(pathlib.Path(base.__file__).parent), f"def {_GLA}("):
-        try:
-            module = importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional family that cannot load
-            continue
-        fn = _gla_saved.get(name, getattr(module, _GLA, None))
-        if not callable(fn):
-            continue
-        params = list(inspect.signature(fn).parameters.values())
-        names = tuple(p.name for p in params)
-        positional = all(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
-        if names == _GLA_PARAMS and positional and params[-1].default is None:
-            found[name] = (module, fn)
-    return found
 
 
 def _probe_lightning(stock: Callable[..., Any]) -> list[str]:
@@ -1030,48 +1011,234 @@ def _probe_lightning(stock: Callable[..., Any]) -> list[str]:
     return problems
 
 
-def _install_lightning() -> None:
-    """Rebind ``recurrent_gla`` in each family that has the seam."""
-    for name, (module, stock) in _lightning_modules().items():
-        if name not in _gla_saved:
-            _gla_saved[name] = stock
-            setattr(module, _GLA, _lightning(stock))
+class _Rebound:
+    """A module-level recurrence of mlx-lm that :func:`patch` rebinds, in each
+    ``mlx_lm.models`` module that defines it with the expected parameters, to a wrapper
+    routing some calls to a chunkscan op (``recurrent_gla``: Lightning attention;
+    ``ssm_attn``: Mamba2's SSD). None is required: a module whose function the probe
+    finds the wrapper does not reproduce gets mlx-lm's back, with a warning.
+
+    ``wrap(stock)`` builds the wrapper; ``probe(stock)`` returns the problems found
+    comparing the routed path with mlx-lm's function (``[]``: none); ``accepts(fn)``
+    says whether a function's signature is the seam's."""
+
+    def __init__(self, name: str, wrap, probe, accepts):
+        self.name = name
+        self._wrap, self._probe, self._accepts = wrap, probe, accepts
+        self.saved: dict[str, Any] = {}  # module name -> mlx-lm's function, while patched
+
+    def modules(self) -> dict[str, tuple[ModuleType, Any]]:
+        """Each module that defines the function with the seam's signature (found by
+        reading the sources for the name, then importing): ``name -> (module, mlx-lm's
+        function)``."""
+        base = importlib.import_module("mlx_lm.models.base")
+        found = {}
+        for name in _models_naming(str(pathlib.Path(base.__file__).parent), f"def {self.name}("):
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - an optional family that cannot load
+                continue
+            fn = self.saved.get(name, getattr(module, self.name, None))
+            if callable(fn) and self._accepts(fn):
+                found[name] = (module, fn)
+        return found
+
+    def install(self) -> None:
+        for name, (module, stock) in self.modules().items():
+            if name not in self.saved:
+                self.saved[name] = stock
+                wrapper = self._wrap(stock)
+                wrapper._chunkscan_stock = stock
+                setattr(module, self.name, wrapper)
+
+    def verify(self) -> None:
+        """Probe each rebound module; one that fails gets mlx-lm's function back."""
+        for name, stock in list(self.saved.items()):
+            try:
+                with on_cpu():
+                    problems = self._probe(stock)
+            except Exception as e:  # noqa: BLE001 - another output shape, an error: not the seam
+                problems = [f"the probe raised {type(e).__name__}: {e}"]
+            if problems:
+                self._put_back(name, stock)
+                del self.saved[name]
+                warnings.warn(
+                    f"[chunkscan.mlx_lm] {name}.{self.name} is left as it is (mlx-lm "
+                    f"{_mlx_lm_version()}): the patched call does not reproduce it: "
+                    + "; ".join(problems),
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+
+    def _put_back(self, name: str, stock: Any) -> None:
+        module = sys.modules.get(name)
+        bound = getattr(module, self.name, None) if module is not None else None
+        if getattr(bound, "_chunkscan_stock", None) is stock:
+            setattr(module, self.name, stock)
+
+    def restore(self) -> None:
+        for name, stock in self.saved.items():
+            self._put_back(name, stock)
+        self.saved.clear()
+
+    def patched_modules(self) -> tuple[str, ...]:
+        return tuple(sorted(n.rsplit(".", 1)[1] for n in self.saved))
 
 
-def _verify_lightning() -> None:
-    """Probe each patched family; one whose function the patched call does not
-    reproduce gets mlx-lm's back, with a warning (none is required: patch() goes on)."""
-    for name, stock in list(_gla_saved.items()):
-        try:
-            with on_cpu():
-                problems = _probe_lightning(stock)
-        except Exception as e:  # noqa: BLE001 - another output shape, an error: not the seam
-            problems = [f"the probe raised {type(e).__name__}: {e}"]
-        if problems:
-            _put_back_lightning(name, stock)
-            del _gla_saved[name]
-            warnings.warn(
-                f"[chunkscan.mlx_lm] {name}.{_GLA} is left as it is (mlx-lm "
-                f"{_mlx_lm_version()}): the patched call does not reproduce it: "
-                + "; ".join(problems),
-                RuntimeWarning,
-                stacklevel=4,
-            )
+def _plain_signature(fn: Callable[..., Any], params: tuple[str, ...]) -> bool:
+    """Whether ``fn`` takes exactly ``params``, each positional or by keyword."""
+    try:
+        found = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return tuple(p.name for p in found) == params and all(
+        p.kind == p.POSITIONAL_OR_KEYWORD for p in found
+    )
 
 
-def _put_back_lightning(name: str, stock: Any) -> None:
-    module = sys.modules.get(name)
-    bound = getattr(module, _GLA, None) if module is not None else None
-    if getattr(bound, "_chunkscan_stock", None) is stock:
-        setattr(module, _GLA, stock)
-
-
-def _restore_lightning() -> None:
-    for name, stock in _gla_saved.items():
-        _put_back_lightning(name, stock)
-    _gla_saved.clear()
+_LIGHTNING = _Rebound(
+    _GLA,
+    lambda stock: _lightning(stock),
+    lambda stock: _probe_lightning(stock),  # looked up at call time, so tests can spy
+    lambda fn: (
+        _plain_signature(fn, _GLA_PARAMS) and inspect.signature(fn).parameters["h"].default is None
+    ),
+)
 
 
 def lightning_patched_modules() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules whose ``recurrent_gla`` is patched now."""
-    return tuple(sorted(n.rsplit(".", 1)[1] for n in _gla_saved))
+    return _LIGHTNING.patched_modules()
+
+
+# ------------------------------------------------ Mamba2 state-space duality (SSD)
+
+#: mlx-lm's Mamba2 recurrence (``mlx_lm.models.ssm.ssm_attn``), which ``ssm_update``
+#: calls by its module's name for every call but the one-token step of Metal's kernel;
+#: the families import ``ssm_update`` (mamba2, nemotron_h, falcon_h1, granitemoehybrid
+#: and plamo2 in mlx-lm 0.32.2), so rebinding ``ssm_attn`` in ``ssm`` reaches them all.
+#: Per head ``h`` (``x`` ``[B, T, H, Dh]``, ``B`` and ``C`` ``[B, T, G, N]`` with ``H``
+#: a multiple of ``G``, ``dt`` ``[B, T, H]``), with ``dt' = compute_dt(dt, dt_bias,
+#: time_step_limit)`` (softplus, clipped, float32) and ``A = -exp(A_log)``::
+#:
+#:     S_t = exp(dt'_t A) S_{t-1} + (dt'_t x_t) B_t^T      (S: [Dh, N])
+#:     y_t = S_t C_t + D x_t
+#:
+#: that is :func:`chunkscan.linear_attention` with ``q = C``, ``k = B``, ``v = dt' x``,
+#: the log-decay ``g = dt' A``, ``scale = 1``, and the same state layout ``[B, H, Dh, N]``.
+#: mlx-lm's form runs chunks of ``step`` (256) tokens in a Python loop under autograd,
+#: each keeping ``[B, H, step, step]`` float32 decay matrices for the backward.
+_SSD = "ssm_attn"
+_SSD_PARAMS = ("x", "A_log", "B", "C", "D", "dt", "dt_bias", "state", "time_step_limit",
+               "mask", "lengths", "step")  # fmt: skip
+_SSD_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+
+
+def _ssd_op():
+    """:func:`chunkscan.linear_attention` for the SSD seam (looked up at call time, so
+    tests can spy)."""
+    import chunkscan
+
+    return chunkscan.linear_attention
+
+
+def _chunked_ssd(stock, x, A_log, B, C, D, dt, dt_bias, state, time_step_limit):
+    """mlx-lm's ``ssm_attn`` (no mask, no lengths) through
+    :func:`chunkscan.linear_attention`, in mlx-lm's dtypes: ``y`` in ``x``'s promoted
+    with ``D``'s, the state float32. ``dt`` goes through the ``compute_dt`` of
+    ``stock``'s module (mlx-lm's own softplus and clip)."""
+    compute_dt = getattr(stock, "__globals__", {}).get("compute_dt")
+    if compute_dt is None:  # a function of another module wrapping mlx-lm's
+        compute_dt = importlib.import_module("mlx_lm.models.ssm").compute_dt
+    dt = compute_dt(dt, dt_bias, time_step_limit)
+    log_decay = dt * -mx.exp(A_log).astype(dt.dtype)
+    v = dt[..., None] * x
+    # The op's own default chunk, as for Lightning attention (the handle's chunk_size is
+    # the Gated DeltaNet op's).
+    y, final = _ssd_op()(
+        C.astype(v.dtype),
+        B.astype(v.dtype),
+        v,
+        log_decay.astype(v.dtype),
+        scale=1.0,
+        initial_state=None if state is None else state.astype(mx.float32),
+    )
+    return y.astype(x.dtype) + x * D.reshape(1, 1, -1, 1), final
+
+
+def _ssd_takes(x, A_log, B, C, D, dt, dt_bias, state, mask, lengths) -> bool:
+    """Whether the op can take an ``ssm_attn`` call: more than one token, no padding
+    mask and no lengths (a batch of left-padded or ragged prompts, mlx-lm's), the
+    shapes of the docstring above, a float32 / bfloat16 / float16 ``x``, and no state
+    or one of the call's own shape (not broadcast over the batch)."""
+    arrays = (x, A_log, B, C, D, dt, dt_bias)
+    if mask is not None or lengths is not None or not all(isinstance(a, mx.array) for a in arrays):
+        return False
+    if x.ndim != 4 or B.ndim != 4 or x.shape[1] < 2 or x.dtype not in _SSD_DTYPES:
+        return False
+    b, t, h, dh = x.shape
+    g, n = B.shape[2:]
+    return (
+        B.shape == C.shape == (b, t, g, n)
+        and h % g == 0
+        and dt.shape == (b, t, h)
+        and A_log.shape == D.shape == dt_bias.shape == (h,)
+        and (state is None or (isinstance(state, mx.array) and state.shape == (b, h, dh, n)))
+    )
+
+
+def _ssd(stock: Callable[..., Any]) -> Callable[..., Any]:
+    """What :func:`patch` binds to ``ssm_attn``: calls the op can take
+    (:func:`_ssd_takes`: training's, and a prompt's prefill with no padding) go to
+    :func:`chunkscan.linear_attention`, every other (one token, a padding mask or
+    lengths) to mlx-lm's function. mlx-lm's defaults apply to what the call leaves out."""
+    signature = inspect.signature(stock)
+
+    @functools.wraps(stock)
+    def ssm_attn(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        parts = (a["x"], a["A_log"], a["B"], a["C"], a["D"], a["dt"], a["dt_bias"], a["state"])
+        if not _ssd_takes(*parts, a["mask"], a["lengths"]):
+            return stock(*args, **kwargs)
+        routed_calls["chunkscan.linear_attention (Mamba2)"] += 1
+        return _chunked_ssd(stock, *parts, a["time_step_limit"])
+
+    ssm_attn.__qualname__ = "_ssd.ssm_attn"
+    return ssm_attn
+
+
+def _probe_ssd(stock: Callable[..., Any]) -> list[str]:
+    """The patched call against mlx-lm's on a tiny float32 input (two groups of two
+    heads, 9 tokens), with and without a state; the problems found (none: ``[]``)."""
+    keys = mx.random.split(mx.random.key(17), 8)
+    x = mx.random.normal((2, 9, 4, 3), key=keys[0])
+    B, C = (mx.random.normal((2, 9, 2, 5), key=kk) * 0.5 for kk in keys[1:3])
+    dt = mx.random.normal((2, 9, 4), key=keys[3])
+    A_log = mx.random.uniform(-1.0, 1.0, (4,), key=keys[4])
+    D, dt_bias = (mx.random.normal((4,), key=kk) for kk in keys[5:7])
+    s0 = mx.random.normal((2, 4, 3, 5), key=keys[7]) * 0.3
+    problems = []
+    for state in (None, s0):
+        args = (x, A_log, B, C, D, dt, dt_bias, state)
+        ours = _chunked_ssd(stock, *args, (0.001, 100.0))
+        theirs = stock(*args, (0.001, 100.0))
+        label = "a state" if state is not None else "no state"
+        problems += _differences(zip(("output", "state"), ours, theirs), f"with {label} ")
+    return problems
+
+
+_SSD_SEAM = _Rebound(
+    _SSD,
+    lambda stock: _ssd(stock),
+    lambda stock: _probe_ssd(stock),  # looked up at call time, so tests can spy
+    lambda fn: _plain_signature(fn, _SSD_PARAMS),
+)
+#: The rebound recurrences, by the key of their probe in ``_verified``.
+_REBOUND = {"lightning": _LIGHTNING, "ssd": _SSD_SEAM}
+
+
+def ssd_patched_modules() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules whose ``ssm_attn`` (Mamba2) is patched now."""
+    return _SSD_SEAM.patched_modules()

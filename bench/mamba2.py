@@ -1,0 +1,155 @@
+"""Mamba2's SSD layer (mlx-lm's ``ssm_attn``) fwd+bwd time and backward peak memory per
+token against T: mlx-lm's own form beside the same call under
+``chunkscan.mlx_lm.patch()``, which routes it to :func:`chunkscan.linear_attention`.
+
+Implementations (``--impls``), each configuration in a fresh process
+(:func:`chunkscan.commands.measure.run_isolated`):
+
+- ``mlx_lm``: ``mlx_lm.models.ssm.ssm_attn`` (chunks of 256 tokens in a Python loop under
+  MLX's autograd; the training path of mamba2, nemotron_h, falcon_h1, granitemoehybrid
+  and plamo2);
+- ``chunkscan``: the same function called inside ``chunkscan.mlx_lm.patch()``.
+
+Shape (``--heads``, ``--head-dim``, ``--state``, ``--groups``; default Nemotron-H 8B's
+Mamba2 layer: 128 heads of 64, a state of 128 per head, 8 groups), B = 1, ``--dtype``
+inputs ``x``, ``B``, ``C``, ``dt`` and float32 ``A_log``, ``D``, ``dt_bias`` and initial
+state. The loss is ``sum(y * w) + sum(final_state * w_s)``; gradients for all eight.
+Memory: ``mx.get_peak_memory()`` above the active memory before the call, after one
+warm-up call. Time: median of ``--repeats`` warm calls; the speedup is against
+``mlx_lm`` at the same T in the same run.
+
+    python bench/mamba2.py --T 512 1024 2048 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench-out"  # default outputs (git-ignored); committed runs name their paths
+IMPLS = ("mlx_lm", "chunkscan")
+KiB = 1024.0
+
+
+def measure(
+    impl: str, T: int, dtype: str = "bfloat16", repeats: int = 2,
+    heads: int = 128, head_dim: int = 64, state: int = 128, groups: int = 8,
+) -> dict[str, Any]:  # fmt: skip
+    """One configuration (run in its own process by :func:`main`)."""
+    import mlx.core as mx
+    from mlx_lm.models import ssm
+
+    import chunkscan.mlx_lm
+    from chunkscan.commands.measure import median_seconds, peak_above_active
+
+    dt_ = getattr(mx, dtype)
+    keys = mx.random.split(mx.random.key(0), 10)
+    x = mx.random.normal((1, T, heads, head_dim), key=keys[0]).astype(dt_)
+    B, C = (0.3 * mx.random.normal((1, T, groups, state), key=kk).astype(dt_) for kk in keys[1:3])
+    dt = mx.random.normal((1, T, heads), key=keys[3]).astype(dt_)
+    A_log = mx.random.uniform(0.0, 2.7, (heads,), key=keys[4])  # A in [-15, -1], as trained
+    D, dt_bias = (mx.random.normal((heads,), key=kk) for kk in keys[5:7])
+    s0 = 0.1 * mx.random.normal((1, heads, head_dim, state), key=keys[7])
+    w = mx.random.normal(x.shape, key=keys[8])
+    w_s = mx.random.normal(s0.shape, key=keys[9])
+    inputs = (x, A_log, B, C, D, dt, dt_bias, s0)
+    mx.eval(inputs, w, w_s)
+    if impl == "chunkscan":
+        chunkscan.mlx_lm.patch()  # for the rest of this process
+
+    def loss(*args):
+        y, s = ssm.ssm_attn(*args)
+        return mx.sum(y.astype(mx.float32) * w) + mx.sum(s.astype(mx.float32) * w_s)
+
+    grad = mx.value_and_grad(loss, argnums=tuple(range(len(inputs))))
+
+    def call():
+        return grad(*inputs)
+
+    mx.eval(call())  # warm-up
+    routed = chunkscan.mlx_lm.routed_calls["chunkscan.linear_attention (Mamba2)"]
+    assert routed == (1 if impl == "chunkscan" else 0), routed
+    _, peak = peak_above_active(call)
+    seconds = median_seconds(call, repeats=repeats, warmup=0)
+    return {"impl": impl, "T": T, "dtype": dtype, "heads": heads, "head_dim": head_dim,
+            "state": state, "groups": groups, "seconds": seconds, "peak_bytes": peak,
+            "kib_per_token": peak / KiB / T, "device": str(mx.default_device())}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from _common import positive_float, positive_int
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=positive_int, default=2)
+    p.add_argument("--heads", type=positive_int, default=128)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--state", type=positive_int, default=128)
+    p.add_argument("--groups", type=positive_int, default=8)
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds per configuration")  # fmt: skip
+    p.add_argument("--json", default=str(OUT / "mamba2.json"))
+    p.add_argument("--md", default=str(OUT / "mamba2.md"))
+    return p
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| impl | T | fwd+bwd (s) | peak (KiB/token) | speedup vs mlx_lm |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['T']} | {r['error']} | | |")
+            continue
+        sp = f"{r['speedup']:.2f}x" if "speedup" in r else ""
+        lines.append(f"| {r['impl']} | {r['T']} | {r['seconds']:.3f} | "
+                     f"{r['kib_per_token']:.1f} | {sp} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.T = list(dict.fromkeys(args.T))  # each T once
+    if args.heads % args.groups:
+        parser.error(f"--heads {args.heads} is not a multiple of --groups {args.groups}")
+    from _common import check_outputs, child_env, meta, write_json
+
+    check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
+    from chunkscan.commands.measure import run_isolated
+
+    shape = {"heads": args.heads, "head_dim": args.head_dim, "state": args.state,
+             "groups": args.groups}  # fmt: skip
+    rows = []
+    for T in args.T:
+        for impl in args.impls:
+            cfg = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats, **shape}
+            row = run_isolated("bench.mamba2:measure", cfg, timeout=args.timeout, env=child_env())
+            row.update({k: v for k, v in cfg.items() if k not in row})
+            rows.append(row)
+            print(row.get("error") or f"{impl:>10} T={T:>6}: {row['seconds']:8.3f} s "
+                  f"{row['kib_per_token']:9.1f} KiB/token", flush=True)  # fmt: skip
+    stock = {r["T"]: r for r in rows if r["impl"] == "mlx_lm" and "error" not in r}
+    for r in rows:
+        if r["T"] in stock and "error" not in r:
+            r["speedup"] = stock[r["T"]]["seconds"] / r["seconds"]
+    title = (f"Mamba2 SSD (B=1, {args.heads} heads of {args.head_dim}, state {args.state}, "
+             f"{args.groups} groups, {args.dtype}), fwd+bwd")  # fmt: skip
+    md = f"{title}\n\n{table(rows)}\n"
+    print()
+    print(md)
+    if args.json:
+        write_json(args.json, meta(), rows)
+    if args.md:
+        pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.md).write_text(md)
+
+
+if __name__ == "__main__":
+    main()
