@@ -207,6 +207,14 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
     line = lora._routes_line()
     assert "-> chunkscan.attention 1, mlx-lm's 2 (sinks, a floating mask" in line
     assert "-> chunkscan.gated_delta_rule 0;" in line
+    assert "Mamba2" not in line
+    x = mx.zeros((1, 5, 2, 3))
+    bc = mx.zeros((1, 5, 1, 4))
+    with cmlx.patch(verify=False):
+        import mlx_lm.models.ssm as ssm
+
+        ssm.ssm_attn(x, mx.zeros(2), bc, bc, mx.zeros(2), mx.zeros((1, 5, 2)), mx.zeros(2))
+    assert "; Mamba2 SSD without padding -> chunkscan.linear_attention 1" in lora._routes_line()
 
 
 def _completions(path: pathlib.Path, prompt_words: int) -> pathlib.Path:
@@ -928,6 +936,12 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     assert lora.main(argv) == 0
     out = capsys.readouterr().out
     assert "chunkscan: Lightning attention (mlx-lm's recurrent_gla) training path -> " in out
+    # mamba2 and nemotron_h run Mamba2 layers, whose ssm_attn goes to linear_attention
+    for family in ("mamba2", "nemotron_h"):
+        (model / "config.json").write_text(json.dumps(dict(config, model_type=family)))
+        assert lora.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "chunkscan: Mamba2 SSD (mlx-lm's ssm_attn) training path -> chunkscan." in out
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

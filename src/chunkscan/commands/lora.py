@@ -463,6 +463,12 @@ def _routes_line() -> str:
             if calls["chunkscan.linear_attention"]
             else ""
         )
+        + (
+            f"; Mamba2 SSD without padding -> chunkscan.linear_attention "
+            f"{calls['chunkscan.linear_attention (Mamba2)']}"
+            if calls["chunkscan.linear_attention (Mamba2)"]
+            else ""
+        )
     )
 
 
@@ -1198,6 +1204,11 @@ def run(args: types.SimpleNamespace) -> None:
                 "Lightning attention (mlx-lm's recurrent_gla) training path -> "
                 "chunkscan.linear_attention (its default chunk: 64 on a CPU, 256 on a GPU)"
             )
+        elif routes is not None and routes.ssd:
+            gdn = (
+                "Mamba2 SSD (mlx-lm's ssm_attn) training path -> chunkscan.linear_attention "
+                "(calls without a padding mask; its default chunk: 64 on a CPU, 256 on a GPU)"
+            )
         elif routes is not None and not routes.gated_deltanet:
             gdn = f"{routes.model_type} has no Gated DeltaNet layers"  # not "patched: qwen3_next"
         else:
@@ -1278,6 +1289,7 @@ class _Routes(NamedTuple):
     gated_deltanet: bool  # runs a patched family's Gated DeltaNet layers
     attention: bool  # some module of the model holds the patched attention
     lightning: bool = False  # runs a family whose recurrent_gla is patched (Bailing linear)
+    ssd: bool = False  # its layers' modules call a patched ssm_attn's module (Mamba2)
 
 
 def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
@@ -1309,7 +1321,14 @@ def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
         return None
     installed = seam._INSTALLED_ATTENTION
     attention = any(getattr(m, seam._ATTN, None) is installed for m in modules)
-    return _Routes(str(config["model_type"]), covered, attention, lightning_covered)
+    # Mamba2: a layer's module imports ssm_update from the module whose ssm_attn is rebound
+    ssd_modules = {f"mlx_lm.models.{name}" for name in seam.ssd_patched_modules()}
+    ssd = any(
+        callable(value) and getattr(value, "__module__", None) in ssd_modules
+        for m in modules
+        for value in vars(m).values()
+    )
+    return _Routes(str(config["model_type"]), covered, attention, lightning_covered, ssd)
 
 
 def _layer_modules(model_class: type) -> list[types.ModuleType]:

@@ -7,7 +7,10 @@
 #   b: fla and chunkscan side by side at T = 16384 and 65536, eager and compiled, C = 64
 #      (fla_side_by_side), then the portable path (kernels off) at 16384, C = 128;
 #   c: the LoRA step of the 4-layer model at T = 8192, stub and patched (lora_8192), then
-#      the first compiled step at T = 2048 on this machine (stub first, then patched).
+#      the first compiled step at T = 2048 on this machine (stub first, then patched);
+#   d: session 43's Mamba2 seam on the GPU: its tests (tests/test_mlx_lm.py -k "mamba2 or
+#      ssd"), then bench/mamba2.py (mlx-lm's ssm_attn beside it patched, Nemotron-H 8B's
+#      layer) at T = 2048 and 8192.
 source bench/device_run.sh 119 "$@"  # st, $S, pack, cuda_tests, fla_side_by_side, lora_8192
 case "$RUN_PART" in
 a)
@@ -37,6 +40,16 @@ c)
   st lora_2048_first_step
   timeout 200 python3 bench/lora.py --dtype bfloat16 --repeats 3 --config "$(cat bench/lora_4layer.json)" \
     --timeout 180 --T 2048 --modes stub patched --json $S/lora_h200_2048.json 2>&1 | tail -3
+  pack
+  ;;
+d)
+  st mamba2_tests
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_mlx_lm.py -k "mamba2 or ssd" \
+    2>&1 | tee $S/tests_gpu_mamba2.txt | tail -2
+  pack
+  st mamba2_bench
+  timeout 400 python3 bench/mamba2.py --T 2048 8192 --repeats 3 --json $S/mamba2_gpu.json \
+    --md $S/mamba2_gpu.md 2>&1 | grep -E "T=|rror"
   pack
   ;;
 esac
