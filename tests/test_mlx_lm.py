@@ -1110,6 +1110,22 @@ def nemotron_h_config(**kw):
     return cfg
 
 
+def granitemoehybrid_config(**kw):
+    """mlx-lm's granitemoehybrid (Granite 4.0 H), 3 layers: Mamba2 (4 heads of 8, 2
+    groups), attention (2 heads, 1 KV head), Mamba2; dense MLPs."""
+    cfg = dict(
+        model_type="granitemoehybrid", vocab_size=64, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=3, max_position_embeddings=512, num_attention_heads=2,
+        num_key_value_heads=1, attention_bias=False, embedding_multiplier=1.0,
+        attention_multiplier=0.25, logits_scaling=1.0, residual_multiplier=1.0,
+        layer_types=["mamba", "attention", "mamba"], rms_norm_eps=1e-5, mamba_n_heads=4,
+        mamba_d_head=8, mamba_proj_bias=False, mamba_d_state=16, mamba_d_conv=4,
+        mamba_n_groups=2, mamba_conv_bias=True, shared_intermediate_size=64,
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
 @pytest.fixture
 def ssd_spy(monkeypatch):
     """Record each call of chunkscan.linear_attention through the SSD seam."""
@@ -1117,9 +1133,12 @@ def ssd_spy(monkeypatch):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("config", [mamba2_config, nemotron_h_config], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "config", [mamba2_config, nemotron_h_config, granitemoehybrid_config], ids=lambda c: c.__name__
+)
 def test_mamba2_lora_grads_match_stock(config, compiled, ssd_spy):
-    """Mamba2 families (mamba2; nemotron_h with its attention and MLP blocks) train
+    """Mamba2 families (mamba2; nemotron_h and granitemoehybrid with their attention and
+    MLP blocks) train
     patched with the loss and LoRA gradients of mlx-lm's chunked SSD: each Mamba2 layer
     calls chunkscan.linear_attention once, over several of its chunks (T - 1 = 149)."""
     model = lora_model(config())
