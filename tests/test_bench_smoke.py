@@ -852,3 +852,24 @@ def test_linear_attention_bench_measures_the_three_forms(bench):
         row = module.measure(impl, T=24, dtype="float32", repeats=1, chunk_size=8, H=2, D=8)
         assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
     assert module.slopes(4) == [-(2**-2.0), -(2**-4.0), -(2**-6.0), -(2**-8.0)]
+
+
+def test_mamba2_bench_measures_both_forms(bench):
+    """``bench/mamba2.py``'s two forms of one Mamba2 SSD layer run and report (tiny
+    shape, in this process); the chunkscan form goes through the seam (its measure
+    asserts the routed call), and a shape whose heads are no multiple of the groups is
+    refused by the parser."""
+    import chunkscan.mlx_lm as cmlx
+
+    module = bench("mamba2")
+    try:
+        for impl in module.IMPLS:
+            cmlx.routed_calls.clear()
+            row = module.measure(impl, T=40, dtype="float32", repeats=1, heads=4, head_dim=8,
+                                 state=8, groups=2)  # fmt: skip
+            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+    finally:
+        while cmlx._stack:  # measure() patches for the rest of its (own) process
+            cmlx._stack[-1].undo()
+    with pytest.raises(SystemExit):
+        module.main(["--heads", "6", "--groups", "4", "--json", "", "--md", ""])
