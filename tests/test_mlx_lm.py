@@ -807,7 +807,8 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
     with cmlx.patch():
         pass
-    assert len(seen) == 4 and len(entered) == 4  # Gated DeltaNet, attention, Lightning, SSD
+    # Gated DeltaNet, attention, each Lightning module (two), SSD
+    assert len(seen) == 5 and len(entered) == 5
     assert all(d == mx.cpu for d in seen)
     previous = mx.default_device()
     with real_on_cpu():
@@ -885,6 +886,12 @@ def bailing_linear_config(**kw):
     return cfg
 
 
+# The Lightning seam's modules in mlx-lm 0.32.2 (bailing_hybrid's signature takes scale,
+# mask and chunk by keyword) and the op's calls of their probes (two each).
+LIGHTNING_MODULES = ("bailing_hybrid", "bailing_moe_linear")
+PROBE_CALLS = 2 * len(LIGHTNING_MODULES)
+
+
 @pytest.fixture
 def gla_spy(monkeypatch):
     """Record the chunk_size of each call of chunkscan.linear_attention via the seam."""
@@ -904,16 +911,95 @@ def test_bailing_linear_lora_grads_match_stock(compiled, gla_spy):
     batch, lengths = padded_batch(64)
     loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
     with cmlx.patch(chunk_size=CHUNK):
-        assert cmlx.lightning_patched_modules() == ("bailing_moe_linear",)
+        assert cmlx.lightning_patched_modules() == LIGHTNING_MODULES
         assert bl.recurrent_gla is not stock
         loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
     assert bl.recurrent_gla is stock and cmlx.lightning_patched_modules() == ()
-    # the probe's two calls, then one per layer (the op's own chunk: no chunk_size given)
-    assert gla_spy == [None] * 5
+    # the probes' two calls per module, then one per layer (the op's own chunk: no
+    # chunk_size given)
+    assert gla_spy == [None] * (PROBE_CALLS + 3)
     assert abs(loss1 - loss0) <= RTOL * abs(loss0)
     assert g0.keys() == g1.keys() and any("query_key_value" in k for k in g0)
     for name in g0:
         assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def bailing_hybrid_config(**kw):
+    """mlx-lm's bailing_hybrid (Bailing's Lightning attention beside MLA), 4 layers:
+    Lightning attention in layers 0-2 (chunks of 128 in mlx-lm), MLA in layer 3, MoE
+    from layer 1 on; 2 heads of 32."""
+    cfg = dict(
+        model_type="bailing_hybrid", hidden_size=64, intermediate_size=96,
+        moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+        n_group=1, topk_group=1, first_k_dense_replace=1, layer_group_size=4,
+        group_norm_size=1, vocab_size=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+        max_position_embeddings=512, routed_scaling_factor=1.0, head_dim=32,
+        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bailing_hybrid_lora_grads_match_stock(compiled, gla_spy):
+    """bailing_hybrid's Lightning attention (its own chunked recurrent_gla, keyword
+    arguments and a padding mask) trains patched with the loss and LoRA gradients of
+    mlx-lm's: each of its three layers calls chunkscan.linear_attention once (T - 1 =
+    149 spans two of mlx-lm's chunks and three of the op's); generation keeps stock's
+    tokens."""
+    import mlx_lm.models.bailing_hybrid as bh
+
+    stock = bh.recurrent_gla
+    model = lora_model(bailing_hybrid_config())
+    assert sum(not layer.is_global for layer in model.model.layers) == 3
+    batch, lengths = padded_batch(64, lengths=(150, 97))
+    loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    with cmlx.patch():
+        assert bh.recurrent_gla is not stock
+        loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    assert bh.recurrent_gla is stock
+    assert gla_spy == [None] * (PROBE_CALLS + 3)
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("query_key_value" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+    if compiled:
+        return
+    model.eval()
+    prompt = mx.array([list(range(3, 40))])
+    toks0, last0 = greedy_tokens(model, prompt, 5)
+    with cmlx.patch():
+        toks1, last1 = greedy_tokens(model, prompt, 5)
+    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+
+
+def test_bailing_hybrid_padded_calls_stay_mlx_lms(gla_spy):
+    """bailing_hybrid's calls with a padding mask (a left-padded batch of prompts), or
+    of one token, go to mlx-lm's function: the same arrays; its results' dtypes are
+    mlx-lm's (``q``'s; the state float32) where the op takes the call."""
+    import mlx_lm.models.bailing_hybrid as bh
+
+    stock = bh.recurrent_gla
+    keys = mx.random.split(mx.random.key(6), 4)
+    q, k, v = (mx.random.normal((2, 2, 9, 8), key=kk).astype(mx.bfloat16) for kk in keys[:3])
+    h = mx.random.normal((2, 2, 8, 8), key=keys[3])
+    g = -mx.array([0.2, 0.6])
+    mask = mx.array([[True] * 9, [False] * 3 + [True] * 6])
+    calls = [
+        ((q, k, v, g), {"scale": 0.3, "mask": mask}),
+        ((q[:, :, :1], k[:, :, :1], v[:, :, :1], g), {"scale": 0.3, "h": h}),
+    ]
+    refs = [stock(*a, **kw) for a, kw in calls]
+    with cmlx.patch():
+        for (args, kwargs), ref in zip(calls, refs):
+            got = bh.recurrent_gla(*args, **kwargs)
+            assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
+        assert gla_spy == [None] * PROBE_CALLS
+        y, state = bh.recurrent_gla(q, k, v, g, scale=0.3, h=h)
+    ref_y, ref_state = stock(q, k, v, g, scale=0.3, h=h)
+    assert y.dtype == ref_y.dtype == mx.bfloat16 and state.dtype == ref_state.dtype == mx.float32
+    assert rel(state, ref_state) <= RTOL and len(gla_spy) == PROBE_CALLS + 1
 
 
 def test_bailing_linear_generation_keeps_its_tokens(gla_spy):
@@ -929,7 +1015,7 @@ def test_bailing_linear_generation_keeps_its_tokens(gla_spy):
         cache = model.make_cache()
         model(prompt, cache=cache)
     assert toks1 == toks0 and rel(last1, last0) <= RTOL
-    assert len(gla_spy) == 2 + 6  # the probe's two, then two prompts of three layers
+    assert len(gla_spy) == PROBE_CALLS + 6  # the probes', then two prompts of three layers
     assert cache[0][0].dtype == mx.float32
 
 
@@ -947,7 +1033,7 @@ def test_bailing_linear_seam_that_changed_is_left_alone(monkeypatch):
     monkeypatch.setattr(bl, "recurrent_gla", changed)
     with pytest.warns(RuntimeWarning, match="bailing_moe_linear.recurrent_gla is left"):
         with cmlx.patch():
-            assert cmlx.lightning_patched_modules() == ()
+            assert cmlx.lightning_patched_modules() == ("bailing_hybrid",)
             assert bl.recurrent_gla is changed and "qwen3_next" in cmlx.patched_families()
 
     def other(q, k, v, g, *, scale, h=None):
@@ -955,7 +1041,8 @@ def test_bailing_linear_seam_that_changed_is_left_alone(monkeypatch):
 
     monkeypatch.setattr(bl, "recurrent_gla", other)
     with cmlx.patch():
-        assert cmlx.lightning_patched_modules() == () and bl.recurrent_gla is other
+        assert cmlx.lightning_patched_modules() == ("bailing_hybrid",)
+        assert bl.recurrent_gla is other
 
 
 def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
@@ -975,7 +1062,8 @@ def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
     monkeypatch.setattr(bl, "recurrent_gla", heads_last)
     with pytest.warns(RuntimeWarning, match="recurrent_gla is left as it is.*probe raised"):
         with cmlx.patch():
-            assert cmlx.lightning_patched_modules() == () and bl.recurrent_gla is heads_last
+            assert cmlx.lightning_patched_modules() == ("bailing_hybrid",)
+            assert bl.recurrent_gla is heads_last
     monkeypatch.setattr(bl, "recurrent_gla", real)
 
     ran = []
@@ -1013,7 +1101,7 @@ def test_bailing_linear_mixed_dtypes_stay_mlx_lms(gla_spy):
     with cmlx.patch():
         got = bl.recurrent_gla(q, k, v, g, 0.3)
     assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
-    assert gla_spy == [None, None]  # the probe's two calls only
+    assert gla_spy == [None] * PROBE_CALLS  # the probes' calls only
 
 
 def test_bailing_linear_broadcast_state_stays_mlx_lms(gla_spy):
@@ -1030,9 +1118,9 @@ def test_bailing_linear_broadcast_state_stays_mlx_lms(gla_spy):
     ref = stock(q, k, v, g, 0.3, h)
     with cmlx.patch() as handle:
         got = bl.recurrent_gla(q, k, v, g, 0.3, h)
-        assert "lightning=('bailing_moe_linear',)" in repr(handle)
+        assert f"lightning={LIGHTNING_MODULES}" in repr(handle)
     assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
-    assert gla_spy == [None, None]  # the probe's two calls only
+    assert gla_spy == [None] * PROBE_CALLS  # the probes' calls only
 
 
 def test_a_first_patch_that_raises_after_installing_rolls_back(monkeypatch):

@@ -56,12 +56,23 @@ raises :class:`IncompatibleMlxLmError` naming the mlx-lm version.
 
 Lightning attention
 -------------------
-``patch()`` also rebinds ``recurrent_gla``, mlx-lm's per-token Lightning-attention loop,
+``patch()`` also rebinds ``recurrent_gla``, mlx-lm's Lightning-attention recurrence,
 in each ``mlx_lm.models`` module that defines it with the signature
-``(q, k, v, g, scale, h=None)`` (bailing_moe_linear in mlx-lm 0.32.2): calls of more
-than one token go to :func:`chunkscan.linear_attention`, decoding to mlx-lm's function.
+``(q, k, v, g, scale, h=None)`` (bailing_moe_linear's per-token loop in mlx-lm 0.32.2)
+or ``(q, k, v, g, *, scale, h=None, mask=None, chunk=128)`` (bailing_hybrid's chunks):
+calls of more than one token without a padding mask go to
+:func:`chunkscan.linear_attention`, others (decoding) to mlx-lm's function.
 No such family is required; one whose function the patched call does not reproduce is
 left alone with a warning (``docs/mlx_lm.md``, "Lightning attention").
+
+Mamba2
+------
+``patch()`` also rebinds ``ssm_attn`` in ``mlx_lm.models.ssm`` (the Mamba2 layers of
+mamba2, nemotron_h, falcon_h1, granitemoehybrid and plamo2 reach it through
+``ssm_update``): calls of more than one token without a mask or lengths go to
+:func:`chunkscan.linear_attention` (``q = C``, ``k = B``, ``v = dt x``, ``g = dt A``),
+others to mlx-lm's function; probed and left alone with a warning as above
+(``docs/mlx_lm.md``, "Mamba2").
 
 Attention
 ---------
@@ -922,14 +933,34 @@ def attention_patched_modules() -> tuple[str, ...]:
 
 # ----------------------------------------------------- Lightning attention (Bailing)
 
-#: mlx-lm's per-token Lightning-attention recurrence, a module-level function that the
-#: family's ``LinearAttention.__call__`` calls by name as ``recurrent_gla(q=, k=, v=,
-#: g=self._slope, scale=self.scale, h=cache[0])`` (``[B, H, T, D]`` tensors, ``g`` one
-#: log-decay per head, ``h`` the state ``[B, H, Dk, Dv]`` or None): bailing_moe_linear
-#: in mlx-lm 0.32.2. (bailing_hybrid's takes ``scale``, ``mask`` and ``chunk`` by keyword
-#: and is chunked already: another signature, left alone.)
+#: mlx-lm's Lightning-attention recurrence, a module-level function that the family's
+#: ``LinearAttention.__call__`` calls by name (``[B, H, T, D]`` tensors, ``g`` one
+#: log-decay per head, ``h`` the state ``[B, H, Dk, Dv]`` or None), in two signatures:
+#: bailing_moe_linear's per-token loop ``recurrent_gla(q, k, v, g, scale, h=None)``
+#: (its outputs in ``q``'s dtype promoted with ``h``'s), and bailing_hybrid's chunks of
+#: 128 in a Python loop ``recurrent_gla(q, k, v, g, *, scale, h=None, mask=None,
+#: chunk=128)`` (a padding mask; ``y`` in ``q``'s dtype, the state float32), mlx-lm 0.32.2.
 _GLA = "recurrent_gla"
 _GLA_PARAMS = ("q", "k", "v", "g", "scale", "h")
+_GLA_KEYWORD_PARAMS = ("q", "k", "v", "g", "scale", "h", "mask", "chunk")
+
+
+def _gla_style(fn: Callable[..., Any]) -> str | None:
+    """``"positional"`` (bailing_moe_linear's signature), ``"keyword"`` (bailing_hybrid's)
+    or ``None`` (neither: not the seam)."""
+    if _plain_signature(fn, _GLA_PARAMS):
+        return "positional" if inspect.signature(fn).parameters["h"].default is None else None
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    P = inspect.Parameter
+    kinds = [P.POSITIONAL_OR_KEYWORD] * 4 + [P.KEYWORD_ONLY] * 4
+    if tuple(p.name for p in params) != _GLA_KEYWORD_PARAMS or [p.kind for p in params] != kinds:
+        return None
+    defaults = {p.name: p.default for p in params}
+    plain = defaults["h"] is None and defaults["mask"] is None
+    return "keyword" if plain and defaults["scale"] is inspect.Parameter.empty else None
 
 
 def _lightning_op():
@@ -939,14 +970,17 @@ def _lightning_op():
     return chunkscan.linear_attention
 
 
-def _chunked_gla(q, k, v, g, scale, h):
+def _chunked_gla(q, k, v, g, scale, h, style="positional"):
     """mlx-lm's ``recurrent_gla`` through :func:`chunkscan.linear_attention`: the layout
     turned (time before heads, the state ``[Dv, Dk]``), the gate the same at every token,
-    the results in the dtypes mlx-lm's loop gives (``q``'s, or promoted with ``h``'s)."""
+    the results in the dtypes of mlx-lm's function of that ``style``
+    (:func:`_gla_style`)."""
     B, H, T, _ = q.shape
-    dtype = q.dtype  # mlx-lm's: q's, promoted with a state's
-    if h is not None:
-        dtype = (mx.zeros((), dtype=q.dtype) + mx.zeros((), dtype=h.dtype)).dtype
+    y_dtype = state_dtype = q.dtype  # bailing_moe_linear's: q's, promoted with a state's
+    if style == "keyword":  # bailing_hybrid's: q's, and a float32 state
+        state_dtype = mx.float32
+    elif h is not None:
+        y_dtype = state_dtype = (mx.zeros((), dtype=q.dtype) + mx.zeros((), dtype=h.dtype)).dtype
     # The op's own default chunk (64 on the CPU, 256 on a GPU), not the handle's
     # chunk_size: that is the Gated DeltaNet op's (chunkscan lora resolves it to that
     # op's default, 64 on a GPU, where this op holds 1.3-2.2x the memory of 256: run 118).
@@ -956,7 +990,7 @@ def _chunked_gla(q, k, v, g, scale, h):
         scale=scale,
         initial_state=None if h is None else h.swapaxes(-1, -2),
     )
-    return o.transpose(0, 2, 1, 3).astype(dtype), state.swapaxes(-1, -2).astype(dtype)
+    return o.transpose(0, 2, 1, 3).astype(y_dtype), state.swapaxes(-1, -2).astype(state_dtype)
 
 
 def _state_shaped(h: Any, q: mx.array, v: mx.array) -> bool:
@@ -967,14 +1001,20 @@ def _state_shaped(h: Any, q: mx.array, v: mx.array) -> bool:
 def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
     """What :func:`patch` binds to ``recurrent_gla`` in a family's module: calls of more
     than one token (training; prefill too, which has no other sign) with one head count
-    and one dtype for ``q``, ``k`` and ``v``, a gate per head and no state or one of
-    the call's own shape ``[B, H, Dk, Dv]`` (not broadcast over the batch) go to
-    :func:`chunkscan.linear_attention`, every other call (decoding one token; mixed
-    dtypes, which mlx-lm promotes and the op refuses: a bfloat16 model with float32 q
-    and k norms raised, found by probing) to mlx-lm's function."""
+    and one dtype for ``q``, ``k`` and ``v``, a gate per head, no padding mask (the
+    keyword signature's) and no state or one of the call's own shape ``[B, H, Dk, Dv]``
+    (not broadcast over the batch) go to :func:`chunkscan.linear_attention`, every other
+    call (decoding one token; a padded batch of prompts; mixed dtypes, which mlx-lm
+    promotes and the op refuses: a bfloat16 model with float32 q and k norms raised,
+    found by probing) to mlx-lm's function, with mlx-lm's defaults for what it leaves out."""
+    style = _gla_style(stock)
+    signature = inspect.signature(stock)
 
     @functools.wraps(stock)
-    def recurrent_gla(q, k, v, g, scale, h=None):
+    def recurrent_gla(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        q, k, v, g, scale, h = (bound.arguments[n] for n in _GLA_PARAMS)
         takes = (
             all(isinstance(x, mx.array) and x.ndim == 4 for x in (q, k, v))
             and q.shape[2] > 1
@@ -986,11 +1026,12 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
             # a state of the call's own shape (one broadcast over the batch is mlx-lm's:
             # the op raised, naming the layout; found by probing)
             and (h is None or _state_shaped(h, q, v))
+            and bound.arguments.get("mask") is None
         )
         if not takes:
-            return stock(q, k, v, g, scale, h)
+            return stock(*args, **kwargs)
         routed_calls["chunkscan.linear_attention"] += 1
-        return _chunked_gla(q, k, v, g, scale, h)
+        return _chunked_gla(q, k, v, g, scale, h, style)
 
     recurrent_gla.__qualname__ = "_lightning.recurrent_gla"
     return recurrent_gla
@@ -999,13 +1040,18 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
 def _probe_lightning(stock: Callable[..., Any]) -> list[str]:
     """The patched call against mlx-lm's on a tiny float32 input, with and without a
     state; the problems found (none: ``[]``)."""
+    style = _gla_style(stock)
     keys = mx.random.split(mx.random.key(13), 4)
     q, k, v = (mx.random.normal((2, 3, 5, s), key=kk) for s, kk in zip((8, 8, 4), keys))
     g = -mx.array([0.1, 0.7, 2.0])
     h = mx.random.normal((2, 3, 8, 4), key=keys[3]) * 0.3
     problems = []
     for state in (None, h):
-        ours, theirs = _chunked_gla(q, k, v, g, 0.35, state), stock(q, k, v, g, 0.35, state)
+        ours = _chunked_gla(q, k, v, g, 0.35, state, style)
+        if style == "keyword":
+            theirs = stock(q, k, v, g, scale=0.35, h=state)
+        else:
+            theirs = stock(q, k, v, g, 0.35, state)
         label = "a state" if state is not None else "no state"
         problems += _differences(zip(("output", "state"), ours, theirs), f"with {label} ")
     return problems
@@ -1100,9 +1146,7 @@ _LIGHTNING = _Rebound(
     _GLA,
     lambda stock: _lightning(stock),
     lambda stock: _probe_lightning(stock),  # looked up at call time, so tests can spy
-    lambda fn: (
-        _plain_signature(fn, _GLA_PARAMS) and inspect.signature(fn).parameters["h"].default is None
-    ),
+    lambda fn: _gla_style(fn) is not None,
 )
 
 
