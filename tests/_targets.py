@@ -366,3 +366,26 @@ def linear_attention_backward_peak(
         grad = mx.compile(grad)
     _, peak = peak_above_active(lambda: grad(q, k, v, g, h0))
     return {"peak": peak}
+
+
+def selective_scan_backward_peak(
+    T: int, B: int, Dc: int, N: int, C: int, compiled: bool = False
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of all seven gradients of ``selective_scan``
+    (``compiled``: under ``mx.compile``); ``C = T`` is the negative control (one chunk:
+    no carries between chunks, the whole sequence's parallel scan recomputed at once)."""
+    from helpers import selective_scan_inputs
+
+    args = selective_scan_inputs(B, T, Dc, N)
+    w = mx.random.normal((B, T, Dc), key=mx.random.key(7))
+    mx.eval(args, w)
+
+    def loss(*a):
+        y, h = chunkscan.selective_scan(*a[:6], initial_state=a[6], chunk_size=C)
+        return mx.sum(y * w) + mx.sum(h)
+
+    grad = mx.grad(loss, argnums=tuple(range(7)))
+    if compiled:
+        grad = mx.compile(grad)
+    _, peak = peak_above_active(lambda: grad(*args))
+    return {"peak": peak}

@@ -192,6 +192,19 @@ def peak_growth(
     return median_peak(lengths[1]) - median_peak(lengths[0])
 
 
+def selective_scan_inputs(B: int, T: int, Dc: int, N: int, seed: int = 0, dtype=mx.float32):
+    """``(x, dt, A, B, C, D, h0)`` for :func:`chunkscan.selective_scan` as Mamba makes
+    them: ``dt`` a softplus (0.05-3), ``A = -exp(.)`` in about [-7, -0.14]."""
+    k = mx.random.split(mx.random.key(seed), 7)
+    x = mx.random.normal((B, T, Dc), key=k[0])
+    dt = mx.logaddexp(mx.random.normal((B, T, Dc), key=k[1]) - 1.0, mx.array(0.0))
+    A = -mx.exp(mx.random.uniform(-2.0, 2.0, (Dc, N), key=k[2]))
+    Bm, Cm = (mx.random.normal((B, T, N), key=kk) for kk in k[3:5])
+    D = mx.random.normal((Dc,), key=k[5])
+    h0 = 0.5 * mx.random.normal((B, Dc, N), key=k[6])
+    return tuple(a.astype(dtype) for a in (x, dt)) + (A, Bm.astype(dtype), Cm.astype(dtype), D, h0)
+
+
 def gdn_outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
     """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents. With five
     inputs (no h0) ``fn`` gets ``initial_state=None`` and the list has no dh0."""

@@ -13,6 +13,8 @@ Public API:
   does not grow with T (see :mod:`chunkscan.ops.attention`).
 - :func:`linear_attention`: linear attention with a scalar decay per head and token,
   chunk-parallel with a hand-written backward (see :mod:`chunkscan.ops.linear_attention`).
+- :func:`selective_scan`: Mamba's selective scan (a decay per channel and state index),
+  chunked (see :mod:`chunkscan.ops.selective_scan`).
 """
 
 from ._compat import check_mlx as _check_mlx
@@ -20,6 +22,7 @@ from .checkpoint import checkpoint
 from .ops.attention import attention, naive_attention
 from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
 from .ops.linear_attention import linear_attention, naive_recurrent_linear_attention
+from .ops.selective_scan import naive_selective_scan, selective_scan
 from .scan import ClosureCaptureWarning, scan
 from .split import split
 from .stepwise import stepwise
@@ -37,7 +40,9 @@ __all__ = [
     "naive_attention",
     "naive_recurrent_gated_delta_rule",
     "naive_recurrent_linear_attention",
+    "naive_selective_scan",
     "scan",
+    "selective_scan",
     "split",
     "stepwise",
 ]
