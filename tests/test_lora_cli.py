@@ -215,6 +215,9 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
 
         ssm.ssm_attn(x, mx.zeros(2), bc, bc, mx.zeros(2), mx.zeros((1, 5, 2)), mx.zeros(2))
     assert "; Mamba2 SSD without padding -> chunkscan.linear_attention 1" in lora._routes_line()
+    assert "selective_scan" not in lora._routes_line()
+    cmlx.routed_calls["chunkscan.selective_scan"] += 2  # (two Mamba layers' calls)
+    assert "; Mamba's selective scan -> chunkscan.selective_scan 2" in lora._routes_line()
 
 
 def _completions(path: pathlib.Path, prompt_words: int) -> pathlib.Path:
@@ -942,6 +945,12 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
         assert lora.main(argv) == 0
         out = capsys.readouterr().out
         assert "chunkscan: Mamba2 SSD (mlx-lm's ssm_attn) training path -> chunkscan." in out
+    # mamba and jamba run Mamba (S6) layers, whose loops go to selective_scan
+    for family in ("mamba", "jamba"):
+        (model / "config.json").write_text(json.dumps(dict(config, model_type=family)))
+        assert lora.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "chunkscan: Mamba's selective scan (mlx-lm's per-token loop) training path" in out
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import pathlib
 import re
+import sys
 import warnings
 
 import mlx.core as mx
@@ -97,6 +98,7 @@ def _clean():
     for module in (mlx_base, llama, qwen3_next):
         assert module.scaled_dot_product_attention is STOCK_ATTN
     assert ssm.ssm_attn is STOCK_SSD and cmlx.ssd_patched_modules() == ()
+    assert cmlx.mamba_patched_modules() == ()
 
 
 def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
@@ -795,6 +797,8 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "_probe_attention", recording(real_attn))
     monkeypatch.setattr(cmlx, "_probe_lightning", recording(cmlx._probe_lightning))
     monkeypatch.setattr(cmlx, "_probe_ssd", recording(cmlx._probe_ssd))
+    monkeypatch.setattr(cmlx, "_probe_mamba", recording(cmlx._probe_mamba))
+    monkeypatch.setattr(cmlx, "_probe_jamba", recording(cmlx._probe_jamba))
     entered = []
     real_on_cpu = cmlx.on_cpu
 
@@ -807,8 +811,8 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
     with cmlx.patch():
         pass
-    # Gated DeltaNet, attention, each Lightning module (two), SSD
-    assert len(seen) == 5 and len(entered) == 5
+    # Gated DeltaNet, attention, each Lightning module (two), SSD, Mamba, Jamba
+    assert len(seen) == 7 and len(entered) == 7
     assert all(d == mx.cpu for d in seen)
     previous = mx.default_device()
     with real_on_cpu():
@@ -1303,3 +1307,129 @@ def test_ssd_seam_that_changed_is_left_alone(monkeypatch):
             assert cmlx.ssd_patched_modules() == () and ssm.ssm_attn is changed
             assert "qwen3_next" in cmlx.patched_families()
     monkeypatch.setattr(ssm, "ssm_attn", real)
+
+
+def test_a_module_that_imported_a_rebound_function_gets_mlx_lms_back():
+    """A module that imported ``ssm_attn`` (or ``recurrent_gla``) by name while patched
+    holds mlx-lm's function again after the last undo (it kept the wrapper before; found
+    by probing), as for the Gated DeltaNet and attention seams."""
+    import types
+
+    import mlx_lm.models.bailing_moe_linear as bl
+
+    stock_gla = bl.recurrent_gla
+    user = types.ModuleType("user_module_of_mamba2")
+    sys.modules[user.__name__] = user
+    try:
+        with cmlx.patch():
+            user.ssm_attn, user.recurrent_gla = ssm.ssm_attn, bl.recurrent_gla
+            assert user.ssm_attn is not STOCK_SSD
+        assert user.ssm_attn is STOCK_SSD and user.recurrent_gla is stock_gla
+    finally:
+        del sys.modules[user.__name__]
+
+
+# ------------------------------------------------- Mamba's selective scan (S6)
+
+
+def mamba_config(**kw):
+    """mlx-lm's mamba, 2 layers of 64 channels, a state of 8 per channel."""
+    cfg = dict(
+        model_type="mamba", vocab_size=64, hidden_size=32, intermediate_size=64, state_size=8,
+        num_hidden_layers=2, conv_kernel=4, use_bias=False, use_conv_bias=True,
+        time_step_rank=4,
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+def falcon_mamba_config():
+    """mamba with falcon_mamba's RMS norms of delta, B and C (``use_bcdt_rms``)."""
+    return mamba_config(use_bcdt_rms=True)
+
+
+def jamba_config(**kw):
+    """mlx-lm's jamba, 4 layers: Mamba in 0, 2, 3 (64 channels, a state of 8), attention
+    in 1, MoE in 1 and 3."""
+    cfg = dict(
+        model_type="jamba", hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, attn_layer_offset=1,
+        attn_layer_period=4, expert_layer_offset=1, expert_layer_period=2, mamba_d_conv=4,
+        mamba_d_state=8, mamba_expand=2, num_experts=4, num_experts_per_tok=2,
+        rms_norm_eps=1e-6, max_position_embeddings=512, vocab_size=64,
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def s6_spy(monkeypatch):
+    """Record each call of chunkscan.selective_scan through the Mamba seams."""
+    return _record_calls(monkeypatch, "_s6_op", "chunk_size")
+
+
+MAMBA_CONFIGS = [mamba_config, falcon_mamba_config, jamba_config]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("config", MAMBA_CONFIGS, ids=lambda c: c.__name__)
+def test_mamba_lora_grads_match_stock(config, compiled, s6_spy):
+    """Mamba (and falcon_mamba's norms) and Jamba train patched with the loss and LoRA
+    gradients of mlx-lm's per-token loops: each Mamba layer calls
+    chunkscan.selective_scan once (T - 1 = 149)."""
+    model = lora_model(config())
+    batch, lengths = padded_batch(64, lengths=(150, 97))
+    loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    with cmlx.patch() as handle:
+        assert cmlx.mamba_patched_modules() == ("jamba", "mamba")
+        assert "mamba=('jamba', 'mamba')" in repr(handle)
+        loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    layers = 3 if config is jamba_config else 2
+    assert s6_spy == [None] * (4 + layers)  # the two probes' two calls, then one per layer
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("x_proj" in k or "in_proj" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+@pytest.mark.parametrize("config", MAMBA_CONFIGS, ids=lambda c: c.__name__)
+def test_mamba_generation_keeps_its_tokens(config, s6_spy):
+    """Generation patched: the prompt's prefill goes through the op (with its caches
+    filled as mlx-lm fills them), each decoded token through mlx-lm's method; the tokens
+    are stock's, the caches in mlx-lm's dtypes."""
+    model = build_model(config(), 0)
+    model.eval()
+    prompt = mx.array([list(range(3, 40))])
+    toks0, last0 = greedy_tokens(model, prompt, 5)
+    ref = model.make_cache()
+    model(prompt, cache=ref)
+    with cmlx.patch():
+        toks1, last1 = greedy_tokens(model, prompt, 5)
+        cache = model.make_cache()
+        model(prompt, cache=cache)
+    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    layers = 3 if config is jamba_config else 2
+    assert len(s6_spy) == 4 + 2 * layers
+    for got, want in zip(cache, ref):
+        for a, b in zip(got.state, want.state):
+            if isinstance(b, mx.array):
+                assert a.dtype == b.dtype and rel(a, b) <= RTOL
+
+
+def test_mamba_seam_that_changed_is_left_alone(monkeypatch):
+    """A ``MambaBlock._process_sequence`` that the routed call does not reproduce (here:
+    its skip term doubled) stays mlx-lm's, with a warning naming it; the rest applies."""
+    import mlx_lm.models.mamba as mamba
+
+    real = mamba.MambaBlock._process_sequence
+
+    def changed(self, x, conv_cache, state_cache):
+        z, caches = real(self, x, conv_cache, state_cache)
+        return 2 * z, caches
+
+    monkeypatch.setattr(mamba.MambaBlock, "_process_sequence", changed)
+    with pytest.warns(RuntimeWarning, match="mamba.MambaBlock._process_sequence is left"):
+        with cmlx.patch():
+            assert cmlx.mamba_patched_modules() == ("jamba",)
+            assert mamba.MambaBlock._process_sequence is changed
+    assert mamba.MambaBlock._process_sequence is changed

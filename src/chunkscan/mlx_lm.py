@@ -108,6 +108,8 @@ from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
 
 from ._tree import with_article
 from .ops._checks import check_bool
@@ -482,11 +484,13 @@ class Patch:
         verify: bool = True,
         lightning: tuple[str, ...] = (),
         ssd: tuple[str, ...] = (),
+        mamba: tuple[str, ...] = (),
     ):
         self.chunk_size = chunk_size
         self.families = families
         self.lightning = lightning  # the Lightning-attention modules rebound
         self.ssd = ssd  # the modules whose Mamba2 SSD (ssm_attn) is rebound
+        self.mamba = mamba  # the modules whose Mamba (S6) layer method is rebound
         self.attention = attention
         self.save_states = save_states
         self.verify = verify
@@ -570,7 +574,8 @@ class Patch:
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
             f"save_states={self.save_states!r} families={self.families} "
-            f"lightning={self.lightning} ssd={self.ssd} attention={self.attention}>"
+            f"lightning={self.lightning} ssd={self.ssd} mamba={self.mamba} "
+            f"attention={self.attention}>"
         )
 
 
@@ -691,7 +696,8 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
             _verified.add(key)
     names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
     handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify,
-                   lightning_patched_modules(), ssd_patched_modules())  # fmt: skip
+                   lightning_patched_modules(), ssd_patched_modules(),
+                   mamba_patched_modules())  # fmt: skip
     _stack.append(handle)
     try:
         _sync_attention()
@@ -909,7 +915,6 @@ def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
     mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and such a
     module kept the replacement). Reads each module's ``__dict__``, so no module's
     ``__getattr__`` hook runs."""
-    import sys
 
     for module in list(sys.modules.values()):
         if isinstance(module, ModuleType) and vars(module).get(name) is installed:
@@ -917,7 +922,6 @@ def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
 
 
 def _model_modules() -> list[tuple[str, ModuleType]]:
-    import sys
 
     return [
         (name, module)
@@ -1058,47 +1062,58 @@ def _probe_lightning(stock: Callable[..., Any]) -> list[str]:
 
 
 class _Rebound:
-    """A module-level recurrence of mlx-lm that :func:`patch` rebinds, in each
-    ``mlx_lm.models`` module that defines it with the expected parameters, to a wrapper
-    routing some calls to a chunkscan op (``recurrent_gla``: Lightning attention;
-    ``ssm_attn``: Mamba2's SSD). None is required: a module whose function the probe
-    finds the wrapper does not reproduce gets mlx-lm's back, with a warning.
+    """A recurrence of mlx-lm that :func:`patch` rebinds to a wrapper routing some calls
+    to a chunkscan op: a module-level function, in each ``mlx_lm.models`` module that
+    defines it with the expected parameters (``recurrent_gla``: Lightning attention;
+    ``ssm_attn``: Mamba2's SSD), or, given ``owners``, a method of one layer class per
+    module (Mamba's ``_process_sequence``, Jamba's ``ssm_step``). None is required: one
+    whose function the probe finds the wrapper does not reproduce gets mlx-lm's back,
+    with a warning.
 
     ``wrap(stock)`` builds the wrapper; ``probe(stock)`` returns the problems found
     comparing the routed path with mlx-lm's function (``[]``: none); ``accepts(fn)``
-    says whether a function's signature is the seam's."""
+    says whether a function's signature is the seam's; ``owners()``, where given, maps
+    module names to the class whose method ``name`` is the seam."""
 
-    def __init__(self, name: str, wrap, probe, accepts):
+    def __init__(self, name: str, wrap, probe, accepts, owners=None):
         self.name = name
-        self._wrap, self._probe, self._accepts = wrap, probe, accepts
+        self._wrap, self._probe, self._accepts, self._owners = wrap, probe, accepts, owners
         self.saved: dict[str, Any] = {}  # module name -> mlx-lm's function, while patched
+        self._bound_on: dict[str, Any] = {}  # module name -> the module or class rebound
 
-    def modules(self) -> dict[str, tuple[ModuleType, Any]]:
-        """Each module that defines the function with the seam's signature (found by
-        reading the sources for the name, then importing): ``name -> (module, mlx-lm's
-        function)``."""
+    def _candidates(self) -> dict[str, Any]:
+        """Module name -> where the seam's name would be bound (a module or a class)."""
+        if self._owners is not None:
+            return self._owners()
         base = importlib.import_module("mlx_lm.models.base")
         found = {}
         for name in _models_naming(str(pathlib.Path(base.__file__).parent), f"def {self.name}("):
             try:
-                module = importlib.import_module(name)
+                found[name] = importlib.import_module(name)
             except Exception:  # noqa: BLE001 - an optional family that cannot load
                 continue
-            fn = self.saved.get(name, getattr(module, self.name, None))
+        return found
+
+    def targets(self) -> dict[str, tuple[Any, Any]]:
+        """Each place that holds the function with the seam's signature: ``module name ->
+        (module or class, mlx-lm's function)``."""
+        found = {}
+        for name, owner in self._candidates().items():
+            fn = self.saved.get(name, vars(owner).get(self.name))
             if callable(fn) and self._accepts(fn):
-                found[name] = (module, fn)
+                found[name] = (owner, fn)
         return found
 
     def install(self) -> None:
-        for name, (module, stock) in self.modules().items():
+        for name, (owner, stock) in self.targets().items():
             if name not in self.saved:
-                self.saved[name] = stock
+                self.saved[name], self._bound_on[name] = stock, owner
                 wrapper = self._wrap(stock)
                 wrapper._chunkscan_stock = stock
-                setattr(module, self.name, wrapper)
+                setattr(owner, self.name, wrapper)
 
     def verify(self) -> None:
-        """Probe each rebound module; one that fails gets mlx-lm's function back."""
+        """Probe each rebound place; one that fails gets mlx-lm's function back."""
         for name, stock in list(self.saved.items()):
             try:
                 with on_cpu():
@@ -1108,8 +1123,10 @@ class _Rebound:
             if problems:
                 self._put_back(name, stock)
                 del self.saved[name]
+                owner = self._bound_on.pop(name, None)
+                where = name if self._owners is None else f"{name}.{owner.__name__}"
                 warnings.warn(
-                    f"[chunkscan.mlx_lm] {name}.{self.name} is left as it is (mlx-lm "
+                    f"[chunkscan.mlx_lm] {where}.{self.name} is left as it is (mlx-lm "
                     f"{_mlx_lm_version()}): the patched call does not reproduce it: "
                     + "; ".join(problems),
                     RuntimeWarning,
@@ -1117,15 +1134,29 @@ class _Rebound:
                 )
 
     def _put_back(self, name: str, stock: Any) -> None:
-        module = sys.modules.get(name)
-        bound = getattr(module, self.name, None) if module is not None else None
+        owner = self._bound_on.get(name)
+        bound = vars(owner).get(self.name) if owner is not None else None
         if getattr(bound, "_chunkscan_stock", None) is stock:
-            setattr(module, self.name, stock)
+            setattr(owner, self.name, stock)
 
     def restore(self) -> None:
+        """Put mlx-lm's functions back where this seam bound its wrappers, and in any
+        module that imported a wrapper by the seam's name while patched (it kept it after
+        undo before; found by probing), as :func:`_restore_everywhere` does for the
+        others."""
         for name, stock in self.saved.items():
             self._put_back(name, stock)
+        if self._owners is None:
+            stocks = {id(stock): stock for stock in self.saved.values()}
+            for module in list(sys.modules.values()):
+                if not isinstance(module, ModuleType):
+                    continue
+                bound = vars(module).get(self.name)
+                stock = stocks.get(id(getattr(bound, "_chunkscan_stock", None)))
+                if stock is not None:
+                    setattr(module, self.name, stock)
         self.saved.clear()
+        self._bound_on.clear()
 
     def patched_modules(self) -> tuple[str, ...]:
         return tuple(sorted(n.rsplit(".", 1)[1] for n in self.saved))
@@ -1286,3 +1317,223 @@ _REBOUND = {"lightning": _LIGHTNING, "ssd": _SSD_SEAM}
 def ssd_patched_modules() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules whose ``ssm_attn`` (Mamba2) is patched now."""
     return _SSD_SEAM.patched_modules()
+
+
+# ------------------------------------------------------- Mamba (S6: mamba, jamba)
+
+#: Mamba's selective scan runs inside layer methods in mlx-lm 0.32.2, not a module-level
+#: function: ``mamba.MambaBlock._process_sequence(self, x, conv_cache, state_cache)``
+#: (mamba and falcon_mamba: a Python loop calling ``ssm_step`` per token, whose backward
+#: keeps ``[B, Dc, N]`` states per token) and ``jamba.JambaMambaMixer.ssm_step(self, x, A,
+#: state=None)`` (a loop of slice updates of a ``[B, T, Dc, N]`` array, each one a new
+#: array under autograd). ``patch()`` rebinds these methods on their classes; calls of
+#: more than one token go to :func:`chunkscan.selective_scan`, others to mlx-lm's.
+_MAMBA_PARAMS = ("self", "x", "conv_cache", "state_cache")
+_JAMBA_PARAMS = ("self", "x", "A", "state")
+
+
+def _s6_op():
+    """:func:`chunkscan.selective_scan` (looked up at call time, so tests can spy)."""
+    import chunkscan
+
+    return chunkscan.selective_scan
+
+
+def _promoted(*arrays: mx.array) -> mx.Dtype:
+    """The dtype MLX's arithmetic gives ``arrays`` together."""
+    out = mx.zeros((), dtype=arrays[0].dtype)
+    for a in arrays[1:]:
+        out = out + mx.zeros((), dtype=a.dtype)
+    return out.dtype
+
+
+def _s6(x, delta, A, B, C, state, state_dtype):
+    """The selective scan of mlx-lm's Mamba layers through :func:`chunkscan.selective_scan`
+    (float32 inside): ``y`` without the skip term, in the dtype of mlx-lm's ``state @ C``
+    (``state_dtype`` promoted with ``C``'s), and the state in ``state_dtype``."""
+    y, final = _s6_op()(x, delta, A, B, C, initial_state=state)
+    return y.astype(_promoted(mx.zeros((), dtype=state_dtype), C)), final.astype(state_dtype)
+
+
+def _mamba_projections(layer, x):
+    """``delta, B, C`` of mlx-lm's Mamba layers from the convolved inputs ``x``, for every
+    token at once (mlx-lm's ``ssm_step`` makes them per token, or for the sequence in
+    jamba's): ``x_proj``, split, falcon_mamba's RMS norms or jamba's layer norms, then
+    ``softplus(dt_proj(delta))``."""
+    r, n = layer.time_step_rank, layer.ssm_state_size
+    delta, B, C = mx.split(layer.x_proj(x), [r, r + n], axis=-1)
+    if getattr(layer, "use_bcdt_rms", False):  # falcon_mamba (mamba.py)
+        eps = layer.args.mixer_rms_eps
+        delta, B, C = (mx.fast.rms_norm(a, weight=None, eps=eps) for a in (delta, B, C))
+    if hasattr(layer, "dt_layernorm"):  # jamba
+        delta, B, C = layer.dt_layernorm(delta), layer.b_layernorm(B), layer.c_layernorm(C)
+    return nn.softplus(layer.dt_proj(delta)), B, C
+
+
+def _mamba_sequence(layer, x, conv_cache, state_cache):
+    """mlx-lm's ``MambaBlock._process_sequence`` with the per-token loop replaced by one
+    :func:`chunkscan.selective_scan`: the same projections, convolution and caches, the
+    state in the dtype mlx-lm's loop leaves it (its products' promotion)."""
+    x, z = layer.in_proj(x).split(indices_or_sections=2, axis=-1)
+    K = layer.conv_kernel_size
+    if conv_cache is not None:
+        x_full = mx.concatenate([conv_cache, x], axis=1)
+    else:
+        x_full = mx.pad(x, [(0, 0), (K - 1, 0), (0, 0)])
+    new_conv_cache = x_full[:, -(K - 1) :, :]
+    x = nn.silu(layer.conv1d(x_full))
+    A = -mx.exp(layer.A_log)
+    delta, B, C = _mamba_projections(layer, x)
+    parts = (delta, x, B, A) + (() if state_cache is None else (state_cache,))
+    y, state = _s6(x, delta, A, B, C, state_cache, _promoted(*parts))
+    y = y + layer.D * x
+    return layer.out_proj(_swiglu(z, y)), (new_conv_cache, state)
+
+
+def _swiglu(z, y):
+    from mlx_lm.models.activations import swiglu
+
+    return swiglu(z, y)
+
+
+def _jamba_step(layer, x, A, state):
+    """mlx-lm's ``JambaMambaMixer.ssm_step`` through :func:`chunkscan.selective_scan`:
+    ``y`` with the skip term and the last state, in mlx-lm's dtypes (its slice updates
+    keep the dtype of ``delta x B``)."""
+    delta, B, C = _mamba_projections(layer, x)
+    y, final = _s6(x, delta, A, B, C, state, _promoted(delta, x, B))
+    return y + layer.D * x, final
+
+
+def _s6_takes(x: Any, state: Any) -> bool:
+    """More than one token of ``[B, T, Dc]`` in a float dtype, and no state or one per
+    batch row."""
+    return (
+        isinstance(x, mx.array)
+        and x.ndim == 3
+        and x.shape[1] > 1
+        and x.dtype in (mx.float32, mx.bfloat16, mx.float16)
+        and (state is None or (isinstance(state, mx.array) and state.shape[0] == x.shape[0]))
+    )
+
+
+def _mamba_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def _process_sequence(self, x, conv_cache, state_cache):
+        if not _s6_takes(x, state_cache):
+            return stock(self, x, conv_cache, state_cache)
+        routed_calls["chunkscan.selective_scan"] += 1
+        return _mamba_sequence(self, x, conv_cache, state_cache)
+
+    return _process_sequence
+
+
+def _jamba_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def ssm_step(self, x, A, state=None):
+        if not _s6_takes(x, state):
+            return stock(self, x, A, state)
+        routed_calls["chunkscan.selective_scan"] += 1
+        return _jamba_step(self, x, A, state)
+
+    return ssm_step
+
+
+def _probe_layer(make, call_stock, call_ours) -> list[str]:
+    """The routed layer call against mlx-lm's on a tiny float32 input, without and with
+    a cache (``make(variant)`` builds the layer and its inputs)."""
+    problems = []
+    for variant in (0, 1):
+        layer, args, label = make(variant)
+        theirs = tree_flatten(call_stock(layer, *args))
+        ours = tree_flatten(call_ours(layer, *args))
+        pairs = [(f"result {i}", a[1], b[1]) for i, (a, b) in enumerate(zip(ours, theirs))]
+        problems += _differences(pairs, f"with {label} ")
+    return problems
+
+
+def _random_parameters(layer: Any, seed: int) -> None:
+    """Give a tiny probe layer random weights (``A_log``, ``D`` included)."""
+    params = tree_flatten(layer.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    layer.update(tree_unflatten([(n, 0.5 * mx.random.normal(p.shape, key=k))
+                                 for (n, p), k in zip(params, keys)]))  # fmt: skip
+
+
+def _probe_mamba(stock: Callable[..., Any]) -> list[str]:
+    mamba = importlib.import_module("mlx_lm.models.mamba")
+    keys = mx.random.split(mx.random.key(19), 3)
+
+    def make(variant):
+        args = mamba.ModelArgs(
+            model_type="mamba", vocab_size=8, hidden_size=8, intermediate_size=6,
+            state_size=3, num_hidden_layers=1, conv_kernel=3, use_bias=False,
+            use_conv_bias=True, time_step_rank=2, use_bcdt_rms=bool(variant),
+        )  # fmt: skip
+        layer = mamba.MambaBlock(args)
+        _random_parameters(layer, 23 + variant)
+        x = mx.random.normal((2, 7, 8), key=keys[0])
+        caches = (None, None)
+        if variant:
+            caches = (mx.random.normal((2, 2, 6), key=keys[1]),
+                      0.3 * mx.random.normal((2, 6, 3), key=keys[2]))  # fmt: skip
+        label = "falcon_mamba's norms and a cache" if variant else "no cache"
+        return layer, (x, *caches), label
+
+    return _probe_layer(make, stock, _mamba_sequence)
+
+
+def _probe_jamba(stock: Callable[..., Any]) -> list[str]:
+    jamba = importlib.import_module("mlx_lm.models.jamba")
+    keys = mx.random.split(mx.random.key(29), 3)
+
+    def make(variant):
+        args = jamba.ModelArgs(
+            model_type="jamba", hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+            num_attention_heads=1, num_key_value_heads=1, attn_layer_offset=1,
+            attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,
+            mamba_d_conv=3, mamba_d_state=3, mamba_expand=1, num_experts=1,
+            num_experts_per_tok=1, rms_norm_eps=1e-6, max_position_embeddings=64,
+            vocab_size=8, mamba_dt_rank=2,
+        )  # fmt: skip
+        layer = jamba.JambaMambaMixer(args)
+        _random_parameters(layer, 31)
+        x = mx.random.normal((2, 7, 8), key=keys[0])
+        A = -mx.exp(layer.A_log)
+        state = 0.3 * mx.random.normal((2, 8, 3), key=keys[2]) if variant else None
+        return layer, (x, A, state), "a state" if variant else "no state"
+
+    return _probe_layer(make, stock, _jamba_step)
+
+
+def _layer_class(module: str, name: str) -> Callable[[], dict[str, Any]]:
+    def owners() -> dict[str, Any]:
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except Exception:  # noqa: BLE001 - a family that cannot load
+            return {}
+        return {module: cls} if isinstance(cls, type) else {}
+
+    return owners
+
+
+_MAMBA_SEAM = _Rebound(
+    "_process_sequence",
+    lambda stock: _mamba_wrap(stock),
+    lambda stock: _probe_mamba(stock),  # looked up at call time, so tests can spy
+    lambda fn: _plain_signature(fn, _MAMBA_PARAMS),
+    owners=_layer_class("mlx_lm.models.mamba", "MambaBlock"),
+)
+_JAMBA_SEAM = _Rebound(
+    "ssm_step",
+    lambda stock: _jamba_wrap(stock),
+    lambda stock: _probe_jamba(stock),
+    lambda fn: _plain_signature(fn, _JAMBA_PARAMS),
+    owners=_layer_class("mlx_lm.models.jamba", "JambaMambaMixer"),
+)
+_REBOUND.update(mamba=_MAMBA_SEAM, jamba=_JAMBA_SEAM)
+
+
+def mamba_patched_modules() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules whose Mamba (S6) layer method is patched now."""
+    return tuple(sorted(_MAMBA_SEAM.patched_modules() + _JAMBA_SEAM.patched_modules()))

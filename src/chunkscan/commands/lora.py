@@ -469,6 +469,12 @@ def _routes_line() -> str:
             if calls["chunkscan.linear_attention (Mamba2)"]
             else ""
         )
+        + (
+            f"; Mamba's selective scan -> chunkscan.selective_scan "
+            f"{calls['chunkscan.selective_scan']}"
+            if calls["chunkscan.selective_scan"]
+            else ""
+        )
     )
 
 
@@ -1204,6 +1210,11 @@ def run(args: types.SimpleNamespace) -> None:
                 "Lightning attention (mlx-lm's recurrent_gla) training path -> "
                 "chunkscan.linear_attention (its default chunk: 64 on a CPU, 256 on a GPU)"
             )
+        elif routes is not None and routes.mamba:
+            gdn = (
+                "Mamba's selective scan (mlx-lm's per-token loop) training path -> "
+                "chunkscan.selective_scan (its default chunk: 8 on a CPU, 64 on a GPU)"
+            )
         elif routes is not None and routes.ssd:
             gdn = (
                 "Mamba2 SSD (mlx-lm's ssm_attn) training path -> chunkscan.linear_attention "
@@ -1290,6 +1301,7 @@ class _Routes(NamedTuple):
     attention: bool  # some module of the model holds the patched attention
     lightning: bool = False  # runs a family whose recurrent_gla is patched (Bailing linear)
     ssd: bool = False  # its layers' modules call a patched ssm_attn's module (Mamba2)
+    mamba: bool = False  # runs a family whose Mamba layer method is patched (mamba, jamba)
 
 
 def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
@@ -1328,7 +1340,11 @@ def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
         for m in modules
         for value in vars(m).values()
     )
-    return _Routes(str(config["model_type"]), covered, attention, lightning_covered, ssd)
+    mamba = {f"mlx_lm.models.{name}" for name in seam.mamba_patched_modules()}
+    mamba_covered = seam._covered(module.rsplit(".", 1)[1], mamba)
+    return _Routes(
+        str(config["model_type"]), covered, attention, lightning_covered, ssd, mamba_covered
+    )
 
 
 def _layer_modules(model_class: type) -> list[types.ModuleType]:
