@@ -873,3 +873,25 @@ def test_mamba2_bench_measures_both_forms(bench):
             cmlx._stack[-1].undo()
     with pytest.raises(SystemExit):
         module.main(["--heads", "6", "--groups", "4", "--json", "", "--md", ""])
+
+
+def test_mamba_bench_measures_both_forms(bench):
+    """``bench/mamba.py``'s two forms of one Mamba layer run and report (tiny shape, in
+    this process); the chunkscan form goes through the seam (its measure asserts the
+    routed call) with the chunk asked for."""
+    import chunkscan.mlx_lm as cmlx
+    from chunkscan.ops.selective_scan import chunk as s6
+
+    module = bench("mamba")
+    default = s6.default_chunk_size
+    try:
+        for impl in module.IMPLS:
+            cmlx.routed_calls.clear()
+            row = module.measure(impl, T=24, dtype="float32", repeats=1, hidden=16,
+                                 channels=32, state=4, dt_rank=2, chunk_size=4)  # fmt: skip
+            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+            assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+    finally:
+        s6.default_chunk_size = default
+        while cmlx._stack:  # measure() patches for the rest of its (own) process
+            cmlx._stack[-1].undo()

@@ -1,0 +1,161 @@
+"""Mamba's layer (mlx-lm's ``MambaBlock``: projections, convolution, the selective
+scan) fwd+bwd time and backward peak memory per token against T: mlx-lm's own per-token
+loop beside the same layer under ``chunkscan.mlx_lm.patch()``, which runs its scan
+through :func:`chunkscan.selective_scan`.
+
+Implementations (``--impls``), each configuration in a fresh process
+(:func:`chunkscan.commands.measure.run_isolated`):
+
+- ``mlx_lm``: ``mlx_lm.models.mamba.MambaBlock`` as it is (the training path of mamba and
+  falcon_mamba: ``ssm_step`` per token under MLX's autograd);
+- ``chunkscan``: the same layer inside ``chunkscan.mlx_lm.patch()`` (``--chunk-size``:
+  the op's chunk instead of its default).
+
+Shape (``--hidden``, ``--channels``, ``--state``, ``--dt-rank``; default Falcon-Mamba 7B's
+layer: hidden 4096, 8192 channels, a state of 16, dt rank 256, its RMS norms of delta, B
+and C), B = 1, ``--dtype`` weights and inputs. The loss is ``sum(layer(x) * w)``;
+gradients for ``x`` and every parameter. Memory: ``mx.get_peak_memory()`` above the
+active memory before the call, after one warm-up call. Time: median of ``--repeats``
+warm calls; the speedup is against ``mlx_lm`` at the same T in the same run.
+
+    python bench/mamba.py --T 256 512 1024 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench-out"  # default outputs (git-ignored); committed runs name their paths
+IMPLS = ("mlx_lm", "chunkscan")
+KiB = 1024.0
+
+
+def measure(
+    impl: str, T: int, dtype: str = "bfloat16", repeats: int = 2, hidden: int = 4096,
+    channels: int = 8192, state: int = 16, dt_rank: int = 256, chunk_size: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One configuration (run in its own process by :func:`main`)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import mamba
+
+    import chunkscan.mlx_lm
+    from chunkscan.commands.measure import median_seconds, peak_above_active
+    from chunkscan.ops.selective_scan import chunk as s6
+
+    args = mamba.ModelArgs(
+        model_type="falcon_mamba", vocab_size=8, hidden_size=hidden, intermediate_size=channels,
+        state_size=state, num_hidden_layers=1, conv_kernel=4, use_bias=False,
+        use_conv_bias=True, time_step_rank=dt_rank,
+    )  # fmt: skip
+    mx.random.seed(0)
+    layer = mamba.MambaBlock(args)
+    layer.set_dtype(getattr(mx, dtype))
+    x = mx.random.normal((1, T, hidden), key=mx.random.key(1)).astype(getattr(mx, dtype))
+    w = mx.random.normal((1, T, hidden), key=mx.random.key(2))
+    mx.eval(layer.parameters(), x, w)
+    if impl == "chunkscan":
+        chunkscan.mlx_lm.patch()  # for the rest of this process
+        if chunk_size:
+            s6.default_chunk_size = lambda: chunk_size
+    chunk = s6.default_chunk_size() if impl == "chunkscan" else None
+
+    def loss(layer, x):
+        z, _ = layer._process_sequence(x, None, None)
+        return mx.sum(z.astype(mx.float32) * w)
+
+    grad = nn.value_and_grad(layer, loss)
+
+    def call():
+        return grad(layer, x)
+
+    mx.eval(call())  # warm-up
+    routed = chunkscan.mlx_lm.routed_calls["chunkscan.selective_scan"]
+    assert routed == (1 if impl == "chunkscan" else 0), routed
+    _, peak = peak_above_active(call)
+    seconds = median_seconds(call, repeats=repeats, warmup=0)
+    return {"impl": impl, "T": T, "dtype": dtype, "hidden": hidden, "channels": channels,
+            "state": state, "dt_rank": dt_rank, "chunk_size": chunk, "seconds": seconds,
+            "peak_bytes": peak, "kib_per_token": peak / KiB / T,
+            "device": str(mx.default_device())}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from _common import positive_float, positive_int
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=positive_int, nargs="+", default=[256, 512, 1024])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=positive_int, default=2)
+    p.add_argument("--hidden", type=positive_int, default=4096)
+    p.add_argument("--channels", type=positive_int, default=8192)
+    p.add_argument("--state", type=positive_int, default=16)
+    p.add_argument("--dt-rank", type=positive_int, default=256)
+    p.add_argument("--chunk-size", type=positive_int, default=None,
+                   help="chunkscan's chunk (default: the op's on the device)")  # fmt: skip
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds per configuration")  # fmt: skip
+    p.add_argument("--json", default=str(OUT / "mamba.json"))
+    p.add_argument("--md", default=str(OUT / "mamba.md"))
+    return p
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| impl | T | chunk | fwd+bwd (s) | peak (KiB/token) | speedup vs mlx_lm |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['T']} | | {r['error']} | | |")
+            continue
+        sp = f"{r['speedup']:.2f}x" if "speedup" in r else ""
+        lines.append(f"| {r['impl']} | {r['T']} | {r['chunk_size'] or ''} | {r['seconds']:.3f} | "
+                     f"{r['kib_per_token']:.1f} | {sp} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.T = list(dict.fromkeys(args.T))  # each T once
+    from _common import check_outputs, child_env, meta, write_json
+
+    check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
+    from chunkscan.commands.measure import run_isolated
+
+    shape = {"hidden": args.hidden, "channels": args.channels, "state": args.state,
+             "dt_rank": args.dt_rank}  # fmt: skip
+    rows = []
+    for T in args.T:
+        for impl in args.impls:
+            cfg = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats,
+                   "chunk_size": args.chunk_size, **shape}  # fmt: skip
+            row = run_isolated("bench.mamba:measure", cfg, timeout=args.timeout, env=child_env())
+            row.update({k: v for k, v in cfg.items() if k not in row})
+            rows.append(row)
+            print(row.get("error") or f"{impl:>10} T={T:>6}: {row['seconds']:8.3f} s "
+                  f"{row['kib_per_token']:9.1f} KiB/token", flush=True)  # fmt: skip
+    stock = {r["T"]: r for r in rows if r["impl"] == "mlx_lm" and "error" not in r}
+    for r in rows:
+        if r["T"] in stock and "error" not in r:
+            r["speedup"] = stock[r["T"]]["seconds"] / r["seconds"]
+    title = (f"Mamba layer (B=1, hidden {args.hidden}, {args.channels} channels, state "
+             f"{args.state}, dt rank {args.dt_rank}, {args.dtype}), fwd+bwd")  # fmt: skip
+    md = f"{title}\n\n{table(rows)}\n"
+    print()
+    print(md)
+    if args.json:
+        write_json(args.json, meta(), rows)
+    if args.md:
+        pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.md).write_text(md)
+
+
+if __name__ == "__main__":
+    main()
