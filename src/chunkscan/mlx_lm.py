@@ -1,11 +1,14 @@
-"""Train mlx-lm's Gated DeltaNet models with :func:`chunkscan.gated_delta_rule`.
+"""Train mlx-lm's recurrent models with chunkscan's ops.
 
 ``patch()`` swaps the training path of every mlx-lm model family that runs the gated
 delta rule (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, and any other family the installed
-mlx-lm has) for the chunked op, whose backward memory does not grow with the sequence
-length (and, with ``attention=True``, every attention call without a cache, in eval mode
-too, for :func:`chunkscan.attention`). Generation, whose calls have a cache, is left
-alone::
+mlx-lm has) for :func:`chunkscan.gated_delta_rule`, whose backward memory does not grow
+with the sequence length; of the Lightning-attention, Mamba2 and Mamba families for
+:func:`chunkscan.linear_attention` and :func:`chunkscan.selective_scan` (below); and,
+with ``attention=True``, every attention call without a cache, in eval mode too, for
+:func:`chunkscan.attention`. Generation's one-token steps are left alone (the Gated
+DeltaNet and attention seams leave every call with a cache alone; the Lightning, Mamba2
+and Mamba ones, whose functions have no sign of training, take a prompt's prefill too)::
 
     import chunkscan.mlx_lm
 
@@ -74,6 +77,15 @@ mamba2, nemotron_h, falcon_h1, granitemoehybrid and plamo2 reach it through
 others to mlx-lm's function; probed and left alone with a warning as above
 (``docs/mlx_lm.md``, "Mamba2").
 
+Mamba
+-----
+``patch()`` also rebinds, on their classes, ``MambaBlock._process_sequence`` of
+``mlx_lm.models.mamba`` (mamba, falcon_mamba) and ``JambaMambaMixer.ssm_step`` of
+``mlx_lm.models.jamba``: calls of more than one token run the selective scan through
+:func:`chunkscan.selective_scan` instead of mlx-lm's per-token loops, with mlx-lm's own
+projections, convolution and caches; others go to mlx-lm's method; probed on tiny layers
+and left alone with a warning as above (``docs/mlx_lm.md``, "Mamba").
+
 Attention
 ---------
 ``patch()`` (unless ``attention=False``) also rebinds ``scaled_dot_product_attention``,
@@ -120,8 +132,11 @@ __all__ = [
     "IncompatibleMlxLmError",
     "Patch",
     "attention_patched_modules",
+    "lightning_patched_modules",
+    "mamba_patched_modules",
     "patch",
     "patched_families",
+    "ssd_patched_modules",
 ]
 
 #: Families that must be covered (the issue's targets).
@@ -591,8 +606,10 @@ def patch(
     attention: bool = True,
     save_states: str | None = "groups",
 ) -> Patch:
-    """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`
-    and (``attention=True``) its attention training path through :func:`chunkscan.attention`.
+    """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`,
+    its Lightning-attention and Mamba2 recurrences through :func:`chunkscan.linear_attention`,
+    its Mamba layers' selective scan through :func:`chunkscan.selective_scan`, and
+    (``attention=True``) its attention training path through :func:`chunkscan.attention`.
 
     Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
     name (Qwen3-Next, Qwen3.5 and so Qwen3.5-MoE, which builds on it, ...). Of the
@@ -600,6 +617,10 @@ def patch(
     change; with ``attention=True`` every attention call without a cache goes to
     :func:`chunkscan.attention`, in eval mode too (validation; the values agree but
     for rows that attend to no key); calls with a cache (generation) are untouched.
+    The Lightning, Mamba2 and Mamba seams (module docstring) route every call of more
+    than one token without padding, a prompt's prefill included, and leave one-token
+    steps to mlx-lm; ``chunk_size`` is the Gated DeltaNet op's only (the others take
+    their op's default).
     Models already loaded are covered too (the name is looked up at call time); a
     step compiled with ``mx.compile`` keeps the path it was traced with (traced before
     the patch: mlx-lm's own, and its memory; inside it: chunkscan's, after ``undo()``
