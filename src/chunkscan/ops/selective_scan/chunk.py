@@ -25,10 +25,12 @@ from ._checks import F32, check_inputs
 
 
 def default_chunk_size() -> int:
-    """The chunk :func:`selective_scan` takes by default: 8 on the CPU (2 cores, 2048
-    channels, a state of 16, T = 1024, bfloat16, fwd+bwd: 2.43 s at 62.4 KiB/token,
-    against 2.06 s / 68.3 with 4, 3.57 / 93.1 with 16, 5.35 / 346 with 64; the loop
-    8.22 s / 1521), 64 on a GPU (fewer launches; unmeasured there, as on Apple GPUs)."""
+    """The chunk :func:`selective_scan` takes by default: 8 on the CPU (2 cores, Mamba's
+    layer at 1536 channels, a state of 16, T = 1024, float32, fwd+bwd:
+    ``bench/results/cpu/mamba_{,c4_,c16_,c32_}8f46674.json``: 5.91 s at 132.0 KiB/token,
+    against 5.34 / 132.0 with 4, 6.23 / 140.8 with 16, 7.09 / 201.8 with 32; 8 keeps
+    half of 4's states, one ``[Dc, N]`` per chunk, for 10% more time), 64 on a GPU
+    (fewer launches; untuned there, as on Apple GPUs)."""
     return 8 if mx.default_device() == mx.cpu else 64
 
 
