@@ -1213,7 +1213,7 @@ def run(args: types.SimpleNamespace) -> None:
         elif routes is not None and routes.mamba:
             gdn = (
                 "Mamba's selective scan (mlx-lm's per-token loop) training path -> "
-                "chunkscan.selective_scan (its default chunk: 8 on a CPU, 64 on a GPU)"
+                "chunkscan.selective_scan (its default chunk: 8)"
             )
         elif routes is not None and routes.ssd:
             gdn = (

@@ -25,13 +25,17 @@ from ._checks import F32, check_inputs
 
 
 def default_chunk_size() -> int:
-    """The chunk :func:`selective_scan` takes by default: 8 on the CPU (2 cores, Mamba's
-    layer at 1536 channels, a state of 16, T = 1024, float32, fwd+bwd:
-    ``bench/results/cpu/mamba_{,c4_,c16_,c32_}8f46674.json``: 5.91 s at 132.0 KiB/token,
-    against 5.34 / 132.0 with 4, 6.23 / 140.8 with 16, 7.09 / 201.8 with 32; 8 keeps
-    half of 4's states, one ``[Dc, N]`` per chunk, for 10% more time), 64 on a GPU
-    (fewer launches; untuned there, as on Apple GPUs)."""
-    return 8 if mx.default_device() == mx.cpu else 64
+    """The chunk :func:`selective_scan` takes by default: 8 on every device. On the CPU (2
+    cores, Mamba's layer at 1536 channels, a state of 16, T = 1024, float32, fwd+bwd;
+    ``bench/results/cpu/mamba_{,c4_,c16_,c32_}8f46674.json``): 5.91 s at 132.0 KiB/token,
+    against 5.34 / 132.0 with 4, 6.23 / 140.8 with 16, 7.09 / 201.8 with 32 (8 keeps half
+    of 4's states, one ``[Dc, N]`` per chunk, for 10% more time). On an H100 (Falcon-Mamba
+    7B's layer, bfloat16, T = 2048 / 8192; ``bench/results/h100/mamba_h100_*c8c3323.json``):
+    0.448 / 1.975 s at 530 / 386 KiB/token, against 0.310 / 1.144 at 1738 / 722 with 16
+    and 0.221 / 0.923 at 7802 / 2159 with 64 (mlx-lm's loop: 1.304 / 6.256 s at 1103 /
+    1994): only 8 holds less than mlx-lm's loop at both lengths. Apple GPUs take it,
+    unmeasured there."""
+    return 8
 
 
 def _inclusive_scan(a: mx.array, b: mx.array) -> tuple[mx.array, mx.array]:
@@ -97,8 +101,7 @@ def selective_scan(
         initial_state (array, optional): ``[B, Dc, N]``; default zeros.
         chunk_size (int, optional): Steps per chunk (need not divide ``T``); its
             recomputation holds about ``4 ceil(log2 chunk_size)`` float32 arrays of
-            ``[B, chunk_size, Dc, N]``. Default: :func:`default_chunk_size` (8 on
-            the CPU, 64 on a GPU).
+            ``[B, chunk_size, Dc, N]``. Default: :func:`default_chunk_size` (8).
 
     Returns:
         tuple: ``(y [B, T, Dc]`` in ``x``'s dtype, ``final state [B, Dc, N]`` float32).
