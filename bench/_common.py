@@ -447,3 +447,69 @@ def plot_time_and_memory(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def add_side_by_side_options(p: argparse.ArgumentParser, impls: tuple[str, ...], T: list[int],
+                             name: str) -> None:  # fmt: skip
+    """The options of a side-by-side script (:func:`run_side_by_side`): ``--T``,
+    ``--impls``, ``--dtype``, ``--repeats``, ``--timeout``, ``--json`` and ``--md``
+    (``bench-out/<name>.{json,md}`` by default)."""
+    p.add_argument("--T", type=positive_int, nargs="+", default=T)
+    p.add_argument("--impls", nargs="+", default=list(impls), choices=impls)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=positive_int, default=2)
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds per configuration")  # fmt: skip
+    p.add_argument("--json", default=str(OUT / f"{name}.json"))
+    p.add_argument("--md", default=str(OUT / f"{name}.md"))
+
+
+def side_by_side_table(rows: list[dict[str, Any]], baseline: str) -> str:
+    """A markdown table of :func:`run_side_by_side`'s rows (a chunk column where any row
+    records a ``chunk_size``)."""
+    chunk = any(r.get("chunk_size") for r in rows)
+    head = ["impl", "T"] + (["chunk"] if chunk else []) + ["fwd+bwd (s)", "peak (KiB/token)",
+                                                           f"speedup vs {baseline}"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in rows:
+        cells = [r["impl"], str(r["T"])] + ([str(r.get("chunk_size") or "")] if chunk else [])
+        if "error" in r:
+            cells += [r["error"], "", ""]
+        else:
+            sp = f"{r['speedup']:.2f}x" if "speedup" in r else ""
+            cells += [f"{r['seconds']:.3f}", f"{r['kib_per_token']:.1f}", sp]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_side_by_side(parser, args, target: str, config: dict[str, Any], title: str,
+                     baseline: str) -> list[dict[str, Any]]:  # fmt: skip
+    """Measure ``target`` (``"bench.<script>:measure"``) for each ``--T`` and ``--impls``
+    in a fresh process, ``config`` added to each configuration; print each row, add each
+    one's ``speedup`` against ``baseline``'s row at its T, print and write the table
+    (``--md``) and the rows (``--json``, with :func:`meta`). Returns the rows."""
+    from chunkscan.commands.measure import run_isolated
+
+    check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
+    rows = []
+    for T in dict.fromkeys(args.T):  # each T once
+        for impl in args.impls:
+            cfg = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats, **config}
+            row = run_isolated(target, cfg, timeout=args.timeout, env=child_env())
+            row.update({k: v for k, v in cfg.items() if k not in row})
+            rows.append(row)
+            print(row.get("error") or f"{impl:>10} T={T:>6}: {row['seconds']:8.3f} s "
+                  f"{row['kib_per_token']:9.1f} KiB/token", flush=True)  # fmt: skip
+    stock = {r["T"]: r for r in rows if r["impl"] == baseline and "error" not in r}
+    for r in rows:
+        if r["T"] in stock and "error" not in r:
+            r["speedup"] = stock[r["T"]]["seconds"] / r["seconds"]
+    md = f"{title}\n\n{side_by_side_table(rows, baseline)}\n"
+    print()
+    print(md)
+    if args.json:
+        write_json(args.json, meta(), rows)
+    if args.md:
+        pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.md).write_text(md)
+    return rows

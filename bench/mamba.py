@@ -86,37 +86,17 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import positive_float, positive_int
+    from _common import add_side_by_side_options, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[256, 512, 1024])
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=positive_int, default=2)
+    add_side_by_side_options(p, IMPLS, [256, 512, 1024], "mamba")
     p.add_argument("--hidden", type=positive_int, default=4096)
     p.add_argument("--channels", type=positive_int, default=8192)
     p.add_argument("--state", type=positive_int, default=16)
     p.add_argument("--dt-rank", type=positive_int, default=256)
     p.add_argument("--chunk-size", type=positive_int, default=None,
-                   help="chunkscan's chunk (default: the op's on the device)")  # fmt: skip
-    p.add_argument("--timeout", type=positive_float, default=1800.0,
-                   help="seconds per configuration")  # fmt: skip
-    p.add_argument("--json", default=str(OUT / "mamba.json"))
-    p.add_argument("--md", default=str(OUT / "mamba.md"))
+                   help="chunkscan's chunk (default: the op's)")  # fmt: skip
     return p
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| impl | T | chunk | fwd+bwd (s) | peak (KiB/token) | speedup vs mlx_lm |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['impl']} | {r['T']} | | {r['error']} | | |")
-            continue
-        sp = f"{r['speedup']:.2f}x" if "speedup" in r else ""
-        lines.append(f"| {r['impl']} | {r['T']} | {r['chunk_size'] or ''} | {r['seconds']:.3f} | "
-                     f"{r['kib_per_token']:.1f} | {sp} |")  # fmt: skip
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,38 +104,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.T = list(dict.fromkeys(args.T))  # each T once
-    from _common import check_outputs, child_env, meta, write_json
+    from _common import run_side_by_side
 
-    check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
-    from chunkscan.commands.measure import run_isolated
-
-    shape = {"hidden": args.hidden, "channels": args.channels, "state": args.state,
-             "dt_rank": args.dt_rank}  # fmt: skip
-    rows = []
-    for T in args.T:
-        for impl in args.impls:
-            cfg = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats,
-                   "chunk_size": args.chunk_size, **shape}  # fmt: skip
-            row = run_isolated("bench.mamba:measure", cfg, timeout=args.timeout, env=child_env())
-            row.update({k: v for k, v in cfg.items() if k not in row})
-            rows.append(row)
-            print(row.get("error") or f"{impl:>10} T={T:>6}: {row['seconds']:8.3f} s "
-                  f"{row['kib_per_token']:9.1f} KiB/token", flush=True)  # fmt: skip
-    stock = {r["T"]: r for r in rows if r["impl"] == "mlx_lm" and "error" not in r}
-    for r in rows:
-        if r["T"] in stock and "error" not in r:
-            r["speedup"] = stock[r["T"]]["seconds"] / r["seconds"]
+    config = {"hidden": args.hidden, "channels": args.channels, "state": args.state,
+              "dt_rank": args.dt_rank, "chunk_size": args.chunk_size}  # fmt: skip
     title = (f"Mamba layer (B=1, hidden {args.hidden}, {args.channels} channels, state "
              f"{args.state}, dt rank {args.dt_rank}, {args.dtype}), fwd+bwd")  # fmt: skip
-    md = f"{title}\n\n{table(rows)}\n"
-    print()
-    print(md)
-    if args.json:
-        write_json(args.json, meta(), rows)
-    if args.md:
-        pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.md).write_text(md)
+    run_side_by_side(parser, args, "bench.mamba:measure", config, title, "mlx_lm")
 
 
 if __name__ == "__main__":

@@ -80,35 +80,15 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import positive_float, positive_int
+    from _common import add_side_by_side_options, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048])
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=positive_int, default=2)
+    add_side_by_side_options(p, IMPLS, [512, 1024, 2048], "mamba2")
     p.add_argument("--heads", type=positive_int, default=128)
     p.add_argument("--head-dim", type=positive_int, default=64)
     p.add_argument("--state", type=positive_int, default=128)
     p.add_argument("--groups", type=positive_int, default=8)
-    p.add_argument("--timeout", type=positive_float, default=1800.0,
-                   help="seconds per configuration")  # fmt: skip
-    p.add_argument("--json", default=str(OUT / "mamba2.json"))
-    p.add_argument("--md", default=str(OUT / "mamba2.md"))
     return p
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| impl | T | fwd+bwd (s) | peak (KiB/token) | speedup vs mlx_lm |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['impl']} | {r['T']} | {r['error']} | | |")
-            continue
-        sp = f"{r['speedup']:.2f}x" if "speedup" in r else ""
-        lines.append(f"| {r['impl']} | {r['T']} | {r['seconds']:.3f} | "
-                     f"{r['kib_per_token']:.1f} | {sp} |")  # fmt: skip
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,39 +96,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.T = list(dict.fromkeys(args.T))  # each T once
     if args.heads % args.groups:
         parser.error(f"--heads {args.heads} is not a multiple of --groups {args.groups}")
-    from _common import check_outputs, child_env, meta, write_json
-
-    check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
-    from chunkscan.commands.measure import run_isolated
+    from _common import run_side_by_side
 
     shape = {"heads": args.heads, "head_dim": args.head_dim, "state": args.state,
              "groups": args.groups}  # fmt: skip
-    rows = []
-    for T in args.T:
-        for impl in args.impls:
-            cfg = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats, **shape}
-            row = run_isolated("bench.mamba2:measure", cfg, timeout=args.timeout, env=child_env())
-            row.update({k: v for k, v in cfg.items() if k not in row})
-            rows.append(row)
-            print(row.get("error") or f"{impl:>10} T={T:>6}: {row['seconds']:8.3f} s "
-                  f"{row['kib_per_token']:9.1f} KiB/token", flush=True)  # fmt: skip
-    stock = {r["T"]: r for r in rows if r["impl"] == "mlx_lm" and "error" not in r}
-    for r in rows:
-        if r["T"] in stock and "error" not in r:
-            r["speedup"] = stock[r["T"]]["seconds"] / r["seconds"]
     title = (f"Mamba2 SSD (B=1, {args.heads} heads of {args.head_dim}, state {args.state}, "
              f"{args.groups} groups, {args.dtype}), fwd+bwd")  # fmt: skip
-    md = f"{title}\n\n{table(rows)}\n"
-    print()
-    print(md)
-    if args.json:
-        write_json(args.json, meta(), rows)
-    if args.md:
-        pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.md).write_text(md)
+    run_side_by_side(parser, args, "bench.mamba2:measure", shape, title, "mlx_lm")
 
 
 if __name__ == "__main__":
