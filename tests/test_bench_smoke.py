@@ -883,7 +883,14 @@ def test_mamba_bench_measures_both_forms(bench):
     from chunkscan.ops.selective_scan import chunk as s6
 
     module = bench("mamba")
-    default = s6.default_chunk_size
+    default, scan = s6.default_chunk_size, s6.scan
+    ran = []
+
+    def recording(*args, **kwargs):
+        ran.append(kwargs["chunk_size"])
+        return scan(*args, **kwargs)
+
+    s6.scan = recording  # the chunk the op runs at
     try:
         for impl in module.IMPLS:
             cmlx.routed_calls.clear()
@@ -891,7 +898,8 @@ def test_mamba_bench_measures_both_forms(bench):
                                  channels=32, state=4, dt_rank=2, chunk_size=4)  # fmt: skip
             assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
             assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+        assert ran[-3:] == [4, 4, 4]  # (after the seam's probes, at the default chunk)
     finally:
-        s6.default_chunk_size = default
+        s6.default_chunk_size, s6.scan = default, scan
         while cmlx._stack:  # measure() patches for the rest of its (own) process
             cmlx._stack[-1].undo()

@@ -36,7 +36,8 @@ def _before(parts: list[int]) -> list[int]:
 
 def check_mlx() -> None:
     """Raise ``ImportError`` when the installed MLX lacks what chunkscan needs."""
-    missing = [name for name in ("depends", "custom_function", "vjp") if not hasattr(mx, name)]
+    needed = ("depends", "custom_function", "vjp", "result_type")
+    missing = [name for name in needed if not hasattr(mx, name)]
     version = getattr(mx, "__version__", "unknown")
     if missing or _parse(version) < MIN_MLX:
         raise ImportError(

@@ -157,8 +157,9 @@ _lock = threading.RLock()
 _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
-# The seams whose numerical probe ran while some handle is live ("gdn", "attention",
-# "lightning", "ssd"; a rebound module that failed its probe is unbound, not kept):
+# The seams whose numerical probe ran while some handle is live ("gdn", "attention", and
+# the keys of _REBOUND: "lightning", "ssd", "mamba", "jamba"; a rebound function that
+# failed its probe is unbound, not kept):
 # a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
 # being installed already (found by probing); emptied with the last handle's undo.
 _verified: set[str] = set()
@@ -191,6 +192,12 @@ def _differences(pairs, prefix: str = "") -> list[str]:
     passes 1e-4 of the stock one's largest magnitude, each as a problem to report."""
     problems = []
     for what, ours, theirs in pairs:
+        if ours.shape != theirs.shape or ours.dtype != theirs.dtype:
+            problems.append(
+                f"{prefix}the {what} is {ours.dtype} {tuple(ours.shape)} where mlx-lm's is "
+                f"{theirs.dtype} {tuple(theirs.shape)}"
+            )
+            continue
         err = (mx.abs(ours - theirs).max() / (mx.abs(theirs).max() + 1e-12)).item()
         if not err <= 1e-4:
             problems.append(f"{prefix}the {what} differs by {err:.2e}")
@@ -630,7 +637,10 @@ def patch(
         chunk_size (int, optional): Steps per chunk for the op; ``None`` keeps the
             op's default. Default: ``None``.
         verify (bool, optional): Compare patched and stock paths numerically on a
-            tiny input before patching (once while some handle is live: a nested
+            tiny input: the Gated DeltaNet and attention seams before patching (a
+            mismatch raises), the rebound recurrences (Lightning, Mamba2, Mamba) once
+            bound (one that fails gets mlx-lm's function back with a warning, and is
+            not bound again in this process); once while some handle is live (a nested
             ``patch(verify=True)`` probes what no live handle has probed). The
             comparison runs on the CPU, by switching MLX's default device for its
             duration (MLX has one default device per
@@ -934,12 +944,19 @@ def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
     """Bind ``stock`` to ``name`` in every imported module that binds ``installed``
     (:func:`_installed`) there: mlx-lm's and any other that imported the name from
     mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and such a
-    module kept the replacement). Reads each module's ``__dict__``, so no module's
-    ``__getattr__`` hook runs."""
+    module kept the replacement)."""
+    _rebind_everywhere(name, lambda bound: stock if bound is installed else None)
 
+
+def _rebind_everywhere(name: str, stock_for: Callable[[Any], Any]) -> None:
+    """In every imported module, replace what ``name`` binds by ``stock_for(it)`` where
+    that is not None. Reads each module's ``__dict__``, so no module's ``__getattr__``
+    hook runs."""
     for module in list(sys.modules.values()):
-        if isinstance(module, ModuleType) and vars(module).get(name) is installed:
-            setattr(module, name, stock)
+        if isinstance(module, ModuleType) and name in vars(module):
+            stock = stock_for(vars(module)[name])
+            if stock is not None:
+                setattr(module, name, stock)
 
 
 def _model_modules() -> list[tuple[str, ModuleType]]:
@@ -1005,7 +1022,7 @@ def _chunked_gla(q, k, v, g, scale, h, style="positional"):
     if style == "keyword":  # bailing_hybrid's: q's, and a float32 state
         state_dtype = mx.float32
     elif h is not None:
-        y_dtype = state_dtype = (mx.zeros((), dtype=q.dtype) + mx.zeros((), dtype=h.dtype)).dtype
+        y_dtype = state_dtype = mx.result_type(q, h)
     # The op's own default chunk (64 on the CPU, 256 on a GPU), not the handle's
     # chunk_size: that is the Gated DeltaNet op's (chunkscan lora resolves it to that
     # op's default, 64 on a GPU, where this op holds 1.3-2.2x the memory of 256: run 118).
@@ -1101,6 +1118,10 @@ class _Rebound:
         self._wrap, self._probe, self._accepts, self._owners = wrap, probe, accepts, owners
         self.saved: dict[str, Any] = {}  # module name -> mlx-lm's function, while patched
         self._bound_on: dict[str, Any] = {}  # module name -> the module or class rebound
+        # Functions whose probe failed, for the rest of the process: a later patch() with
+        # verify=False (the decorator's calls after its first) bound them again unchecked
+        # (found by review).
+        self._rejected: list[Any] = []
 
     def _candidates(self) -> dict[str, Any]:
         """Module name -> where the seam's name would be bound (a module or a class)."""
@@ -1127,7 +1148,7 @@ class _Rebound:
 
     def install(self) -> None:
         for name, (owner, stock) in self.targets().items():
-            if name not in self.saved:
+            if name not in self.saved and not any(stock is r for r in self._rejected):
                 self.saved[name], self._bound_on[name] = stock, owner
                 wrapper = self._wrap(stock)
                 wrapper._chunkscan_stock = stock
@@ -1142,6 +1163,7 @@ class _Rebound:
             except Exception as e:  # noqa: BLE001 - another output shape, an error: not the seam
                 problems = [f"the probe raised {type(e).__name__}: {e}"]
             if problems:
+                self._rejected.append(stock)
                 self._put_back(name, stock)
                 del self.saved[name]
                 owner = self._bound_on.pop(name, None)
@@ -1169,13 +1191,9 @@ class _Rebound:
             self._put_back(name, stock)
         if self._owners is None:
             stocks = {id(stock): stock for stock in self.saved.values()}
-            for module in list(sys.modules.values()):
-                if not isinstance(module, ModuleType):
-                    continue
-                bound = vars(module).get(self.name)
-                stock = stocks.get(id(getattr(bound, "_chunkscan_stock", None)))
-                if stock is not None:
-                    setattr(module, self.name, stock)
+            _rebind_everywhere(
+                self.name, lambda bound: stocks.get(id(getattr(bound, "_chunkscan_stock", None)))
+            )
         self.saved.clear()
         self._bound_on.clear()
 
@@ -1360,20 +1378,12 @@ def _s6_op():
     return chunkscan.selective_scan
 
 
-def _promoted(*arrays: mx.array) -> mx.Dtype:
-    """The dtype MLX's arithmetic gives ``arrays`` together."""
-    out = mx.zeros((), dtype=arrays[0].dtype)
-    for a in arrays[1:]:
-        out = out + mx.zeros((), dtype=a.dtype)
-    return out.dtype
-
-
 def _s6(x, delta, A, B, C, state, state_dtype):
     """The selective scan of mlx-lm's Mamba layers through :func:`chunkscan.selective_scan`
     (float32 inside): ``y`` without the skip term, in the dtype of mlx-lm's ``state @ C``
     (``state_dtype`` promoted with ``C``'s), and the state in ``state_dtype``."""
     y, final = _s6_op()(x, delta, A, B, C, initial_state=state)
-    return y.astype(_promoted(mx.zeros((), dtype=state_dtype), C)), final.astype(state_dtype)
+    return y.astype(mx.result_type(state_dtype, C.dtype)), final.astype(state_dtype)
 
 
 def _mamba_projections(layer, x):
@@ -1406,7 +1416,7 @@ def _mamba_sequence(layer, x, conv_cache, state_cache):
     A = -mx.exp(layer.A_log)
     delta, B, C = _mamba_projections(layer, x)
     parts = (delta, x, B, A) + (() if state_cache is None else (state_cache,))
-    y, state = _s6(x, delta, A, B, C, state_cache, _promoted(*parts))
+    y, state = _s6(x, delta, A, B, C, state_cache, mx.result_type(*parts))
     y = y + layer.D * x
     return layer.out_proj(_swiglu(z, y)), (new_conv_cache, state)
 
@@ -1422,7 +1432,7 @@ def _jamba_step(layer, x, A, state):
     ``y`` with the skip term and the last state, in mlx-lm's dtypes (its slice updates
     keep the dtype of ``delta x B``)."""
     delta, B, C = _mamba_projections(layer, x)
-    y, final = _s6(x, delta, A, B, C, state, _promoted(delta, x, B))
+    y, final = _s6(x, delta, A, B, C, state, mx.result_type(delta, x, B))
     return y + layer.D * x, final
 
 
@@ -1468,6 +1478,9 @@ def _probe_layer(make, call_stock, call_ours) -> list[str]:
         layer, args, label = make(variant)
         theirs = tree_flatten(call_stock(layer, *args))
         ours = tree_flatten(call_ours(layer, *args))
+        if [k for k, _ in ours] != [k for k, _ in theirs]:
+            problems.append(f"with {label} the results' structure differs from mlx-lm's")
+            continue
         pairs = [(f"result {i}", a[1], b[1]) for i, (a, b) in enumerate(zip(ours, theirs))]
         problems += _differences(pairs, f"with {label} ")
     return problems

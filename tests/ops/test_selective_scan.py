@@ -125,6 +125,17 @@ def test_bad_inputs_are_named(change, match):
         selective_scan(*list(args.values())[:5], chunk_size=2.0)
 
 
+@pytest.mark.parametrize(
+    "chunk_size, error", [(0, ValueError), (False, TypeError), (-3, ValueError)]
+)
+def test_a_chunk_size_below_one_raises(chunk_size, error):
+    """0 and False raise, as in the oracle (the op took them for its default; review)."""
+    x, dt, A, B, C, _, _ = selective_scan_inputs(1, 5, 2, 3)
+    for fn in (selective_scan, naive_selective_scan):
+        with pytest.raises(error, match="chunk_size"):
+            fn(x, dt, A, B, C, chunk_size=chunk_size)
+
+
 @pytest.mark.parametrize("name", ["x", "dt", "B"])
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
 def test_non_finite_input_reaches_what_the_loop_reaches(name, value):

@@ -20,7 +20,7 @@ def check_inputs(fn, x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[int,
     named = {"x": x, "dt": dt, "A": A, "B": B, "C": C}
     optional = {"D": D, "initial_state": initial_state}
     check_arrays(fn, {**named, **{k: v for k, v in optional.items() if v is not None}})
-    check_chunk_size(fn, chunk_size, example=32)
+    check_chunk_size(fn, chunk_size, example=8)
     for name, a in {**named, **optional}.items():
         if a is not None and a.dtype not in FLOAT_DTYPES:
             raise ValueError(

@@ -25,16 +25,17 @@ from ._checks import F32, check_inputs
 
 
 def default_chunk_size() -> int:
-    """The chunk :func:`selective_scan` takes by default: 8 on every device. On the CPU (2
-    cores, Mamba's layer at 1536 channels, a state of 16, T = 1024, float32, fwd+bwd;
+    """The chunk :func:`selective_scan` takes by default: 8 on every device. On an H100
+    (Falcon-Mamba 7B's layer, bfloat16, T = 2048 / 8192;
+    ``bench/results/h100/mamba_h100_*c8c3323.json``): 0.448 / 1.975 s at 530 / 386
+    KiB/token, against 0.310 / 1.144 at 1738 / 722 with 16 and 0.221 / 0.923 at 7802 /
+    2159 with 64 (mlx-lm's loop: 1.304 / 6.256 s at 1103 / 1994): of these only 8 holds
+    less than mlx-lm's loop at both lengths (4 was not measured there). On the CPU (2
+    cores, Mamba's layer at 1536 channels, a state of 16, T = 1024, float32;
     ``bench/results/cpu/mamba_{,c4_,c16_,c32_}8f46674.json``): 5.91 s at 132.0 KiB/token,
-    against 5.34 / 132.0 with 4, 6.23 / 140.8 with 16, 7.09 / 201.8 with 32 (8 keeps half
-    of 4's states, one ``[Dc, N]`` per chunk, for 10% more time). On an H100 (Falcon-Mamba
-    7B's layer, bfloat16, T = 2048 / 8192; ``bench/results/h100/mamba_h100_*c8c3323.json``):
-    0.448 / 1.975 s at 530 / 386 KiB/token, against 0.310 / 1.144 at 1738 / 722 with 16
-    and 0.221 / 0.923 at 7802 / 2159 with 64 (mlx-lm's loop: 1.304 / 6.256 s at 1103 /
-    1994): only 8 holds less than mlx-lm's loop at both lengths. Apple GPUs take it,
-    unmeasured there."""
+    against 5.34 / 132.0 with 4 (10% faster at the same peak: other buffers set it at
+    this size; 4 keeps twice the states, one ``[Dc, N]`` per chunk), 6.23 / 140.8 with
+    16, 7.09 / 201.8 with 32. Apple GPUs take it, unmeasured there."""
     return 8
 
 
@@ -111,8 +112,9 @@ def selective_scan(
         ValueError: a shape or dtype out of the layout above, or ``chunk_size < 1``.
     """
     fn = "chunkscan.selective_scan"
-    batch, T, dc, n = check_inputs(fn, x, dt, A, B, C, D, initial_state, chunk_size or 1)
-    chunk_size = chunk_size or default_chunk_size()
+    given = 1 if chunk_size is None else chunk_size  # None: the default; 0 or False raise
+    batch, T, dc, n = check_inputs(fn, x, dt, A, B, C, D, initial_state, given)
+    chunk_size = default_chunk_size() if chunk_size is None else int(chunk_size)
     h0 = mx.zeros((batch, dc, n), dtype=F32) if initial_state is None else initial_state.astype(F32)
     if T == 0:
         return mx.zeros((batch, 0, dc), dtype=x.dtype), h0
