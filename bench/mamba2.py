@@ -29,7 +29,6 @@ import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench-out"  # default outputs (git-ignored); committed runs name their paths
 IMPLS = ("mlx_lm", "chunkscan")
 KiB = 1024.0
 

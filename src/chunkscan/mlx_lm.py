@@ -1349,8 +1349,6 @@ _SSD_SEAM = _Rebound(
     lambda stock: _probe_ssd(stock),  # looked up at call time, so tests can spy
     lambda fn: _plain_signature(fn, _SSD_PARAMS),
 )
-#: The rebound recurrences, by the key of their probe in ``_verified``.
-_REBOUND = {"lightning": _LIGHTNING, "ssd": _SSD_SEAM}
 
 
 def ssd_patched_modules() -> tuple[str, ...]:
@@ -1565,7 +1563,8 @@ _JAMBA_SEAM = _Rebound(
     lambda fn: _plain_signature(fn, _JAMBA_PARAMS),
     owners=_layer_class("mlx_lm.models.jamba", "JambaMambaMixer"),
 )
-_REBOUND.update(mamba=_MAMBA_SEAM, jamba=_JAMBA_SEAM)
+#: The rebound recurrences, by the key of their probe in ``_verified``.
+_REBOUND = {"lightning": _LIGHTNING, "ssd": _SSD_SEAM, "mamba": _MAMBA_SEAM, "jamba": _JAMBA_SEAM}
 
 
 def mamba_patched_modules() -> tuple[str, ...]:
