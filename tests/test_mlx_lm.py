@@ -823,6 +823,18 @@ def test_probes_run_on_the_cpu(monkeypatch):
     assert mx.default_device() == previous
 
 
+def test_patch_leaves_the_random_stream_alone():
+    """A seeded run draws the same numbers with and without ``patch()``: the probes
+    build layers whose initial weights drew from MLX's global key, so LoRA
+    initializations and dropout masks changed under the patch (found by probing)."""
+    mx.random.seed(0)
+    want = mx.random.normal((4,))
+    mx.random.seed(0)
+    with cmlx.patch():
+        got = mx.random.normal((4,))
+    assert mx.array_equal(got, want).item()
+
+
 def test_nested_verify_runs_the_probes_once(monkeypatch):
     """``patch(verify=True)`` inside a ``patch(verify=False)`` probes the seams it asks
     to verify (it skipped both, the seams being installed already; found by probing);

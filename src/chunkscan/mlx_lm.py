@@ -123,6 +123,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from . import _random
 from ._tree import with_article
 from .ops._checks import check_bool
 from .ops.gated_delta.chunk import SAVE_MODES
@@ -422,11 +423,15 @@ def on_cpu():
     """Run the numerical probes on the CPU: they check conventions (layout, scale,
     gates, masks), which any difference of order one betrays, and must not see the
     GPU's arithmetic (MLX on CUDA multiplies float32 matrices in TF32 by default: the
-    attention probe measured 4e-4 there, above its 1e-4 bound)."""
+    attention probe measured 4e-4 there, above its 1e-4 bound). They leave MLX's global
+    random key as they found it: the layers the Mamba and Jamba probes build draw their
+    initial weights from it, so a seeded run drew other numbers (LoRA initializations,
+    dropout masks) under ``patch()`` than without it (found by probing)."""
     previous = mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
-        yield
+        with _random.replaying(mx.array(_random.key())):
+            yield
     finally:
         mx.set_default_device(previous)
 
