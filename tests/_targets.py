@@ -389,3 +389,26 @@ def selective_scan_backward_peak(
         grad = mx.compile(grad)
     _, peak = peak_above_active(lambda: grad(*args))
     return {"peak": peak}
+
+
+def dplr_delta_backward_peak(
+    T: int, B: int, H: int, D: int, C: int, compiled: bool = False
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of all seven gradients of ``dplr_delta_rule``
+    (``compiled``: under ``mx.compile``); ``C = T`` is the negative control (one chunk:
+    no carries between chunks, the whole sequence's pairwise decays recomputed at once)."""
+    from helpers import dplr_delta_inputs
+
+    args = dplr_delta_inputs(B, T, H, D, D)
+    w = mx.random.normal((B, T, H, D), key=mx.random.key(7))
+    mx.eval(args, w)
+
+    def loss(*a):
+        o, s = chunkscan.dplr_delta_rule(*a[:6], initial_state=a[6], chunk_size=C)
+        return mx.sum(o * w) + mx.sum(s)
+
+    grad = mx.grad(loss, argnums=tuple(range(7)))
+    if compiled:
+        grad = mx.compile(grad)
+    _, peak = peak_above_active(lambda: grad(*args))
+    return {"peak": peak}

@@ -205,6 +205,22 @@ def selective_scan_inputs(B: int, T: int, Dc: int, N: int, seed: int = 0, dtype=
     return tuple(a.astype(dtype) for a in (x, dt)) + (A, Bm.astype(dtype), Cm.astype(dtype), D, h0)
 
 
+def dplr_delta_inputs(B: int, T: int, H: int, Dk: int, Dv: int, seed: int = 0,
+                      dtype=mx.float32, strong: bool = False):  # fmt: skip
+    """``(q, k, v, a, b, g, h0)`` for :func:`chunkscan.dplr_delta_rule` as RWKV-7 makes
+    them: ``a = -kk``, ``b = kk * iclr`` (``kk`` unit rows, ``iclr`` in (0, 1)), ``g =
+    log w`` in about [-0.61, 0] (``strong``: down to about -8, decays RWKV-7 never
+    makes, for the op's general claim)."""
+    key = mx.random.split(mx.random.key(seed), 7)
+    q, k, kk, lr, d = (mx.random.normal((B, T, H, Dk), key=kk_) for kk_ in key[:5])
+    v = mx.random.normal((B, T, H, Dv), key=key[5])
+    kk = kk / mx.linalg.norm(kk, axis=-1, keepdims=True)
+    g = -8.0 * mx.sigmoid(2.0 * d) if strong else -0.606531 * mx.sigmoid(d)
+    h0 = 0.5 * mx.random.normal((B, H, Dv, Dk), key=key[6])
+    low = tuple(x.astype(dtype) for x in (q, 0.5 * k, v, -kk, kk * mx.sigmoid(lr), g))
+    return low + (h0,)
+
+
 def gdn_outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
     """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents. With five
     inputs (no h0) ``fn`` gets ``initial_state=None`` and the list has no dh0."""

@@ -903,3 +903,33 @@ def test_mamba_bench_measures_both_forms(bench):
         s6.default_chunk_size, s6.scan = default, scan
         while cmlx._stack:  # measure() patches for the rest of its (own) process
             cmlx._stack[-1].undo()
+
+
+def test_rwkv7_bench_measures_both_forms(bench):
+    """``bench/rwkv7.py``'s two forms of one RWKV-7 time-mixing layer run and report
+    (tiny shape, in this process); the chunkscan form goes through the seam (its
+    measure asserts the routed call) with the chunk asked for."""
+    import chunkscan.mlx_lm as cmlx
+    from chunkscan.ops.dplr_delta import chunk as dplr
+
+    module = bench("rwkv7")
+    default, scan = dplr.default_chunk_size, dplr.scan
+    ran = []
+
+    def recording(*args, **kwargs):
+        ran.append(kwargs["chunk_size"])
+        return scan(*args, **kwargs)
+
+    dplr.scan = recording  # the chunk the op runs at
+    try:
+        for impl in module.IMPLS:
+            cmlx.routed_calls.clear()
+            row = module.measure(impl, T=20, dtype="float32", repeats=1, hidden=16,
+                                 head_dim=8, chunk_size=4)  # fmt: skip
+            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+            assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+        assert ran[-3:] == [4, 4, 4]  # (after the seam's probe, at the default chunk)
+    finally:
+        dplr.default_chunk_size, dplr.scan = default, scan
+        while cmlx._stack:  # measure() patches for the rest of its (own) process
+            cmlx._stack[-1].undo()

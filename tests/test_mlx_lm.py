@@ -42,9 +42,9 @@ CHUNK = 16
 # 6.0e-6 for the Gated DeltaNet families (qwen3_next's LoRA gradients: the per-token loop
 # against the chunk form, each rounding in its own order), 2.4e-5 for bailing_moe_linear's
 # Lightning attention, 2.0e-6 for bailing_hybrid's, 8.2e-7 for the Mamba2 families
-# (mamba2, nemotron_h, granitemoehybrid) and 4.8e-6 for the Mamba ones (mamba,
-# falcon_mamba's norms, jamba), over every comparison below; the bound is about 4x the
-# largest.
+# (mamba2, nemotron_h, granitemoehybrid), 4.8e-6 for the Mamba ones (mamba,
+# falcon_mamba's norms, jamba) and 2.0e-6 for RWKV-7, over every comparison below; the
+# bound is about 4x the largest.
 RTOL = 1e-4
 
 
@@ -102,6 +102,7 @@ def _clean():
         assert module.scaled_dot_product_attention is STOCK_ATTN
     assert ssm.ssm_attn is STOCK_SSD and cmlx.ssd_patched_modules() == ()
     assert cmlx.mamba_patched_modules() == ()
+    assert cmlx.rwkv7_patched_modules() == ()
 
 
 def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
@@ -802,6 +803,7 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "_probe_ssd", recording(cmlx._probe_ssd))
     monkeypatch.setattr(cmlx, "_probe_mamba", recording(cmlx._probe_mamba))
     monkeypatch.setattr(cmlx, "_probe_jamba", recording(cmlx._probe_jamba))
+    monkeypatch.setattr(cmlx, "_probe_rwkv7", recording(cmlx._probe_rwkv7))
     entered = []
     real_on_cpu = cmlx.on_cpu
 
@@ -814,8 +816,8 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
     with cmlx.patch():
         pass
-    # Gated DeltaNet, attention, each Lightning module (two), SSD, Mamba, Jamba
-    assert len(seen) == 7 and len(entered) == 7
+    # Gated DeltaNet, attention, each Lightning module (two), SSD, Mamba, Jamba, RWKV-7
+    assert len(seen) == 8 and len(entered) == 8
     assert all(d == mx.cpu for d in seen)
     previous = mx.default_device()
     with real_on_cpu():
@@ -1473,3 +1475,100 @@ def test_mamba_seam_that_changed_is_left_alone(monkeypatch):
         warnings.simplefilter("ignore")
         assert step() == (("jamba",), changed)  # probed: left alone
     assert step() == (("jamba",), changed)  # unprobed (verify=False): still left alone
+
+
+# ------------------------------------------- RWKV-7 (the generalized delta rule)
+
+
+def rwkv7_config(**kw):
+    """mlx-lm's rwkv7, 2 layers of 4 heads of 8."""
+    cfg = dict(
+        model_type="rwkv7", vocab_size=64, hidden_size=32, intermediate_size=64, norm_eps=1e-5,
+        head_dim=8, num_hidden_layers=2, a_low_rank_dim=4, v_low_rank_dim=4,
+        gate_low_rank_dim=4, decay_low_rank_dim=4,
+    )  # fmt: skip
+    cfg.update(kw)
+    return cfg
+
+
+def with_rwkv7_mixing(model, seed=3):
+    """Random values for the parameters rwkv7 initializes to zero (the token-shift mixes
+    ``x_*``, ``k_k``, ``k_a``, ``r_k``): with ``k_k = 0`` the low-rank term ``a b^T``
+    vanishes and a test would not exercise it."""
+    zeros = [(k, v) for k, v in tree_flatten(model.parameters()) if not mx.any(v != 0).item()]
+    assert any(k.endswith("k_k") for k, _ in zeros)
+    keys = mx.random.split(mx.random.key(seed), len(zeros))
+    model.update(tree_unflatten([(k, 0.5 * mx.random.normal(v.shape, key=kk))
+                                 for (k, v), kk in zip(zeros, keys)]))  # fmt: skip
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture
+def dplr_spy(monkeypatch):
+    """Record each call of chunkscan.dplr_delta_rule through the RWKV-7 seam."""
+    return _record_calls(monkeypatch, "_dplr_op", "chunk_size")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_rwkv7_lora_grads_match_stock(compiled, dplr_spy):
+    """RWKV-7 trains patched with the loss and LoRA gradients of mlx-lm's per-token loop:
+    each layer calls chunkscan.dplr_delta_rule once (T - 1 = 149)."""
+    model = lora_model(rwkv7_config())
+    with_rwkv7_mixing(model)
+    batch, lengths = padded_batch(64, lengths=(150, 97))
+    loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    with cmlx.patch() as handle:
+        assert cmlx.rwkv7_patched_modules() == ("rwkv7",)
+        assert "rwkv7=('rwkv7',)" in repr(handle)
+        loss1, g1 = loss_and_grads(model, batch, lengths, compiled=compiled)
+    assert dplr_spy == [None] * (2 + 2)  # the probe's two calls, then one per layer
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert any("a_lora" in k for k in g0) and any("r_proj" in k for k in g0)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def test_rwkv7_generation_keeps_its_tokens(dplr_spy):
+    """Generation patched: the prompt's prefill goes through the op, each decoded token
+    through mlx-lm's method; the tokens are stock's, the caches (token shifts and the
+    state) in mlx-lm's dtypes and within RTOL of its values."""
+    model = with_rwkv7_mixing(build_model(rwkv7_config(), 0))
+    model.eval()
+    prompt = mx.array([list(range(3, 40))])
+    toks0, last0 = greedy_tokens(model, prompt, 5)
+    ref = model.make_cache()
+    model(prompt, cache=ref)
+    with cmlx.patch():
+        toks1, last1 = greedy_tokens(model, prompt, 5)
+        cache = model.make_cache()
+        model(prompt, cache=cache)
+    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    assert len(dplr_spy) == 2 + 2 * 2  # the probe's, then the two prefills' per layer
+    compared = 0
+    for got, want in zip(cache, ref):
+        for a, b in zip(got.cache, want.cache):
+            assert a.dtype == b.dtype and a.shape == b.shape and rel(a, b) <= RTOL
+            compared += 1
+    assert compared == 3 * 2
+
+
+def test_rwkv7_seam_that_changed_is_left_alone(monkeypatch):
+    """An ``Rwkv7TimeMixing._wkv7`` that the routed call does not reproduce (here: its
+    state doubled) stays mlx-lm's, with a warning naming it; the rest applies."""
+    import mlx_lm.models.rwkv7 as rwkv7
+
+    real = rwkv7.Rwkv7TimeMixing._wkv7
+
+    def changed(self, r, w, k, v, a, b, state):
+        y, state = real(self, r, w, k, v, a, b, state)
+        return y, 2 * state
+
+    monkeypatch.setattr(rwkv7.Rwkv7TimeMixing, "_wkv7", changed)
+    with pytest.warns(RuntimeWarning, match="rwkv7.Rwkv7TimeMixing._wkv7 is left"):
+        with cmlx.patch():
+            assert cmlx.rwkv7_patched_modules() == ()
+            assert cmlx.mamba_patched_modules() == ("jamba", "mamba")
+            assert rwkv7.Rwkv7TimeMixing._wkv7 is changed
+    assert rwkv7.Rwkv7TimeMixing._wkv7 is changed

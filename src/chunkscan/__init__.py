@@ -15,11 +15,14 @@ Public API:
   chunk-parallel with a hand-written backward (see :mod:`chunkscan.ops.linear_attention`).
 - :func:`selective_scan`: Mamba's selective scan (a decay per channel and state index),
   chunked (see :mod:`chunkscan.ops.selective_scan`).
+- :func:`dplr_delta_rule`: the delta rule with a diagonal-plus-low-rank transition
+  (RWKV-7), chunked (see :mod:`chunkscan.ops.dplr_delta`).
 """
 
 from ._compat import check_mlx as _check_mlx
 from .checkpoint import checkpoint
 from .ops.attention import attention, naive_attention
+from .ops.dplr_delta import dplr_delta_rule, naive_recurrent_dplr_delta_rule
 from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
 from .ops.linear_attention import linear_attention, naive_recurrent_linear_attention
 from .ops.selective_scan import naive_selective_scan, selective_scan
@@ -35,9 +38,11 @@ __all__ = [
     "ClosureCaptureWarning",
     "attention",
     "checkpoint",
+    "dplr_delta_rule",
     "gated_delta_rule",
     "linear_attention",
     "naive_attention",
+    "naive_recurrent_dplr_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "naive_recurrent_linear_attention",
     "naive_selective_scan",

@@ -137,6 +137,7 @@ __all__ = [
     "mamba_patched_modules",
     "patch",
     "patched_families",
+    "rwkv7_patched_modules",
     "ssd_patched_modules",
 ]
 
@@ -159,7 +160,7 @@ _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
 # The seams whose numerical probe ran while some handle is live ("gdn", "attention", and
-# the keys of _REBOUND: "lightning", "ssd", "mamba", "jamba"; a rebound function that
+# the keys of _REBOUND: "lightning", "ssd", "mamba", "jamba", "rwkv7"; a rebound function that
 # failed its probe is unbound, not kept):
 # a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
 # being installed already (found by probing); emptied with the last handle's undo.
@@ -424,9 +425,9 @@ def on_cpu():
     gates, masks), which any difference of order one betrays, and must not see the
     GPU's arithmetic (MLX on CUDA multiplies float32 matrices in TF32 by default: the
     attention probe measured 4e-4 there, above its 1e-4 bound). They leave MLX's global
-    random key as they found it: the layers the Mamba and Jamba probes build draw their
-    initial weights from it, so a seeded run drew other numbers (LoRA initializations,
-    dropout masks) under ``patch()`` than without it (found by probing)."""
+    random key as they found it: the layers the Mamba, Jamba and RWKV-7 probes build
+    draw their initial weights from it, so a seeded run drew other numbers (LoRA
+    initializations, dropout masks) under ``patch()`` than without it (found by probing)."""
     previous = mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
@@ -512,12 +513,14 @@ class Patch:
         lightning: tuple[str, ...] = (),
         ssd: tuple[str, ...] = (),
         mamba: tuple[str, ...] = (),
+        rwkv7: tuple[str, ...] = (),
     ):
         self.chunk_size = chunk_size
         self.families = families
         self.lightning = lightning  # the Lightning-attention modules rebound
         self.ssd = ssd  # the modules whose Mamba2 SSD (ssm_attn) is rebound
         self.mamba = mamba  # the modules whose Mamba (S6) layer method is rebound
+        self.rwkv7 = rwkv7  # the modules whose RWKV-7 layer method is rebound
         self.attention = attention
         self.save_states = save_states
         self.verify = verify
@@ -601,7 +604,7 @@ class Patch:
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
             f"save_states={self.save_states!r} families={self.families} "
-            f"lightning={self.lightning} ssd={self.ssd} mamba={self.mamba} "
+            f"lightning={self.lightning} ssd={self.ssd} mamba={self.mamba} rwkv7={self.rwkv7} "
             f"attention={self.attention}>"
         )
 
@@ -733,7 +736,7 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
     names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
     handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify,
                    lightning_patched_modules(), ssd_patched_modules(),
-                   mamba_patched_modules())  # fmt: skip
+                   mamba_patched_modules(), rwkv7_patched_modules())  # fmt: skip
     _stack.append(handle)
     try:
         _sync_attention()
@@ -1568,10 +1571,107 @@ _JAMBA_SEAM = _Rebound(
     lambda fn: _plain_signature(fn, _JAMBA_PARAMS),
     owners=_layer_class("mlx_lm.models.jamba", "JambaMambaMixer"),
 )
+# ------------------------------------------------------------------ RWKV-7 (rwkv7)
+#: mlx-lm's ``Rwkv7TimeMixing._wkv7(self, r, w, k, v, a, b, state)``: on a CPU (and CUDA)
+#: a per-token loop under autograd that keeps a ``[B, H, D, D]`` state per token; on an
+#: Apple GPU a Metal kernel with no gradient. ``patch()`` rebinds the method on its class;
+#: calls of more than one token go to :func:`chunkscan.dplr_delta_rule`, others to
+#: mlx-lm's method.
+_RWKV7_PARAMS = ("self", "r", "w", "k", "v", "a", "b", "state")
+
+
+def _dplr_op():
+    """:func:`chunkscan.dplr_delta_rule` (looked up at call time, so tests can spy)."""
+    import chunkscan
+
+    return chunkscan.dplr_delta_rule
+
+
+def _rwkv7_wkv(r, w, k, v, a, b, state):
+    """mlx-lm's ``_wkv7`` through :func:`chunkscan.dplr_delta_rule` (``q = r``, ``g =
+    log w``, float32 inside): the outputs as mlx-lm's loop returns them (``[B, T, H, D,
+    1]`` in ``r``'s dtype) and the state in the dtype its products leave it."""
+    y, final = _dplr_op()(r, k, v, a, b, mx.log(w.astype(mx.float32)), initial_state=state)
+    parts = (r if state is None else state, w, k, v, a, b)
+    return y[..., None], final.astype(mx.result_type(*parts))
+
+
+def _rwkv7_takes(r: Any, state: Any) -> bool:
+    """More than one token of ``[B, T, H, D]`` in a float dtype, and no state or one of
+    ``[B, H, D, D]``."""
+    return (
+        isinstance(r, mx.array)
+        and r.ndim == 4
+        and r.shape[1] > 1
+        and r.dtype in (mx.float32, mx.bfloat16, mx.float16)
+        and (
+            state is None
+            or (
+                isinstance(state, mx.array)
+                and tuple(state.shape) == (r.shape[0], r.shape[2], r.shape[3], r.shape[3])
+            )
+        )
+    )
+
+
+def _rwkv7_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def _wkv7(self, r, w, k, v, a, b, state):
+        if not _rwkv7_takes(r, state):
+            return stock(self, r, w, k, v, a, b, state)
+        routed_calls["chunkscan.dplr_delta_rule"] += 1
+        return _rwkv7_wkv(r, w, k, v, a, b, state)
+
+    return _wkv7
+
+
+def _probe_rwkv7(stock: Callable[..., Any]) -> list[str]:
+    rwkv7 = importlib.import_module("mlx_lm.models.rwkv7")
+    keys = mx.random.split(mx.random.key(37), 8)
+    B, T, H, D = 2, 7, 2, 4
+
+    def make(variant):
+        args = rwkv7.ModelArgs(
+            model_type="rwkv7", vocab_size=8, hidden_size=H * D, intermediate_size=8,
+            norm_eps=1e-5, head_dim=D, num_hidden_layers=1, a_low_rank_dim=2,
+            v_low_rank_dim=2, gate_low_rank_dim=2, decay_low_rank_dim=2,
+        )  # fmt: skip
+        layer = rwkv7.Rwkv7TimeMixing(args, layer_idx=0)
+        r, k, v, kk, lr, d = (mx.random.normal((B, T, H, D), key=key) for key in keys[:6])
+        kk = kk / mx.linalg.norm(kk, axis=-1, keepdims=True)
+        w = mx.exp(-0.606531 * mx.sigmoid(d))
+        state = 0.3 * mx.random.normal((B, H, D, D), key=keys[6]) if variant else None
+        return (
+            layer,
+            (r, w, k, v, -kk, kk * mx.sigmoid(lr), state),
+            ("a state" if variant else "no state"),
+        )
+
+    return _probe_layer(make, stock, lambda layer, *args: _rwkv7_wkv(*args))
+
+
+_RWKV7_SEAM = _Rebound(
+    "_wkv7",
+    lambda stock: _rwkv7_wrap(stock),
+    lambda stock: _probe_rwkv7(stock),
+    lambda fn: _plain_signature(fn, _RWKV7_PARAMS),
+    owners=_layer_class("mlx_lm.models.rwkv7", "Rwkv7TimeMixing"),
+)
 #: The rebound recurrences, by the key of their probe in ``_verified``.
-_REBOUND = {"lightning": _LIGHTNING, "ssd": _SSD_SEAM, "mamba": _MAMBA_SEAM, "jamba": _JAMBA_SEAM}
+_REBOUND = {
+    "lightning": _LIGHTNING,
+    "ssd": _SSD_SEAM,
+    "mamba": _MAMBA_SEAM,
+    "jamba": _JAMBA_SEAM,
+    "rwkv7": _RWKV7_SEAM,
+}
 
 
 def mamba_patched_modules() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules whose Mamba (S6) layer method is patched now."""
     return tuple(sorted(_MAMBA_SEAM.patched_modules() + _JAMBA_SEAM.patched_modules()))
+
+
+def rwkv7_patched_modules() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules whose RWKV-7 layer method is patched now."""
+    return _RWKV7_SEAM.patched_modules()
