@@ -218,6 +218,9 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
     assert "selective_scan" not in lora._routes_line()
     cmlx.routed_calls["chunkscan.selective_scan"] += 2  # (two Mamba layers' calls)
     assert "; Mamba's selective scan -> chunkscan.selective_scan 2" in lora._routes_line()
+    assert "dplr_delta_rule" not in lora._routes_line()
+    cmlx.routed_calls["chunkscan.dplr_delta_rule"] += 3  # (three RWKV-7 layers' calls)
+    assert "; RWKV-7's recurrence -> chunkscan.dplr_delta_rule 3" in lora._routes_line()
 
 
 def _completions(path: pathlib.Path, prompt_words: int) -> pathlib.Path:
@@ -951,6 +954,11 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
         assert lora.main(argv) == 0
         out = capsys.readouterr().out
         assert "chunkscan: Mamba's selective scan (mlx-lm's per-token loop) training path" in out
+    # rwkv7's recurrence goes to dplr_delta_rule
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="rwkv7")))
+    assert lora.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chunkscan: RWKV-7's recurrence (mlx-lm's per-token loop) training path -> " in out
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

@@ -3,12 +3,13 @@
 ``patch()`` swaps the training path of every mlx-lm model family that runs the gated
 delta rule (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, and any other family the installed
 mlx-lm has) for :func:`chunkscan.gated_delta_rule`, whose backward memory does not grow
-with the sequence length; of the Lightning-attention, Mamba2 and Mamba families for
-:func:`chunkscan.linear_attention` and :func:`chunkscan.selective_scan` (below); and,
-with ``attention=True``, every attention call without a cache, in eval mode too, for
-:func:`chunkscan.attention`. Generation's one-token steps are left alone (the Gated
-DeltaNet and attention seams leave every call with a cache alone; the Lightning, Mamba2
-and Mamba ones, whose functions have no sign of training, take a prompt's prefill too)::
+with the sequence length; of the Lightning-attention, Mamba2, Mamba and RWKV-7 families
+for :func:`chunkscan.linear_attention`, :func:`chunkscan.selective_scan` and
+:func:`chunkscan.dplr_delta_rule` (below); and, with ``attention=True``, every attention
+call without a cache, in eval mode too, for :func:`chunkscan.attention`. Generation's
+one-token steps are left alone (the Gated DeltaNet and attention seams leave every call
+with a cache alone; the Lightning, Mamba2, Mamba and RWKV-7 ones, whose functions have
+no sign of training, take a prompt's prefill too)::
 
     import chunkscan.mlx_lm
 
@@ -85,6 +86,15 @@ Mamba
 :func:`chunkscan.selective_scan` instead of mlx-lm's per-token loops, with mlx-lm's own
 projections, convolution and caches; others go to mlx-lm's method; probed on tiny layers
 and left alone with a warning as above (``docs/mlx_lm.md``, "Mamba").
+
+RWKV-7
+------
+``patch()`` also rebinds ``Rwkv7TimeMixing._wkv7`` of ``mlx_lm.models.rwkv7`` on its
+class: calls of more than one token run the recurrence through
+:func:`chunkscan.dplr_delta_rule` (``q = r``, ``g = log w``) instead of mlx-lm's
+per-token loop (CPU, CUDA) or its Metal kernel (no gradient); one-token calls go to
+mlx-lm's method; probed and left alone with a warning as above (``docs/mlx_lm.md``,
+"RWKV-7").
 
 Attention
 ---------
@@ -623,7 +633,8 @@ def patch(
 ) -> Patch:
     """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`,
     its Lightning-attention and Mamba2 recurrences through :func:`chunkscan.linear_attention`,
-    its Mamba layers' selective scan through :func:`chunkscan.selective_scan`, and
+    its Mamba layers' selective scan through :func:`chunkscan.selective_scan`, its RWKV-7
+    recurrence through :func:`chunkscan.dplr_delta_rule`, and
     (``attention=True``) its attention training path through :func:`chunkscan.attention`.
 
     Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
@@ -632,8 +643,8 @@ def patch(
     change; with ``attention=True`` every attention call without a cache goes to
     :func:`chunkscan.attention`, in eval mode too (validation; the values agree but
     for rows that attend to no key); calls with a cache (generation) are untouched.
-    The Lightning, Mamba2 and Mamba seams (module docstring) route every call of more
-    than one token without padding, a prompt's prefill included, and leave one-token
+    The Lightning, Mamba2, Mamba and RWKV-7 seams (module docstring) route every call of
+    more than one token without padding, a prompt's prefill included, and leave one-token
     steps to mlx-lm; ``chunk_size`` is the Gated DeltaNet op's only (the others take
     their op's default).
     Models already loaded are covered too (the name is looked up at call time); a

@@ -80,6 +80,25 @@ def test_no_initial_state_is_zeros():
     assert mx.array_equal(o, o0).item() and mx.array_equal(s, s0).item()
 
 
+def test_gated_deltanet_is_a_special_case():
+    """Gated DeltaNet is ``a = -exp(g) beta k``, ``b = k``, ``v -> beta v`` with one
+    gate for every key channel: the two ops agree (an independent check of the
+    convention: which side of ``S`` the transition multiplies, and that the low-rank read
+    sees the state before the decay)."""
+    import chunkscan
+
+    q, k, v, _, _, g, h0 = dplr_delta_inputs(1, 29, 2, 8, 6, seed=7)
+    g1 = g[..., 0]  # [B, T, H]: one gate per head
+    beta = mx.sigmoid(mx.random.normal(g1.shape, key=mx.random.key(8)))
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    o, s = chunkscan.gated_delta_rule(q, k, v, g1, beta, scale=1.0, initial_state=h0,
+                                      chunk_size=8)  # fmt: skip
+    a = -(mx.exp(g1) * beta)[..., None] * k
+    gk = mx.broadcast_to(g1[..., None], k.shape)
+    o2, s2 = dplr_delta_rule(q, k, beta[..., None] * v, a, k, gk, initial_state=h0)
+    assert max_rel(o2, o) <= FP32_TOL and max_rel(s2, s) <= FP32_TOL
+
+
 def test_minus_infinity_resets_a_key_channel():
     """``g = -inf`` on one key channel at token t zeroes that column of the state there
     (before the token's own writes), as the loop does; values and gradients finite."""

@@ -475,6 +475,12 @@ def _routes_line() -> str:
             if calls["chunkscan.selective_scan"]
             else ""
         )
+        + (
+            f"; RWKV-7's recurrence -> chunkscan.dplr_delta_rule "
+            f"{calls['chunkscan.dplr_delta_rule']}"
+            if calls["chunkscan.dplr_delta_rule"]
+            else ""
+        )
     )
 
 
@@ -1215,6 +1221,11 @@ def run(args: types.SimpleNamespace) -> None:
                 "Mamba's selective scan (mlx-lm's per-token loop) training path -> "
                 "chunkscan.selective_scan (its default chunk: 8)"
             )
+        elif routes is not None and routes.rwkv7:
+            gdn = (
+                "RWKV-7's recurrence (mlx-lm's per-token loop) training path -> "
+                "chunkscan.dplr_delta_rule (its default chunk: 8 on a CPU, 32 on a GPU)"
+            )
         elif routes is not None and routes.ssd:
             gdn = (
                 "Mamba2 SSD (mlx-lm's ssm_attn) training path -> chunkscan.linear_attention "
@@ -1302,6 +1313,7 @@ class _Routes(NamedTuple):
     lightning: bool = False  # runs a family whose recurrent_gla is patched (Bailing linear)
     ssd: bool = False  # its layers' modules call a patched ssm_attn's module (Mamba2)
     mamba: bool = False  # runs a family whose Mamba layer method is patched (mamba, jamba)
+    rwkv7: bool = False  # runs a family whose RWKV-7 layer method is patched (rwkv7)
 
 
 def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
@@ -1342,9 +1354,10 @@ def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
     )
     mamba = {f"mlx_lm.models.{name}" for name in seam.mamba_patched_modules()}
     mamba_covered = seam._covered(module.rsplit(".", 1)[1], mamba)
-    return _Routes(
-        str(config["model_type"]), covered, attention, lightning_covered, ssd, mamba_covered
-    )
+    rwkv7 = {f"mlx_lm.models.{name}" for name in seam.rwkv7_patched_modules()}
+    rwkv7_covered = seam._covered(module.rsplit(".", 1)[1], rwkv7)
+    return _Routes(str(config["model_type"]), covered, attention, lightning_covered, ssd,
+                   mamba_covered, rwkv7_covered)  # fmt: skip
 
 
 def _layer_modules(model_class: type) -> list[types.ModuleType]:

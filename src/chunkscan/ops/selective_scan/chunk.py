@@ -86,7 +86,8 @@ def selective_scan(
 
     ``dt`` is the step size as the recurrence uses it (Mamba's ``softplus(dt_proj(.))``,
     after any bias and clipping), ``A`` the continuous decay rates (Mamba's
-    ``-exp(A_log)``). Computed in float32 whatever the inputs' dtype. Values and
+    ``-exp(A_log)``; a growing state, ``A > 0``, may overflow within a chunk where the
+    loop's steps stay finite). Computed in float32 whatever the inputs' dtype. Values and
     gradients (of ``x``, ``dt``, ``A``, ``B``, ``C``, ``D`` and ``initial_state``) match
     :func:`chunkscan.ops.selective_scan.naive_selective_scan`, the per-step loop, to
     float32 rounding. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
