@@ -412,3 +412,26 @@ def dplr_delta_backward_peak(
         grad = mx.compile(grad)
     _, peak = peak_above_active(lambda: grad(*args))
     return {"peak": peak}
+
+
+def diagonal_backward_peak(
+    T: int, B: int, D: int, C: int, compiled: bool = False
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of the three gradients of ``diagonal_recurrence``
+    (``compiled``: under ``mx.compile``); ``C = T`` is the negative control (one chunk:
+    no carries between chunks, the whole sequence's parallel scan recomputed at once)."""
+    from helpers import diagonal_inputs
+
+    x, a, h0 = diagonal_inputs(B, T, D)
+    w = mx.random.normal((B, T, D), key=mx.random.key(7))
+    mx.eval(x, a, h0, w)
+
+    def loss(x, a, h0):
+        h, last = chunkscan.diagonal_recurrence(x, a, initial_state=h0, chunk_size=C)
+        return mx.sum(h * w) + mx.sum(last)
+
+    grad = mx.grad(loss, argnums=(0, 1, 2))
+    if compiled:
+        grad = mx.compile(grad)
+    _, peak = peak_above_active(lambda: grad(x, a, h0))
+    return {"peak": peak}

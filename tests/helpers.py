@@ -205,6 +205,18 @@ def selective_scan_inputs(B: int, T: int, Dc: int, N: int, seed: int = 0, dtype=
     return tuple(a.astype(dtype) for a in (x, dt)) + (A, Bm.astype(dtype), Cm.astype(dtype), D, h0)
 
 
+def diagonal_inputs(B: int, T: int, D: int, seed: int = 0, dtype=mx.float32):
+    """``(x, a, h0)`` for :func:`chunkscan.diagonal_recurrence` as RG-LRU makes them:
+    ``a = exp(-8 r softplus(c))`` in about (0.02, 1), inputs scaled by ``sqrt(1 - a^2)``."""
+    k = mx.random.split(mx.random.key(seed), 4)
+    r = mx.sigmoid(mx.random.normal((B, T, D), key=k[0]))
+    c = mx.random.normal((D,), key=k[1])
+    a = mx.exp(-8.0 * r * mx.logaddexp(c, mx.array(0.0)))
+    x = mx.random.normal((B, T, D), key=k[2]) * mx.sqrt(1 - a * a)
+    h0 = mx.random.normal((B, D), key=k[3])
+    return x.astype(dtype), a.astype(dtype), h0
+
+
 def dplr_delta_inputs(B: int, T: int, H: int, Dk: int, Dv: int, seed: int = 0,
                       dtype=mx.float32, strong: bool = False):  # fmt: skip
     """``(q, k, v, a, b, g, h0)`` for :func:`chunkscan.dplr_delta_rule` as RWKV-7 makes

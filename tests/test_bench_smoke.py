@@ -933,3 +933,36 @@ def test_rwkv7_bench_measures_both_forms(bench):
         dplr.default_chunk_size, dplr.scan = default, scan
         while cmlx._stack:  # measure() patches for the rest of its (own) process
             cmlx._stack[-1].undo()
+
+
+def test_rg_lru_bench_measures_both_forms(bench):
+    """``bench/rg_lru.py``'s two forms of one RecurrentGemma recurrent block run and
+    report (tiny shape, in this process); the chunkscan form goes through the seam (its
+    measure asserts the routed call) with the chunk asked for; a width that is no
+    multiple of the heads is refused by the parser."""
+    import chunkscan.mlx_lm as cmlx
+    from chunkscan.ops.diagonal import chunk as diagonal
+
+    module = bench("rg_lru")
+    default, scan = diagonal.default_chunk_size, diagonal.scan
+    ran = []
+
+    def recording(*args, **kwargs):
+        ran.append(kwargs["chunk_size"])
+        return scan(*args, **kwargs)
+
+    diagonal.scan = recording  # the chunk the op runs at
+    try:
+        for impl in module.IMPLS:
+            cmlx.routed_calls.clear()
+            row = module.measure(impl, T=20, dtype="float32", repeats=1, width=16, heads=2,
+                                 chunk_size=4)  # fmt: skip
+            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+            assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+        assert ran[-3:] == [4, 4, 4]  # (after the seam's probe, at the default chunk)
+    finally:
+        diagonal.default_chunk_size, diagonal.scan = default, scan
+        while cmlx._stack:  # measure() patches for the rest of its (own) process
+            cmlx._stack[-1].undo()
+    with pytest.raises(SystemExit):
+        module.main(["--width", "10", "--heads", "4", "--json", "", "--md", ""])

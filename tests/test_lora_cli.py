@@ -221,6 +221,9 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
     assert "dplr_delta_rule" not in lora._routes_line()
     cmlx.routed_calls["chunkscan.dplr_delta_rule"] += 3  # (three RWKV-7 layers' calls)
     assert "; RWKV-7's recurrence -> chunkscan.dplr_delta_rule 3" in lora._routes_line()
+    assert "diagonal_recurrence" not in lora._routes_line()
+    cmlx.routed_calls["chunkscan.diagonal_recurrence"] += 2  # (two RG-LRU layers' calls)
+    assert "; RG-LRU's scan -> chunkscan.diagonal_recurrence 2" in lora._routes_line()
 
 
 def _completions(path: pathlib.Path, prompt_words: int) -> pathlib.Path:
@@ -959,6 +962,11 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     assert lora.main(argv) == 0
     out = capsys.readouterr().out
     assert "chunkscan: RWKV-7's recurrence (mlx-lm's per-token loop) training path -> " in out
+    # recurrent_gemma's rnn_scan goes to diagonal_recurrence
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="recurrent_gemma")))
+    assert lora.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chunkscan: RG-LRU's scan (mlx-lm's rnn_scan) training path -> chunkscan." in out
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

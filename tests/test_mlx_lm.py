@@ -43,8 +43,8 @@ CHUNK = 16
 # against the chunk form, each rounding in its own order), 2.4e-5 for bailing_moe_linear's
 # Lightning attention, 2.0e-6 for bailing_hybrid's, 8.2e-7 for the Mamba2 families
 # (mamba2, nemotron_h, granitemoehybrid), 4.8e-6 for the Mamba ones (mamba,
-# falcon_mamba's norms, jamba) and 2.0e-6 for RWKV-7, over every comparison below; the
-# bound is about 4x the largest.
+# falcon_mamba's norms, jamba), 2.0e-6 for RWKV-7 and 8.8e-7 for recurrent_gemma, over
+# every comparison below; the bound is about 4x the largest.
 RTOL = 1e-4
 
 
@@ -103,6 +103,7 @@ def _clean():
     assert ssm.ssm_attn is STOCK_SSD and cmlx.ssd_patched_modules() == ()
     assert cmlx.mamba_patched_modules() == ()
     assert cmlx.rwkv7_patched_modules() == ()
+    assert cmlx.rg_lru_patched_modules() == ()
 
 
 def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
@@ -804,6 +805,7 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "_probe_mamba", recording(cmlx._probe_mamba))
     monkeypatch.setattr(cmlx, "_probe_jamba", recording(cmlx._probe_jamba))
     monkeypatch.setattr(cmlx, "_probe_rwkv7", recording(cmlx._probe_rwkv7))
+    monkeypatch.setattr(cmlx, "_probe_rnn_scan", recording(cmlx._probe_rnn_scan))
     entered = []
     real_on_cpu = cmlx.on_cpu
 
@@ -816,8 +818,9 @@ def test_probes_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cmlx, "on_cpu", on_cpu)
     with cmlx.patch():
         pass
-    # Gated DeltaNet, attention, each Lightning module (two), SSD, Mamba, Jamba, RWKV-7
-    assert len(seen) == 8 and len(entered) == 8
+    # Gated DeltaNet, attention, each Lightning module (two), SSD, Mamba, Jamba, RWKV-7,
+    # RG-LRU
+    assert len(seen) == 9 and len(entered) == 9
     assert all(d == mx.cpu for d in seen)
     previous = mx.default_device()
     with real_on_cpu():
@@ -1572,3 +1575,117 @@ def test_rwkv7_seam_that_changed_is_left_alone(monkeypatch):
             assert cmlx.mamba_patched_modules() == ("jamba", "mamba")
             assert rwkv7.Rwkv7TimeMixing._wkv7 is changed
     assert rwkv7.Rwkv7TimeMixing._wkv7 is changed
+
+
+# ------------------------------------------------ RG-LRU (recurrent_gemma's rnn_scan)
+
+
+def recurrent_gemma_model(seed=0):
+    """mlx-lm's recurrent_gemma, 3 layers (two recurrent, one local attention), its
+    zero-initialized parameters (the RG-LRU's gates and decay, the convolutions) made
+    random."""
+    cfg = dict(
+        model_type="recurrent_gemma", attention_bias=False, conv1d_width=4, hidden_size=32,
+        intermediate_size=64, logits_soft_cap=30.0, num_attention_heads=2,
+        num_hidden_layers=3, num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+        attention_window_size=16, vocab_size=64, embeddings_scale_by_sqrt_dim=True,
+        block_types=["recurrent", "recurrent", "attention"],
+    )  # fmt: skip
+    model = build_model(cfg, seed)
+    zeros = [(k, v) for k, v in tree_flatten(model.parameters()) if not mx.any(v != 0).item()]
+    assert any(k.endswith("recurrent_param") for k, _ in zeros)
+    keys = mx.random.split(mx.random.key(seed + 5), len(zeros))
+    model.update(tree_unflatten([(k, 0.3 * mx.random.normal(v.shape, key=kk))
+                                 for (k, v), kk in zip(zeros, keys)]))  # fmt: skip
+    mx.eval(model.parameters())
+    return model
+
+
+def parameter_loss_and_grads(model, batch, lengths, compiled):
+    """The loss and the gradient of every parameter (mlx-lm's recurrent_gemma.Model does
+    not call ``nn.Module.__init__``, so ``nn.value_and_grad``, ``freeze`` and LoRA fail
+    on it in mlx-lm 0.32.2: differentiate ``model.parameters()`` directly)."""
+
+    def loss(params):
+        kept = model.parameters()
+        model.update(params)
+        value = trainer.default_loss(model, batch, lengths)[0]
+        model.update(kept)  # (under compile the model must not keep the traced arrays)
+        return value
+
+    step = mx.value_and_grad(loss)
+    if compiled:
+        step = mx.compile(step)
+    value, grad = step(model.parameters())
+    mx.eval(value, grad)
+    return value.item(), dict(tree_flatten(grad))
+
+
+@pytest.fixture
+def diagonal_spy(monkeypatch):
+    """Record each call of chunkscan.diagonal_recurrence through the RG-LRU seam."""
+    return _record_calls(monkeypatch, "_diagonal_op", "chunk_size")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_rg_lru_grads_match_stock(compiled, diagonal_spy):
+    """recurrent_gemma trains patched with the loss and gradients of mlx-lm's loop of
+    slice updates: each recurrent layer calls chunkscan.diagonal_recurrence once."""
+    model = recurrent_gemma_model()
+    batch, lengths = padded_batch(64, lengths=(150, 97))
+    loss0, g0 = parameter_loss_and_grads(model, batch, lengths, compiled)
+    with cmlx.patch() as handle:
+        assert cmlx.rg_lru_patched_modules() == ("recurrent_gemma",)
+        assert "rg_lru=('recurrent_gemma',)" in repr(handle)
+        loss1, g1 = parameter_loss_and_grads(model, batch, lengths, compiled)
+    assert diagonal_spy == [None] * (2 + 2)  # the probe's two calls, then one per layer
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("rg_lru.recurrent_param" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
+def test_rg_lru_generation_keeps_its_tokens(diagonal_spy):
+    """Generation patched: the prompt's prefill goes through the op, each decoded token
+    through mlx-lm's function; the tokens are stock's, the recurrent caches (the
+    convolution's and the RG-LRU's states) in mlx-lm's dtypes and within RTOL."""
+    model = recurrent_gemma_model()
+    model.eval()
+    prompt = mx.array([list(range(3, 40))])
+    toks0, last0 = greedy_tokens(model, prompt, 5)
+    ref = model.make_cache()
+    model(prompt, cache=ref)
+    with cmlx.patch():
+        toks1, last1 = greedy_tokens(model, prompt, 5)
+        cache = model.make_cache()
+        model(prompt, cache=cache)
+    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    assert len(diagonal_spy) == 2 + 2 * 2  # the probe's, then the two prefills' per layer
+    compared = 0
+    for got, want in zip(cache, ref):
+        if not hasattr(want, "cache"):  # (the attention layer: a rotating KV cache)
+            continue
+        for a, b in zip(got.cache, want.cache):
+            assert a.dtype == b.dtype and a.shape == b.shape and rel(a, b) <= RTOL
+            compared += 1
+    assert compared == 2 * 2
+
+
+def test_rg_lru_seam_that_changed_is_left_alone(monkeypatch):
+    """An ``rnn_scan`` that the routed call does not reproduce (here: its last state
+    doubled) stays mlx-lm's, with a warning naming it; the rest applies."""
+    import mlx_lm.models.recurrent_gemma as rg
+
+    real = rg.rnn_scan
+
+    def rnn_scan(x, a, h0):
+        y, last = real(x, a, h0)
+        return y, 2 * last
+
+    monkeypatch.setattr(rg, "rnn_scan", rnn_scan)
+    with pytest.warns(RuntimeWarning, match="recurrent_gemma.rnn_scan is left"):
+        with cmlx.patch():
+            assert cmlx.rg_lru_patched_modules() == ()
+            assert cmlx.rwkv7_patched_modules() == ("rwkv7",)
+            assert rg.rnn_scan is rnn_scan
+    assert rg.rnn_scan is rnn_scan

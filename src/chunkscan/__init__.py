@@ -15,6 +15,8 @@ Public API:
   chunk-parallel with a hand-written backward (see :mod:`chunkscan.ops.linear_attention`).
 - :func:`selective_scan`: Mamba's selective scan (a decay per channel and state index),
   chunked (see :mod:`chunkscan.ops.selective_scan`).
+- :func:`diagonal_recurrence`: the elementwise linear recurrence ``h = a * h + x``
+  (RecurrentGemma's RG-LRU), chunked (see :mod:`chunkscan.ops.diagonal`).
 - :func:`dplr_delta_rule`: the delta rule with a diagonal-plus-low-rank transition
   (RWKV-7), chunked (see :mod:`chunkscan.ops.dplr_delta`).
 """
@@ -22,6 +24,7 @@ Public API:
 from ._compat import check_mlx as _check_mlx
 from .checkpoint import checkpoint
 from .ops.attention import attention, naive_attention
+from .ops.diagonal import diagonal_recurrence, naive_diagonal_recurrence
 from .ops.dplr_delta import dplr_delta_rule, naive_recurrent_dplr_delta_rule
 from .ops.gated_delta import gated_delta_rule, naive_recurrent_gated_delta_rule
 from .ops.linear_attention import linear_attention, naive_recurrent_linear_attention
@@ -38,10 +41,12 @@ __all__ = [
     "ClosureCaptureWarning",
     "attention",
     "checkpoint",
+    "diagonal_recurrence",
     "dplr_delta_rule",
     "gated_delta_rule",
     "linear_attention",
     "naive_attention",
+    "naive_diagonal_recurrence",
     "naive_recurrent_dplr_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "naive_recurrent_linear_attention",

@@ -147,6 +147,7 @@ __all__ = [
     "mamba_patched_modules",
     "patch",
     "patched_families",
+    "rg_lru_patched_modules",
     "rwkv7_patched_modules",
     "ssd_patched_modules",
 ]
@@ -170,8 +171,8 @@ _stack: list[Patch] = []  # live handles, innermost last
 _saved: dict[str, Any] = {}  # module name -> stock function, while patched
 _stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
 # The seams whose numerical probe ran while some handle is live ("gdn", "attention", and
-# the keys of _REBOUND: "lightning", "ssd", "mamba", "jamba", "rwkv7"; a rebound function that
-# failed its probe is unbound, not kept):
+# the keys of _REBOUND: "lightning", "ssd", "mamba", "jamba", "rwkv7", "rg_lru"; a
+# rebound function that failed its probe is unbound, not kept):
 # a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
 # being installed already (found by probing); emptied with the last handle's undo.
 _verified: set[str] = set()
@@ -524,6 +525,7 @@ class Patch:
         ssd: tuple[str, ...] = (),
         mamba: tuple[str, ...] = (),
         rwkv7: tuple[str, ...] = (),
+        rg_lru: tuple[str, ...] = (),
     ):
         self.chunk_size = chunk_size
         self.families = families
@@ -531,6 +533,7 @@ class Patch:
         self.ssd = ssd  # the modules whose Mamba2 SSD (ssm_attn) is rebound
         self.mamba = mamba  # the modules whose Mamba (S6) layer method is rebound
         self.rwkv7 = rwkv7  # the modules whose RWKV-7 layer method is rebound
+        self.rg_lru = rg_lru  # the modules whose rnn_scan (RG-LRU) is rebound
         self.attention = attention
         self.save_states = save_states
         self.verify = verify
@@ -614,8 +617,8 @@ class Patch:
         return (
             f"<chunkscan.mlx_lm.Patch {state} chunk_size={self.chunk_size} "
             f"save_states={self.save_states!r} families={self.families} "
-            f"lightning={self.lightning} ssd={self.ssd} mamba={self.mamba} rwkv7={self.rwkv7} "
-            f"attention={self.attention}>"
+            f"lightning={self.lightning} ssd={self.ssd} mamba={self.mamba} "
+            f"rwkv7={self.rwkv7} rg_lru={self.rg_lru} attention={self.attention}>"
         )
 
 
@@ -747,7 +750,8 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
     names = {m.rsplit(".", 1)[1] for m in modules} | set(REQUIRED_FAMILIES)
     handle = Patch(chunk_size, tuple(sorted(names)), attention, save_states, verify,
                    lightning_patched_modules(), ssd_patched_modules(),
-                   mamba_patched_modules(), rwkv7_patched_modules())  # fmt: skip
+                   mamba_patched_modules(), rwkv7_patched_modules(),
+                   rg_lru_patched_modules())  # fmt: skip
     _stack.append(handle)
     try:
         _sync_attention()
@@ -1668,6 +1672,80 @@ _RWKV7_SEAM = _Rebound(
     lambda fn: _plain_signature(fn, _RWKV7_PARAMS),
     owners=_layer_class("mlx_lm.models.rwkv7", "Rwkv7TimeMixing"),
 )
+# ------------------------------------------------- RG-LRU (recurrent_gemma's rnn_scan)
+#: mlx-lm's ``recurrent_gemma.rnn_scan(x, a, h0)``: ``h_t = a_t h_{t-1} + x_t`` over
+#: ``[B, T, D]``, for more than one token a loop of slice updates ``y[:, t] = h_t`` of a
+#: ``[B, T, D]`` array (each a new array under autograd: the backward keeps T of them).
+#: ``patch()`` rebinds it in the modules that define it; calls of more than one token go
+#: to :func:`chunkscan.diagonal_recurrence`, others (decoding) to mlx-lm's.
+_RNN_SCAN_PARAMS = ("x", "a", "h0")
+
+
+def _diagonal_op():
+    """:func:`chunkscan.diagonal_recurrence` (looked up at call time, so tests can spy)."""
+    import chunkscan
+
+    return chunkscan.diagonal_recurrence
+
+
+def _chunked_rnn_scan(x, a, h0):
+    """``rnn_scan`` through :func:`chunkscan.diagonal_recurrence` (float32 inside): every
+    state in ``x``'s dtype (mlx-lm's slice updates cast to it) and the last in the dtype
+    its products leave it."""
+    h, final = _diagonal_op()(x, a, initial_state=h0)
+    parts = (x, a) + (() if h0 is None else (h0,))
+    return h, final.astype(mx.result_type(*parts))
+
+
+def _rnn_scan_takes(x: Any, a: Any, h0: Any) -> bool:
+    """More than one token of ``[B, T, D]`` in a float dtype, ``a`` of its shape, and no
+    state or one of ``[B, D]``."""
+    return (
+        isinstance(x, mx.array)
+        and isinstance(a, mx.array)
+        and x.ndim == 3
+        and x.shape[1] > 1
+        and tuple(a.shape) == tuple(x.shape)
+        and x.dtype in _SSD_DTYPES
+        and a.dtype in _SSD_DTYPES
+        and (
+            h0 is None or (isinstance(h0, mx.array) and tuple(h0.shape) == (x.shape[0], x.shape[2]))
+        )
+    )
+
+
+def _rnn_scan_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def rnn_scan(x, a, h0):
+        if not _rnn_scan_takes(x, a, h0):
+            return stock(x, a, h0)
+        routed_calls["chunkscan.diagonal_recurrence"] += 1
+        return _chunked_rnn_scan(x, a, h0)
+
+    return rnn_scan
+
+
+def _probe_rnn_scan(stock: Callable[..., Any]) -> list[str]:
+    """The patched call against mlx-lm's on a tiny float32 input, with and without a
+    state; the problems found (none: ``[]``)."""
+    keys = mx.random.split(mx.random.key(41), 3)
+    x = mx.random.normal((2, 9, 5), key=keys[0])
+    a = mx.sigmoid(mx.random.normal((2, 9, 5), key=keys[1]))
+    h0 = mx.random.normal((2, 5), key=keys[2])
+    problems = []
+    for state in (None, h0):
+        label = "a state" if state is not None else "no state"
+        ours, theirs = _chunked_rnn_scan(x, a, state), stock(x, a, state)
+        problems += _differences(zip(("states", "last state"), ours, theirs), f"with {label} ")
+    return problems
+
+
+_RNN_SCAN_SEAM = _Rebound(
+    "rnn_scan",
+    lambda stock: _rnn_scan_wrap(stock),
+    lambda stock: _probe_rnn_scan(stock),
+    lambda fn: _plain_signature(fn, _RNN_SCAN_PARAMS),
+)
 #: The rebound recurrences, by the key of their probe in ``_verified``.
 _REBOUND = {
     "lightning": _LIGHTNING,
@@ -1675,6 +1753,7 @@ _REBOUND = {
     "mamba": _MAMBA_SEAM,
     "jamba": _JAMBA_SEAM,
     "rwkv7": _RWKV7_SEAM,
+    "rg_lru": _RNN_SCAN_SEAM,
 }
 
 
@@ -1686,3 +1765,8 @@ def mamba_patched_modules() -> tuple[str, ...]:
 def rwkv7_patched_modules() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules whose RWKV-7 layer method is patched now."""
     return _RWKV7_SEAM.patched_modules()
+
+
+def rg_lru_patched_modules() -> tuple[str, ...]:
+    """Names of the ``mlx_lm.models`` modules whose ``rnn_scan`` (RG-LRU) is patched now."""
+    return _RNN_SCAN_SEAM.patched_modules()

@@ -476,6 +476,12 @@ def _routes_line() -> str:
             else ""
         )
         + (
+            f"; RG-LRU's scan -> chunkscan.diagonal_recurrence "
+            f"{calls['chunkscan.diagonal_recurrence']}"
+            if calls["chunkscan.diagonal_recurrence"]
+            else ""
+        )
+        + (
             f"; RWKV-7's recurrence -> chunkscan.dplr_delta_rule "
             f"{calls['chunkscan.dplr_delta_rule']}"
             if calls["chunkscan.dplr_delta_rule"]
@@ -1226,6 +1232,11 @@ def run(args: types.SimpleNamespace) -> None:
                 "RWKV-7's recurrence (mlx-lm's per-token loop) training path -> "
                 "chunkscan.dplr_delta_rule (its default chunk: 8 on a CPU, 32 on a GPU)"
             )
+        elif routes is not None and routes.rg_lru:
+            gdn = (
+                "RG-LRU's scan (mlx-lm's rnn_scan) training path -> "
+                "chunkscan.diagonal_recurrence (its default chunk: 64)"
+            )
         elif routes is not None and routes.ssd:
             gdn = (
                 "Mamba2 SSD (mlx-lm's ssm_attn) training path -> chunkscan.linear_attention "
@@ -1314,6 +1325,7 @@ class _Routes(NamedTuple):
     ssd: bool = False  # its layers' modules call a patched ssm_attn's module (Mamba2)
     mamba: bool = False  # runs a family whose Mamba layer method is patched (mamba, jamba)
     rwkv7: bool = False  # runs a family whose RWKV-7 layer method is patched (rwkv7)
+    rg_lru: bool = False  # runs a family whose rnn_scan is patched (recurrent_gemma)
 
 
 def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
@@ -1356,8 +1368,10 @@ def _model_routes(model: str, families: tuple[str, ...]) -> _Routes | None:
     mamba_covered = seam._covered(module.rsplit(".", 1)[1], mamba)
     rwkv7 = {f"mlx_lm.models.{name}" for name in seam.rwkv7_patched_modules()}
     rwkv7_covered = seam._covered(module.rsplit(".", 1)[1], rwkv7)
+    rg_lru = {f"mlx_lm.models.{name}" for name in seam.rg_lru_patched_modules()}
+    rg_lru_covered = seam._covered(module.rsplit(".", 1)[1], rg_lru)
     return _Routes(str(config["model_type"]), covered, attention, lightning_covered, ssd,
-                   mamba_covered, rwkv7_covered)  # fmt: skip
+                   mamba_covered, rwkv7_covered, rg_lru_covered)  # fmt: skip
 
 
 def _layer_modules(model_class: type) -> list[types.ModuleType]:

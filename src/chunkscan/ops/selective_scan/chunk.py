@@ -9,7 +9,8 @@ and state index)::
 How: :func:`chunkscan.scan` over chunks of ``chunk_size`` steps (the backward keeps the
 state entering each chunk and recomputes one chunk at a time). Within a chunk the
 ``L`` steps' decays ``a_t = exp(dt_t A)`` and inputs ``b_t = dt_t x_t B_t`` (each
-``[B, L, Dc, N]`` float32) are combined by a log-depth inclusive scan (Hillis-Steele:
+``[B, L, Dc, N]`` float32) are combined by a log-depth inclusive scan
+(:func:`chunkscan.ops.diagonal.inclusive_scan`, Hillis-Steele:
 ``ceil(log2 L)`` rounds of ``(a, b)_t <- (a_t a_{t-s}, a_t b_{t-s} + b_t)``), so a chunk is
 a constant number of batched ops, not ``L`` steps: only products of decays ``<= 1`` (for
 ``dt >= 0``, ``A <= 0``) and sums, never a division, so no overflow where a cumulative
@@ -21,6 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ...scan import scan
+from ..diagonal.chunk import inclusive_scan
 from ._checks import F32, check_inputs
 
 
@@ -39,27 +41,13 @@ def default_chunk_size() -> int:
     return 8
 
 
-def _inclusive_scan(a: mx.array, b: mx.array) -> tuple[mx.array, mx.array]:
-    """``(a_0 ... a_t, h_t)`` along axis 1 for ``h_t = a_t h_{t-1} + b_t``, ``h_{-1} = 0``:
-    the decay from the chunk's start to ``t`` and the state at ``t`` from zero."""
-    L = a.shape[1]
-    step = 1
-    while step < L:
-        a_prev, b_prev = a[:, :-step], b[:, :-step]
-        a_now, b_now = a[:, step:], b[:, step:]
-        b = mx.concatenate([b[:, :step], a_now * b_prev + b_now], axis=1)
-        a = mx.concatenate([a[:, :step], a_now * a_prev], axis=1)
-        step *= 2
-    return a, b
-
-
 def _chunk(h, xs, params):
     """One chunk: the state leaving it and its outputs (float32, without ``D x``)."""
     x, dt, B, C = (v.astype(F32) for v in xs)
     (A,) = params
     a = mx.exp(dt[..., None] * A.astype(F32))
     b = (dt * x)[..., None] * B[:, :, None, :]
-    decay, states = _inclusive_scan(a, b)
+    decay, states = inclusive_scan(a, b)
     states = states + decay * h[:, None]
     y = (states * C[:, :, None, :]).sum(-1)
     return states[:, -1], y
