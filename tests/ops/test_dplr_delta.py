@@ -189,10 +189,13 @@ def test_non_finite_input_stays_in_its_chunk_and_after(name):
     assert np.array_equal(np.isfinite(o[:, 13:]), np.isfinite(o_ref[:, 13:]))
 
 
-def test_empty_sequence():
-    q, k, v, a, b, g, h0 = dplr_delta_inputs(2, 0, 2, 4, 3)
+@pytest.mark.parametrize("B, T, H", [(2, 0, 2), (0, 5, 2), (2, 5, 0)], ids=["T", "B", "H"])
+def test_empty_inputs(B, T, H):
+    """No tokens, no batch rows or no heads: the empty output and the initial state (an
+    empty batch or no heads raised MLX's reshape error; found by probing)."""
+    q, k, v, a, b, g, h0 = dplr_delta_inputs(B, T, H, 4, 3)
     o, s = dplr_delta_rule(q, k, v, a, b, g, initial_state=h0)
-    assert o.shape == (2, 0, 2, 3) and mx.array_equal(s, h0).item()
+    assert o.shape == (B, T, H, 3) and mx.array_equal(s, h0).item()
 
 
 def test_backward_memory_is_one_chunk():

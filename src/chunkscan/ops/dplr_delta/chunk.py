@@ -145,7 +145,7 @@ def dplr_delta_rule(
         if initial_state is None
         else initial_state.astype(F32)
     )
-    if T == 0:
-        return mx.zeros((batch, 0, h, dv), dtype=q.dtype), S0
+    if T == 0 or batch == 0 or h == 0:  # (the triangular inverse cannot reshape an empty
+        return mx.zeros((batch, T, h, dv), dtype=q.dtype), S0  # batch; found by probing)
     S, o = scan(_chunk, S0, (q, k, v, a, b, g), chunk_size=chunk_size, axis=1)
     return o.astype(q.dtype), S
