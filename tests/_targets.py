@@ -372,8 +372,9 @@ def selective_scan_backward_peak(
     T: int, B: int, Dc: int, N: int, C: int, compiled: bool = False
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all seven gradients of ``selective_scan``
-    (``compiled``: under ``mx.compile``); ``C = T`` is the negative control (one chunk:
-    no carries between chunks, the whole sequence's parallel scan recomputed at once)."""
+    (``compiled``: under ``mx.compile``); a chunk as long as the sequence (``C >= T``)
+    is the negative control (one chunk: no carries between chunks, the whole sequence's
+    parallel scan recomputed at once)."""
     from helpers import selective_scan_inputs
 
     args = selective_scan_inputs(B, T, Dc, N)
@@ -395,8 +396,9 @@ def dplr_delta_backward_peak(
     T: int, B: int, H: int, D: int, C: int, compiled: bool = False
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all seven gradients of ``dplr_delta_rule``
-    (``compiled``: under ``mx.compile``); ``C = T`` is the negative control (one chunk:
-    no carries between chunks, the whole sequence's pairwise decays recomputed at once)."""
+    (``compiled``: under ``mx.compile``); a chunk as long as the sequence (``C >= T``)
+    is the negative control (one chunk: no carries between chunks, the whole sequence's
+    pairwise decays recomputed at once)."""
     from helpers import dplr_delta_inputs
 
     args = dplr_delta_inputs(B, T, H, D, D)
@@ -418,8 +420,9 @@ def diagonal_backward_peak(
     T: int, B: int, D: int, C: int, compiled: bool = False
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of the three gradients of ``diagonal_recurrence``
-    (``compiled``: under ``mx.compile``); ``C = T`` is the negative control (one chunk:
-    no carries between chunks, the whole sequence's parallel scan recomputed at once)."""
+    (``compiled``: under ``mx.compile``); a chunk as long as the sequence (``C >= T``)
+    is the negative control (one chunk: no carries between chunks, the whole sequence's
+    parallel scan recomputed at once)."""
     from helpers import diagonal_inputs
 
     x, a, h0 = diagonal_inputs(B, T, D)

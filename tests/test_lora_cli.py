@@ -967,6 +967,7 @@ def test_the_banner_says_when_the_model_has_no_gated_deltanet(tmp_path, monkeypa
     assert lora.main(argv) == 0
     out = capsys.readouterr().out
     assert "chunkscan: RG-LRU's scan (mlx-lm's rnn_scan) training path -> chunkscan." in out
+    assert "recurrent_gemma.Model skips nn.Module.__init__" in out  # (untrainable there)
 
 
 @pytest.mark.parametrize("how", ["--dem", "yaml"])

@@ -3,13 +3,14 @@
 ``patch()`` swaps the training path of every mlx-lm model family that runs the gated
 delta rule (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, and any other family the installed
 mlx-lm has) for :func:`chunkscan.gated_delta_rule`, whose backward memory does not grow
-with the sequence length; of the Lightning-attention, Mamba2, Mamba and RWKV-7 families
-for :func:`chunkscan.linear_attention`, :func:`chunkscan.selective_scan` and
-:func:`chunkscan.dplr_delta_rule` (below); and, with ``attention=True``, every attention
-call without a cache, in eval mode too, for :func:`chunkscan.attention`. Generation's
-one-token steps are left alone (the Gated DeltaNet and attention seams leave every call
-with a cache alone; the Lightning, Mamba2, Mamba and RWKV-7 ones, whose functions have
-no sign of training, take a prompt's prefill too)::
+with the sequence length; of the Lightning-attention, Mamba2, Mamba, RWKV-7 and
+RecurrentGemma families for :func:`chunkscan.linear_attention`,
+:func:`chunkscan.selective_scan`, :func:`chunkscan.dplr_delta_rule` and
+:func:`chunkscan.diagonal_recurrence` (below); and, with ``attention=True``, every
+attention call without a cache, in eval mode too, for :func:`chunkscan.attention`.
+Generation's one-token steps are left alone (the Gated DeltaNet and attention seams
+leave every call with a cache alone; the rebound recurrences, whose functions have no
+sign of training, take a prompt's prefill too)::
 
     import chunkscan.mlx_lm
 
@@ -95,6 +96,14 @@ class: calls of more than one token run the recurrence through
 per-token loop (CPU, CUDA) or its Metal kernel (no gradient); one-token calls go to
 mlx-lm's method; probed and left alone with a warning as above (``docs/mlx_lm.md``,
 "RWKV-7").
+
+RG-LRU
+------
+``patch()`` also rebinds ``rnn_scan`` in ``mlx_lm.models.recurrent_gemma`` (the RG-LRU's
+scan ``h = a * h + x``, a loop of slice updates): calls of more than one token go to
+:func:`chunkscan.diagonal_recurrence`, others to mlx-lm's function; probed and left
+alone with a warning as above (``docs/mlx_lm.md``, "RG-LRU": mlx-lm 0.32.2's
+``recurrent_gemma.Model`` cannot be trained by ``nn.value_and_grad`` itself).
 
 Attention
 ---------
@@ -637,7 +646,8 @@ def patch(
     """Run mlx-lm's Gated DeltaNet training path through :func:`chunkscan.gated_delta_rule`,
     its Lightning-attention and Mamba2 recurrences through :func:`chunkscan.linear_attention`,
     its Mamba layers' selective scan through :func:`chunkscan.selective_scan`, its RWKV-7
-    recurrence through :func:`chunkscan.dplr_delta_rule`, and
+    recurrence through :func:`chunkscan.dplr_delta_rule`, its RG-LRU scan through
+    :func:`chunkscan.diagonal_recurrence`, and
     (``attention=True``) its attention training path through :func:`chunkscan.attention`.
 
     Rebinds ``gated_delta_update`` in each mlx-lm model module that imports it by
@@ -646,8 +656,8 @@ def patch(
     change; with ``attention=True`` every attention call without a cache goes to
     :func:`chunkscan.attention`, in eval mode too (validation; the values agree but
     for rows that attend to no key); calls with a cache (generation) are untouched.
-    The Lightning, Mamba2, Mamba and RWKV-7 seams (module docstring) route every call of
-    more than one token without padding, a prompt's prefill included, and leave one-token
+    The Lightning, Mamba2, Mamba, RWKV-7 and RG-LRU seams (module docstring) route every
+    call of more than one token without padding, a prompt's prefill included, and leave one-token
     steps to mlx-lm; ``chunk_size`` is the Gated DeltaNet op's only (the others take
     their op's default).
     Models already loaded are covered too (the name is looked up at call time); a
@@ -660,7 +670,8 @@ def patch(
             op's default. Default: ``None``.
         verify (bool, optional): Compare patched and stock paths numerically on a
             tiny input: the Gated DeltaNet and attention seams before patching (a
-            mismatch raises), the rebound recurrences (Lightning, Mamba2, Mamba) once
+            mismatch raises), the rebound recurrences (Lightning, Mamba2, Mamba, RWKV-7,
+            RG-LRU) once
             bound (one that fails gets mlx-lm's function back with a warning, and is
             not bound again in this process); once while some handle is live (a nested
             ``patch(verify=True)`` probes what no live handle has probed). The
@@ -1611,14 +1622,17 @@ def _rwkv7_wkv(r, w, k, v, a, b, state):
     return y[..., None], final.astype(mx.result_type(*parts))
 
 
-def _rwkv7_takes(r: Any, state: Any) -> bool:
-    """More than one token of ``[B, T, H, D]`` in a float dtype, and no state or one of
-    ``[B, H, D, D]``."""
+def _rwkv7_takes(r: Any, k: Any, v: Any, state: Any) -> bool:
+    """More than one token of ``[B, T, H, D]``, ``r``, ``k``, ``v`` in one float dtype
+    (the op's rule; mlx-lm's loop promotes mixed ones: a float32 ``k_a`` beside
+    bfloat16 weights makes ``k`` float32, and the patched call raised; found by review),
+    and no state or one of ``[B, H, D, D]``."""
     return (
-        isinstance(r, mx.array)
+        all(isinstance(x, mx.array) for x in (r, k, v))
         and r.ndim == 4
         and r.shape[1] > 1
         and r.dtype in (mx.float32, mx.bfloat16, mx.float16)
+        and r.dtype == k.dtype == v.dtype
         and (
             state is None
             or (
@@ -1632,7 +1646,7 @@ def _rwkv7_takes(r: Any, state: Any) -> bool:
 def _rwkv7_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(stock)
     def _wkv7(self, r, w, k, v, a, b, state):
-        if not _rwkv7_takes(r, state):
+        if not _rwkv7_takes(r, k, v, state):
             return stock(self, r, w, k, v, a, b, state)
         routed_calls["chunkscan.dplr_delta_rule"] += 1
         return _rwkv7_wkv(r, w, k, v, a, b, state)
@@ -1675,7 +1689,9 @@ _RWKV7_SEAM = _Rebound(
 # ------------------------------------------------- RG-LRU (recurrent_gemma's rnn_scan)
 #: mlx-lm's ``recurrent_gemma.rnn_scan(x, a, h0)``: ``h_t = a_t h_{t-1} + x_t`` over
 #: ``[B, T, D]``, for more than one token a loop of slice updates ``y[:, t] = h_t`` of a
-#: ``[B, T, D]`` array (each a new array under autograd: the backward keeps T of them).
+#: ``[B, T, D]`` array, one op per token (on CUDA its backward's peak per token grew
+#: with T, 623 to 1462 KiB/token from T = 1024 to 4096 in RecurrentGemma 2B's block; on
+#: the CPU MLX updates in place and it stays flat: ``docs/mlx_lm.md``, "RG-LRU").
 #: ``patch()`` rebinds it in the modules that define it; calls of more than one token go
 #: to :func:`chunkscan.diagonal_recurrence`, others (decoding) to mlx-lm's.
 _RNN_SCAN_PARAMS = ("x", "a", "h0")
