@@ -966,3 +966,14 @@ def test_rg_lru_bench_measures_both_forms(bench):
             cmlx._stack[-1].undo()
     with pytest.raises(SystemExit):
         module.main(["--width", "10", "--heads", "4", "--json", "", "--md", ""])
+
+
+def test_dplr_delta_bench_measures_both_forms(bench):
+    """``bench/dplr_delta.py``'s two forms of RWKV-7's recurrence run and report (tiny
+    shape, in this process), the chunkscan form at the chunk asked for."""
+    module = bench("dplr_delta")
+    for impl in module.IMPLS:
+        row = module.measure(impl, T=12, dtype="float32", repeats=1, heads=2, head_dim=4,
+                             chunk_size=4)  # fmt: skip
+        assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+        assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
