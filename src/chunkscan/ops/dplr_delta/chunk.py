@@ -35,14 +35,15 @@ from ._checks import F32, check_inputs
 def default_chunk_size() -> int:
     """The chunk :func:`dplr_delta_rule` takes by default: 8 on the CPU, 32 on a GPU.
     The pairwise decays cost ``chunk_size`` per token and channel, the states kept one
-    per chunk. On the CPU (2 cores, 32 heads of 64, float32, the op alone, fwd+bwd) T =
-    512 took 1.66 s at 122 KiB/token with 8, 2.36 s / 238 with 16, 4.37 s / 508 with 32,
-    and T = 1024 3.03 s / 163 with 4 against 3.37 s / 105 with 8 (mlx-lm's loop: 30.3 s
-    at 13221 KiB/token). On an H100, where each op is a launch, RWKV-7 1.5B's layer in
-    bfloat16 at T = 4096 (``bench/rwkv7.py``, run 121): 1.73 s at 181 KiB/token with 8,
-    0.92 / 320 with 16, 0.50 / 422 with 32, 0.27 / 1348 with 64; at T = 1024 0.119 s /
-    487 with 32 against mlx-lm's loop's 0.465 s / 6852 (which ran out of the 80 GB at
-    4096). Apple GPUs take the GPU's, unmeasured there."""
+    per chunk. On the CPU (2 cores, 32 heads of 64, float32, the op alone, all six
+    gradients; ``bench/dplr_delta.py``,
+    ``bench/results/cpu/dplr_delta{,_c4,_c16,_c32}_922ff05.json``) T = 1024 took 3.43 s
+    at 105 KiB/token with 8, 3.13 s / 163 with 4, 4.85 s / 221 with 16, 8.27 s / 339
+    with 32 (mlx-lm's loop: 16.9 s at 13221 KiB/token). On an H100, where each op is a
+    launch, RWKV-7 1.5B's layer in bfloat16 at T = 4096 (``bench/rwkv7.py``, run 121):
+    1.73 s at 181 KiB/token with 8, 0.92 / 320 with 16, 0.50 / 422 with 32, 0.27 / 1348
+    with 64; at T = 1024 0.119 s / 487 with 32 against mlx-lm's loop's 0.465 s / 6852
+    (which ran out of the 80 GB at 4096). Apple GPUs take the GPU's, unmeasured there."""
     return 8 if mx.default_device() == mx.cpu else 32
 
 
