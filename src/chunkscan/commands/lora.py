@@ -1238,7 +1238,7 @@ def run(args: types.SimpleNamespace) -> None:
                 "chunkscan.diagonal_recurrence (its default chunk: 64; but mlx-lm's "
                 "recurrent_gemma.Model skips nn.Module.__init__, so mlx_lm.lora's freeze "
                 "and nn.value_and_grad fail on it with an AttributeError about '_no_grad', "
-                "as without chunkscan: docs/mlx_lm.md, \"RG-LRU\")"
+                'as without chunkscan: docs/mlx_lm.md, "RG-LRU")'
             )
         elif routes is not None and routes.ssd:
             gdn = (
