@@ -16,7 +16,7 @@ Shape (``--heads``, ``--head-dim``; default RWKV-7 1.5B's: 32 heads of 64), B = 
 1]). The loss is ``sum(o * w)``; the gradients of all six inputs. Memory:
 ``mx.get_peak_memory()`` above the active memory before the call, after one warm-up
 call. Time: median of ``--repeats`` warm calls; the speedup is against ``mlx_lm`` at the
-same T in the same run.
+same T in the same run. ``--compiled``: the fwd+bwd under ``mx.compile``.
 
     python bench/dplr_delta.py --T 512 1024 --dtype float32 --repeats 3
 """
@@ -35,7 +35,7 @@ KiB = 1024.0
 
 def measure(
     impl: str, T: int, dtype: str = "float32", repeats: int = 2, heads: int = 32,
-    head_dim: int = 64, chunk_size: int | None = None,
+    head_dim: int = 64, chunk_size: int | None = None, compiled: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
@@ -70,6 +70,8 @@ def measure(
 
     fn = stock if impl == "mlx_lm" else ours
     grad = mx.grad(lambda *x: mx.sum(fn(*x).astype(mx.float32) * w_out), argnums=tuple(range(6)))
+    if compiled:
+        grad = mx.compile(grad)
 
     def call():
         return grad(*inputs)
@@ -78,7 +80,7 @@ def measure(
     _, peak = peak_above_active(call)
     seconds = median_seconds(call, repeats=repeats, warmup=0)
     return {"impl": impl, "T": T, "dtype": dtype, "heads": heads, "head_dim": head_dim,
-            "chunk_size": chunk, "seconds": seconds, "peak_bytes": peak,
+            "chunk_size": chunk, "compiled": compiled, "seconds": seconds, "peak_bytes": peak,
             "kib_per_token": peak / KiB / T, "device": str(mx.default_device())}  # fmt: skip
 
 
@@ -91,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=positive_int, default=64)
     p.add_argument("--chunk-size", type=positive_int, default=None,
                    help="chunkscan's chunk (default: the op's)")  # fmt: skip
+    p.add_argument("--compiled", action="store_true",
+                   help="the fwd+bwd under mx.compile (as a compiled training step)")  # fmt: skip
     return p
 
 
@@ -101,9 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from _common import run_side_by_side
 
-    config = {"heads": args.heads, "head_dim": args.head_dim, "chunk_size": args.chunk_size}
+    config = {"heads": args.heads, "head_dim": args.head_dim, "chunk_size": args.chunk_size,
+              "compiled": args.compiled}  # fmt: skip
     title = (f"dplr_delta_rule alone (RWKV-7's recurrence; B=1, {args.heads} heads of "
-             f"{args.head_dim}, {args.dtype}), fwd+bwd, all six gradients")  # fmt: skip
+             f"{args.head_dim}, {args.dtype}), fwd+bwd"
+             f"{' compiled' if args.compiled else ''}, all six gradients")  # fmt: skip
     run_side_by_side(parser, args, "bench.dplr_delta:measure", config, title, "mlx_lm")
 
 

@@ -973,7 +973,9 @@ def test_dplr_delta_bench_measures_both_forms(bench):
     shape, in this process), the chunkscan form at the chunk asked for."""
     module = bench("dplr_delta")
     for impl in module.IMPLS:
-        row = module.measure(impl, T=12, dtype="float32", repeats=1, heads=2, head_dim=4,
-                             chunk_size=4)  # fmt: skip
-        assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
-        assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+        for compiled in (False, True):
+            row = module.measure(impl, T=12, dtype="float32", repeats=1, heads=2, head_dim=4,
+                                 chunk_size=4, compiled=compiled)  # fmt: skip
+            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+            assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+            assert row["compiled"] is compiled
