@@ -495,7 +495,8 @@ def run_side_by_side(parser, args, target: str, config: dict[str, Any], title: s
     for T in dict.fromkeys(args.T):  # each T once
         for impl in args.impls:
             cfg = {"impl": impl, "T": T, "dtype": args.dtype, "repeats": args.repeats, **config}
-            row = run_isolated(target, cfg, timeout=args.timeout, env=child_env())
+            # bench/ on the path: the targets import this module (routed_row)
+            row = run_isolated(target, cfg, timeout=args.timeout, env=child_env(bench=True))
             row.update({k: v for k, v in cfg.items() if k not in row})
             rows.append(row)
             print(row.get("error") or f"{impl:>10} T={T:>6}: {row['seconds']:8.3f} s "
@@ -513,3 +514,36 @@ def run_side_by_side(parser, args, target: str, config: dict[str, Any], title: s
         pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.md).write_text(md)
     return rows
+
+
+def routed_row(impl: str, T: int, call, routed: str | None, repeats: int,
+               fields: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The row of a side-by-side ``measure`` (:func:`run_side_by_side`): one warm-up
+    ``call()``; where ``routed`` names a key of ``chunkscan.mlx_lm.routed_calls``, the
+    check that the ``chunkscan`` impl's call went through the seam once and mlx-lm's
+    not at all; then the peak above the active memory and the median of ``repeats``
+    warm calls, with ``fields`` (the configuration) first."""
+    import mlx.core as mx
+
+    import chunkscan.mlx_lm
+    from chunkscan.commands.measure import median_seconds, peak_above_active
+
+    mx.eval(call())  # warm-up
+    if routed is not None:
+        calls = chunkscan.mlx_lm.routed_calls[routed]
+        assert calls == (1 if impl == "chunkscan" else 0), calls
+    _, peak = peak_above_active(call)
+    seconds = median_seconds(call, repeats=repeats, warmup=0)
+    return {"impl": impl, "T": T, **fields, "seconds": seconds, "peak_bytes": peak,
+            "kib_per_token": peak / 1024.0 / T, "device": str(mx.default_device())}  # fmt: skip
+
+
+def randomize_zeros(module, scale: float) -> None:
+    """Give the parameters ``module`` initializes to zero random values (``scale`` times
+    a normal draw from MLX's global key): mlx-lm's RWKV-7 and RG-LRU layers start with
+    zero mixes and gates, which leave parts of their recurrences unexercised."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    zeros = [(k, v) for k, v in tree_flatten(module.parameters()) if not mx.any(v != 0).item()]
+    module.update(tree_unflatten([(k, scale * mx.random.normal(v.shape)) for k, v in zeros]))

@@ -30,7 +30,6 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("mlx_lm", "chunkscan")
-KiB = 1024.0
 
 
 def measure(
@@ -39,10 +38,10 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
+    from _common import routed_row
     from mlx_lm.models.rwkv7 import _wkv7_step_ops
 
     from chunkscan import dplr_delta_rule
-    from chunkscan.commands.measure import median_seconds, peak_above_active
     from chunkscan.ops.dplr_delta import chunk as dplr
 
     shape = (1, T, heads, head_dim)
@@ -76,12 +75,9 @@ def measure(
     def call():
         return grad(*inputs)
 
-    mx.eval(call())  # warm-up
-    _, peak = peak_above_active(call)
-    seconds = median_seconds(call, repeats=repeats, warmup=0)
-    return {"impl": impl, "T": T, "dtype": dtype, "heads": heads, "head_dim": head_dim,
-            "chunk_size": chunk, "compiled": compiled, "seconds": seconds, "peak_bytes": peak,
-            "kib_per_token": peak / KiB / T, "device": str(mx.default_device())}  # fmt: skip
+    fields = {"dtype": dtype, "heads": heads, "head_dim": head_dim, "chunk_size": chunk,
+              "compiled": compiled}  # fmt: skip
+    return routed_row(impl, T, call, None, repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,6 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("mlx_lm", "chunkscan")
-KiB = 1024.0
 
 
 def measure(
@@ -41,10 +40,10 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
+    from _common import routed_row
     from mlx_lm.models import mamba
 
     import chunkscan.mlx_lm
-    from chunkscan.commands.measure import median_seconds, peak_above_active
     from chunkscan.ops.selective_scan import chunk as s6
 
     args = mamba.ModelArgs(
@@ -73,15 +72,9 @@ def measure(
     def call():
         return grad(x)
 
-    mx.eval(call())  # warm-up
-    routed = chunkscan.mlx_lm.routed_calls["chunkscan.selective_scan"]
-    assert routed == (1 if impl == "chunkscan" else 0), routed
-    _, peak = peak_above_active(call)
-    seconds = median_seconds(call, repeats=repeats, warmup=0)
-    return {"impl": impl, "T": T, "dtype": dtype, "hidden": hidden, "channels": channels,
-            "state": state, "dt_rank": dt_rank, "chunk_size": chunk, "seconds": seconds,
-            "peak_bytes": peak, "kib_per_token": peak / KiB / T,
-            "device": str(mx.default_device())}  # fmt: skip
+    fields = {"dtype": dtype, "hidden": hidden, "channels": channels, "state": state,
+              "dt_rank": dt_rank, "chunk_size": chunk}  # fmt: skip
+    return routed_row(impl, T, call, "chunkscan.selective_scan", repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,6 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("mlx_lm", "chunkscan")
-KiB = 1024.0
 
 
 def measure(
@@ -39,10 +38,10 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
+    from _common import routed_row
     from mlx_lm.models import ssm
 
     import chunkscan.mlx_lm
-    from chunkscan.commands.measure import median_seconds, peak_above_active
 
     dt_ = getattr(mx, dtype)
     keys = mx.random.split(mx.random.key(0), 10)
@@ -68,14 +67,9 @@ def measure(
     def call():
         return grad(*inputs)
 
-    mx.eval(call())  # warm-up
-    routed = chunkscan.mlx_lm.routed_calls["chunkscan.linear_attention (Mamba2)"]
-    assert routed == (1 if impl == "chunkscan" else 0), routed
-    _, peak = peak_above_active(call)
-    seconds = median_seconds(call, repeats=repeats, warmup=0)
-    return {"impl": impl, "T": T, "dtype": dtype, "heads": heads, "head_dim": head_dim,
-            "state": state, "groups": groups, "seconds": seconds, "peak_bytes": peak,
-            "kib_per_token": peak / KiB / T, "device": str(mx.default_device())}  # fmt: skip
+    fields = {"dtype": dtype, "heads": heads, "head_dim": head_dim, "state": state,
+              "groups": groups}  # fmt: skip
+    return routed_row(impl, T, call, "chunkscan.linear_attention (Mamba2)", repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:

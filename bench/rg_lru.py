@@ -31,7 +31,6 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("mlx_lm", "chunkscan")
-KiB = 1024.0
 
 
 def measure(
@@ -40,17 +39,15 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
+    from _common import randomize_zeros, routed_row
     from mlx_lm.models import recurrent_gemma
 
     import chunkscan.mlx_lm
-    from chunkscan.commands.measure import median_seconds, peak_above_active
     from chunkscan.ops.diagonal import chunk as diagonal
 
     mx.random.seed(0)
     block = recurrent_gemma.RecurrentBlock(width=width, num_heads=heads)
-    zeros = [(k, v) for k, v in tree_flatten(block.parameters()) if not mx.any(v != 0).item()]
-    block.update(tree_unflatten([(k, 0.3 * mx.random.normal(v.shape)) for k, v in zeros]))
+    randomize_zeros(block, 0.3)
     block.set_dtype(getattr(mx, dtype))
     x = mx.random.normal((1, T, width), key=mx.random.key(1)).astype(getattr(mx, dtype))
     w = mx.random.normal((1, T, width), key=mx.random.key(2))
@@ -69,14 +66,8 @@ def measure(
     def call():
         return grad(x)
 
-    mx.eval(call())  # warm-up
-    routed = chunkscan.mlx_lm.routed_calls["chunkscan.diagonal_recurrence"]
-    assert routed == (1 if impl == "chunkscan" else 0), routed
-    _, peak = peak_above_active(call)
-    seconds = median_seconds(call, repeats=repeats, warmup=0)
-    return {"impl": impl, "T": T, "dtype": dtype, "width": width, "heads": heads,
-            "chunk_size": chunk, "seconds": seconds, "peak_bytes": peak,
-            "kib_per_token": peak / KiB / T, "device": str(mx.default_device())}  # fmt: skip
+    fields = {"dtype": dtype, "width": width, "heads": heads, "chunk_size": chunk}
+    return routed_row(impl, T, call, "chunkscan.diagonal_recurrence", repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,7 +34,6 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("mlx_lm", "chunkscan")
-KiB = 1024.0
 
 
 def measure(
@@ -43,11 +42,10 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
+    from _common import randomize_zeros, routed_row
     from mlx_lm.models import rwkv7
 
     import chunkscan.mlx_lm
-    from chunkscan.commands.measure import median_seconds, peak_above_active
     from chunkscan.ops.dplr_delta import chunk as dplr
 
     args = rwkv7.ModelArgs(
@@ -57,8 +55,7 @@ def measure(
     )  # fmt: skip
     mx.random.seed(0)
     layer = rwkv7.Rwkv7TimeMixing(args, layer_idx=0)
-    zeros = [(k, v) for k, v in tree_flatten(layer.parameters()) if not mx.any(v != 0).item()]
-    layer.update(tree_unflatten([(k, 0.5 * mx.random.normal(v.shape)) for k, v in zeros]))
+    randomize_zeros(layer, 0.5)
     layer.set_dtype(getattr(mx, dtype))
     x = mx.random.normal((1, T, hidden), key=mx.random.key(1)).astype(getattr(mx, dtype))
     w = mx.random.normal((1, T, hidden), key=mx.random.key(2))
@@ -78,14 +75,8 @@ def measure(
     def call():
         return grad(x)
 
-    mx.eval(call())  # warm-up
-    routed = chunkscan.mlx_lm.routed_calls["chunkscan.dplr_delta_rule"]
-    assert routed == (1 if impl == "chunkscan" else 0), routed
-    _, peak = peak_above_active(call)
-    seconds = median_seconds(call, repeats=repeats, warmup=0)
-    return {"impl": impl, "T": T, "dtype": dtype, "hidden": hidden, "head_dim": head_dim,
-            "chunk_size": chunk, "seconds": seconds, "peak_bytes": peak,
-            "kib_per_token": peak / KiB / T, "device": str(mx.default_device())}  # fmt: skip
+    fields = {"dtype": dtype, "hidden": hidden, "head_dim": head_dim, "chunk_size": chunk}
+    return routed_row(impl, T, call, "chunkscan.dplr_delta_rule", repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:

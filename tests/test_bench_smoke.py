@@ -979,3 +979,16 @@ def test_dplr_delta_bench_measures_both_forms(bench):
             assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
             assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
             assert row["compiled"] is compiled
+
+
+def test_side_by_side_children_import_the_bench_helpers(bench, tmp_path):
+    """``run_side_by_side``'s fresh processes find ``bench/_common.py`` (the targets
+    import ``routed_row`` from it; with the checkout's root alone on their path every
+    row was an ImportError, found before commit): a whole tiny run, its rows measured."""
+    module = bench("dplr_delta")
+    out = tmp_path / "rows.json"
+    module.main(["--T", "8", "--heads", "2", "--head-dim", "4", "--repeats", "1",
+                 "--json", str(out), "--md", ""])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["mlx_lm", "chunkscan"]
+    assert all("error" not in r and r["seconds"] > 0 for r in rows), rows
