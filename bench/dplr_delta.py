@@ -13,10 +13,11 @@ Implementations (``--impls``), each configuration in a fresh process
 
 Shape (``--heads``, ``--head-dim``; default RWKV-7 1.5B's: 32 heads of 64), B = 1,
 ``--dtype`` inputs, RWKV-7's inputs (``a = -kk``, ``b = kk * iclr``, ``w`` in [0.545,
-1]). The loss is ``sum(o * w)``; the gradients of all six inputs. Memory:
-``mx.get_peak_memory()`` above the active memory before the call, after one warm-up
-call. Time: median of ``--repeats`` warm calls; the speedup is against ``mlx_lm`` at the
-same T in the same run. ``--compiled``: the fwd+bwd under ``mx.compile``.
+1]; ``k`` a normal draw times 0.5, the others' draws unscaled). The loss is ``sum(o *
+w)``; the gradients of all six inputs. Memory: ``mx.get_peak_memory()`` above the active
+memory before the call, after one warm-up call. Time: median of ``--repeats`` warm
+calls; the speedup is against ``mlx_lm`` at the same T in the same run. ``--compiled``:
+the fwd+bwd under ``mx.compile``.
 
     python bench/dplr_delta.py --T 512 1024 --dtype float32 --repeats 3
 """

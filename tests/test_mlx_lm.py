@@ -1718,9 +1718,9 @@ def test_rg_lru_seam_that_changed_is_left_alone(monkeypatch):
 
 # bfloat16 models, prefill with a cache, patched against stock (RWKV-7, RG-LRU): the
 # caches' dtypes and shapes are stock's; patched and stock differ by bfloat16 rounding
-# (measured at most 1.0e-2 relative RMSE over the caches and logits of three prompts;
-# bound about 4x), and patched is as near the float32 model as stock is (its error at
-# most 1.09x stock's over the same; bound 1.5x).
+# (measured at most 1.0e-2 relative RMSE over the caches and logits of three prompts,
+# the test's the first; bound about 4x), and patched is as near the float32 model as
+# stock is (its error at most 1.09x stock's over the same; bound 1.5x).
 BF16_TOL, BF16_RATIO = 4e-2, 1.5
 
 
@@ -1735,9 +1735,12 @@ def test_bfloat16_prefill_keeps_stocks_caches(family):
     prompt = mx.array([list(range(3, 40))])
     ref = model.make_cache()
     logits0 = model(prompt, cache=ref)
+    key = "chunkscan.dplr_delta_rule" if family == "rwkv7" else "chunkscan.diagonal_recurrence"
     with cmlx.patch():
+        before = cmlx.routed_calls[key]  # (after the probes)
         cache = model.make_cache()
         logits1 = model(prompt, cache=cache)
+        assert cmlx.routed_calls[key] == before + 2  # the seam ran (two layers each)
     model.set_dtype(mx.float32)
     exact = model.make_cache()
     logits_f = model(prompt, cache=exact)
