@@ -19,8 +19,8 @@ Decays are per key channel, so the matrices between the chunk's tokens need them
 pair of tokens and channel: ``exp`` of ``g`` summed over exactly the tokens between the
 two (a cumulative sum down ``[t, i] -> g_t (t > i)``, never a difference of two
 cumulative sums), one ``[L, L + 1, Dk]`` array per head for a chunk of ``L``. Nothing
-divides by a decay, so any ``g <= 0`` works, ``-inf`` included (a reset of that key
-channel).
+divides by a decay, so any ``g <= 0`` works, ``-inf`` included (that key channel's
+decay is zero: its column of the state keeps only what the token writes).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def dplr_delta_rule(
         a (array): ``[B, T, H, Dk]``: the state is read along ``a`` ...
         b (array): ``[B, T, H, Dk]``: ... and that read written back along ``b``.
         g (array): ``[B, T, H, Dk]`` log-decays per key channel (``<= 0`` to decay;
-            ``-inf`` resets that channel of the state).
+            ``-inf``: that channel's column of the state keeps only the token's writes,
+            the low-rank one reading the state before the decay).
         initial_state (array, optional): ``[B, H, Dv, Dk]``; default zeros.
         chunk_size (int, optional): Tokens per chunk (need not divide ``T``); the
             recomputation of one holds about twelve float32 arrays of
