@@ -32,6 +32,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
 
 import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
+import chunkscan.mlx_lm._recurrences as rec  # noqa: E402
 from chunkscan.commands.demo_model import build_model  # noqa: E402
 
 STOCK = gd.gated_delta_update
@@ -107,15 +108,18 @@ def _clean():
 
 
 def _record_calls(monkeypatch, getter: str, kwarg: str) -> list:
-    """Wrap the op ``cmlx.<getter>()`` returns; record ``kwarg`` of each of its calls."""
+    """Wrap the op ``<module>.<getter>()`` returns (the module that defines the getter:
+    :mod:`chunkscan.mlx_lm` or its rebound recurrences'); record ``kwarg`` of each of
+    its calls."""
     calls = []
-    op = getattr(cmlx, getter)()
+    module = rec if hasattr(rec, getter) else cmlx
+    op = getattr(module, getter)()
 
     def wrapped(*args, **kwargs):
         calls.append(kwargs.get(kwarg))
         return op(*args, **kwargs)
 
-    monkeypatch.setattr(cmlx, getter, lambda: wrapped)
+    monkeypatch.setattr(module, getter, lambda: wrapped)
     return calls
 
 
@@ -800,12 +804,12 @@ def test_probes_run_on_the_cpu(monkeypatch):
 
     monkeypatch.setattr(cmlx, "_probe", recording(real_gdn))
     monkeypatch.setattr(cmlx, "_probe_attention", recording(real_attn))
-    monkeypatch.setattr(cmlx, "_probe_lightning", recording(cmlx._probe_lightning))
-    monkeypatch.setattr(cmlx, "_probe_ssd", recording(cmlx._probe_ssd))
-    monkeypatch.setattr(cmlx, "_probe_mamba", recording(cmlx._probe_mamba))
-    monkeypatch.setattr(cmlx, "_probe_jamba", recording(cmlx._probe_jamba))
-    monkeypatch.setattr(cmlx, "_probe_rwkv7", recording(cmlx._probe_rwkv7))
-    monkeypatch.setattr(cmlx, "_probe_rnn_scan", recording(cmlx._probe_rnn_scan))
+    monkeypatch.setattr(rec, "_probe_lightning", recording(rec._probe_lightning))
+    monkeypatch.setattr(rec, "_probe_ssd", recording(rec._probe_ssd))
+    monkeypatch.setattr(rec, "_probe_mamba", recording(rec._probe_mamba))
+    monkeypatch.setattr(rec, "_probe_jamba", recording(rec._probe_jamba))
+    monkeypatch.setattr(rec, "_probe_rwkv7", recording(rec._probe_rwkv7))
+    monkeypatch.setattr(rec, "_probe_rnn_scan", recording(rec._probe_rnn_scan))
     entered = []
     real_on_cpu = cmlx.on_cpu
 
