@@ -233,6 +233,32 @@ def dplr_delta_inputs(B: int, T: int, H: int, Dk: int, Dv: int, seed: int = 0,
     return low + (h0,)
 
 
+def state_op_outputs_and_grads(fn, args, *, out_like: int = 0, compiled: bool = False,
+                               exact_in=None, **kwargs) -> list:  # fmt: skip
+    """``[output, final state, the gradient of each of args]`` of ``fn(*args[:-1],
+    initial_state=args[-1], **kwargs)`` (the ops whose last argument is their initial
+    state: selective_scan, dplr_delta_rule, diagonal_recurrence, and their oracles) under
+    random cotangents: normal draws (keys 11 and 12) of ``args[out_like]``'s shape for the
+    output and of the state's for the final state, rounded to ``exact_in`` where given;
+    ``compiled``: the call and its gradient under ``mx.compile``."""
+    w = mx.random.normal(args[out_like].shape, key=mx.random.key(11))
+    ws = mx.random.normal(args[-1].shape, key=mx.random.key(12))
+    if exact_in is not None:
+        w, ws = (a.astype(exact_in).astype(mx.float32) for a in (w, ws))
+
+    def run(*a):
+        return fn(*a[:-1], initial_state=a[-1], **kwargs)
+
+    def loss(*a):
+        out, state = run(*a)
+        return mx.sum(out.astype(mx.float32) * w) + mx.sum(state * ws)
+
+    grad = mx.grad(loss, argnums=tuple(range(len(args))))
+    if compiled:
+        run, grad = mx.compile(run), mx.compile(grad)
+    return [*run(*args), *grad(*args)]
+
+
 def gdn_outputs_and_grads(fn, inputs, *, compiled=False, **kwargs):
     """(o, final_state, dq, dk, dv, dg, dbeta, dh0) under random cotangents. With five
     inputs (no h0) ``fn`` gets ``initial_state=None`` and the list has no dh0."""

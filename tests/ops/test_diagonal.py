@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import diagonal_inputs, max_rel, peak_growth
+from helpers import state_op_outputs_and_grads as outputs_and_grads
 
 from chunkscan import diagonal_recurrence, naive_diagonal_recurrence
 
@@ -17,28 +18,6 @@ NAMES = ("h", "final_state", "dx", "da", "dh0")
 # float32 against the float32 oracle: measured at most 1.7e-7 over the cases of
 # test_matches_the_oracle (states, final state, three gradients); the bound is about 10x.
 FP32_TOL = 2e-6
-
-
-def outputs_and_grads(fn, args, *, compiled=False, exact_in=None, **kwargs):
-    """``[h, final_state, dx, da, dh0]`` under random cotangents (values representable
-    in ``exact_in`` where given)."""
-    x, _, h0 = args
-    w = mx.random.normal(x.shape, key=mx.random.key(11))
-    ws = mx.random.normal(h0.shape, key=mx.random.key(12))
-    if exact_in is not None:
-        w, ws = (t.astype(exact_in).astype(mx.float32) for t in (w, ws))
-
-    def run(x, a, h0):
-        return fn(x, a, initial_state=h0, **kwargs)
-
-    def loss(*t):
-        h, last = run(*t)
-        return mx.sum(h.astype(mx.float32) * w) + mx.sum(last * ws)
-
-    grad = mx.grad(loss, argnums=(0, 1, 2))
-    if compiled:
-        run, grad = mx.compile(run), mx.compile(grad)
-    return [*run(*args), *grad(*args)]
 
 
 def errors(got, ref):

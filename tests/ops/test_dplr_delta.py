@@ -9,7 +9,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import dplr_delta_inputs, max_rel, peak_growth
+from helpers import dplr_delta_inputs, max_rel, peak_growth, state_op_outputs_and_grads
 
 from chunkscan import dplr_delta_rule, naive_recurrent_dplr_delta_rule
 
@@ -19,26 +19,10 @@ NAMES = ("o", "final_state", "dq", "dk", "dv", "da", "db", "dg", "dh0")
 FP32_TOL = 2.5e-6
 
 
-def outputs_and_grads(fn, args, *, compiled=False, exact_in=None, **kwargs):
-    """``[o, final_state, dq, dk, dv, da, db, dg, dh0]`` under random cotangents (values
-    representable in ``exact_in`` where given)."""
-    v, h0 = args[2], args[-1]
-    w = mx.random.normal(v.shape, key=mx.random.key(11))
-    ws = mx.random.normal(h0.shape, key=mx.random.key(12))
-    if exact_in is not None:
-        w, ws = (a.astype(exact_in).astype(mx.float32) for a in (w, ws))
-
-    def run(*a):
-        return fn(*a[:6], initial_state=a[6], **kwargs)
-
-    def loss(*a):
-        o, s = run(*a)
-        return mx.sum(o.astype(mx.float32) * w) + mx.sum(s * ws)
-
-    grad = mx.grad(loss, argnums=tuple(range(7)))
-    if compiled:
-        run, grad = mx.compile(run), mx.compile(grad)
-    return [*run(*args), *grad(*args)]
+def outputs_and_grads(fn, args, **kwargs):
+    """``[o, final_state, dq, dk, dv, da, db, dg, dh0]`` under random cotangents (the
+    output's shaped as ``v``)."""
+    return state_op_outputs_and_grads(fn, args, out_like=2, **kwargs)
 
 
 def errors(got, ref):

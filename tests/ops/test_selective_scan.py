@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import max_rel, peak_growth, selective_scan_inputs
+from helpers import state_op_outputs_and_grads as outputs_and_grads
 
 from chunkscan import naive_selective_scan, selective_scan
 
@@ -16,28 +17,6 @@ NAMES = ("y", "final_state", "dx", "ddt", "dA", "dB", "dC", "dD", "dh0")
 # float32 against the float32 oracle: measured at most 5.7e-7 over the cases of
 # test_matches_the_oracle (values, final state, seven gradients); the bound is about 10x.
 FP32_TOL = 5e-6
-
-
-def outputs_and_grads(fn, args, *, compiled=False, exact_in=None, **kwargs):
-    """``[y, final_state, dx, ddt, dA, dB, dC, dD, dh0]`` under random cotangents (values
-    representable in ``exact_in`` where given)."""
-    x, h0 = args[0], args[-1]
-    w = mx.random.normal(x.shape, key=mx.random.key(11))
-    ws = mx.random.normal(h0.shape, key=mx.random.key(12))
-    if exact_in is not None:
-        w, ws = (a.astype(exact_in).astype(mx.float32) for a in (w, ws))
-
-    def run(*a):
-        return fn(*a[:6], initial_state=a[6], **kwargs)
-
-    def loss(*a):
-        y, h = run(*a)
-        return mx.sum(y.astype(mx.float32) * w) + mx.sum(h * ws)
-
-    grad = mx.grad(loss, argnums=tuple(range(7)))
-    if compiled:
-        run, grad = mx.compile(run), mx.compile(grad)
-    return [*run(*args), *grad(*args)]
 
 
 def errors(got, ref):
