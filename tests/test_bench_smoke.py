@@ -875,64 +875,51 @@ def test_mamba2_bench_measures_both_forms(bench):
         module.main(["--heads", "6", "--groups", "4", "--json", "", "--md", ""])
 
 
-def test_mamba_bench_measures_both_forms(bench):
-    """``bench/mamba.py``'s two forms of one Mamba layer run and report (tiny shape, in
-    this process); the chunkscan form goes through the seam (its measure asserts the
-    routed call) with the chunk asked for."""
+def _layer_bench_rows(module, op_chunk, **shape):
+    """Both impls of a side-by-side layer bench (mamba, rwkv7, rg_lru) at a chunk of 4,
+    in this process: their rows, each checked (measured, the chunk recorded), and that
+    the op ran at that chunk (its module's ``scan`` recorded; after the seam's probes, at
+    the default chunk). ``op_chunk`` is the op's ``chunk`` module; its ``scan`` and
+    ``default_chunk_size`` and the patch the measure applies are put back after."""
     import chunkscan.mlx_lm as cmlx
-    from chunkscan.ops.selective_scan import chunk as s6
 
-    module = bench("mamba")
-    default, scan = s6.default_chunk_size, s6.scan
+    default, scan = op_chunk.default_chunk_size, op_chunk.scan
     ran = []
 
     def recording(*args, **kwargs):
         ran.append(kwargs["chunk_size"])
         return scan(*args, **kwargs)
 
-    s6.scan = recording  # the chunk the op runs at
+    op_chunk.scan = recording  # the chunk the op runs at
     try:
         for impl in module.IMPLS:
             cmlx.routed_calls.clear()
-            row = module.measure(impl, T=24, dtype="float32", repeats=1, hidden=16,
-                                 channels=32, state=4, dt_rank=2, chunk_size=4)  # fmt: skip
+            row = module.measure(impl, dtype="float32", repeats=1, chunk_size=4, **shape)
             assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
             assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
-        assert ran[-3:] == [4, 4, 4]  # (after the seam's probes, at the default chunk)
+        assert ran[-3:] == [4, 4, 4]
     finally:
-        s6.default_chunk_size, s6.scan = default, scan
+        op_chunk.default_chunk_size, op_chunk.scan = default, scan
         while cmlx._stack:  # measure() patches for the rest of its (own) process
             cmlx._stack[-1].undo()
+
+
+def test_mamba_bench_measures_both_forms(bench):
+    """``bench/mamba.py``'s two forms of one Mamba layer run and report (tiny shape, in
+    this process); the chunkscan form goes through the seam (its measure asserts the
+    routed call) with the chunk asked for."""
+    from chunkscan.ops.selective_scan import chunk as s6
+
+    _layer_bench_rows(bench("mamba"), s6, T=24, hidden=16, channels=32, state=4, dt_rank=2)
 
 
 def test_rwkv7_bench_measures_both_forms(bench):
     """``bench/rwkv7.py``'s two forms of one RWKV-7 time-mixing layer run and report
     (tiny shape, in this process); the chunkscan form goes through the seam (its
     measure asserts the routed call) with the chunk asked for."""
-    import chunkscan.mlx_lm as cmlx
     from chunkscan.ops.dplr_delta import chunk as dplr
 
-    module = bench("rwkv7")
-    default, scan = dplr.default_chunk_size, dplr.scan
-    ran = []
-
-    def recording(*args, **kwargs):
-        ran.append(kwargs["chunk_size"])
-        return scan(*args, **kwargs)
-
-    dplr.scan = recording  # the chunk the op runs at
-    try:
-        for impl in module.IMPLS:
-            cmlx.routed_calls.clear()
-            row = module.measure(impl, T=20, dtype="float32", repeats=1, hidden=16,
-                                 head_dim=8, chunk_size=4)  # fmt: skip
-            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
-            assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
-        assert ran[-3:] == [4, 4, 4]  # (after the seam's probe, at the default chunk)
-    finally:
-        dplr.default_chunk_size, dplr.scan = default, scan
-        while cmlx._stack:  # measure() patches for the rest of its (own) process
-            cmlx._stack[-1].undo()
+    _layer_bench_rows(bench("rwkv7"), dplr, T=20, hidden=16, head_dim=8)
 
 
 def test_rg_lru_bench_measures_both_forms(bench):
@@ -940,30 +927,10 @@ def test_rg_lru_bench_measures_both_forms(bench):
     report (tiny shape, in this process); the chunkscan form goes through the seam (its
     measure asserts the routed call) with the chunk asked for; a width that is no
     multiple of the heads is refused by the parser."""
-    import chunkscan.mlx_lm as cmlx
     from chunkscan.ops.diagonal import chunk as diagonal
 
     module = bench("rg_lru")
-    default, scan = diagonal.default_chunk_size, diagonal.scan
-    ran = []
-
-    def recording(*args, **kwargs):
-        ran.append(kwargs["chunk_size"])
-        return scan(*args, **kwargs)
-
-    diagonal.scan = recording  # the chunk the op runs at
-    try:
-        for impl in module.IMPLS:
-            cmlx.routed_calls.clear()
-            row = module.measure(impl, T=20, dtype="float32", repeats=1, width=16, heads=2,
-                                 chunk_size=4)  # fmt: skip
-            assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
-            assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
-        assert ran[-3:] == [4, 4, 4]  # (after the seam's probe, at the default chunk)
-    finally:
-        diagonal.default_chunk_size, diagonal.scan = default, scan
-        while cmlx._stack:  # measure() patches for the rest of its (own) process
-            cmlx._stack[-1].undo()
+    _layer_bench_rows(module, diagonal, T=20, width=16, heads=2)
     with pytest.raises(SystemExit):
         module.main(["--width", "10", "--heads", "4", "--json", "", "--md", ""])
 
