@@ -1426,12 +1426,12 @@ def test_mamba_lora_grads_match_stock(config, compiled, s6_spy):
         assert rel(g1[name], g0[name]) <= RTOL, name
 
 
-@pytest.mark.parametrize("config", MAMBA_CONFIGS, ids=lambda c: c.__name__)
-def test_mamba_generation_keeps_its_tokens(config, s6_spy):
-    """Generation patched: the prompt's prefill goes through the op (with its caches
-    filled as mlx-lm fills them), each decoded token through mlx-lm's method; the tokens
-    are stock's, the caches in mlx-lm's dtypes."""
-    model = build_model(config(), 0)
+def _generation_as_stock(model) -> int:
+    """Greedy generation (5 tokens after a 37-token prompt) of ``model`` (put in eval
+    mode), patched, has stock's tokens and last logits within RTOL, and the prompt's
+    prefill fills the recurrent layers' caches (those with a ``cache`` list: convolution
+    and scan states, token shifts; attention's KV caches are not compared) in stock's
+    dtypes and shapes, within RTOL. Returns how many cache arrays it compared."""
     model.eval()
     prompt = mx.array([list(range(3, 40))])
     toks0, last0 = greedy_tokens(model, prompt, 5)
@@ -1442,15 +1442,25 @@ def test_mamba_generation_keeps_its_tokens(config, s6_spy):
         cache = model.make_cache()
         model(prompt, cache=cache)
     assert toks1 == toks0 and rel(last1, last0) <= RTOL
-    layers = 3 if config is jamba_config else 2
-    assert len(s6_spy) == 4 + 2 * layers
     compared = 0
     for got, want in zip(cache, ref):
-        if not hasattr(want, "cache"):  # (jamba's attention layer: a KV cache)
+        if not hasattr(want, "cache"):  # (an attention layer: a KV cache)
             continue
-        for a, b in zip(got.cache, want.cache):  # the convolution's and the scan's states
+        for a, b in zip(got.cache, want.cache):
             assert a.dtype == b.dtype and a.shape == b.shape and rel(a, b) <= RTOL
             compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("config", MAMBA_CONFIGS, ids=lambda c: c.__name__)
+def test_mamba_generation_keeps_its_tokens(config, s6_spy):
+    """Generation patched: the prompt's prefill goes through the op (with its caches
+    filled as mlx-lm fills them), each decoded token through mlx-lm's method; the tokens
+    are stock's, the caches in mlx-lm's dtypes."""
+    model = build_model(config(), 0)
+    compared = _generation_as_stock(model)
+    layers = 3 if config is jamba_config else 2
+    assert len(s6_spy) == 4 + 2 * layers
     assert compared == 2 * layers
 
 
@@ -1542,22 +1552,8 @@ def test_rwkv7_generation_keeps_its_tokens(dplr_spy):
     through mlx-lm's method; the tokens are stock's, the caches (token shifts and the
     state) in mlx-lm's dtypes and within RTOL of its values."""
     model = with_rwkv7_mixing(build_model(rwkv7_config(), 0))
-    model.eval()
-    prompt = mx.array([list(range(3, 40))])
-    toks0, last0 = greedy_tokens(model, prompt, 5)
-    ref = model.make_cache()
-    model(prompt, cache=ref)
-    with cmlx.patch():
-        toks1, last1 = greedy_tokens(model, prompt, 5)
-        cache = model.make_cache()
-        model(prompt, cache=cache)
-    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    compared = _generation_as_stock(model)
     assert len(dplr_spy) == 2 + 2 * 2  # the probe's, then the two prefills' per layer
-    compared = 0
-    for got, want in zip(cache, ref):
-        for a, b in zip(got.cache, want.cache):
-            assert a.dtype == b.dtype and a.shape == b.shape and rel(a, b) <= RTOL
-            compared += 1
     assert compared == 3 * 2
 
 
@@ -1679,24 +1675,8 @@ def test_rg_lru_generation_keeps_its_tokens(diagonal_spy):
     through mlx-lm's function; the tokens are stock's, the recurrent caches (the
     convolution's and the RG-LRU's states) in mlx-lm's dtypes and within RTOL."""
     model = recurrent_gemma_model()
-    model.eval()
-    prompt = mx.array([list(range(3, 40))])
-    toks0, last0 = greedy_tokens(model, prompt, 5)
-    ref = model.make_cache()
-    model(prompt, cache=ref)
-    with cmlx.patch():
-        toks1, last1 = greedy_tokens(model, prompt, 5)
-        cache = model.make_cache()
-        model(prompt, cache=cache)
-    assert toks1 == toks0 and rel(last1, last0) <= RTOL
+    compared = _generation_as_stock(model)
     assert len(diagonal_spy) == 2 + 2 * 2  # the probe's, then the two prefills' per layer
-    compared = 0
-    for got, want in zip(cache, ref):
-        if not hasattr(want, "cache"):  # (the attention layer: a rotating KV cache)
-            continue
-        for a, b in zip(got.cache, want.cache):
-            assert a.dtype == b.dtype and a.shape == b.shape and rel(a, b) <= RTOL
-            compared += 1
     assert compared == 2 * 2
 
 
