@@ -33,14 +33,20 @@ def check_arrays(fn: str, named: dict[str, object]) -> None:
             )
 
 
-def check_dtypes(fn: str, named: dict[str, mx.array]) -> None:
-    """Each array is floating (:data:`FLOAT_DTYPES`), and ``q``, ``k``, ``v`` share one."""
+def check_float_dtypes(fn: str, named: dict[str, mx.array | None]) -> None:
+    """Each array of ``named`` (``None``: an optional argument left out) is floating
+    (:data:`FLOAT_DTYPES`)."""
     for name, x in named.items():
-        if x.dtype not in FLOAT_DTYPES:
+        if x is not None and x.dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"[{fn}] {name} must have dtype {DTYPE_NAMES} but got {x.dtype}. "
                 f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
             )
+
+
+def check_dtypes(fn: str, named: dict[str, mx.array]) -> None:
+    """Each array is floating (:data:`FLOAT_DTYPES`), and ``q``, ``k``, ``v`` share one."""
+    check_float_dtypes(fn, named)
     q, k, v = named["q"], named["k"], named["v"]
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ...split import check_chunk_size
-from .._checks import DTYPE_NAMES, FLOAT_DTYPES, check_arrays, shape
+from .._checks import check_arrays, check_float_dtypes, shape
 
 F32 = mx.float32
 LAYOUT = "x, a [B, T, ...] (one shape); initial_state [B, ...] (x's shape without T)"
@@ -17,12 +17,7 @@ def check_inputs(fn, x, a, initial_state, chunk_size) -> tuple[int, ...]:
     named = {"x": x, "a": a}
     check_arrays(fn, named if initial_state is None else {**named, "initial_state": initial_state})
     check_chunk_size(fn, chunk_size, example=8)
-    for name, arr in {**named, "initial_state": initial_state}.items():
-        if arr is not None and arr.dtype not in FLOAT_DTYPES:
-            raise ValueError(
-                f"[{fn}] {name} must have dtype {DTYPE_NAMES} but got {arr.dtype}. "
-                f"Cast it with {name}.astype(mx.float32)."
-            )
+    check_float_dtypes(fn, {**named, "initial_state": initial_state})
     if x.ndim < 2:
         raise ValueError(
             f"[{fn}] x must have at least 2 dimensions [B, T, ...] but got shape {shape(x)}."

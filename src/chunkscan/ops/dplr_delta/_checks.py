@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ...split import check_chunk_size
-from .._checks import DTYPE_NAMES, FLOAT_DTYPES, check_arrays, check_dtypes, shape
+from .._checks import check_arrays, check_dtypes, check_float_dtypes, shape
 
 F32 = mx.float32
 LAYOUT = (
@@ -21,11 +21,7 @@ def check_inputs(fn, q, k, v, a, b, g, initial_state, chunk_size) -> tuple[int, 
     check_arrays(fn, named if initial_state is None else {**named, "initial_state": initial_state})
     check_chunk_size(fn, chunk_size, example=16)
     check_dtypes(fn, named)
-    if initial_state is not None and initial_state.dtype not in FLOAT_DTYPES:
-        raise ValueError(
-            f"[{fn}] initial_state must have dtype {DTYPE_NAMES} but got "
-            f"{initial_state.dtype}. Cast it with initial_state.astype(mx.float32)."
-        )
+    check_float_dtypes(fn, {"initial_state": initial_state})
     if q.ndim != 4:
         raise ValueError(f"[{fn}] q must have 4 dimensions [B, T, H, Dk] but got shape {shape(q)}.")
     batch, t, h, dk = shape(q)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ...split import check_chunk_size
-from .._checks import DTYPE_NAMES, FLOAT_DTYPES, check_arrays, shape
+from .._checks import check_arrays, check_float_dtypes, shape
 
 F32 = mx.float32
 LAYOUT = (
@@ -21,12 +21,7 @@ def check_inputs(fn, x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[int,
     optional = {"D": D, "initial_state": initial_state}
     check_arrays(fn, {**named, **{k: v for k, v in optional.items() if v is not None}})
     check_chunk_size(fn, chunk_size, example=8)
-    for name, a in {**named, **optional}.items():
-        if a is not None and a.dtype not in FLOAT_DTYPES:
-            raise ValueError(
-                f"[{fn}] {name} must have dtype {DTYPE_NAMES} but got {a.dtype}. "
-                f"Cast it with {name}.astype(mx.float32)."
-            )
+    check_float_dtypes(fn, {**named, **optional})
     if x.ndim != 3:
         raise ValueError(f"[{fn}] x must have 3 dimensions [B, T, Dc] but got shape {shape(x)}.")
     b, t, dc = shape(x)
