@@ -368,6 +368,26 @@ def linear_attention_backward_peak(
     return {"peak": peak}
 
 
+def _state_op_backward_peak(op, args: tuple, out_shape: tuple, C: int,
+                            compiled: bool) -> dict[str, Any]:  # fmt: skip
+    """Peak bytes above the inputs of the gradients of every argument of ``op(*args[:-1],
+    initial_state=args[-1], chunk_size=C)`` (an op whose last argument is its initial
+    state), the loss ``sum(out * w) + sum(final state)`` with ``w`` a normal draw (key
+    7) of ``out_shape``; ``compiled``: under ``mx.compile``."""
+    w = mx.random.normal(out_shape, key=mx.random.key(7))
+    mx.eval(args, w)
+
+    def loss(*a):
+        out, state = op(*a[:-1], initial_state=a[-1], chunk_size=C)
+        return mx.sum(out * w) + mx.sum(state)
+
+    grad = mx.grad(loss, argnums=tuple(range(len(args))))
+    if compiled:
+        grad = mx.compile(grad)
+    _, peak = peak_above_active(lambda: grad(*args))
+    return {"peak": peak}
+
+
 def selective_scan_backward_peak(
     T: int, B: int, Dc: int, N: int, C: int, compiled: bool = False
 ) -> dict[str, Any]:
@@ -378,18 +398,7 @@ def selective_scan_backward_peak(
     from helpers import selective_scan_inputs
 
     args = selective_scan_inputs(B, T, Dc, N)
-    w = mx.random.normal((B, T, Dc), key=mx.random.key(7))
-    mx.eval(args, w)
-
-    def loss(*a):
-        y, h = chunkscan.selective_scan(*a[:6], initial_state=a[6], chunk_size=C)
-        return mx.sum(y * w) + mx.sum(h)
-
-    grad = mx.grad(loss, argnums=tuple(range(7)))
-    if compiled:
-        grad = mx.compile(grad)
-    _, peak = peak_above_active(lambda: grad(*args))
-    return {"peak": peak}
+    return _state_op_backward_peak(chunkscan.selective_scan, args, (B, T, Dc), C, compiled)
 
 
 def dplr_delta_backward_peak(
@@ -402,18 +411,7 @@ def dplr_delta_backward_peak(
     from helpers import dplr_delta_inputs
 
     args = dplr_delta_inputs(B, T, H, D, D)
-    w = mx.random.normal((B, T, H, D), key=mx.random.key(7))
-    mx.eval(args, w)
-
-    def loss(*a):
-        o, s = chunkscan.dplr_delta_rule(*a[:6], initial_state=a[6], chunk_size=C)
-        return mx.sum(o * w) + mx.sum(s)
-
-    grad = mx.grad(loss, argnums=tuple(range(7)))
-    if compiled:
-        grad = mx.compile(grad)
-    _, peak = peak_above_active(lambda: grad(*args))
-    return {"peak": peak}
+    return _state_op_backward_peak(chunkscan.dplr_delta_rule, args, (B, T, H, D), C, compiled)
 
 
 def diagonal_backward_peak(
@@ -425,16 +423,5 @@ def diagonal_backward_peak(
     parallel scan recomputed at once)."""
     from helpers import diagonal_inputs
 
-    x, a, h0 = diagonal_inputs(B, T, D)
-    w = mx.random.normal((B, T, D), key=mx.random.key(7))
-    mx.eval(x, a, h0, w)
-
-    def loss(x, a, h0):
-        h, last = chunkscan.diagonal_recurrence(x, a, initial_state=h0, chunk_size=C)
-        return mx.sum(h * w) + mx.sum(last)
-
-    grad = mx.grad(loss, argnums=(0, 1, 2))
-    if compiled:
-        grad = mx.compile(grad)
-    _, peak = peak_above_active(lambda: grad(x, a, h0))
-    return {"peak": peak}
+    args = diagonal_inputs(B, T, D)
+    return _state_op_backward_peak(chunkscan.diagonal_recurrence, args, (B, T, D), C, compiled)
