@@ -464,6 +464,37 @@ def add_side_by_side_options(p: argparse.ArgumentParser, impls: tuple[str, ...],
     p.add_argument("--md", default=str(OUT / f"{name}.md"))
 
 
+def add_chunk_size_option(p: argparse.ArgumentParser) -> None:
+    """``--chunk-size``: chunkscan's chunk instead of the op's default
+    (:func:`patch_chunkscan`)."""
+    p.add_argument("--chunk-size", type=positive_int, default=None,
+                   help="chunkscan's chunk (default: the op's)")  # fmt: skip
+
+
+def patch_chunkscan(impl: str, op_module, chunk_size: int | None) -> int | None:
+    """For ``impl == "chunkscan"``: ``chunkscan.mlx_lm.patch()`` for the rest of this
+    process (a ``measure`` runs in its own), and ``op_module.default_chunk_size`` (the
+    op's ``chunk`` module) replaced by ``chunk_size`` where given, so that the seam's calls
+    take it. Returns the chunk the op takes, ``None`` for the other impls."""
+    if impl != "chunkscan":
+        return None
+    import chunkscan.mlx_lm
+
+    chunkscan.mlx_lm.patch()
+    if chunk_size:
+        op_module.default_chunk_size = lambda: chunk_size
+    return op_module.default_chunk_size()
+
+
+def grad_call(loss, *inputs):
+    """A ``call()`` returning ``mx.value_and_grad(loss)`` at ``inputs``, the gradients
+    of every input (what :func:`routed_row` times)."""
+    import mlx.core as mx
+
+    grad = mx.value_and_grad(loss, argnums=tuple(range(len(inputs))))
+    return lambda: grad(*inputs)
+
+
 def side_by_side_table(rows: list[dict[str, Any]], baseline: str) -> str:
     """A markdown table of :func:`run_side_by_side`'s rows (a chunk column where any row
     records a ``chunk_size``)."""

@@ -82,14 +82,13 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import add_side_by_side_options, positive_int
+    from _common import add_chunk_size_option, add_side_by_side_options, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_options(p, IMPLS, [512, 1024], "dplr_delta")
     p.add_argument("--heads", type=positive_int, default=32)
     p.add_argument("--head-dim", type=positive_int, default=64)
-    p.add_argument("--chunk-size", type=positive_int, default=None,
-                   help="chunkscan's chunk (default: the op's)")  # fmt: skip
+    add_chunk_size_option(p)
     p.add_argument("--compiled", action="store_true",
                    help="the fwd+bwd under mx.compile (as a compiled training step)")  # fmt: skip
     return p

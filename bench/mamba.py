@@ -40,10 +40,9 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
-    from _common import routed_row
+    from _common import grad_call, patch_chunkscan, routed_row
     from mlx_lm.models import mamba
 
-    import chunkscan.mlx_lm
     from chunkscan.ops.selective_scan import chunk as s6
 
     args = mamba.ModelArgs(
@@ -57,20 +56,13 @@ def measure(
     x = mx.random.normal((1, T, hidden), key=mx.random.key(1)).astype(getattr(mx, dtype))
     w = mx.random.normal((1, T, hidden), key=mx.random.key(2))
     mx.eval(layer.parameters(), x, w)
-    if impl == "chunkscan":
-        chunkscan.mlx_lm.patch()  # for the rest of this process
-        if chunk_size:
-            s6.default_chunk_size = lambda: chunk_size
-    chunk = s6.default_chunk_size() if impl == "chunkscan" else None
+    chunk = patch_chunkscan(impl, s6, chunk_size)
 
     def loss(x):
         z, _ = layer._process_sequence(x, None, None)
         return mx.sum(z.astype(mx.float32) * w)
 
-    grad = mx.value_and_grad(loss)
-
-    def call():
-        return grad(x)
+    call = grad_call(loss, x)
 
     fields = {"dtype": dtype, "hidden": hidden, "channels": channels, "state": state,
               "dt_rank": dt_rank, "chunk_size": chunk}  # fmt: skip
@@ -78,7 +70,7 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import add_side_by_side_options, positive_int
+    from _common import add_chunk_size_option, add_side_by_side_options, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_options(p, IMPLS, [256, 512, 1024], "mamba")
@@ -86,8 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channels", type=positive_int, default=8192)
     p.add_argument("--state", type=positive_int, default=16)
     p.add_argument("--dt-rank", type=positive_int, default=256)
-    p.add_argument("--chunk-size", type=positive_int, default=None,
-                   help="chunkscan's chunk (default: the op's)")  # fmt: skip
+    add_chunk_size_option(p)
     return p
 
 

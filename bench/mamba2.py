@@ -38,7 +38,7 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
-    from _common import routed_row
+    from _common import grad_call, routed_row
     from mlx_lm.models import ssm
 
     import chunkscan.mlx_lm
@@ -62,10 +62,7 @@ def measure(
         y, s = ssm.ssm_attn(*args)
         return mx.sum(y.astype(mx.float32) * w) + mx.sum(s.astype(mx.float32) * w_s)
 
-    grad = mx.value_and_grad(loss, argnums=tuple(range(len(inputs))))
-
-    def call():
-        return grad(*inputs)
+    call = grad_call(loss, *inputs)
 
     fields = {"dtype": dtype, "heads": heads, "head_dim": head_dim, "state": state,
               "groups": groups}  # fmt: skip

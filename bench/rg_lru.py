@@ -39,10 +39,9 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
-    from _common import randomize_zeros, routed_row
+    from _common import grad_call, patch_chunkscan, randomize_zeros, routed_row
     from mlx_lm.models import recurrent_gemma
 
-    import chunkscan.mlx_lm
     from chunkscan.ops.diagonal import chunk as diagonal
 
     mx.random.seed(0)
@@ -52,33 +51,25 @@ def measure(
     x = mx.random.normal((1, T, width), key=mx.random.key(1)).astype(getattr(mx, dtype))
     w = mx.random.normal((1, T, width), key=mx.random.key(2))
     mx.eval(block.parameters(), x, w)
-    if impl == "chunkscan":
-        chunkscan.mlx_lm.patch()  # for the rest of this process
-        if chunk_size:
-            diagonal.default_chunk_size = lambda: chunk_size
-    chunk = diagonal.default_chunk_size() if impl == "chunkscan" else None
+    chunk = patch_chunkscan(impl, diagonal, chunk_size)
 
     def loss(x):
         return mx.sum(block(x).astype(mx.float32) * w)
 
-    grad = mx.value_and_grad(loss)
-
-    def call():
-        return grad(x)
+    call = grad_call(loss, x)
 
     fields = {"dtype": dtype, "width": width, "heads": heads, "chunk_size": chunk}
     return routed_row(impl, T, call, "chunkscan.diagonal_recurrence", repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import add_side_by_side_options, positive_int
+    from _common import add_chunk_size_option, add_side_by_side_options, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_options(p, IMPLS, [256, 512, 1024], "rg_lru")
     p.add_argument("--width", type=positive_int, default=2560)
     p.add_argument("--heads", type=positive_int, default=10)
-    p.add_argument("--chunk-size", type=positive_int, default=None,
-                   help="chunkscan's chunk (default: the op's)")  # fmt: skip
+    add_chunk_size_option(p)
     return p
 
 

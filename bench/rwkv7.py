@@ -42,10 +42,9 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """One configuration (run in its own process by :func:`main`)."""
     import mlx.core as mx
-    from _common import randomize_zeros, routed_row
+    from _common import grad_call, patch_chunkscan, randomize_zeros, routed_row
     from mlx_lm.models import rwkv7
 
-    import chunkscan.mlx_lm
     from chunkscan.ops.dplr_delta import chunk as dplr
 
     args = rwkv7.ModelArgs(
@@ -60,34 +59,26 @@ def measure(
     x = mx.random.normal((1, T, hidden), key=mx.random.key(1)).astype(getattr(mx, dtype))
     w = mx.random.normal((1, T, hidden), key=mx.random.key(2))
     mx.eval(layer.parameters(), x, w)
-    if impl == "chunkscan":
-        chunkscan.mlx_lm.patch()  # for the rest of this process
-        if chunk_size:
-            dplr.default_chunk_size = lambda: chunk_size
-    chunk = dplr.default_chunk_size() if impl == "chunkscan" else None
+    chunk = patch_chunkscan(impl, dplr, chunk_size)
 
     def loss(x):
         z, _ = layer(x, None, None)
         return mx.sum(z.astype(mx.float32) * w)
 
-    grad = mx.value_and_grad(loss)
-
-    def call():
-        return grad(x)
+    call = grad_call(loss, x)
 
     fields = {"dtype": dtype, "hidden": hidden, "head_dim": head_dim, "chunk_size": chunk}
     return routed_row(impl, T, call, "chunkscan.dplr_delta_rule", repeats, fields)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import add_side_by_side_options, positive_int
+    from _common import add_chunk_size_option, add_side_by_side_options, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_options(p, IMPLS, [256, 512, 1024], "rwkv7")
     p.add_argument("--hidden", type=positive_int, default=2048)
     p.add_argument("--head-dim", type=positive_int, default=64)
-    p.add_argument("--chunk-size", type=positive_int, default=None,
-                   help="chunkscan's chunk (default: the op's)")  # fmt: skip
+    add_chunk_size_option(p)
     return p
 
 
