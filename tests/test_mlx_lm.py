@@ -1464,6 +1464,23 @@ def test_mamba_generation_keeps_its_tokens(config, s6_spy):
     assert compared == 2 * layers
 
 
+def test_mamba_float64_state_stays_mlx_lms(s6_spy):
+    """A float64 state (mlx-lm's loop promotes it; the op does not take it and the
+    patched call raised, naming ``initial_state``; found by probing): mlx-lm's method,
+    bit for bit, for Mamba's block and Jamba's step."""
+    import mlx_lm.models.jamba as jamba
+    import mlx_lm.models.mamba as mamba
+
+    block = mamba.MambaBlock(mamba.ModelArgs(**mamba_config()))
+    x = mx.random.normal((1, 6, block.hidden_size), key=mx.random.key(6))
+    state = mx.zeros((1, block.intermediate_size, block.ssm_state_size), dtype=mx.float64)
+    _stays_stock(mamba.MambaBlock, "_process_sequence", [(block, x, None, state)], s6_spy)
+    mixer = jamba.JambaMambaMixer(jamba.ModelArgs(**jamba_config()))
+    x = mx.random.normal((1, 6, mixer.intermediate_size), key=mx.random.key(7))
+    A = -mx.exp(mixer.A_log)
+    _stays_stock(jamba.JambaMambaMixer, "ssm_step", [(mixer, x, A, state)], s6_spy)
+
+
 def test_mamba_seam_that_changed_is_left_alone(monkeypatch):
     """A ``MambaBlock._process_sequence`` that the routed call does not reproduce (here:
     its output doubled) stays mlx-lm's, with a warning naming it; the rest applies, and
@@ -1557,10 +1574,34 @@ def test_rwkv7_generation_keeps_its_tokens(dplr_spy):
     assert compared == 3 * 2
 
 
+def _stays_stock(owner, name, calls, spy):
+    """Each of ``calls`` (argument tuples) of the function ``owner.name`` (looked up at
+    each call: mlx-lm's, then the patched one) is, patched, mlx-lm's bit for bit (values
+    and dtypes), and none reaches the op (``spy``); the float64 ones run on the CPU
+    (MLX's GPUs have no float64)."""
+
+    def run(args):
+        f64 = any(isinstance(x, mx.array) and x.dtype == mx.float64 for x in args)
+        with mx.stream(mx.cpu if f64 else mx.default_stream(mx.default_device())):
+            outputs = getattr(owner, name)(*args)
+            mx.eval(outputs)
+            return outputs
+
+    want = [run(args) for args in calls]
+    with cmlx.patch():
+        del spy[:]  # (the probe's calls)
+        got = [run(args) for args in calls]
+    assert spy == []
+    for theirs, ours in zip(want, got):
+        for (_, x), (_, y) in zip(tree_flatten(theirs), tree_flatten(ours), strict=True):
+            assert x.dtype == y.dtype and mx.array_equal(x, y).item()
+
+
 def test_rwkv7_calls_the_op_cannot_take_stay_mlx_lms(dplr_spy):
-    """One token, or ``r``, ``k``, ``v`` of mixed dtypes (mlx-lm's loop promotes them;
-    the op requires one dtype and the patched call raised; found by review): mlx-lm's
-    method, bit for bit."""
+    """One token; ``r``, ``k``, ``v`` of mixed dtypes (mlx-lm's loop promotes them; the
+    op requires one dtype and the patched call raised; found by review); ``a``, ``b`` or
+    the state in float64, which the op does not take (the patched call raised, naming
+    ``a`` or ``initial_state``; found by probing): mlx-lm's method, bit for bit."""
     import mlx_lm.models.rwkv7 as rwkv7
 
     layer = rwkv7.Rwkv7TimeMixing(rwkv7.ModelArgs(**rwkv7_config()), layer_idx=0)
@@ -1569,17 +1610,15 @@ def test_rwkv7_calls_the_op_cannot_take_stay_mlx_lms(dplr_spy):
     kk = kk / mx.linalg.norm(kk, axis=-1, keepdims=True)
     w = mx.exp(-0.606531 * mx.sigmoid(d))
     a, b = -kk, kk * mx.sigmoid(lr)
-    r, v, a, b, w = (x.astype(mx.bfloat16) for x in (r, v, a, b, w))  # k stays float32
-    calls = [(r, w, k, v, a, b, None), (r[:, :1], w[:, :1], k[:, :1].astype(mx.bfloat16),
-                                         v[:, :1], a[:, :1], b[:, :1], None)]  # fmt: skip
-    want = [rwkv7.Rwkv7TimeMixing._wkv7(layer, *args) for args in calls]
-    with cmlx.patch():
-        del dplr_spy[:]  # (the probe's calls)
-        got = [rwkv7.Rwkv7TimeMixing._wkv7(layer, *args) for args in calls]
-    assert dplr_spy == []
-    for (y0, s0), (y1, s1) in zip(want, got):
-        assert mx.array_equal(y0, y1).item() and mx.array_equal(s0, s1).item()
-        assert y0.dtype == y1.dtype and s0.dtype == s1.dtype
+    f64, state = mx.float64, mx.zeros((1, 4, 8, 8))
+    low = [x.astype(mx.bfloat16) for x in (r, w, v, a, b)]  # k stays float32
+    calls = [
+        (layer, low[0], low[1], k, low[2], low[3], low[4], None),
+        (layer, r[:, :1], w[:, :1], k[:, :1], v[:, :1], a[:, :1], b[:, :1], None),
+        (layer, r, w, k, v, a.astype(f64), b.astype(f64), None),
+        (layer, r, w, k, v, a, b, state.astype(f64)),
+    ]
+    _stays_stock(rwkv7.Rwkv7TimeMixing, "_wkv7", calls, dplr_spy)
 
 
 def test_rwkv7_seam_that_changed_is_left_alone(monkeypatch):
@@ -1678,6 +1717,20 @@ def test_rg_lru_generation_keeps_its_tokens(diagonal_spy):
     compared = _generation_as_stock(model)
     assert len(diagonal_spy) == 2 + 2 * 2  # the probe's, then the two prefills' per layer
     assert compared == 2 * 2
+
+
+def test_rg_lru_calls_the_op_cannot_take_stay_mlx_lms(diagonal_spy):
+    """One token, or a float64 state (mlx-lm's loop promotes it; the op does not take
+    it and the patched call raised, naming ``initial_state``; found by probing):
+    mlx-lm's function, bit for bit."""
+    import mlx_lm.models.recurrent_gemma as rg
+
+    keys = mx.random.split(mx.random.key(5), 3)
+    x = mx.random.normal((2, 6, 4), key=keys[0])
+    a = mx.sigmoid(mx.random.normal((2, 6, 4), key=keys[1]))
+    h0 = mx.random.normal((2, 4), key=keys[2])
+    calls = [(x[:, :1], a[:, :1], h0), (x, a, h0.astype(mx.float64))]
+    _stays_stock(rg, "rnn_scan", calls, diagonal_spy)
 
 
 def test_rg_lru_seam_that_changed_is_left_alone(monkeypatch):

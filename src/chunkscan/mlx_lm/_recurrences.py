@@ -500,13 +500,21 @@ def _jamba_step(layer, x, A, state):
 
 def _s6_takes(x: Any, state: Any) -> bool:
     """More than one token of ``[B, T, Dc]`` in a float dtype, and no state or one per
-    batch row."""
+    batch row in a float dtype the op takes (a float64 one, which mlx-lm's loop
+    promotes, raised naming ``initial_state``; found by probing)."""
     return (
         isinstance(x, mx.array)
         and x.ndim == 3
         and x.shape[1] > 1
-        and x.dtype in (mx.float32, mx.bfloat16, mx.float16)
-        and (state is None or (isinstance(state, mx.array) and state.shape[0] == x.shape[0]))
+        and x.dtype in _SSD_DTYPES
+        and (
+            state is None
+            or (
+                isinstance(state, mx.array)
+                and state.shape[0] == x.shape[0]
+                and state.dtype in _SSD_DTYPES
+            )
+        )
     )
 
 
@@ -652,22 +660,26 @@ def _rwkv7_wkv(r, w, k, v, a, b, state):
     return y[..., None], final.astype(mx.result_type(*parts))
 
 
-def _rwkv7_takes(r: Any, k: Any, v: Any, state: Any) -> bool:
+def _rwkv7_takes(r: Any, w: Any, k: Any, v: Any, a: Any, b: Any, state: Any) -> bool:
     """More than one token of ``[B, T, H, D]``, ``r``, ``k``, ``v`` in one float dtype
     (the op's rule; mlx-lm's loop promotes mixed ones: a float32 ``k_a`` beside
     bfloat16 weights makes ``k`` float32, and the patched call raised; found by review),
-    and no state or one of ``[B, H, D, D]``."""
+    ``w``, ``a``, ``b`` in float dtypes the op takes, and no state or one of ``[B, H, D,
+    D]`` in such a dtype (a float64 one, which mlx-lm's loop promotes, raised naming an
+    argument the caller never passed; found by probing)."""
     return (
-        all(isinstance(x, mx.array) for x in (r, k, v))
+        all(isinstance(x, mx.array) for x in (r, w, k, v, a, b))
         and r.ndim == 4
         and r.shape[1] > 1
-        and r.dtype in (mx.float32, mx.bfloat16, mx.float16)
+        and r.dtype in _SSD_DTYPES
         and r.dtype == k.dtype == v.dtype
+        and all(x.dtype in _SSD_DTYPES for x in (w, a, b))
         and (
             state is None
             or (
                 isinstance(state, mx.array)
                 and tuple(state.shape) == (r.shape[0], r.shape[2], r.shape[3], r.shape[3])
+                and state.dtype in _SSD_DTYPES
             )
         )
     )
@@ -676,7 +688,7 @@ def _rwkv7_takes(r: Any, k: Any, v: Any, state: Any) -> bool:
 def _rwkv7_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(stock)
     def _wkv7(self, r, w, k, v, a, b, state):
-        if not _rwkv7_takes(r, k, v, state):
+        if not _rwkv7_takes(r, w, k, v, a, b, state):
             return stock(self, r, w, k, v, a, b, state)
         _count("chunkscan.dplr_delta_rule")
         return _rwkv7_wkv(r, w, k, v, a, b, state)
@@ -745,7 +757,8 @@ def _chunked_rnn_scan(x, a, h0):
 
 def _rnn_scan_takes(x: Any, a: Any, h0: Any) -> bool:
     """More than one token of ``[B, T, D]`` in a float dtype, ``a`` of its shape, and no
-    state or one of ``[B, D]``."""
+    state or one of ``[B, D]`` in a float dtype the op takes (a float64 one, which
+    mlx-lm's loop promotes, raised naming ``initial_state``; found by probing)."""
     return (
         isinstance(x, mx.array)
         and isinstance(a, mx.array)
@@ -755,7 +768,12 @@ def _rnn_scan_takes(x: Any, a: Any, h0: Any) -> bool:
         and x.dtype in _SSD_DTYPES
         and a.dtype in _SSD_DTYPES
         and (
-            h0 is None or (isinstance(h0, mx.array) and tuple(h0.shape) == (x.shape[0], x.shape[2]))
+            h0 is None
+            or (
+                isinstance(h0, mx.array)
+                and tuple(h0.shape) == (x.shape[0], x.shape[2])
+                and h0.dtype in _SSD_DTYPES
+            )
         )
     )
 
