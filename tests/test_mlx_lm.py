@@ -4,6 +4,7 @@ and an mlx-lm without the expected seam fails loudly."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import pathlib
 import re
@@ -627,6 +628,35 @@ def test_per_channel_gate_runs_the_op(spy, no_stock_loop):
     assert spy.count(8) == 3
 
 
+def test_training_calls_of_mixed_or_float64_dtypes(spy):
+    """The drop-in's training path with ``q``, ``k`` float32 beside a bfloat16 ``v``
+    promotes them as mlx-lm's loop does and runs the op (it raised: the op takes one
+    dtype; found by probing), within RTOL of stock (measured 1.2e-7); with float64 ones
+    (CPU only), which
+    the op does not take, it is mlx-lm's function, bit for bit."""
+    B, T, Hk, Hv, D = 1, 9, 2, 4, 8
+    ks = mx.random.split(mx.random.key(8), 5)
+    q, k = (mx.random.normal((B, T, Hk, D), key=key) * D**-0.5 for key in ks[:2])
+    v = mx.random.normal((B, T, Hv, D), key=ks[2])
+    a, b = (mx.random.normal((B, T, Hv), key=key) for key in ks[3:])
+    rest = (a, b, mx.zeros(Hv), mx.ones(Hv), None, None)
+    mixed = (q, k, v.astype(mx.bfloat16), *rest)
+    f64 = (q.astype(mx.float64), k.astype(mx.float64), v.astype(mx.float64), *rest)
+    with mx.stream(mx.cpu):
+        y0, s0 = STOCK(*mixed, use_kernel=False)
+        z0, t0 = STOCK(*f64, use_kernel=False)
+        mx.eval(y0, s0, z0, t0)
+        with cmlx.patch():
+            del spy[:]  # (the probe's calls)
+            y1, s1 = cmlx.gated_delta_update(*mixed, use_kernel=False)
+            assert len(spy) == 1
+            z1, t1 = cmlx.gated_delta_update(*f64, use_kernel=False)
+            assert len(spy) == 1
+    assert y1.dtype == y0.dtype and rel(y1, y0) <= RTOL and rel(s1, s0) <= RTOL
+    assert (z1.dtype, t1.dtype) == (z0.dtype, t0.dtype) == (mx.float64, mx.float64)
+    assert mx.array_equal(z1, z0).item() and mx.array_equal(t1, t0).item()
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_kimi_linear_lora_grads_match_stock(compiled, spy, no_stock_loop):
     """mlx-lm's kimi_linear (KDA layer 1, MoE) trains patched with the loss and LoRA
@@ -1142,6 +1172,24 @@ def test_bailing_linear_mixed_dtypes_stay_mlx_lms(gla_spy):
     assert gla_spy == [None] * PROBE_CALLS  # the probes' calls only
 
 
+@pytest.mark.parametrize("family", LIGHTNING_MODULES)
+def test_bailing_linear_float64_stays_mlx_lms(family, gla_spy):
+    """float64 ``q``, ``k``, ``v`` or state (CPU only), which mlx-lm's function takes
+    and the op does not (the patched call raised; found by probing): mlx-lm's function,
+    bit for bit."""
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    keys = mx.random.split(mx.random.key(4), 4)
+    q, k, v = (mx.random.normal((1, 2, 9, 8), key=kk) for kk in keys[:3])
+    h = mx.random.normal((1, 2, 8, 8), key=keys[3])
+    g, f64 = -mx.array([0.2, 0.6]), mx.float64
+    calls = [(q, k, v, g, 0.3, h.astype(f64)), (*(x.astype(f64) for x in (q, k, v)), g, 0.3, None)]
+
+    def call(q, k, v, g, scale, h):  # (bailing_hybrid's scale and state are keywords)
+        return module.recurrent_gla(q, k, v, g, scale=scale, h=h)
+
+    _stays_stock(call, calls, gla_spy)
+
+
 def test_bailing_linear_broadcast_state_stays_mlx_lms(gla_spy):
     """A state broadcast over the batch (``h`` of batch 1 beside ``q`` of batch 2), which
     mlx-lm's loop takes, goes to mlx-lm's function: the op raised, naming the state's
@@ -1474,11 +1522,13 @@ def test_mamba_float64_state_stays_mlx_lms(s6_spy):
     block = mamba.MambaBlock(mamba.ModelArgs(**mamba_config()))
     x = mx.random.normal((1, 6, block.hidden_size), key=mx.random.key(6))
     state = mx.zeros((1, block.intermediate_size, block.ssm_state_size), dtype=mx.float64)
-    _stays_stock(mamba.MambaBlock, "_process_sequence", [(block, x, None, state)], s6_spy)
+    calls = [(block, x, None, state)]
+    _stays_stock(lambda *args: mamba.MambaBlock._process_sequence(*args), calls, s6_spy)
     mixer = jamba.JambaMambaMixer(jamba.ModelArgs(**jamba_config()))
     x = mx.random.normal((1, 6, mixer.intermediate_size), key=mx.random.key(7))
     A = -mx.exp(mixer.A_log)
-    _stays_stock(jamba.JambaMambaMixer, "ssm_step", [(mixer, x, A, state)], s6_spy)
+    calls = [(mixer, x, A, state)]
+    _stays_stock(lambda *args: jamba.JambaMambaMixer.ssm_step(*args), calls, s6_spy)
 
 
 def test_mamba_seam_that_changed_is_left_alone(monkeypatch):
@@ -1574,16 +1624,16 @@ def test_rwkv7_generation_keeps_its_tokens(dplr_spy):
     assert compared == 3 * 2
 
 
-def _stays_stock(owner, name, calls, spy):
-    """Each of ``calls`` (argument tuples) of the function ``owner.name`` (looked up at
-    each call: mlx-lm's, then the patched one) is, patched, mlx-lm's bit for bit (values
-    and dtypes), and none reaches the op (``spy``); the float64 ones run on the CPU
-    (MLX's GPUs have no float64)."""
+def _stays_stock(call, calls, spy):
+    """``call(*args)`` (which looks the seam's function up when called: mlx-lm's, then
+    the patched one) of each of ``calls`` (argument tuples) is, patched, mlx-lm's bit
+    for bit (values and dtypes), and none reaches the op (``spy``); the float64 ones run
+    on the CPU (MLX's GPUs have no float64)."""
 
     def run(args):
         f64 = any(isinstance(x, mx.array) and x.dtype == mx.float64 for x in args)
         with mx.stream(mx.cpu if f64 else mx.default_stream(mx.default_device())):
-            outputs = getattr(owner, name)(*args)
+            outputs = call(*args)
             mx.eval(outputs)
             return outputs
 
@@ -1618,7 +1668,7 @@ def test_rwkv7_calls_the_op_cannot_take_stay_mlx_lms(dplr_spy):
         (layer, r, w, k, v, a.astype(f64), b.astype(f64), None),
         (layer, r, w, k, v, a, b, state.astype(f64)),
     ]
-    _stays_stock(rwkv7.Rwkv7TimeMixing, "_wkv7", calls, dplr_spy)
+    _stays_stock(lambda *args: rwkv7.Rwkv7TimeMixing._wkv7(*args), calls, dplr_spy)
 
 
 def test_rwkv7_seam_that_changed_is_left_alone(monkeypatch):
@@ -1730,7 +1780,7 @@ def test_rg_lru_calls_the_op_cannot_take_stay_mlx_lms(diagonal_spy):
     a = mx.sigmoid(mx.random.normal((2, 6, 4), key=keys[1]))
     h0 = mx.random.normal((2, 4), key=keys[2])
     calls = [(x[:, :1], a[:, :1], h0), (x, a, h0.astype(mx.float64))]
-    _stays_stock(rg, "rnn_scan", calls, diagonal_spy)
+    _stays_stock(lambda *args: rg.rnn_scan(*args), calls, diagonal_spy)
 
 
 def test_rg_lru_seam_that_changed_is_left_alone(monkeypatch):

@@ -169,6 +169,9 @@ _NAME = "gated_delta_update"
 _POSITIONAL = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "mask")
 # Keyword-only options this module understands, with the defaults it expects.
 _KNOWN_OPTIONS = {"use_kernel": True, "lower_bound": None, "allow_neg_eigval": False}
+# The float dtypes the ops take; calls in others (float64, CPU only) are mlx-lm's, which
+# promotes them (the ops raised naming arguments the caller never passed; probing).
+_OP_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
 class IncompatibleMlxLmError(RuntimeError):
@@ -312,11 +315,16 @@ def gated_delta_update(
 
     ``use_kernel=True`` (inference) goes to mlx-lm's function; the training path
     (``use_kernel=False``, gate ``a`` of shape ``[B, T, Hv]`` or, per key channel,
-    ``[B, T, Hv, Dk]``) runs :func:`chunkscan.gated_delta_rule`.
+    ``[B, T, Hv, Dk]``) runs :func:`chunkscan.gated_delta_rule`, with ``q``, ``k``,
+    ``v`` of mixed dtypes promoted to one as mlx-lm's loop promotes them (the op takes
+    one; such calls raised, found by probing) unless that is float64, which the op does
+    not take: mlx-lm's function then.
     """
-    if use_kernel:
+    dtype = mx.result_type(q, k, v)
+    if use_kernel or dtype not in _OP_DTYPES:
         stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
     routed_calls["chunkscan.gated_delta_rule"] += 1
     return _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
 

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import _differences, _mlx_lm_version, _models_naming, _rebind_everywhere
+from . import _OP_DTYPES, _differences, _mlx_lm_version, _models_naming, _rebind_everywhere
 
 
 def on_cpu():
@@ -112,7 +112,8 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
     (not broadcast over the batch) go to :func:`chunkscan.linear_attention`, every other
     call (decoding one token; a padded batch of prompts; mixed dtypes, which mlx-lm
     promotes and the op refuses: a bfloat16 model with float32 q and k norms raised,
-    found by probing) to mlx-lm's function, with mlx-lm's defaults for what it leaves out."""
+    found by probing; float64 arrays, likewise) to mlx-lm's function, with mlx-lm's
+    defaults for what it leaves out."""
     style = _gla_style(stock)
     signature = inspect.signature(stock)
 
@@ -132,6 +133,8 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
             # a state of the call's own shape (one broadcast over the batch is mlx-lm's:
             # the op raised, naming the layout; found by probing)
             and (h is None or _state_shaped(h, q, v))
+            # float64 (CPU only) is mlx-lm's, which promotes it: the op raised (probing)
+            and all(x.dtype in _OP_DTYPES for x in (q, g) + (() if h is None else (h,)))
             and bound.arguments.get("mask") is None
         )
         if not takes:
@@ -309,7 +312,6 @@ def lightning_patched_modules() -> tuple[str, ...]:
 _SSD = "ssm_attn"
 _SSD_PARAMS = ("x", "A_log", "B", "C", "D", "dt", "dt_bias", "state", "time_step_limit",
                "mask", "lengths", "step")  # fmt: skip
-_SSD_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
 def _ssd_op():
@@ -352,7 +354,7 @@ def _ssd_takes(x, A_log, B, C, D, dt, dt_bias, state, mask, lengths) -> bool:
     arrays = (x, A_log, B, C, D, dt, dt_bias)
     if mask is not None or lengths is not None or not all(isinstance(a, mx.array) for a in arrays):
         return False
-    if x.ndim != 4 or B.ndim != 4 or x.shape[1] < 2 or x.dtype not in _SSD_DTYPES:
+    if x.ndim != 4 or B.ndim != 4 or x.shape[1] < 2 or x.dtype not in _OP_DTYPES:
         return False
     b, t, h, dh = x.shape
     g, n = B.shape[2:]
@@ -506,13 +508,13 @@ def _s6_takes(x: Any, state: Any) -> bool:
         isinstance(x, mx.array)
         and x.ndim == 3
         and x.shape[1] > 1
-        and x.dtype in _SSD_DTYPES
+        and x.dtype in _OP_DTYPES
         and (
             state is None
             or (
                 isinstance(state, mx.array)
                 and state.shape[0] == x.shape[0]
-                and state.dtype in _SSD_DTYPES
+                and state.dtype in _OP_DTYPES
             )
         )
     )
@@ -671,15 +673,15 @@ def _rwkv7_takes(r: Any, w: Any, k: Any, v: Any, a: Any, b: Any, state: Any) -> 
         all(isinstance(x, mx.array) for x in (r, w, k, v, a, b))
         and r.ndim == 4
         and r.shape[1] > 1
-        and r.dtype in _SSD_DTYPES
+        and r.dtype in _OP_DTYPES
         and r.dtype == k.dtype == v.dtype
-        and all(x.dtype in _SSD_DTYPES for x in (w, a, b))
+        and all(x.dtype in _OP_DTYPES for x in (w, a, b))
         and (
             state is None
             or (
                 isinstance(state, mx.array)
                 and tuple(state.shape) == (r.shape[0], r.shape[2], r.shape[3], r.shape[3])
-                and state.dtype in _SSD_DTYPES
+                and state.dtype in _OP_DTYPES
             )
         )
     )
@@ -765,14 +767,14 @@ def _rnn_scan_takes(x: Any, a: Any, h0: Any) -> bool:
         and x.ndim == 3
         and x.shape[1] > 1
         and tuple(a.shape) == tuple(x.shape)
-        and x.dtype in _SSD_DTYPES
-        and a.dtype in _SSD_DTYPES
+        and x.dtype in _OP_DTYPES
+        and a.dtype in _OP_DTYPES
         and (
             h0 is None
             or (
                 isinstance(h0, mx.array)
                 and tuple(h0.shape) == (x.shape[0], x.shape[2])
-                and h0.dtype in _SSD_DTYPES
+                and h0.dtype in _OP_DTYPES
             )
         )
     )
