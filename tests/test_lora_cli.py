@@ -308,6 +308,29 @@ def test_demo_checks_its_adapter_path(tmp_path, monkeypatch):
     assert ran == [str(tmp_path / "kept")]
 
 
+def test_demo_never_replaces_adapters_it_did_not_write(tmp_path, monkeypatch):
+    """An existing ``--adapter-path`` folder the demo did not make (an earlier run's
+    adapters) is refused before anything is written: the demo replaced those adapters
+    with ones whose config named its deleted temporary model (found by probing). A new
+    folder is made and marked, and a later demo may write it again."""
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args.adapter_path))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "adapters.safetensors").write_text("an earlier run's")
+    fresh = tmp_path / "fresh_data"
+    argv = ["--demo", "--iters", "1", "--data", str(fresh), "--adapter-path"]
+    msg = f"--adapter-path {theirs} is a folder that the demo did not create"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main([*argv, str(theirs)])
+    assert sorted(x.name for x in theirs.iterdir()) == ["adapters.safetensors"]
+    assert not fresh.exists() and ran == []  # refused before writing anything
+    ours = tmp_path / "ours"
+    assert lora.main([*argv, str(ours)]) == 0
+    assert (ours / lora.DEMO_MARKER).is_file() and ran == [str(ours)]
+    assert lora.main([*argv, str(ours)]) == 0 and ran == [str(ours)] * 2
+
+
 def test_demo_refuses_a_file_as_its_folder(tmp_path):
     path = tmp_path / "a_file"
     path.write_text("")

@@ -17,7 +17,9 @@ through :func:`chunkscan.attention`, and their memory per token stays flat. Ever
   do not exist yet are written there instead, and kept. The demo never writes into a
   directory it did not create (it marks its own with a ``.chunkscan-demo`` file): an
   existing ``--model`` folder with a ``config.json`` (or ``--data`` folder with a
-  ``train.jsonl``) is used as it is, any other existing folder is refused.
+  ``train.jsonl``) is used as it is, any other existing folder is refused; so is an
+  existing ``--adapter-path`` folder it did not make (training would replace the
+  adapters there with ones of a model deleted at exit; found by probing).
 
 Settings merge as in ``mlx_lm.lora``: command line > YAML (``-c``) > defaults. Before
 anything is loaded, the command checks that there is something to do (``--train`` or
@@ -559,6 +561,38 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
     )
 
 
+def _demo_adapter_folder(args: types.SimpleNamespace, demo_dir: str) -> pathlib.Path | None:
+    """The folder the demo must make and mark (:data:`DEMO_MARKER`) for its adapters
+    when it trains, or ``None``: one in its temporary directory, or made by an earlier
+    demo. An existing folder it did not make is refused, before anything is written (the
+    demo replaced the adapters of an earlier run there, their ``adapter_config.json``
+    then naming a model deleted at exit; found by probing)."""
+    path = getattr(args, "adapter_path", None)
+    if not args.train or not isinstance(path, str) or path == "":
+        return None
+    where = pathlib.Path(path)
+    if where.resolve().is_relative_to(pathlib.Path(demo_dir).resolve()):
+        return None
+    if (where / DEMO_MARKER).is_file():
+        return None
+    if where.exists():
+        raise SystemExit(
+            f"chunkscan lora --demo: --adapter-path {path} is a folder that the demo did not "
+            f"create (no {DEMO_MARKER} file in it), so the demo will not write its adapters "
+            f"there (it would replace what is there). Pass a path that does not exist yet "
+            f"(the demo creates it and keeps it) or a folder an earlier demo made."
+        )
+    return where
+
+
+def _mark_demo_folder(path: str | pathlib.Path) -> None:
+    """Make ``path`` and mark it as the demo's (:data:`DEMO_MARKER`)."""
+    pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+    pathlib.Path(path, DEMO_MARKER).write_text(
+        "made by chunkscan lora --demo; it may rewrite the files in this folder\n"
+    )
+
+
 def _write_demo(args: types.SimpleNamespace) -> None:
     from . import demo_model
 
@@ -576,10 +610,7 @@ def _write_demo(args: types.SimpleNamespace) -> None:
         if _demo_dir_needs_writing(flag, path, files)
     ]  # every check first: refuse before writing anything
     for path, write in todo:
-        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-        pathlib.Path(path, DEMO_MARKER).write_text(
-            "made by chunkscan lora --demo; it may rewrite the files in this folder\n"
-        )
+        _mark_demo_folder(path)
         write(path)
 
 
@@ -1434,8 +1465,11 @@ def main(argv: list[str] | None = None) -> int:
         _check_something_to_do(args)
         _check_adapter_paths(args)
         _check_resumed_adapters(args)
+        adapters = _demo_adapter_folder(args, demo_dir)  # (refuses before any writing)
         _write_demo(args)
         _check_local_inputs(args)
+        if adapters is not None:
+            _mark_demo_folder(adapters)
         print(_demo_banner(args.model), flush=True)
         run(args)
         kept = (
