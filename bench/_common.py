@@ -20,7 +20,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import re
 import subprocess
 import sys
@@ -281,28 +280,38 @@ def stop_without_cuda(script: str, mlx: bool = True, torch: bool = False) -> boo
 
 
 def device() -> str:
-    """The default MLX device, with the GPU's name where ``nvidia-smi`` knows it."""
-    import mlx.core as mx
+    """:func:`chunkscan.commands.measure.device`: the default MLX device, with the GPU's
+    name where ``nvidia-smi`` knows it."""
+    from chunkscan.commands.measure import device
 
-    name = str(mx.default_device())
-    try:
-        gpu = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
-        ).stdout.strip()  # fmt: skip
-        if gpu:
-            name += f" ({gpu.splitlines()[0]})"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return f"{name}, {platform.machine()}, {os.cpu_count()} cpus"
+    return device()
 
 
 def meta(**extra: Any) -> dict[str, Any]:
-    """:func:`chunkscan.commands.measure.provenance` (argv, commit, date, versions) with the
-    GPU's name in ``device``, plus ``extra``."""
-    from chunkscan.commands.measure import provenance
+    """:func:`chunkscan.commands.measure.provenance` (argv, commit, date, device,
+    versions), plus ``scripts_commit`` where the benchmark scripts' checkout is not
+    chunkscan's or differs from it (:func:`~chunkscan.commands.measure.git_commit` of
+    this file: a clone's edited script, run with another checkout's chunkscan, recorded
+    that checkout's clean commit; found by probing), plus ``extra``."""
+    from chunkscan.commands.measure import git_commit, provenance
 
-    return {**provenance(), "device": device(), **extra}
+    out = provenance()
+    if not os.environ.get("CHUNKSCAN_COMMIT"):
+        scripts = git_commit(str(pathlib.Path(__file__).resolve()))
+        if scripts != out["commit"] or _checkout(__file__) != _checkout(chunkscan_src()):
+            out["scripts_commit"] = f"{scripts} ({ROOT})"
+    return {**out, **extra}
+
+
+def _checkout(path: str) -> str | None:
+    """The top folder of the git checkout holding ``path``, or ``None``."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=pathlib.Path(path).resolve().parent,
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def add_save_option(p) -> None:

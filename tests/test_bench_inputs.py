@@ -302,9 +302,11 @@ def test_check_outputs_refuses_a_symbolic_link(bench, tmp_path, capsys, no_measu
 
 def test_scan_time_records_the_device_as_the_others_do(bench, monkeypatch, tmp_path):
     """``scan_time.py`` recorded ``provenance()``'s device, without the GPU's name that
-    ``_common.meta()`` gives the other scripts' files."""
-    common = bench("_common")
-    monkeypatch.setattr(common, "device", lambda: "gpu (A FAKE GPU), x86_64, 2 cpus")
+    ``_common.meta()`` gives the other scripts' files (``provenance()`` records it now,
+    for ``chunkscan repro`` too)."""
+    from chunkscan.commands import measure
+
+    monkeypatch.setattr(measure, "device", lambda: "gpu (A FAKE GPU), x86_64, 2 cpus")
     out = tmp_path / "scan_time.json"
     argv = ["--T", "8", "--H", "1", "--D", "2", "--chunk", "4", "--rounds", "1",
             "--grads", "state", "--modes", "cs.scan", "--json", str(out)]  # fmt: skip
@@ -314,6 +316,30 @@ def test_scan_time_records_the_device_as_the_others_do(bench, monkeypatch, tmp_p
     assert (meta["H"], meta["D"], meta["chunk"], meta["rounds"], meta["compiled"]) == (
         1, 2, 4, 1, False
     )  # fmt: skip
+
+
+def test_meta_names_the_scripts_checkout_where_it_is_not_chunkscans(bench, monkeypatch):
+    """``_common.meta()`` records ``scripts_commit`` where the benchmark scripts' checkout
+    differs from the chunkscan measured (a clone's edited script run with another
+    checkout's chunkscan recorded that one's clean commit; found by probing), and
+    nothing more where they are one."""
+    from chunkscan.commands import measure
+
+    common = bench("_common")
+    monkeypatch.delenv("CHUNKSCAN_COMMIT", raising=False)
+    monkeypatch.setattr(measure, "device", lambda: "cpu")
+    same = common.meta()
+    assert same["commit"] == measure.git_commit(measure.__file__)
+    if common._checkout(common.__file__) == common._checkout(common.chunkscan_src()):
+        assert "scripts_commit" not in same
+    scripts = common.__file__
+
+    def commits(path):
+        return "a" * 40 + "+dirty" if path == str(pathlib.Path(scripts).resolve()) else "b" * 40
+
+    monkeypatch.setattr(measure, "git_commit", commits)
+    assert common.meta()["scripts_commit"] == f"{'a' * 40}+dirty ({common.ROOT})"
+    assert common.meta()["commit"] == "b" * 40
 
 
 def test_cuda_scripts_write_under_the_checkouts_bench_out(bench):

@@ -396,9 +396,10 @@ def test_provenance_names_no_commit_of_another_repository(tmp_path, monkeypatch)
 
 
 def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path):
-    """A rewritten result under ``bench/results/`` leaves the commit clean; a changed
-    source marks it ``+dirty``. (Each run of a batch rewrote its own committed file, so
-    every later command recorded ``+dirty``: 14 CPU results did.)"""
+    """A rewritten (or new) result under ``bench/results/`` leaves the commit clean; a
+    changed source, or an untracked script, marks it ``+dirty``. (Each run of a batch
+    rewrote its own committed file, so every later command recorded ``+dirty``: 14 CPU
+    results did.)"""
     import shutil
 
     import chunkscan
@@ -410,6 +411,7 @@ def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path):
     result = repo / "bench" / "results" / "r.json"
     result.parent.mkdir(parents=True)
     result.write_text("{}")
+    (repo / ".gitignore").write_text("__pycache__/\n")
     try:
         subprocess.run(["git", "init", "-q", str(repo)], check=True)
         subprocess.run(git + ["add", "-A"], check=True)
@@ -434,6 +436,12 @@ def test_provenance_dirty_means_the_code_not_committed_outputs(tmp_path):
     assert commit().endswith("+dirty")
     subprocess.run(git + ["checkout", "-q", "--", str(script)], check=True)
     assert len(commit()) == 40
+    (result.parent / "new.json").write_text("{}")  # a new output: not the code either
+    assert len(commit()) == 40
+    mine = repo / "bench" / "mine.py"  # a script no commit holds (recorded clean before;
+    mine.write_text("pass\n")  # found by probing)
+    assert commit().endswith("+dirty")
+    mine.unlink()
     with open(repo / "src" / "chunkscan" / "split.py", "a") as f:
         f.write("# changed\n")
     assert commit().endswith("+dirty")

@@ -61,31 +61,13 @@ _OUTPUT_EXTS = ("json", "md", "txt", "log", "png", "gz", "csv")
 
 def provenance() -> dict[str, Any]:
     """What a measurement file records about its run: argv, git commit (or
-    ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device, versions,
-    the ``CHUNKSCAN_*`` / ``MLX_*`` environment variables set (they change what runs) and
-    the threads the CPU products use (:func:`chunkscan.ops._cpu_threads.threads`)."""
+    ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device (with the
+    GPU's name where ``nvidia-smi`` knows it), versions, the ``CHUNKSCAN_*`` / ``MLX_*``
+    environment variables set (they change what runs) and the threads the CPU products
+    use (:func:`chunkscan.ops._cpu_threads.threads`)."""
     import platform
 
-    commit = os.environ.get("CHUNKSCAN_COMMIT")
-    if not commit:
-        here = os.path.dirname(os.path.abspath(__file__))
-        try:
-            run = functools.partial(
-                subprocess.run, cwd=here, capture_output=True, text=True, check=True
-            )
-            # Only a repository that tracks this file: chunkscan installed inside someone
-            # else's repository recorded that one's commit (found by probing).
-            run(["git", "ls-files", "--error-unmatch", os.path.basename(__file__)])
-            head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
-            # Changes to committed outputs (bench/results/'s data) are not the code's: a
-            # run that rewrote its own file made the next command of a batch record
-            # +dirty (14 of the CPU results did). Run scripts there (.sh) still count.
-            status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)"]
-            outputs = [f":(top,exclude,glob)bench/results/**/*.{ext}" for ext in _OUTPUT_EXTS]
-            dirty = run([*status, *outputs]).stdout.strip()
-            commit = head + ("+dirty" if dirty else "")
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+    commit = os.environ.get("CHUNKSCAN_COMMIT") or git_commit(os.path.abspath(__file__))
     versions = {"python": platform.python_version(), "mlx": mx.__version__}
     # The copy imported here (an installed distribution's metadata can name another).
     versions["chunkscan"] = importlib.import_module("chunkscan").__version__
@@ -98,11 +80,54 @@ def provenance() -> dict[str, Any]:
         "argv": list(sys.argv),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": f"{mx.default_device()}, {platform.machine()}, {os.cpu_count()} cpus",
+        "device": device(),
         "versions": versions,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_RECORDED_ENV)},
         "cpu_threads": _cpu_threads_in_effect(),
     }
+
+
+def git_commit(path: str) -> str:
+    """The commit of the git checkout that tracks the file ``path``, with ``+dirty``
+    where a tracked file changed or an untracked one (not ignored) is there, outputs
+    under ``bench/results/`` aside; ``"unknown"`` outside one. Untracked files count: a
+    run of a script no commit holds recorded a clean commit (found by probing)."""
+    here, name = os.path.split(path)
+    try:
+        run = functools.partial(
+            subprocess.run, cwd=here, capture_output=True, text=True, check=True
+        )
+        # Only a repository that tracks this file: chunkscan installed inside someone
+        # else's repository recorded that one's commit (found by probing).
+        run(["git", "ls-files", "--error-unmatch", name])
+        head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+        # Changes to committed outputs (bench/results/'s data) are not the code's: a
+        # run that rewrote its own file made the next command of a batch record
+        # +dirty (14 of the CPU results did). Run scripts there (.sh) still count.
+        status = ["git", "status", "--porcelain", "--untracked-files=normal", "--", ":(top)"]
+        outputs = [f":(top,exclude,glob)bench/results/**/*.{ext}" for ext in _OUTPUT_EXTS]
+        dirty = run([*status, *outputs]).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device() -> str:
+    """The default MLX device, with the GPU's name where ``nvidia-smi`` knows it (``chunkscan
+    repro`` recorded no GPU name; found by probing), the machine and its CPU count."""
+    import platform
+
+    name = str(mx.default_device())
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        ).stdout.strip()  # fmt: skip
+        if gpu:
+            name += f" ({gpu.splitlines()[0]})"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"{name}, {platform.machine()}, {os.cpu_count()} cpus"
 
 
 def _cpu_threads_in_effect() -> int | str:
