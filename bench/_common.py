@@ -30,6 +30,15 @@ OUT = ROOT / "bench-out"  # default output folder (git-ignored)
 KiB = 1024.0
 
 
+class Once(argparse.Action):
+    """``action=Once`` for a list option (``nargs="+", action=Once``): each value once, in the order
+    first given. A repeated impl was measured twice and the ratios took the last copy
+    (found by probing)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, list(dict.fromkeys(values)))
+
+
 def _at_least(convert, kind: str, least: float, strict: bool):
     def parse(text: str):
         try:
@@ -322,6 +331,7 @@ def add_save_option(p) -> None:
     p.add_argument(
         "--save",
         nargs="+",
+        action=Once,
         default=[None],
         choices=SAVE_MODES,
         help="chunkscan only: what the forward keeps for the backward, every chunk's "
@@ -463,8 +473,8 @@ def add_side_by_side_options(p: argparse.ArgumentParser, impls: tuple[str, ...],
     """The options of a side-by-side script (:func:`run_side_by_side`): ``--T``,
     ``--impls``, ``--dtype``, ``--repeats``, ``--timeout``, ``--json`` and ``--md``
     (``bench-out/<name>.{json,md}`` by default)."""
-    p.add_argument("--T", type=positive_int, nargs="+", default=T)
-    p.add_argument("--impls", nargs="+", default=list(impls), choices=impls)
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=T)
+    p.add_argument("--impls", nargs="+", action=Once, default=list(impls), choices=impls)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--timeout", type=positive_float, default=1800.0,

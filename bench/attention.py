@@ -158,12 +158,16 @@ def _meta(argv: list[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import non_negative_int, positive_float, positive_int
+    from _common import Once, non_negative_int, positive_float, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="cpu-small")
-    p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    p.add_argument("--impls", nargs="+", default=["chunkscan", "mlx_fast"], choices=IMPLS)
+    p.add_argument(
+        "--T", type=positive_int, nargs="+", action=Once, default=[512, 1024, 2048, 4096, 8192]
+    )
+    p.add_argument(
+        "--impls", nargs="+", action=Once, default=["chunkscan", "mlx_fast"], choices=IMPLS
+    )
     p.add_argument("--B", type=positive_int, default=None,
                    help="override the shape's batch size (KiB/token is per token of the "
                    "batch: the peak over B x T)")  # fmt: skip

@@ -59,11 +59,11 @@ def measure(T: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import check_outputs, meta, positive_int, stop_without_cuda
+    from _common import Once, check_outputs, meta, positive_int, stop_without_cuda
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[8192, 16384])
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=[8192, 16384])
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import OUT, check_outputs, finite_float, meta, write_json
+from _common import OUT, Once, check_outputs, finite_float, meta, write_json
 
 
 def measure(mags: list[float], T: int) -> list[dict]:
@@ -69,7 +69,7 @@ def measure(mags: list[float], T: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # finite: nan and inf ran and wrote NaN rows (found by probing)
-    p.add_argument("--mags", type=finite_float, nargs="+", default=[1.0, 10.0, 30.0])
+    p.add_argument("--mags", type=finite_float, nargs="+", action=Once, default=[1.0, 10.0, 30.0])
     p.add_argument("--T", type=int, default=64, choices=(64, 128))
     p.add_argument("--json", default=str(OUT / "attention_peaked.json"))
     args = p.parse_args(argv)

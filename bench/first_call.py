@@ -26,6 +26,7 @@ from typing import Any
 
 from _common import (
     OUT,
+    Once,
     check_outputs,
     child_env,
     empty_kernel_caches,
@@ -78,7 +79,7 @@ def measure(mode: str, B: int, T: int, Hk: int, Hv: int, D: int, C: int, gate: s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", action=Once, default=list(MODES), choices=MODES)
     p.add_argument("--B", type=positive_int, default=1)
     p.add_argument("--T", type=positive_int, default=256)
     p.add_argument("--Hk", type=positive_int, default=2)

@@ -292,10 +292,10 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import non_negative_float, non_negative_int, positive_int
+    from _common import Once, non_negative_float, non_negative_int, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=DEFAULT_T)
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=DEFAULT_T)
     p.add_argument("--repeats", type=positive_int, default=10)
     p.add_argument("--warmup", type=non_negative_int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

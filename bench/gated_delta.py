@@ -246,11 +246,13 @@ def _find_openblas(value: str | None) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import add_save_option, non_negative_int, positive_float, positive_int
+    from _common import Once, add_save_option, non_negative_int, positive_float, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    p.add_argument(
+        "--T", type=positive_int, nargs="+", action=Once, default=[512, 1024, 2048, 4096, 8192]
+    )
+    p.add_argument("--impls", nargs="+", action=Once, default=list(IMPLS), choices=IMPLS)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument(

@@ -30,6 +30,7 @@ from typing import Any
 from _common import (
     OUT,
     KiB,
+    Once,
     add_save_option,
     check_outputs,
     child_env,
@@ -131,14 +132,15 @@ def measure_fla(T: int, repeats: int = 10, harness: str = "cotangents") -> dict[
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[4096, 16384, 65536])
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=[4096, 16384, 65536])
+    p.add_argument("--impls", nargs="+", action=Once, default=list(IMPLS), choices=IMPLS)
+    p.add_argument("--modes", nargs="+", action=Once, default=["eager", "compiled"],
                    choices=["eager", "compiled"])  # fmt: skip
     p.add_argument(
         "--chunk-sizes",
         type=non_negative_int,
         nargs="+",
+        action=Once,
         default=[0],
         help="0: the op's default for the device",
     )
@@ -146,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-mib",
         type=non_negative_int,
         nargs="+",
+        action=Once,
         default=[0],
         help="scratch budget of one group of chunks; 0: the library default",
     )
@@ -153,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-limit-mib",
         type=non_negative_int,
         nargs="+",
+        action=Once,
         default=[0],
         help="MLX's memory limit, this much above the inputs (mx.set_memory_limit); "
         "0: MLX's default (95%% of the GPU's memory)",
@@ -161,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--harness",
         nargs="+",
+        action=Once,
         default=["cotangents"],
         choices=["cotangents", "loss"],
         help="gradients given the outputs' cotangents, or of sum(o * w) + sum(final * w_s)",

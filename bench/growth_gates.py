@@ -29,6 +29,7 @@ import sys
 
 from _common import (
     OUT,
+    Once,
     check_outputs,
     finite_float,
     gdn_chunking,
@@ -156,11 +157,13 @@ def _impl_label(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gates", type=finite_float, nargs="+", default=[0.0, -0.3, 0.3, 0.6, 1.2])
-    p.add_argument("--chunk-sizes", type=positive_int, nargs="+", default=[8, 16, 64])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[64, 128])
+    p.add_argument(
+        "--gates", type=finite_float, nargs="+", action=Once, default=[0.0, -0.3, 0.3, 0.6, 1.2]
+    )
+    p.add_argument("--chunk-sizes", type=positive_int, nargs="+", action=Once, default=[8, 16, 64])
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=[64, 128])
     p.add_argument("--D", type=positive_int, default=16)
-    p.add_argument("--state-std", type=non_negative_float, nargs="+", default=[1.0])
+    p.add_argument("--state-std", type=non_negative_float, nargs="+", action=Once, default=[1.0])
     p.add_argument("--beta", type=finite_float, default=None,
                    help="one beta for every step (default: uniform in [0.1, 0.9])")  # fmt: skip
     p.add_argument("--channel", action="store_true",

@@ -323,12 +323,16 @@ def _check_config_fields(parser: argparse.ArgumentParser, config: dict | None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import check_outputs, non_negative_int, positive_float, positive_int
+    from _common import Once, check_outputs, non_negative_int, positive_float, positive_int
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--T", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument(
+        "--T", type=positive_int, nargs="+", action=Once, default=[512, 1024, 2048, 4096, 8192]
+    )
     # choices: an unknown mode gave one error row per T and exit status 0 (found by probing)
-    parser.add_argument("--modes", nargs="+", default=["stock", "patched", "stub"], choices=MODES)
+    parser.add_argument(
+        "--modes", nargs="+", action=Once, default=["stock", "patched", "stub"], choices=MODES
+    )
     parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the model's weights (and so the activations); on CUDA, "

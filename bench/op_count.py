@@ -27,7 +27,7 @@ import os
 import re
 import sys
 
-from _common import OUT, check_outputs, meta, positive_int, write_json
+from _common import OUT, Once, check_outputs, meta, positive_int, write_json
 
 # Primitives that make no kernel launch of their own on the GPU (views and markers);
 # RandomBits and ErfInv make the inputs, counted in ``launches`` but constant in T.
@@ -73,7 +73,7 @@ def count(T: int, C: int, group_mib: int, form: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[3584, 7168])
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=[3584, 7168])
     p.add_argument("--C", type=positive_int, default=128)
     p.add_argument("--group-mib", type=positive_int, default=1024, help="the op's group budget")
     p.add_argument("--form", choices=("transition", "factored"), default="transition")

@@ -49,21 +49,28 @@ def time_modes(T: int, grads: str, modes: list[str], args) -> dict[str, dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import check_outputs, positive_int
+    from _common import Once, check_outputs, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[1024])
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=[1024])
     p.add_argument("--H", type=positive_int, default=8)
     p.add_argument("--D", type=positive_int, default=128)
     p.add_argument("--chunk", type=positive_int, default=32)
     p.add_argument(
         "--modes",
         nargs="+",
+        action=Once,
         default=["cs.scan", "cs.checkpoint+split"],
         choices=[m for m in reporter.MODES if m != BASELINE],
         help=f"modes timed against {BASELINE}",
     )
-    p.add_argument("--grads", nargs="+", default=list(reporter.GRADS), choices=list(reporter.GRADS))
+    p.add_argument(
+        "--grads",
+        nargs="+",
+        action=Once,
+        default=list(reporter.GRADS),
+        choices=list(reporter.GRADS),
+    )
     p.add_argument("--rounds", type=positive_int, default=7)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--json", help="write the results here")

@@ -121,10 +121,10 @@ def _device() -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from _common import OUT, non_negative_int, positive_int
+    from _common import OUT, Once, non_negative_int, positive_int
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=positive_int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--n", type=positive_int, nargs="+", action=Once, default=[64, 256, 1024])
     p.add_argument("--L", type=positive_int, default=32)
     p.add_argument("--R", type=positive_int, default=128)
     p.add_argument("--Dk", type=positive_int, default=128)
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tr",
         type=positive_int,
         nargs="+",
+        action=Once,
         default=[16, 8, 32],
         help="kernel row tiles to time (CHUNKSCAN_PASS_TR); the first is the default",
     )

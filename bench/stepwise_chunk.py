@@ -23,6 +23,7 @@ import time
 import mlx.core as mx
 from _common import (  # bench/ is this script's sys.path[0]
     OUT,
+    Once,
     check_outputs,
     child_env,
     meta,
@@ -62,7 +63,7 @@ def measure(T: int, chunk: int, H: int, D: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--T", type=positive_int, nargs="+", default=[500, 1000, 2000])
+    p.add_argument("--T", type=positive_int, nargs="+", action=Once, default=[500, 1000, 2000])
     p.add_argument("--chunk", type=positive_int, default=None,
                    help="steps per chunk (default: T; one over T runs, and is recorded, "
                    "as T)")  # fmt: skip

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -349,3 +350,23 @@ def test_cuda_scripts_write_under_the_checkouts_bench_out(bench):
     assert bench("state_pass").build_parser().parse_args([]).out == str(out / "state_pass.json")
     assert bench("tc_probe").build_parser().parse_args([]).out == str(out / "tc_probe.npz")
     assert out.is_absolute() and out.name == "bench-out"
+
+
+def test_list_options_take_each_value_once(bench):
+    """A value given twice in a list option counts once, in the order first given: a
+    repeated impl was measured twice and its ratios taken against the last copy
+    (``--impls mlx_lm chunkscan mlx_lm`` showed mlx_lm "1.71x" faster than itself; found
+    by probing). Every list option of the benchmarks takes ``_common.Once``."""
+    common = bench("_common")
+    args = (
+        bench("gated_delta")
+        .build_parser()
+        .parse_args(["--impls", "mlx_lm", "chunkscan", "mlx_lm", "--T", "64", "16", "64"])
+    )
+    assert (args.impls, args.T) == (["mlx_lm", "chunkscan"], [64, 16])
+    args = bench("rwkv7").build_parser().parse_args(["--impls", "chunkscan", "chunkscan"])
+    assert args.impls == ["chunkscan"]
+    for script in sorted((pathlib.Path(common.__file__).parent).glob("*.py")):
+        text = script.read_text()
+        lists = re.findall(r'nargs="\+"(?!`)', text)  # (not the docstring's)
+        assert len(lists) == len(re.findall(r'nargs="\+",\s*action=Once', text)), script.name
