@@ -515,14 +515,15 @@ def grad_call(loss, *inputs):
 
 
 def side_by_side_table(rows: list[dict[str, Any]], baseline: str) -> str:
-    """A markdown table of :func:`run_side_by_side`'s rows (a chunk column where any row
-    records a ``chunk_size``)."""
+    """A markdown table of :func:`run_side_by_side`'s rows (a chunk column, the chunk
+    run, where any row records a ``chunk_size``)."""
     chunk = any(r.get("chunk_size") for r in rows)
     head = ["impl", "T"] + (["chunk"] if chunk else []) + ["fwd+bwd (s)", "peak (KiB/token)",
                                                            f"speedup vs {baseline}"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in rows:
-        cells = [r["impl"], str(r["T"])] + ([str(r.get("chunk_size") or "")] if chunk else [])
+        ran = r.get("chunk_run", r.get("chunk_size"))  # (rows before chunk_run: as asked)
+        cells = [r["impl"], str(r["T"])] + ([str(ran or "")] if chunk else [])
         if "error" in r:
             cells += [r["error"], "", ""]
         else:
@@ -572,7 +573,10 @@ def routed_row(impl: str, T: int, call, routed: str | None, repeats: int,
     ``call()``; where ``routed`` names a key of ``chunkscan.mlx_lm.routed_calls``, the
     check that the ``chunkscan`` impl's call went through the seam once and mlx-lm's
     not at all; then the peak above the active memory and the median of ``repeats``
-    warm calls, with ``fields`` (the configuration) first."""
+    warm calls, with ``fields`` (the configuration) first and, where it has a
+    ``chunk_size``, ``chunk_run``: the chunk the op ran at, ``T`` where that is shorter
+    (the ops scan whole chunks of ``min(chunk_size, T)``; the rows said 64 at T = 16;
+    found by probing)."""
     import mlx.core as mx
 
     import chunkscan.mlx_lm
@@ -584,6 +588,8 @@ def routed_row(impl: str, T: int, call, routed: str | None, repeats: int,
         assert calls == (1 if impl == "chunkscan" else 0), calls
     _, peak = peak_above_active(call)
     seconds = median_seconds(call, repeats=repeats, warmup=0)
+    if fields.get("chunk_size"):
+        fields = {**fields, "chunk_run": min(fields["chunk_size"], T)}
     return {"impl": impl, "T": T, **fields, "seconds": seconds, "peak_bytes": peak,
             "kib_per_token": peak / 1024.0 / T, "device": str(mx.default_device())}  # fmt: skip
 

@@ -875,6 +875,20 @@ def test_mamba2_bench_measures_both_forms(bench):
         module.main(["--heads", "6", "--groups", "4", "--json", "", "--md", ""])
 
 
+def test_routed_row_records_the_chunk_run(bench):
+    """``routed_row`` records ``chunk_run``, the chunk the op ran at: ``T`` where that
+    is shorter than the chunk asked for (the rows said 64 at T = 16; found by probing);
+    the table shows it."""
+    import mlx.core as mx
+
+    common = bench("_common")
+    rows = [common.routed_row("chunkscan", T, lambda: mx.zeros(1), None, 1, {"chunk_size": 64})
+            for T in (16, 128)]  # fmt: skip
+    assert [r["chunk_run"] for r in rows] == [16, 64]
+    assert "| chunkscan | 16 | 16 |" in common.side_by_side_table(rows, "mlx_lm")
+    assert "chunk_run" not in common.routed_row("mlx_lm", 16, lambda: mx.zeros(1), None, 1, {})
+
+
 def _layer_bench_rows(module, op_chunk, **shape):
     """Both impls of a side-by-side layer bench (mamba, rwkv7, rg_lru) at a chunk of 4,
     in this process: their rows, each checked (measured, the chunk recorded), and that
@@ -897,6 +911,7 @@ def _layer_bench_rows(module, op_chunk, **shape):
             row = module.measure(impl, dtype="float32", repeats=1, chunk_size=4, **shape)
             assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
             assert row["chunk_size"] == (4 if impl == "chunkscan" else None)
+            assert row.get("chunk_run") == (4 if impl == "chunkscan" else None)
         assert ran[-3:] == [4, 4, 4]
     finally:
         op_chunk.default_chunk_size, op_chunk.scan = default, scan
