@@ -315,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         # keys table() and plot() read (a KeyError before; probing).
         rows = read_saved(parser, "--from-json", args.from_json, keys=(),
                           row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
+        # and the rows beside them: a --json of another run stayed beside the new table
+        # and plot (found by probing)
+        if out.resolve() != pathlib.Path(args.from_json).resolve():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(rows, indent=1))
     else:
         rows = run(args)
         meta = _meta(argv)

@@ -367,13 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_config_fields(parser, args.config)
     check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
-    from _common import read_saved
+    from _common import read_saved, write_json
 
     if args.replot:
         # Beside --json: writing beside the file read rewrote committed results (their
         # tables gained columns; found by probing).
-        data = read_saved(parser, "--replot", str(args.replot), keys=("meta", "rows"))
+        data = read_saved(parser, "--replot", str(args.replot), keys=("meta", "rows"),
+                          row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        # the rows too: a --json of another run stayed beside the new table and plot
+        # (found by probing)
+        if args.json.resolve() != args.replot.resolve():
+            write_json(args.json, data["meta"], data["rows"])
         _write_outputs(data["meta"], data["rows"], args.json)
         return 0
 
@@ -381,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     # only after every configuration had run (found by probing).
     old = None
     if args.merge and args.json.exists():
-        old = read_saved(parser, "--json", str(args.json), keys=("meta", "rows"))
+        old = read_saved(parser, "--json", str(args.json), keys=("meta", "rows"),
+                         row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
     from _common import child_env, empty_kernel_caches, kernels_compiled
     from _common import meta as provenance
 
@@ -462,10 +468,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# What every row must hold (a --replot or --merge of another script's JSON was a KeyError,
+# after measuring for --merge; found by probing), and what a row without "error" holds.
+ROW_KEYS = ("mode", "T")
+MEASURED_KEYS = ("peak_mib", "mib_per_token", "seconds_per_step", "first_step_seconds")
+
+
 def _write_outputs(meta: dict[str, Any], rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     table = _table(rows, modes, sorted({r["T"] for r in rows}))
-    cmds = "\n".join(f"    {c}" for c in meta["commands"])
+    cmds = "\n".join(f"    {c}" for c in meta.get("commands", []))
     path.with_suffix(".md").write_text(
         f"# One LoRA step, tiny Qwen3-Next, {meta.get('device', 'CPU')}\n\n{cmds}\n\n{table}\n"
     )

@@ -93,8 +93,10 @@ def test_a_saved_file_rebuilds_elsewhere(bench, tmp_path, monkeypatch):
     attention = bench("attention")
     monkeypatch.setattr(attention, "plot", lambda *a: None)
     path.write_text(json.dumps([ATT_ROW, {"impl": "mlx_fast", "T": 16, "error": "x"}]))
+    (tmp_path / "o.json").write_text("[]")  # another run's rows: replaced, not left beside
     assert attention.main(["--from-json", str(path), "--json", str(tmp_path / "o.json")]) == 0
     assert "| chunkscan | 16 | 5.0 | 2.0 |" in (tmp_path / "o.md").read_text()
+    assert json.loads((tmp_path / "o.json").read_text()) == json.loads(path.read_text())
 
 
 def test_the_plot_suffix_is_checked_before_measuring(bench, tmp_path, capsys, no_measuring):

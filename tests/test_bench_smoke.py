@@ -383,8 +383,11 @@ def test_lora_replot_writes_beside_json_not_beside_the_file_read(tmp_path, monke
     committed = BENCH / "results" / "cpu" / "lora_cpu_attn_a28bad4.json"
     source.write_text(committed.read_text())
     out = tmp_path / "out" / "replot.json"
-    assert lora.main(["--replot", str(source), "--json", str(out)]) == 0
+    out.parent.mkdir()
+    out.write_text('{"meta": {}, "rows": []}')  # another run's: replaced, not left beside
+    assert lora.main(["--replot", str(source), "--json", str(out)]) == 0  # (found by probing)
     assert out.with_suffix(".md").is_file()
+    assert json.loads(out.read_text()) == json.loads(committed.read_text())
     assert sorted(p.name for p in source.parent.iterdir()) == ["lora_cpu.json"]
 
 
@@ -540,6 +543,19 @@ BAD_INPUTS = [
     ("gated_delta", ["--from-json"], "[]", "is not an object with keys rows, title"),
     ("lora", ["--replot"], '{"rows": []}', "is not an object with keys meta, rows"),
     ("lora", ["--T", "16", "--modes", "stub", "--merge", "--json"], "{", "is not JSON"),
+    # another script's file: a KeyError (after measuring, for --merge; found by probing)
+    (
+        "lora",
+        ["--replot"],
+        '{"meta": {}, "rows": [{"impl": "x", "T": 16}]}',
+        "row 0 has no key 'mode'",
+    ),
+    (
+        "lora",
+        ["--T", "16", "--modes", "stub", "--merge", "--json"],
+        '{"meta": {}, "rows": [{"impl": "x", "T": 16}]}',
+        "row 0 has no key 'mode'",
+    ),
     ("ncu_summary", [], None, None),
     ("ncu_source_summary", [], None, None),
 ]
