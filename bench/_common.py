@@ -16,6 +16,7 @@ by probing).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -435,7 +436,9 @@ def plot_time_and_memory(
     memory_label: str = "peak above inputs (KiB / token)",
 ) -> None:
     """Two log-log panels against ``T``: ``row[time_key]`` and ``row["kib_per_token"]``,
-    one line per ``impl`` (rows with an error skipped). No plot without matplotlib."""
+    one line per ``impl`` and, where rows record one, ``save`` mode (one line of both
+    modes zigzagged between them; found by probing), rows with an error skipped. No plot
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -445,16 +448,20 @@ def plot_time_and_memory(
         print("matplotlib missing: no plot")
         return
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for impl, style in zip(impls, ("o-", "s--", "^:", "D-.")):
+    lines = dict.fromkeys((r["impl"], r.get("save")) for r in rows if r["impl"] in impls)
+    lines = sorted(lines, key=lambda line: impls.index(line[0]))  # (stable: saves in order)
+    for (impl, save), style in zip(lines, itertools.cycle(("o-", "s--", "^:", "D-."))):
         # by T alone: rows of one T (of another save mode) compared their dicts, a
         # TypeError that kept two committed results from rebuilding (found by review)
-        pts = sorted(((r["T"], r) for r in rows if r["impl"] == impl and time_key in r),
+        pts = sorted(((r["T"], r) for r in rows
+                      if r["impl"] == impl and r.get("save") == save and time_key in r),
                      key=lambda p: p[0])  # fmt: skip
         if not pts:
             continue
         Ts = [t for t, _ in pts]
-        ax_t.plot(Ts, [r[time_key] for _, r in pts], style, label=impl, mfc="none")
-        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], style, label=impl, mfc="none")
+        label = impl if save is None else f"{impl} (save={save})"
+        ax_t.plot(Ts, [r[time_key] for _, r in pts], style, label=label, mfc="none")
+        ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], style, label=label, mfc="none")
     for ax, ylabel in ((ax_t, time_label), (ax_m, memory_label)):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -372,3 +372,32 @@ def test_list_options_take_each_value_once(bench):
         text = script.read_text()
         lists = re.findall(r'nargs="\+"(?!`)', text)  # (not the docstring's)
         assert len(lists) == len(re.findall(r'nargs="\+",\s*action=Once', text)), script.name
+
+
+def test_the_plot_draws_a_line_per_save_mode(bench, tmp_path, monkeypatch):
+    """``plot_time_and_memory`` draws one line per impl and save mode (``gated_delta.py
+    --save chunks groups`` drew both modes as one zigzag "chunkscan" line; found by
+    probing), each through its own points."""
+    pyplot = pytest.importorskip("matplotlib.pyplot")
+    drawn = {}
+
+    class Axes:
+        def plot(self, xs, ys, style, label, **kw):
+            drawn.setdefault(label, []).append((list(xs), list(ys)))
+
+        def __getattr__(self, name):  # the axes' other settings
+            return lambda *a, **k: None
+
+    class Figure(Axes):
+        pass
+
+    monkeypatch.setattr(pyplot, "subplots", lambda *a, **k: (Figure(), (Axes(), Axes())))
+    monkeypatch.setattr(pyplot, "close", lambda fig: None)
+    rows = [{"impl": "chunkscan", "T": T, "save": save, "s": s, "kib_per_token": 1.0}
+            for T in (16, 32) for save, s in (("chunks", 1.0), ("groups", 2.0))]  # fmt: skip
+    rows.append({"impl": "mlx_lm", "T": 16, "s": 3.0, "kib_per_token": 9.0})
+    bench("_common").plot_time_and_memory(rows, tmp_path / "p.png", "t", ("chunkscan", "mlx_lm"),
+                                          "s", "s")  # fmt: skip
+    assert drawn["chunkscan (save=chunks)"][0] == ([16, 32], [1.0, 1.0])
+    assert drawn["chunkscan (save=groups)"][0] == ([16, 32], [2.0, 2.0])
+    assert drawn["mlx_lm"][0] == ([16], [3.0])
