@@ -17,7 +17,7 @@ import threading
 
 COMMANDS = {
     "repro": ("chunkscan.commands.repro", "reproduce MLX issue #4837 and show the fix"),
-    "lora": ("chunkscan.commands.lora", "mlx_lm.lora with the chunked Gated DeltaNet backward"),
+    "lora": ("chunkscan.commands.lora", "mlx_lm.lora, recurrences and attention chunked"),
 }
 
 

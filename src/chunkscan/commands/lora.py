@@ -1,4 +1,5 @@
-"""``chunkscan lora``: ``mlx_lm.lora`` with the chunked Gated DeltaNet backward.
+"""``chunkscan lora``: ``mlx_lm.lora`` under :func:`chunkscan.mlx_lm.patch` (the chunked
+recurrences and attention).
 
 Runs mlx-lm's own LoRA command (its parser, defaults, data loading, trainer and
 adapter saving) inside :func:`chunkscan.mlx_lm.patch`, so the Gated DeltaNet layers
@@ -171,8 +172,11 @@ def build_parser():
     parser = _mlx_lm_lora().build_parser()
     parser.prog = PROG
     parser.description = (
-        "LoRA or QLoRA finetuning (mlx_lm.lora) with Gated DeltaNet layers trained "
-        "through chunkscan.gated_delta_rule."
+        "LoRA or QLoRA finetuning (mlx_lm.lora) under chunkscan.mlx_lm.patch(): the "
+        "recurrences of Gated DeltaNet (Qwen3-Next, Qwen3.5, Kimi Linear), Lightning "
+        "attention (Bailing), Mamba / Mamba2 / Jamba and RWKV-7, and "
+        "softmax attention, trained through chunkscan's ops in memory that does not grow "
+        "with the sequence."
     )
     # mlx_lm.lora gives these two a non-None default, so their YAML keys never
     # apply; None restores CLI > YAML > defaults (CONFIG_DEFAULTS has both).
