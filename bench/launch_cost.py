@@ -31,6 +31,7 @@ import time
 
 from _common import (
     OUT,
+    Once,
     check_outputs,
     meta,
     non_negative_int,
@@ -133,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launches", type=positive_int, default=400)
     p.add_argument("--repeats", type=positive_int, default=7)
-    p.add_argument("--pads", type=non_negative_int, nargs="*", default=[64, 128, 256, 1024],
-                   help="KiB")  # fmt: skip
+    p.add_argument("--pads", type=non_negative_int, nargs="*", action=Once,
+                   default=[64, 128, 256, 1024], help="KiB")  # fmt: skip
     p.add_argument("--real", action="store_true")
     p.add_argument("--json", default=str(OUT / "launch_cost.json"))
     args = p.parse_args(argv)

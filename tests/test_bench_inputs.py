@@ -370,8 +370,8 @@ def test_list_options_take_each_value_once(bench):
     assert args.impls == ["chunkscan"]
     for script in sorted((pathlib.Path(common.__file__).parent).glob("*.py")):
         text = script.read_text()
-        lists = re.findall(r'nargs="\+"(?!`)', text)  # (not the docstring's)
-        assert len(lists) == len(re.findall(r'nargs="\+",\s*action=Once', text)), script.name
+        lists = re.findall(r'nargs="[+*]"(?!`)', text)  # (not the docstring's)
+        assert len(lists) == len(re.findall(r'nargs="[+*]",\s*action=Once', text)), script.name
 
 
 def test_the_plot_draws_a_line_per_save_mode(bench, tmp_path, monkeypatch):

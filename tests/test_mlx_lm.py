@@ -629,32 +629,37 @@ def test_per_channel_gate_runs_the_op(spy, no_stock_loop):
 
 
 def test_training_calls_of_mixed_or_float64_dtypes(spy):
-    """The drop-in's training path with ``q``, ``k`` float32 beside a bfloat16 ``v``
-    promotes them as mlx-lm's loop does and runs the op (it raised: the op takes one
-    dtype; found by probing), within RTOL of stock (measured 1.2e-7); with float64 ones
-    (CPU only), which
-    the op does not take, it is mlx-lm's function, bit for bit."""
+    """The drop-in's training path with ``q``, ``k``, ``v`` of mixed dtypes promotes
+    them as mlx-lm's loop does and runs the op (it raised: the op takes one dtype; found
+    by probing), the output in ``q``'s dtype as mlx-lm's (it came back promoted; found by
+    review), within RTOL of stock (measured 1.2e-7 and 0: bfloat16 output); with any
+    array in float64 (CPU only), which the op does not take, it is mlx-lm's function,
+    bit for bit (a float64 state came back float32; found by review)."""
     B, T, Hk, Hv, D = 1, 9, 2, 4, 8
-    ks = mx.random.split(mx.random.key(8), 5)
+    ks = mx.random.split(mx.random.key(8), 6)
     q, k = (mx.random.normal((B, T, Hk, D), key=key) * D**-0.5 for key in ks[:2])
     v = mx.random.normal((B, T, Hv, D), key=ks[2])
-    a, b = (mx.random.normal((B, T, Hv), key=key) for key in ks[3:])
-    rest = (a, b, mx.zeros(Hv), mx.ones(Hv), None, None)
-    mixed = (q, k, v.astype(mx.bfloat16), *rest)
-    f64 = (q.astype(mx.float64), k.astype(mx.float64), v.astype(mx.float64), *rest)
+    a, b = (mx.random.normal((B, T, Hv), key=key) for key in ks[3:5])
+    state = mx.random.normal((B, Hv, D, D), key=ks[5])
+    bf16, f64 = mx.bfloat16, mx.float64
+    gates = (mx.zeros(Hv), mx.ones(Hv))
+    mixes = [(q, k, v.astype(bf16)), (q.astype(bf16), k.astype(bf16), v)]
     with mx.stream(mx.cpu):
-        y0, s0 = STOCK(*mixed, use_kernel=False)
-        z0, t0 = STOCK(*f64, use_kernel=False)
-        mx.eval(y0, s0, z0, t0)
-        with cmlx.patch():
-            del spy[:]  # (the probe's calls)
-            y1, s1 = cmlx.gated_delta_update(*mixed, use_kernel=False)
-            assert len(spy) == 1
-            z1, t1 = cmlx.gated_delta_update(*f64, use_kernel=False)
-            assert len(spy) == 1
-    assert y1.dtype == y0.dtype and rel(y1, y0) <= RTOL and rel(s1, s0) <= RTOL
-    assert (z1.dtype, t1.dtype) == (z0.dtype, t0.dtype) == (mx.float64, mx.float64)
-    assert mx.array_equal(z1, z0).item() and mx.array_equal(t1, t0).item()
+        for qkv in mixes:
+            y0, s0 = STOCK(*qkv, a, b, *gates, state, None, use_kernel=False)
+            with cmlx.patch():
+                del spy[:]  # (the probe's calls)
+                y1, s1 = cmlx.gated_delta_update(*qkv, a, b, *gates, state, None, use_kernel=False)
+                assert len(spy) == 1
+            assert (y1.dtype, s1.dtype) == (y0.dtype, s0.dtype)
+            assert rel(y1, y0) <= RTOL and rel(s1, s0) <= RTOL
+    calls = [
+        (*(x.astype(f64) for x in (q, k, v)), a, b, *gates, state, None),
+        (q, k, v, a, b, *gates, state.astype(f64), None),
+        (q, k, v, a.astype(f64), b, *gates, None, None),
+    ]
+    _stays_stock(lambda *args: cmlx.gated_delta_update(*args, use_kernel=False), calls, spy,
+                 stock=lambda *args: STOCK(*args, use_kernel=False))  # fmt: skip
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -1347,8 +1352,9 @@ def test_mamba2_generation_keeps_its_tokens(ssd_spy):
 
 
 def test_ssd_calls_the_op_cannot_take_stay_mlx_lms(ssd_spy):
-    """A padding mask or lengths (left-padded or ragged batch prompts) or one token go
-    to mlx-lm's function: the same arrays."""
+    """A padding mask or lengths (left-padded or ragged batch prompts), one token, or a
+    float64 state or input (the op does not take it; a float64 state came back float32,
+    found by review) go to mlx-lm's function: the same arrays and dtypes."""
     keys = mx.random.split(mx.random.key(4), 8)
     x = mx.random.normal((2, 7, 4, 3), key=keys[0])
     B, C = (mx.random.normal((2, 7, 2, 5), key=kk) for kk in keys[1:3])
@@ -1362,13 +1368,21 @@ def test_ssd_calls_the_op_cannot_take_stay_mlx_lms(ssd_spy):
         ((x, A_log, B, C, D, dt, dt_bias, None, limit, None, mx.array([7, 5])), {}),
         ((x[:, :1], A_log, B[:, :1], C[:, :1], D, dt[:, :1], dt_bias, state), {}),
     ]
-    refs = [STOCK_SSD(*a, **kw) for a, kw in calls]
+    cpu = [  # float64 (MLX's GPUs have none)
+        ((x, A_log, B, C, D, dt, dt_bias, state.astype(mx.float64)), {}),
+        ((x.astype(mx.float64), A_log, B, C, D, dt, dt_bias, state), {}),
+    ]
+    with mx.stream(mx.cpu):
+        refs = [STOCK_SSD(*a, **kw) for a, kw in calls + cpu]
+        with cmlx.patch():
+            del ssd_spy[:]  # the probe's
+            for (args, kwargs), ref in zip(calls + cpu, refs):
+                got = ssm.ssm_attn(*args, **kwargs)
+                assert all(mx.array_equal(a, b).item() and a.dtype == b.dtype
+                           for a, b in zip(got, ref))  # fmt: skip
+            assert ssd_spy == []
     with cmlx.patch():
-        del ssd_spy[:]  # the probe's
-        for (args, kwargs), ref in zip(calls, refs):
-            got = ssm.ssm_attn(*args, **kwargs)
-            assert all(mx.array_equal(a, b).item() for a, b in zip(got, ref))
-        assert ssd_spy == []
+        del ssd_spy[:]
         ssm.ssm_attn(x, A_log, B, C, D, dt, dt_bias, state)
         assert len(ssd_spy) == 1
 
@@ -1512,10 +1526,11 @@ def test_mamba_generation_keeps_its_tokens(config, s6_spy):
     assert compared == 2 * layers
 
 
-def test_mamba_float64_state_stays_mlx_lms(s6_spy):
-    """A float64 state (mlx-lm's loop promotes it; the op does not take it and the
-    patched call raised, naming ``initial_state``; found by probing): mlx-lm's method,
-    bit for bit, for Mamba's block and Jamba's step."""
+def test_mamba_float64_stays_mlx_lms(s6_spy):
+    """A float64 state, float64 weights or Jamba's ``A`` in float64 (mlx-lm's loop
+    promotes them; the op does not take them and the patched call raised, naming an
+    argument the caller never passed; found by probing and review): mlx-lm's method, bit
+    for bit, for Mamba's block and Jamba's step."""
     import mlx_lm.models.jamba as jamba
     import mlx_lm.models.mamba as mamba
 
@@ -1524,10 +1539,14 @@ def test_mamba_float64_state_stays_mlx_lms(s6_spy):
     state = mx.zeros((1, block.intermediate_size, block.ssm_state_size), dtype=mx.float64)
     calls = [(block, x, None, state)]
     _stays_stock(lambda *args: mamba.MambaBlock._process_sequence(*args), calls, s6_spy)
+    wide = mamba.MambaBlock(mamba.ModelArgs(**mamba_config()))
+    wide.set_dtype(mx.float64)  # float64 weights, a float32 input (review)
+    calls = [(wide, x, None, None)]
+    _stays_stock(lambda *args: mamba.MambaBlock._process_sequence(*args), calls, s6_spy)
     mixer = jamba.JambaMambaMixer(jamba.ModelArgs(**jamba_config()))
     x = mx.random.normal((1, 6, mixer.intermediate_size), key=mx.random.key(7))
     A = -mx.exp(mixer.A_log)
-    calls = [(mixer, x, A, state)]
+    calls = [(mixer, x, A, state), (mixer, x, A.astype(mx.float64), None)]
     _stays_stock(lambda *args: jamba.JambaMambaMixer.ssm_step(*args), calls, s6_spy)
 
 
@@ -1624,23 +1643,24 @@ def test_rwkv7_generation_keeps_its_tokens(dplr_spy):
     assert compared == 3 * 2
 
 
-def _stays_stock(call, calls, spy):
+def _stays_stock(call, calls, spy, stock=None):
     """``call(*args)`` (which looks the seam's function up when called: mlx-lm's, then
-    the patched one) of each of ``calls`` (argument tuples) is, patched, mlx-lm's bit
-    for bit (values and dtypes), and none reaches the op (``spy``); the float64 ones run
-    on the CPU (MLX's GPUs have no float64)."""
+    the patched one; or ``stock(*args)`` unpatched, where given) of each of ``calls``
+    (argument tuples) is, patched, mlx-lm's bit for bit (values and dtypes), and none
+    reaches the op (``spy``); the float64 ones run on the CPU (MLX's GPUs have no
+    float64)."""
 
-    def run(args):
+    def run(fn, args):
         f64 = any(isinstance(x, mx.array) and x.dtype == mx.float64 for x in args)
         with mx.stream(mx.cpu if f64 else mx.default_stream(mx.default_device())):
-            outputs = call(*args)
+            outputs = fn(*args)
             mx.eval(outputs)
             return outputs
 
-    want = [run(args) for args in calls]
+    want = [run(stock or call, args) for args in calls]
     with cmlx.patch():
         del spy[:]  # (the probe's calls)
-        got = [run(args) for args in calls]
+        got = [run(call, args) for args in calls]
     assert spy == []
     for theirs, ours in zip(want, got):
         for (_, x), (_, y) in zip(tree_flatten(theirs), tree_flatten(ours), strict=True):

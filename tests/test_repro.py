@@ -559,3 +559,18 @@ def test_measuring_processes_ignore_modules_in_the_working_folder(tmp_path, monk
     row = measure.run_isolated("chunkscan.commands.repro:measure", dict(config, mode="cs.scan"),
                                env={"PYTHONSAFEPATH": ""})  # fmt: skip
     assert "a module of the user" in row.get("error", ""), row
+
+
+def test_device_names_a_gpu_only_when_mlx_runs_on_it(tmp_path, monkeypatch):
+    """``provenance()``'s device line names the GPU (``nvidia-smi``) where MLX runs on
+    one (``chunkscan repro`` recorded no name), not on a CPU run of a machine that has
+    one (found by review; a stub ``nvidia-smi`` stands for it here)."""
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text("#!/bin/sh\necho 'A FAKE GPU'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.cpu))
+    assert "A FAKE GPU" not in measure.device()
+    assert measure.provenance()["device"].startswith("Device(cpu")
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    assert measure.device().startswith("Device(gpu, 0) (A FAKE GPU)")

@@ -316,17 +316,20 @@ def gated_delta_update(
     ``use_kernel=True`` (inference) goes to mlx-lm's function; the training path
     (``use_kernel=False``, gate ``a`` of shape ``[B, T, Hv]`` or, per key channel,
     ``[B, T, Hv, Dk]``) runs :func:`chunkscan.gated_delta_rule`, with ``q``, ``k``,
-    ``v`` of mixed dtypes promoted to one as mlx-lm's loop promotes them (the op takes
-    one; such calls raised, found by probing) unless that is float64, which the op does
-    not take: mlx-lm's function then.
+    ``v`` of mixed dtypes promoted to one as mlx-lm's loop promotes them, its output in
+    ``q``'s dtype as mlx-lm's (the op takes one dtype; such calls raised, found by
+    probing). A call with any array in float64 (CPU only), which the op does not take,
+    goes to mlx-lm's function (a float64 state came back float32; found by review).
     """
-    dtype = mx.result_type(q, k, v)
-    if use_kernel or dtype not in _OP_DTYPES:
+    arrays = (q, k, v, a, b, A_log, dt_bias) + (() if state is None else (state,))
+    if use_kernel or any(x.dtype not in _OP_DTYPES for x in arrays):
         stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
+    dtype, out_dtype = mx.result_type(q, k, v), q.dtype
     q, k, v = (x.astype(dtype) for x in (q, k, v))
     routed_calls["chunkscan.gated_delta_rule"] += 1
-    return _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
+    out, state = _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
+    return out.astype(out_dtype), state
 
 
 def _stock_function(kept: dict[str, Any], module: str, name: str) -> Any:

@@ -349,12 +349,18 @@ def _chunked_ssd(stock, x, A_log, B, C, D, dt, dt_bias, state, time_step_limit):
 def _ssd_takes(x, A_log, B, C, D, dt, dt_bias, state, mask, lengths) -> bool:
     """Whether the op can take an ``ssm_attn`` call: more than one token, no padding
     mask and no lengths (a batch of left-padded or ragged prompts, mlx-lm's), the
-    shapes of the docstring above, a float32 / bfloat16 / float16 ``x``, and no state
-    or one of the call's own shape (not broadcast over the batch)."""
+    shapes of the docstring above, every array (the state too) in float32 / bfloat16 /
+    float16 (a float64 state came back float32; found by review), and no state or one
+    of the call's own shape (not broadcast over the batch)."""
     arrays = (x, A_log, B, C, D, dt, dt_bias)
     if mask is not None or lengths is not None or not all(isinstance(a, mx.array) for a in arrays):
         return False
-    if x.ndim != 4 or B.ndim != 4 or x.shape[1] < 2 or x.dtype not in _OP_DTYPES:
+    if x.ndim != 4 or B.ndim != 4 or x.shape[1] < 2:
+        return False
+    if any(
+        a.dtype not in _OP_DTYPES
+        for a in arrays + ((state,) if isinstance(state, mx.array) else ())
+    ):
         return False
     b, t, h, dh = x.shape
     g, n = B.shape[2:]
@@ -500,22 +506,21 @@ def _jamba_step(layer, x, A, state):
     return y + layer.D * x, final
 
 
-def _s6_takes(x: Any, state: Any) -> bool:
+def _s6_takes(layer: Any, x: Any, state: Any, A: Any = None) -> bool:
     """More than one token of ``[B, T, Dc]`` in a float dtype, and no state or one per
-    batch row in a float dtype the op takes (a float64 one, which mlx-lm's loop
-    promotes, raised naming ``initial_state``; found by probing)."""
+    batch row, with the state, Jamba's ``A`` and the layer's parameters in float dtypes
+    the op takes (float64 ones, which mlx-lm's loop promotes, raised naming an argument
+    the caller never passed; found by probing and review)."""
     return (
         isinstance(x, mx.array)
         and x.ndim == 3
         and x.shape[1] > 1
         and x.dtype in _OP_DTYPES
-        and (
-            state is None
-            or (
-                isinstance(state, mx.array)
-                and state.shape[0] == x.shape[0]
-                and state.dtype in _OP_DTYPES
-            )
+        and (state is None or (isinstance(state, mx.array) and state.shape[0] == x.shape[0]))
+        and all(
+            v.dtype in _OP_DTYPES
+            for v in [state, A] + [p for _, p in tree_flatten(layer.parameters())]
+            if isinstance(v, mx.array)
         )
     )
 
@@ -523,7 +528,7 @@ def _s6_takes(x: Any, state: Any) -> bool:
 def _mamba_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(stock)
     def _process_sequence(self, x, conv_cache, state_cache):
-        if not _s6_takes(x, state_cache):
+        if not _s6_takes(self, x, state_cache):
             return stock(self, x, conv_cache, state_cache)
         _count("chunkscan.selective_scan")
         return _mamba_sequence(self, x, conv_cache, state_cache)
@@ -534,7 +539,7 @@ def _mamba_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
 def _jamba_wrap(stock: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(stock)
     def ssm_step(self, x, A, state=None):
-        if not _s6_takes(x, state):
+        if not _s6_takes(self, x, state, A):
             return stock(self, x, A, state)
         _count("chunkscan.selective_scan")
         return _jamba_step(self, x, A, state)
