@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import io
+import json
 import os
 import re
 from typing import Any
@@ -189,7 +190,24 @@ def peak_growth(
             peaks.append(res[key])
         return sorted(peaks)[len(peaks) // 2]
 
-    return median_peak(lengths[1]) - median_peak(lengths[0])
+    growth = median_peak(lengths[1]) - median_peak(lengths[0])
+    _record_growth(target, config, lengths, key, growth)
+    return growth
+
+
+def _record_growth(target: str, config: dict[str, Any], lengths, key: str, growth: float):
+    """With ``CHUNKSCAN_RECORD_MEMORY=<file>``, append what :func:`peak_growth` measured
+    (one JSON line: the test, target, configuration, lengths, growth in bytes and MiB),
+    so that the figures the docs quote from the memory tests regenerate from a command
+    (``bench/results/README.md``, "memory tests"), not only from the tests' docstrings."""
+    path = os.environ.get("CHUNKSCAN_RECORD_MEMORY")
+    if not path:
+        return
+    row = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "target": target,
+           "config": config, "lengths": list(lengths), "key": key, "growth_bytes": growth,
+           "growth_mib": round(growth / 2**20, 3)}  # fmt: skip
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def selective_scan_inputs(B: int, T: int, Dc: int, N: int, seed: int = 0, dtype=mx.float32):
