@@ -785,6 +785,18 @@ def test_attention_with_cache_or_sinks_goes_to_stock(attn_spy):
         assert attn_spy == [] and mx.array_equal(out, ref).item()
         model(prompt)  # no cache: the op
         assert attn_spy
+        # Counted as mlx-lm's where no KV cache is given: None, or the list of Nones
+        # deepseek_v32 passes in training (uncounted before; found by probing); not a
+        # generation's cache.
+        cmlx.routed_calls.clear()
+        mask = mx.zeros((5, 5))  # floating: mlx-lm's
+        for cache in (None, [None, None]):
+            cmlx.scaled_dot_product_attention(q, q, q, cache, 0.3, mask)
+        assert cmlx.routed_calls["mlx-lm's attention"] == 2
+        from mlx_lm.models.cache import make_prompt_cache
+
+        model(prompt, cache=make_prompt_cache(model))  # a generation's: not counted
+        assert cmlx.routed_calls["mlx-lm's attention"] == 2
     assert toks1 == toks0 and mx.array_equal(last1, last0).item()
 
 

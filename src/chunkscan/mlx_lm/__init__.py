@@ -864,7 +864,9 @@ def scaled_dot_product_attention(
         or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
         or isinstance(scale, mx.array)  # chunkscan.attention takes a Python number
     ):
-        if cache is None:
+        # Counted where there is no KV cache: none, or (deepseek_v32's and glm_moe_dsa's
+        # training) a list of Nones, whose calls went uncounted (found by probing).
+        if cache is None or (isinstance(cache, (list, tuple)) and all(c is None for c in cache)):
             routed_calls["mlx-lm's attention"] += 1
         stock = _stock_function(_attn_stock, "mlx_lm.models.base", _ATTN)
         return stock(queries, keys, values, cache, scale, mask, sinks)
