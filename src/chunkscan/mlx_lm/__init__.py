@@ -321,8 +321,8 @@ def gated_delta_update(
     probing). A call with any array in float64 (CPU only), which the op does not take,
     goes to mlx-lm's function (a float64 state came back float32; found by review).
     """
-    arrays = (q, k, v, a, b, A_log, dt_bias) + (() if state is None else (state,))
-    if use_kernel or any(x.dtype not in _OP_DTYPES for x in arrays):
+    arrays = (q, k, v, a, b, A_log, dt_bias, state)
+    if use_kernel or any(isinstance(x, mx.array) and x.dtype not in _OP_DTYPES for x in arrays):
         stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
     dtype, out_dtype = mx.result_type(q, k, v), q.dtype
