@@ -4,6 +4,7 @@ and an mlx-lm without the expected seam fails loudly."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import pathlib
@@ -48,6 +49,18 @@ CHUNK = 16
 # falcon_mamba's norms, jamba), 2.9e-6 for RWKV-7 and 8.8e-7 for recurrent_gemma, over
 # every comparison below; the bound is about 4x the largest.
 RTOL = 1e-4
+
+
+def float64_on_cpu(test):
+    """Run ``test`` on MLX's CPU stream: it builds float64 arrays, which MLX's GPUs do
+    not have (built on the GPU's stream they raised on an H100: run 124)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        with mx.stream(mx.cpu):
+            return test(*args, **kwargs)
+
+    return run
 
 
 def lora_model(config, seed=0):
@@ -628,6 +641,7 @@ def test_per_channel_gate_runs_the_op(spy, no_stock_loop):
     assert spy.count(8) == 3
 
 
+@float64_on_cpu
 def test_training_calls_of_mixed_or_float64_dtypes(spy):
     """The drop-in's training path with ``q``, ``k``, ``v`` of mixed dtypes promotes
     them as mlx-lm's loop does and runs the op (it raised: the op takes one dtype; found
@@ -644,15 +658,14 @@ def test_training_calls_of_mixed_or_float64_dtypes(spy):
     bf16, f64 = mx.bfloat16, mx.float64
     gates = (mx.zeros(Hv), mx.ones(Hv))
     mixes = [(q, k, v.astype(bf16)), (q.astype(bf16), k.astype(bf16), v)]
-    with mx.stream(mx.cpu):
-        for qkv in mixes:
-            y0, s0 = STOCK(*qkv, a, b, *gates, state, None, use_kernel=False)
-            with cmlx.patch():
-                del spy[:]  # (the probe's calls)
-                y1, s1 = cmlx.gated_delta_update(*qkv, a, b, *gates, state, None, use_kernel=False)
-                assert len(spy) == 1
-            assert (y1.dtype, s1.dtype) == (y0.dtype, s0.dtype)
-            assert rel(y1, y0) <= RTOL and rel(s1, s0) <= RTOL
+    for qkv in mixes:
+        y0, s0 = STOCK(*qkv, a, b, *gates, state, None, use_kernel=False)
+        with cmlx.patch():
+            del spy[:]  # (the probe's calls)
+            y1, s1 = cmlx.gated_delta_update(*qkv, a, b, *gates, state, None, use_kernel=False)
+            assert len(spy) == 1
+        assert (y1.dtype, s1.dtype) == (y0.dtype, s0.dtype)
+        assert rel(y1, y0) <= RTOL and rel(s1, s0) <= RTOL
     calls = [
         (*(x.astype(f64) for x in (q, k, v)), a, b, *gates, state, None),
         (q, k, v, a, b, *gates, state.astype(f64), None),
@@ -1190,6 +1203,7 @@ def test_bailing_linear_mixed_dtypes_stay_mlx_lms(gla_spy):
 
 
 @pytest.mark.parametrize("family", LIGHTNING_MODULES)
+@float64_on_cpu
 def test_bailing_linear_float64_stays_mlx_lms(family, gla_spy):
     """float64 ``q``, ``k``, ``v`` or state (CPU only), which mlx-lm's function takes
     and the op does not (the patched call raised; found by probing): mlx-lm's function,
@@ -1363,6 +1377,7 @@ def test_mamba2_generation_keeps_its_tokens(ssd_spy):
     assert all(c[1].dtype == mx.float32 for c in cache if hasattr(c, "lengths"))
 
 
+@float64_on_cpu
 def test_ssd_calls_the_op_cannot_take_stay_mlx_lms(ssd_spy):
     """A padding mask or lengths (left-padded or ragged batch prompts), one token, or a
     float64 state or input (the op does not take it; a float64 state came back float32,
@@ -1380,19 +1395,18 @@ def test_ssd_calls_the_op_cannot_take_stay_mlx_lms(ssd_spy):
         ((x, A_log, B, C, D, dt, dt_bias, None, limit, None, mx.array([7, 5])), {}),
         ((x[:, :1], A_log, B[:, :1], C[:, :1], D, dt[:, :1], dt_bias, state), {}),
     ]
-    cpu = [  # float64 (MLX's GPUs have none)
+    calls += [  # float64 (on the CPU's stream: float64_on_cpu)
         ((x, A_log, B, C, D, dt, dt_bias, state.astype(mx.float64)), {}),
         ((x.astype(mx.float64), A_log, B, C, D, dt, dt_bias, state), {}),
     ]
-    with mx.stream(mx.cpu):
-        refs = [STOCK_SSD(*a, **kw) for a, kw in calls + cpu]
-        with cmlx.patch():
-            del ssd_spy[:]  # the probe's
-            for (args, kwargs), ref in zip(calls + cpu, refs):
-                got = ssm.ssm_attn(*args, **kwargs)
-                assert all(mx.array_equal(a, b).item() and a.dtype == b.dtype
-                           for a, b in zip(got, ref))  # fmt: skip
-            assert ssd_spy == []
+    refs = [STOCK_SSD(*a, **kw) for a, kw in calls]
+    with cmlx.patch():
+        del ssd_spy[:]  # the probe's
+        for (args, kwargs), ref in zip(calls, refs):
+            got = ssm.ssm_attn(*args, **kwargs)
+            assert all(mx.array_equal(a, b).item() and a.dtype == b.dtype
+                       for a, b in zip(got, ref))  # fmt: skip
+        assert ssd_spy == []
     with cmlx.patch():
         del ssd_spy[:]
         ssm.ssm_attn(x, A_log, B, C, D, dt, dt_bias, state)
@@ -1538,6 +1552,7 @@ def test_mamba_generation_keeps_its_tokens(config, s6_spy):
     assert compared == 2 * layers
 
 
+@float64_on_cpu
 def test_mamba_float64_stays_mlx_lms(s6_spy):
     """A float64 state, float64 weights or Jamba's ``A`` in float64 (mlx-lm's loop
     promotes them; the op does not take them and the patched call raised, naming an
@@ -1659,15 +1674,12 @@ def _stays_stock(call, calls, spy, stock=None):
     """``call(*args)`` (which looks the seam's function up when called: mlx-lm's, then
     the patched one; or ``stock(*args)`` unpatched, where given) of each of ``calls``
     (argument tuples) is, patched, mlx-lm's bit for bit (values and dtypes), and none
-    reaches the op (``spy``); the float64 ones run on the CPU (MLX's GPUs have no
-    float64)."""
+    reaches the op (``spy``). Float64 calls need the CPU's stream (``float64_on_cpu``)."""
 
     def run(fn, args):
-        f64 = any(isinstance(x, mx.array) and x.dtype == mx.float64 for x in args)
-        with mx.stream(mx.cpu if f64 else mx.default_stream(mx.default_device())):
-            outputs = fn(*args)
-            mx.eval(outputs)
-            return outputs
+        outputs = fn(*args)
+        mx.eval(outputs)
+        return outputs
 
     want = [run(stock or call, args) for args in calls]
     with cmlx.patch():
@@ -1679,6 +1691,7 @@ def _stays_stock(call, calls, spy, stock=None):
             assert x.dtype == y.dtype and mx.array_equal(x, y).item()
 
 
+@float64_on_cpu
 def test_rwkv7_calls_the_op_cannot_take_stay_mlx_lms(dplr_spy):
     """One token; ``r``, ``k``, ``v`` of mixed dtypes (mlx-lm's loop promotes them; the
     op requires one dtype and the patched call raised; found by review); ``a``, ``b`` or
@@ -1801,6 +1814,7 @@ def test_rg_lru_generation_keeps_its_tokens(diagonal_spy):
     assert compared == 2 * 2
 
 
+@float64_on_cpu
 def test_rg_lru_calls_the_op_cannot_take_stay_mlx_lms(diagonal_spy):
     """One token, or a float64 state (mlx-lm's loop promotes it; the op does not take
     it and the patched call raised, naming ``initial_state``; found by probing):
