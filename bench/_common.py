@@ -289,14 +289,6 @@ def stop_without_cuda(script: str, mlx: bool = True, torch: bool = False) -> boo
     return why is not None
 
 
-def device() -> str:
-    """:func:`chunkscan.commands.measure.device`: the default MLX device, with the GPU's
-    name where ``nvidia-smi`` knows it."""
-    from chunkscan.commands.measure import device
-
-    return device()
-
-
 def meta(**extra: Any) -> dict[str, Any]:
     """:func:`chunkscan.commands.measure.provenance` (argv, commit, date, device,
     versions), plus ``scripts_commit`` where the benchmark scripts' checkout is not

@@ -174,6 +174,13 @@ _KNOWN_OPTIONS = {"use_kernel": True, "lower_bound": None, "allow_neg_eigval": F
 _OP_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
+def _op_dtypes(*xs: Any) -> bool:
+    """Whether every array among ``xs`` is in a float dtype the ops take
+    (:data:`_OP_DTYPES`); what is not an array (a state of ``None``) is passed over. The
+    seams' one dtype rule: each spelt it out before."""
+    return all(x.dtype in _OP_DTYPES for x in xs if isinstance(x, mx.array))
+
+
 class IncompatibleMlxLmError(RuntimeError):
     """The installed mlx-lm does not have the seam :func:`patch` relies on."""
 
@@ -321,8 +328,7 @@ def gated_delta_update(
     probing). A call with any array in float64 (CPU only), which the op does not take,
     goes to mlx-lm's function (a float64 state came back float32; found by review).
     """
-    arrays = (q, k, v, a, b, A_log, dt_bias, state)
-    if use_kernel or any(isinstance(x, mx.array) and x.dtype not in _OP_DTYPES for x in arrays):
+    if use_kernel or not _op_dtypes(q, k, v, a, b, A_log, dt_bias, state):
         stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
     dtype, out_dtype = mx.result_type(q, k, v), q.dtype

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import _OP_DTYPES, _differences, _mlx_lm_version, _models_naming, _rebind_everywhere
+from . import _differences, _mlx_lm_version, _models_naming, _op_dtypes, _rebind_everywhere
 
 
 def on_cpu():
@@ -134,7 +134,7 @@ def _lightning(stock: Callable[..., Any]) -> Callable[..., Any]:
             # the op raised, naming the layout; found by probing)
             and (h is None or _state_shaped(h, q, v))
             # float64 (CPU only) is mlx-lm's, which promotes it: the op raised (probing)
-            and all(x.dtype in _OP_DTYPES for x in (q, g) + (() if h is None else (h,)))
+            and _op_dtypes(q, g, h)
             and bound.arguments.get("mask") is None
         )
         if not takes:
@@ -357,10 +357,7 @@ def _ssd_takes(x, A_log, B, C, D, dt, dt_bias, state, mask, lengths) -> bool:
         return False
     if x.ndim != 4 or B.ndim != 4 or x.shape[1] < 2:
         return False
-    if any(
-        a.dtype not in _OP_DTYPES
-        for a in arrays + ((state,) if isinstance(state, mx.array) else ())
-    ):
+    if not _op_dtypes(*arrays, state):
         return False
     b, t, h, dh = x.shape
     g, n = B.shape[2:]
@@ -515,13 +512,8 @@ def _s6_takes(layer: Any, x: Any, state: Any, A: Any = None) -> bool:
         isinstance(x, mx.array)
         and x.ndim == 3
         and x.shape[1] > 1
-        and x.dtype in _OP_DTYPES
         and (state is None or (isinstance(state, mx.array) and state.shape[0] == x.shape[0]))
-        and all(
-            v.dtype in _OP_DTYPES
-            for v in [state, A] + [p for _, p in tree_flatten(layer.parameters())]
-            if isinstance(v, mx.array)
-        )
+        and _op_dtypes(x, state, A, *(p for _, p in tree_flatten(layer.parameters())))
     )
 
 
@@ -678,15 +670,13 @@ def _rwkv7_takes(r: Any, w: Any, k: Any, v: Any, a: Any, b: Any, state: Any) -> 
         all(isinstance(x, mx.array) for x in (r, w, k, v, a, b))
         and r.ndim == 4
         and r.shape[1] > 1
-        and r.dtype in _OP_DTYPES
         and r.dtype == k.dtype == v.dtype
-        and all(x.dtype in _OP_DTYPES for x in (w, a, b))
+        and _op_dtypes(r, w, a, b, state)
         and (
             state is None
             or (
                 isinstance(state, mx.array)
                 and tuple(state.shape) == (r.shape[0], r.shape[2], r.shape[3], r.shape[3])
-                and state.dtype in _OP_DTYPES
             )
         )
     )
@@ -772,15 +762,9 @@ def _rnn_scan_takes(x: Any, a: Any, h0: Any) -> bool:
         and x.ndim == 3
         and x.shape[1] > 1
         and tuple(a.shape) == tuple(x.shape)
-        and x.dtype in _OP_DTYPES
-        and a.dtype in _OP_DTYPES
+        and _op_dtypes(x, a, h0)
         and (
-            h0 is None
-            or (
-                isinstance(h0, mx.array)
-                and tuple(h0.shape) == (x.shape[0], x.shape[2])
-                and h0.dtype in _OP_DTYPES
-            )
+            h0 is None or (isinstance(h0, mx.array) and tuple(h0.shape) == (x.shape[0], x.shape[2]))
         )
     )
 
