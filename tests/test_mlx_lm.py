@@ -646,7 +646,8 @@ def test_training_calls_of_mixed_or_float64_dtypes(spy):
     """The drop-in's training path with ``q``, ``k``, ``v`` of mixed dtypes promotes
     them as mlx-lm's loop does and runs the op (it raised: the op takes one dtype; found
     by probing), the output in ``q``'s dtype as mlx-lm's (it came back promoted; found by
-    review), within RTOL of stock (measured 1.2e-7 and 0: bfloat16 output); with any
+    review), within 1.2e-6 of stock (10x the measured error: outputs 1.2e-7 and 0 for
+    the bfloat16 one, states 8.1e-8 and 7.7e-8); with any
     array in float64 (CPU only), which the op does not take, it is mlx-lm's function,
     bit for bit (a float64 state came back float32; found by review)."""
     B, T, Hk, Hv, D = 1, 9, 2, 4, 8
@@ -665,7 +666,7 @@ def test_training_calls_of_mixed_or_float64_dtypes(spy):
             y1, s1 = cmlx.gated_delta_update(*qkv, a, b, *gates, state, None, use_kernel=False)
             assert len(spy) == 1
         assert (y1.dtype, s1.dtype) == (y0.dtype, s0.dtype)
-        assert rel(y1, y0) <= RTOL and rel(s1, s0) <= RTOL
+        assert rel(y1, y0) <= 1.2e-6 and rel(s1, s0) <= 1.2e-6
     calls = [
         (*(x.astype(f64) for x in (q, k, v)), a, b, *gates, state, None),
         (q, k, v, a, b, *gates, state.astype(f64), None),
