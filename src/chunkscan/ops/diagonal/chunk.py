@@ -84,7 +84,7 @@ def diagonal_recurrence(
         TypeError: an argument is not an ``mx.array``, or ``chunk_size`` not an int.
         ValueError: a shape or dtype out of the layout above, or ``chunk_size < 1``.
     """
-    fn = "chunkscan.diagonal_recurrence"
+    fn = "diagonal_recurrence"
     given = 1 if chunk_size is None else chunk_size  # None: the default; 0 or False raise
     dims = check_inputs(fn, x, a, initial_state, given)
     chunk_size = default_chunk_size() if chunk_size is None else int(chunk_size)

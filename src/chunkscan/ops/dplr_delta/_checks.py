@@ -23,7 +23,10 @@ def check_inputs(fn, q, k, v, a, b, g, initial_state, chunk_size) -> tuple[int, 
     check_dtypes(fn, named)
     check_float_dtypes(fn, {"initial_state": initial_state})
     if q.ndim != 4:
-        raise ValueError(f"[{fn}] q must have 4 dimensions [B, T, H, Dk] but got shape {shape(q)}.")
+        raise ValueError(
+            f"[{fn}] q must have 4 dimensions [B, T, H, Dk] but got shape {shape(q)}. "
+            "Reshape q to [B, T, H, Dk]."
+        )
     batch, t, h, dk = shape(q)
     if v.ndim != 4 or shape(v)[:3] != (batch, t, h):
         raise ValueError(

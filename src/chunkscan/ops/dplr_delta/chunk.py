@@ -139,7 +139,7 @@ def dplr_delta_rule(
         TypeError: an argument is not an ``mx.array``, or ``chunk_size`` not an int.
         ValueError: a shape or dtype out of the layout above, or ``chunk_size < 1``.
     """
-    fn = "chunkscan.dplr_delta_rule"
+    fn = "dplr_delta_rule"
     given = 1 if chunk_size is None else chunk_size  # None: the default; 0 or False raise
     batch, T, h, dk, dv = check_inputs(fn, q, k, v, a, b, g, initial_state, given)
     chunk_size = default_chunk_size() if chunk_size is None else int(chunk_size)

@@ -23,7 +23,10 @@ def check_inputs(fn, x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[int,
     check_chunk_size(fn, chunk_size, example=8)
     check_float_dtypes(fn, {**named, **optional})
     if x.ndim != 3:
-        raise ValueError(f"[{fn}] x must have 3 dimensions [B, T, Dc] but got shape {shape(x)}.")
+        raise ValueError(
+            f"[{fn}] x must have 3 dimensions [B, T, Dc] but got shape {shape(x)}. "
+            "Reshape x to [B, T, Dc]."
+        )
     b, t, dc = shape(x)
     if A.ndim != 2 or A.shape[0] != dc:
         raise ValueError(

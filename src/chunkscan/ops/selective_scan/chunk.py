@@ -100,7 +100,7 @@ def selective_scan(
         TypeError: an argument is not an ``mx.array``, or ``chunk_size`` not an int.
         ValueError: a shape or dtype out of the layout above, or ``chunk_size < 1``.
     """
-    fn = "chunkscan.selective_scan"
+    fn = "selective_scan"
     given = 1 if chunk_size is None else chunk_size  # None: the default; 0 or False raise
     batch, T, dc, n = check_inputs(fn, x, dt, A, B, C, D, initial_state, given)
     chunk_size = default_chunk_size() if chunk_size is None else int(chunk_size)
