@@ -9,6 +9,7 @@ it too, with ``tests/`` on ``sys.path``.
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import json
 import os
@@ -195,9 +196,18 @@ def peak_growth(
     return growth
 
 
+@functools.cache
+def _provenance() -> dict[str, Any]:
+    """The run's provenance, once per process (it asks git and the device)."""
+    from chunkscan.commands.measure import provenance
+
+    return provenance()
+
+
 def _record_growth(target: str, config: dict[str, Any], lengths, key: str, growth: float):
     """With ``CHUNKSCAN_RECORD_MEMORY=<file>``, append what :func:`peak_growth` measured
-    (one JSON line: the test, target, configuration, lengths, growth in bytes and MiB),
+    (one JSON line: the test, target, configuration, lengths, growth in bytes and MiB,
+    and the run's ``meta``: argv, commit, device, versions, as every benchmark file has),
     so that the figures the docs quote from the memory tests regenerate from a command
     (``bench/results/README.md``, "memory tests"), not only from the tests' docstrings."""
     path = os.environ.get("CHUNKSCAN_RECORD_MEMORY")
@@ -205,7 +215,7 @@ def _record_growth(target: str, config: dict[str, Any], lengths, key: str, growt
         return
     row = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "target": target,
            "config": config, "lengths": list(lengths), "key": key, "growth_bytes": growth,
-           "growth_mib": round(growth / 2**20, 3)}  # fmt: skip
+           "growth_mib": round(growth / 2**20, 3), "meta": _provenance()}  # fmt: skip
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
 
