@@ -138,7 +138,8 @@ def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monk
     """``mx.compile(stepwise(step))`` traced along axis 0 and then given to a scan along
     axis 1 whose chunks have the same shapes (a batch as long as the chunk): the cached
     trace stepped along axis 0, outputs off by up to 1.4 with no error (found by
-    probing). Now scan raises. Used along one axis only, or traced again (under
+    probing; also after one direct call of the compiled function, session 46). Now scan
+    raises. Used along one axis only, or traced again (under
     ``mx.grad``), it matches the uncompiled function; ``mx.checkpoint`` around it runs
     its Python at every call and takes each scan's axis. Negative control: without the
     check the outputs differ. (Not caught: a lambda around the compiled function, which
@@ -186,6 +187,12 @@ def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monk
     run(hidden, axis=0, x=other)
     with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
         run(hidden)
+    # the compiled function called directly (outside scan: axis 0) at a chunk's shapes,
+    # then given to a scan along axis 1 (found by probing, session 46: silent)
+    direct = mx.compile(chunkscan.stepwise(step))
+    direct(h0, other, w)
+    with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
+        run(direct)
     # a stepwise function run uncompiled along axis 1, then compiled along axis 0: the
     # uncompiled runs made no trace (a review found them counted against it)
     bare = chunkscan.stepwise(step)

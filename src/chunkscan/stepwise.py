@@ -94,12 +94,15 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
     by probing: a batch as long as the chunk, outputs off by 1.4). MLX keeps a
     function's traces per wrapped function, not per wrapper, and so are the axes
     kept. Axes compare as written (``1`` and ``-2`` stack a ``y`` of lower rank
-    differently). Refused where it need not be: a function run under ``mx.grad``
-    (which runs the Python without leaving a trace) along one axis, then compiled
-    along another; an axis written two ways; a new ``mx.compile`` of the function after
-    one of another axis was freed. One compiled function per axis avoids all three. Not
-    seen: a lambda around the compiled function (an ``mx.checkpoint`` around it was not
-    seen before session 39)."""
+    differently). Calls outside ``scan`` (axis 0; the compiled wrapper called directly
+    leaves a trace too) count, since session 46; a run inside ``scan`` (a new trace)
+    replaces what was kept at its shapes. Refused where it need not be: a function run
+    under ``mx.grad`` (which runs the Python without leaving a trace) along one axis, or
+    the uncompiled function called directly, then the compiled one along another axis
+    at the same shapes; an axis written two ways; a new ``mx.compile`` of the function
+    after one of another axis was freed. One compiled function per axis avoids all of
+    them. Not seen: a lambda around the compiled function (an ``mx.checkpoint`` around
+    it was not seen before session 39)."""
     f = _compiled_stepwise(f)
     runs = getattr(f, "_chunkscan_runs", None)
     if runs is None or getattr(f, "_chunkscan_axis", 0) is not None:
@@ -107,10 +110,11 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
         return
     before = runs[0]
     yield
-    seen = f._chunkscan_axes_run.setdefault(_shapes(carry, xs_chunk), set())
-    if runs[0] != before:  # it ran, reading this scan's axis
-        seen.add(axis)
+    key = _shapes(carry, xs_chunk)
+    if runs[0] != before:  # it ran, reading this scan's axis: a new trace at these shapes
+        f._chunkscan_axes_run[key] = {axis}
         return
+    seen = f._chunkscan_axes_run.get(key, set())
     other = sorted(seen - {axis})
     if other:
         raise ValueError(
@@ -187,6 +191,11 @@ def stepwise(
         if time_axis is None:
             time_axis = _scan_axis()
             runs[0] += 1
+            if getattr(_SCAN, "axis", None) is None:
+                # Called outside scan (axis 0), maybe through its mx.compile: a trace at
+                # these shapes may now step along 0, and scan(axis=1) would run it
+                # (found by probing: no error, wrong values after one direct call).
+                axes_run.setdefault(_shapes(carry, xs_chunk), set()).add(0)
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
