@@ -1985,6 +1985,38 @@ def test_module_inside_a_tree_raises_naming_it():
     assert "params=" not in str(err.value)
 
 
+def test_module_params_with_a_wrapped_f_raises_naming_the_wrapper(monkeypatch):
+    """``params=module`` with ``f`` under ``mx.compile`` or ``mx.checkpoint``: MLX's
+    wrapper flattens the module into a dict of its arrays, and the step failed at its
+    first call of it with "'dict' object is not callable"; under
+    ``chunkscan.checkpoint`` its error advised ``params=module``, which was given (both
+    found by probing, session 46). Now scan says which wrapper and what to do. Its
+    control: the unwrapped f runs, and with the check switched off the compiled f fails
+    with MLX's message."""
+    lin = nn.Linear(3, 3)
+    h0, xs = mx.zeros((3,)), mx.ones((4, 3))
+
+    def step(h, x, mod):
+        h = mx.tanh(mod(h) + x)
+        return h, h
+
+    chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=lin)
+    wrappers = {
+        "an mx.compile or mx.checkpoint wrapper": (mx.compile, mx.checkpoint),
+        "a chunkscan.checkpoint wrapper": (chunkscan.checkpoint,),
+    }
+    for which, wraps in wrappers.items():
+        for wrap in wraps:
+            with pytest.raises(TypeError) as err:
+                chunkscan.scan(wrap(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=lin)
+            assert f"params is an nn.Module (Linear) and f is {which}" in str(err.value)
+            assert "Pass f unwrapped" in str(err.value)
+    monkeypatch.setattr(importlib.import_module("chunkscan.scan"), "_check_module_wrapper",
+                        lambda f, m: None)  # fmt: skip
+    with pytest.raises(TypeError, match="'dict' object is not callable"):
+        chunkscan.scan(mx.compile(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=lin)
+
+
 def test_integer_carry_and_params_leaves_used_as_indices():
     """A position counter in the carry and an index table among the params: constants
     of the recomputation, as integer xs leaves are. Both raised MLX's "[gather] Cannot

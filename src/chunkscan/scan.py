@@ -109,8 +109,10 @@ def scan(
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, or ``stepwise``'s step. With
-            ``params``, ``f`` (or the step) must take a third argument. Default:
-            ``None``.
+            ``params``, ``f`` (or the step) must take a third argument. A module
+            cannot go through a wrapper that flattens its arguments (``mx.compile``,
+            ``mx.checkpoint``, ``chunkscan.checkpoint`` around ``f``: ``TypeError``).
+            Default: ``None``.
         axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf; a
             negative axis counts from the end of each leaf. ``stepwise(step)`` steps
             along it, also wrapped (a partial, a lambda). Default: ``0``.
@@ -143,6 +145,7 @@ def scan(
 
     module = params if isinstance(params, nn.Module) else None
     if module is not None:
+        _check_module_wrapper(f, module)
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
@@ -542,6 +545,35 @@ def _distinct(arrays: list[mx.array]) -> list[mx.array]:
     only the repeats of a Python object: two Python handles can hold one array
     (``h.astype(h.dtype)`` is ``h``), and Python cannot tell them apart."""
     return arrays[:1] + [mx.depends([a], [a])[0] for a in arrays[1:]]
+
+
+def _check_module_wrapper(f: Callable, module: nn.Module) -> None:
+    """Raise where ``params`` is an ``nn.Module`` and ``f`` is (or wraps, through
+    ``__wrapped__``) a wrapper that flattens its arguments: ``mx.compile``'s or
+    ``mx.checkpoint``'s hands ``f`` a plain dict of the module's arrays, and ``f`` failed
+    at its first call of it with MLX's "'dict' object is not callable";
+    ``chunkscan.checkpoint``'s raised advising ``params=module``, which was given (both
+    found by probing)."""
+    node: Any = f
+    for _ in range(16):
+        if isinstance(node, _capture.MLX_WRAPPER):
+            which = "an mx.compile or mx.checkpoint wrapper, which hands f"
+            break
+        if getattr(node, "_chunkscan_checkpoint", False):
+            which = "a chunkscan.checkpoint wrapper, which would hand f"
+            break
+        node = getattr(node, "__wrapped__", None)
+        if node is None:
+            return
+    else:
+        return
+    raise TypeError(
+        f"[scan] params is an nn.Module ({type(module).__name__}) and f is {which} a "
+        "plain dict of the module's arrays, not the module (it flattens its arguments). "
+        "Pass f unwrapped: scan already recomputes each chunk in its backward, so no "
+        "checkpoint is needed, and mx.compile can go around the whole loss instead; or "
+        "pass params=module.trainable_parameters() and call module.update(params) in f."
+    )
 
 
 def _check_arity(f: Callable, has_params: bool) -> None:
