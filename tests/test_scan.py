@@ -1985,6 +1985,41 @@ def test_module_inside_a_tree_raises_naming_it():
     assert "params=" not in str(err.value)
 
 
+def test_f_replacing_a_trainable_parameter_of_the_params_module_raises(monkeypatch):
+    """A step counter kept as an unfrozen array of the ``params`` module and replaced at
+    every step (``self.pos = self.pos + 1``): scan puts the module's trainable
+    parameters back after each chunk, so every chunk started again from 0 (found by
+    probing, session 46: outputs off from the third step, no error). Now scan raises
+    naming it. Control: without the check the outputs differ from the loop's."""
+
+    class PosCell(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = mx.array(0.5)
+            self.pos = mx.array(0)
+
+        def __call__(self, h, x):
+            h = mx.tanh(self.w * h + x + 0.1 * self.pos)
+            self.pos = self.pos + 1
+            return h, h
+
+    xs = mx.zeros((6,))
+    loop_cell, h, ref = PosCell(), mx.array(0.0), []
+    for t in range(6):
+        h, y = loop_cell(h, xs[t])
+        ref.append(y)
+
+    def run():
+        step = chunkscan.stepwise(lambda h, x, m: m(h, x))
+        return chunkscan.scan(step, mx.array(0.0), xs, chunk_size=2, params=PosCell())[1]
+
+    with pytest.raises(ValueError, match=re.escape("f replaced params['pos'], a trainable")):
+        run()
+    monkeypatch.setattr(importlib.import_module("chunkscan.scan"), "_check_params_kept",
+                        lambda *a: None)  # fmt: skip
+    assert mx.abs(run() - mx.stack(ref)).max().item() > 0.1
+
+
 def test_module_params_with_a_wrapped_f_raises_naming_the_wrapper(monkeypatch):
     """``params=module`` with ``f`` under ``mx.compile`` or ``mx.checkpoint``: MLX's
     wrapper flattens the module into a dict of its arrays, and the step failed at its

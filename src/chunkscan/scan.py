@@ -105,7 +105,11 @@ def scan(
             (what ``nn.value_and_grad`` needs); arrays it updates in place (such as
             ``nn.BatchNorm``'s running statistics) are updated once per step, as by a
             loop: the backward's recomputation restores them (those of a module ``f``
-            reaches without ``params`` too). ``scan`` warns
+            reaches without ``params`` too). The recomputation reads such state as the
+            forward left it, so no output may depend on state ``f`` updates (a step
+            counter in the module: wrong gradients); keep that in the carry. ``f``
+            must not replace a trainable parameter (``ValueError``); an in-place update
+            of one (``self.pos += 1``) is lost at each chunk's end, unseen. ``scan`` warns
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, or ``stepwise``'s step. With
@@ -312,6 +316,8 @@ class _Plan:
                 out = self.f(carry_tree, xs_tree)
             elif self.module is not None:
                 out = self.f(carry_tree, xs_tree, self.module)
+                if i == 0 and not recompute:
+                    _check_params_kept(self.module, self.p_def, p)
             else:
                 out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
                 if i == 0 and not recompute and self.bound:
@@ -545,6 +551,34 @@ def _distinct(arrays: list[mx.array]) -> list[mx.array]:
     only the repeats of a Python object: two Python handles can hold one array
     (``h.astype(h.dtype)`` is ``h``), and Python cannot tell them apart."""
     return arrays[:1] + [mx.depends([a], [a])[0] for a in arrays[1:]]
+
+
+def _check_params_kept(module: nn.Module, p_def: tuple, p: list[mx.array]) -> None:
+    """Raise where ``f`` replaced a trainable parameter of the ``params`` module
+    (``self.pos = self.pos + 1`` on an unfrozen array): scan sets the module's trainable
+    parameters to the chunk's handles on ``params`` at every chunk and puts them back
+    after it, so each chunk started again from the value before the scan (found by
+    probing: a step counter reset at every chunk, outputs and gradients off, no
+    error). Checked after the first chunk's forward call; an in-place update of one
+    (``self.pos += 1``) cannot be told from here and is lost the same way (docstring)."""
+    leaves, treedef = _tree.flatten(module.trainable_parameters())
+    if treedef == p_def and all(a is b for a, b in zip(leaves, p)):
+        return
+    # Items appended to a list of the module (a log f keeps) are new paths, not
+    # replacements: kept as they are (test_a_list_a_module_appends_to_grows_once_per_step).
+    now = dict(zip(_tree.paths(treedef, "params"), leaves))
+    names = [n for n, a in zip(_tree.paths(p_def, "params"), p) if n in now and now[n] is not a]
+    if not names:
+        return
+    what = ", ".join(names[:3])
+    raise ValueError(
+        f"[scan] f replaced {what}, a trainable parameter of params "
+        f"({type(module).__name__}): scan differentiates params as the same arrays at "
+        "every chunk and puts them back after each, so a change would not reach the next "
+        "chunk. Keep "
+        "state that changes from step to step in the carry (init), or, for state no "
+        "output depends on (running statistics), freeze it: module.freeze(keys=[...])."
+    )
 
 
 def _check_module_wrapper(f: Callable, module: nn.Module) -> None:
