@@ -46,8 +46,9 @@ MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
 #: unchanged: there its backward's ``T x S`` scores are small, and it is faster (CPU,
-#: one block, Hq=2, D=64, f32: MLX 1.4x-1.5x faster at T = 64 ... 1024, as it skips the
-#: recomputation; ``bench/attention.py --fast-max-scores 0``). 0 disables the shortcut.
+#: one block, Hq=2, D=64, f32: MLX up to 1.2x faster at T = 64 ... 1024, as it skips the
+#: recomputation; ``bench/attention.py --fast-max-scores 0``, docs/attention.md). 0
+#: disables the shortcut.
 #: A per-device knob: measure the crossover on the GPU.
 FAST_MAX_SCORES = 1024 * 1024
 #: Forward through MLX's fused kernel (``force_fused=True``) where one exists (GPU),
