@@ -2460,3 +2460,31 @@ def test_scan_keeps_a_namedtuple_carry():
         assert type(carry) is type(init)
         grads = mx.grad(lambda i: sum(run(i)))(init)
         assert type(grads) is type(init) and float(grads.a) == 0.5**6
+
+
+def test_messages_read_none_and_ndarray_plainly_and_name_a_module_f():
+    """ "returned a NoneType", "the returned carry is a None", "xs is a ndarray", and a
+    module given as f warned that f "captures the nn.Module 'f'" (found by probing,
+    session 46)."""
+    h, x = mx.zeros((3,)), mx.ones((4, 3))
+    with pytest.raises(TypeError, match=re.escape("but returned None. Return a tuple")):
+        chunkscan.scan(lambda c, xs: None, h, x)
+    with pytest.raises(TypeError, match=re.escape("the returned carry is None.")):
+        chunkscan.scan(lambda c, xs: (None, xs), h, x)
+    with pytest.raises(TypeError, match=re.escape("xs is an ndarray.")):
+        chunkscan.scan(lambda c, xs: (c, xs), h, np.ones((4, 3), np.float32))
+
+    class Chunk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def __call__(self, c, xs, p=None):
+            return (p or self).lin(c), xs
+
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match=re.escape("f is itself an nn.Module")):
+        chunkscan.scan(Chunk(), h, x, chunk_size=2)
+    m = Chunk()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chunkscan.scan(m, h, x, chunk_size=2, params=m)

@@ -175,8 +175,12 @@ def _leaf_kind(leaf: Any) -> str:
 
 def with_article(noun: str) -> str:
     """``noun`` with its indefinite article ("an int", "a float", "a uint8": a type
-    name's u reads "you")."""
-    return f"{'an' if noun[:1].lower() in 'aeio' else 'a'} {noun}"
+    name's u reads "you"; "an ndarray"); ``None`` for None's type and kind (messages
+    read "a NoneType", "is a None": found by probing)."""
+    if noun in ("None", "NoneType"):
+        return "None"
+    vowel = noun[:1].lower() in "aeio" or noun.startswith("nd")
+    return f"{'an' if vowel else 'a'} {noun}"
 
 
 def _structure_differences(td_a: tuple, name_a: str, td_b: tuple, name_b: str) -> list[str]:

@@ -923,11 +923,17 @@ def _warn_on_captured_modules(
             use = "take it as the third argument of step: step(carry, x, params)"
         else:
             use = "use the third argument of f: f(carry, xs, params)"
-        warnings.warn(
-            f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) {how}; "
-            "its parameters are constants inside scan and get no gradient. Pass it as "
-            f"params={arg} and {use}.",
-            ClosureCaptureWarning,
-            stacklevel=3,
-        )
+        if value is f:  # the chunk function is the module (found by probing: named 'f')
+            message = (
+                f"[scan] f is itself an nn.Module ({type(value).__name__}); its parameters "
+                "are constants inside scan and get no gradient. Pass it as params too, "
+                "scan(f, init, xs, params=f), and use the third argument of its __call__."
+            )
+        else:
+            message = (
+                f"[scan] f captures the nn.Module {name!r} ({type(value).__name__}) {how}; "
+                "its parameters are constants inside scan and get no gradient. Pass it as "
+                f"params={arg} and {use}."
+            )
+        warnings.warn(message, ClosureCaptureWarning, stacklevel=3)
     return [value for _, value in found], bound
