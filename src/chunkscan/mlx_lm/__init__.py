@@ -808,7 +808,9 @@ def _roll_back() -> None:
 
 
 def patched_families() -> tuple[str, ...]:
-    """Names of the ``mlx_lm.models`` modules currently patched (empty when none)."""
+    """Names of the ``mlx_lm.models`` modules currently patched (empty when none).
+    A family that builds its layers from another's module is patched through that one
+    and not listed: ``qwen3_5_moe`` takes ``qwen3_5``'s model, so ``qwen3_5`` covers it."""
     return tuple(sorted(n.rsplit(".", 1)[1] for n in _saved))
 
 
