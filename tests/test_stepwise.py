@@ -162,6 +162,7 @@ def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monk
         return (chunkscan.scan(f, h0, xs, chunk_size=3, params=w, axis=1)[1] ** 2).sum()
 
     ref = run(chunkscan.stepwise(step))
+    g_ref = mx.grad(lambda w: loss(chunkscan.stepwise(step), w))(w)
     compiled = mx.compile(chunkscan.stepwise(step))
     run(compiled, axis=0, x=other)
     with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
@@ -193,6 +194,11 @@ def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monk
     direct(h0, other, w)
     with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
         run(direct)
+    # a run under mx.grad along axis 1 leaves no trace: the axis-0 trace still counts
+    # (review, session 46: a first cut forgot it there, silently wrong by 0.89)
+    assert_trees_close(mx.grad(lambda w: loss(direct, w))(w), g_ref, tol=0.0)
+    with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
+        run(direct)
     # a stepwise function run uncompiled along axis 1, then compiled along axis 0: the
     # uncompiled runs made no trace (a review found them counted against it)
     bare = chunkscan.stepwise(step)
@@ -201,7 +207,6 @@ def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monk
     ref0 = run(chunkscan.stepwise(step), axis=0, x=other)
     for _ in range(2):
         assert_trees_close(run(bare_compiled, axis=0, x=other), ref0, tol=0.0)
-    g_ref = mx.grad(lambda w: loss(chunkscan.stepwise(step), w))(w)
     assert_trees_close(mx.grad(lambda w: loss(compiled, w))(w), g_ref, tol=0.0)
     checkpointed = mx.checkpoint(chunkscan.stepwise(step))
     run(checkpointed, axis=0, x=other)

@@ -153,7 +153,6 @@ def checkpoint(fun: F) -> F:
         outs = forward(*arrays)
         return _tree.unflatten(out_defs[0], _tree.as_list(outs))
 
-    checkpointed._chunkscan_checkpoint = True  # type: ignore[attr-defined]  # scan's check
     return checkpointed  # type: ignore[return-value]
 
 

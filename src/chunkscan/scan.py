@@ -107,16 +107,18 @@ def scan(
             loop: the backward's recomputation restores them (those of a module ``f``
             reaches without ``params`` too). The recomputation reads such state as the
             forward left it, so no output may depend on state ``f`` updates (a step
-            counter in the module: wrong gradients); keep that in the carry. ``f``
-            must not replace a trainable parameter (``ValueError``); an in-place update
-            of one (``self.pos += 1``) is lost at each chunk's end, unseen. ``scan`` warns
+            counter in the module: wrong gradients); keep that in the carry. A
+            trainable parameter ``f`` changes does not reach the next chunk: an integer
+            one replaced raises (``ValueError``), a floating one replaced is taken for a
+            value derived again at each call (weight norm, tied weights), and an
+            in-place update (``self.pos += 1``) is lost unseen. ``scan`` warns
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, or ``stepwise``'s step. With
             ``params``, ``f`` (or the step) must take a third argument. A module
-            cannot go through a wrapper that flattens its arguments (``mx.compile``,
-            ``mx.checkpoint``, ``chunkscan.checkpoint`` around ``f``: ``TypeError``).
-            Default: ``None``.
+            cannot be called through a wrapper that flattens its arguments
+            (``mx.compile``, ``mx.checkpoint``, ``chunkscan.checkpoint`` around ``f``
+            or its step: a ``TypeError`` that says so). Default: ``None``.
         axis (int, optional): Scanned axis of every ``xs`` and ``ys`` leaf; a
             negative axis counts from the end of each leaf. ``stepwise(step)`` steps
             along it, also wrapped (a partial, a lambda). Default: ``0``.
@@ -149,7 +151,6 @@ def scan(
 
     module = params if isinstance(params, nn.Module) else None
     if module is not None:
-        _check_module_wrapper(f, module)
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
@@ -315,7 +316,11 @@ class _Plan:
             if not self.has_params:
                 out = self.f(carry_tree, xs_tree)
             elif self.module is not None:
-                out = self.f(carry_tree, xs_tree, self.module)
+                try:
+                    out = self.f(carry_tree, xs_tree, self.module)
+                except (TypeError, AttributeError) as e:
+                    _explain_flattened_module(e, self.module)
+                    raise
                 if i == 0 and not recompute:
                     _check_params_kept(self.module, self.p_def, p)
             else:
@@ -554,60 +559,62 @@ def _distinct(arrays: list[mx.array]) -> list[mx.array]:
 
 
 def _check_params_kept(module: nn.Module, p_def: tuple, p: list[mx.array]) -> None:
-    """Raise where ``f`` replaced a trainable parameter of the ``params`` module
-    (``self.pos = self.pos + 1`` on an unfrozen array): scan sets the module's trainable
-    parameters to the chunk's handles on ``params`` at every chunk and puts them back
-    after it, so each chunk started again from the value before the scan (found by
-    probing: a step counter reset at every chunk, outputs and gradients off, no
-    error). Checked after the first chunk's forward call; an in-place update of one
-    (``self.pos += 1``) cannot be told from here and is lost the same way (docstring)."""
+    """Raise where ``f`` replaced an integer or boolean array among the ``params``
+    module's trainable parameters (``self.pos = self.pos + 1`` on an unfrozen step
+    counter): scan sets the module's trainable parameters to the chunk's handles at
+    every chunk and puts them back after it, so each chunk started again from the
+    value before the scan (found by probing: outputs and gradients off, no error).
+    Such an array gets no gradient: it is state. A floating one replaced is taken for
+    a value derived again at each call (weight norm, weights tied by assignment, a
+    layer under ``nn.utils.checkpoint``, which updates it with fresh handles: all as in
+    the loop; review), so not checked. Checked after the first chunk's forward call;
+    an in-place update (``self.pos += 1``) cannot be told from here (docstring)."""
     leaves, treedef = _tree.flatten(module.trainable_parameters())
     if treedef == p_def and all(a is b for a, b in zip(leaves, p)):
         return
     # Items appended to a list of the module (a log f keeps) are new paths, not
     # replacements: kept as they are (test_a_list_a_module_appends_to_grows_once_per_step).
     now = dict(zip(_tree.paths(treedef, "params"), leaves))
-    names = [n for n, a in zip(_tree.paths(p_def, "params"), p) if n in now and now[n] is not a]
+    names = [
+        n
+        for n, a in zip(_tree.paths(p_def, "params"), p)
+        if n in now and now[n] is not a and not mx.issubdtype(a.dtype, mx.inexact)
+    ]
     if not names:
         return
-    what = ", ".join(names[:3])
+    what = ", ".join(names) if len(names) > 1 else names[0]
     raise ValueError(
-        f"[scan] f replaced {what}, a trainable parameter of params "
-        f"({type(module).__name__}): scan differentiates params as the same arrays at "
-        "every chunk and puts them back after each, so a change would not reach the next "
-        "chunk. Keep "
-        "state that changes from step to step in the carry (init), or, for state no "
-        "output depends on (running statistics), freeze it: module.freeze(keys=[...])."
+        f"[scan] f replaced {what} of params ({type(module).__name__}): integer state "
+        "among the module's trainable parameters. scan passes params to every chunk as "
+        "they were before the scan and puts them back after each chunk, so the change "
+        "would not reach the next chunk. Keep state that changes from step to step in "
+        "the carry (init)."
     )
 
 
-def _check_module_wrapper(f: Callable, module: nn.Module) -> None:
-    """Raise where ``params`` is an ``nn.Module`` and ``f`` is (or wraps, through
-    ``__wrapped__``) a wrapper that flattens its arguments: ``mx.compile``'s or
-    ``mx.checkpoint``'s hands ``f`` a plain dict of the module's arrays, and ``f`` failed
-    at its first call of it with MLX's "'dict' object is not callable";
-    ``chunkscan.checkpoint``'s raised advising ``params=module``, which was given (both
-    found by probing)."""
-    node: Any = f
-    for _ in range(16):
-        if isinstance(node, _capture.MLX_WRAPPER):
-            which = "an mx.compile or mx.checkpoint wrapper, which hands f"
-            break
-        if getattr(node, "_chunkscan_checkpoint", False):
-            which = "a chunkscan.checkpoint wrapper, which would hand f"
-            break
-        node = getattr(node, "__wrapped__", None)
-        if node is None:
-            return
-    else:
+def _explain_flattened_module(error: Exception, module: nn.Module) -> None:
+    """Where ``f`` failed on a plain dict where it called the ``params`` module, raise a
+    ``TypeError`` saying why: ``mx.compile`` and ``mx.checkpoint`` (around ``f``, its
+    step, or behind a lambda or partial) hand the function a dict of the module's arrays,
+    and ``chunkscan.checkpoint`` refuses a module. The error was MLX's "'dict' object is
+    not callable" from the user's step, or chunkscan.checkpoint's advice to pass
+    ``params=module``, which was given (found by probing). A wrapped ``f`` that reads
+    the dict by key works, and is left alone (review)."""
+    text = str(error)
+    flattened = "'dict' object" in text or (
+        text.startswith("[checkpoint]") and "is an nn.Module" in text
+    )
+    if not flattened:
         return
     raise TypeError(
-        f"[scan] params is an nn.Module ({type(module).__name__}) and f is {which} a "
-        "plain dict of the module's arrays, not the module (it flattens its arguments). "
-        "Pass f unwrapped: scan already recomputes each chunk in its backward, so no "
-        "checkpoint is needed, and mx.compile can go around the whole loss instead; or "
-        "pass params=module.trainable_parameters() and call module.update(params) in f."
-    )
+        f"[scan] f failed on a plain dict where it used the params module "
+        f"({type(module).__name__}): a wrapper that flattens its arguments (mx.compile, "
+        "mx.checkpoint around f or its step) hands f a dict of the module's arrays, and "
+        "chunkscan.checkpoint takes no module. Pass f unwrapped: scan already recomputes "
+        "each chunk in its backward, so no checkpoint is needed, and mx.compile can go "
+        "around the whole loss instead; or pass params=module.trainable_parameters() and "
+        f"call module.update(params) in f. ({type(error).__name__}: {text})"
+    ) from error
 
 
 def _check_arity(f: Callable, has_params: bool) -> None:
@@ -923,11 +930,14 @@ def _warn_on_captured_modules(
             use = "take it as the third argument of step: step(carry, x, params)"
         else:
             use = "use the third argument of f: f(carry, xs, params)"
-        if value is f:  # the chunk function is the module (found by probing: named 'f')
+        # The chunk function or step is the module itself (scan(cell), stepwise(cell),
+        # partial(cell)): it was named by an internal variable, 'f' or 'step' (probing).
+        if any(value is g for g in (f, step, getattr(f, "func", None))):
             message = (
-                f"[scan] f is itself an nn.Module ({type(value).__name__}); its parameters "
-                "are constants inside scan and get no gradient. Pass it as params too, "
-                "scan(f, init, xs, params=f), and use the third argument of its __call__."
+                f"[scan] {'the step' if value is step else 'f'} is itself an nn.Module "
+                f"({type(value).__name__}); its parameters are constants inside scan and "
+                "get no gradient. Pass the module as params too (scan(..., "
+                "params=module)) and use the third argument of its __call__."
             )
         else:
             message = (

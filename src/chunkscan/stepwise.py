@@ -95,8 +95,7 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
     function's traces per wrapped function, not per wrapper, and so are the axes
     kept. Axes compare as written (``1`` and ``-2`` stack a ``y`` of lower rank
     differently). Calls outside ``scan`` (axis 0; the compiled wrapper called directly
-    leaves a trace too) count, since session 46; a run inside ``scan`` (a new trace)
-    replaces what was kept at its shapes. Refused where it need not be: a function run
+    leaves a trace too) count, since session 46. Refused where it need not be: a function run
     under ``mx.grad`` (which runs the Python without leaving a trace) along one axis, or
     the uncompiled function called directly, then the compiled one along another axis
     at the same shapes; an axis written two ways; a new ``mx.compile`` of the function
@@ -110,11 +109,10 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
         return
     before = runs[0]
     yield
-    key = _shapes(carry, xs_chunk)
-    if runs[0] != before:  # it ran, reading this scan's axis: a new trace at these shapes
-        f._chunkscan_axes_run[key] = {axis}
+    seen = f._chunkscan_axes_run.setdefault(_shapes(carry, xs_chunk), set())
+    if runs[0] != before:  # it ran, reading this scan's axis (under mx.grad: no trace)
+        seen.add(axis)
         return
-    seen = f._chunkscan_axes_run.get(key, set())
     other = sorted(seen - {axis})
     if other:
         raise ValueError(
@@ -191,11 +189,6 @@ def stepwise(
         if time_axis is None:
             time_axis = _scan_axis()
             runs[0] += 1
-            if getattr(_SCAN, "axis", None) is None:
-                # Called outside scan (axis 0), maybe through its mx.compile: a trace at
-                # these shapes may now step along 0, and scan(axis=1) would run it
-                # (found by probing: no error, wrong values after one direct call).
-                axes_run.setdefault(_shapes(carry, xs_chunk), set()).add(0)
         leaves, xs_def = _tree.require_arrays("stepwise", "xs_chunk", xs_chunk)
         names = _tree.paths(xs_def, "xs_chunk")
         axes = [normalize_axis("stepwise", time_axis, x.ndim, n) for x, n in zip(leaves, names)]
@@ -210,6 +203,11 @@ def stepwise(
                 f"[stepwise] xs_chunk {what}: there is no step to run. Pass a chunk of at "
                 "least one step of each input."
             )
+        if axis is None and getattr(_SCAN, "axis", None) is None:
+            # Called outside scan (axis 0), maybe through its mx.compile: a trace at these
+            # shapes may now step along 0, and scan(axis=1) would run it (found by
+            # probing, session 46: no error, wrong values after one direct call).
+            axes_run.setdefault(_shapes(carry, xs_chunk), set()).add(0)
         per_leaf = [
             split_at(x, list(range(1, steps)), ax) if steps > 1 else [x]
             for x, ax in zip(leaves, axes)
