@@ -1641,6 +1641,20 @@ def test_a_parameter_tree_of_the_captured_module_is_passed():
         chunkscan.scan(lambda c, x, p: (model(c), x), h0, xs, chunk_size=2, params=other)
 
 
+def _scanned_or_looped(step, h0, xs, params, use_scan: bool, chunk_size: int = 2):
+    """``ys`` of ``stepwise(step)`` over ``xs`` (time on axis 0) from ``h0``: through
+    ``chunkscan.scan`` with ``params``, or the plain loop that is its reference."""
+    if use_scan:
+        return chunkscan.scan(
+            chunkscan.stepwise(step), h0, xs, chunk_size=chunk_size, params=params
+        )[1]
+    h, ys = h0, []
+    for t in range(xs.shape[0]):
+        h, y = step(h, xs[t], params)
+        ys.append(y)
+    return mx.stack(ys)
+
+
 def test_a_captured_module_holding_params_own_arrays_trains_through_them():
     """``params`` the very arrays of a module ``f`` calls through its closure (``model``
     updated from ``params`` outside ``scan``, or ``nn.value_and_grad(model, ...)``
@@ -1660,15 +1674,7 @@ def test_a_captured_module_holding_params_own_arrays_trains_through_them():
 
     def loss(params, use_scan):
         model.update(params)
-        if use_scan:
-            _, ys = chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=params)
-        else:
-            h, ys = h0, []
-            for t in range(6):
-                h, y = step(h, xs[t], params)
-                ys.append(y)
-            ys = mx.stack(ys)
-        return (ys**2).sum()
+        return (_scanned_or_looped(step, h0, xs, params, use_scan) ** 2).sum()
 
     p0 = model.trainable_parameters()
     g_loop = g_loop_eager = mx.grad(loss)(p0, False)
@@ -2047,15 +2053,7 @@ def test_floating_parameters_replaced_at_each_call_stay_as_in_the_loop():
         return h, h
 
     def loss(m, use_scan):
-        if use_scan:
-            ys = chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=m)[1]
-        else:
-            h, out = h0, []
-            for t in range(6):
-                h, y = step(h, xs[t], m)
-                out.append(y)
-            ys = mx.stack(out)
-        return (ys**2).sum()
+        return (_scanned_or_looped(step, h0, xs, m, use_scan) ** 2).sum()
 
     m, ref = Model(), Model()
     ref.update(m.parameters())
