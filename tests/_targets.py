@@ -402,13 +402,17 @@ def selective_scan_backward_peak(
 
 
 def dplr_delta_backward_peak(
-    T: int, B: int, H: int, D: int, C: int, compiled: bool = False
+    T: int, B: int, H: int, D: int, C: int, compiled: bool = False, no_edge: str | None = None
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all seven gradients of ``dplr_delta_rule``
     (``compiled``: under ``mx.compile``); a chunk as long as the sequence (``C >= T``)
     is the negative control (one chunk: no carries between chunks, the whole sequence's
-    pairwise decays recomputed at once)."""
+    pairwise decays recomputed at once); ``no_edge``: one ordering rule of ``scan``
+    (the op's chunk loop) switched off, the control of that rule."""
     from helpers import dplr_delta_inputs
+
+    if no_edge:
+        importlib.import_module("chunkscan.scan")._ordering = without(no_edge)
 
     args = dplr_delta_inputs(B, T, H, D, D)
     return _state_op_backward_peak(chunkscan.dplr_delta_rule, args, (B, T, H, D), C, compiled)
