@@ -189,12 +189,12 @@ def test_backward_memory_is_one_chunk():
     """Peak growth of all seven gradients from T = 256 to 1024 (fresh processes; 4 heads
     of 16, chunks of 8) within 1.25x of what the call must keep per token: the
     gradients of the six per-token inputs and the output (float32: ``7 H D``) and the
-    state kept per chunk: measured 1.58 / 1.82 MiB eager / compiled against
-    the bound of 2.11 (``bench/results/cpu/memory_tests_1626d2c.jsonl``). The negative
+    state kept per chunk: measured 1.35 / 1.83 MiB eager / compiled against
+    the bound of 2.11 (``bench/results/cpu/memory_tests_98117e4.jsonl``). The negative
     control: the whole sequence one chunk (no carries, its pairwise decays recomputed at
     once), 6102 MiB. At chunks of 32 (the GPU's default) 1.31 / 1.34 MiB against 1.76
     since scan's inputs wait for the carry (rule 5, session 46); without that edge 3.61
-    / 7.59 (found by probing: every chunk's state-independent work ran up front), the
+    eager (found by probing: every chunk's state-independent work ran up front), the
     control of the rule."""
     shape = dict(B=1, H=4, D=16)
     H, D = shape["H"], shape["D"]

@@ -148,9 +148,9 @@ def test_backward_memory_is_one_chunk():
     channels, a state of 16, chunks of 8) within the gradients of the per-token inputs,
     the output, its cotangent and the skip term's temporaries (float32: ``2 Dc + 2 N``
     and ``4 Dc`` per token) and the state kept per chunk, plus slack of four states:
-    measured 0.73 / 0.82 MiB eager / compiled against the bound of 1.61. The
+    measured 0.82 / 0.64 MiB eager / compiled against the bound of 1.61. The
     negative control: the whole sequence one chunk (no carries, its parallel scan
-    recomputed at once), 150 MiB (``bench/results/cpu/memory_tests_1626d2c.jsonl``)."""
+    recomputed at once), 153 MiB (``bench/results/cpu/memory_tests_98117e4.jsonl``)."""
     shape = dict(B=1, Dc=64, N=16)
     Dc, N, C = shape["Dc"], shape["N"], 8
     state = 4 * Dc * N
