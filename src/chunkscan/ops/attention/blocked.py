@@ -46,8 +46,8 @@ MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
 #: unchanged: there its backward's ``T x S`` scores are small, and it is faster (CPU,
-#: one block, Hq=2, D=64, f32: MLX up to 1.2x-1.5x faster at T = 64 ... 1024 in two runs
-#: on different days of a shared machine, as it skips the
+#: one block, Hq=2, D=64, f32: MLX up to 1.2x faster at T = 64 ... 1024 in session 46's
+#: run, 1.5x in session 31's on the shared machine then, as it skips the
 #: recomputation; ``bench/attention.py --fast-max-scores 0``, docs/attention.md). 0
 #: disables the shortcut.
 #: A per-device knob: measure the crossover on the GPU.
