@@ -336,7 +336,7 @@ def test_a_live_handle_does_not_enter_twice_and_patch_takes_no_positional_argume
     with pytest.raises(TypeError, match=re.escape("an int as its first argument. Write "
                                                   "patch(chunk_size=32).")):  # fmt: skip
         cmlx.patch(32)
-    with pytest.raises(TypeError, match="NoneType as its first argument"):  # (review)
+    with pytest.raises(TypeError, match="got None as its first argument"):  # (review)
         cmlx.patch(None)
     assert not cmlx._stack
 
