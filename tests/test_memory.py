@@ -64,6 +64,26 @@ def test_the_bound_catches_mx_checkpoint():
     assert p1 - p0 > 2 * growth_bound_mib(T, 4 * T)
 
 
+def test_a_chunks_input_work_waits_for_its_carry():
+    """Rule 5 in ``scan``: a chunk function whose work is mostly on its inputs alone
+    (pairwise decays ``[L, L + 1, D]`` and a triangular inverse, as chunkwise delta
+    rules do) must run chunk by chunk. Without the edge MLX ran every chunk's input
+    work first and kept it (found by probing, session 46: ``dplr_delta_rule`` grew 3.61
+    MiB against its bound of 1.76). Growth from T = 256 to 1024 (D = 64, chunks of 32)
+    within 1.5x the per-token terms (``q``, ``g`` and their gradients, ``y``, its
+    cotangent: float32 ``D`` each) and a carry per chunk: measured 0.55 MiB against
+    1.70; with rule 5 switched off 9.16, the control
+    (``bench/results/cpu/memory_tests_<commit>.jsonl``, bench/results/README.md)."""
+    from helpers import peak_growth
+
+    Dm, Cm = 64, 32
+    bound = 1.5 * (1024 - 256) * (6 * 4 * Dm + 4 * Dm / Cm)
+    growth = peak_growth("scan_input_work_peak", dict(C=Cm, D=Dm))
+    assert growth <= bound, f"grew by {growth / MiB:.2f} > {bound / MiB:.2f} MiB"
+    control = peak_growth("scan_input_work_peak", dict(C=Cm, D=Dm, no_edge="prepare_after_carry"))
+    assert control > bound, f"without rule 5 grew by {control / MiB:.2f} MiB only"
+
+
 def test_a_weight_shared_by_every_chunk():
     """A weight ``W`` used by every chunk: ``scan(params=...)`` sums its gradient as the
     backward goes (one ``W``-sized sum alive), ``checkpoint`` in a loop does not. Each
