@@ -73,7 +73,7 @@ def test_a_chunks_input_work_waits_for_its_carry():
     within 1.5x the per-token terms (``q``, ``g`` and their gradients, ``y``, its
     cotangent: float32 ``D`` each) and a carry per chunk: measured 0.55 MiB against
     1.70; with rule 5 switched off 9.16, the control
-    (``bench/results/cpu/memory_tests_<commit>.jsonl``, bench/results/README.md)."""
+    (``bench/results/cpu/memory_tests_scan_rule5_4071f99.jsonl``)."""
     from helpers import peak_growth
 
     Dm, Cm = 64, 32
