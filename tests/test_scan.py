@@ -2059,12 +2059,14 @@ def test_parameters_replaced_at_each_call_stay_as_in_the_loop():
     def loss(m, use_scan):
         return (_scanned_or_looped(step, h0, xs, m, use_scan) ** 2).sum()
 
+    mx.random.seed(0)  # the layers' initial weights
     m, ref = Model(), Model()
     ref.update(m.parameters())
     with pytest.warns(UserWarning, match=re.escape("f replaced params['a']['weight']")):
         got = nn.value_and_grad(m, lambda m: loss(m, True))(m)
     want = nn.value_and_grad(ref, lambda m: loss(m, False))(ref)
-    assert_trees_close(got, want, 1e-5, "replaced floating parameters")  # measured 5e-8
+    # measured 1.0e-7 (seeded; 2.5e-7 at most over 30 unseeded draws): bound 10x that
+    assert_trees_close(got, want, 1e-6, "replaced floating parameters")
 
 
 def test_module_params_through_a_flattening_wrapper_raises_saying_why(monkeypatch):
@@ -2103,7 +2105,7 @@ def test_module_params_through_a_flattening_wrapper_raises_saying_why(monkeypatc
         assert "Pass f unwrapped" in str(err.value)
     for wrap in (mx.compile, mx.checkpoint):
         got = chunkscan.scan(wrap(chunkscan.stepwise(by_key)), h0, xs, chunk_size=2, params=lin)
-        assert_trees_close(got, ref, 1e-6, "read by key")
+        assert_trees_close(got, ref, 0.0, "read by key")  # measured: bit for bit
     monkeypatch.setattr(importlib.import_module("chunkscan.scan"), "_explain_flattened_module",
                         lambda e, m: None)  # fmt: skip
     with pytest.raises(TypeError, match="^'dict' object is not callable"):
