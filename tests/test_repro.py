@@ -512,6 +512,23 @@ def test_peak_above_active_measures_the_call_alone():
     assert big >= 64 * (1 << 20) * 4 and 0 < small < big / 100
 
 
+def test_provenance_keeps_gits_commit_beside_a_disagreeing_override(monkeypatch):
+    """``CHUNKSCAN_COMMIT`` names the code of a tree copied without git; left set in a
+    checkout it named other code than ran (noted in session 46). Where git knows the
+    tree and names another commit or state, ``git_commit`` records git's too."""
+    monkeypatch.setattr(measure, "git_commit", lambda path: "a" * 40 + "+dirty")
+    for given, kept in (("b" * 7, True), ("a" * 7, True), ("a" * 7 + "+dirty", False),
+                        ("a" * 40 + "+dirty", False)):  # fmt: skip
+        monkeypatch.setenv("CHUNKSCAN_COMMIT", given)
+        meta = measure.provenance()
+        assert meta["commit"] == given
+        assert meta.get("git_commit") == ("a" * 40 + "+dirty" if kept else None), given
+    monkeypatch.setattr(measure, "git_commit", lambda path: "unknown")  # no git: no key
+    assert "git_commit" not in measure.provenance()
+    monkeypatch.delenv("CHUNKSCAN_COMMIT")
+    assert "git_commit" not in measure.provenance()
+
+
 def test_provenance_records_the_settings_and_threads(monkeypatch):
     """The ``MLX_*`` and ``CHUNKSCAN_*`` variables set, and the threads the products
     use, not the cap (dropping MLX_* or recording MAX_THREADS passed; mutation audit)."""

@@ -61,13 +61,15 @@ _OUTPUT_EXTS = ("json", "md", "txt", "log", "png", "gz", "csv")
 
 def provenance() -> dict[str, Any]:
     """What a measurement file records about its run: argv, git commit (or
-    ``CHUNKSCAN_COMMIT`` where the tree is a copy without git), date, device (with the
-    GPU's name where ``nvidia-smi`` knows it), versions, the ``CHUNKSCAN_*`` / ``MLX_*``
-    environment variables set (they change what runs) and the threads the CPU products
-    use (:func:`chunkscan.ops._cpu_threads.threads`)."""
+    ``CHUNKSCAN_COMMIT`` where set, for a tree copied without its git metadata; where git
+    knows the tree and names another commit or state, that one too as ``git_commit``),
+    date, device (with the GPU's name where ``nvidia-smi`` knows it), versions, the
+    ``CHUNKSCAN_*`` / ``MLX_*`` environment variables set (they change what runs) and the
+    threads the CPU products use (:func:`chunkscan.ops._cpu_threads.threads`)."""
     import platform
 
-    commit = os.environ.get("CHUNKSCAN_COMMIT") or git_commit(os.path.abspath(__file__))
+    here = git_commit(os.path.abspath(__file__))
+    commit = os.environ.get("CHUNKSCAN_COMMIT") or here
     versions = {"python": platform.python_version(), "mlx": mx.__version__}
     # The copy imported here (an installed distribution's metadata can name another).
     versions["chunkscan"] = importlib.import_module("chunkscan").__version__
@@ -76,9 +78,15 @@ def provenance() -> dict[str, Any]:
             versions[name] = getattr(importlib.import_module(name), "__version__", "?")
         except Exception:
             continue
+    # A CHUNKSCAN_COMMIT left set in a shell named other code than the checkout ran
+    # (noted in session 46): where git knows this file and disagrees, both are kept.
+    head, _, state = here.partition("+")
+    given, _, given_state = commit.partition("+")
+    disagrees = here != "unknown" and (not head.startswith(given) or state != given_state)
     return {
         "argv": list(sys.argv),
         "commit": commit,
+        **({"git_commit": here} if disagrees else {}),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "device": device(),
         "versions": versions,
