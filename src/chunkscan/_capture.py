@@ -15,7 +15,9 @@ can reach and reports every module on the way:
   the function reads off ``self`` (``self.g``, each once per class); the attributes of a plain
   object reached that way (or called directly, a functor), its ``__slots__`` too (a
   ``slots=True`` dataclass), and the data attributes set on its class and bases
-  (``self.shared`` held by the class); a class method's class (``cls.net``);
+  (``self.shared`` held by the class); a class method's class (``cls.net``). Where the
+  method (or a closure, of a variable) only reads attributes off the object, what it
+  reads instead of the whole object (``self.proj``; :func:`_attributes_read`);
 - a global that is a Python module or a class, through the attributes the code reads
   of it (``cfg.net`` where ``cfg`` is a module of settings, ``Cfg.net`` a class used
   as a namespace), without running a property;
@@ -149,7 +151,7 @@ class _Walk:
                     for k, item in _class_values(holder)[:MAX_ITEMS]:
                         self.visit(item, path + ["cls", k], nxt)
             else:
-                self.visit(holder, path + ["self"], nxt)
+                self._visit_read_or_whole(holder, [(obj.__func__, None)], path, "self", nxt)
             self.visit(obj.__func__, path, nxt)
             if not issubclass(type(holder), type):
                 self._visit_methods_called(holder, obj.__func__, path, nxt)
@@ -222,6 +224,23 @@ class _Walk:
             if bound:
                 self._visit_methods_called(holder, method, path + [f"self.{name}"], depth + 1)
 
+    def _visit_read_or_whole(
+        self, holder: Any, readers: list[tuple[types.FunctionType, str | None]],
+        path: list[str], name: str, depth: int,
+    ) -> None:  # fmt: skip
+        """Take in turn what ``readers`` read off ``holder`` (a module or a plain object
+        in a variable ``name`` of theirs: ``self.proj`` of a bound method, ``model.cell``
+        of a closure), each by the path ``name.attr``, where that is all they do with
+        it (:func:`_attributes_read`); else ``holder`` itself. A method passing
+        ``params=self.cell`` warned about the whole ``self`` for a ``self.proj`` it never
+        read (noted in session 46)."""
+        read = _attributes_read(holder, readers)
+        if read is None:
+            self.visit(holder, path + [name], depth)
+            return
+        for attr, value in read:  # the values read, and the methods (their globals)
+            self.visit(value, path + [f"{name}.{attr}"], depth)
+
     def _visit_function(self, fn: types.FunctionType, path: list[str], depth: int, root: bool):
         package = (fn.__module__ or "").split(".")[0]
         # MLX's and mlx-lm's own functions: their closures only (a wrapper such as
@@ -234,7 +253,10 @@ class _Walk:
                 value = cell.cell_contents
             except ValueError:  # an empty cell (a name assigned later)
                 continue
-            self.visit(value, path + [name], depth)
+            if theirs or package == "chunkscan":
+                self.visit(value, path + [name], depth)
+            else:
+                self._visit_read_or_whole(value, [(fn, name)], path, name, depth)
         if theirs or package == "chunkscan":  # stepwise's chunk function: its step only
             return
         for value in (fn.__defaults__ or ())[:MAX_ITEMS]:
@@ -274,38 +296,154 @@ class _Reads(NamedTuple):
     names: tuple[str, ...]  # the globals loaded
     global_attributes: tuple[tuple[str, str], ...]  # (global, attribute): ``name.attr``
     self_attributes: tuple[str, ...]  # read off the first argument: ``self.g``
+    # (local, attribute) for each ``name.attr`` read off a local or closure variable
+    local_attributes: tuple[tuple[str, str], ...]
+    # the locals and closure variables used otherwise (passed, called, stored to or
+    # replaced, their attributes set): what they hold may be read in any way
+    escaping: frozenset[str]
+
+
+# Globals through which a function reads its locals without loading them by name
+# (``super()`` passes the first argument on: ``super().__call__(x)``).
+_IMPLICIT_READS = frozenset({"super", "locals", "vars", "eval", "exec"})
+_ATTRIBUTE_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_STORE_OPS = frozenset({"STORE_FAST", "STORE_DEREF", "DELETE_FAST", "DELETE_DEREF",
+                        "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST"})  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
 def _reads(code: types.CodeType) -> _Reads:
     """What the code (and the code nested in it) reads, in order, once each, from one
     walk of its bytecode: the globals it loads, ``(global, attribute)`` for each
-    ``name.attr`` it reads of them, and the attributes it reads off its first argument
-    (through the closure in nested code; none where it takes no argument)."""
+    ``name.attr`` it reads of them, the attributes it reads off its first argument
+    (through the closure in nested code; none where it takes no argument), the same
+    for every local and closure variable, and the variables used in any other way
+    (:attr:`_Reads.escaping`; all of them where it calls ``super()``, ``locals()``,
+    ``vars()``, ``eval`` or ``exec``). Names are matched as written: a variable of
+    nested code named as one outside counts as it (more escape, never fewer)."""
     first = code.co_varnames[0] if code.co_argcount else None
     names: dict[str, None] = {}
     pairs: dict[tuple[str, str], None] = {}
-    own: dict[str, None] = {}
+    local_pairs: dict[tuple[str, str], None] = {}
+    escaping: set[str] = set()
     stack = [code]
     while stack:
         c = stack.pop()
         prev = None  # the global the previous instruction loaded
-        prev_first = False  # whether it loaded the first argument
+        prev_local = None  # the local (or closure variable) it loaded
         for ins in dis.get_instructions(c):
-            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str):
+            attr = ins.argval if isinstance(ins.argval, str) else None
+            if ins.opname in _ATTRIBUTE_READS and attr is not None:
                 if prev is not None:
-                    pairs[(prev, ins.argval)] = None
-                if prev_first:
-                    own[ins.argval] = None
-            prev, prev_first = None, False
-            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
-                names[ins.argval] = None
-                prev = ins.argval
-            elif first is not None and ins.opname in _ARGUMENT_OPS:  # a pair: the second
-                value = ins.argval[-1] if isinstance(ins.argval, tuple) else ins.argval
-                prev_first = value == first
+                    pairs[(prev, attr)] = None
+                if prev_local is not None:
+                    local_pairs[(prev_local, attr)] = None
+            elif prev_local is not None:  # loaded for another use: passed, called, ...
+                escaping.add(prev_local)
+            prev, prev_local = None, None
+            loaded = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+            if ins.opname in _GLOBAL_OPS and attr is not None:
+                names[attr] = None
+                prev = attr
+            elif ins.opname in _STORE_OPS:  # a pair stores its first (or both)
+                escaping.update(loaded if ins.opname.endswith("STORE_FAST") else loaded[:1])
+                if ins.opname == "STORE_FAST_LOAD_FAST":
+                    prev_local = loaded[-1]
+            elif ins.opname in _ARGUMENT_OPS:  # a pair: the first is used by what follows
+                escaping.update(loaded[:-1])
+                prev_local = loaded[-1]
+        if prev_local is not None:
+            escaping.add(prev_local)
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return _Reads(tuple(names), tuple(pairs), tuple(own))
+    if _IMPLICIT_READS.intersection(names):
+        escaping.update(name for name, _ in local_pairs)
+        escaping.update(code.co_varnames + code.co_freevars + code.co_cellvars)
+    own = tuple(a for name, a in local_pairs if name == first)
+    return _Reads(tuple(names), tuple(pairs), own, tuple(local_pairs), frozenset(escaping))
+
+
+#: How many methods of a holder :func:`_attributes_read` follows before giving up.
+MAX_METHODS = 32
+
+
+def _attributes_read(
+    holder: Any, readers: list[tuple[types.FunctionType, str | None]]
+) -> list[tuple[str, Any]] | None:
+    """``(attribute, value)`` for every attribute of ``holder`` that the functions in
+    ``readers`` (each with the name they hold it by; ``None``: their first argument)
+    read off it, following the methods of ``holder``'s class read that way (their
+    first argument is ``holder``), where that is all they do with ``holder``; the
+    methods themselves are listed too (``(attribute, function)``: what they read
+    globally is walked).
+
+    ``None`` (take ``holder`` whole) where ``holder`` is an ``nn.Module`` or a plain
+    object and any of them uses it otherwise (passes it, calls it, sets an attribute,
+    calls ``super()``: :attr:`_Reads.escaping`), reads an attribute that is not an
+    entry of the module, an instance attribute or a member of a class of the user's
+    (``self.parameters()`` is MLX's: it reads the whole module), or, of a module,
+    reads one that holds an array (``self.w``: its trainable arrays decide, as for
+    the whole module). Nothing of the user's runs: entries and attributes are read
+    through ``dict`` and the instance's ``__dict__``, class members statically."""
+    kind = type(holder)
+    module = issubclass(kind, nn.Module)
+    if not module and (
+        _is_inert(holder) or _stdlib_object(holder) or issubclass(kind, (list, tuple, dict))
+        or kind in (types.FunctionType, types.MethodType, functools.partial)
+        or mlx_wrapped(holder) is not None or attributes(holder) is None
+    ):  # fmt: skip
+        return None
+    own = dict(attributes(holder) or ())
+    out: dict[str, Any] = {}
+    methods: list[tuple[str, types.FunctionType]] = []
+    todo, done = list(readers), set()
+    while todo:
+        fn, name = todo.pop()
+        if id(fn.__code__) in done:
+            continue
+        done.add(id(fn.__code__))
+        if len(done) > MAX_METHODS:
+            return None
+        reads = _reads(fn.__code__)
+        var = name if name is not None else (
+            fn.__code__.co_varnames[0] if fn.__code__.co_argcount else None
+        )  # fmt: skip
+        if var is None or var in reads.escaping:
+            return None
+        for local, attr in reads.local_attributes:
+            if local != var or attr in out:
+                continue
+            if module and dict.__contains__(holder, attr):
+                out[attr] = dict.__getitem__(holder, attr)
+            elif attr in own:
+                out[attr] = own[attr]
+            else:
+                owner = next((c for c in kind.__mro__ if attr in vars(c)), None)
+                if owner is None or _ours(owner.__module__):
+                    return None  # not found (made by __getattr__?), or MLX's or Python's
+                member = vars(owner)[attr]
+                method, bound = _function_of(member)
+                if type(method) is types.FunctionType:
+                    methods.append((attr, method))
+                    if bound:  # its own reads off holder count too
+                        todo.append((method, None))
+                elif type(member) in (staticmethod, classmethod, property):
+                    return None  # a getter of another kind: not read
+                else:
+                    out[attr] = member  # data set on the class
+    if module and any(_holds_array(v) for v in out.values()):
+        return None
+    return list(out.items()) + methods
+
+
+def _holds_array(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is an ``mx.array`` or a list, tuple or dict holding one (to a
+    depth of :data:`MAX_DEPTH`)."""
+    if issubclass(type(value), mx.array):  # by type: nothing of the user's runs
+        return True
+    if depth >= MAX_DEPTH or type(value) not in (list, tuple, dict):
+        return False
+    items = value.values() if type(value) is dict else value
+    return any(_holds_array(v, depth + 1) for v in list(items)[:MAX_ITEMS])
 
 
 def attributes(obj: Any) -> list[tuple[str, Any]] | None:

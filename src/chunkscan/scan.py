@@ -871,9 +871,10 @@ def _warn_on_captured_modules(
     module whose every trainable array is one of ``params``' (``passed_leaves``, its
     tree ``passed_def``): the ``params`` module and its submodules, ``self`` captured by
     a method that passes ``params=self.cell`` where ``self.cell`` is its only trainable
-    part; and a module whose parameter tree ``params`` is, in structure, shapes and
-    dtypes (``params=model.trainable_parameters()`` with ``model.update(params)`` in
-    ``f``; under a transform ``params`` are the transform's arrays, not the module's).
+    part (or the method reads only ``self.cell`` off it); and a module whose parameter
+    tree ``params`` is, in structure, shapes and dtypes
+    (``params=model.trainable_parameters()`` with ``model.update(params)`` in ``f``;
+    under a transform ``params`` are the transform's arrays, not the module's).
     The last two warned falsely before (found by probing). One test covers these, and a
     module with no trainable array. The match by structure is not taken where
     ``params`` is a module (``params_module``) or another captured module holds its
@@ -930,7 +931,9 @@ def _warn_on_captured_modules(
         unpassed += alike
     for path, value in unpassed:
         name = path[-1]
-        how = "by closure" if len(path) == 1 else "through " + " -> ".join(path)
+        # (a bound method's self, or what it reads off self: "through self.proj")
+        closure = len(path) == 1 and path[0].split(".")[0].split("[")[0] != "self"
+        how = "by closure" if closure else "through " + " -> ".join(path)
         dotted = name.split(".")  # a module's attribute (cfg.net) is an expression too
         arg = name if all(n.isidentifier() for n in dotted) and name != "self" else "module"
         if step is not None:
