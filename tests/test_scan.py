@@ -1333,6 +1333,38 @@ def test_captured_module_warns(case):
     assert [str(w.message) for w in record] == [msg]
 
 
+def test_captured_module_warns_through_a_closures_namespace_or_a_function_attribute():
+    """A class used as a namespace or a Python module of settings held by closure
+    (``Cfg.net``, ``cfg.net``), and a module set as an attribute of ``f`` itself
+    (``f.net``): each was missed, a zero gradient and no warning (noted in session 46)."""
+    import types
+
+    def class_closure():
+        class Cfg:
+            net = nn.Linear(3, 3)
+
+        return lambda h, xs: (Cfg.net(h) + xs.sum(0), xs)
+
+    def module_closure():
+        cfg = types.ModuleType("settings")
+        cfg.net = nn.Linear(3, 3)
+        return lambda h, xs: (cfg.net(h) + xs.sum(0), xs)
+
+    def with_attribute():
+        def f(h, xs):
+            return f.net(h) + xs.sum(0), xs
+
+        f.net = nn.Linear(3, 3)
+        return f
+
+    for make, name in ((class_closure, "Cfg.net"), (module_closure, "cfg.net"),
+                       (with_attribute, "f.net")):  # fmt: skip
+        with pytest.warns(chunkscan.ClosureCaptureWarning) as record:
+            chunkscan.scan(make(), mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2)
+        assert len(record) == 1, [str(w.message) for w in record]
+        assert f"captures the nn.Module '{name}' (Linear)" in str(record[0].message)
+
+
 def test_captured_module_warns_through_defaults_containers_and_functors():
     """A module reached through a default argument, a keyword-only default, a list, a
     dict or a callable object's ``self`` warns once, naming it (each path's walk could

@@ -18,9 +18,10 @@ can reach and reports every module on the way:
   (``self.shared`` held by the class); a class method's class (``cls.net``). Where the
   method (or a closure, of a variable) only reads attributes off the object, what it
   reads instead of the whole object (``self.proj``; :func:`_attributes_read`);
-- a global that is a Python module or a class, through the attributes the code reads
-  of it (``cfg.net`` where ``cfg`` is a module of settings, ``Cfg.net`` a class used
-  as a namespace), without running a property;
+- a global or a closure variable that is a Python module or a class, through the
+  attributes the code reads of it (``cfg.net`` where ``cfg`` is a module of settings,
+  ``Cfg.net`` a class used as a namespace), without running a property; a function's
+  own attributes (``f.net``);
 - lists, tuples and dicts found on the way (their first items);
 - what ``mx.compile`` and ``mx.checkpoint`` return: the function they wrap.
 
@@ -259,6 +260,11 @@ class _Walk:
                 self._visit_read_or_whole(value, [(fn, name)], path, name, depth)
         if theirs or package == "chunkscan":  # stepwise's chunk function: its step only
             return
+        # Its own attributes (``g.net`` read in ``g``: missed, noted in session 46;
+        # ``functools.wraps``'s ``__wrapped__`` too). A function's ``__dict__`` is a dict.
+        for k, value in list(fn.__dict__.items())[:MAX_ITEMS]:
+            if type(value) not in _SCALARS:
+                self.visit(value, path + [f"{fn.__name__}.{k}"], depth)
         for value in (fn.__defaults__ or ())[:MAX_ITEMS]:
             self.visit(value, path + ["a default argument"], depth)
         for name, value in list((fn.__kwdefaults__ or {}).items())[:MAX_ITEMS]:
@@ -385,6 +391,8 @@ def _attributes_read(
     the whole module). Nothing of the user's runs: entries and attributes are read
     through ``dict`` and the instance's ``__dict__``, class members statically."""
     kind = type(holder)
+    if issubclass(kind, type) or kind is types.ModuleType:
+        return _namespace_reads(holder, readers)
     module = issubclass(kind, nn.Module)
     if not module and (
         _is_inert(holder) or _stdlib_object(holder) or issubclass(kind, (list, tuple, dict))
@@ -433,6 +441,29 @@ def _attributes_read(
     if module and any(_holds_array(v) for v in out.values()):
         return None
     return list(out.items()) + methods
+
+
+def _namespace_reads(
+    holder: Any, readers: list[tuple[types.FunctionType, str | None]]
+) -> list[tuple[str, Any]]:
+    """For a class or a Python module held in a closure variable of ``readers``: the
+    values of the attributes they read off it (``Cfg.net``; of a Python module, its
+    namespace's entry), however else they use it (it is not walked whole: a class or a
+    module is inert). A class used as a namespace, or a module of settings, reached by
+    closure rather than as a global was missed (noted in session 46). Nothing of the
+    user's runs; MLX's, mlx-lm's, chunkscan's and Python's own are skipped."""
+    is_class = issubclass(type(holder), type)
+    if _ours(holder.__module__ if is_class else holder.__name__):
+        return []
+    out: dict[str, Any] = {}
+    for fn, name in readers:
+        for local, attr in _reads(fn.__code__).local_attributes:
+            if local != name or attr in out:
+                continue
+            value = _class_attribute(holder, attr) if is_class else vars(holder).get(attr)
+            if value is not None:
+                out[attr] = value
+    return list(out.items())
 
 
 def _holds_array(value: Any, depth: int = 0) -> bool:
