@@ -1515,6 +1515,31 @@ def test_mamba_lora_grads_match_stock(config, compiled, s6_spy):
         assert rel(g1[name], g0[name]) <= RTOL, name
 
 
+@pytest.mark.parametrize("config", MAMBA_CONFIGS, ids=lambda c: c.__name__)
+def test_quantized_mamba_trains_through_the_op(config, s6_spy):
+    """QLoRA: a 4-bit base Mamba or Jamba model goes to chunkscan.selective_scan (the
+    quantized weights, uint32, counted as parameters the op cannot take: every call
+    was mlx-lm's per-token loop, silently; found by probing, session 47), with stock's
+    loss and LoRA gradients."""
+    model = build_model(config(), 0)
+    nn.quantize(model, group_size=32, bits=4,
+                class_predicate=lambda _, m: hasattr(m, "to_quantized")
+                and m.weight.shape[-1] % 32 == 0)  # fmt: skip
+    assert any(isinstance(m, nn.QuantizedLinear) for m in model.modules())
+    model.freeze()
+    linear_to_lora_layers(model, len(model.layers), {"rank": 4, "dropout": 0.0, "scale": 10.0})
+    batch, lengths = padded_batch(64, lengths=(150, 97))
+    loss0, g0 = loss_and_grads(model, batch, lengths)
+    with cmlx.patch():
+        loss1, g1 = loss_and_grads(model, batch, lengths)
+    layers = 3 if config is jamba_config else 2
+    assert s6_spy == [None] * (4 + layers)  # the two probes' two calls, then one per layer
+    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
+    assert g0.keys() == g1.keys() and any("x_proj" in k or "in_proj" in k for k in g0)
+    for name in g0:
+        assert rel(g1[name], g0[name]) <= RTOL, name
+
+
 def _generation_as_stock(model) -> int:
     """Greedy generation (5 tokens after a 37-token prompt) of ``model`` (put in eval
     mode), patched, has stock's tokens and last logits within RTOL, and the prompt's

@@ -505,15 +505,21 @@ def _jamba_step(layer, x, A, state):
 
 def _s6_takes(layer: Any, x: Any, state: Any, A: Any = None) -> bool:
     """More than one token of ``[B, T, Dc]`` in a float dtype, and no state or one per
-    batch row, with the state, Jamba's ``A`` and the layer's parameters in float dtypes
-    the op takes (float64 ones, which mlx-lm's loop promotes, raised naming an argument
-    the caller never passed; found by probing and review)."""
+    batch row, with the state, Jamba's ``A`` and the layer's float parameters in float
+    dtypes the op takes (float64 ones, which mlx-lm's loop promotes, raised naming an
+    argument the caller never passed; found by probing and review). Integer parameters
+    are a quantized layer's packed weights (QLoRA), which reach the op only through
+    that layer's float output: counted, every quantized Mamba or Jamba call went to
+    mlx-lm's per-token loop, silently (found by probing, session 47)."""
+    floats = [
+        p for _, p in tree_flatten(layer.parameters()) if not mx.issubdtype(p.dtype, mx.integer)
+    ]
     return (
         isinstance(x, mx.array)
         and x.ndim == 3
         and x.shape[1] > 1
         and (state is None or (isinstance(state, mx.array) and state.shape[0] == x.shape[0]))
-        and _op_dtypes(x, state, A, *(p for _, p in tree_flatten(layer.parameters())))
+        and _op_dtypes(x, state, A, *floats)
     )
 
 
