@@ -386,10 +386,13 @@ def _attributes_read(
     object and any of them uses it otherwise (passes it, calls it, sets an attribute,
     calls ``super()``: :attr:`_Reads.escaping`), reads an attribute that is not an
     entry of the module, an instance attribute or a member of a class of the user's
-    (``self.parameters()`` is MLX's: it reads the whole module), or, of a module,
-    reads one that holds an array (``self.w``: its trainable arrays decide, as for
-    the whole module). Nothing of the user's runs: entries and attributes are read
-    through ``dict`` and the instance's ``__dict__``, class members statically."""
+    (``self.parameters()`` is MLX's: it reads the whole module; ``self.training`` is
+    let through), a class member other than a method, a static method, a property or
+    ``cached_property`` and plain data (:func:`_member_read`), or, of a module, an
+    array or a list, tuple or dict (``self.w``: its trainable arrays decide, as for
+    the whole module; a list ``f`` fills is put back by the backward only for a module
+    found). Nothing of the user's runs: entries and attributes are read through
+    ``dict`` and the instance's ``__dict__``, class members statically."""
     kind = type(holder)
     if issubclass(kind, type) or kind is types.ModuleType:
         return _namespace_reads(holder, readers)
@@ -426,21 +429,57 @@ def _attributes_read(
                 out[attr] = own[attr]
             else:
                 owner = next((c for c in kind.__mro__ if attr in vars(c)), None)
-                if owner is None or _ours(owner.__module__):
-                    return None  # not found (made by __getattr__?), or MLX's or Python's
-                member = vars(owner)[attr]
-                method, bound = _function_of(member)
-                if type(method) is types.FunctionType:
+                if owner is None:
+                    return None  # not found statically (made by __getattr__?)
+                if _ours(owner.__module__):
+                    if owner is nn.Module and attr in _PLAIN_MODULE_READS:
+                        continue  # self.training: a bool
+                    return None  # MLX's or Python's (self.parameters(): all of it)
+                step = _member_read(vars(owner)[attr])
+                if step is None:
+                    return None
+                value, method, follows = step
+                if method is not None:
                     methods.append((attr, method))
-                    if bound:  # its own reads off holder count too
+                    if follows:  # its own reads off holder count too
                         todo.append((method, None))
-                elif type(member) in (staticmethod, classmethod, property):
-                    return None  # a getter of another kind: not read
                 else:
-                    out[attr] = member  # data set on the class
-    if module and any(_holds_array(v) for v in out.values()):
+                    out[attr] = value  # data set on the class
+    # Of a module, an array (its trainable arrays decide, as for the whole module) or a
+    # container (a list or dict f may fill, whose length the backward puts back; and
+    # over MAX_ITEMS entries, cut short) takes it whole (found by review).
+    containers = (mx.array, list, tuple, dict)  # (an nn.Module is a dict: not these)
+    if module and any(
+        issubclass(type(v), containers) and not issubclass(type(v), nn.Module) for v in out.values()
+    ):
         return None
     return list(out.items()) + methods
+
+
+# What an ``nn.Module`` of MLX's gives that holds no array: read off a module, nothing
+# to walk (``if self.training:`` took the whole module; found by review).
+_PLAIN_MODULE_READS = frozenset({"training"})
+
+
+def _member_read(member: Any) -> tuple[Any, Any, bool] | None:
+    """What reading a class member of the user's off an instance reaches, statically:
+    ``(None, function, True)`` for a method or a property's (or ``cached_property``'s)
+    getter, whose reads off the instance are followed; ``(None, function, False)`` for
+    a static method; ``(member, None, False)`` for data set on the class. ``None``
+    (take the instance whole) for anything else: a class method (it reads ``cls``),
+    ``functools.partialmethod``, a cached method, a property subclass or another
+    descriptor (each hid what it read, found by review)."""
+    kind = type(member)
+    if kind is types.FunctionType:
+        return None, member, True
+    if kind is staticmethod and type(member.__func__) is types.FunctionType:
+        return None, member.__func__, False
+    if kind is property or kind is functools.cached_property:
+        getter = member.fget if kind is property else member.func
+        return (None, getter, True) if type(getter) is types.FunctionType else None
+    if inspect.getattr_static(kind, "__get__", None) is None:
+        return member, None, False
+    return None
 
 
 def _namespace_reads(
@@ -453,7 +492,10 @@ def _namespace_reads(
     closure rather than as a global was missed (noted in session 46). Nothing of the
     user's runs; MLX's, mlx-lm's, chunkscan's and Python's own are skipped."""
     is_class = issubclass(type(holder), type)
-    if _ours(holder.__module__ if is_class else holder.__name__):
+    # (read from the namespace: a module's __name__ may be missing, or its module-level
+    # __getattr__ would run; found by review)
+    name = vars(holder).get("__module__" if is_class else "__name__")
+    if isinstance(name, str) and _ours(name):
         return []
     out: dict[str, Any] = {}
     for fn, name in readers:
@@ -464,17 +506,6 @@ def _namespace_reads(
             if value is not None:
                 out[attr] = value
     return list(out.items())
-
-
-def _holds_array(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is an ``mx.array`` or a list, tuple or dict holding one (to a
-    depth of :data:`MAX_DEPTH`)."""
-    if issubclass(type(value), mx.array):  # by type: nothing of the user's runs
-        return True
-    if depth >= MAX_DEPTH or type(value) not in (list, tuple, dict):
-        return False
-    items = value.values() if type(value) is dict else value
-    return any(_holds_array(v, depth + 1) for v in list(items)[:MAX_ITEMS])
 
 
 def attributes(obj: Any) -> list[tuple[str, Any]] | None:
