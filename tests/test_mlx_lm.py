@@ -457,6 +457,23 @@ def test_save_states_reach_the_op(monkeypatch, save):
     assert calls and set(calls) == {save}
 
 
+@pytest.mark.parametrize("save", ["groups", "chunks"])
+def test_patch_with_save_states_does_not_read_the_environment(monkeypatch, save):
+    """``patch(save_states="groups")`` (or "chunks") hands its value to the op, the
+    probe's calls included: the probe ran with no handle live, so its op read
+    ``CHUNKSCAN_GDN_SAVE``, and an invalid value broke a patch that never reads it
+    (found by probing, session 47). ``save_states=None`` leaves it to the variable,
+    whose invalid value raises, naming it."""
+    monkeypatch.setattr(cmlx, "_verified", set())  # the probes run again
+    monkeypatch.setenv("CHUNKSCAN_GDN_SAVE", "bogus")
+    with cmlx.patch(save_states=save) as handle:
+        assert handle.save_states == save
+    monkeypatch.setattr(cmlx, "_verified", set())
+    with pytest.raises(ValueError, match="CHUNKSCAN_GDN_SAVE"):
+        cmlx.patch(save_states=None)
+    assert cmlx._stack == []
+
+
 def _expect_incompatible(*needles):
     version = re.escape(mlx_lm.__version__)
     with pytest.raises(cmlx.IncompatibleMlxLmError, match=version) as info:
@@ -1167,7 +1184,7 @@ def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
 
     ran = []
 
-    def failing(stock, options):
+    def failing(stock, options, save_states):
         raise cmlx.IncompatibleMlxLmError("probe failed")
 
     def attention_probe(stock):
@@ -1180,7 +1197,7 @@ def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
     assert ran == ["attention"] and cmlx._verified == set()
     assert cmlx.patched_families() == () and cmlx.lightning_patched_modules() == ()
     assert bl.recurrent_gla is real and qwen3_next.gated_delta_update is STOCK
-    monkeypatch.setattr(cmlx, "_probe", lambda stock, options: None)
+    monkeypatch.setattr(cmlx, "_probe", lambda stock, options, save_states: None)
     with cmlx.patch():
         assert ran == ["attention", "attention"]
 

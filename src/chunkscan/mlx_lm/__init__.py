@@ -267,7 +267,14 @@ def _log_decay(a, A_log, dt_bias, lower_bound):
     return lower_bound * mx.sigmoid(x)
 
 
-def _chunked_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, options):
+def _chunked_update(
+    q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, options, probe_save_states=None
+):
+    """mlx-lm's ``gated_delta_update`` training path through the op, with the live
+    handle's ``chunk_size`` and ``save_states``; with no handle live (:func:`_probe`,
+    for the handle about to be made) ``probe_save_states``: without it the probe's op
+    read ``CHUNKSCAN_GDN_SAVE``, and an invalid value broke ``patch(save_states=
+    "groups")``, which never reads it (found by probing, session 47)."""
     lower_bound = options.get("lower_bound")
     beta = mx.sigmoid(b)
     if options.get("allow_neg_eigval", False):
@@ -287,8 +294,7 @@ def _chunked_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, opt
     chunk_size = _stack[-1].chunk_size if _stack else None
     if chunk_size is not None:
         kwargs["chunk_size"] = chunk_size
-    if _stack:
-        kwargs["save_states"] = _stack[-1].save_states
+    kwargs["save_states"] = _stack[-1].save_states if _stack else probe_save_states
     out, state = _op()(
         q,
         k,
@@ -476,8 +482,9 @@ def on_cpu():
         mx.set_default_device(previous)
 
 
-def _probe(stock: Any, options: dict[str, Any]) -> None:
-    """Compare the patched and stock training paths on a tiny random input. Two key
+def _probe(stock: Any, options: dict[str, Any], save_states: str | None = None) -> None:
+    """Compare the patched and stock training paths on a tiny random input, with the
+    ``save_states`` of the handle being made. Two key
     heads (a value head's key head: with one, any mapping of value heads to key heads
     gave the same numbers, and a loop tiling them passed; found by probing)."""
     B, T, Hk, Hv, Dk, Dv = 2, 5, 2, 4, 8, 4
@@ -515,7 +522,7 @@ def _probe(stock: Any, options: dict[str, Any]) -> None:
         a_, A_log_, dt_bias_ = (a, A_log, dt_bias) if gate is None else gate
         args = (q, k, v, a_, b, A_log_, dt_bias_, s0, m)
         y0, s_0 = stock(*args, use_kernel=False, **extra)
-        y1, s_1 = _chunked_update(*args, options=extra)
+        y1, s_1 = _chunked_update(*args, options=extra, probe_save_states=save_states)
         if m is not None:
             keep = m[..., None, None]
             y0, y1 = mx.where(keep, y0, 0), mx.where(keep, y1, 0)
@@ -765,7 +772,7 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
         _check_attention_seam(verify)
     if verify and "gdn" not in _verified:
         with on_cpu():
-            _probe(stock, options)
+            _probe(stock, options, save_states)
         _verified.add("gdn")
     if not _saved:
         _stock["fn"] = stock
