@@ -226,6 +226,24 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
     assert "; RG-LRU's scan -> chunkscan.diagonal_recurrence 2" in lora._routes_line()
 
 
+def test_the_routes_line_names_the_models_routes_even_at_zero(monkeypatch):
+    """Given the model's routes (the banner's reading of its folder): a Mamba model's
+    selective-scan route with its count at 0 (a quantized model's calls all went to
+    mlx-lm and the line said nothing of them), and no Gated DeltaNet route or its
+    validation note, which were printed for Mamba and RWKV models too (found by
+    probing, session 47). A Gated DeltaNet model keeps both."""
+    monkeypatch.setattr(cmlx, "routed_calls", collections.Counter())
+    mamba = lora._Routes("mamba", gated_deltanet=False, attention=False, mamba=True)
+    line = lora._routes_line(mamba)
+    assert "; Mamba's selective scan -> chunkscan.selective_scan 0" in line
+    assert "gated_delta_rule" not in line and "inference kernel" not in line
+    assert "dplr_delta_rule" not in line
+    qwen = lora._Routes("qwen3_next", gated_deltanet=True, attention=True)
+    line = lora._routes_line(qwen)
+    assert "gated_delta_rule 0" in line and "inference kernel" in line
+    assert "selective_scan" not in line
+
+
 def _completions(path: pathlib.Path, prompt_words: int) -> pathlib.Path:
     """A data folder of ``{"prompt", "completion"}`` lines (``--mask-prompt``'s form)."""
     path.mkdir(parents=True, exist_ok=True)

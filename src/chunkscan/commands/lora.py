@@ -173,8 +173,9 @@ def build_parser():
     parser.prog = PROG
     parser.description = (
         "LoRA or QLoRA finetuning (mlx_lm.lora) under chunkscan.mlx_lm.patch(): the "
-        "recurrences of Gated DeltaNet (Qwen3-Next, Qwen3.5, Kimi Linear), Lightning "
-        "attention (Bailing), Mamba / Mamba2 / Jamba and RWKV-7, and "
+        "recurrences of Gated DeltaNet (Qwen3-Next, Qwen3.5, Kimi Linear / K3, "
+        "Olmo hybrid, Bailing MoE V3), Lightning attention (Bailing), Mamba / Mamba2 / "
+        "Jamba and RWKV-7, and "
         "softmax attention, trained through chunkscan's ops in memory that does not grow "
         "with the sequence."
     )
@@ -423,15 +424,16 @@ class _Reports:
     """Training callback printing peak memory at each report, and stopping the run at
     a training loss that is not finite; chains mlx-lm's."""
 
-    def __init__(self, inner: Any, args: types.SimpleNamespace):
+    def __init__(self, inner: Any, args: types.SimpleNamespace, routes: _Routes | None = None):
         self.inner = inner
         self.args = args
+        self.routes = routes
         self.routes_printed = False
 
     def on_train_loss_report(self, info: dict[str, Any]) -> None:
         if not self.routes_printed:
             self.routes_printed = True
-            print(_routes_line(), flush=True)
+            print(_routes_line(self.routes), flush=True)
         print(
             f"  iter {info['iteration']:>4}: loss {info['train_loss']:.3f}, "
             f"{info['tokens_per_second']:,.0f} tok/s, "
@@ -448,51 +450,54 @@ class _Reports:
             self.inner.on_val_loss_report(info)
 
 
-def _routes_line() -> str:
+# The recurrences' routes of the first report: (the _Routes flag of the model that has
+# it, the routed_calls key, what the line says).
+_RECURRENCE_ROUTES = (
+    ("lightning", "chunkscan.linear_attention",
+     "Lightning attention of more than one token -> chunkscan.linear_attention"),
+    ("ssd", "chunkscan.linear_attention (Mamba2)",
+     "Mamba2 SSD without padding -> chunkscan.linear_attention"),
+    ("mamba", "chunkscan.selective_scan", "Mamba's selective scan -> chunkscan.selective_scan"),
+    ("rg_lru", "chunkscan.diagonal_recurrence",
+     "RG-LRU's scan -> chunkscan.diagonal_recurrence"),
+    ("rwkv7", "chunkscan.dplr_delta_rule", "RWKV-7's recurrence -> chunkscan.dplr_delta_rule"),
+)  # fmt: skip
+
+
+def _routes_line(routes: _Routes | None = None) -> str:
     """The training paths' calls so far, by where they went (the seam's
-    ``routed_calls``): what the banner cannot tell from the model's modules."""
+    ``routed_calls``): what the banner cannot tell from the model's modules. A
+    recurrence's route is given where the model has it (``routes``, the banner's
+    reading of the model folder), with its count even at 0 (a route that never ran
+    left no sign: a quantized Mamba model's calls, all mlx-lm's, printed nothing; found
+    by probing), and wherever calls went to it; Gated DeltaNet's, with validation's
+    note, only where the model has such layers or ``routes`` is not known (it was
+    printed for Mamba and RWKV models too)."""
     from .. import mlx_lm as seam
 
     calls = seam.routed_calls
     stock = calls["mlx-lm's attention"]
-    return (
-        f"chunkscan: where the calls went so far (per Python call: a compiled step counts "
-        f"once, a checkpointed layer twice; attention's include validation's, which runs "
-        f"Gated DeltaNet through mlx-lm's inference kernel): Gated DeltaNet training "
-        f"path -> chunkscan.gated_delta_rule {calls['chunkscan.gated_delta_rule']}; "
+    gdn = calls["chunkscan.gated_delta_rule"]
+    parts = []
+    if routes is None or routes.gated_deltanet or gdn:
+        parts.append(f"Gated DeltaNet training path -> chunkscan.gated_delta_rule {gdn}")
+    parts.append(
         f"attention without a cache -> chunkscan.attention {calls['chunkscan.attention']}, "
         f"mlx-lm's {stock}"
         + (" (sinks, a floating mask or mixed dtypes: as in mlx-lm)" if stock else "")
-        + (
-            f"; Lightning attention of more than one token -> chunkscan.linear_attention "
-            f"{calls['chunkscan.linear_attention']}"
-            if calls["chunkscan.linear_attention"]
-            else ""
-        )
-        + (
-            f"; Mamba2 SSD without padding -> chunkscan.linear_attention "
-            f"{calls['chunkscan.linear_attention (Mamba2)']}"
-            if calls["chunkscan.linear_attention (Mamba2)"]
-            else ""
-        )
-        + (
-            f"; Mamba's selective scan -> chunkscan.selective_scan "
-            f"{calls['chunkscan.selective_scan']}"
-            if calls["chunkscan.selective_scan"]
-            else ""
-        )
-        + (
-            f"; RG-LRU's scan -> chunkscan.diagonal_recurrence "
-            f"{calls['chunkscan.diagonal_recurrence']}"
-            if calls["chunkscan.diagonal_recurrence"]
-            else ""
-        )
-        + (
-            f"; RWKV-7's recurrence -> chunkscan.dplr_delta_rule "
-            f"{calls['chunkscan.dplr_delta_rule']}"
-            if calls["chunkscan.dplr_delta_rule"]
-            else ""
-        )
+    )
+    for flag, key, text in _RECURRENCE_ROUTES:
+        if calls[key] or (routes is not None and getattr(routes, flag)):
+            parts.append(f"{text} {calls[key]}")
+    validation = (
+        ", which runs Gated DeltaNet through mlx-lm's inference kernel"
+        if routes is None or routes.gated_deltanet or gdn
+        else ""
+    )
+    return (
+        f"chunkscan: where the calls went so far (per Python call: a compiled step counts "
+        f"once, a checkpointed layer twice; attention's include validation's{validation}): "
+        + "; ".join(parts)
     )
 
 
@@ -517,14 +522,14 @@ def _not_finite_loss(info: dict[str, Any], args: types.SimpleNamespace) -> str:
 
 
 @contextlib.contextmanager
-def _report_peak_memory(lora: Any, args: types.SimpleNamespace):
+def _report_peak_memory(lora: Any, args: types.SimpleNamespace, routes: Any = None):
     """Rebind ``mlx_lm.lora.get_reporting_callbacks`` (restored on exit).
 
     ``mlx_lm.lora.run`` ignores its ``training_callback`` argument and builds one from
     ``--report-to``, so this is the only way in.
     """
     original = lora.get_reporting_callbacks
-    lora.get_reporting_callbacks = lambda *a, **k: _Reports(original(*a, **k), args)
+    lora.get_reporting_callbacks = lambda *a, **k: _Reports(original(*a, **k), args, routes)
     try:
         yield
     finally:
@@ -1307,7 +1312,7 @@ def run(args: types.SimpleNamespace) -> None:
         print(f"chunkscan: {gdn}; {attention}", flush=True)
         seam.routed_calls.clear()  # patch()'s own probes called the paths
         before = _adapter_stamps(args)
-        with _report_peak_memory(lora, args), _say_what_a_failure_left(args, before):
+        with _report_peak_memory(lora, args, routes), _say_what_a_failure_left(args, before):
             lora.run(args)
 
 

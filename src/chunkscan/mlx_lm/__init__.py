@@ -563,6 +563,8 @@ class Patch:
         rg_lru: tuple[str, ...] = (),
     ):
         self.chunk_size = chunk_size
+        # the Gated DeltaNet families covered: patched_families() and those built on
+        # one of them (qwen3_5_moe on qwen3_5), which patched_families() does not list
         self.families = families
         self.lightning = lightning  # the Lightning-attention modules rebound
         self.ssd = ssd  # the modules whose Mamba2 SSD (ssm_attn) is rebound
