@@ -145,7 +145,7 @@ def measure(
         "peak_bytes": peak,
         "blocks": n_blocks,
         "cuda_kernel": kernel,
-        "scratch_bytes": blocked.SCRATCH_BYTES,
+        "scratch_bytes": blocked.scratch_bytes(),
         "device": str(mx.default_device()),
         "phase": phase,
     }
@@ -178,8 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--mask", default=None, choices=["causal", "none"])
     p.add_argument("--chunk-size", type=positive_int, default=None)
-    p.add_argument("--scratch-mib", type=positive_float, default=None,
-                   help="chunkscan's SCRATCH_BYTES in MiB (default: the module's)")  # fmt: skip
+    p.add_argument("--scratch-mib", type=positive_float, nargs="+", default=None,
+                   help="chunkscan's SCRATCH_BYTES in MiB (default: the device's, "
+                        "CPU_SCRATCH_BYTES or GPU_SCRATCH_BYTES); several values: each "
+                        "chunkscan impl at each, in turn, at every T")  # fmt: skip
     p.add_argument("--fast-max-scores", type=non_negative_int, default=None,
                    help="chunkscan's FAST_MAX_SCORES (0: never route to mx.fast)")  # fmt: skip
     p.add_argument("--fused-forward", choices=["auto", "never"], default=None)
@@ -232,17 +234,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for T in args.T:
         for impl in args.impls:
-            config = dict(shape, impl=impl, T=T, repeats=args.repeats, compiled=args.compiled,
-                          chunk_size=args.chunk_size, scratch_mib=args.scratch_mib,
-                          fast_max_scores=args.fast_max_scores,
-                          fused_forward=args.fused_forward, phase=args.phase)  # fmt: skip
-            if impl == "mlx_fast" and T > args.fast_max_T:
-                row = dict(config, error=f"skipped (T > --fast-max-T {args.fast_max_T})")
-            else:
-                row = run_isolated("bench.attention:measure", config, timeout=args.timeout, env=env)
-                row = dict(config, **row)
-            rows.append(row)
-            _print_row(row)
+            # mx.fast reads no scratch: once; chunkscan's at each value asked for
+            scratches = [None] if impl == "mlx_fast" else (args.scratch_mib or [None])
+            for scratch_mib in scratches:
+                config = dict(shape, impl=impl, T=T, repeats=args.repeats,
+                              compiled=args.compiled, chunk_size=args.chunk_size,
+                              scratch_mib=scratch_mib, fast_max_scores=args.fast_max_scores,
+                              fused_forward=args.fused_forward, phase=args.phase)  # fmt: skip
+                if impl == "mlx_fast" and T > args.fast_max_T:
+                    row = dict(config, error=f"skipped (T > --fast-max-T {args.fast_max_T})")
+                else:
+                    row = run_isolated(
+                        "bench.attention:measure", config, timeout=args.timeout, env=env
+                    )
+                    row = dict(config, **row)
+                rows.append(row)
+                _print_row(row)
     ref = {r["T"]: r for r in rows if r["impl"] == "mlx_fast" and "ms" in r}
     for r in rows:
         if r["T"] in ref and "ms" in r:
@@ -258,9 +265,16 @@ def _print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['impl']:>20} T={row['T']:>6}: {row['ms']:10.1f} ms "
         f"{row['kib_per_token']:9.1f} KiB/token  blocks={row.get('blocks')} "
-        f"kernel={row.get('cuda_kernel')}",
+        f"scratch={_scratch_mib(row)} MiB kernel={row.get('cuda_kernel')}",
         flush=True,
     )
+
+
+def _scratch_mib(row: dict[str, Any]) -> str:
+    """The block budget a row ran with, in MiB (rows written before session 47 recorded
+    ``SCRATCH_BYTES`` itself, 32 MiB then)."""
+    b = row.get("scratch_bytes")
+    return "" if b is None or row.get("impl") == "mlx_fast" else f"{b / 2**20:g}"
 
 
 def _phase(rows: list[dict[str, Any]]) -> str:
@@ -272,17 +286,17 @@ def _phase(rows: list[dict[str, Any]]) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"| impl | T | {_phase(rows)} (ms) | peak (KiB/token) | time / mlx_fast | blocks "
-        "| kernel |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| scratch (MiB) | kernel |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "ms" not in r:
-            lines.append(f"| {r['impl']} | {r['T']} | {r.get('error', '')[:60]} | | | | |")
+            lines.append(f"| {r['impl']} | {r['T']} | {r.get('error', '')[:60]} | | | | | |")
             continue
         ratio = f"{r['time_vs_mlx_fast']:.2f}x" if "time_vs_mlx_fast" in r else ""
         lines.append(
             f"| {r['impl']} | {r['T']} | {r['ms']:.1f} | {r['kib_per_token']:.1f} | {ratio} "
-            f"| {r.get('blocks')} | {'yes' if r.get('cuda_kernel') else 'no'} |"
+            f"| {r.get('blocks')} | {_scratch_mib(r)} | {'yes' if r.get('cuda_kernel') else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -421,16 +421,22 @@ def test_plan_blocks_cover_the_rows_within_budget(monkeypatch):
 
 
 def test_default_plan_bounds_a_long_calls_scores():
-    """With the library's defaults (``SCRATCH_BYTES``: 32 MiB, docs/attention.md), one
-    block's float32 scores stay within 32 MiB at Qwen3-Next's attention heads, T = S =
-    32768 (the memory tests set their own budget, so a changed default passed them;
-    found by mutation). Planned only: nothing is computed."""
+    """With the library's defaults (``SCRATCH_BYTES`` None: ``CPU_SCRATCH_BYTES``, 1
+    MiB, here; ``GPU_SCRATCH_BYTES``, 32 MiB, on a GPU; docs/attention.md), one block's
+    float32 scores stay within the device's budget at Qwen3-Next's attention heads,
+    T = S = 32768, but for blocks of ``MIN_ROWS`` rows (the memory tests set their own
+    budget, so a changed default passed them; found by mutation). Planned only:
+    nothing is computed."""
     q = mx.zeros((1, 16, 32768, 256), dtype=mx.bfloat16)
     kv = mx.zeros((1, 2, 32768, 256), dtype=mx.bfloat16)
     spec = check_inputs("t", q, kv, kv, 1.0, "causal", None)
     blocks = plan_blocks(spec)
     assert blocks[-1][1] == 32768 and len(blocks) > 1
-    assert max(4 * 16 * (t1 - t0) * kend for t0, t1, kend in blocks) <= 32 << 20
+    assert blocked.SCRATCH_BYTES is None
+    budget = blocked.CPU_SCRATCH_BYTES if mx.default_device() == mx.cpu else 32 << 20
+    assert blocked.scratch_bytes() == budget <= 32 << 20
+    for t0, t1, kend in blocks:
+        assert 4 * 16 * (t1 - t0) * kend <= budget or t1 - t0 == blocked.MIN_ROWS
 
 
 def test_plan_blocks_takes_at_least_one_row(monkeypatch):

@@ -18,7 +18,7 @@ stacked as rows of one matrix product against the shared key/value head, so ``k`
 
 Memory: the inputs, ``o``, the gradients, two float32 accumulators ``[B, Hkv, S, D]``
 plus one block's scratch. A block has as many rows as keep its float32 scores within
-:data:`SCRATCH_BYTES` (at most :data:`MAX_ROWS`), so the scratch does not grow with
+:func:`scratch_bytes` (at most :data:`MAX_ROWS`), so the scratch does not grow with
 ``T`` (until a block is down to :data:`MIN_ROWS` rows).
 """
 
@@ -37,8 +37,17 @@ from .naive import mask_5d
 
 F32 = mx.float32
 
-#: Float32 scores of one block at most this many bytes (the scratch is a few times it).
-SCRATCH_BYTES = 32 << 20
+#: Float32 scores of one block at most this many bytes (the scratch is a few times it);
+#: ``None``: per device, :data:`CPU_SCRATCH_BYTES` on the CPU, :data:`GPU_SCRATCH_BYTES`
+#: elsewhere (:func:`scratch_bytes`). An int applies on every device.
+SCRATCH_BYTES: int | None = None
+#: The CPU's: there smaller blocks were faster as well as smaller (1 MiB against 32 at
+#: T = 2048 / 4096 / 8192, Hq = 2, D = 64: 0.60x / 0.75x / 0.84x the time, a ninth to a
+#: twelfth of the peak; docs/attention.md, "Knobs").
+CPU_SCRATCH_BYTES = 1 << 20
+#: A GPU's (measured on none yet but the H100 / H200, where the CUDA kernels run
+#: instead of the blocks; Apple GPUs unmeasured).
+GPU_SCRATCH_BYTES = 32 << 20
 #: Rows per block at most (the automatic size) ...
 MAX_ROWS = 1024
 #: ... and at least (below this, per-op overheads dominate; memory grows again).
@@ -104,7 +113,7 @@ def attention(
             a floating mask computed from trainable weights would lose its share of
             the gradient (the mlx-lm seam sends such calls to MLX). Default: ``None``.
         chunk_size (int, optional): Query rows per block; ``None`` picks as many as
-            keep one block's float32 scores within :data:`SCRATCH_BYTES`. A
+            keep one block's float32 scores within :func:`scratch_bytes`. A
             performance knob only. Default: ``None``.
         kernels (bool, optional): On a CUDA device the forward and the backward are
             fused kernels (:mod:`chunkscan.ops.attention._cuda`: tensor cores, no
@@ -201,18 +210,27 @@ def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
     return dtype == F32 or mx.default_device() != mx.cpu
 
 
+def scratch_bytes() -> int:
+    """The float32 scores one block may hold: :data:`SCRATCH_BYTES` where set, else the
+    default device's (:data:`CPU_SCRATCH_BYTES` on the CPU, :data:`GPU_SCRATCH_BYTES`
+    on a GPU)."""
+    if SCRATCH_BYTES is not None:
+        return SCRATCH_BYTES
+    return CPU_SCRATCH_BYTES if mx.default_device() == mx.cpu else GPU_SCRATCH_BYTES
+
+
 def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
     """The query blocks ``(t0, t1, kend)``: rows ``[t0, t1)`` attend keys ``[0, kend)``.
 
     With ``"causal"`` and ``T > S`` the first ``T - S`` rows see no key and are in no
     block. Automatic sizes: the most rows (a multiple of 16, within
-    ``[MIN_ROWS, MAX_ROWS]``) whose float32 scores fit :data:`SCRATCH_BYTES`.
+    ``[MIN_ROWS, MAX_ROWS]``) whose float32 scores fit :func:`scratch_bytes`.
     """
     T, S = spec.T, spec.S
     causal = spec.mask_kind == "causal"
     off = S - T
     per = 4 * spec.B * spec.Hq  # bytes per (row, key) of float32 scores
-    budget = max(1, SCRATCH_BYTES // per)  # (row, key) pairs per block
+    budget = max(1, scratch_bytes() // per)  # (row, key) pairs per block
 
     def kend(t1: int) -> int:
         return min(S, t1 + off) if causal else S
