@@ -265,7 +265,8 @@ def _print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['impl']:>20} T={row['T']:>6}: {row['ms']:10.1f} ms "
         f"{row['kib_per_token']:9.1f} KiB/token  blocks={row.get('blocks')} "
-        f"scratch={_scratch_mib(row)} MiB kernel={row.get('cuda_kernel')}",
+        + (f"scratch={_scratch_mib(row)} MiB " if _scratch_mib(row) else "")
+        + f"kernel={row.get('cuda_kernel')}",
         flush=True,
     )
 
