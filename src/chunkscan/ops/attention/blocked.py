@@ -42,11 +42,11 @@ F32 = mx.float32
 #: elsewhere (:func:`scratch_bytes`). An int applies on every device.
 SCRATCH_BYTES: int | None = None
 #: The CPU's: there smaller blocks were faster as well as smaller (1 MiB against 32 at
-#: T = 2048 / 4096 / 8192, Hq = 2, D = 64: 0.60x / 0.75x / 0.84x the time, a ninth to a
-#: twelfth of the peak; docs/attention.md, "Knobs").
+#: T = 2048 / 4096 / 8192, Hq = 2, D = 64: 0.62x / 0.70x / 0.83x the time, a ninth to a
+#: sixteenth of the peak; docs/attention.md, "Knobs").
 CPU_SCRATCH_BYTES = 1 << 20
-#: A GPU's (measured on none yet but the H100 / H200, where the CUDA kernels run
-#: instead of the blocks; Apple GPUs unmeasured).
+#: A GPU's (as before session 47; the H100 / H200 run the CUDA kernels instead of the
+#: blocks; Apple GPUs unmeasured).
 GPU_SCRATCH_BYTES = 32 << 20
 #: Rows per block at most (the automatic size) ...
 MAX_ROWS = 1024
@@ -54,12 +54,12 @@ MAX_ROWS = 1024
 MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
-#: unchanged: there its backward's ``T x S`` scores are small, and it is faster (CPU,
-#: one block, Hq=2, D=64, f32: MLX up to 1.2x faster at T = 64 ... 1024 in session 46's
-#: run, 1.5x in session 31's on the shared machine then, as it skips the
-#: recomputation; ``bench/attention.py --fast-max-scores 0``, docs/attention.md). 0
-#: disables the shortcut.
-#: A per-device knob: measure the crossover on the GPU.
+#: unchanged: there its backward's ``T x S`` scores are small, and it takes ``mx.vmap``
+#: and ``mx.jvp``, which the blocked form does not. Speed: on the GPU MLX's kernels are
+#: faster at every length; on the CPU one block was up to 1.14x slower than MLX (it
+#: recomputes the scores), but the CPU's 1 MiB blocks faster from T = 512 (0.63x at
+#: 1024; Hq=2, D=64, f32, ``bench/attention.py --fast-max-scores 0``,
+#: docs/attention.md, "Short sequences"). 0 disables the shortcut.
 FAST_MAX_SCORES = 1024 * 1024
 #: Forward through MLX's fused kernel (``force_fused=True``) where one exists (GPU),
 #: for None and causal (``T <= S``) masks: "auto" tries it (the CPU backend has none and
