@@ -439,6 +439,36 @@ def scan_input_work_peak(T: int, C: int, D: int, no_edge: str | None = None) -> 
     return {"peak": peak}
 
 
+def carryless_backward_peak(
+    T: int, C: int, D: int, V: int, forward: bool = False, no_edge: str | None = None
+) -> dict[str, Any]:
+    """Peak bytes above the inputs of the gradients (hidden states ``[T, D]`` and the
+    weight ``[D, V]``) of a chunked cross-entropy written as a ``scan`` with no carry
+    (``init=None``): each chunk's logits ``[C, V]`` are its scratch; ``forward``: of
+    the loss alone. ``no_edge``: one of ``scan``'s ordering rules switched off. Every
+    edge was anchored on the carry and so skipped, and the chunks ran together (found
+    by probing, session 47)."""
+    if no_edge:
+        importlib.import_module("chunkscan.scan")._ordering = without(no_edge)
+    h = mx.random.normal((T, D), key=mx.random.key(0))
+    t = mx.random.randint(0, V, (T,), key=mx.random.key(1))
+    w = 0.02 * mx.random.normal((D, V), key=mx.random.key(2))
+    mx.eval(h, t, w)
+
+    def chunk(c, xs, w):
+        h, t = xs
+        logits = h @ w
+        nll = mx.logsumexp(logits, -1) - mx.take_along_axis(logits, t[:, None], -1)[:, 0]
+        return c, nll
+
+    def loss(h, w):
+        return chunkscan.scan(chunk, None, (h, t), chunk_size=C, params=w)[1].sum()
+
+    grad = mx.grad(loss, argnums=(0, 1))
+    _, peak = peak_above_active(lambda: loss(h, w) if forward else grad(h, w))
+    return {"peak": peak}
+
+
 def dplr_delta_backward_peak(
     T: int, B: int, H: int, D: int, C: int, compiled: bool = False, no_edge: str | None = None
 ) -> dict[str, Any]:

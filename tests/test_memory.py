@@ -84,6 +84,36 @@ def test_a_chunks_input_work_waits_for_its_carry():
     assert control > bound, f"without rule 5 grew by {control / MiB:.2f} MiB only"
 
 
+def test_a_scan_without_a_carry_runs_its_chunks_in_turn():
+    """A chunked cross-entropy as a ``scan`` with ``init=None`` (no carry; chunks of 32
+    tokens, a vocabulary of 2048): every ordering edge was anchored on the carry, and
+    with none the chunks' logits were all alive at once (found by probing, session 47:
+    at T = 1024 -> 4096 in chunks of 128 the backward grew 34 MiB where a dummy carry
+    kept it flat). The previous chunk's outputs (forward) and gradients (backward)
+    stand in. Bounds: twice what the call keeps per token (``dh`` and the losses), plus
+    two chunks' logits. Measured from T = 256 to 1024: backward -0.32 MiB, forward
+    0.25, against bounds of 0.90 and 0.51; the controls (rule 2 off, and rule 5 off in
+    the forward) 6.60 and 3.01 (session 47's runs of this test's targets)."""
+    from helpers import peak_growth
+
+    C_, D, V = 32, 64, 2048
+    scratch = 2 * C_ * V * 4
+    backward = 2 * (1024 - 256) * (4 * D + 16) + scratch
+    forward = 2 * (1024 - 256) * 8 + scratch
+    config = dict(C=C_, D=D, V=V)
+    growth = peak_growth("carryless_backward_peak", config)
+    assert growth <= backward, f"grew by {growth / MiB:.2f} > {backward / MiB:.2f} MiB"
+    control = peak_growth(
+        "carryless_backward_peak", dict(config, no_edge="recompute_after_cotangent")
+    )
+    assert control > backward, f"without rule 2 grew by {control / MiB:.2f} MiB only"
+    config["forward"] = True
+    growth = peak_growth("carryless_backward_peak", config)
+    assert growth <= forward, f"forward grew by {growth / MiB:.2f} > {forward / MiB:.2f} MiB"
+    control = peak_growth("carryless_backward_peak", dict(config, no_edge="prepare_after_carry"))
+    assert control > forward, f"forward without rule 5 grew by {control / MiB:.2f} MiB only"
+
+
 def test_a_weight_shared_by_every_chunk():
     """A weight ``W`` used by every chunk: ``scan(params=...)`` sums its gradient as the
     backward goes (one ``W``-sized sum alive), ``checkpoint`` in a loop does not. Each

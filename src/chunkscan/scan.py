@@ -395,6 +395,7 @@ class _Plan:
         carry, diff_xs, p = self.split_primals(list(primals))
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
         ys_per_chunk, saved, block = [], [], []
+        ys: list[mx.array] = []
         for i in range(len(self.bounds)):
             if i > 0:
                 block.append(carry)
@@ -413,7 +414,11 @@ class _Plan:
             # alive at once (found by probing: dplr_delta_rule's backward grew 3.61 MiB
             # from T = 256 to 1024 at chunks of 32 against 1.31 with the edge,
             # bench/results/cpu/memory_tests_98117e4.jsonl).
-            xs_i = _ordering.prepare_after_carry(xs_i, carry)
+            # With no carry (init None: a chunked loss), the previous chunk's outputs
+            # stand for it: every edge anchored on an empty carry was skipped, and the
+            # chunks ran together (found by probing, session 47: a chunked cross-entropy
+            # grew 34 MiB from T = 1024 to 4096 where a dummy carry kept it flat).
+            xs_i = _ordering.prepare_after_carry(xs_i, carry if carry else ys)
             before = _random.key()
             carry, ys = self.call_chunk(i, carry, xs_i, p)
             if (drew := _random.drawn_from(before)) is not None:
@@ -473,14 +478,18 @@ class _Plan:
         n_dx, n_chunks = self.n_dx, len(self.bounds)
         d_xs_chunks: list[list[mx.array]] = [[] for _ in range(n_dx)]
         d_p: list[mx.array] = []
+        done: list[mx.array] = []  # the chunk after's gradients (anchors without a carry)
         for i in reversed(range(n_chunks)):
             # Rule 2: recompute chunk i only once the cotangent flowing into it exists.
             # It gates the xs chunks too: Depends is never merged by mx.compile's
             # common-subexpression elimination, so the recomputation cannot be merged
             # with the forward's work on the same xs (which would keep the forward's
             # per-chunk values alive until the backward).
+            # With no carry: once the chunk after has its gradients, and this chunk's
+            # ys cotangent exists (see the forward).
+            flowing_in = ct_carry if ct_carry else done + [c[i] for c in ct_ys_chunks]
             waited = _ordering.recompute_after_cotangent(
-                carries_in[i] + [c[i] for c in diff_chunks], ct_carry
+                carries_in[i] + [c[i] for c in diff_chunks], flowing_in
             )
             # The constant inputs pass through a Depends of their own: it keeps
             # mx.compile from merging their recomputation with the forward's (a Depends
@@ -523,6 +532,7 @@ class _Plan:
             grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals_i, floats)]
             d_carry, d_x, d_p_i = self.split_primals(grads)
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
+            done = d_x + d_p  # (the sum, as rule 3's: each chunk's d_p_i freed in turn)
             if i > 0:
                 d_carry = [a + b for a, b in zip(d_carry, ct_saved[i])]
             # Rule 3: the carry cotangent moves on only after this chunk's gradients.
