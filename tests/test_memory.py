@@ -93,7 +93,7 @@ def test_a_scan_without_a_carry_runs_its_chunks_in_turn():
     stand in. Bounds: twice what the call keeps per token (``dh`` and the losses), plus
     two chunks' logits. Measured from T = 256 to 1024: backward -0.32 MiB, forward
     0.25, against bounds of 0.90 and 0.51; the controls (rule 2 off, and rule 5 off in
-    the forward) 6.60 and 3.01 (session 47's runs of this test's targets)."""
+    the forward) 6.60 and 3.01 (``bench/results/cpu/memory_tests_carryless_d845282.jsonl``)."""
     from helpers import peak_growth
 
     C_, D, V = 32, 64, 2048
