@@ -1,6 +1,7 @@
 """chunkscan.scan and chunkscan.stepwise: values and gradients against plain autograd
 of the unchunked loop, pytrees, params, nn.Module, compile, and error text."""
 
+import collections
 import dataclasses
 import functools
 import importlib
@@ -1335,8 +1336,10 @@ def test_captured_module_warns(case):
 
 def test_captured_module_warns_through_a_closures_namespace_or_a_function_attribute():
     """A class used as a namespace or a Python module of settings held by closure
-    (``Cfg.net``, ``cfg.net``), and a module set as an attribute of ``f`` itself
-    (``f.net``): each was missed, a zero gradient and no warning (noted in session 46)."""
+    (``Cfg.net``, ``cfg.net``), a module set as an attribute of ``f`` itself
+    (``f.net``; these three noted in session 46), a module in a ``collections.deque``
+    or ``ChainMap`` (found by probing, session 47): each was missed, a zero gradient
+    and no warning."""
     import types
 
     def class_closure():
@@ -1357,12 +1360,21 @@ def test_captured_module_warns_through_a_closures_namespace_or_a_function_attrib
         f.net = nn.Linear(3, 3)
         return f
 
+    def in_deque():
+        held = collections.deque([nn.Linear(3, 3)])
+        return lambda h, xs: (held[0](h) + xs.sum(0), xs)
+
+    def in_chainmap():
+        held = collections.ChainMap({"net": nn.Linear(3, 3)})
+        return lambda h, xs: (held["net"](h) + xs.sum(0), xs)
+
     for make, name in ((class_closure, "Cfg.net"), (module_closure, "cfg.net"),
-                       (with_attribute, "f.net")):  # fmt: skip
+                       (with_attribute, "f.net"), (in_deque, "held[0]"),
+                       (in_chainmap, "held.maps[0]['net']")):  # fmt: skip
         with pytest.warns(chunkscan.ClosureCaptureWarning) as record:
             chunkscan.scan(make(), mx.zeros((3,)), mx.ones((4, 3)), chunk_size=2)
         assert len(record) == 1, [str(w.message) for w in record]
-        assert f"captures the nn.Module '{name}' (Linear)" in str(record[0].message)
+        assert f"captures the nn.Module {name!r} (Linear)" in str(record[0].message)
 
 
 def test_captured_module_warns_through_defaults_containers_and_functors():

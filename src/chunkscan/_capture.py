@@ -22,7 +22,8 @@ can reach and reports every module on the way:
   attributes the code reads of it (``cfg.net`` where ``cfg`` is a module of settings,
   ``Cfg.net`` a class used as a namespace), without running a property; a function's
   own attributes (``f.net``);
-- lists, tuples and dicts found on the way (their first items);
+- lists, tuples, dicts, ``collections.deque`` and ``ChainMap`` found on the way
+  (their first items);
 - what ``mx.compile`` and ``mx.checkpoint`` return: the function they wrap.
 
 The walk is bounded (depth, objects visited, items per container), never looks
@@ -38,6 +39,7 @@ module hidden deeper than that, never report one that is not reachable.
 
 from __future__ import annotations
 
+import collections
 import dis
 import enum
 import functools
@@ -168,6 +170,15 @@ class _Walk:
             for k, item in list(obj.items())[:MAX_ITEMS]:
                 if type(item) not in _SCALARS:
                     self.visit(item, _index(path, f"[{k!r}]"), nxt)
+        elif issubclass(kind, collections.deque):
+            # (the standard library's deque and ChainMap are walked as containers: a
+            # module in one was missed, found by probing, session 47)
+            for i, item in enumerate(itertools.islice(obj, MAX_ITEMS)):
+                if type(item) not in _SCALARS:
+                    self.visit(item, _index(path, f"[{i}]"), nxt)
+        elif issubclass(kind, collections.ChainMap):
+            for i, mapping in enumerate(obj.maps[:MAX_ITEMS]):
+                self.visit(mapping, _index(path, f".maps[{i}]"), nxt)
         elif _stdlib_object(obj):
             # A logger, a lock, a file: holds no model, and a logger reaches them all.
             # But a functools.cache / lru_cache wrapper: the function it wraps (a helper

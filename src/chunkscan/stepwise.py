@@ -101,7 +101,10 @@ def check_compiled_axis(f: Callable, axis: int, carry: Any, xs_chunk: Any) -> It
     at the same shapes; an axis written two ways; a new ``mx.compile`` of the function
     after one of another axis was freed. One compiled function per axis avoids all of
     them. Not seen: a lambda around the compiled function (an ``mx.checkpoint`` around
-    it was not seen before session 39)."""
+    it was not seen before session 39), and an ``mx.compile`` of a chunk function that
+    calls a ``stepwise`` function made without an axis inside (traced along axis 0, its
+    trace then stepped along 0 under ``scan(axis=1)``: wrong values, no error; found
+    by probing, session 47): give such a ``stepwise`` its axis."""
     f = _compiled_stepwise(f)
     runs = getattr(f, "_chunkscan_runs", None)
     if runs is None or getattr(f, "_chunkscan_axis", 0) is not None:
