@@ -63,8 +63,16 @@ def float64_on_cpu(test):
     return run
 
 
-def lora_model(config, seed=0):
+def lora_model(config, seed=0, quantize=False):
+    """A tiny random model of ``config`` with LoRA layers (``lora_b`` non-zero); its
+    base 4-bit quantized first where ``quantize`` (QLoRA; the layers whose input width
+    is a multiple of the group size, 32)."""
     model = build_model(config, seed)
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4,
+                    class_predicate=lambda _, m: hasattr(m, "to_quantized")
+                    and m.weight.shape[-1] % 32 == 0)  # fmt: skip
+        assert any(isinstance(m, nn.QuantizedLinear) for m in model.modules())
     model.freeze()
     linear_to_lora_layers(model, len(model.layers), {"rank": 4, "dropout": 0.0, "scale": 10.0})
     # lora_b starts at zero, which zeroes lora_a's gradient: make both non-trivial.
@@ -1517,7 +1525,12 @@ def test_mamba_lora_grads_match_stock(config, compiled, s6_spy):
     """Mamba (and falcon_mamba's norms) and Jamba train patched with the loss and LoRA
     gradients of mlx-lm's per-token loops: each Mamba layer calls
     chunkscan.selective_scan once (T - 1 = 149)."""
-    model = lora_model(config())
+    _mamba_trains_as_stock(lora_model(config()), config, s6_spy, compiled)
+
+
+def _mamba_trains_as_stock(model, config, s6_spy, compiled=False) -> None:
+    """``model``'s loss and LoRA gradients patched are stock's, each Mamba layer one
+    call of the op."""
     batch, lengths = padded_batch(64, lengths=(150, 97))
     loss0, g0 = loss_and_grads(model, batch, lengths, compiled=compiled)
     with cmlx.patch() as handle:
@@ -1538,23 +1551,7 @@ def test_quantized_mamba_trains_through_the_op(config, s6_spy):
     quantized weights, uint32, counted as parameters the op cannot take: every call
     was mlx-lm's per-token loop, silently; found by probing, session 47), with stock's
     loss and LoRA gradients."""
-    model = build_model(config(), 0)
-    nn.quantize(model, group_size=32, bits=4,
-                class_predicate=lambda _, m: hasattr(m, "to_quantized")
-                and m.weight.shape[-1] % 32 == 0)  # fmt: skip
-    assert any(isinstance(m, nn.QuantizedLinear) for m in model.modules())
-    model.freeze()
-    linear_to_lora_layers(model, len(model.layers), {"rank": 4, "dropout": 0.0, "scale": 10.0})
-    batch, lengths = padded_batch(64, lengths=(150, 97))
-    loss0, g0 = loss_and_grads(model, batch, lengths)
-    with cmlx.patch():
-        loss1, g1 = loss_and_grads(model, batch, lengths)
-    layers = 3 if config is jamba_config else 2
-    assert s6_spy == [None] * (4 + layers)  # the two probes' two calls, then one per layer
-    assert abs(loss1 - loss0) <= RTOL * abs(loss0)
-    assert g0.keys() == g1.keys() and any("x_proj" in k or "in_proj" in k for k in g0)
-    for name in g0:
-        assert rel(g1[name], g0[name]) <= RTOL, name
+    _mamba_trains_as_stock(lora_model(config(), quantize=True), config, s6_spy)
 
 
 def _generation_as_stock(model) -> int:
