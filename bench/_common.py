@@ -429,7 +429,8 @@ def plot_time_and_memory(
 ) -> None:
     """Two log-log panels against ``T``: ``row[time_key]`` and ``row["kib_per_token"]``,
     one line per ``impl`` and, where rows record one, ``save`` mode (one line of both
-    modes zigzagged between them; found by probing), rows with an error skipped. No plot
+    modes zigzagged between them; found by probing) and ``scratch_mib`` (attention's
+    several budgets: the same, found by review), rows with an error skipped. No plot
     without matplotlib."""
     try:
         import matplotlib
@@ -440,18 +441,23 @@ def plot_time_and_memory(
         print("matplotlib missing: no plot")
         return
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    lines = dict.fromkeys((r["impl"], r.get("save")) for r in rows if r["impl"] in impls)
+
+    def line_of(r: dict[str, Any]) -> tuple:
+        return r["impl"], r.get("save"), r.get("scratch_mib")
+
+    lines = dict.fromkeys(line_of(r) for r in rows if r["impl"] in impls)
     lines = sorted(lines, key=lambda line: impls.index(line[0]))  # (stable: saves in order)
-    for (impl, save), style in zip(lines, itertools.cycle(("o-", "s--", "^:", "D-."))):
+    for line, style in zip(lines, itertools.cycle(("o-", "s--", "^:", "D-."))):
         # by T alone: rows of one T (of another save mode) compared their dicts, a
         # TypeError that kept two committed results from rebuilding (found by review)
-        pts = sorted(((r["T"], r) for r in rows
-                      if r["impl"] == impl and r.get("save") == save and time_key in r),
+        pts = sorted(((r["T"], r) for r in rows if line_of(r) == line and time_key in r),
                      key=lambda p: p[0])  # fmt: skip
         if not pts:
             continue
         Ts = [t for t, _ in pts]
-        label = impl if save is None else f"{impl} (save={save})"
+        impl, save, scratch = line
+        label = impl + ("" if save is None else f" (save={save})")
+        label += "" if scratch is None else f" ({scratch:g} MiB scratch)"
         ax_t.plot(Ts, [r[time_key] for _, r in pts], style, label=label, mfc="none")
         ax_m.plot(Ts, [r["kib_per_token"] for _, r in pts], style, label=label, mfc="none")
     for ax, ylabel in ((ax_t, time_label), (ax_m, memory_label)):

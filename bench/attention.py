@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--mask", default=None, choices=["causal", "none"])
     p.add_argument("--chunk-size", type=positive_int, default=None)
-    p.add_argument("--scratch-mib", type=positive_float, nargs="+", default=None,
+    p.add_argument("--scratch-mib", type=positive_float, nargs="+", action=Once, default=None,
                    help="chunkscan's SCRATCH_BYTES in MiB (default: the device's, "
                         "CPU_SCRATCH_BYTES or GPU_SCRATCH_BYTES); several values: each "
                         "chunkscan impl at each, in turn, at every T")  # fmt: skip

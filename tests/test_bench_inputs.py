@@ -401,3 +401,11 @@ def test_the_plot_draws_a_line_per_save_mode(bench, tmp_path, monkeypatch):
     assert drawn["chunkscan (save=chunks)"][0] == ([16, 32], [1.0, 1.0])
     assert drawn["chunkscan (save=groups)"][0] == ([16, 32], [2.0, 2.0])
     assert drawn["mlx_lm"][0] == ([16], [3.0])
+    # attention.py's several --scratch-mib values: a line each (one zigzag before;
+    # found by review, session 47)
+    drawn.clear()
+    rows = [{"impl": "chunkscan", "T": T, "scratch_mib": m, "s": m, "kib_per_token": 1.0}
+            for T in (16, 32) for m in (1.0, 32.0)]  # fmt: skip
+    bench("_common").plot_time_and_memory(rows, tmp_path / "p.png", "t", ("chunkscan",), "s", "s")
+    assert drawn["chunkscan (1 MiB scratch)"][0] == ([16, 32], [1.0, 1.0])
+    assert drawn["chunkscan (32 MiB scratch)"][0] == ([16, 32], [32.0, 32.0])

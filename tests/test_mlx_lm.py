@@ -480,6 +480,16 @@ def test_patch_with_save_states_does_not_read_the_environment(monkeypatch, save)
     with pytest.raises(ValueError, match="CHUNKSCAN_GDN_SAVE"):
         cmlx.patch(save_states=None)
     assert cmlx._stack == []
+    # Under a live handle that did not probe, the probe of the one being made takes its
+    # own save_states, not the outer handle's (it did; found by review).
+    monkeypatch.delenv("CHUNKSCAN_GDN_SAVE")
+    monkeypatch.setattr(cmlx, "_verified", set())
+    other = "chunks" if save == "groups" else "groups"
+    with cmlx.patch(verify=False, save_states=other):
+        calls = _record_calls(monkeypatch, "_op", "save_states")
+        with cmlx.patch(save_states=save):
+            pass
+    assert calls and set(calls) == {save}
 
 
 def _expect_incompatible(*needles):

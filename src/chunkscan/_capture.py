@@ -505,8 +505,8 @@ def _namespace_reads(
     is_class = issubclass(type(holder), type)
     # (read from the namespace: a module's __name__ may be missing, or its module-level
     # __getattr__ would run; found by review)
-    name = vars(holder).get("__module__" if is_class else "__name__")
-    if isinstance(name, str) and _ours(name):
+    module_name = vars(holder).get("__module__" if is_class else "__name__")
+    if isinstance(module_name, str) and _ours(module_name):
         return []
     out: dict[str, Any] = {}
     for fn, name in readers:

@@ -437,6 +437,13 @@ def test_default_plan_bounds_a_long_calls_scores():
     assert blocked.scratch_bytes() == budget <= 32 << 20
     for t0, t1, kend in blocks:
         assert 4 * 16 * (t1 - t0) * kend <= budget or t1 - t0 == blocked.MIN_ROWS
+    if mx.default_device() == mx.cpu:
+        # the CPU's 1 MiB, as docs/attention.md's tables measured it: 19 blocks at its
+        # shape, T = 2048 (the budget read from the module, this test passed at any
+        # value; found by review, session 47)
+        assert blocked.CPU_SCRATCH_BYTES == 1 << 20
+        q, k, v, _ = make_inputs(1, 2, 1, 2048, 2048, 64)
+        assert len(plan_blocks(check_inputs("t", q, k, v, 1.0, "causal", None))) == 19
 
 
 def test_plan_blocks_takes_at_least_one_row(monkeypatch):

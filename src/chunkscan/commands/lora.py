@@ -522,7 +522,7 @@ def _not_finite_loss(info: dict[str, Any], args: types.SimpleNamespace) -> str:
 
 
 @contextlib.contextmanager
-def _report_peak_memory(lora: Any, args: types.SimpleNamespace, routes: Any = None):
+def _report_peak_memory(lora: Any, args: types.SimpleNamespace, routes: _Routes | None = None):
     """Rebind ``mlx_lm.lora.get_reporting_callbacks`` (restored on exit).
 
     ``mlx_lm.lora.run`` ignores its ``training_callback`` argument and builds one from

@@ -267,14 +267,21 @@ def _log_decay(a, A_log, dt_bias, lower_bound):
     return lower_bound * mx.sigmoid(x)
 
 
+# What _chunked_update's probe_save_states is when the call is not the probe's.
+_NOT_A_PROBE = object()
+
+
 def _chunked_update(
-    q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, options, probe_save_states=None
-):
+    q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, options,
+    probe_save_states: Any = _NOT_A_PROBE,
+):  # fmt: skip
     """mlx-lm's ``gated_delta_update`` training path through the op, with the live
-    handle's ``chunk_size`` and ``save_states``; with no handle live (:func:`_probe`,
-    for the handle about to be made) ``probe_save_states``: without it the probe's op
-    read ``CHUNKSCAN_GDN_SAVE``, and an invalid value broke ``patch(save_states=
-    "groups")``, which never reads it (found by probing, session 47)."""
+    handle's ``chunk_size`` and ``save_states``; called by :func:`_probe` (for the
+    handle about to be made, a live one or none) with that handle's
+    ``probe_save_states``: without it the probe's op read ``CHUNKSCAN_GDN_SAVE`` where
+    no handle was live, and an invalid value broke ``patch(save_states="groups")``,
+    which never reads it (found by probing, session 47), or took an outer handle's
+    (review)."""
     lower_bound = options.get("lower_bound")
     beta = mx.sigmoid(b)
     if options.get("allow_neg_eigval", False):
@@ -294,7 +301,10 @@ def _chunked_update(
     chunk_size = _stack[-1].chunk_size if _stack else None
     if chunk_size is not None:
         kwargs["chunk_size"] = chunk_size
-    kwargs["save_states"] = _stack[-1].save_states if _stack else probe_save_states
+    if probe_save_states is not _NOT_A_PROBE:
+        kwargs["save_states"] = probe_save_states
+    elif _stack:
+        kwargs["save_states"] = _stack[-1].save_states
     out, state = _op()(
         q,
         k,

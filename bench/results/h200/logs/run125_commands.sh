@@ -5,8 +5,9 @@
 #      through the ops that use scan on a GPU: tests/test_scan.py and the dplr, selective
 #      scan and diagonal tests, memory tests aside (they are CPU-shaped); then session 45's
 #      float64_on_cpu tests of tests/test_mlx_lm.py;
-#   b, c: as run 119's parts b and c (fla side by side and the portable path; the LoRA
-#      step at 8192 and the first step at 2048): bench/results/h200/logs/run119_commands.sh.
+#   b, c: run 119's parts b and c (fla side by side and the portable path; the LoRA
+#      step at 8192 and the first step at 2048): bench/results/h200/logs/run119_commands.sh,
+#      whose outputs are $OUT/run119b.tgz and run119c.tgz (not run125<part>).
 case "$1" in
 b|c) exec bash bench/results/h200/logs/run119_commands.sh "$@" ;;
 esac

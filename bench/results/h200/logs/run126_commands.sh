@@ -5,8 +5,9 @@
 #   a: the flattening-wrapper test run 125 failed (made device-aware since), then the
 #      ops that use scan (dplr, selective scan, diagonal), memory tests aside, stopping
 #      at the first failure with its report;
-#   b, c: as run 119's parts b and c (fla side by side and the portable path; the LoRA
-#      step at 8192 and the first step at 2048): bench/results/h200/logs/run119_commands.sh.
+#   b, c: run 119's parts b and c (fla side by side and the portable path; the LoRA
+#      step at 8192 and the first step at 2048): bench/results/h200/logs/run119_commands.sh,
+#      whose outputs are $OUT/run119b.tgz and run119c.tgz (not run126<part>).
 case "$1" in
 b|c) exec bash bench/results/h200/logs/run119_commands.sh "$@" ;;
 esac
