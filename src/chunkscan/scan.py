@@ -416,8 +416,9 @@ class _Plan:
             # bench/results/cpu/memory_tests_98117e4.jsonl).
             # With no carry (init None: a chunked loss), the previous chunk's outputs
             # stand for it: every edge anchored on an empty carry was skipped, and the
-            # chunks ran together (found by probing, session 47: a chunked cross-entropy
-            # grew 34 MiB from T = 1024 to 4096 where a dummy carry kept it flat).
+            # chunks ran together (found by probing, session 47; a chunked cross-entropy's
+            # backward grew 6.60 MiB from T = 256 to 1024 without the edges, -0.32 with
+            # them: tests/test_memory.py, memory_tests_carryless_d845282.jsonl).
             xs_i = _ordering.prepare_after_carry(xs_i, carry if carry else ys)
             before = _random.key()
             carry, ys = self.call_chunk(i, carry, xs_i, p)

@@ -57,9 +57,9 @@ MIN_ROWS = 16
 #: unchanged: there its backward's ``T x S`` scores are small, and it takes ``mx.vmap``
 #: and ``mx.jvp``, which the blocked form does not. Speed: on the GPU MLX's kernels are
 #: faster at every length; on the CPU one block was up to 1.14x slower than MLX (it
-#: recomputes the scores), but the CPU's 1 MiB blocks faster from T = 512 (0.63x at
-#: 1024; Hq=2, D=64, f32, ``bench/attention.py --fast-max-scores 0``,
-#: docs/attention.md, "Short sequences"). 0 disables the shortcut.
+#: recomputes the scores), but with the CPU's 1 MiB blocks the blocked form was faster
+#: from T = 512 (0.63x at 1024; Hq=2, D=64, f32, ``bench/attention.py
+#: --fast-max-scores 0``, docs/attention.md, "Short sequences"). 0 disables the shortcut.
 FAST_MAX_SCORES = 1024 * 1024
 #: Forward through MLX's fused kernel (``force_fused=True``) where one exists (GPU),
 #: for None and causal (``T <= S``) masks: "auto" tries it (the CPU backend has none and
