@@ -2757,6 +2757,18 @@ def test_second_derivative_of_a_scan_without_a_carry():
     for got, ref in zip(twice(by_scan), twice(by_loop)):
         assert max_rel(got, ref) <= 2.5e-6
 
+    # Only params differentiated (every xs constant): an edge from the constants to the
+    # chunk after's gradients, even through stop_gradient, gave exactly half here (tried
+    # in session 47 for this case's memory, and dropped)
+    def params_only(w):
+        ys = chunkscan.scan(f, None, (x, idx), chunk_size=5, params=w, xs_grad=False)[1]
+        return (ys**2).sum()
+
+    def twice_w(L):
+        return mx.grad(lambda w: (mx.grad(L)(w) * mx.grad(L)(w)).sum())(w)
+
+    assert max_rel(twice_w(params_only), twice_w(lambda w: by_loop(x, w))) <= 2.5e-6
+
 
 def test_second_derivative_from_two_grad_calls_with_constant_xs(monkeypatch):
     """``xs_grad=False`` and a second derivative built from two ``mx.grad`` calls on the
