@@ -440,12 +440,14 @@ def scan_input_work_peak(T: int, C: int, D: int, no_edge: str | None = None) -> 
 
 
 def carryless_backward_peak(
-    T: int, C: int, D: int, V: int, forward: bool = False, no_edge: str | None = None
-) -> dict[str, Any]:
+    T: int, C: int, D: int, V: int, forward: bool = False, params_only: bool = False,
+    no_edge: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Peak bytes above the inputs of the gradients (hidden states ``[T, D]`` and the
     weight ``[D, V]``) of a chunked cross-entropy written as a ``scan`` with no carry
     (``init=None``): each chunk's logits ``[C, V]`` are its scratch; ``forward``: of
-    the loss alone. ``no_edge``: one of ``scan``'s ordering rules switched off. Every
+    the loss alone; ``params_only``: of the weight's alone, the hidden states constant
+    (``xs_grad=False``). ``no_edge``: one of ``scan``'s ordering rules switched off. Every
     edge was anchored on the carry and so skipped, and the chunks ran together (found
     by probing, session 47)."""
     if no_edge:
@@ -462,9 +464,10 @@ def carryless_backward_peak(
         return c, nll
 
     def loss(h, w):
-        return chunkscan.scan(chunk, None, (h, t), chunk_size=C, params=w)[1].sum()
+        xs_grad = not params_only
+        return chunkscan.scan(chunk, None, (h, t), chunk_size=C, params=w, xs_grad=xs_grad)[1].sum()
 
-    grad = mx.grad(loss, argnums=(0, 1))
+    grad = mx.grad(loss, argnums=1 if params_only else (0, 1))
     _, peak = peak_above_active(lambda: loss(h, w) if forward else grad(h, w))
     return {"peak": peak}
 

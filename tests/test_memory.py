@@ -107,6 +107,16 @@ def test_a_scan_without_a_carry_runs_its_chunks_in_turn():
         "carryless_backward_peak", dict(config, no_edge="recompute_after_cotangent")
     )
     assert control > backward, f"without rule 2 grew by {control / MiB:.2f} MiB only"
+    # only the weight differentiated (the hidden states constant): the params wait
+    # too (found by review: 3.00 MiB eager without that edge)
+    params_only = 2 * (1024 - 256) * 16 + scratch
+    only = dict(config, params_only=True)
+    growth = peak_growth("carryless_backward_peak", only)
+    assert growth <= params_only, f"params only: {growth / MiB:.2f} > {params_only / MiB:.2f} MiB"
+    control = peak_growth(
+        "carryless_backward_peak", dict(only, no_edge="recompute_after_cotangent")
+    )
+    assert control > params_only, f"params only without rule 2: {control / MiB:.2f} MiB only"
     config["forward"] = True
     growth = peak_growth("carryless_backward_peak", config)
     assert growth <= forward, f"forward grew by {growth / MiB:.2f} > {forward / MiB:.2f} MiB"

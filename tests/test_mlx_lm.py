@@ -485,11 +485,12 @@ def test_patch_with_save_states_does_not_read_the_environment(monkeypatch, save)
     monkeypatch.delenv("CHUNKSCAN_GDN_SAVE")
     monkeypatch.setattr(cmlx, "_verified", set())
     other = "chunks" if save == "groups" else "groups"
-    with cmlx.patch(verify=False, save_states=other):
+    with cmlx.patch(verify=False, save_states=other, chunk_size=2):
         calls = _record_calls(monkeypatch, "_op", "save_states")
-        with cmlx.patch(save_states=save):
+        sizes = _record_calls(monkeypatch, "_op", "chunk_size")
+        with cmlx.patch(save_states=save, chunk_size=3):
             pass
-    assert calls and set(calls) == {save}
+    assert calls and set(calls) == {save} and set(sizes) == {3}  # (its chunk_size too)
 
 
 def _expect_incompatible(*needles):
@@ -1202,7 +1203,7 @@ def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
 
     ran = []
 
-    def failing(stock, options, save_states):
+    def failing(stock, options, chunk_size, save_states):
         raise cmlx.IncompatibleMlxLmError("probe failed")
 
     def attention_probe(stock):
@@ -1215,7 +1216,7 @@ def test_a_probe_that_raises_leaves_nothing_behind(monkeypatch):
     assert ran == ["attention"] and cmlx._verified == set()
     assert cmlx.patched_families() == () and cmlx.lightning_patched_modules() == ()
     assert bl.recurrent_gla is real and qwen3_next.gated_delta_update is STOCK
-    monkeypatch.setattr(cmlx, "_probe", lambda stock, options, save_states: None)
+    monkeypatch.setattr(cmlx, "_probe", lambda stock, options, chunk_size, save_states: None)
     with cmlx.patch():
         assert ran == ["attention", "attention"]
 

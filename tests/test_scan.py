@@ -1600,6 +1600,27 @@ def test_the_capture_walk_runs_no_user_code():
     walk.run(Runner().step)
     assert len(walk.seen) < 20, len(walk.seen)
 
+    # A deque or ChainMap subclass's own __iter__ / maps: not run (the walk reads them
+    # through deque's __iter__ and the instance's __dict__; review, session 47)
+    class Queue(collections.deque):
+        def __iter__(self):
+            calls.append("__iter__")
+            return super().__iter__()
+
+    class Chain(collections.ChainMap):
+        @property
+        def maps(self):
+            calls.append("maps")
+            return self.__dict__["maps"]
+
+        @maps.setter
+        def maps(self, value):
+            self.__dict__["maps"] = value
+
+    held_q, held_c = Queue([nn.Linear(3, 3)]), Chain({"net": nn.Linear(3, 3)})
+    paths = [p for p, _ in _capture.captured_modules(lambda c, x: (held_q, held_c))]
+    assert paths == [["held_q[0]"], ["held_c.maps[0]['net']"]] and calls == [], (paths, calls)
+
 
 def test_the_capture_walk_runs_no_attribute_hook_of_the_user():
     """Globals whose ``__getattr__`` or ``__getattribute__`` raises: ``scan`` runs as

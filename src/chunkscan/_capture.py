@@ -173,11 +173,14 @@ class _Walk:
         elif issubclass(kind, collections.deque):
             # (the standard library's deque and ChainMap are walked as containers: a
             # module in one was missed, found by probing, session 47)
-            for i, item in enumerate(itertools.islice(obj, MAX_ITEMS)):
+            # (read through deque's own __iter__ and the instance's __dict__: a
+            # subclass's __iter__ or property would be the user's code; review)
+            for i, item in enumerate(itertools.islice(collections.deque.__iter__(obj), MAX_ITEMS)):
                 if type(item) not in _SCALARS:
                     self.visit(item, _index(path, f"[{i}]"), nxt)
         elif issubclass(kind, collections.ChainMap):
-            for i, mapping in enumerate(obj.maps[:MAX_ITEMS]):
+            maps = dict(attributes(obj) or ()).get("maps")
+            for i, mapping in enumerate(maps[:MAX_ITEMS] if type(maps) is list else []):
                 self.visit(mapping, _index(path, f".maps[{i}]"), nxt)
         elif _stdlib_object(obj):
             # A logger, a lock, a file: holds no model, and a logger reaches them all.

@@ -267,21 +267,21 @@ def _log_decay(a, A_log, dt_bias, lower_bound):
     return lower_bound * mx.sigmoid(x)
 
 
-# What _chunked_update's probe_save_states is when the call is not the probe's.
+# What _chunked_update's probe is when the call is not the probe's.
 _NOT_A_PROBE = object()
 
 
 def _chunked_update(
     q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, options,
-    probe_save_states: Any = _NOT_A_PROBE,
+    probe: Any = _NOT_A_PROBE,
 ):  # fmt: skip
     """mlx-lm's ``gated_delta_update`` training path through the op, with the live
     handle's ``chunk_size`` and ``save_states``; called by :func:`_probe` (for the
-    handle about to be made, a live one or none) with that handle's
-    ``probe_save_states``: without it the probe's op read ``CHUNKSCAN_GDN_SAVE`` where
-    no handle was live, and an invalid value broke ``patch(save_states="groups")``,
-    which never reads it (found by probing, session 47), or took an outer handle's
-    (review)."""
+    handle about to be made, a live one or none) with that handle's, ``probe`` =
+    ``(chunk_size, save_states)``: without it the probe's op read
+    ``CHUNKSCAN_GDN_SAVE`` where no handle was live, and an invalid value broke
+    ``patch(save_states="groups")``, which never reads it (found by probing, session
+    47), or took an outer handle's options (review)."""
     lower_bound = options.get("lower_bound")
     beta = mx.sigmoid(b)
     if options.get("allow_neg_eigval", False):
@@ -298,13 +298,14 @@ def _chunked_update(
         beta = mx.where(keep[..., None], beta, 0.0)
         q, k, v = (mx.where(keep[..., None, None], x, 0).astype(x.dtype) for x in (q, k, v))
     kwargs = {}
-    chunk_size = _stack[-1].chunk_size if _stack else None
+    if probe is not _NOT_A_PROBE:
+        chunk_size, kwargs["save_states"] = probe
+    elif _stack:
+        chunk_size, kwargs["save_states"] = _stack[-1].chunk_size, _stack[-1].save_states
+    else:
+        chunk_size = None
     if chunk_size is not None:
         kwargs["chunk_size"] = chunk_size
-    if probe_save_states is not _NOT_A_PROBE:
-        kwargs["save_states"] = probe_save_states
-    elif _stack:
-        kwargs["save_states"] = _stack[-1].save_states
     out, state = _op()(
         q,
         k,
@@ -492,9 +493,12 @@ def on_cpu():
         mx.set_default_device(previous)
 
 
-def _probe(stock: Any, options: dict[str, Any], save_states: str | None = None) -> None:
+def _probe(
+    stock: Any, options: dict[str, Any], chunk_size: int | None = None,
+    save_states: str | None = None,
+) -> None:  # fmt: skip
     """Compare the patched and stock training paths on a tiny random input, with the
-    ``save_states`` of the handle being made. Two key
+    ``chunk_size`` and ``save_states`` of the handle being made. Two key
     heads (a value head's key head: with one, any mapping of value heads to key heads
     gave the same numbers, and a loop tiling them passed; found by probing)."""
     B, T, Hk, Hv, Dk, Dv = 2, 5, 2, 4, 8, 4
@@ -532,7 +536,7 @@ def _probe(stock: Any, options: dict[str, Any], save_states: str | None = None) 
         a_, A_log_, dt_bias_ = (a, A_log, dt_bias) if gate is None else gate
         args = (q, k, v, a_, b, A_log_, dt_bias_, s0, m)
         y0, s_0 = stock(*args, use_kernel=False, **extra)
-        y1, s_1 = _chunked_update(*args, options=extra, probe_save_states=save_states)
+        y1, s_1 = _chunked_update(*args, options=extra, probe=(chunk_size, save_states))
         if m is not None:
             keep = m[..., None, None]
             y0, y1 = mx.where(keep, y0, 0), mx.where(keep, y1, 0)
@@ -784,7 +788,7 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
         _check_attention_seam(verify)
     if verify and "gdn" not in _verified:
         with on_cpu():
-            _probe(stock, options, save_states)
+            _probe(stock, options, chunk_size, save_states)
         _verified.add("gdn")
     if not _saved:
         _stock["fn"] = stock
