@@ -91,9 +91,11 @@ def test_a_scan_without_a_carry_runs_its_chunks_in_turn():
     at T = 1024 -> 4096 in chunks of 128 the backward grew 34 MiB where a dummy carry
     kept it flat). The previous chunk's outputs (forward) and gradients (backward)
     stand in. Bounds: twice what the call keeps per token (``dh`` and the losses), plus
-    two chunks' logits. Measured from T = 256 to 1024: backward -0.32 MiB, forward
-    0.25, against bounds of 0.90 and 0.51; the controls (rule 2 off, and rule 5 off in
-    the forward) 6.60 and 3.01 (``bench/results/cpu/memory_tests_carryless_d845282.jsonl``)."""
+    two chunks' logits. Measured from T = 256 to 1024: backward -0.07 MiB, the weight's
+    gradient alone 0.00, forward 0.25, against bounds of 0.90, 0.52 and 0.51; the
+    controls (rule 2 off; rule 5 off in the forward) 6.60, 3.00 and 3.01
+    (``bench/results/cpu/memory_tests_carryless_9d0dd0f.jsonl``; d845282's file: the
+    first two, before the params waited too)."""
     from helpers import peak_growth
 
     C_, D, V = 32, 64, 2048
