@@ -171,10 +171,10 @@ class _Walk:
                 if type(item) not in _SCALARS:
                     self.visit(item, _index(path, f"[{k!r}]"), nxt)
         elif issubclass(kind, collections.deque):
-            # (the standard library's deque and ChainMap are walked as containers: a
-            # module in one was missed, found by probing, session 47)
-            # (read through deque's own __iter__ and the instance's __dict__: a
-            # subclass's __iter__ or property would be the user's code; review)
+            # The standard library's deque and ChainMap are walked as containers (a
+            # module in one was missed, found by probing, session 47), read through
+            # deque's own __iter__ and the instance's __dict__ (a subclass's __iter__ or
+            # property is the user's code; review).
             for i, item in enumerate(itertools.islice(collections.deque.__iter__(obj), MAX_ITEMS)):
                 if type(item) not in _SCALARS:
                     self.visit(item, _index(path, f"[{i}]"), nxt)
@@ -293,13 +293,8 @@ class _Walk:
         # are skipped (mx.tanh would only use up the walk's budget of objects).
         for name, attr in reads.global_attributes:
             holder = fn.__globals__.get(name)
-            if type(holder) is types.ModuleType:
-                # its namespace, not getattr: that runs a module's __getattr__ (PEP 562)
-                if _ours(holder.__name__) or attr not in vars(holder):
-                    continue
-                self.visit(vars(holder)[attr], path + [f"{name}.{attr}"], depth)
-            elif issubclass(type(holder), type) and not _ours(holder.__module__):
-                value = _class_attribute(holder, attr)
+            if type(holder) is types.ModuleType or issubclass(type(holder), type):
+                value = _namespace_value(holder, attr)
                 if value is not None:
                     self.visit(value, path + [f"{name}.{attr}"], depth)
 
@@ -414,10 +409,13 @@ def _attributes_read(
     if not module and (
         _is_inert(holder) or _stdlib_object(holder) or issubclass(kind, (list, tuple, dict))
         or kind in (types.FunctionType, types.MethodType, functools.partial)
-        or mlx_wrapped(holder) is not None or attributes(holder) is None
+        or mlx_wrapped(holder) is not None
     ):  # fmt: skip
         return None
-    own = dict(attributes(holder) or ())
+    attrs = attributes(holder)
+    if attrs is None and not module:
+        return None
+    own = dict(attrs or ())
     out: dict[str, Any] = {}
     methods: list[tuple[str, types.FunctionType]] = []
     todo, done = list(readers), set()
@@ -505,21 +503,29 @@ def _namespace_reads(
     module is inert). A class used as a namespace, or a module of settings, reached by
     closure rather than as a global was missed (noted in session 46). Nothing of the
     user's runs; MLX's, mlx-lm's, chunkscan's and Python's own are skipped."""
-    is_class = issubclass(type(holder), type)
-    # (read from the namespace: a module's __name__ may be missing, or its module-level
-    # __getattr__ would run; found by review)
-    module_name = vars(holder).get("__module__" if is_class else "__name__")
-    if isinstance(module_name, str) and _ours(module_name):
-        return []
     out: dict[str, Any] = {}
     for fn, name in readers:
         for local, attr in _reads(fn.__code__).local_attributes:
             if local != name or attr in out:
                 continue
-            value = _class_attribute(holder, attr) if is_class else vars(holder).get(attr)
+            value = _namespace_value(holder, attr)
             if value is not None:
                 out[attr] = value
     return list(out.items())
+
+
+def _namespace_value(holder: Any, attr: str) -> Any:
+    """What a Python module's namespace or a class holds as ``attr`` (a static or class
+    method's function), read without running anything of the user's: the namespace,
+    not ``getattr``, which runs a module's ``__getattr__`` (PEP 562), and the name of
+    the module from the namespace too (a module's ``__name__`` may be missing; found by
+    review). ``None`` where there is none, or the holder is MLX's, mlx-lm's,
+    chunkscan's or Python's own. For a global and a closure variable alike."""
+    is_class = issubclass(type(holder), type)
+    module_name = vars(holder).get("__module__" if is_class else "__name__")
+    if isinstance(module_name, str) and _ours(module_name):
+        return None
+    return _class_attribute(holder, attr) if is_class else vars(holder).get(attr)
 
 
 def attributes(obj: Any) -> list[tuple[str, Any]] | None:
