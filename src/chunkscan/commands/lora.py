@@ -478,8 +478,9 @@ def _routes_line(routes: _Routes | None = None) -> str:
     calls = seam.routed_calls
     stock = calls["mlx-lm's attention"]
     gdn = calls["chunkscan.gated_delta_rule"]
+    has_gdn = routes is None or routes.gated_deltanet or gdn > 0
     parts = []
-    if routes is None or routes.gated_deltanet or gdn:
+    if has_gdn:
         parts.append(f"Gated DeltaNet training path -> chunkscan.gated_delta_rule {gdn}")
     parts.append(
         f"attention without a cache -> chunkscan.attention {calls['chunkscan.attention']}, "
@@ -489,11 +490,7 @@ def _routes_line(routes: _Routes | None = None) -> str:
     for flag, key, text in _RECURRENCE_ROUTES:
         if calls[key] or (routes is not None and getattr(routes, flag)):
             parts.append(f"{text} {calls[key]}")
-    validation = (
-        ", which runs Gated DeltaNet through mlx-lm's inference kernel"
-        if routes is None or routes.gated_deltanet or gdn
-        else ""
-    )
+    validation = ", which runs Gated DeltaNet through mlx-lm's inference kernel" if has_gdn else ""
     return (
         f"chunkscan: where the calls went so far (per Python call: a compiled step counts "
         f"once, a checkpointed layer twice; attention's include validation's{validation}): "
