@@ -88,6 +88,10 @@ def test_low_precision_is_the_upcast_call_rounded(dtype):
         (dict(a=mx.zeros((1, 5))), r"a must have x's shape \(1, 5, 4\)"),
         (dict(initial_state=mx.zeros((1, 5))), r"initial_state must have shape \[1, 4\]"),
         (dict(a=mx.zeros((1, 5, 4), dtype=mx.int32)), "a must have dtype"),
+        (dict(a=mx.zeros((1, 5, 4), dtype=mx.int32)), r"Cast it with a.astype\(mx.float32\)"),
+        # LRU's decays are complex; a cast drops the imaginary part (found by probing:
+        # the message suggested that cast)
+        (dict(a=mx.zeros((1, 5, 4), dtype=mx.complex64)), "Complex numbers are not supported"),
     ],
 )
 def test_bad_inputs_are_named(change, match):

@@ -535,7 +535,7 @@ def _good():
             lambda a: a.update(initial_state=mx.zeros((2, 4, 6, 8), dtype=mx.int32)),
             ValueError,
             f"{FN} initial_state must have dtype float32, bfloat16 or float16 but got "
-            "mlx.core.int32. Pass initial_state.astype(mx.float32).",
+            "mlx.core.int32. Cast it with initial_state.astype(mx.float32) (or bfloat16/float16).",
         ),
         (
             lambda a: a.update(cu_seqlens=[0, 4, 10]),

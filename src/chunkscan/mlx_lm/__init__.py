@@ -75,8 +75,8 @@ Mamba2
 ``patch()`` also rebinds ``ssm_attn`` in ``mlx_lm.models.ssm`` (the Mamba2 layers of
 mamba2, nemotron_h, falcon_h1, granitemoehybrid and plamo2 reach it through
 ``ssm_update``): calls of more than one token without a mask or lengths go to
-:func:`chunkscan.linear_attention` (``q = C``, ``k = B``, ``v = dt x``, ``g = dt A``),
-others to mlx-lm's function; probed and left alone with a warning as above
+:func:`chunkscan.linear_attention` (``q = C``, ``k = B``, ``v = dt x``, ``g = dt A``,
+``scale = 1``), others to mlx-lm's function; probed and left alone with a warning as above
 (``docs/mlx_lm.md``, "Mamba2").
 
 Mamba

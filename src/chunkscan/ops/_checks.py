@@ -40,8 +40,21 @@ def check_float_dtypes(fn: str, named: dict[str, mx.array | None]) -> None:
         if x is not None and x.dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"[{fn}] {name} must have dtype {DTYPE_NAMES} but got {x.dtype}. "
-                f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
+                + dtype_fix(name, x.dtype)
             )
+
+
+def dtype_fix(name: str, dtype: mx.Dtype) -> str:
+    """The fix for an array ``name`` of a dtype outside :data:`FLOAT_DTYPES`: a cast,
+    except for complex numbers, which a cast would silently make real (found by
+    probing: LRU's complex decays through ``diagonal_recurrence``)."""
+    if mx.issubdtype(dtype, mx.complexfloating):
+        return (
+            "Complex numbers are not supported: a cast to a real dtype would drop the "
+            "imaginary part and compute another recurrence without an error. Use real "
+            "inputs (real decays, as RG-LRU's and minGRU's)."
+        )
+    return f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
 
 
 def check_dtypes(fn: str, named: dict[str, mx.array]) -> None:

@@ -1,5 +1,5 @@
 """``diagonal_recurrence``: the elementwise linear recurrence ``h_t = a_t * h_{t-1} +
-x_t`` (RG-LRU's, LRU's, minGRU's scan), chunked.
+x_t`` (RG-LRU's and minGRU's scan; LRU's with real decays), chunked.
 
 How: :func:`chunkscan.scan` over chunks of ``chunk_size`` steps (the backward keeps the
 state entering each chunk and recomputes one chunk at a time). Within a chunk the steps

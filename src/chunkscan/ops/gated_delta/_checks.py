@@ -19,6 +19,7 @@ from .._checks import (
     check_bool,
     check_dtypes,
     check_scale,
+    dtype_fix,
 )
 from .._checks import shape as _shape
 
@@ -157,7 +158,7 @@ def check_inputs(
         if initial_state.dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"[{fn}] initial_state must have dtype {DTYPE_NAMES} but got "
-                f"{initial_state.dtype}. Pass initial_state.astype(mx.float32)."
+                f"{initial_state.dtype}. " + dtype_fix("initial_state", initial_state.dtype)
             )
     return Spec(B, T, Hk, Hv, Dk, Dv, float(scale), chunk_size, seqs, channel)
 
