@@ -448,8 +448,11 @@ def test_bad_chunk_size():
         TypeError, match=re.escape(f"{fn} verify must be True or False but got 0 (int)")
     ):
         cmlx.patch(verify=0)
-    with pytest.raises(ValueError, match=re.escape(f"{fn} save_states must be 'groups', 'chunks'")):
+    rule = f"{fn} save_states must be 'chunks' or 'groups'"
+    with pytest.raises(ValueError, match=re.escape(rule)):
         cmlx.patch(save_states="all")
+    with pytest.raises(TypeError, match=re.escape("but got 1 (int). Pass save_states='chunks'")):
+        cmlx.patch(save_states=1)  # a ValueError without a fix (found by probing)
 
 
 @pytest.mark.parametrize("save", ["groups", "chunks", None])

@@ -89,8 +89,10 @@ def scan(
     ``mx.compile`` (which retraces once per input shape).
     Not supported, and failing at the first call with MLX's message (never silently):
     ``mx.vmap`` and ``mx.jvp`` (``Not implemented for Depends``: put a batch axis into
-    ``init`` and ``xs`` instead) and ``mx.compile(..., shapeless=True)`` (``Slice cannot
-    infer output shapes``: the chunk boundaries depend on the shapes).
+    ``init`` and ``xs`` instead; a scan without a carry whose ``T`` fits in one chunk
+    has nothing to order and runs them, with the loop's values) and
+    ``mx.compile(..., shapeless=True)`` (``Slice cannot infer output shapes``: the chunk
+    boundaries depend on the shapes).
 
     Args:
         f (callable): The chunk function.

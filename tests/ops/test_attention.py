@@ -544,6 +544,13 @@ def test_errors_are_pinned():
             "(added to the scores; float32, float16 or bfloat16) but got dtype mlx.core.int32. "
             "Pass mask.astype(mx.bool_) or mask.astype(mx.float32).", q, k, v, scale=1.0,
             mask=mx.ones((8, 8), mx.int32))  # fmt: skip
+    # a complex mask or input: no cast suggested, it would drop the imaginary part
+    # (found by probing, session 48)
+    _raises(ValueError, "but got dtype mlx.core.complex64. Complex numbers are not supported",
+            q, k, v, scale=1.0, mask=mx.ones((8, 8), mx.complex64))  # fmt: skip
+    _raises(ValueError, "q must have dtype float32, bfloat16 or float16 but got "
+            "mlx.core.complex64. Complex numbers are not supported", q.astype(mx.complex64),
+            k, v, scale=1.0)  # fmt: skip
     # float64 is floating, but not one of the three (the message said "or floating")
     _raises(ValueError, "(added to the scores; float32, float16 or bfloat16) but got dtype "
             "mlx.core.float64.", q, k, v, scale=1.0,

@@ -227,6 +227,11 @@ def test_saving_group_states_gives_the_same_results(monkeypatch, case):
         assert mx.array_equal(a, b).item(), name
     with pytest.raises(ValueError, match="save_states must be 'chunks' or 'groups'"):
         gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, save_states="all")
+    # found by probing: a ValueError without a fix, no hint for another case
+    with pytest.raises(TypeError, match=r"but got \['chunks'\] \(list\)\. Pass save_states="):
+        gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, save_states=["chunks"])
+    with pytest.raises(ValueError, match=r"Pass save_states='chunks' \(lower case, no spaces\)"):
+        gated_delta_rule(*inputs[:5], chunk_size=C, cu_seqlens=cu, save_states="Chunks")
     monkeypatch.setattr(chunk_module, "_SAVE", None)
     monkeypatch.setenv("CHUNKSCAN_GDN_SAVE", "all")
     with pytest.raises(ValueError, match="environment variable CHUNKSCAN_GDN_SAVE must be"):

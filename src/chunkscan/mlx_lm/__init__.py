@@ -147,7 +147,7 @@ import mlx.core as mx
 from .. import _random
 from .._tree import with_article
 from ..ops._checks import check_bool
-from ..ops.gated_delta.chunk import SAVE_MODES
+from ..ops.gated_delta.chunk import check_save_states
 from ..split import check_chunk_size
 
 __all__ = [
@@ -764,11 +764,8 @@ def patch(
     )
     check_bool("chunkscan.mlx_lm.patch", "verify", verify)
     check_bool("chunkscan.mlx_lm.patch", "attention", attention)
-    if save_states not in (None, *SAVE_MODES):
-        raise ValueError(
-            f"[chunkscan.mlx_lm.patch] save_states must be 'groups', 'chunks' or None, not "
-            f"{save_states!r}"
-        )
+    if save_states is not None:
+        check_save_states("chunkscan.mlx_lm.patch", save_states, "CHUNKSCAN_GDN_SAVE")
     with _lock:
         try:
             return _apply(chunk_size, verify, attention, save_states)

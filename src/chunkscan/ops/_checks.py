@@ -47,12 +47,12 @@ def check_float_dtypes(fn: str, named: dict[str, mx.array | None]) -> None:
 def dtype_fix(name: str, dtype: mx.Dtype) -> str:
     """The fix for an array ``name`` of a dtype outside :data:`FLOAT_DTYPES`: a cast,
     except for complex numbers, which a cast would silently make real (found by
-    probing: LRU's complex decays through ``diagonal_recurrence``)."""
+    probing: LRU's complex decays through ``diagonal_recurrence``; the message
+    suggested that cast)."""
     if mx.issubdtype(dtype, mx.complexfloating):
         return (
             "Complex numbers are not supported: a cast to a real dtype would drop the "
-            "imaginary part and compute another recurrence without an error. Use real "
-            "inputs (real decays, as RG-LRU's and minGRU's)."
+            "imaginary part and compute something else without an error. Use real inputs."
         )
     return f"Cast it with {name}.astype(mx.float32) (or bfloat16/float16)."
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ...split import check_chunk_size
-from .._checks import FLOAT_DTYPES, check_arrays, check_dtypes, check_scale
+from .._checks import FLOAT_DTYPES, check_arrays, check_dtypes, check_scale, dtype_fix
 from .._checks import shape as _shape
 
 
@@ -119,11 +119,15 @@ def _check_mask(
     elif mask.dtype in FLOAT_DTYPES:
         kind = "additive"
     else:
+        fix = (
+            dtype_fix("mask", mask.dtype)
+            if mx.issubdtype(mask.dtype, mx.complexfloating)
+            else f"Pass mask.astype(mx.bool_) or "
+            f"mask.astype({str(dtype).replace('mlx.core.', 'mx.')})."
+        )
         raise ValueError(
             f"[{fn}] an array mask must be boolean (True = attend) or floating (added to "
-            f"the scores; float32, float16 or bfloat16) but got dtype {mask.dtype}. Pass "
-            f"mask.astype(mx.bool_) or "
-            f"mask.astype({str(dtype).replace('mlx.core.', 'mx.')})."
+            f"the scores; float32, float16 or bfloat16) but got dtype {mask.dtype}. {fix}"
         )
     shape = _shape(mask)
     ok = mask.ndim <= 4

@@ -588,16 +588,27 @@ def _make_core(
     return core
 
 
+def check_save_states(fn: str, save: object, none: str) -> str:
+    """``save`` if it is one of :data:`SAVE_MODES`; else a ``TypeError`` (not a string)
+    or ``ValueError`` naming the value and the fix (found by probing: ``1`` was a
+    ``ValueError`` without a fix, ``'Chunks'`` got no hint). ``none`` says what ``None``
+    means where ``fn`` takes it."""
+    if save in SAVE_MODES:
+        return save
+    rule = f"[{fn}] save_states must be 'chunks' or 'groups' (or None: {none})"
+    fix = "Pass save_states='chunks' (every chunk's entering state kept) or 'groups'."
+    if not isinstance(save, str):
+        raise TypeError(f"{rule} but got {save!r} ({type(save).__name__}). {fix}")
+    if save.strip().lower() in SAVE_MODES:
+        fix = f"Pass save_states={save.strip().lower()!r} (lower case, no spaces)."
+    raise ValueError(f"{rule} but got {save!r}. {fix}")
+
+
 def _saved_states(save: str | None = None) -> str:
     """``save`` (``gated_delta_rule``'s ``save_states``) if given, else :data:`_SAVE`,
     else ``CHUNKSCAN_GDN_SAVE``, else ``"chunks"``; one of :data:`SAVE_MODES`."""
     if save is not None:
-        if save not in SAVE_MODES:
-            raise ValueError(
-                f"[gated_delta_rule] save_states must be 'chunks' or 'groups' (or None: "
-                f"CHUNKSCAN_GDN_SAVE, else 'chunks'), not {save!r}"
-            )
-        return save
+        return check_save_states("gated_delta_rule", save, "CHUNKSCAN_GDN_SAVE, else 'chunks'")
     if _SAVE:
         return _SAVE
     return _backend.env_choice(
