@@ -76,7 +76,7 @@ def test_save_states_flag_and_yaml_key(tmp_path):
     args = lora.resolve_args(["-c", str(cfg), "--gdn-save-states", "groups"])
     assert args.gdn_save_states == "groups"
     cfg.write_text("gdn_save_states: all\n")
-    with pytest.raises(SystemExit, match="gdn_save_states .* must be 'groups' or 'chunks'"):
+    with pytest.raises(SystemExit, match="gdn_save_states must be one of 'chunks', 'groups'"):
         lora.resolve_args(["-c", str(cfg)])
     assert args.iters == mlx_lm.lora.CONFIG_DEFAULTS["iters"]
 
@@ -1189,3 +1189,146 @@ def test_a_users_tokenizers_parallelism_is_kept(tmp_path, monkeypatch, no_load):
         with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
             lora.main(argv)
         assert os.environ["TOKENIZERS_PARALLELISM"] == after
+
+
+# ------------------------------------------------------------- session 48's probe findings
+
+
+def test_resumed_adapters_of_another_fine_tune_type_are_refused(tmp_path, monkeypatch):
+    """Without an ``adapter_config.json`` beside it, a LoRA file resumed as ``full``
+    restarted from the base model and a DoRA file resumed as LoRA lost its magnitudes,
+    both exit 0 (found by probing, session 48). The type is read off the tensor names;
+    files of this run's type go on (afm7's fused LoRA names ``lora_a.0``, ...)."""
+    import mlx.core as mx
+
+    ran = []
+    monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    up = "model.layers.1.mlp.up_proj"
+    files = {
+        "lora": {f"{up}.lora_a": mx.zeros((16, 8)), f"{up}.lora_b": mx.zeros((8, 32))},
+        "dora": {f"{up}.lora_a": mx.zeros((16, 8)), f"{up}.lora_b": mx.zeros((8, 32)),
+                 f"{up}.m": mx.zeros((32,))},
+        "full": {f"{up}.weight": mx.zeros((32, 16))},
+        "fused": {f"{up}.lora_a.0": mx.zeros((16, 8)), f"{up}.lora_b.0": mx.zeros((8, 32))},
+    }  # fmt: skip
+    for name, tensors in files.items():
+        (tmp_path / name).mkdir()
+        mx.save_safetensors(str(tmp_path / name / "adapters.safetensors"), tensors)
+
+    def main(name, kind):
+        return lora.main(["--model", str(model), "--data", str(data), "--train",
+                          "--num-layers", "-1", "--fine-tune-type", kind,
+                          "--resume-adapter-file",
+                          str(tmp_path / name / "adapters.safetensors")])  # fmt: skip
+
+    for name, kind in (("lora", "full"), ("lora", "dora"), ("dora", "lora"), ("full", "lora")):
+        stored = "lora" if name == "fused" else name
+        msg = (
+            f"holds {stored} weights (its tensor names), this run asks for --fine-tune-type {kind}"
+        )
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            main(name, kind)
+    assert not ran
+    for name, kind in (("lora", "lora"), ("dora", "dora"), ("full", "full"), ("fused", "lora")):
+        assert main(name, kind) == 0
+    assert len(ran) == 4
+
+
+def test_yaml_values_are_checked_as_their_flags_are(tmp_path, no_load):
+    """A YAML value skipped the parser's checks: ``fine_tune_type: qlora`` and
+    ``optimizer: sgdx`` failed after the model loaded, ``adapter_path: 5`` was a
+    TypeError, ``clear_cache_threshold: abc`` passed (found by probing, session 48)."""
+    cfg = tmp_path / "c.yaml"
+    for text, message in (
+        ("fine_tune_type: qlora", "fine_tune_type must be one of 'lora', 'dora', 'full' (as "
+         "--fine-tune-type), not 'qlora'"),
+        ("optimizer: sgdx", "optimizer must be one of 'adam', "),
+        ("adapter_path: 5", "adapter_path must be a string (as --adapter-path), not 5; quote"),
+        ("model: [a]", "model must be a string"),
+        ("clear_cache_threshold: abc", "clear_cache_threshold must be a size in bytes"),
+        ("gdn_save_states: all", "gdn_save_states must be one of 'chunks', 'groups'"),
+    ):  # fmt: skip
+        cfg.write_text(text + "\n")
+        with pytest.raises(SystemExit, match=re.escape(f"-c {cfg}: {message}")):
+            lora.resolve_args(["-c", str(cfg)])
+    # what mlx-lm reads as valid stays valid: its optimizer names lower-cased
+    cfg.write_text("optimizer: Adam\nclear_cache_threshold: 100MB\n")
+    args = lora.resolve_args(["-c", str(cfg)])
+    assert args.optimizer == "Adam" and args.clear_cache_threshold == 100 * 1000**2
+
+
+def test_lora_keys_that_name_no_module_are_refused_once_the_model_loads(tmp_path, capsys):
+    """Keys naming no module of the wrapped layers: mlx-lm skipped them all and
+    ``mx.grad`` failed ("Must specify at least one argument"; found by probing, session
+    48). One such key beside good ones is warned about; the run goes on."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=2)
+    cfg = tmp_path / "keys.yaml"
+    argv = ["--model", str(model), "--data", str(data), "--train", "--iters", "1",
+            "--batch-size", "2", "--num-layers", "-1", "--max-seq-length", "32",
+            "--val-batches", "1", "--adapter-path", str(tmp_path / "a"),
+            "-c", str(cfg)]  # fmt: skip
+    lora_parameters = "lora_parameters: {rank: 4, scale: 10.0, dropout: 0.0, keys: %s}\n"
+    cfg.write_text(lora_parameters % "[self_attn.nonexistent]")
+    with pytest.raises(SystemExit, match=re.escape(
+        "lora_parameters keys ['self_attn.nonexistent'] name no module of the 2 layers this "
+        "run wraps (nor of the model, by full path), so there is nothing to train. Give "
+        "keys such as"
+    )):  # fmt: skip
+        lora.main(argv)
+    assert not (tmp_path / "a" / "adapter_config.json").exists()  # before mlx-lm wrote it
+    cfg.write_text(lora_parameters % "[mlp.up_proj, mlp.nonexistent]")
+    with pytest.warns(UserWarning, match=re.escape("keys ['mlp.nonexistent'] name no module")):
+        assert lora.main(argv) == 0
+    assert any("up_proj.lora_b" in k for k in mx.load(str(tmp_path / "a" / "adapters.safetensors")))
+
+
+def test_demo_refuses_a_broken_link_and_warns_of_a_repo_ids_form(tmp_path, capsys, monkeypatch):
+    """A broken link as the demo's folder was a FileExistsError traceback; a path of a
+    repo id's form (``namespace/name``) made a random model that later runs naming that
+    repo loaded from the working folder, silently (both found by probing, session 48)."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    msg = f"--demo: --model {link} is a link to {tmp_path / 'nowhere'}, which does not exist"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora._demo_dir_needs_writing("--model", str(link), ("config.json",))
+    monkeypatch.chdir(tmp_path)
+    assert lora._demo_dir_needs_writing("--model", "org/repo", ("config.json",))
+    assert "--model org/repo also reads as a Hugging Face repo id" in capsys.readouterr().err
+    assert lora._demo_dir_needs_writing("--model", "./org/repo", ("config.json",))
+    assert capsys.readouterr().err == ""
+    lora._write_demo(types.SimpleNamespace(model="org/repo", data="./data"))
+    capsys.readouterr()
+    assert lora._check_source("--model", "org/repo", "a model folder", model=True).endswith(
+        "org/repo"
+    )
+    err = capsys.readouterr().err
+    assert "--model org/repo is the local folder of a tiny random model" in err
+
+
+def test_the_demos_last_line_says_what_it_keeps(tmp_path):
+    """It said the temporary directory's removal took the model when only the adapters
+    were in it (found by probing, session 48)."""
+    temp = tmp_path / "temp"
+    args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(temp / "data"),
+                                 adapter_path=str(temp / "adapters"))  # fmt: skip
+    assert lora._demo_kept(args, str(temp)) == (
+        f"kept: model in {tmp_path / 'm'}; the temporary directory (data, adapters) is removed "
+        "now (pass --model, --data and --adapter-path to keep them)"
+    )
+    args.data, args.adapter_path = str(tmp_path / "d"), ""
+    assert lora._demo_kept(args, str(temp)) == (
+        f"kept: model in {tmp_path / 'm'}, data in {tmp_path / 'd'}"
+    )
+
+
+def test_the_routes_line_says_the_recurrences_count_validation_too(monkeypatch):
+    """The recurrences other than Gated DeltaNet take validation's calls too; the note
+    said attention's alone did (found by probing, session 48)."""
+    monkeypatch.setattr(cmlx, "routed_calls", collections.Counter())
+    mamba = lora._Routes("mamba", gated_deltanet=False, attention=False, mamba=True)
+    assert "attention's and the recurrences' include validation's" in lora._routes_line(mamba)
+    qwen = lora._Routes("qwen3_next", gated_deltanet=True, attention=True)
+    assert "; attention's include validation's, which runs" in lora._routes_line(qwen)

@@ -54,6 +54,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .._backend import plain_int
 from .._tree import with_article
@@ -219,7 +220,8 @@ def build_parser():
 def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNamespace:
     """Parse ``argv`` and merge YAML, demo and ``mlx_lm.lora`` defaults."""
     lora = _mlx_lm_lora()
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
     if args.get("config"):
         args["config"] = os.path.expanduser(args["config"])  # '~/x.yaml' unread (probing)
         try:
@@ -239,6 +241,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
                 f"another file."
             ) from None
         config = _check_config(args["config"], config, args, lora.CONFIG_DEFAULTS)
+        _check_config_values(args["config"], config, parser)
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
             config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
@@ -263,11 +266,6 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     except (TypeError, ValueError) as e:
         raise SystemExit(f"{PROG}: gdn_chunk_size (from -c {args.get('config')}): {e}") from None
     _check_numbers(args)
-    if args["gdn_save_states"] not in SAVE_MODES:
-        raise SystemExit(
-            f"{PROG}: gdn_save_states (from -c {args.get('config')}) must be 'groups' or "
-            f"'chunks', not {args['gdn_save_states']!r}"
-        )
     return types.SimpleNamespace(**args)
 
 
@@ -420,6 +418,38 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     return config
 
 
+def _check_config_values(path: str, config: dict, parser: argparse.ArgumentParser) -> None:
+    """The YAML values of options the parser checks as flags, checked as it checks
+    them (in place: a size given as text, ``100MB``, becomes its bytes): a choice among
+    the flag's choices, a path or name a string. Found by probing: ``fine_tune_type:
+    qlora`` or ``optimizer: sgdx`` failed after the model loaded (the second after
+    writing its ``adapter_config.json`` over an earlier run's), ``adapter_path: 5`` was
+    a ``TypeError``, ``clear_cache_threshold: abc`` passed."""
+    for action in parser._actions:
+        value = config.get(action.dest)
+        if value is None or not action.option_strings:
+            continue
+        flag = action.option_strings[-1]
+        # mlx-lm reads the optimizer's name lower-cased (Adam is adam)
+        given = value.lower() if action.dest == "optimizer" and isinstance(value, str) else value
+        if action.choices is not None and given not in action.choices:
+            shown = ", ".join(map(repr, action.choices))
+            raise SystemExit(
+                f"{PROG}: -c {path}: {action.dest} must be one of {shown} (as {flag}), "
+                f"not {value!r}."
+            )
+        if action.type is str and not isinstance(value, str):
+            raise SystemExit(
+                f"{PROG}: -c {path}: {action.dest} must be a string (as {flag}), not "
+                f"{value!r}; quote it."
+            )
+        if action.dest == "clear_cache_threshold":
+            try:
+                config[action.dest] = action.type(str(value))
+            except argparse.ArgumentTypeError as e:
+                raise SystemExit(f"{PROG}: -c {path}: {action.dest} {e}.") from None
+
+
 class _Reports:
     """Training callback printing peak memory at each report, and stopping the run at
     a training loss that is not finite; chains mlx-lm's."""
@@ -487,13 +517,18 @@ def _routes_line(routes: _Routes | None = None) -> str:
         f"mlx-lm's {stock}"
         + (" (sinks, a floating mask or mixed dtypes: as in mlx-lm)" if stock else "")
     )
+    recurrences = 0
     for flag, key, text in _RECURRENCE_ROUTES:
         if calls[key] or (routes is not None and getattr(routes, flag)):
             parts.append(f"{text} {calls[key]}")
+            recurrences += 1
+    # the other recurrences take every call without a cache, validation's too (it said
+    # attention's alone; found by probing)
+    counted = "attention's and the recurrences'" if recurrences else "attention's"
     validation = ", which runs Gated DeltaNet through mlx-lm's inference kernel" if has_gdn else ""
     return (
         f"chunkscan: where the calls went so far (per Python call: a compiled step counts "
-        f"once, a checkpointed layer twice; attention's include validation's{validation}): "
+        f"once, a checkpointed layer twice; {counted} include validation's{validation}): "
         + "; ".join(parts)
     )
 
@@ -533,6 +568,54 @@ def _report_peak_memory(lora: Any, args: types.SimpleNamespace, routes: _Routes 
         lora.get_reporting_callbacks = original
 
 
+@contextlib.contextmanager
+def _lora_keys_must_name_modules(lora: Any):
+    """Rebind ``mlx_lm.lora.linear_to_lora_layers`` (restored on exit) to check, once
+    the model has loaded, that the ``lora_parameters`` keys name modules of the layers
+    it wraps (or of the model, by full path): mlx-lm skips a key that names none, and
+    with none left ``mx.grad`` failed with "Must specify at least one argument" (found
+    by probing). A key naming nothing while others do is warned about (a typo trains
+    fewer adapters than asked)."""
+    original = lora.linear_to_lora_layers
+
+    def checked(model, num_layers, config, *args, **kwargs):
+        keys = config.get("keys") if isinstance(config, dict) else None
+        if keys:
+            wrapped = model.layers[-max(num_layers, 0) :]
+            names = {name for layer in wrapped for name, _ in layer.named_modules()}
+            names |= {name for name, _ in model.named_modules()}
+            unknown = [key for key in keys if key not in names]
+            if unknown:
+                linear = (nn.Linear, nn.QuantizedLinear)
+                some = sorted(
+                    {name for name, m in wrapped[-1].named_modules() if isinstance(m, linear)}
+                    if wrapped
+                    else ()
+                )
+                shown = ", ".join(some[:8]) + (", ..." if len(some) > 8 else "")
+                what = (
+                    f"lora_parameters keys {unknown!r} name no module of the "
+                    f"{len(wrapped)} layers this run wraps (nor of the model, by full path)"
+                )
+                if len(unknown) == len(keys):
+                    raise SystemExit(
+                        f"{PROG}: {what}, so there is nothing to train. Give keys such as "
+                        f"{shown or 'the names of its linear layers'} (-c)."
+                    )
+                warnings.warn(
+                    f"{PROG}: {what}; mlx-lm skips them. Its linear layers: {shown}.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        return original(model, num_layers, config, *args, **kwargs)
+
+    lora.linear_to_lora_layers = checked
+    try:
+        yield
+    finally:
+        lora.linear_to_lora_layers = original
+
+
 DEMO_MARKER = ".chunkscan-demo"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -551,7 +634,24 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
         return not all((p / f).is_file() for f in files)
     if (p / files[0]).is_file():
         return False
+    if p.is_symlink() and not p.exists():  # mkdir failed on it: a traceback (probing)
+        raise SystemExit(
+            f"chunkscan lora --demo: {flag} {path} is a link to {os.readlink(p)}, which "
+            f"does not exist, so the demo cannot make its folder there. Pass another path, "
+            f"or make the folder the link names."
+        )
     if not p.exists():
+        if _reads_as_repo_id(path):
+            # written there, the random model stands in for that repo in later runs
+            # from this folder, mlx-lm's own too: it reads a local folder first (found
+            # by probing; not refused: it may be the user's own folder's name)
+            print(
+                f"chunkscan lora --demo: {flag} {path} also reads as a Hugging Face repo "
+                f"id; runs from this folder that name it will load the demo's folder (a "
+                f"local folder comes first). Pass ./{path} to make clear it is a path.",
+                file=sys.stderr,
+                flush=True,
+            )
         return True
     if not p.is_dir():
         raise SystemExit(
@@ -565,6 +665,12 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
         f"its files there. Pass a path that does not exist yet (the demo creates it and "
         f"keeps it), a folder an earlier demo made, or one that already has {files[0]}."
     )
+
+
+def _reads_as_repo_id(value: str) -> bool:
+    """``value`` has a Hugging Face repo id's form (``namespace/name``, not ``./`` or
+    ``~``)."""
+    return bool(_REPO_ID.match(value)) and not value.startswith((".", "~"))
 
 
 def _demo_adapter_folder(args: types.SimpleNamespace, demo_dir: str) -> pathlib.Path | None:
@@ -589,6 +695,27 @@ def _demo_adapter_folder(args: types.SimpleNamespace, demo_dir: str) -> pathlib.
             f"(the demo creates it and keeps it) or a folder an earlier demo made."
         )
     return where
+
+
+def _demo_kept(args: types.SimpleNamespace, demo_dir: str) -> str:
+    """What the demo's last line says it keeps: the model, data and adapters outside
+    its temporary directory (it said the model was removed with the directory when
+    only the adapters were in it; found by probing)."""
+    temporary = pathlib.Path(demo_dir).resolve()
+    kept, gone = [], []
+    for what, path in (("model", args.model), ("data", args.data),
+                       ("adapters", args.adapter_path)):  # fmt: skip
+        if not path:  # --adapter-path '': nothing written
+            continue
+        inside = pathlib.Path(path).resolve().is_relative_to(temporary)
+        (gone if inside else kept).append(what if inside else f"{what} in {path}")
+    said = [f"kept: {', '.join(kept)}"] if kept else []
+    if gone:
+        said.append(
+            f"the temporary directory ({', '.join(gone)}) is removed now (pass --model, "
+            f"--data and --adapter-path to keep them)"
+        )
+    return "; ".join(said)
 
 
 def _mark_demo_folder(path: str | pathlib.Path) -> None:
@@ -931,6 +1058,17 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
                 f"that do not load. Give this run the same {what} (-c or its flag), or "
                 f"start without --resume-adapter-file."
             )
+    # the file's own tensor names: without its adapter_config.json a LoRA file resumed
+    # as full or DoRA, or a DoRA file as LoRA, lost its adapters or their magnitudes in
+    # silence (found by probing: a LoRA file resumed as full restarted from the base)
+    kind = _tensor_fine_tune_type(header)
+    if saved.get("fine_tune_type") is None and kind is not None and kind != args.fine_tune_type:
+        raise SystemExit(
+            f"chunkscan lora: --resume-adapter-file {resume} holds {kind} weights (its "
+            f"tensor names), this run asks for --fine-tune-type {args.fine_tune_type}: "
+            f"mlx-lm would load it anyway (strict=False) and drop what this run does not "
+            f"train. Pass --fine-tune-type {kind}, or start without --resume-adapter-file."
+        )
     ranks, now = _lora_ranks(header), lora_parameters.get("rank")
     # the file's own shapes: a file without its adapter_config.json beside it went
     # unchecked (found by probing: rank 4 resumed at 8, exit 0, adapters that do not load)
@@ -1031,6 +1169,23 @@ def _lora_modules(header: dict) -> set[tuple[str, str]]:
             m = _LAYER_NAME.search(module + ".")
             modules.add((module[m.end() :] if m else module, module))
     return modules
+
+
+def _tensor_fine_tune_type(header: dict) -> str | None:
+    """The fine-tune type a header's tensor names show: ``dora`` where a module holds
+    ``lora_a`` / ``lora_b`` and a magnitude ``m``, ``lora`` where those alone, ``full``
+    where no module does (the layers' own weights); ``None`` for no tensors."""
+    if not header:
+        return None
+    adapted = set()  # lora_a / lora_b may be lists (afm7's fused LoRA: lora_a.0, ...)
+    for name in header:
+        parts = name.split(".")
+        at = [i for i, part in enumerate(parts) if part in ("lora_a", "lora_b")]
+        if at:
+            adapted.add(".".join(parts[: at[0]]))
+    if not adapted:
+        return "full"
+    return "dora" if any(f"{module}.m" in header for module in adapted) else "lora"
 
 
 def _lora_ranks(header: dict) -> set[int]:
@@ -1217,10 +1372,20 @@ def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> st
                 f"{folder} (config.json, *.safetensors, tokenizer files) or a Hugging "
                 f"Face repo id."
             )
+        if model and (p / DEMO_MARKER).is_file() and _reads_as_repo_id(value):
+            # a demo written at a repo id's path stood in for that repo (probing)
+            print(
+                f"chunkscan lora: {flag} {value} is the local folder of a tiny random "
+                f"model that chunkscan lora --demo wrote (its {DEMO_MARKER}), not the "
+                f"Hugging Face repo of that name; delete or rename the folder to use the "
+                f"repo.",
+                file=sys.stderr,
+                flush=True,
+            )
         return str(p)
     if p.exists():
         raise SystemExit(f"chunkscan lora: {flag} {value} is a file; pass {folder}.")
-    if not _REPO_ID.match(value) or value.startswith((".", "~")):
+    if not _reads_as_repo_id(value):
         raise SystemExit(
             f"chunkscan lora: {flag} {value}: no such folder (and not a Hugging Face repo "
             f"id, namespace/name). Pass {folder} that exists, or a repo id such as "
@@ -1309,7 +1474,11 @@ def run(args: types.SimpleNamespace) -> None:
         print(f"chunkscan: {gdn}; {attention}", flush=True)
         seam.routed_calls.clear()  # patch()'s own probes called the paths
         before = _adapter_stamps(args)
-        with _report_peak_memory(lora, args, routes), _say_what_a_failure_left(args, before):
+        with (
+            _report_peak_memory(lora, args, routes),
+            _lora_keys_must_name_modules(lora),
+            _say_what_a_failure_left(args, before),
+        ):
             lora.run(args)
 
 
@@ -1478,17 +1647,7 @@ def main(argv: list[str] | None = None) -> int:
             _mark_demo_folder(adapters)
         print(_demo_banner(args.model), flush=True)
         run(args)
-        kept = (
-            not pathlib.Path(args.adapter_path)
-            .resolve()
-            .is_relative_to(pathlib.Path(demo_dir).resolve())
-        )
-        where = (
-            f"adapters in {args.adapter_path}"
-            if kept
-            else "the temporary directory is removed now (pass --model, --data and "
-            "--adapter-path to keep model, data and adapters)"
-        )
+        where = _demo_kept(args, demo_dir)
         print(
             f"chunkscan lora --demo: done; process peak memory "
             f"{mx.get_peak_memory() / MiB:,.0f} MiB; {where}",
