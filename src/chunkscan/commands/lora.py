@@ -241,7 +241,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
                 f"another file."
             ) from None
         config = _check_config(args["config"], config, args, lora.CONFIG_DEFAULTS)
-        _check_config_values(args["config"], config, parser)
+        _check_config_values(args["config"], config, parser, args)
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
             config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
@@ -418,21 +418,28 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
     return config
 
 
-def _check_config_values(path: str, config: dict, parser: argparse.ArgumentParser) -> None:
+def _check_config_values(
+    path: str, config: dict, parser: argparse.ArgumentParser, given: dict
+) -> None:
     """The YAML values of options the parser checks as flags, checked as it checks
     them (in place: a size given as text, ``100MB``, becomes its bytes): a choice among
     the flag's choices, a path or name a string. Found by probing: ``fine_tune_type:
     qlora`` or ``optimizer: sgdx`` failed after the model loaded (the second after
     writing its ``adapter_config.json`` over an earlier run's), ``adapter_path: 5`` was
-    a ``TypeError``, ``clear_cache_threshold: abc`` passed."""
+    a ``TypeError``, ``clear_cache_threshold: abc`` passed. A value whose flag is
+    ``given`` (the command line's, which wins) is not read, and not checked; nor is
+    ``project_name``, which mlx-lm reads only with ``report_to`` and passes on as it is
+    (a review found both refused)."""
     for action in parser._actions:
         value = config.get(action.dest)
-        if value is None or not action.option_strings:
+        if value is None or not action.option_strings or given.get(action.dest) is not None:
+            continue
+        if action.dest == "project_name":
             continue
         flag = action.option_strings[-1]
         # mlx-lm reads the optimizer's name lower-cased (Adam is adam)
-        given = value.lower() if action.dest == "optimizer" and isinstance(value, str) else value
-        if action.choices is not None and given not in action.choices:
+        read = value.lower() if action.dest == "optimizer" and isinstance(value, str) else value
+        if action.choices is not None and read not in action.choices:
             shown = ", ".join(map(repr, action.choices))
             raise SystemExit(
                 f"{PROG}: -c {path}: {action.dest} must be one of {shown} (as {flag}), "
@@ -634,12 +641,20 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
         return not all((p / f).is_file() for f in files)
     if (p / files[0]).is_file():
         return False
-    if p.is_symlink() and not p.exists():  # mkdir failed on it: a traceback (probing)
-        raise SystemExit(
-            f"chunkscan lora --demo: {flag} {path} is a link to {os.readlink(p)}, which "
-            f"does not exist, so the demo cannot make its folder there. Pass another path, "
-            f"or make the folder the link names."
-        )
+    for part in (p, *p.parents):  # mkdir failed on a broken link or a file: a traceback
+        if part.is_symlink() and not part.exists():  # (found by probing, and review)
+            raise SystemExit(
+                f"chunkscan lora --demo: {flag} {path}: {part} is a link to "
+                f"{os.readlink(part)}, which does not exist, so the demo cannot make its "
+                f"folder there. Pass another path, or make the folder the link names."
+            )
+        if part.exists():
+            if part != p and not part.is_dir():
+                raise SystemExit(
+                    f"chunkscan lora --demo: {flag} {path}: {part} is a file, so the demo "
+                    f"cannot make its folder there. Pass another path."
+                )
+            break
     if not p.exists():
         if _reads_as_repo_id(path):
             # written there, the random model stands in for that repo in later runs
@@ -648,7 +663,8 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
             print(
                 f"chunkscan lora --demo: {flag} {path} also reads as a Hugging Face repo "
                 f"id; runs from this folder that name it will load the demo's folder (a "
-                f"local folder comes first). Pass ./{path} to make clear it is a path.",
+                f"local folder comes first). Pass a path of another form, such as "
+                f"demos/{path}, to keep the two apart.",
                 file=sys.stderr,
                 flush=True,
             )

@@ -743,8 +743,8 @@ def patch(
     Raises:
         IncompatibleMlxLmError: the installed mlx-lm does not have the expected seam.
         TypeError: a positional argument (``@patch`` without parentheses),
-            ``chunk_size`` is neither an int nor None, or ``verify`` / ``attention``
-            is not a bool.
+            ``chunk_size`` is neither an int nor None, ``verify`` / ``attention``
+            is not a bool, or ``save_states`` is neither a string nor None.
         ValueError: ``chunk_size`` is an int below 1, or ``save_states`` is not
             ``"chunks"``, ``"groups"`` or ``None``.
     """
