@@ -131,6 +131,11 @@ def split(x: mx.array, chunk_size: int, axis: int = 0) -> list[mx.array]:
     Returns:
         list(array): ``ceil(x.shape[axis] / chunk_size)`` arrays.
 
+    Raises:
+        TypeError: ``x`` is not an array, or ``chunk_size`` / ``axis`` not an int.
+        ValueError: ``chunk_size`` is below 1, ``axis`` is out of range, or ``x`` has
+            length 0 along ``axis`` (nothing to split).
+
     Example:
         >>> qs = chunkscan.split(q, 32)          # q: [T, H, D]
         >>> len(qs) == -(-q.shape[0] // 32)

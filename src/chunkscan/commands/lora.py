@@ -183,9 +183,13 @@ def build_parser():
     # mlx_lm.lora gives these two a non-None default, so their YAML keys never
     # apply; None restores CLI > YAML > defaults (CONFIG_DEFAULTS has both).
     parser.set_defaults(clear_cache_threshold=None, trust_remote_code=None)
-    for action in parser._actions:  # mlx-lm's size parser raises decimal's errors
+    for action in parser._actions:
         if action.dest == "clear_cache_threshold" and action.type is not None:
-            action.type = _size_arg(action.type)
+            action.type = _size_arg(action.type)  # mlx-lm's raises decimal's errors
+            # mlx_lm.lora never passes it to training (docs/mlx_lm.md; found by probing)
+            action.help = (action.help or "") + " (No effect in mlx-lm 0.32.2's training.)"
+        if action.dest == "optimizer" and action.choices:  # its help left muon out
+            action.help = f"Optimizer to use for training: {', '.join(action.choices)}."
     parser.add_argument(
         "--gdn-chunk-size",
         _OLD_FLAG,
@@ -195,9 +199,10 @@ def build_parser():
         default=None,
         metavar="N",
         help="Steps per chunk of chunkscan.gated_delta_rule in Gated DeltaNet layers "
-        f"(default: {op_default_chunk_size()} on this machine: the op's "
-        "default_chunk_size() for heads of 128, which is 32 on a CPU, 64 on an Apple GPU "
-        f"and 32, 64 or 128 on a CUDA GPU; {_OLD_FLAG} is a deprecated alias).",
+        f"(default: {op_default_chunk_size()} on this machine: "
+        "chunkscan.ops.gated_delta.default_chunk_size() for heads of 128, which is 32 on "
+        "a CPU, 64 on an Apple GPU and 32, 64 or 128 on a CUDA GPU; "
+        f"{_OLD_FLAG} is a deprecated alias).",
     )
     parser.add_argument(
         "--gdn-save-states",

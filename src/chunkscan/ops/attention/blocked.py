@@ -131,8 +131,10 @@ def attention(
         boolean masks and NaN for additive ``-inf`` masks.) With ``B``, ``T`` or
         ``S`` zero the result is zeros of that shape, as from ``mx.fast``.
 
-    Matrix products run in the input dtype (tensor cores for bfloat16); the softmax
-    and its statistics, and the ``dk``/``dv`` accumulation, in float32.
+    The scores are a float32 product of the upcast ``q`` and ``k`` (exact for bfloat16
+    and float16 inputs), scaled in float32, for a float32 softmax and its statistics;
+    the other matrix products run in the input dtype (tensor cores for bfloat16), and
+    ``dk``/``dv`` accumulate in float32.
 
     Example:
         >>> o = chunkscan.attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")

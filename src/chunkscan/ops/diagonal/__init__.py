@@ -6,7 +6,12 @@ RG-LRU scan): the chunked op and its per-step oracle.
 - :func:`naive_diagonal_recurrence`: the per-step float32 loop (test oracle).
 """
 
-from .chunk import diagonal_recurrence, inclusive_scan
+from .chunk import default_chunk_size, diagonal_recurrence, inclusive_scan
 from .naive import naive_diagonal_recurrence
 
-__all__ = ["diagonal_recurrence", "inclusive_scan", "naive_diagonal_recurrence"]
+__all__ = [
+    "default_chunk_size",
+    "diagonal_recurrence",
+    "inclusive_scan",
+    "naive_diagonal_recurrence",
+]

@@ -6,7 +6,7 @@ its per-step oracle.
 - :func:`naive_recurrent_dplr_delta_rule`: the per-step float32 loop (test oracle).
 """
 
-from .chunk import dplr_delta_rule
+from .chunk import default_chunk_size, dplr_delta_rule
 from .naive import naive_recurrent_dplr_delta_rule
 
-__all__ = ["dplr_delta_rule", "naive_recurrent_dplr_delta_rule"]
+__all__ = ["default_chunk_size", "dplr_delta_rule", "naive_recurrent_dplr_delta_rule"]

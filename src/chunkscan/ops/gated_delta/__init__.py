@@ -5,10 +5,11 @@
 - :func:`naive_recurrent_gated_delta_rule`: the per-step float32 loop (test oracle).
 """
 
-from .chunk import gated_delta_rule, unit_lower_inverse
+from .chunk import default_chunk_size, gated_delta_rule, unit_lower_inverse
 from .naive import naive_recurrent_gated_delta_rule
 
 __all__ = [
+    "default_chunk_size",
     "gated_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "unit_lower_inverse",

@@ -6,7 +6,7 @@ attention's): the chunked op and its per-step oracle.
 - :func:`naive_recurrent_linear_attention`: the per-step float32 loop (test oracle).
 """
 
-from .chunk import linear_attention
+from .chunk import default_chunk_size, linear_attention
 from .naive import naive_recurrent_linear_attention
 
-__all__ = ["linear_attention", "naive_recurrent_linear_attention"]
+__all__ = ["default_chunk_size", "linear_attention", "naive_recurrent_linear_attention"]

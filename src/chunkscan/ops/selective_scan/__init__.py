@@ -6,7 +6,7 @@ chunked op and its per-step oracle.
 - :func:`naive_selective_scan`: the per-step float32 loop (test oracle).
 """
 
-from .chunk import selective_scan
+from .chunk import default_chunk_size, selective_scan
 from .naive import naive_selective_scan
 
-__all__ = ["naive_selective_scan", "selective_scan"]
+__all__ = ["default_chunk_size", "naive_selective_scan", "selective_scan"]
