@@ -441,7 +441,7 @@ def scan_input_work_peak(T: int, C: int, D: int, no_edge: str | None = None) -> 
 
 def carryless_backward_peak(
     T: int, C: int, D: int, V: int, forward: bool = False, params_only: bool = False,
-    no_edge: str | None = None, unread_carry: bool = False,
+    no_edge: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Peak bytes above the inputs of the gradients (hidden states ``[T, D]`` and the
     weight ``[D, V]``) of a chunked cross-entropy written as a ``scan`` with no carry
@@ -449,9 +449,7 @@ def carryless_backward_peak(
     the loss alone; ``params_only``: of the weight's alone, the hidden states constant
     (``xs_grad=False``). ``no_edge``: one of ``scan``'s ordering rules switched off. Every
     edge was anchored on the carry and so skipped, and the chunks ran together (found
-    by probing, session 47). ``unread_carry``: a carry the chunks pass on unread (a
-    float32 ``[1]``) instead of none; with ``params_only`` the params waited on nothing
-    there until session 48."""
+    by probing, session 47)."""
     if no_edge:
         importlib.import_module("chunkscan.scan")._ordering = without(no_edge)
     h = mx.random.normal((T, D), key=mx.random.key(0))
@@ -465,11 +463,9 @@ def carryless_backward_peak(
         nll = mx.logsumexp(logits, -1) - mx.take_along_axis(logits, t[:, None], -1)[:, 0]
         return c, nll
 
-    init = mx.zeros((1,)) if unread_carry else None
-
     def loss(h, w):
         xs_grad = not params_only
-        return chunkscan.scan(chunk, init, (h, t), chunk_size=C, params=w, xs_grad=xs_grad)[1].sum()
+        return chunkscan.scan(chunk, None, (h, t), chunk_size=C, params=w, xs_grad=xs_grad)[1].sum()
 
     grad = mx.grad(loss, argnums=1 if params_only else (0, 1))
     _, peak = peak_above_active(lambda: loss(h, w) if forward else grad(h, w))

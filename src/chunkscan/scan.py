@@ -505,13 +505,18 @@ class _Plan:
             else:
                 consts = _ordering.keep_apart(consts)
 
-            # The params wait too: a chunk whose work reads no differentiated input
-            # but them (every xs constant: a chunked loss over token ids) had nothing
-            # else to wait on, with no carry (review, session 47: its growth 3.00 MiB
-            # eager, 13.75 compiled, from T = 256 to 1024) and with a carry the work
-            # does not read (found by probing, session 48: 3.00 MiB). The vjp takes the
+            # With no carry the params wait too: a chunk whose work reads no
+            # differentiated input but them (every xs constant: a chunked loss over
+            # token ids) had nothing else to wait on (review, session 47: its growth
+            # 3.00 MiB eager, 13.75 compiled, from T = 256 to 1024). The vjp takes the
             # Depends' outputs as its primals, so no gradient goes through the edge.
-            primals_i = waited + _ordering.recompute_after_cotangent(p, flowing_in)
+            # Not with a carry: where f reads a param by closure inside a checkpoint of
+            # its own, MLX gave half a second derivative built from two mx.grad calls
+            # through such an edge (found by review, session 48, when it was tried for a
+            # carry the work does not read; docs/design.md, "Known limits").
+            primals_i = waited + (
+                p if ct_carry else _ordering.recompute_after_cotangent(p, flowing_in)
+            )
             if not all(floats):
                 # Out of the Depends above they are outputs of the cotangents: a second
                 # derivative would ask for their gradient again.
