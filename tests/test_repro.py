@@ -591,3 +591,33 @@ def test_device_names_a_gpu_only_when_mlx_runs_on_it(tmp_path, monkeypatch):
     assert measure.provenance()["device"].startswith("Device(cpu")
     monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
     assert measure.device().startswith("Device(gpu, 0) (A FAKE GPU)")
+
+
+def test_measuring_processes_import_the_callers_copy_of_chunkscan(tmp_path):
+    """A run of another checkout's ``src`` (``PYTHONPATH=<copy>/src``) recorded that copy's
+    commit while every measuring process imported the installed copy (found by probing,
+    session 48). The caller's folder now comes first; the control: a process started
+    as before (the caller's environment alone) imports the installed one."""
+    import shutil
+
+    copy = tmp_path / "copy" / "src"
+    shutil.copytree(pathlib.Path(measure.__file__).parents[1], copy / "chunkscan")
+    (tmp_path / "where.py").write_text(
+        "import chunkscan\n\ndef where():\n    return {'file': chunkscan.__file__}\n"
+    )
+    script = (
+        "import json, sys, chunkscan\n"
+        "from chunkscan.commands import measure\n"
+        f"print(json.dumps(measure.run_isolated('where:where', {{}}, env={{'PYTHONPATH': "
+        f"{str(tmp_path)!r}}})))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONSAFEPATH="1")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert json.loads(out.splitlines()[-1])["file"].startswith(str(copy)), out
+    control = subprocess.run(
+        [sys.executable, "-c", "import chunkscan; print(chunkscan.__file__)"],
+        env=dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONSAFEPATH="1"),
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert not control.strip().startswith(str(copy)), control

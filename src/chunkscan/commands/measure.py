@@ -177,11 +177,19 @@ def run_isolated(
     ``sys.path`` (``PYTHONSAFEPATH=1``, Python 3.11 and later): ``python -m`` put it
     first, and a ``statistics.py`` there failed every configuration of ``chunkscan
     repro`` (found by probing); the target comes from ``PYTHONPATH`` or the install.
+    The folder this process imported ``chunkscan`` from comes first on ``PYTHONPATH``:
+    the new process measures the copy whose commit the caller records (a run of another
+    checkout's ``src`` measured the installed copy under that checkout's commit; found
+    by probing, session 48).
     """
     cmd = [sys.executable, "-m", "chunkscan.commands.measure", target, json.dumps(config)]
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONSAFEPATH", "1")
     full_env.update(env or {})
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ours, full_env.get("PYTHONPATH", "")) if p
+    )
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     except subprocess.TimeoutExpired:
