@@ -187,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
           "gradients |")  # fmt: skip
     print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        worst = max(r[n] for n in NAMES[2:])
+        # over the gradients with an error (NaN: none to give); Python's max of a list
+        # holding NaN depends on the order
+        known = [r[n] for n in NAMES[2:] if not math.isnan(r[n])]
+        worst = max(known) if known else math.nan
         # the gate in as many digits as it has ({:+.1f} printed 0.05 and 0.1 both as
         # +0.1; found by probing); one decimal reads as before (+0.0, -0.3, +1.2)
         cells = [f"{r['T']}", f"{float(r['gate']):+}", f"{r['state_std']:g}"]
