@@ -115,6 +115,9 @@ def check_outputs(
             continue
         if str(path) == "":
             parser.error(f"argument {option}: an empty path (this script always writes it)")
+        if str(path).endswith(("/", os.sep)):  # pathlib drops the slash: a file of that
+            # name was written where a folder was meant (found by probing, session 48)
+            parser.error(f"argument {option}: {str(path)!r} names a folder; pass a file path")
         path = pathlib.Path(path)
         _refuse_a_link(parser, option, path)
         if path.is_dir():  # before with_suffix, which '.' makes raise

@@ -99,7 +99,11 @@ def measure(
     mx.eval(call())  # warm-up
     _, peak = peak_above_active(call)
     seconds = median_seconds(call, repeats=repeats, warmup=0)
-    return {"impl": impl, "T": T, "dtype": dtype, "chunk_size": chunk_size,
+    # the chunk the op ran at: T where T is shorter (one short chunk); mlx-lm's rows
+    # take none of chunkscan's (they recorded the default; found by probing, session 48)
+    ours = impl == "chunkscan"
+    return {"impl": impl, "T": T, "dtype": dtype, "chunk_size": chunk_size if ours else None,
+            "chunk_run": min(chunk_size, T) if ours else None,
             "seconds": seconds, "peak_bytes": peak, "kib_per_token": peak / KiB / T,
             "device": str(mx.default_device())}  # fmt: skip
 

@@ -253,23 +253,37 @@ def _plot(rows: list[dict[str, Any]], modes: list[str], path: pathlib.Path, devi
         print("matplotlib missing: no plot", file=sys.stderr)
         return
     fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(15, 4.2))
-    by = {(r["mode"], r["T"]): r for r in rows if "peak_mib" in r}
-    for m, color in (("stock", "C0"), ("patched", "C1")):
-        pts = sorted(T for (mm, T) in by if mm == m and ("stub", T) in by)
-        share = [(by[(m, T)]["peak_mib"] - by[("stub", T)]["peak_mib"])
-                 / (T * by[(m, T)].get("batch", 1)) for T in pts]  # fmt: skip
-        if pts:
-            ax2.plot(pts, share, "o-", color=color, label=f"{m} - stub")
-    for m in modes:
-        # by T only: two rows of one T (a --merge of another setup) compared the dicts
-        # and raised after the measuring, leaving the old plot (found by probing)
-        pts = sorted(((r["T"], r) for r in rows if r.get("mode") == m and "peak_mib" in r),
-                     key=lambda tr: tr[0])  # fmt: skip
-        if not pts:
-            continue
-        Ts = [t for t, _ in pts]
-        ax0.plot(Ts, [r["mib_per_token"] for _, r in pts], "o-", label=m)
-        ax1.plot(Ts, [r["seconds_per_step"] for _, r in pts], "o-", label=m)
+    # a line per mode and setup (see _SETUP), as the table keeps them apart: keyed on
+    # (mode, T) alone, a --merge set a batch-3 patched row against a batch-1 stub row
+    # and drew every setup of a mode as one line (found by probing, session 48)
+    measured = [r for r in rows if "peak_mib" in r]
+    by = {(r["mode"], r["T"], _setup(r)): r for r in measured}
+    setups = list(dict.fromkeys(_setup(r) for r in measured))
+    differ = [k for i, k in enumerate(_SETUP) if len({s[i] for s in setups}) > 1]
+
+    def label(m: str, setup: tuple) -> str:
+        named = [f"{k} {json.loads(setup[_SETUP.index(k)])}" for k in differ]
+        return f"{m} ({', '.join(named)})" if named else m
+
+    for setup in setups:
+        for m in ("stock", "patched"):
+            pts = sorted(T for (mm, T, s) in by if (mm, s) == (m, setup)
+                         and ("stub", T, setup) in by)  # fmt: skip
+            share = [(by[(m, T, setup)]["peak_mib"] - by[("stub", T, setup)]["peak_mib"])
+                     / (T * by[(m, T, setup)].get("batch", 1)) for T in pts]  # fmt: skip
+            if pts:
+                ax2.plot(pts, share, "o-", label=f"{label(m, setup)} - stub")
+        for m in modes:
+            # sorted by T only: two rows of one T compared the dicts and raised after
+            # the measuring, leaving the old plot (found by probing)
+            pts = sorted(((r["T"], r) for r in measured
+                          if r.get("mode") == m and _setup(r) == setup),
+                         key=lambda tr: tr[0])  # fmt: skip
+            if not pts:
+                continue
+            Ts = [t for t, _ in pts]
+            ax0.plot(Ts, [r["mib_per_token"] for _, r in pts], "o-", label=label(m, setup))
+            ax1.plot(Ts, [r["seconds_per_step"] for _, r in pts], "o-", label=label(m, setup))
     panels = (
         (ax0, "peak memory per token (MiB)"),
         (ax1, "seconds per step"),
@@ -345,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                         "patch()'s, groups)")  # fmt: skip
     parser.add_argument("--memory-limit-mib", type=non_negative_int, default=None,
                         help="MLX's memory limit this far above the model and tokens "
-                        "(mx.set_memory_limit); with MLX_MAX_MB_PER_BUFFER=64 in the "
-                        "environment it bounds the op's peak on CUDA (docs/mlx_lm.md)")  # fmt: skip
+                        "(mx.set_memory_limit; 0: none, as left out); with "
+                        "MLX_MAX_MB_PER_BUFFER=64 in the environment it bounds the op's "
+                        "peak on CUDA (docs/mlx_lm.md)")  # fmt: skip
     parser.add_argument("--repeats", type=positive_int, default=2)
     parser.add_argument("--max-stock-gib", type=positive_float, default=20.0,
                         help="skip stock once its predicted peak exceeds this")  # fmt: skip
@@ -358,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="give each configuration empty kernel caches (TMPDIR for the CPU "
                         "backend, MLX_PTX_CACHE_DIR for CUDA), so that its first step compiles "
                         "every kernel it runs; rows count them: kernels_compiled")  # fmt: skip
-    parser.add_argument("--json", type=pathlib.Path, default=ROOT / "bench-out" / "lora.json")
+    # a string until checked: pathlib drops a folder's trailing slash (probing)
+    parser.add_argument("--json", default=str(ROOT / "bench-out" / "lora.json"))
     parser.add_argument("--replot", type=pathlib.Path, default=None, metavar="JSON",
                         help="only rebuild the table and plot from this file, written beside "
                         "--json (default bench-out/), never beside the file read")  # fmt: skip
@@ -367,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_config_fields(parser, args.config)
     check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
+    args.json = pathlib.Path(args.json)
     from _common import read_saved, write_json
 
     if args.replot:

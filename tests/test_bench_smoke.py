@@ -146,6 +146,32 @@ def test_lora_plot_takes_two_rows_of_one_t(bench, tmp_path):
     assert path.is_file()
 
 
+def test_lora_plot_pairs_rows_of_one_setup_only(bench, tmp_path, monkeypatch):
+    """The plot's share panel set a batch-3 patched row against a batch-1 stub row, and
+    its other panels drew every setup of a mode as one line (found by probing, session
+    48): a line per mode and setup, each share from its own setup's stub."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, x, y, *a, **k: drawn.append((k.get("label"), list(y)))
+                        or real(ax, x, y, *a, **k))  # fmt: skip
+    lora = bench("lora")
+
+    def row(mode, batch, peak):
+        return dict(mode=mode, T=16, batch=batch, peak_mib=peak, mib_per_token=peak / 16,
+                    seconds_per_step=1.0, first_step_seconds=1.0)  # fmt: skip
+
+    rows = [row("stub", 1, 6.0), row("patched", 3, 15.0), row("stub", 3, 12.0)]
+    lora._plot(rows, ["patched", "stub"], tmp_path / "plot.png", "cpu")
+    shares = {label: y for label, y in drawn if label.endswith(" - stub")}
+    assert shares == {"patched (batch 3) - stub": [(15.0 - 12.0) / (16 * 3)]}, drawn
+    labels = {label for label, _ in drawn}
+    assert {"stub (batch 1)", "stub (batch 3)", "patched (batch 3)"} <= labels, labels
+
+
 def test_lora_table_pairs_rows_of_one_setup_only(bench, monkeypatch):
     """``--merge`` keeps rows of other runs: a batch-4 patched row was set against a
     batch-1 stub row of another commit (patched/stub 5.4; found by probing). Rows pair
@@ -510,6 +536,14 @@ def test_outputs_are_checked_before_measuring(script, argv, option, bench, tmp_p
         module.main([*argv, option, str(folder)])
     assert exc.value.code == 2
     assert f"error: argument {option}: '{folder}' is a directory" in capsys.readouterr().err
+    # a folder that does not exist yet, written with its slash: a file of its name was
+    # written (found by probing, session 48)
+    new = f"{tmp_path / 'new_folder'}/"
+    with pytest.raises(SystemExit) as exc:
+        module.main([*argv, option, new])
+    assert exc.value.code == 2
+    assert f"error: argument {option}: '{new}' names a folder" in capsys.readouterr().err
+    assert not (tmp_path / "new_folder").exists()
 
 
 def test_check_outputs_makes_the_folder_and_refuses_a_file_in_its_place(bench, tmp_path):
@@ -867,6 +901,12 @@ def test_linear_attention_bench_measures_the_three_forms(bench):
     for impl in module.IMPLS:
         row = module.measure(impl, T=24, dtype="float32", repeats=1, chunk_size=8, H=2, D=8)
         assert row["impl"] == impl and row["seconds"] > 0 and row["peak_bytes"] > 0
+        # the chunk the op ran at, and none for mlx-lm's (every row said the default;
+        # found by probing, session 48)
+        ran = (8, 8) if impl == "chunkscan" else (None, None)
+        assert (row["chunk_size"], row["chunk_run"]) == ran, row
+    row = module.measure("chunkscan", T=6, dtype="float32", repeats=1, chunk_size=8, H=2, D=8)
+    assert (row["chunk_size"], row["chunk_run"]) == (8, 6), row
     assert module.slopes(4) == [-(2**-2.0), -(2**-4.0), -(2**-6.0), -(2**-8.0)]
 
 
