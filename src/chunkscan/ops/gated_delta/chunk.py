@@ -593,7 +593,7 @@ def check_save_states(fn: str, save: object, none: str) -> str:
     or ``ValueError`` naming the value and the fix (found by probing: ``1`` was a
     ``ValueError`` without a fix, ``'Chunks'`` got no hint). ``none`` says what ``None``
     means where ``fn`` takes it."""
-    if save in SAVE_MODES:
+    if isinstance(save, str) and save in SAVE_MODES:  # (an array would compare by element)
         return save
     rule = f"[{fn}] save_states must be 'chunks' or 'groups' (or None: {none})"
     fix = "Pass save_states='chunks' (every chunk's entering state kept) or 'groups'."
