@@ -187,9 +187,7 @@ def run_isolated(
     full_env.setdefault("PYTHONSAFEPATH", "1")
     full_env.update(env or {})
     ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (ours, full_env.get("PYTHONPATH", "")) if p
-    )
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ours, full_env.get("PYTHONPATH", "")) if p)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     except subprocess.TimeoutExpired:
