@@ -395,10 +395,11 @@ def import_test_helpers():
 
 
 def child_env(bench: bool = False) -> dict[str, str]:
-    """``PYTHONPATH`` for measuring processes: :func:`chunkscan_src` and the checkout's
-    root first (and ``bench/``, for targets named by their bench module, with
-    ``bench=True``)."""
-    parts = [str(ROOT), chunkscan_src(), os.environ.get("PYTHONPATH", "")]
+    """``PYTHONPATH`` for measuring processes (started by
+    :func:`chunkscan.commands.measure.run_isolated`, which puts :func:`chunkscan_src`'s
+    folder first itself): the checkout's root (and ``bench/``, for targets named by
+    their bench module, with ``bench=True``)."""
+    parts = [str(ROOT), os.environ.get("PYTHONPATH", "")]
     if bench:
         parts.insert(0, str(ROOT / "bench"))
     return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
