@@ -689,9 +689,9 @@ def _demo_dir_needs_writing(flag: str, path: str, files: tuple[str, ...]) -> boo
 
 
 def _reads_as_repo_id(value: str) -> bool:
-    """``value`` has a Hugging Face repo id's form (``namespace/name``, not ``./`` or
-    ``~``)."""
-    return bool(_REPO_ID.match(value)) and not value.startswith((".", "~"))
+    """``value`` has a Hugging Face repo id's form (``namespace/name``; :data:`_REPO_ID`
+    starts with a letter or digit, so never ``./`` or ``~``)."""
+    return bool(_REPO_ID.match(value))
 
 
 def _demo_adapter_folder(args: types.SimpleNamespace, demo_dir: str) -> pathlib.Path | None:
