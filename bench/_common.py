@@ -237,7 +237,9 @@ def read_saved(
     if row_keys or measured_keys:
         _check_rows(parser, option, path, data["rows"] if keys else data, row_keys,
                     measured_keys)  # fmt: skip
-    return data
+    from chunkscan.commands.measure import from_strict_json
+
+    return from_strict_json(data)  # "nan" and "inf", as write_json writes them, as floats
 
 
 def _check_rows(parser, option: str, path: str, rows, row_keys, measured_keys) -> None:
@@ -357,9 +359,21 @@ def gdn_chunking(q, k, v, g, beta, chunk_size: int | None = None, kernels: bool 
 
 
 def write_json(path: str | pathlib.Path, meta_: dict[str, Any], rows: list[dict]) -> None:
+    """``{"meta": meta_, "rows": rows}`` as strict JSON: a non-finite float is written as
+    the string ``"nan"``, ``"inf"`` or ``"-inf"`` (a bare ``NaN`` before, which strict
+    parsers such as jq refuse; :func:`read_saved` reads them back as floats)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta_, "rows": rows}, indent=1) + "\n")
+    path.write_text(json_text({"meta": meta_, "rows": rows}) + "\n")
+
+
+def json_text(value: Any, indent: int = 1) -> str:
+    """``value`` as strict JSON text, each non-finite float as its name (``"nan"``, ...;
+    :func:`chunkscan.commands.measure.strict_json`), for every result file a script
+    writes."""
+    from chunkscan.commands.measure import strict_json
+
+    return json.dumps(strict_json(value), indent=indent, allow_nan=False)
 
 
 def chunkscan_src() -> str:

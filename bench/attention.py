@@ -28,7 +28,6 @@ versions; a plot beside it when matplotlib is there.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 from typing import Any
@@ -316,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     # other run's reference row (found by probing; chunkscan repro drops repeats too)
     args.T = list(dict.fromkeys(args.T))
     _check_heads(parser, args)
-    from _common import check_outputs, read_saved, replotted_inputs
+    from _common import check_outputs, json_text, read_saved, replotted_inputs
 
     # --from-json's file as an input: a --json over it put the table and plot beside it,
     # and a --json whose .md or .png is it wrote over it (found by probing); but one's
@@ -334,13 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         # and plot (found by probing)
         if out.resolve() != pathlib.Path(args.from_json).resolve():
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(rows, indent=1))
+            out.write_text(json_text(rows))
     else:
         rows = run(args)
         meta = _meta(argv)
         rows = [dict(r, meta=meta) for r in rows]
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rows, indent=1))
+        out.write_text(json_text(rows))
     meta = rows[0].get("meta", {}) if rows else {}
     r0 = rows[0] if rows else {}
     title = (

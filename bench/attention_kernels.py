@@ -59,7 +59,7 @@ def measure(T: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import Once, check_outputs, meta, positive_int, stop_without_cuda
+    from _common import Once, check_outputs, json_text, meta, positive_int, stop_without_cuda
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     if args.json:
         m = meta(argv=["python", "bench/attention_kernels.py"] + argv)
-        pathlib.Path(args.json).write_text(json.dumps({"meta": m, "rows": rows}, indent=1))
+        pathlib.Path(args.json).write_text(json_text({"meta": m, "rows": rows}))
     return 0
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import pathlib
 import sys
 from typing import Any
@@ -390,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             "argument --impls: --gate channel runs chunkscan and mlx_lm only but got "
             f"{' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
-    from _common import check_outputs, read_saved, replotted_inputs
+    from _common import check_outputs, json_text, read_saved, replotted_inputs
 
     # --from-json's file as an input: an output over it rewrote it, its table or plot in
     # its place; --png's suffix: matplotlib refused it after the measuring (both found by
@@ -425,8 +424,7 @@ def main(argv: list[str] | None = None) -> None:
         if path:
             pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"meta": info, "title": title, "rows": rows}, fh, indent=1)
+        pathlib.Path(args.json).write_text(json_text({"meta": info, "title": title, "rows": rows}))
     if args.md:
         with open(args.md, "w") as fh:
             fh.write(md)

@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.json.exists():
         old = read_saved(parser, "--json", str(args.json), keys=("meta", "rows"),
                          row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
-    from _common import child_env, empty_kernel_caches, kernels_compiled
+    from _common import child_env, empty_kernel_caches, json_text, kernels_compiled
     from _common import meta as provenance
 
     from chunkscan.commands.measure import run_isolated
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         "lora": {"rank": 8, "layers": "all"},
         **run_meta,
     }
-    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    args.json.write_text(json_text({"meta": meta, "rows": rows}, indent=2))
     _write_outputs(meta, rows, args.json)
     return 0
 

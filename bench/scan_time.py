@@ -12,7 +12,6 @@ of them alike. Reported: median wall and CPU (process) seconds, and their ratio 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -99,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         # _common.meta(), as the other scripts record: provenance() alone had no GPU name
         # in "device" (found by probing)
-        from _common import meta
+        from _common import json_text, meta
 
         info = meta(H=args.H, D=args.D, chunk=args.chunk, rounds=args.rounds,
                     compiled=args.compile)  # fmt: skip
         with open(args.json, "w") as fh:
-            json.dump({"meta": info, "rows": rows}, fh, indent=1)
+            fh.write(json_text({"meta": info, "rows": rows}))
     return 0
 
 

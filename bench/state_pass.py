@@ -14,7 +14,6 @@ values are O(1)).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -248,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print()
     print(table(result["rows"]))
+    from _common import json_text
     from _common import meta as provenance  # bench/ is this script's sys.path[0]
 
     # argv, commit (CHUNKSCAN_COMMIT where the tree is a copy), date, versions, and the
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({**meta, **result}, f, indent=1)
+        f.write(json_text({**meta, **result}))
     print(f"\nwrote {args.out}")
     if result["errors"]:
         print(f"{len(result['errors'])} configuration(s) FAILED (see above and the JSON).")

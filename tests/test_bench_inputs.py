@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import pathlib
 import re
 
@@ -409,3 +410,27 @@ def test_the_plot_draws_a_line_per_save_mode(bench, tmp_path, monkeypatch):
     bench("_common").plot_time_and_memory(rows, tmp_path / "p.png", "t", ("chunkscan",), "s", "s")
     assert drawn["chunkscan (1 MiB scratch)"][0] == ([16, 32], [1.0, 1.0])
     assert drawn["chunkscan (32 MiB scratch)"][0] == ([16, 32], [32.0, 32.0])
+
+
+def test_result_files_are_strict_json_and_read_back(bench, tmp_path):
+    """A non-finite figure (``growth_gates``' NaN where nothing is finite) is written as
+    its name, not a bare ``NaN`` that strict parsers refuse, and ``read_saved`` gives the
+    float back: the negative control is ``json.dumps``' own output, which the strict
+    reading refuses."""
+    common = bench("_common")
+    rows = [{"impl": "chunkscan", "err": float("nan"), "hi": float("inf"), "lo": -math.inf,
+             "name": "nan-free", "ok": 1.5}]  # fmt: skip
+    path = tmp_path / "r.json"
+    common.write_json(path, {"argv": []}, rows)
+
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    with pytest.raises(ValueError, match="not strict JSON"):
+        json.loads(json.dumps({"rows": rows}), parse_constant=refuse)
+    saved = json.loads(path.read_text(), parse_constant=refuse)
+    assert saved["rows"][0] == dict(rows[0], err="nan", hi="inf", lo="-inf")
+    back = common.read_saved(argparse.ArgumentParser(), "--from-json", str(path),
+                             keys=("rows",))["rows"][0]  # fmt: skip
+    assert math.isnan(back.pop("err"))
+    assert back == {k: v for k, v in rows[0].items() if k != "err"}

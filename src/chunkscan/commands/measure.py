@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -161,6 +162,35 @@ class NoOrdering:
 
     carry_after_outputs = recompute_after_cotangent = cotangent_after_gradients = _same
     keep_apart = prepare_after_carry = _same
+
+
+_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float written as its name (``"nan"``, ``"inf"``,
+    ``"-inf"``), which JSON has no numbers for: ``json.dumps`` writes a bare ``NaN``,
+    which jq, JavaScript and other strict parsers refuse. :func:`from_strict_json`
+    reads them back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def from_strict_json(value: Any) -> Any:
+    """:func:`strict_json` undone: the strings ``"nan"``, ``"inf"`` and ``"-inf"`` are
+    floats again, in dicts and lists at any depth."""
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: from_strict_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_strict_json(v) for v in value]
+    return value
 
 
 def run_isolated(

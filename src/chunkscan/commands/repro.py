@@ -92,18 +92,6 @@ def worst(errors: list[float]) -> float:
     return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
-def _strict_json(value: Any) -> Any:
-    """``value`` with every non-finite float written as its name (``"nan"``, ``"inf"``,
-    ``"-inf"``), which JSON has no numbers for."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
-    return value
-
-
 def _number_arg(kind: type, rule: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
     """An argparse ``type``: ``kind(text)`` that must satisfy ``ok``, else ``rule``."""
 
@@ -246,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     report = os.path.join(args.out, REPORT)
     with open(report, "w") as fh:  # strict JSON: a NaN difference was written as a bare
         # NaN, which jq, JavaScript and other strict parsers refuse (session 36's review)
-        json.dump(_strict_json({"meta": meta, "rows": rows}), fh, indent=1, allow_nan=False)
+        json.dump(_measure.strict_json({"meta": meta, "rows": rows}), fh, indent=1, allow_nan=False)
     print(f"\nwrote {report}")
     png = os.path.join(args.out, PLOT)
     if os.path.isfile(png):  # an earlier run's plot would stand beside this run's JSON
