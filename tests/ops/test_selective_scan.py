@@ -160,3 +160,26 @@ def test_backward_memory_is_one_chunk():
         assert growth <= bound, f"grew by {growth / 2**20:.2f} > {bound / 2**20:.2f} MiB"
     grew = peak_growth("selective_scan_backward_peak", dict(shape, C=4096))
     assert grew > bound, f"one chunk grew by {grew / 2**20:.2f} MiB only"
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+def test_a_half_precision_A_is_summed_over_the_chunks_in_float32(dtype):
+    """A's gradient gathers a share from every chunk: summed in A's own dtype chunk by
+    chunk, later shares were rounded away once the sum was some 256 of them (bfloat16:
+    2048 where the oracle gives 8160 at T = 8192, C = 8; found by probing, session 49).
+    Now it is the oracle's, whose float32 sum is rounded once: one rounding of ``dtype``
+    apart at most (measured: equal). Two things make it so, each enough here: A cast
+    to float32 before the scan, and scan summing a half-precision param's gradient in
+    float32 (``tests/test_scan.py`` tests that alone). Negative control: both taken
+    back fails here (0.75 bfloat16, 9.8e-4 float16)."""
+    T, Dc, N = 4096, 2, 2
+    x, B, C = mx.ones((1, T, Dc)), mx.ones((1, T, N)), mx.ones((1, T, N))
+    dt = mx.full((1, T, Dc), 0.1)
+
+    def d_A(fn, **kw):
+        loss = lambda A: fn(x, dt, A, B, C, **kw)[0].astype(mx.float32).sum()  # noqa: E731
+        return mx.grad(loss)(mx.full((Dc, N), -1.0, dtype=dtype))
+
+    got, ref = d_A(selective_scan, chunk_size=4), d_A(naive_selective_scan)
+    assert got.dtype == dtype
+    assert max_rel(got, ref) <= {mx.bfloat16: 2**-8, mx.float16: 2**-11}[dtype]
