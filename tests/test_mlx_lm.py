@@ -757,6 +757,32 @@ def attn_spy(monkeypatch):
     return _record_calls(monkeypatch, "_attention_op", "mask")
 
 
+@float64_on_cpu
+def test_float64_attention_and_numpy_scales_go_to_stock(attn_spy):
+    """Calls ``chunkscan.attention`` refuses go to mlx-lm's function: a float64 model's
+    (CPU only; every full-attention layer raised ``ValueError``, found by probing,
+    session 49) and a scale given as a 0-d NumPy array (``TypeError``). Bit for bit
+    mlx-lm's; the float32 model still runs the op (the negative control)."""
+    import numpy as np
+
+    q = mx.random.normal((1, 2, 5, 8), key=mx.random.key(1))
+    with cmlx.patch():
+        for args in ((q.astype(mx.float64), 0.3), (q, np.array(0.3, dtype=np.float32))):
+            qq, scale = args
+            out = cmlx.scaled_dot_product_attention(qq, qq, qq, None, scale, "causal")
+            assert mx.array_equal(out, STOCK_ATTN(qq, qq, qq, None, scale, "causal")).item()
+        assert attn_spy == []
+    model = build_model(llama_config(), seed=3)
+    prompt = mx.array([[5, 6, 7, 8, 9, 10, 11]])
+    for dtype, routed in ((mx.float64, False), (mx.float32, True)):
+        model.set_dtype(dtype)
+        ref = model(prompt)
+        with cmlx.patch():
+            out = model(prompt)
+        assert bool(attn_spy) == routed
+        assert out.dtype == dtype and mx.allclose(out, ref, rtol=1e-5, atol=1e-6).item()
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "qwen3_5"])
 def test_attention_lora_grads_match_stock(model_type, attn_spy):
     """Loss and LoRA gradients with both patches against stock mlx-lm (rel <= 1e-4;

@@ -134,6 +134,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import numbers
 import pathlib
 import sys
 import threading
@@ -861,6 +862,9 @@ def _attention_op():
     return chunkscan.attention
 
 
+_ATTENTION_DTYPES = (mx.float32, mx.bfloat16, mx.float16)  # chunkscan.attention's
+
+
 def scaled_dot_product_attention(
     queries: mx.array,
     keys: Any,
@@ -879,8 +883,11 @@ def scaled_dot_product_attention(
     Floating (additive) masks go to mlx-lm's function: some families compute them from
     trainable weights (kimi_linear's and DeepSeek's MLA add rotary-position scores as
     the mask), and :func:`chunkscan.attention` treats an array mask as a constant, so
-    their gradient would be lost. So does a ``scale`` given as an ``mx.array`` (no
-    family of mlx-lm 0.32.2 passes one; it raised ``TypeError``, found by probing).
+    their gradient would be lost. So does a ``scale`` that is not a real number (an
+    ``mx.array``, a 0-d NumPy array: no family of mlx-lm 0.32.2 passes one; they raised
+    ``TypeError``, found by probing), and float64 queries (a model in float64 on the CPU,
+    which :func:`chunkscan.attention` refuses: a ``ValueError`` from every full-attention
+    layer, found by probing, session 49).
 
     A boolean mask row with no key to attend to gives 0 here (no gradient), the mean of
     the values in mlx-lm's function (``mx.fast``); other rows agree."""
@@ -889,8 +896,9 @@ def scaled_dot_product_attention(
         or sinks is not None
         or not isinstance(keys, mx.array)
         or not queries.dtype == keys.dtype == values.dtype
+        or queries.dtype not in _ATTENTION_DTYPES  # float64 (CPU): a ValueError there
         or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
-        or isinstance(scale, mx.array)  # chunkscan.attention takes a Python number
+        or not isinstance(scale, numbers.Real)  # chunkscan.attention takes a Python number
     ):
         # Counted where there is no KV cache: none, or (deepseek_v32's and glm_moe_dsa's
         # training) a list of Nones, whose calls went uncounted (found by probing).
