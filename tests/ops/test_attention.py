@@ -319,6 +319,18 @@ def test_a_non_finite_additive_mask_entry_is_nan_in_both_forms():
         assert mx.any(mx.isnan(o[0, 0]), axis=-1).tolist() == [False, True, False, True], fn
 
 
+def test_an_additive_mask_is_a_constant_in_both_forms():
+    """No gradient flows to an array mask in the op (``docs/attention.md``) nor in its
+    oracle, which shares its conventions (the oracle differentiated it, as ``mx.fast``
+    does: found by probing, session 49). Negative control: ``mx.fast``'s gradient."""
+    q, k, v, _ = make_inputs(1, 2, 1, 6, 6, 8, seed=2)
+    m = mx.random.normal((6, 6), key=mx.random.key(4))
+    fast = mx.fast.scaled_dot_product_attention
+    for fn, zero in ((chunkscan.attention, True), (naive_attention, True), (fast, False)):
+        d_m = mx.grad(lambda m: fn(q, k, v, scale=0.3, mask=m).sum())(m)  # noqa: B023
+        assert (mx.abs(d_m).max().item() == 0) == zero, fn
+
+
 @pytest.mark.parametrize("chunk_size", [None, 4], ids=["one-block", "blocks-of-4"])
 def test_minus_inf_and_float32_lowest_in_one_mask(chunk_size):
     """A Hugging Face style additive mask: causal ``-inf`` plus ``finfo(float32).min`` on

@@ -26,7 +26,9 @@ def naive_attention(
         s = scale * q @ k^T (+ mask, or -inf where a boolean mask is False)
         o = softmax(s) @ v            # a row with no visible key gives o = 0
 
-    Grouped heads by broadcasting (query head ``h`` uses key/value head
+    An array mask is a constant here too: no gradient flows to it (``mx.fast``'s
+    attention differentiates an additive mask; the oracle did until session 49, found by
+    probing). Grouped heads by broadcasting (query head ``h`` uses key/value head
     ``h // (Hq // Hkv)``). Memory ``O(B * Hq * T * S)``: for tests only.
 
     Returns:
@@ -45,8 +47,8 @@ def naive_attention(
         visible = mx.arange(S)[None, :] <= mx.arange(T)[:, None] + (S - T)
     elif spec.mask_kind == "bool":
         visible = mask_5d(mask, spec)
-    elif spec.mask_kind == "additive":
-        s = s + mask_5d(mask, spec).astype(F32)
+    elif spec.mask_kind == "additive":  # a constant, as in chunkscan.attention
+        s = s + mask_5d(mx.stop_gradient(mask), spec).astype(F32)
         visible = s != -mx.inf  # a NaN (or +inf) mask entry makes its row NaN, as in MLX
     if visible is not None:
         s = mx.where(visible, s, -mx.inf)
