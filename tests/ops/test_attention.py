@@ -542,6 +542,27 @@ def test_fused_forward_setting_is_checked(monkeypatch):
                 fn(q, k, v, scale=0.25)
 
 
+@pytest.mark.parametrize(
+    "name, bad",
+    [("SCRATCH_BYTES", "1MB"), ("SCRATCH_BYTES", 0), ("FAST_MAX_SCORES", None),
+     ("FAST_MAX_SCORES", -1), ("MAX_ROWS", 2.5), ("MIN_ROWS", True),
+     ("CPU_SCRATCH_BYTES", 0), ("GPU_SCRATCH_BYTES", "big")],
+)  # fmt: skip
+def test_size_knobs_are_checked_by_every_call(name, bad, monkeypatch):
+    """The size knobs are whole numbers, checked by short calls too: ``SCRATCH_BYTES =
+    "1MB"`` passed them and failed in ``plan_blocks`` with a bare ``TypeError``,
+    ``FAST_MAX_SCORES = None`` at once (found by probing, session 49). The knob's
+    default, and ``SCRATCH_BYTES = None``, run (the negative control)."""
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
+    for fn in (blocked.blocked_attention, chunkscan.attention):
+        monkeypatch.setattr(blocked, name, bad)
+        with pytest.raises(ValueError, match=f"blocked.{name} must be an int >= "):
+            fn(q, k, v, scale=0.25)
+        monkeypatch.undo()
+        monkeypatch.setattr(blocked, "SCRATCH_BYTES", None)
+        assert fn(q, k, v, scale=0.25).shape == q.shape
+
+
 def test_fused_forward_falls_back_on_cpu(monkeypatch):
     """FUSED_FORWARD="auto" asks MLX for its fused kernel; the CPU backend has none."""
     q, k, v, ct = make_inputs(1, 4, 2, 40, 40, 16)

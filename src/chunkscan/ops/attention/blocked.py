@@ -25,6 +25,7 @@ plus one block's scratch. A block has as many rows as keep its float32 scores wi
 from __future__ import annotations
 
 import math
+import numbers
 
 import mlx.core as mx
 
@@ -146,7 +147,7 @@ def attention(
     # FAST_MAX_SCORES (found by probing; gated_delta_rule raises at every size).
     use_kernels(kernels, "attention")
     threads()
-    _check_fused_forward()
+    _check_knobs()
     if (empty := empty_result(spec, q)) is not None:
         return empty
     if _use_fast(spec, q.dtype):
@@ -168,7 +169,7 @@ def blocked_attention(
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     if (empty := empty_result(spec, q)) is not None:
         return empty
-    _check_fused_forward()
+    _check_knobs()
     return _blocked(spec, q, k, v, mask, kernels)
 
 
@@ -189,14 +190,30 @@ def uses_cuda_kernels(spec: Spec, dtype: mx.Dtype, kernels: bool | None) -> bool
     return use_kernels(kernels, "attention") and _cuda.supports(spec, dtype)
 
 
-def _check_fused_forward() -> None:
-    """``FUSED_FORWARD`` is ``"auto"`` or ``"never"`` (``"always"`` or ``"Auto"`` read as
-    ``"never"``; found by probing). Checked by every call, the short ones too."""
+def _check_knobs() -> None:
+    """The module's knobs hold what they mean, checked by every call, the short ones
+    too: ``FUSED_FORWARD`` is ``"auto"`` or ``"never"`` (``"always"`` or ``"Auto"`` read
+    as ``"never"``; found by probing), the sizes are whole numbers (``SCRATCH_BYTES =
+    "1MB"`` passed the short calls and failed in :func:`plan_blocks` with a bare
+    ``TypeError``, ``FAST_MAX_SCORES = None`` everywhere; found by probing, session 49)."""
     if FUSED_FORWARD not in ("auto", "never"):
         raise ValueError(
             f"chunkscan.ops.attention.blocked.FUSED_FORWARD must be 'auto' or 'never' but "
             f"is {FUSED_FORWARD!r}. Set it to one of those."
         )
+    least = {"FAST_MAX_SCORES": 0, "CPU_SCRATCH_BYTES": 1, "GPU_SCRATCH_BYTES": 1,
+             "MAX_ROWS": 1, "MIN_ROWS": 1, "SCRATCH_BYTES": 1}  # fmt: skip
+    for name, low in least.items():
+        value = globals()[name]
+        if name == "SCRATCH_BYTES" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            none = " or None (per device)" if name == "SCRATCH_BYTES" else ""
+            raise ValueError(
+                f"chunkscan.ops.attention.blocked.{name} must be an int >= {low}{none} but "
+                f"is {value!r}. Set it to such a number (its default: docs/attention.md, "
+                f'"Knobs").'
+            )
 
 
 def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
