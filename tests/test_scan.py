@@ -1853,6 +1853,61 @@ def test_issue_example_warns_and_params_gives_the_loop_gradient():
     assert_trees_close(g_p, g_l, 1e-5, "grads")
 
 
+_AUX = nn.Linear(3, 3)  # a global module: read by the classes below, not passed
+
+
+class _CellReadingAGlobal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def __call__(self, h, x):
+        return mx.tanh(self.lin(h) + self.mix(x))
+
+    def mix(self, x):  # called off self: its global is reachable too
+        return _AUX(x)
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = _CellReadingAGlobal()
+
+    def __call__(self, h, x):
+        return self.cell(h, x)
+
+
+class _CellReadingSelf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.other = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def __call__(self, h, x):
+        return mx.tanh(self.lin(h) + self.other(x))
+
+
+@pytest.mark.parametrize("make", [_CellReadingAGlobal, _Outer], ids=["module", "submodule"])
+def test_a_module_the_params_module_s_call_reads_warns(make):
+    """``params=cell`` where the cell's class (or a submodule's) reads a global module in
+    ``__call__`` or a method it calls off ``self``: that module's gradient is zero in
+    scan, and the walk started from ``f`` only, so no warning came (found by probing,
+    session 49). Negative control: a cell reading only its own attributes is silent."""
+    xs, h0 = mx.random.normal((6, 3), key=mx.random.key(0)), mx.zeros((3,))
+
+    def step(h, x, m):
+        h = m(h, x)
+        return h, h
+
+    def run(cell):
+        return chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=cell)
+
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match=r"'_AUX'.*__call__ -> "):
+        run(make())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(_CellReadingSelf())
+
+
 def test_module_passed_as_params_and_captured_does_not_warn():
     """Captured *and* passed (or a submodule of the passed module): the captured object
     is the one scan swaps the traced parameters into, so it does get gradients."""

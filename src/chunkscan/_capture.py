@@ -63,16 +63,21 @@ _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _SCALARS = frozenset({int, float, str, bytes, bool, complex, type(None)})
 
 
-def captured_modules(f: Any) -> list[tuple[list[str], nn.Module]]:
+def captured_modules(f: Any, params: Any = None) -> list[tuple[list[str], nn.Module]]:
     """``(path, module)`` for every ``nn.Module`` reachable from ``f``, once each.
 
     ``path`` names the way there, e.g. ``["step", "lin"]`` for a ``stepwise`` chunk
     function whose ``step`` uses the global ``lin``, ``["partial", "m"]`` for
     ``functools.partial(f, m=lin)``. A module is reported, not walked
-    into (its submodules are part of it). ``f`` itself being a module is reported
-    with the path ``["f"]``.
+    into (its submodules are part of it), but the ``__call__`` of its class and of its
+    submodules' classes (not MLX's or mlx-lm's) are, with the methods they call off
+    ``self``: a global module read there is reachable too. ``f`` itself being a module
+    is reported with the path ``["f"]``. ``params``, where it is an ``nn.Module`` (what
+    ``scan`` passes ``f``), is walked that way too, without being reported itself: a
+    global module its ``__call__`` reads was missed (a zero gradient, no warning; found
+    by probing, session 49).
     """
-    return _Walk().run(f)
+    return _Walk().run(f, params)
 
 
 class _Walk:
@@ -96,9 +101,12 @@ class _Walk:
         self.order = itertools.count()
         self.held: list[Any] = []  # what was walked, alive to the end: no id reused
         self.queued: dict[int, int] = {}  # id -> the least depth it was queued at
+        self.module_classes: set[int] = set()  # the module classes whose __call__ is walked
 
-    def run(self, f: Any) -> list[tuple[list[str], nn.Module]]:
+    def run(self, f: Any, params: Any = None) -> list[tuple[list[str], nn.Module]]:
         self.visit(f, [], 0, root=True)
+        if issubclass(type(params), nn.Module):
+            self._visit_module_calls(params, ["params"], 1)
         while self.queue:
             depth, _, what, *rest = heapq.heappop(self.queue)
             if what == "object":
@@ -139,6 +147,7 @@ class _Walk:
         kind = type(obj)
         if issubclass(kind, nn.Module):  # reported once, by the nearest way found first
             self.found.append((path or ["f"], obj))
+            self._visit_module_calls(obj, path or ["f"], depth + 1)
             return
         nxt = depth + 1
         if issubclass(kind, functools.partial):
@@ -204,6 +213,23 @@ class _Walk:
                 self.visit(item, path + [k], nxt)
             if type(call) is types.FunctionType:  # after its attributes: they come first
                 self._visit_methods_called(obj, call, path, nxt)
+
+    def _visit_module_calls(self, module: nn.Module, path: list[str], depth: int) -> None:
+        """Take in turn the ``__call__`` of ``module``'s class and of its submodules'
+        classes (each class once; not MLX's, mlx-lm's or chunkscan's), and the methods
+        each calls off ``self``: what they read (a global module) is reachable."""
+        for m in module.modules():  # MLX's walk of the module tree (itself first)
+            kind = type(m)
+            if id(kind) in self.module_classes or len(self.seen) >= MAX_OBJECTS:
+                continue
+            self.module_classes.add(id(kind))
+            call = next((vars(c)["__call__"] for c in kind.__mro__ if "__call__" in vars(c)),
+                        None)  # fmt: skip
+            if type(call) is not types.FunctionType or _ours(call.__module__):
+                continue
+            here = path + [f"{kind.__name__}.__call__"]
+            self.visit(call, here, depth)
+            self._visit_methods_called(m, call, here, depth + 1)
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
         """Take in turn the methods of ``holder``'s class that ``fn`` (a method of it)

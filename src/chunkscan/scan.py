@@ -121,7 +121,8 @@ def scan(
             update (``self.pos += 1``) is lost unseen. ``scan`` warns
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
-            ``functools.partial``, bound methods, or ``stepwise``'s step. With
+            ``functools.partial``, bound methods, ``stepwise``'s step, or the
+            ``__call__`` of a module's class (the ``params`` module's too). With
             ``params``, ``f`` (or the step) must take a third argument. A module
             cannot be called through a wrapper that flattens its arguments
             (``mx.compile``, ``mx.checkpoint``, ``chunkscan.checkpoint`` around ``f``
@@ -161,9 +162,7 @@ def scan(
         p_leaves, p_def = _tree.require_arrays("scan", "params", module.trainable_parameters())
     else:
         p_leaves, p_def = _tree.require_arrays("scan", "params", params)
-    captured, bound = _warn_on_captured_modules(
-        f, p_leaves, p_def, params_module=module is not None
-    )
+    captured, bound = _warn_on_captured_modules(f, p_leaves, p_def, params_module=module)
 
     plan = _Plan(
         f=f,
@@ -901,7 +900,7 @@ def _list_lengths(module: nn.Module) -> list[tuple[list, int]]:
 
 
 def _warn_on_captured_modules(
-    f: Callable, passed_leaves: list[mx.array], passed_def, params_module: bool = False
+    f: Callable, passed_leaves: list[mx.array], passed_def, params_module: nn.Module | None = None
 ) -> tuple[list[nn.Module], list[tuple[nn.Module, Any, list[int], list[int]]]]:
     """Every ``nn.Module`` ``f`` reaches without being passed it, found by
     :func:`chunkscan._capture.captured_modules` (the walk runs once per call); and warn
@@ -935,8 +934,8 @@ def _warn_on_captured_modules(
         passed.setdefault(id(a), i)
     kinds = [(a.shape, a.dtype) for a in passed_leaves]
     step = getattr(f, "_chunkscan_step", None)
-    unpassed, alike, params_found, bound = [], [], params_module, []
-    found = _capture.captured_modules(f)
+    unpassed, alike, params_found, bound = [], [], params_module is not None, []
+    found = _capture.captured_modules(f, params_module)
     for path, value in found:
         tree = value.trainable_parameters()  # walks the module: once
         leaves, treedef = _tree.flatten(tree)
