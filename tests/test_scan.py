@@ -2442,6 +2442,36 @@ def test_f_replacing_a_trainable_parameter_of_the_params_module_warns(monkeypatc
         assert mx.abs(run() - mx.stack(ref)).max().item() > 0.1
 
 
+def test_one_block_under_two_names_is_no_replacement():
+    """A ``params`` module that holds one block at two paths (shared by depth, as
+    ALBERT; or ``self.b = self.a``): the module holds one handle at both, where scan's
+    ``p`` has one per path, so comparing with ``p`` warned "f replaced params['layers'][0]
+    ..." though f replaced nothing (found by probing, session 49). Silent now, values as
+    the loop's; the negative control, a real replacement, is the test above."""
+
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            blk = nn.Linear(3, 3)
+            self.layers = [blk, blk]
+
+        def __call__(self, h, x):
+            for layer in self.layers:
+                h = mx.tanh(layer(h) + x)
+            return h
+
+    model, xs = Shared(), mx.random.normal((6, 3), key=mx.random.key(1))
+    step = chunkscan.stepwise(lambda h, x, m: (m(h, x), m(h, x)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ys = chunkscan.scan(step, mx.zeros((3,)), xs, chunk_size=2, params=model)[1]
+    h, ref = mx.zeros((3,)), []
+    for t in range(6):
+        h = model(h, xs[t])
+        ref.append(h)
+    assert mx.abs(ys - mx.stack(ref)).max().item() <= 1e-6
+
+
 def test_parameters_replaced_at_each_call_stay_as_in_the_loop():
     """Parameters ``f`` replaces with a value derived again at each call are not state:
     a layer under ``nn.utils.checkpoint`` (which updates it with fresh handles, as

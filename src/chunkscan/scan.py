@@ -322,13 +322,18 @@ class _Plan:
             if not self.has_params:
                 out = self.f(carry_tree, xs_tree)
             elif self.module is not None:
+                check = i == 0 and not recompute
+                # What the module holds as f starts: one submodule under two names (a
+                # block shared by depth) holds one handle at both paths, not p's two
+                # (compared with p, it warned falsely; found by probing, session 49).
+                held = _tree.flatten(self.module.trainable_parameters()) if check else None
                 try:
                     out = self.f(carry_tree, xs_tree, self.module)
                 except (TypeError, AttributeError) as e:
                     _explain_flattened_module(e, self.module)
                     raise
-                if i == 0 and not recompute:
-                    _check_params_kept(self.module, self.p_def, p)
+                if check:
+                    _check_params_kept(self.module, *held)
             else:
                 out = self.f(carry_tree, xs_tree, _tree.unflatten(self.p_def, p))
                 if i == 0 and not recompute and self.bound:
@@ -605,13 +610,14 @@ def _distinct(arrays: list[mx.array]) -> list[mx.array]:
     return arrays[:1] + [mx.depends([a], [a])[0] for a in arrays[1:]]
 
 
-def _check_params_kept(module: nn.Module, p_def: tuple, p: list[mx.array]) -> None:
-    """Warn where ``f`` replaced a trainable parameter of the ``params`` module in the
-    first chunk's forward call: scan sets the module's trainable parameters to the
-    chunk's handles at every chunk and puts them back after it, so a replacement does
-    not reach the next chunk. State kept there (``self.pos = self.pos + 1`` on an
-    unfrozen step counter) started again from the value before the scan at every chunk
-    (found by probing: outputs and gradients off, no error). A warning, not an error:
+def _check_params_kept(module: nn.Module, p: list[mx.array], p_def: tuple) -> None:
+    """Warn where ``f`` replaced a trainable parameter of the ``params`` module (``p``,
+    tree ``p_def``: what it held as ``f`` started) in the first chunk's forward call:
+    scan sets the module's trainable parameters to the chunk's handles at every chunk
+    and puts them back after it, so a replacement does not reach the next chunk. State
+    kept there (``self.pos = self.pos + 1`` on an unfrozen step counter) started again
+    from the value before the scan at every chunk (found by probing: outputs and
+    gradients off, no error). A warning, not an error:
     values ``f`` derives again at each call are replaced as well and stay right (a layer
     under ``nn.utils.checkpoint``, which sets fresh handles; weight norm; weights tied
     by assignment; an index or mask rebuilt: a first cut that raised refused them,
