@@ -71,7 +71,11 @@ def scan(
     of the saved carries, which the backward reads for second derivatives), whichever
     of ``init``, ``xs`` and ``params`` the gradient is taken with respect to. Works
     eagerly, under ``mx.compile`` and under ``nn.value_and_grad``. Use
-    :func:`chunkscan.stepwise` to write ``f`` per step.
+    :func:`chunkscan.stepwise` to write ``f`` per step. One difference from the loop: an
+    output the loss never reads (a diagnostic ``ys`` leaf, an unused carry leaf) gets a
+    zero cotangent, as with ``mx.checkpoint``, so an infinite derivative there
+    (``log|x|`` or ``sqrt`` at 0) makes ``0 * inf = NaN`` in the gradients; compute such
+    outputs under ``mx.stop_gradient`` (docs/design.md, "Known limits").
 
     ``f`` must be a function of its arguments (the backward calls it again on the same
     ones): the same Python state when recomputed, as with ``mx.checkpoint``; and it gets
