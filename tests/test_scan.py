@@ -3144,3 +3144,35 @@ def test_messages_read_none_and_ndarray_plainly_and_name_a_module_f():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         chunkscan.scan(m, h, x, chunk_size=2, params=m)
+
+
+_ZERO_COTANGENTS = pytest.mark.xfail(
+    strict=True, reason="docs/design.md, Known limits: zero cotangents of unread outputs"
+)
+
+
+@pytest.mark.parametrize(
+    "guarded",
+    [pytest.param(False, marks=_ZERO_COTANGENTS, id="unguarded"),
+     pytest.param(True, id="stop_gradient")],
+)  # fmt: skip
+def test_an_unread_output_with_an_infinite_derivative(guarded):
+    """An output the loss never reads gets zero cotangents, and ``log|x|`` at an exact 0
+    makes ``0 * inf = NaN`` in ``dx`` where the loop's gradient is finite (found by
+    probing, session 49; docs/design.md, "Known limits"). Under ``mx.stop_gradient``,
+    the documented workaround, it is the loop's. The unguarded case is the limit, as
+    a strict xfail: it fails loudly should MLX ever skip unread outputs."""
+    xs = mx.array([[0.5, -1.0], [0.0, 2.0], [1.5, 0.0]])
+    guard = mx.stop_gradient if guarded else (lambda a: a)
+
+    def step(c, x):
+        return c, (mx.tanh(x), guard(mx.log(mx.abs(x))))  # the second never read
+
+    def loss(xs):
+        return chunkscan.scan(chunkscan.stepwise(step), mx.zeros(()), xs, chunk_size=2)[1][0].sum()
+
+    def loop(xs):
+        return mx.tanh(xs).sum()
+
+    got, ref = mx.grad(loss)(xs), mx.grad(loop)(xs)
+    assert mx.allclose(got, ref).item(), got
