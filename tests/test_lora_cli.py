@@ -1344,3 +1344,42 @@ def test_the_routes_line_says_the_recurrences_count_validation_too(monkeypatch):
     assert "attention's and the recurrences' include validation's" in lora._routes_line(mamba)
     qwen = lora._Routes("qwen3_next", gated_deltanet=True, attention=True)
     assert "; attention's include validation's, which runs" in lora._routes_line(qwen)
+
+
+def test_demo_expands_a_tilde_in_model_and_data(tmp_path, monkeypatch, no_load):
+    """``--demo --model '~/dm/model'`` (quoted, or from ``-c``) wrote the model and data
+    into a folder named ``~`` in the working folder while the adapters went to the real
+    home, and adapter_config.json named a model that was not there (found by probing,
+    session 49). Without --demo ``_check_source`` expands them; now the demo does too."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(["--demo", "--iters", "1", "--model", "~/dm/model", "--data", "~/dm/data",
+                   "--adapter-path", "~/dm/ad"])  # fmt: skip
+    assert (home / "dm" / "model" / "config.json").is_file()
+    assert (home / "dm" / "data" / "train.jsonl").is_file()
+    assert not (cwd / "~").exists()
+
+
+def test_demo_counts_the_layers_of_the_model_it_is_about_to_write(tmp_path, no_load):
+    """``--demo --resume-adapter-file F --num-layers 1`` where the demo writes its model
+    in this run: the layer check read a config.json not yet written, counted no layers
+    and let mlx-lm drop the other layers' adapters, exit 0 (found by probing, session
+    49); it refused only where the model folder was there already. Negative control:
+    ``--num-layers 4`` (all the demo's) reaches the run."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    names = [f"model.layers.{i}.linear_attn.in_proj_qkvz.lora_{ab}" for i in range(4)
+             for ab in "ab"]  # fmt: skip
+    rank8 = {n: mx.zeros((8, 8)) for n in names}  # the demo's rank
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), rank8)
+    demo = ["--demo", "--iters", "1", "--adapter-path", str(tmp_path / "a"),
+            "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape("holds adapters of layers 0, 1, 2, which "
+                                                   "--num-layers 1 does not wrap")):  # fmt: skip
+        lora.main([*demo, "--num-layers", "1"])
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*demo, "--num-layers", "4"])

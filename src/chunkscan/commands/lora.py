@@ -1116,6 +1116,13 @@ def _check_resumed_coverage(
     layers' adapters, LoRA or full; one with keys listed lost the adapters of the
     default keys)."""
     config = _model_config(args.model)
+    if not config and getattr(args, "demo", False):
+        # the demo writes its model after these checks: the config it will write (the
+        # layers went uncounted, and a resume with --num-layers 1 lost the others'
+        # adapters, exit 0; found by probing, session 49)
+        from . import demo_model
+
+        config = demo_model.tiny_config()
     count = _layer_count(config)
     wrapped = args.num_layers if args.num_layers != -1 else count
     keys = lora_parameters.get("keys") if args.fine_tune_type != "full" else None
@@ -1656,6 +1663,11 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # the first resolve_args gave its warnings
             warnings.simplefilter("ignore")
             args = resolve_args(argv, demo_dir)
+        # ~ expanded as without --demo (_check_source): '~/dm/model' from -c or quoted
+        # was a folder named ~ in the working folder (found by probing, session 49)
+        for key in ("model", "data"):
+            if isinstance(getattr(args, key, None), str):
+                setattr(args, key, os.path.expanduser(getattr(args, key)))
         # The checks made without --demo: the demo's folders may be the user's own
         # (a --data folder it uses as it is; found by probing)
         _check_something_to_do(args)
