@@ -577,6 +577,14 @@ def test_numbers_mlx_lm_takes_unchecked_are_refused(argv, message):
         lora.resolve_args(["--test", *argv])
 
 
+def test_test_batches_is_checked_where_test_reads_it():
+    """``--test-batches 0`` was refused in a training run, which never reads it (found
+    by probing, session 49); with ``--test`` it is still refused (the control)."""
+    lora.resolve_args(["--train", "--test-batches", "0"])
+    with pytest.raises(SystemExit, match=re.escape("--test-batches must be a whole number")):
+        lora.resolve_args(["--train", "--test", "--test-batches", "0"])
+
+
 def test_a_yaml_value_out_of_range_names_the_file(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("batch_size: 0\n")

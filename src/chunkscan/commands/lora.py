@@ -280,29 +280,31 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
 # layer (mlx-lm's layers[-0:]), --iters 0 saved untrained adapters, --max-seq-length 1
 # and --steps-per-report 0 ended in tracebacks. --val-batches 0 is left to mlx-lm: it
 # skips validation (and reports its loss as nan).
+# name: (least, another value allowed, the switch that reads it: None for any run)
 _WHOLE_NUMBERS = {
-    "batch_size": (1, None, False),
-    "max_seq_length": (2, None, False),
-    "test_batches": (1, -1, False),
-    "iters": (1, None, True),
-    "grad_accumulation_steps": (1, None, True),
-    "steps_per_report": (1, None, True),
-    "steps_per_eval": (1, None, True),
-    "save_every": (1, None, True),
-    "num_layers": (1, -1, True),
-    "val_batches": (0, -1, True),
-    "seed": (0, None, False),  # numpy's seed, mlx_lm.lora.run's first line (probing)
+    "batch_size": (1, None, None),
+    "max_seq_length": (2, None, None),
+    "test_batches": (1, -1, "test"),  # (refused in a training run that never reads it)
+    "iters": (1, None, "train"),
+    "grad_accumulation_steps": (1, None, "train"),
+    "steps_per_report": (1, None, "train"),
+    "steps_per_eval": (1, None, "train"),
+    "save_every": (1, None, "train"),
+    "num_layers": (1, -1, "train"),
+    "val_batches": (0, -1, "train"),
+    "seed": (0, None, None),  # numpy's seed, mlx_lm.lora.run's first line (probing)
 }
 _MAX_SEED = 2**32 - 1  # numpy's largest seed
 
 
 def _check_numbers(args: dict) -> None:
     """Raise ``SystemExit`` naming the option where a number in :data:`_WHOLE_NUMBERS`
-    (those only training reads, with ``--train``) or the learning rate (finite, not
-    negative; read without an ``lr_schedule``) is out of range, before anything loads."""
+    (those only training reads, with ``--train``; ``--test-batches``, with ``--test``)
+    or the learning rate (finite, not negative; read without an ``lr_schedule``) is out
+    of range, before anything loads."""
     source = f" (from the command line or -c {args['config']})" if args.get("config") else ""
-    for name, (least, other, training) in _WHOLE_NUMBERS.items():
-        if training and not args.get("train"):
+    for name, (least, other, switch) in _WHOLE_NUMBERS.items():
+        if switch is not None and not args.get(switch):
             continue
         value = args.get(name)
         whole = _is_whole(value)
