@@ -382,9 +382,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the other rows already in --json")  # fmt: skip
     args = parser.parse_args(argv)
     _check_config_fields(parser, args.config)
-    check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"))
+    from _common import read_saved, replotted_inputs, write_json
+
+    # --replot's file as an input, as attention.py's and gated_delta.py's --from-json:
+    # --replot R --json R over a committed R rewrote the table and plot committed
+    # beside it (found by probing, session 49); one's own run in bench-out/ in place is
+    # fine (replotted_inputs)
+    replot = str(args.replot) if args.replot else None
+    check_outputs(parser, {"--json": args.json}, beside=(".md", ".png"),
+                  inputs=replotted_inputs(replot, args.json))  # fmt: skip
     args.json = pathlib.Path(args.json)
-    from _common import read_saved, write_json
 
     if args.replot:
         # Beside --json: writing beside the file read rewrote committed results (their

@@ -61,10 +61,11 @@ def test_outputs_over_the_saved_file_are_refused(bench, tmp_path, capsys, no_mea
     # --json naming the file read: refused for a committed result (its table and plot
     # are committed beside it), ...
     results = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results" / "cpu"
-    for script, name in (("gated_delta", "gdn_t1024_cpu.json"),
-                         ("attention", "attention_cpu.json")):  # fmt: skip
+    for script, option, name in (("gated_delta", "--from-json", "gdn_t1024_cpu.json"),
+                                 ("attention", "--from-json", "attention_cpu.json"),
+                                 ("lora", "--replot", "lora_cpu_attn.json")):  # fmt: skip
         committed = str(results / name)
-        err = refused(bench(script), ["--from-json", committed, "--json", committed], capsys)
+        err = refused(bench(script), [option, committed, "--json", committed], capsys)
         assert f"'{committed}' is also an input of this run" in err, err
 
 
@@ -80,6 +81,19 @@ def test_the_last_run_replots_in_place(bench, tmp_path):
     bench("gated_delta").main(["--from-json", str(path), "--json", str(path), "--md", str(md),
                                "--png", ""])  # fmt: skip
     assert path.read_text() == saved and "chunkscan" in md.read_text()
+
+
+def test_in_place_no_other_output_may_name_the_file_read(bench, tmp_path, capsys):
+    """``--from-json F --json F --md F`` outside bench/results/: --json is not written
+    again, so the input check was dropped, and --md replaced F's rows with the table,
+    exit 0 (found by probing, session 49). Refused now; --md elsewhere runs (above)."""
+    path = tmp_path / "gd.json"
+    saved = json.dumps({"meta": {}, "title": "t", "rows": [GD_ROW]})
+    path.write_text(saved)
+    argv = ["--from-json", str(path), "--json", str(path), "--md", str(path), "--png", ""]
+    err = refused(bench("gated_delta"), argv, capsys)
+    assert f"argument --md: '{path}' is also an input of this run" in err, err
+    assert path.read_text() == saved
 
 
 def test_a_saved_file_rebuilds_elsewhere(bench, tmp_path, monkeypatch):
