@@ -556,6 +556,19 @@ def side_by_side_table(rows: list[dict[str, Any]], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def exit_status(rows: list[dict[str, Any]], script: str) -> int:
+    """A measuring run's exit status: 1, saying so on stderr, where every row is an
+    error (each configuration failed, timed out or was skipped: nothing was measured),
+    else 0. Every such run exited 0 (found by probing, session 49), so a batch of runs
+    could not tell one that measured nothing; rows that failed beside measured ones are
+    results (a baseline out of memory at a large T) and keep the status 0."""
+    if rows and all("error" in r for r in rows):
+        print(f"{script}: every configuration failed (their errors above): nothing was "
+              "measured", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
 def run_side_by_side(parser, args, target: str, config: dict[str, Any], title: str,
                      baseline: str) -> list[dict[str, Any]]:  # fmt: skip
     """Measure ``target`` (``"bench.<script>:measure"``) for each ``--T`` and ``--impls``

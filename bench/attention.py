@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     # other run's reference row (found by probing; chunkscan repro drops repeats too)
     args.T = list(dict.fromkeys(args.T))
     _check_heads(parser, args)
-    from _common import check_outputs, json_text, read_saved, replotted_inputs
+    from _common import check_outputs, exit_status, json_text, read_saved, replotted_inputs
 
     # --from-json's file as an input: a --json over it put the table and plot beside it,
     # and a --json whose .md or .png is it wrote over it (found by probing); but one's
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md)
     plot(rows, out.with_suffix(".png"), title)
-    return 0
+    return 0 if args.from_json else exit_status(rows, "attention.py")
 
 
 if __name__ == "__main__":

@@ -94,20 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
-    from _common import run_side_by_side
+    from _common import exit_status, run_side_by_side
 
     config = {"heads": args.heads, "head_dim": args.head_dim, "chunk_size": args.chunk_size,
               "compiled": args.compiled}  # fmt: skip
     title = (f"dplr_delta_rule alone (RWKV-7's recurrence; B=1, {args.heads} heads of "
              f"{args.head_dim}, {args.dtype}), fwd+bwd"
              f"{' compiled' if args.compiled else ''}, all six gradients")  # fmt: skip
-    run_side_by_side(parser, args, "bench.dplr_delta:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(parser, args, "bench.dplr_delta:measure", config, title, "mlx_lm")
+    return exit_status(rows, "dplr_delta.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

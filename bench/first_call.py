@@ -30,6 +30,7 @@ from _common import (
     check_outputs,
     child_env,
     empty_kernel_caches,
+    exit_status,
     kernels_compiled,
     meta,
     positive_float,
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     write_json(args.json, meta(), rows)
-    return 0
+    return exit_status(rows, "first_call.py")
 
 
 if __name__ == "__main__":

@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             "argument --impls: --gate channel runs chunkscan and mlx_lm only but got "
             f"{' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
-    from _common import check_outputs, json_text, read_saved, replotted_inputs
+    from _common import check_outputs, exit_status, json_text, read_saved, replotted_inputs
 
     # --from-json's file as an input: an output over it rewrote it, its table or plot in
     # its place; --png's suffix: matplotlib refused it after the measuring (both found by
@@ -432,7 +432,8 @@ def main(argv: list[str] | None = None) -> None:
             fh.write(md)
     if args.png:
         plot(rows, args.png, title)
+    return 0 if args.from_json else exit_status(rows, "gated_delta.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,6 +34,7 @@ from _common import (
     add_save_option,
     check_outputs,
     child_env,
+    exit_status,
     meta,
     non_negative_float,
     non_negative_int,
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(_line(row), flush=True)
         write_json(args.json, info, rows)
-    return 0
+    return exit_status(rows, "gdn_vs_fla.py")
 
 
 def _line(row: dict[str, Any]) -> str:

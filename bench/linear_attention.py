@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.T = list(dict.fromkeys(args.T))  # each T once
-    from _common import check_outputs, child_env, meta, write_json
+    from _common import check_outputs, child_env, exit_status, meta, write_json
 
     check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
     from chunkscan.commands.measure import run_isolated
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.md:
         pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.md).write_text(md)
+    return exit_status(rows, "linear_attention.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

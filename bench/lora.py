@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.json.exists():
         old = read_saved(parser, "--json", str(args.json), keys=("meta", "rows"),
                          row_keys=ROW_KEYS, measured_keys=MEASURED_KEYS)  # fmt: skip
-    from _common import child_env, empty_kernel_caches, json_text, kernels_compiled
+    from _common import child_env, empty_kernel_caches, exit_status, json_text, kernels_compiled
     from _common import meta as provenance
 
     from chunkscan.commands.measure import run_isolated
@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    measured = list(rows)
     commands = []
     if old is not None:
         # A row is replaced only by one of the same mode, T, chunk size, save mode,
@@ -489,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.json.write_text(json_text({"meta": meta, "rows": rows}, indent=2))
     _write_outputs(meta, rows, args.json)
-    return 0
+    return exit_status(measured, "lora.py")  # this run's rows, not the merged ones
 
 
 # What every row must hold (a --replot or --merge of another script's JSON was a KeyError,

@@ -82,19 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
-    from _common import run_side_by_side
+    from _common import exit_status, run_side_by_side
 
     config = {"hidden": args.hidden, "channels": args.channels, "state": args.state,
               "dt_rank": args.dt_rank, "chunk_size": args.chunk_size}  # fmt: skip
     title = (f"Mamba layer (B=1, hidden {args.hidden}, {args.channels} channels, state "
              f"{args.state}, dt rank {args.dt_rank}, {args.dtype}), fwd+bwd")  # fmt: skip
-    run_side_by_side(parser, args, "bench.mamba:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(parser, args, "bench.mamba:measure", config, title, "mlx_lm")
+    return exit_status(rows, "mamba.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

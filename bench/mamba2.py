@@ -81,21 +81,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.heads % args.groups:
         parser.error(f"--heads {args.heads} is not a multiple of --groups {args.groups}")
-    from _common import run_side_by_side
+    from _common import exit_status, run_side_by_side
 
     shape = {"heads": args.heads, "head_dim": args.head_dim, "state": args.state,
              "groups": args.groups}  # fmt: skip
     title = (f"Mamba2 SSD (B=1, {args.heads} heads of {args.head_dim}, state {args.state}, "
              f"{args.groups} groups, {args.dtype}), fwd+bwd")  # fmt: skip
-    run_side_by_side(parser, args, "bench.mamba2:measure", shape, title, "mlx_lm")
+    rows = run_side_by_side(parser, args, "bench.mamba2:measure", shape, title, "mlx_lm")
+    return exit_status(rows, "mamba2.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

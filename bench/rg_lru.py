@@ -73,20 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.width % args.heads:
         parser.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
-    from _common import run_side_by_side
+    from _common import exit_status, run_side_by_side
 
     config = {"width": args.width, "heads": args.heads, "chunk_size": args.chunk_size}
     title = (f"RecurrentGemma recurrent block (B=1, width {args.width}, {args.heads} heads, "
              f"{args.dtype}), fwd+bwd")  # fmt: skip
-    run_side_by_side(parser, args, "bench.rg_lru:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(parser, args, "bench.rg_lru:measure", config, title, "mlx_lm")
+    return exit_status(rows, "rg_lru.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -82,18 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     parser = build_parser()
     args = parser.parse_args(argv)
-    from _common import run_side_by_side
+    from _common import exit_status, run_side_by_side
 
     config = {"hidden": args.hidden, "head_dim": args.head_dim, "chunk_size": args.chunk_size}
     title = (f"RWKV-7 time mixing (B=1, hidden {args.hidden}, heads of {args.head_dim}, "
              f"{args.dtype}), fwd+bwd")  # fmt: skip
-    run_side_by_side(parser, args, "bench.rwkv7:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(parser, args, "bench.rwkv7:measure", config, title, "mlx_lm")
+    return exit_status(rows, "rwkv7.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,6 +26,7 @@ from _common import (  # bench/ is this script's sys.path[0]
     Once,
     check_outputs,
     child_env,
+    exit_status,
     meta,
     positive_float,
     positive_int,
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"| {T} | {chunk} | {res['seconds']:.2f} | {res['rss_mib']:.0f} |", flush=True)
     write_json(args.json, meta(), rows)
-    return 0
+    return exit_status(rows, "stepwise_chunk.py")
 
 
 if __name__ == "__main__":

@@ -448,3 +448,23 @@ def test_result_files_are_strict_json_and_read_back(bench, tmp_path):
                              keys=("rows",))["rows"][0]  # fmt: skip
     assert math.isnan(back.pop("err"))
     assert back == {k: v for k, v in rows[0].items() if k != "err"}
+
+
+@pytest.mark.parametrize("script", ["gated_delta", "mamba2", "linear_attention"])
+def test_a_run_that_measured_nothing_exits_1(script, bench, tmp_path, monkeypatch, capsys):
+    """Every configuration failed (timed out, crashed): the scripts exited 0, so a batch
+    of runs could not tell (found by probing, session 49). Now 1, said on stderr; with one
+    row measured beside a failed one (a result: the baseline out of memory) still 0."""
+    from chunkscan.commands import measure
+
+    rows = iter([{"error": "timed out after 0.001 s"}] * 2)
+    monkeypatch.setattr(measure, "run_isolated", lambda *a, **k: dict(next(rows)))
+    argv = ["--T", "16", "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")]
+    argv += ["--png", ""] if script == "gated_delta" else []
+    argv += ["--impls", "chunkscan", "mlx_lm"] if script != "linear_attention" else [
+        "--impls", "chunkscan", "mlx_lm_loop"]  # fmt: skip
+    assert bench(script).main(argv) == 1
+    assert "every configuration failed" in capsys.readouterr().err
+    measured = {"seconds": 1.0, "kib_per_token": 1.0, "peak_mib": 1.0, "peak_bytes": 1}
+    rows = iter([{"error": "out of memory"}, measured])
+    assert bench(script).main(argv) == 0

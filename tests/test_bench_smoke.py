@@ -358,6 +358,13 @@ def test_the_two_harnesses_give_the_same_gradients(monkeypatch):
     assert not mx.array_equal(other[2], given[2]).item()  # dv doubles
 
 
+def saved_rows(path: pathlib.Path) -> list[dict]:
+    """The rows of a result file, its ``"nan"`` / ``"inf"`` strings (strict JSON) floats."""
+    from chunkscan.commands.measure import from_strict_json
+
+    return from_strict_json(json.loads(path.read_text()))["rows"]
+
+
 def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     """``bench/growth_gates.py`` (the figures of ``gated_delta_rule``'s docstring on
     positive gates) runs, and its headline holds: at +0.6 per token (T = 64) a chunk of
@@ -370,7 +377,7 @@ def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     out = tmp_path / "growth.json"
     argv = ["--gates", "0.6", "1.2", "--chunk-sizes", "8", "64", "--T", "64", "--json", str(out)]
     assert growth_gates.main(argv) == 0
-    rows = {(r["gate"], r["impl"]): r for r in json.loads(out.read_text())["rows"]}
+    rows = {(r["gate"], r["impl"]): r for r in saved_rows(out)}
 
     def worst(r):
         return max(r[n] for n in growth_gates.NAMES)
@@ -382,7 +389,7 @@ def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     # per key channel (docs/gated_delta.md): values close, gradients overflow the same way
     argv = ["--channel", "--gates", "1.2", "--chunk-sizes", "8", "64", "--T", "64"]
     assert growth_gates.main([*argv, "--json", str(out)]) == 0
-    rows = {r["impl"]: r for r in json.loads(out.read_text())["rows"]}
+    rows = {r["impl"]: r for r in saved_rows(out)}
     assert all(r["channel"] for r in rows.values())
     assert max(rows["chunk 64"][n] for n in ("o", "final")) <= 8e-6  # measured 1.3e-6
     assert rows["naive"]["non_finite_grads"] == rows["chunk 8"]["non_finite_grads"] == 0
@@ -391,7 +398,7 @@ def test_growth_gates_measures_what_the_docstring_says(tmp_path, monkeypatch):
     # read 0.0, the error of their finite part (found by probing, session 40)
     argv = ["--gates", "1.2", "--chunk-sizes", "64", "--T", "128", "--json", str(out)]
     assert growth_gates.main(argv) == 0
-    for r in json.loads(out.read_text())["rows"]:
+    for r in saved_rows(out):
         assert math.isnan(r["o"]) and math.isnan(r["final"]), r
         assert r["non_finite_final"] > 0 and r["non_finite_o"] > 0
     sys.modules.pop("growth_gates", None)
@@ -741,12 +748,12 @@ def test_gdn_vs_fla_times_fla_with_the_repeats_asked(bench, monkeypatch, tmp_pat
     )
     out = tmp_path / "rows.json"
     argv = ["--T", "16", "--impls", "fla", "--repeats", "3", "--json", str(out)]
-    assert gdn_vs_fla.main(argv) == 0
+    assert gdn_vs_fla.main(argv) == 1  # every row the fake's error: nothing measured
     assert ran == [("gdn_vs_fla:measure_fla", {"T": 16, "harness": "cotangents", "repeats": 3})]
     # a repeated T is measured once (it ran twice, its ratios taken against the other
     # run's reference row; found by probing, session 40)
     ran.clear()
-    assert gdn_vs_fla.main([*argv[:2], "16", *argv[2:]]) == 0
+    assert gdn_vs_fla.main([*argv[:2], "16", *argv[2:]]) == 1
     assert len(ran) == 1, ran
 
 
