@@ -621,3 +621,40 @@ def test_measuring_processes_import_the_callers_copy_of_chunkscan(tmp_path):
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     assert not control.strip().startswith(str(copy)), control
+
+
+def test_a_closed_stdout_does_not_stop_the_run(tmp_path):
+    """``chunkscan repro | head -1``: the progress line after the reader left raised
+    ``BrokenPipeError``, and the configurations measured were lost, no ``repro.json``
+    (found by probing, session 49). Now stdout goes to ``os.devnull`` and the run ends
+    as usual. Negative control: ``repro._say`` as a plain print raises again."""
+
+    def run(plain_print: bool) -> tuple[int, bool, str]:
+        out = tmp_path / ("plain" if plain_print else "said") / "out"
+        prelude = ("import chunkscan.commands.repro as r; r._say = lambda t: print(t, "
+                   "flush=True); " if plain_print else "")  # fmt: skip
+        code = prelude + "import sys, chunkscan.commands.cli as c; sys.exit(c.main(sys.argv[1:]))"
+        argv = ["repro", "--T", "4", "--H", "1", "--D", "2", "--modes", "cs.scan", "--grads",
+                "qkv", "--no-plot", "--out", str(out)]  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc.stdout.readline()  # the banner, then the reader leaves
+        proc.stdout.close()
+        err = proc.stderr.read()
+        return proc.wait(timeout=120), (out / "repro.json").is_file(), err
+
+    assert run(plain_print=False)[:2] == (0, True)
+    code, written, err = run(plain_print=True)
+    assert code != 0 and not written and "BrokenPipeError" in err
+
+
+@pytest.mark.parametrize("mode", ["mx.checkpoint", "cs.checkpoint"])
+def test_a_chunk_past_32_bit_slices_runs_the_slicing_modes(mode):
+    """``--chunk 2147483648`` ran cs.scan and split's mode and failed the slicing ones
+    (``Slice indices must be 32-bit integers``; found by probing, session 49): their
+    slices now end within T. The values are the plain loop's."""
+    q, k, v = (mx.random.normal((5, 1, 2), key=mx.random.key(i)) for i in range(3))
+    s0 = mx.zeros((1, 2, 2))
+    s, y = reporter.forward(mode, s0, q, k, v, 2**31, state_only=False)
+    s_ref, y_ref = reporter.forward("plain", s0, q, k, v, 2**31, state_only=False)
+    assert mx.array_equal(s, s_ref).item() and mx.array_equal(y, y_ref).item()

@@ -58,8 +58,10 @@ def forward(mode: str, s0, q, k, v, chunk: int, state_only: bool):
     if mode == "cs.checkpoint+split":
         pieces = zip(*(split(a, chunk) for a in (q, k, v)))
     else:
+        # the slice ends within T: MLX takes 32-bit slice indices, and a --chunk of 2**31
+        # failed these modes where the others ran (found by probing, session 49)
         pieces = (
-            (q[lo : lo + chunk], k[lo : lo + chunk], v[lo : lo + chunk])
+            (q[lo : min(lo + chunk, T)], k[lo : min(lo + chunk, T)], v[lo : min(lo + chunk, T)])
             for lo in range(0, T, chunk)
         )
     wrapped = mx.checkpoint(run_chunk) if mode == "mx.checkpoint" else cs_checkpoint(run_chunk)

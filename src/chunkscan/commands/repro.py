@@ -207,11 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     modes, grads_cases = list(dict.fromkeys(args.modes)), list(dict.fromkeys(args.grads))
     Ts = sorted(set(args.T))
     configs = [(m, g, T) for g in grads_cases for m in modes for T in Ts]
-    print(
+    _say(
         f"chunkscan repro: mlx {mx.__version__} on {mx.default_device()}, H={args.H} "
         f"D={args.D} C={args.chunk}{' compiled' if args.compile else ''}; "
-        f"{len(configs)} configurations, each in a fresh process",
-        flush=True,
+        f"{len(configs)} configurations, each in a fresh process"
     )
     started = time.perf_counter()
     ref_dir = tempfile.mkdtemp(prefix="chunkscan-repro-")
@@ -219,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         rows, ref_failed = _measure_all(args, configs, modes, grads_cases, Ts, ref_dir)
     finally:
         shutil.rmtree(ref_dir, ignore_errors=True)
-    print(f"done in {time.perf_counter() - started:.0f} s\n")
-    print(format_table(rows, Ts))
+    _say(f"done in {time.perf_counter() - started:.0f} s\n")
+    _say(format_table(rows, Ts))
     os.makedirs(args.out, exist_ok=True)
     meta = {
         **_measure.provenance(),  # its device names the machine too; mlx in versions
@@ -235,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(report, "w") as fh:  # strict JSON: a NaN difference was written as a bare
         # NaN, which jq, JavaScript and other strict parsers refuse (session 36's review)
         json.dump(_measure.strict_json({"meta": meta, "rows": rows}), fh, indent=1, allow_nan=False)
-    print(f"\nwrote {report}")
+    _say(f"\nwrote {report}")
     png = os.path.join(args.out, PLOT)
     if os.path.isfile(png):  # an earlier run's plot would stand beside this run's JSON
         os.remove(png)
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         path = plot(rows, meta, png)
         if path:
-            print(f"wrote {path}")
+            _say(f"wrote {path}")
     failed = [r for r in rows if "error" in r]
     # a gradient off plain autograd's (NaN, or more than GRAD_TOLERANCE) fails the run
     # too: it exited 0 with a NaN difference (found by probing)
@@ -282,7 +281,7 @@ def _measure_all(args, configs, modes, grads_cases, Ts, ref_dir) -> tuple[list, 
                 timeout=args.timeout,
             )  # fmt: skip
             if "error" in ref:
-                print(f"[ref] {grads:<5} plain autograd T={T:<6} {ref['error']}", flush=True)
+                _say(f"[ref] {grads:<5} plain autograd T={T:<6} {ref['error']}")
                 ref_failed.append(f"  {grads} plain autograd (reference) T={T}: {ref['error']}")
     for n, (mode, grads, T) in enumerate(configs, 1):
         res = _measure.run_isolated(
@@ -303,8 +302,21 @@ def _measure_all(args, configs, modes, grads_cases, Ts, ref_dir) -> tuple[list, 
         )
         rows.append({"mode": mode, "grads": grads, "T": T, **res})
         status = res.get("error") or f"{res['peak_mib']:8.1f} MiB {res['seconds']:7.3f} s"
-        print(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}", flush=True)
+        _say(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}")
     return rows, ref_failed
+
+
+def _say(text: str) -> None:
+    """Print ``text`` to stdout, flushed; once the reader has closed it (``| head``),
+    stdout goes to ``os.devnull`` and the run goes on: the progress line raised
+    ``BrokenPipeError`` and every configuration measured was lost, ``repro.json``
+    unwritten (found by probing, session 49)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def format_table(rows: list[dict], Ts: list[int]) -> str:
