@@ -1868,13 +1868,15 @@ class _CellReadingAGlobal(nn.Module):
         return _AUX(x)
 
 
-class _Outer(nn.Module):
+class _RunsItsOwnScan(nn.Module):
     def __init__(self):
         super().__init__()
-        self.cell = _CellReadingAGlobal()
+        self.cell = nn.Linear(3, 3)
 
-    def __call__(self, h, x):
-        return self.cell(h, x)
+    def __call__(self, xs):
+        xs = _AUX(xs)  # outside the scan: differentiated as usual
+        step = chunkscan.stepwise(lambda h, x, m: (mx.tanh(m.cell(h) + x),) * 2)
+        return chunkscan.scan(step, mx.zeros((3,)), xs, chunk_size=2, params=self)[1]
 
 
 class _CellReadingSelf(nn.Module):
@@ -1886,12 +1888,15 @@ class _CellReadingSelf(nn.Module):
         return mx.tanh(self.lin(h) + self.other(x))
 
 
-@pytest.mark.parametrize("make", [_CellReadingAGlobal, _Outer], ids=["module", "submodule"])
-def test_a_module_the_params_module_s_call_reads_warns(make):
-    """``params=cell`` where the cell's class (or a submodule's) reads a global module in
-    ``__call__`` or a method it calls off ``self``: that module's gradient is zero in
-    scan, and the walk started from ``f`` only, so no warning came (found by probing,
-    session 49). Negative control: a cell reading only its own attributes is silent."""
+def test_a_module_the_params_module_s_call_reads_warns():
+    """``params=cell`` where the cell's class reads a global module in ``__call__`` or a
+    method it calls off ``self``: that module's gradient is zero in scan, and the walk
+    started from ``f`` only, so no warning came (found by probing, session 49). The
+    warning says to make it the params module's attribute (the first cut said to pass
+    it as params, which lost the cell's gradient; review). Negative controls: a cell
+    reading only its own attributes is silent, and so is a module whose ``__call__``
+    runs the scan with ``params=self`` and reads the global outside it (its gradient is
+    not zero there; the first cut warned; review)."""
     xs, h0 = mx.random.normal((6, 3), key=mx.random.key(0)), mx.zeros((3,))
 
     def step(h, x, m):
@@ -1901,11 +1906,15 @@ def test_a_module_the_params_module_s_call_reads_warns(make):
     def run(cell):
         return chunkscan.scan(chunkscan.stepwise(step), h0, xs, chunk_size=2, params=cell)
 
-    with pytest.warns(chunkscan.ClosureCaptureWarning, match=r"'_AUX'.*__call__ -> "):
-        run(make())
+    advice = r"AGlobal\.__call__ -> self\.mix -> _AUX;.*Make it an attribute of the params module"
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match=advice):
+        run(_CellReadingAGlobal())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run(_CellReadingSelf())
+        model = _RunsItsOwnScan()
+        g = nn.value_and_grad(_AUX, lambda: model(xs).sum())()[1]
+    assert mx.abs(g["weight"]).max().item() > 0.1
 
 
 def test_module_passed_as_params_and_captured_does_not_warn():

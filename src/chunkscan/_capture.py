@@ -69,13 +69,16 @@ def captured_modules(f: Any, params: Any = None) -> list[tuple[list[str], nn.Mod
     ``path`` names the way there, e.g. ``["step", "lin"]`` for a ``stepwise`` chunk
     function whose ``step`` uses the global ``lin``, ``["partial", "m"]`` for
     ``functools.partial(f, m=lin)``. A module is reported, not walked
-    into (its submodules are part of it), but the ``__call__`` of its class and of its
-    submodules' classes (not MLX's or mlx-lm's) are, with the methods they call off
-    ``self``: a global module read there is reachable too. ``f`` itself being a module
-    is reported with the path ``["f"]``. ``params``, where it is an ``nn.Module`` (what
-    ``scan`` passes ``f``), is walked that way too, without being reported itself: a
-    global module its ``__call__`` reads was missed (a zero gradient, no warning; found
-    by probing, session 49).
+    into (its submodules are part of it). ``f`` itself being a module is reported
+    with the path ``["f"]``. ``params``, where it is an ``nn.Module`` (what ``scan``
+    passes ``f``), is not reported, but the ``__call__`` of its class (not MLX's or
+    mlx-lm's) is walked, with the methods it calls off ``self``, by the path
+    ``["params", "<Class>.__call__", ...]``: a global module read there got no gradient
+    and no warning (found by probing, session 49). Not where that ``__call__`` is
+    running (``scan`` called from inside it, ``params=self``): what it reads outside
+    the scan is differentiated as usual (a review found the warning false there). Its
+    submodules' classes are not walked (a walk of the module tree cost milliseconds a
+    call on large models; review).
     """
     return _Walk().run(f, params)
 
@@ -101,12 +104,19 @@ class _Walk:
         self.order = itertools.count()
         self.held: list[Any] = []  # what was walked, alive to the end: no id reused
         self.queued: dict[int, int] = {}  # id -> the least depth it was queued at
-        self.module_classes: set[int] = set()  # the module classes whose __call__ is walked
 
     def run(self, f: Any, params: Any = None) -> list[tuple[list[str], nn.Module]]:
         self.visit(f, [], 0, root=True)
+        self._drain()
+        # after f's own ways: a module f reads itself is named by f's way, whose fix
+        # differs (pass it, not make it the params module's attribute)
         if issubclass(type(params), nn.Module):
-            self._visit_module_calls(params, ["params"], 1)
+            self._visit_module_call(params, ["params"], 1)
+            self._drain()
+        return self.found
+
+    def _drain(self) -> None:
+        """Walk what is queued, least depth first."""
         while self.queue:
             depth, _, what, *rest = heapq.heappop(self.queue)
             if what == "object":
@@ -117,7 +127,6 @@ class _Walk:
                 self._walk_into(obj, path, depth, root)
             else:
                 self._methods_now(*rest, depth)
-        return self.found
 
     def visit(self, obj: Any, path: list[str], depth: int, root: bool = False) -> None:
         """Take ``obj`` in turn: once, by the first way found of the least depth."""
@@ -147,7 +156,6 @@ class _Walk:
         kind = type(obj)
         if issubclass(kind, nn.Module):  # reported once, by the nearest way found first
             self.found.append((path or ["f"], obj))
-            self._visit_module_calls(obj, path or ["f"], depth + 1)
             return
         nxt = depth + 1
         if issubclass(kind, functools.partial):
@@ -214,22 +222,22 @@ class _Walk:
             if type(call) is types.FunctionType:  # after its attributes: they come first
                 self._visit_methods_called(obj, call, path, nxt)
 
-    def _visit_module_calls(self, module: nn.Module, path: list[str], depth: int) -> None:
-        """Take in turn the ``__call__`` of ``module``'s class and of its submodules'
-        classes (each class once; not MLX's, mlx-lm's or chunkscan's), and the methods
-        each calls off ``self``: what they read (a global module) is reachable."""
-        for m in module.modules():  # MLX's walk of the module tree (itself first)
-            kind = type(m)
-            if id(kind) in self.module_classes or len(self.seen) >= MAX_OBJECTS:
-                continue
-            self.module_classes.add(id(kind))
-            call = next((vars(c)["__call__"] for c in kind.__mro__ if "__call__" in vars(c)),
-                        None)  # fmt: skip
-            if type(call) is not types.FunctionType or _ours(call.__module__):
-                continue
-            here = path + [f"{kind.__name__}.__call__"]
-            self.visit(call, here, depth)
-            self._visit_methods_called(m, call, here, depth + 1)
+    def _visit_module_call(self, module: nn.Module, path: list[str], depth: int) -> None:
+        """Take in turn the ``__call__`` of ``module``'s class (not MLX's, mlx-lm's or
+        chunkscan's; not while it runs, below this call) and the methods it calls off
+        ``self``: what they read (a global module) is reachable."""
+        kind = type(module)
+        call = next((vars(c)["__call__"] for c in kind.__mro__ if "__call__" in vars(c)), None)
+        if type(call) is not types.FunctionType or _ours(call.__module__):
+            return
+        frame = sys._getframe(1)
+        while frame is not None:  # scan called from inside it: it is not what f calls
+            if frame.f_code is call.__code__:
+                return
+            frame = frame.f_back
+        here = path + [f"{kind.__name__}.__call__"]
+        self.visit(call, here, depth)
+        self._visit_methods_called(module, call, here, depth + 1)
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
         """Take in turn the methods of ``holder``'s class that ``fn`` (a method of it)

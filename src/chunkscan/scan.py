@@ -126,7 +126,7 @@ def scan(
             (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, ``stepwise``'s step, or the
-            ``__call__`` of a module's class (the ``params`` module's too). With
+            ``__call__`` of the ``params`` module's class. With
             ``params``, ``f`` (or the step) must take a third argument. A module
             cannot be called through a wrapper that flattens its arguments
             (``mx.compile``, ``mx.checkpoint``, ``chunkscan.checkpoint`` around ``f``
@@ -992,7 +992,15 @@ def _warn_on_captured_modules(
         # The chunk function or step is the module itself (scan(cell), stepwise(cell),
         # partial(cell)): it was named by an internal variable, 'f' or 'step' (probing).
         partial_of = f.func if isinstance(f, functools.partial) else None
-        if any(value is g for g in (f, step, partial_of)):
+        if path[0] == "params":  # read in the params module's __call__: passing it is no fix
+            message = (
+                f"[scan] the params module's {path[1]} reaches the nn.Module {name!r} "
+                f"({type(value).__name__}) through {' -> '.join(path)}; its parameters are "
+                "constants inside scan and get no gradient. Make it an attribute of the "
+                f"params module (self.{arg if arg != 'module' else 'sub'} = ... in its "
+                "__init__), so that params holds it."
+            )
+        elif any(value is g for g in (f, step, partial_of)):
             message = (
                 f"[scan] {'the step' if value is step else 'f'} is itself an nn.Module "
                 f"({type(value).__name__}); its parameters are constants inside scan and "
