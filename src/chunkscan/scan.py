@@ -108,10 +108,10 @@ def scan(
         params (tree of array or nn.Module, optional): Arrays ``f`` differentiates,
             passed as its third argument. Arrays ``f`` captures by closure are
             constants and get **no gradient**; pass them here. Their gradients are
-            summed over the chunks, a bfloat16 or float16 leaf's in float32 and
-            rounded once (so over many chunks it stays that of the whole sequence;
-            each chunk's share is rounded where ``f`` casts the leaf up itself: cast
-            it before the scan to avoid that). An ``nn.Module`` is
+            summed over the chunks in each leaf's dtype, as MLX's autograd sums a
+            loop's: a bfloat16 leaf's sum stops growing once it is some 256 chunks'
+            shares; pass such a leaf in float32 (cast before the scan) where chunks
+            are many. An ``nn.Module`` is
             passed to ``f`` as itself, with its trainable parameters differentiated
             (what ``nn.value_and_grad`` needs); arrays it updates in place (such as
             ``nn.BatchNorm``'s running statistics) are updated once per step, as by a
@@ -557,12 +557,6 @@ class _Plan:
                     _, grads = mx.vjp(chunk_fn, primals_i, cts)
             grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals_i, floats)]
             d_carry, d_x, d_p_i = self.split_primals(grads)
-            # A half-precision param's gradient is summed over the chunks in float32 and
-            # rounded once at the end: summed in its own dtype, later chunks' shares
-            # were rounded away once the sum was some 256 of them (a bfloat16 ``A`` of
-            # selective_scan over 1024 chunks: a quarter of its gradient, found by
-            # probing, session 49).
-            d_p_i = [_widened(g) for g in d_p_i]
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
             done = d_x + d_p  # (the sum, as rule 3's: each chunk's d_p_i freed in turn)
             if i > 0:
@@ -577,7 +571,6 @@ class _Plan:
             mx.concatenate(parts[::-1], axis=ax) if len(parts) > 1 else parts[0]
             for parts, ax in zip(d_xs_chunks, self.diff_axes)
         ]
-        d_p = [g.astype(a.dtype) if g.dtype != a.dtype else g for g, a in zip(d_p, p)]
         return ct_carry + d_xs + d_p
 
 
@@ -596,11 +589,6 @@ _AXIS_IN_BACKWARD = True
 # Whether the backward cuts xs and the ys cotangents with split_at (a concatenate as
 # their vjp) rather than slices (see _Plan.backward); the tests' negative control.
 _SPLIT_IN_BACKWARD = True
-
-
-def _widened(g: mx.array) -> mx.array:
-    """``g`` in float32 where it is bfloat16 or float16, else as it is."""
-    return g.astype(mx.float32) if g.dtype in (mx.bfloat16, mx.float16) else g
 
 
 def _distinct(arrays: list[mx.array]) -> list[mx.array]:

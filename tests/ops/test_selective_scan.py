@@ -168,10 +168,9 @@ def test_a_half_precision_A_is_summed_over_the_chunks_in_float32(dtype):
     chunk, later shares were rounded away once the sum was some 256 of them (bfloat16:
     2048 where the oracle gives 8160 at T = 8192, C = 8; found by probing, session 49).
     Now it is the oracle's, whose float32 sum is rounded once: one rounding of ``dtype``
-    apart at most (measured: equal). Two things make it so, each enough here: A cast
-    to float32 before the scan, and scan summing a half-precision param's gradient in
-    float32 (``tests/test_scan.py`` tests that alone). Negative control: both taken
-    back fails here (0.75 bfloat16, 9.8e-4 float16)."""
+    apart at most (measured: equal): A is cast to float32 before the scan, which sums
+    a param's gradient in its dtype. Negative control: ``scan(params=(A,))`` with the
+    cast inside the chunk, as before, fails here (0.75 bfloat16, 9.8e-4 float16)."""
     T, Dc, N = 4096, 2, 2
     x, B, C = mx.ones((1, T, Dc)), mx.ones((1, T, N)), mx.ones((1, T, N))
     dt = mx.full((1, T, Dc), 0.1)
