@@ -239,7 +239,14 @@ def read_saved(
                     measured_keys)  # fmt: skip
     from chunkscan.commands.measure import from_strict_json
 
-    return from_strict_json(data)  # "nan" and "inf", as write_json writes them, as floats
+    # A row's own values "nan" and "inf" (as write_json writes them) as floats; not
+    # strings elsewhere, such as the argv in meta (an argv holding "nan" read as a float
+    # stopped the replot; review, session 49)
+    rows = [
+        {k: from_strict_json(v) if isinstance(v, str) else v for k, v in row.items()}
+        for row in (data["rows"] if keys else data)
+    ]
+    return dict(data, rows=rows) if keys else rows
 
 
 def _check_rows(parser, option: str, path: str, rows, row_keys, measured_keys) -> None:

@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from _common import check_outputs
+    from _common import check_outputs, json_text
 
     check_outputs(parser, {"--json": args.json}, optional=("--json",))
     started = time.perf_counter()
@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     def write():
         if args.json:
             pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.json, "w") as fh:
-                json.dump(result, fh, indent=1)
+            with open(args.json, "w") as fh:  # strict: its errors may be inf
+                fh.write(json_text(result))
 
     if args.check:
         try:

@@ -554,10 +554,15 @@ def test_size_knobs_are_checked_by_every_call(name, bad, monkeypatch):
     ``FAST_MAX_SCORES = None`` at once (found by probing, session 49). The knob's
     default, and ``SCRATCH_BYTES = None``, run (the negative control)."""
     q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
+    empty = [x[:, :, :0] for x in (q, k, v)]  # an empty call checks them too (review)
+    spec = check_inputs("attention", q, k, v, 0.25, None, None)
     for fn in (blocked.blocked_attention, chunkscan.attention):
         monkeypatch.setattr(blocked, name, bad)
+        for args in ((q, k, v), empty):
+            with pytest.raises(ValueError, match=f"blocked.{name} must be an int >= "):
+                fn(*args, scale=0.25)
         with pytest.raises(ValueError, match=f"blocked.{name} must be an int >= "):
-            fn(q, k, v, scale=0.25)
+            blocked.plan_blocks(spec)
         monkeypatch.undo()
         monkeypatch.setattr(blocked, "SCRATCH_BYTES", None)
         assert fn(q, k, v, scale=0.25).shape == q.shape

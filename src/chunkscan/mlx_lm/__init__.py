@@ -147,7 +147,7 @@ import mlx.core as mx
 
 from .. import _random
 from .._tree import with_article
-from ..ops._checks import check_bool
+from ..ops._checks import FLOAT_DTYPES, check_bool
 from ..ops.gated_delta.chunk import check_save_states
 from ..split import check_chunk_size
 
@@ -862,9 +862,6 @@ def _attention_op():
     return chunkscan.attention
 
 
-_ATTENTION_DTYPES = (mx.float32, mx.bfloat16, mx.float16)  # chunkscan.attention's
-
-
 def scaled_dot_product_attention(
     queries: mx.array,
     keys: Any,
@@ -896,9 +893,11 @@ def scaled_dot_product_attention(
         or sinks is not None
         or not isinstance(keys, mx.array)
         or not queries.dtype == keys.dtype == values.dtype
-        or queries.dtype not in _ATTENTION_DTYPES  # float64 (CPU): a ValueError there
+        or queries.dtype not in FLOAT_DTYPES  # float64 (CPU): a ValueError there
         or (isinstance(mask, mx.array) and mask.dtype != mx.bool_)
-        or not isinstance(scale, numbers.Real)  # chunkscan.attention takes a Python number
+        # chunkscan.attention takes a Python number (not a bool)
+        or isinstance(scale, bool)
+        or not isinstance(scale, numbers.Real)
     ):
         # Counted where there is no KV cache: none, or (deepseek_v32's and glm_moe_dsa's
         # training) a list of Nones, whose calls went uncounted (found by probing).

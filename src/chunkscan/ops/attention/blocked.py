@@ -167,9 +167,9 @@ def blocked_attention(
 ) -> mx.array:
     """:func:`attention` without the shortcut to MLX for short calls (tests, probes)."""
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
+    _check_knobs()  # an empty call too (review)
     if (empty := empty_result(spec, q)) is not None:
         return empty
-    _check_knobs()
     return _blocked(spec, q, k, v, mask, kernels)
 
 
@@ -202,7 +202,7 @@ def _check_knobs() -> None:
             f"is {FUSED_FORWARD!r}. Set it to one of those."
         )
     least = {"FAST_MAX_SCORES": 0, "CPU_SCRATCH_BYTES": 1, "GPU_SCRATCH_BYTES": 1,
-             "MAX_ROWS": 1, "MIN_ROWS": 1, "SCRATCH_BYTES": 1}  # fmt: skip
+             "MAX_ROWS": 1, "MIN_ROWS": 0, "SCRATCH_BYTES": 1}  # fmt: skip
     for name, low in least.items():
         value = globals()[name]
         if name == "SCRATCH_BYTES" and value is None:
@@ -243,8 +243,10 @@ def plan_blocks(spec: Spec) -> list[tuple[int, int, int]]:
 
     With ``"causal"`` and ``T > S`` the first ``T - S`` rows see no key and are in no
     block. Automatic sizes: the most rows (a multiple of 16, within
-    ``[MIN_ROWS, MAX_ROWS]``) whose float32 scores fit :func:`scratch_bytes`.
+    ``[MIN_ROWS, MAX_ROWS]``) whose float32 scores fit :func:`scratch_bytes`. Checks
+    the knobs it reads (a bare ``TypeError`` for ``SCRATCH_BYTES = "1MB"``; review).
     """
+    _check_knobs()
     T, S = spec.T, spec.S
     causal = spec.mask_kind == "causal"
     off = S - T
