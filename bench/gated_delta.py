@@ -221,15 +221,22 @@ def _chunk_run(impl: str, chunk_size: int | None, xs) -> int | None:
 
 
 def _find_openblas(value: str | None) -> str | None:
+    """The library ``--openblas`` names (an absolute path), found for ``auto``; a
+    ``SystemExit`` saying why where there is none. A missing library, or a file that is
+    not one, is dropped by the loader with a warning in the child's stderr, and the run
+    used the bundled BLAS while the title said OpenBLAS (found by probing; a file that
+    is not a shared library, and a bare name the loader looks up on its own path, in
+    session 49)."""
     if not value:
         return None
     if value != "auto":
-        # a missing library is dropped by the loader with a warning in the child's
-        # stderr, and the run used the bundled BLAS while the title said OpenBLAS
-        # (found by probing)
-        if not pathlib.Path(value).is_file():
-            raise SystemExit(f"[bench.gated_delta] --openblas {value}: no such file.")
-        return value
+        path = pathlib.Path(value).expanduser()
+        if not path.is_file():
+            raise SystemExit(f"--openblas {value}: no such file.")
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                raise SystemExit(f"--openblas {value} is not a shared library (no ELF header).")
+        return str(path.resolve())
     for pattern in (
         "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
         "/usr/lib/*-linux-gnu/libopenblas.so.0",
@@ -239,7 +246,7 @@ def _find_openblas(value: str | None) -> str | None:
         if found:
             return found[0]
     raise SystemExit(
-        "[bench.gated_delta] --openblas auto found no libopenblas.so.0; install "
+        "--openblas auto found no libopenblas.so.0; install "
         "libopenblas0-pthread (Debian/Ubuntu) or pass the library path."
     )
 
@@ -389,6 +396,13 @@ def main(argv: list[str] | None = None) -> None:
             "argument --impls: --gate channel runs chunkscan and mlx_lm only but got "
             f"{' '.join(args.impls)}. Pass --impls chunkscan mlx_lm."
         )
+    if args.openblas and not args.from_json:
+        # before any output is made, exit status 2 (it came at the first measurement,
+        # exit 1, its output folder made; found by probing, session 49)
+        try:
+            args.openblas = _find_openblas(args.openblas)
+        except SystemExit as e:
+            parser.error(f"argument {e.code}")
     from _common import check_outputs, exit_status, json_text, read_saved, replotted_inputs
 
     # --from-json's file as an input: an output over it rewrote it, its table or plot in

@@ -470,3 +470,22 @@ def test_a_run_that_measured_nothing_exits_1(script, bench, tmp_path, monkeypatc
     measured = {"seconds": 1.0, "kib_per_token": 1.0, "peak_mib": 1.0, "peak_bytes": 1}
     rows = iter([{"error": "out of memory"}, measured])
     assert bench(script).main(argv) == 0
+
+
+def test_openblas_is_checked_before_anything(bench, tmp_path, capsys, no_measuring):
+    """``--openblas`` naming no file came at the first measurement (exit 1, the output
+    folder made), and a file that is not a library was preloaded in name only: the
+    loader dropped it and the run said "OpenBLAS preloaded" (found by probing, session
+    49). Both refused with exit 2 before any output; a real library passes the check."""
+    out = tmp_path / "out"
+    fake = tmp_path / "fake.so"
+    fake.write_text("not a library")
+    argv = ["--T", "16", "--json", str(out / "r.json"), "--png", "", "--md", ""]
+    for value, message in ((str(tmp_path / "none.so"), "no such file"),
+                           (str(fake), "is not a shared library")):  # fmt: skip
+        err = refused(bench("gated_delta"), [*argv, "--openblas", value], capsys)
+        assert f"argument --openblas {value}" in err and message in err, err
+    assert not out.exists()
+    elf = tmp_path / "libelf.so"  # the negative control: a file with an ELF header passes
+    elf.write_bytes(b"\x7fELF" + bytes(60))
+    assert bench("gated_delta")._find_openblas(str(elf)) == str(elf.resolve())
