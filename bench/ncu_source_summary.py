@@ -175,8 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     opener = gzip.open if args.csv.endswith(".gz") else open
-    with opener(args.csv, "rt") as f:
-        text = f.read()
+    try:
+        with opener(args.csv, "rt") as f:
+            text = f.read()
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # a traceback before (probing)
+        print(f"ncu_source_summary.py: {args.csv}: cannot read it ({type(e).__name__}: {e}); "
+              "pass Nsight Compute's source page (--page source --csv, .csv or .csv.gz)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if args.bank_conflicts:
         lines = summarise_bank_conflicts(text, args.top)
     elif text.lstrip().startswith('"File Path"'):  # the cuda,sass page

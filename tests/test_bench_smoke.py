@@ -228,6 +228,13 @@ def test_ncu_source_summary_reads_the_source_page(tmp_path, monkeypatch, capsys)
     assert out[2] == "  by opcode: LDG 70.0%, HMMA 30.0%"
     assert out[3].startswith("   60.0%  LDG.E.128") and out[4].startswith("   30.0%  @!P0  HMMA")
     assert len(out) == 5
+    # a .gz that is not gzip, a file that is not UTF-8: one line, exit 1 (tracebacks
+    # before; found by probing, session 49)
+    (tmp_path / "not.csv.gz").write_text("hello")
+    (tmp_path / "bytes.csv").write_bytes(b"\xff\xfe\x00bad")
+    for name in ("not.csv.gz", "bytes.csv"):
+        assert ncu_source_summary.main([str(tmp_path / name)]) == 1
+        assert "cannot read it" in capsys.readouterr().err
     sys.modules.pop("ncu_source_summary", None)
 
 
