@@ -56,8 +56,9 @@ MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
 #: unchanged: there its backward's ``T x S`` scores are small, and it takes ``mx.vmap``
-#: and ``mx.jvp``, which the blocked form does not. Speed: on the GPU MLX's kernels are
-#: faster at every length; on the CPU one block was up to 1.14x slower than MLX (it
+#: and ``mx.jvp``, which the blocked form does not. Float32 calls only (see
+#: :func:`_use_fast`). Speed: on the GPU MLX's kernels are faster at every length; on
+#: the CPU one block was up to 1.14x slower than MLX (it
 #: recomputes the scores), but with the CPU's 1 MiB blocks the blocked form was faster
 #: from T = 512 (0.63x at 1024; Hq=2, D=64, f32, ``bench/attention.py
 #: --fast-max-scores 0``, docs/attention.md, "Short sequences"). 0 disables the shortcut.
@@ -91,8 +92,8 @@ def attention(
     memory is the inputs, outputs and gradients plus one block's scratch, not
     ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
     under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
-    ``FAST_MAX_SCORES`` scores per head, no mask or a causal one; on the CPU in float32
-    only, as MLX's CPU attention rounds the scores to bfloat16 / float16 inputs' dtype),
+    ``FAST_MAX_SCORES`` scores per head, no mask or a causal one, float32 only, as MLX's
+    attention rounds the scores to bfloat16 / float16 inputs' dtype),
     or for the values only where it is one block:
     the blocked form's ordering edges (between blocks, and in its backward) have
     neither in MLX ("Not implemented for Depends"). Not under
@@ -217,16 +218,16 @@ def _check_knobs() -> None:
 
 
 def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
-    """Whether the call goes to ``mx.fast`` as it is: a short call with no mask or a
-    causal one (``T <= S``), but not one in bfloat16 / float16 on the CPU, where MLX's
-    attention rounds the scores to the input dtype (the blocked form's are float32): at
-    scores of a few hundred units its bfloat16 outputs were off by 11% of their largest
-    value, ``dk`` by 50% (the blocked form: 0.4%, 0.6%), and float16 scores past 65504
-    gave NaN outputs (found by probing)."""
+    """Whether the call goes to ``mx.fast`` as it is: a short float32 call with no mask
+    or a causal one (``T <= S``). Not one in bfloat16 / float16, on any device: MLX's
+    attention rounds the scores to the input dtype (on the CPU; on CUDA its backward
+    too), and at scores of a few hundred units its bfloat16 outputs were off by 11% of
+    their largest value, ``dq`` by 35% and ``dk`` by 50% (the blocked form and the CUDA
+    kernels: under 1%), and float16 scores past 65504 gave NaN outputs (found by
+    probing on the CPU, session 41; on an H100 by run 127, session 49, where the
+    shortcut had been kept)."""
     simple = spec.mask_kind == "none" or (spec.mask_kind == "causal" and spec.T <= spec.S)
-    if not (simple and spec.T * spec.S <= FAST_MAX_SCORES):
-        return False
-    return dtype == F32 or mx.default_device() != mx.cpu
+    return simple and spec.T * spec.S <= FAST_MAX_SCORES and dtype == F32
 
 
 def scratch_bytes() -> int:
