@@ -1124,3 +1124,22 @@ def test_default_chunk_size_on_the_cpu():
 
     with mx.stream(mx.cpu):
         assert default_chunk_size() == 32
+
+
+def test_the_public_helpers_check_their_arguments():
+    """``default_chunk_size`` took ``kernels="no"`` and head sizes of -5 or 3.5, and
+    ``unit_lower_inverse`` a non-square matrix reached MLX's stack or pad errors (found
+    by probing, session 49); good arguments pass (the negative control)."""
+    from chunkscan.ops.gated_delta import default_chunk_size, unit_lower_inverse
+
+    with pytest.raises(TypeError, match="kernels"):
+        default_chunk_size("no")
+    for kw in (dict(Dk=-5), dict(Dv=3.5), dict(Dk=True)):
+        match = r"\[default_chunk_size\] D[kv] must be an int of at least 0"
+        with pytest.raises(ValueError, match=match):
+            default_chunk_size(**kw)
+    assert default_chunk_size(False, Dk=64, Dv=96) > 0
+    for bad in (mx.zeros((3, 5)), mx.zeros((5,))):
+        with pytest.raises(ValueError, match=r"lower must be a square \[\.\.\., n, n\] array"):
+            unit_lower_inverse(bad)
+    assert unit_lower_inverse(mx.zeros((2, 3, 3))).shape == (2, 3, 3)

@@ -409,9 +409,20 @@ def test_layout_answers_follow_each_calls_settings(monkeypatch):
         assert _chunk_cuda.slice_columns(128, 64, 128) == 64
     assert _chunk_cuda.slice_columns(128, 64, 128) == 32
     monkeypatch.setenv("CHUNKSCAN_GDN_TV", "48")
+    fix = "but is 48. Set it to one of those, or unset it"  # (the fix was missing; probing)
+    message = f"variable CHUNKSCAN_GDN_TV must be 32, 64 or 128 {fix}"
     for _ in range(2):
-        with pytest.raises(ValueError, match="CHUNKSCAN_GDN_TV must be 32, 64 or 128, not 48"):
+        with pytest.raises(ValueError, match=message):
             _chunk_cuda.slice_columns(128, 64, 128)
+    monkeypatch.delenv("CHUNKSCAN_GDN_TV")
+    for name, bad, call in (
+        ("CHUNKSCAN_GDN_NT", "300", lambda: _chunk_cuda.threads("prepare", 64)),
+        ("CHUNKSCAN_GDN_OUT_TH", "48", lambda: _chunk_cuda.output_step_columns(128)),
+    ):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=f"variable {name} must be .* but is {bad}. Set it"):
+            call()
+        monkeypatch.delenv(name)
 
 
 def test_a_forced_width_that_does_not_fit_raises(monkeypatch):

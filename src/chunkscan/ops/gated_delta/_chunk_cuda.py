@@ -2044,7 +2044,7 @@ def threads(
     env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512")
     if env is not None:
         if env not in (256, 512):
-            raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_NT must be 256 or 512, not {env}")
+            raise ValueError(_knob_message("CHUNKSCAN_GDN_NT", "256 or 512", env))
         if env == 512 and which in _KEY_LANES and Dk is not None and Dv is not None:
             return env if _loop_fits_512(which, C, Dk, Dv) else NT
         return env
@@ -2093,8 +2093,17 @@ def _forced_slice_columns() -> int | None:
     """``CHUNKSCAN_GDN_TV`` (32, 64 or 128), ``None`` where unset."""
     env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128")
     if env is not None and env not in (32, 64, WIDE_TV):
-        raise ValueError(f"[gated_delta_rule] CHUNKSCAN_GDN_TV must be 32, 64 or 128, not {env}")
+        raise ValueError(_knob_message("CHUNKSCAN_GDN_TV", "32, 64 or 128", env))
     return env
+
+
+def _knob_message(name: str, allowed: str, value: int) -> str:
+    """The error for a tuning variable set to a number it does not take (it named
+    neither the environment nor the fix, unlike the others; found by probing)."""
+    return (
+        f"[gated_delta_rule] the environment variable {name} must be {allowed} but is "
+        f"{value}. Set it to one of those, or unset it for the default."
+    )
 
 
 def _default_slice_columns(Dv: int, C: int | None, Dk: int | None) -> int:
@@ -2118,9 +2127,7 @@ def output_step_columns(tv: int) -> int:
     128); ``tv`` where that is narrower or not a multiple."""
     env = env_int("CHUNKSCAN_GDN_OUT_TH", "gated_delta_rule", "32, 64 or 128")
     if env is not None and env not in (32, 64, WIDE_TV):
-        raise ValueError(
-            f"[gated_delta_rule] CHUNKSCAN_GDN_OUT_TH must be 32, 64 or 128, not {env}"
-        )
+        raise ValueError(_knob_message("CHUNKSCAN_GDN_OUT_TH", "32, 64 or 128", env))
     th = OUT_TH if env is None else env
     return th if th <= tv and tv % th == 0 else tv
 

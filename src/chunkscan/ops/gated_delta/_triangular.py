@@ -18,8 +18,15 @@ def unit_lower_inverse(lower: mx.array) -> mx.array:
     Recursive 2x2 block inversion, all blocks of one size at once:
     ``[[X11, 0], [-X22 L21 X11, X22]]``. Products only, so it runs on every backend.
     Only the strictly lower part of ``lower`` is read, in the value and the gradient:
-    the diagonal and the upper part get a zero gradient.
+    the diagonal and the upper part get a zero gradient. A ``lower`` that is not a
+    square ``[..., n, n]`` raises ``ValueError`` (MLX's stack or pad errors before;
+    found by probing).
     """
+    if not isinstance(lower, mx.array) or lower.ndim < 2 or lower.shape[-1] != lower.shape[-2]:
+        got = tuple(lower.shape) if isinstance(lower, mx.array) else type(lower).__name__
+        raise ValueError(
+            f"[unit_lower_inverse] lower must be a square [..., n, n] array but got {got}."
+        )
     n = lower.shape[-1]
     size = 1 << (n - 1).bit_length()
     batch = tuple(lower.shape[:-2])

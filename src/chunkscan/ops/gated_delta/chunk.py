@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import warnings
 from types import SimpleNamespace
 
@@ -163,7 +164,10 @@ def gated_delta_rule(
             ``[0, t1, ..., T]`` of ``N`` sequences concatenated along ``T`` in one row
             (``B`` must be 1; strictly increasing: no sequence is empty). The state
             restarts from ``initial_state[n]`` (or zeros) at each start. Static: read
-            once, not traced. Default: ``None``.
+            once, not traced; under ``mx.compile`` pass it as an argument of the
+            compiled function (a list the function reads from a closure or an
+            attribute keeps the first trace's sequences: wrong values, no error).
+            Default: ``None``.
         kernels (bool, optional): Use the CUDA kernels where they apply: the
             sequential passes, and for scalar gates with ``chunk_size`` 32 or 64 and
             head sizes that are multiples of 32 up to 128, every chunk-parallel stage
@@ -200,6 +204,7 @@ def gated_delta_rule(
         >>> o, s = chunkscan.gated_delta_rule(q, k, v, g, beta, initial_state=s0)
     """
     if chunk_size is None:
+        _backend.check_kernels("gated_delta_rule", kernels)  # (its name in the message)
         shaped = all(isinstance(x, mx.array) and x.ndim == 4 for x in (q, v))
         dims = (q.shape[-1], v.shape[-1]) if shaped else (128, 128)  # checked just below
         chunk_size = default_chunk_size(kernels, *dims)
@@ -248,7 +253,17 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
     explicit ``chunk_size=64`` there runs the batched MLX ops), else 128, as with the
     kernels off (``kernels=False`` or
     ``CHUNKSCAN_CUDA_KERNELS=0``): the batched ops run fewer, larger ops there
-    (measured 1.2-1.5x faster at the Qwen3-Next layer shape on an H200)."""
+    (measured 1.2-1.5x faster at the Qwen3-Next layer shape on an H200). Raises
+    ``TypeError`` / ``ValueError`` for a ``kernels`` that is not a bool or ``None`` and
+    head sizes that are not ints of at least 0 (taken on the CPU before; found by
+    probing)."""
+    _backend.check_kernels("default_chunk_size", kernels)
+    for name, size in (("Dk", Dk), ("Dv", Dv)):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+            raise ValueError(
+                f"[default_chunk_size] {name} must be an int of at least 0 (a head size) "
+                f"but got {size!r}."
+            )
     if not _passes.cuda_device():
         return 32 if mx.default_device() == mx.cpu else 64
     if not _passes.use_kernels(kernels, "gated_delta_rule"):
