@@ -1892,6 +1892,66 @@ def test_a_module_the_params_module_s_call_reads_warns():
     assert mx.abs(g["weight"]).max().item() > 0.1
 
 
+def _traced(fn):  # a decorator: its wrappers share one code object
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _WrappedCell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    @_traced
+    def __call__(self, h, x):
+        return mx.tanh(self.lin(h) + _AUX(x))
+
+
+class _OuterRunningTheScan(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = _WrappedCell()
+
+    @_traced
+    def __call__(self, xs):
+        step = chunkscan.stepwise(lambda h, x, m: (m(h, x),) * 2)
+        return chunkscan.scan(step, mx.zeros((3,)), xs, chunk_size=2, params=self.cell)[1]
+
+
+class _SubCell(_CellReadingAGlobal):
+    def __call__(self, h, x):
+        return super().__call__(h, x)
+
+
+def test_the_params_module_s_call_behind_a_decorator_or_super_warns():
+    """Reads of a global module that the walk of the params module's ``__call__``
+    missed after session 49's first cuts (review): behind ``super().__call__`` (only
+    the class's own ``__call__`` was walked), and in a decorated ``__call__`` while
+    another ``__call__`` wrapped by the same decorator runs the scan (the stack check
+    matched the wrappers' shared code)."""
+    xs, h0 = mx.random.normal((6, 3), key=mx.random.key(0)), mx.zeros((3,))
+    step = chunkscan.stepwise(lambda h, x, m: (m(h, x),) * 2)
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match=r"_CellReadingAGlobal\.__call__"):
+        chunkscan.scan(step, h0, xs, chunk_size=2, params=_SubCell())
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match=r"_WrappedCell\.__call__ -> "):
+        _OuterRunningTheScan()(xs)
+
+
+def test_a_variable_named_params_is_no_params_module_path():
+    """A global module named ``params`` read by ``f``: its path starts with "params",
+    which the message took for the params module's ``__call__`` and failed with an
+    ``IndexError`` (review, session 49). The ordinary warning now."""
+    xs = mx.random.normal((6, 3), key=mx.random.key(0))
+    g = {"params": nn.Linear(3, 3)}  # a global of f named params
+    f = eval("lambda c, x, p: (c, params(x) + p(x))", g)  # noqa: S307
+
+    with pytest.warns(chunkscan.ClosureCaptureWarning, match="Pass it as params=params"):
+        chunkscan.scan(f, None, xs, chunk_size=2, params=nn.Linear(3, 3))
+
+
 def test_module_passed_as_params_and_captured_does_not_warn():
     """Captured *and* passed (or a submodule of the passed module): the captured object
     is the one scan swaps the traced parameters into, so it does get gradients."""

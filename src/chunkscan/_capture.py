@@ -61,6 +61,10 @@ _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 # Items of a container not visited at all: a namespace of 100 lists of 64 ints cost 2.1
 # ms per scan call, every int a visit and a path (found by reviewing session 36's walk).
 _SCALARS = frozenset({int, float, str, bytes, bool, complex, type(None)})
+# The first step of a path through the params module's __call__: no name of the user's
+# (a variable named params is; a test of path[0] == "params" took it for this, and an
+# IndexError stopped scan; review, session 49)
+PARAMS_CALL = "the params module"
 
 
 def captured_modules(f: Any, params: Any = None) -> list[tuple[list[str], nn.Module]]:
@@ -73,7 +77,7 @@ def captured_modules(f: Any, params: Any = None) -> list[tuple[list[str], nn.Mod
     with the path ``["f"]``. ``params``, where it is an ``nn.Module`` (what ``scan``
     passes ``f``), is not reported, but the ``__call__`` of its class (not MLX's or
     mlx-lm's) is walked, with the methods it calls off ``self``, by the path
-    ``["params", "<Class>.__call__", ...]``: a global module read there got no gradient
+    ``[PARAMS_CALL, "<Class>.__call__", ...]``: a global module read there got no gradient
     and no warning (found by probing, session 49). Not where that ``__call__`` is
     running (``scan`` called from inside it, ``params=self``): what it reads outside
     the scan is differentiated as usual (a review found the warning false there). Its
@@ -111,7 +115,7 @@ class _Walk:
         # after f's own ways: a module f reads itself is named by f's way, whose fix
         # differs (pass it, not make it the params module's attribute)
         if issubclass(type(params), nn.Module):
-            self._visit_module_call(params, ["params"], 1)
+            self._visit_module_call(params, [PARAMS_CALL], 1)
             self._drain()
         return self.found
 
@@ -223,21 +227,31 @@ class _Walk:
                 self._visit_methods_called(obj, call, path, nxt)
 
     def _visit_module_call(self, module: nn.Module, path: list[str], depth: int) -> None:
-        """Take in turn the ``__call__`` of ``module``'s class (not MLX's, mlx-lm's or
-        chunkscan's; not while it runs, below this call) and the methods it calls off
-        ``self``: what they read (a global module) is reachable."""
+        """Take in turn the ``__call__`` of ``module``'s class and of its bases (what
+        ``super().__call__`` runs; not MLX's, mlx-lm's or chunkscan's) and the methods
+        each calls off ``self``: what they read (a global module) is reachable. Not
+        while the class's own ``__call__`` runs, below this call: ``scan`` called from
+        inside it (``params=self``) is not what ``f`` calls, and what it reads outside
+        the scan gets its gradient (a review found the warning false there). The
+        function behind a decorator's wrapper is the one looked for on the stack
+        (wrappers made by one decorator share their code; review). A ``__call__`` that
+        ``f`` calls again from inside such a scan is missed."""
         kind = type(module)
-        call = next((vars(c)["__call__"] for c in kind.__mro__ if "__call__" in vars(c)), None)
-        if type(call) is not types.FunctionType or _ours(call.__module__):
+        calls = [(c.__name__, vars(c)["__call__"]) for c in kind.__mro__ if "__call__" in vars(c)]
+        calls = [(n, c) for n, c in calls
+                 if type(c) is types.FunctionType and not _ours(c.__module__)]  # fmt: skip
+        if not calls:
             return
+        code = inspect.unwrap(calls[0][1]).__code__
         frame = sys._getframe(1)
-        while frame is not None:  # scan called from inside it: it is not what f calls
-            if frame.f_code is call.__code__:
+        while frame is not None:
+            if frame.f_code is code:
                 return
             frame = frame.f_back
-        here = path + [f"{kind.__name__}.__call__"]
-        self.visit(call, here, depth)
-        self._visit_methods_called(module, call, here, depth + 1)
+        for owner, call in calls:
+            here = path + [f"{owner}.__call__"]
+            self.visit(call, here, depth)
+            self._visit_methods_called(module, call, here, depth + 1)
 
     def _visit_methods_called(self, holder: Any, fn: Any, path: list[str], depth: int) -> None:
         """Take in turn the methods of ``holder``'s class that ``fn`` (a method of it)

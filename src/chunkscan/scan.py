@@ -980,7 +980,7 @@ def _warn_on_captured_modules(
         # The chunk function or step is the module itself (scan(cell), stepwise(cell),
         # partial(cell)): it was named by an internal variable, 'f' or 'step' (probing).
         partial_of = f.func if isinstance(f, functools.partial) else None
-        if path[0] == "params":  # read in the params module's __call__: passing it is no fix
+        if path[0] == _capture.PARAMS_CALL:  # read in the params module's __call__
             message = (
                 f"[scan] the params module's {path[1]} reaches the nn.Module {name!r} "
                 f"({type(value).__name__}) through {' -> '.join(path)}; its parameters are "
