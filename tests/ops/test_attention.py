@@ -508,12 +508,14 @@ def test_plan_blocks_takes_at_least_one_row(monkeypatch):
     assert blocks[-1][1] == 300 and all(t1 > t0 for t0, t1, _ in blocks)
 
 
-def test_short_calls_go_to_mx_fast_in_float32_only(monkeypatch):
-    """Below FAST_MAX_SCORES a float32 call is mx.fast's; a bfloat16 / float16 one takes
-    the blocked form, on every device (MLX's attention rounds its scores to the input
-    dtype: on the CPU, found by probing; on CUDA in its backward, where the shortcut had
-    been kept: ``dq`` 0.35 off in the test below, run 127); float16 scores past 65504
-    gave NaN outputs there (found by probing)."""
+def test_short_calls_go_to_mx_fast_in_float32(monkeypatch):
+    """Below FAST_MAX_SCORES a call is mx.fast's, a bfloat16 / float16 one on its float32
+    upcast, the output in the input dtype: MLX's attention rounds its scores to the input
+    dtype (on the CPU, found by probing; on CUDA in its backward: ``dq`` 0.35 off in the
+    test below, run 127); float16 scores past 65504 gave NaN outputs there (found by
+    probing). The short low-precision calls keep mx.fast's ``mx.vmap`` and ``mx.jvp``
+    (the blocked form and the CUDA kernels have neither). Negative control: mx.fast on
+    the float16 inputs themselves gives NaN."""
     calls = []
     real = mx.fast.scaled_dot_product_attention
 
@@ -526,10 +528,16 @@ def test_short_calls_go_to_mx_fast_in_float32_only(monkeypatch):
     monkeypatch.setattr(blocked, "FAST_MAX_SCORES", FAST_MAX_SCORES)  # the default
     q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
     for dtype in (mx.float32, mx.bfloat16, mx.float16):
-        mx.eval(chunkscan.attention(*(x.astype(dtype) for x in (q, k, v)), scale=0.25))
-    assert calls == [mx.float32]
+        o = chunkscan.attention(*(x.astype(dtype) for x in (q, k, v)), scale=0.25)
+        assert o.dtype == dtype
+    assert calls == [mx.float32] * 3
     big = [(200 * x).astype(mx.float16) for x in (q, k)] + [v.astype(mx.float16)]
     assert not mx.isnan(chunkscan.attention(*big, scale=0.25)).any().item()
+    assert mx.isnan(real(*big, scale=0.25)).any().item()
+    half = [x.astype(mx.bfloat16) for x in (q, k, v)]
+    two = mx.stack([half[0], 2 * half[0]])  # vmapped over a leading axis
+    mx.eval(mx.vmap(lambda q: chunkscan.attention(q, *half[1:], scale=0.25))(two))
+    mx.eval(mx.jvp(lambda q: chunkscan.attention(q, *half[1:], scale=0.25), [half[0]], [half[0]]))
 
 
 def test_fused_forward_setting_is_checked(monkeypatch):

@@ -55,10 +55,10 @@ MAX_ROWS = 1024
 MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
-#: unchanged: there its backward's ``T x S`` scores are small, and it takes ``mx.vmap``
-#: and ``mx.jvp``, which the blocked form does not. Float32 calls only (see
-#: :func:`_use_fast`). Speed: on the GPU MLX's kernels are faster at every length; on
-#: the CPU one block was up to 1.14x slower than MLX (it
+#: (bfloat16 / float16 ones on their float32 upcast, :func:`_fast`): there its
+#: backward's ``T x S`` scores are small, and it takes ``mx.vmap`` and ``mx.jvp``, which
+#: the blocked form does not. Speed: on the GPU MLX's kernels are faster at every
+#: length; on the CPU one block was up to 1.14x slower than MLX (it
 #: recomputes the scores), but with the CPU's 1 MiB blocks the blocked form was faster
 #: from T = 512 (0.63x at 1024; Hq=2, D=64, f32, ``bench/attention.py
 #: --fast-max-scores 0``, docs/attention.md, "Short sequences"). 0 disables the shortcut.
@@ -92,8 +92,8 @@ def attention(
     memory is the inputs, outputs and gradients plus one block's scratch, not
     ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
     under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
-    ``FAST_MAX_SCORES`` scores per head, no mask or a causal one, float32 only, as MLX's
-    attention rounds the scores to bfloat16 / float16 inputs' dtype),
+    ``FAST_MAX_SCORES`` scores per head, no mask or a causal one; a bfloat16 / float16
+    call on its float32 upcast, as MLX's attention rounds the scores to the input dtype),
     or for the values only where it is one block:
     the blocked form's ordering edges (between blocks, and in its backward) have
     neither in MLX ("Not implemented for Depends"). Not under
@@ -151,8 +151,8 @@ def attention(
     _check_knobs()
     if (empty := empty_result(spec, q)) is not None:
         return empty
-    if _use_fast(spec, q.dtype):
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=spec.scale, mask=mask)
+    if _use_fast(spec):
+        return _fast(q, k, v, spec.scale, mask)
     return _blocked(spec, q, k, v, mask, kernels)
 
 
@@ -217,17 +217,27 @@ def _check_knobs() -> None:
             )
 
 
-def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
-    """Whether the call goes to ``mx.fast`` as it is: a short float32 call with no mask
-    or a causal one (``T <= S``). Not one in bfloat16 / float16, on any device: MLX's
-    attention rounds the scores to the input dtype (on the CPU; on CUDA its backward
-    too), and at scores of a few hundred units its bfloat16 outputs were off by 11% of
-    their largest value, ``dq`` by 35% and ``dk`` by 50% (the blocked form and the CUDA
-    kernels: under 1%), and float16 scores past 65504 gave NaN outputs (found by
-    probing on the CPU, session 41; on an H100 by run 127, session 49, where the
-    shortcut had been kept)."""
+def _use_fast(spec: Spec) -> bool:
+    """Whether the call goes to ``mx.fast`` (:func:`_fast`): a short call with no mask
+    or a causal one (``T <= S``)."""
     simple = spec.mask_kind == "none" or (spec.mask_kind == "causal" and spec.T <= spec.S)
-    return simple and spec.T * spec.S <= FAST_MAX_SCORES and dtype == F32
+    return simple and spec.T * spec.S <= FAST_MAX_SCORES
+
+
+def _fast(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
+    """``mx.fast.scaled_dot_product_attention``, a bfloat16 / float16 call on its
+    float32 upcast, the output rounded back: MLX's attention rounds the scores to the
+    input dtype (on the CPU; on CUDA in its backward), and at scores of a few hundred
+    units its bfloat16 outputs were off by 11% of their largest value, ``dq`` by 35% and
+    ``dk`` by 50% (the blocked form and the CUDA kernels: under 1%), and float16 scores
+    past 65504 gave NaN outputs (found by probing on the CPU, session 41, where such
+    calls then took the blocked form; on an H100 by run 127, session 49). On the upcast
+    they keep ``mx.fast``'s transforms (``mx.vmap``, ``mx.jvp``, second derivatives),
+    which the blocked form and the CUDA kernels lack, and its speed at these lengths."""
+    if q.dtype == F32:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    up = [x.astype(F32) for x in (q, k, v)]
+    return mx.fast.scaled_dot_product_attention(*up, scale=scale, mask=mask).astype(q.dtype)
 
 
 def scratch_bytes() -> int:
