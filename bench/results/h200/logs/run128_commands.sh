@@ -1,5 +1,5 @@
 # Run 128 (session 49): the short-call path of chunkscan.attention on the GPU after
-# 1a: bfloat16 / float16 calls below FAST_MAX_SCORES go to mx.fast on their float32
+# 1103ef3: bfloat16 / float16 calls below FAST_MAX_SCORES go to mx.fast on their float32
 # upcast (run 127 found mx.fast's own bfloat16 backward off on CUDA; the first fix, the
 # kernels for such calls, lost mx.vmap / mx.jvp there). After the set-up call,
 # `bash <this> a <commit> 1b133f9`; outputs in $OUT/run128a.tgz:
