@@ -924,6 +924,17 @@ def test_linear_attention_bench_measures_the_three_forms(bench):
     assert module.slopes(4) == [-(2**-2.0), -(2**-4.0), -(2**-6.0), -(2**-8.0)]
 
 
+def test_attention_bench_measures_both_paths(bench):
+    """``bench/attention.py``'s ``measure`` runs in this process for the short-call
+    path and the blocks (it failed every chunkscan row on an H100 once ``_use_fast``'s
+    signature changed, run 128: no test called it in-process)."""
+    module = bench("attention")
+    for fast_max_scores, blocks in ((None, 0), (0, 1)):
+        row = module.measure("chunkscan", T=16, Hq=2, Hkv=1, D=8, dtype="bfloat16",
+                             fast_max_scores=fast_max_scores, repeats=1)  # fmt: skip
+        assert row["ms"] > 0 and row["blocks"] == blocks, row
+
+
 def test_mamba2_bench_measures_both_forms(bench):
     """``bench/mamba2.py``'s two forms of one Mamba2 SSD layer run and report (tiny
     shape, in this process); the chunkscan form goes through the seam (its measure

@@ -514,8 +514,8 @@ def test_short_calls_go_to_mx_fast_in_float32(monkeypatch):
     dtype (on the CPU, found by probing; on CUDA in its backward: ``dq`` 0.35 off in the
     test below, run 127); float16 scores past 65504 gave NaN outputs there (found by
     probing). The short low-precision calls keep mx.fast's ``mx.vmap`` and ``mx.jvp``
-    (the blocked form and the CUDA kernels have neither). Negative control: mx.fast on
-    the float16 inputs themselves gives NaN."""
+    (the blocked form and the CUDA kernels have neither). Negative control: on the CPU,
+    mx.fast on the float16 inputs themselves gives NaN (not on CUDA, run 128)."""
     calls = []
     real = mx.fast.scaled_dot_product_attention
 
@@ -533,7 +533,8 @@ def test_short_calls_go_to_mx_fast_in_float32(monkeypatch):
     assert calls == [mx.float32] * 3
     big = [(200 * x).astype(mx.float16) for x in (q, k)] + [v.astype(mx.float16)]
     assert not mx.isnan(chunkscan.attention(*big, scale=0.25)).any().item()
-    assert mx.isnan(real(*big, scale=0.25)).any().item()
+    if mx.default_device() == mx.cpu:  # there MLX's own float16 scores overflow
+        assert mx.isnan(real(*big, scale=0.25)).any().item()
     half = [x.astype(mx.bfloat16) for x in (q, k, v)]
     two = mx.stack([half[0], 2 * half[0]])  # vmapped over a leading axis
     mx.eval(mx.vmap(lambda q: chunkscan.attention(q, *half[1:], scale=0.25))(two))
