@@ -233,9 +233,13 @@ def _find_openblas(value: str | None) -> str | None:
         path = pathlib.Path(value).expanduser()
         if not path.is_file():
             raise SystemExit(f"--openblas {value}: no such file.")
-        with open(path, "rb") as fh:
-            if fh.read(4) != b"\x7fELF":
-                raise SystemExit(f"--openblas {value} is not a shared library (no ELF header).")
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4)
+        except OSError as e:  # unreadable: a traceback before (review)
+            raise SystemExit(f"--openblas {value}: cannot read it ({e.strerror}).") from None
+        if head != b"\x7fELF":
+            raise SystemExit(f"--openblas {value} is not a shared library (no ELF header).")
         return str(path.resolve())
     for pattern in (
         "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",

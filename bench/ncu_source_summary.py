@@ -34,6 +34,7 @@ import gzip
 import io
 import re
 import sys
+import zlib
 
 from _common import non_negative_int, readable_file
 from ncu_summary import number as parse_number
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with opener(args.csv, "rt") as f:
             text = f.read()
-    except (OSError, EOFError, UnicodeDecodeError) as e:  # a traceback before (probing)
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:  # tracebacks before
         print(f"ncu_source_summary.py: {args.csv}: cannot read it ({type(e).__name__}: {e}); "
               "pass Nsight Compute's source page (--page source --csv, .csv or .csv.gz)",
               file=sys.stderr)  # fmt: skip

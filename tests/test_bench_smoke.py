@@ -232,7 +232,12 @@ def test_ncu_source_summary_reads_the_source_page(tmp_path, monkeypatch, capsys)
     # before; found by probing, session 49)
     (tmp_path / "not.csv.gz").write_text("hello")
     (tmp_path / "bytes.csv").write_bytes(b"\xff\xfe\x00bad")
-    for name in ("not.csv.gz", "bytes.csv"):
+    import gzip
+
+    packed = bytearray(gzip.compress(b"a,b\n" * 200))
+    packed[12:20] = b"\xff" * 8  # a good header, corrupt data (zlib.error; review)
+    (tmp_path / "corrupt.csv.gz").write_bytes(bytes(packed))
+    for name in ("not.csv.gz", "bytes.csv", "corrupt.csv.gz"):
         assert ncu_source_summary.main([str(tmp_path / name)]) == 1
         assert "cannot read it" in capsys.readouterr().err
     sys.modules.pop("ncu_source_summary", None)

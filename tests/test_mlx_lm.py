@@ -767,7 +767,7 @@ def test_float64_attention_and_numpy_scales_go_to_stock(attn_spy):
 
     q = mx.random.normal((1, 2, 5, 8), key=mx.random.key(1))
     with cmlx.patch():
-        for args in ((q.astype(mx.float64), 0.3), (q, np.array(0.3, dtype=np.float32))):
+        for args in ((q.astype(mx.float64), 0.3), (q, np.array(0.3, dtype=np.float32)), (q, True)):
             qq, scale = args
             out = cmlx.scaled_dot_product_attention(qq, qq, qq, None, scale, "causal")
             assert mx.array_equal(out, STOCK_ATTN(qq, qq, qq, None, scale, "causal")).item()
