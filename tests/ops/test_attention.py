@@ -641,10 +641,13 @@ def test_errors_are_pinned():
     _raises(ValueError, "q must have dtype float32, bfloat16 or float16 but got "
             "mlx.core.complex64. Complex numbers are not supported", q.astype(mx.complex64),
             k, v, scale=1.0)  # fmt: skip
-    # float64 is floating, but not one of the three (the message said "or floating")
+    # float64 is floating, but not one of the three (the message said "or floating");
+    # built on the CPU's stream: MLX's GPUs have no float64 (it raised on an H100, run
+    # 127's review)
+    with mx.stream(mx.cpu):
+        mask64 = mx.ones((8, 8), mx.float64)
     _raises(ValueError, "(added to the scores; float32, float16 or bfloat16) but got dtype "
-            "mlx.core.float64.", q, k, v, scale=1.0,
-            mask=mx.ones((8, 8), mx.float64))  # fmt: skip
+            "mlx.core.float64.", q, k, v, scale=1.0, mask=mask64)  # fmt: skip
     _raises(ValueError, "[attention] mask must broadcast to [B, Hq, T, S] = (1, 4, 8, 8) (each "
             "dimension 1 or full, at most 4 dimensions) but got shape (2, 8, 8).", q, k, v,
             scale=1.0, mask=mx.ones((2, 8, 8), mx.bool_))  # fmt: skip
