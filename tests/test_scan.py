@@ -1940,6 +1940,57 @@ def test_the_params_module_s_call_behind_a_decorator_or_super_warns():
         _OuterRunningTheScan()(xs)
 
 
+class _BaseReadingAGlobal(nn.Module):
+    def __call__(self, h, x):
+        return _AUX(x)
+
+
+class _SubNotCallingSuper(_BaseReadingAGlobal):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def __call__(self, h, x):
+        return mx.tanh(self.lin(h) + x)
+
+
+def _cell_body(self, h, x, act):
+    return act(self.lin(h) + x)
+
+
+class _PartialCall(nn.Module):  # a wrapper whose __wrapped__ is a functools.partial
+    __call__ = _traced(functools.partial(_cell_body, act=mx.tanh))
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+
+class _CycleCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def __call__(self, h, x):
+        return mx.tanh(self.lin(h) + x)
+
+
+_CycleCall.__call__.__wrapped__ = _CycleCall.__call__  # a __wrapped__ cycle
+
+
+def test_odd_params_module_calls_neither_raise_nor_warn():
+    """``inspect.unwrap`` raised out of scan on a ``__wrapped__`` cycle, and on a
+    wrapper of a ``functools.partial`` (no ``__code__``); a base's ``__call__`` that the
+    class's own never calls (no ``super``) warned of the global it reads (review,
+    session 49). None of them reads a module it does not hold: silent."""
+    xs, h0 = mx.random.normal((6, 3), key=mx.random.key(0)), mx.zeros((3,))
+    step = chunkscan.stepwise(lambda h, x, m: (m(h, x),) * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for cell in (_SubNotCallingSuper(), _PartialCall(), _CycleCall()):
+            chunkscan.scan(step, h0, xs, chunk_size=2, params=cell)
+
+
 def test_a_variable_named_params_is_no_params_module_path():
     """A global module named ``params`` read by ``f``: its path starts with "params",
     which the message took for the params module's ``__call__`` and failed with an

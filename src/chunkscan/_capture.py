@@ -233,19 +233,28 @@ class _Walk:
         while the class's own ``__call__`` runs, below this call: ``scan`` called from
         inside it (``params=self``) is not what ``f`` calls, and what it reads outside
         the scan gets its gradient (a review found the warning false there). The
-        function behind a decorator's wrapper is the one looked for on the stack
-        (wrappers made by one decorator share their code; review). A ``__call__`` that
-        ``f`` calls again from inside such a scan is missed."""
+        function behind a decorator's wrapper (:func:`_wrapped_codes`) is the one looked
+        for on the stack (wrappers made by one decorator share their code; review). A
+        base's ``__call__`` is walked only where the one before calls ``super``. A
+        ``__call__`` that ``f`` calls again from inside such a scan is missed."""
         kind = type(module)
-        calls = [(c.__name__, vars(c)["__call__"]) for c in kind.__mro__ if "__call__" in vars(c)]
-        calls = [(n, c) for n, c in calls
-                 if type(c) is types.FunctionType and not _ours(c.__module__)]  # fmt: skip
+        calls = []
+        for c in kind.__mro__:  # the class's __call__, then a base's where it calls super
+            call = vars(c).get("__call__")
+            if call is None:
+                continue
+            if type(call) is not types.FunctionType or _ours(call.__module__):
+                break
+            calls.append((c.__name__, call))
+            code = _wrapped_codes(call)[-1]
+            if "super" not in code.co_names and "__class__" not in code.co_freevars:
+                break  # (a base's __call__ that never ran warned falsely; review)
         if not calls:
             return
-        code = inspect.unwrap(calls[0][1]).__code__
+        running = _wrapped_codes(calls[0][1])[-1]  # the function itself, not a wrapper
         frame = sys._getframe(1)
         while frame is not None:
-            if frame.f_code is code:
+            if frame.f_code is running:
                 return
             frame = frame.f_back
         for owner, call in calls:
@@ -625,6 +634,23 @@ def _stdlib_object(obj: Any) -> bool:
     if module not in sys.stdlib_module_names or module == "builtins":
         return False
     return f"{cls.__module__}.{cls.__qualname__}" not in _STDLIB_NAMESPACES
+
+
+def _wrapped_codes(fn: types.FunctionType) -> list[types.CodeType]:
+    """The code of ``fn`` and of the functions behind it along ``__wrapped__``
+    (``functools.wraps``), outermost first: at most :data:`MAX_DEPTH`, read with
+    :func:`inspect.getattr_static`, ending at anything that is not a Python function
+    (a ``functools.partial``) or at a cycle. ``inspect.unwrap`` raised out of ``scan``
+    on a ``__wrapped__`` cycle, and its end had no ``__code__`` for a partial (review)."""
+    codes, seen = [fn.__code__], {id(fn)}
+    for _ in range(MAX_DEPTH):
+        inner = inspect.getattr_static(fn, "__wrapped__", None)
+        if type(inner) is not types.FunctionType or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        codes.append(inner.__code__)
+        fn = inner
+    return codes
 
 
 def _ours(module_name: str | None) -> bool:
