@@ -129,7 +129,7 @@ def measure(
     n_blocks, kernel = None, False
     if impl != "mlx_fast":
         spec = blocked.check_inputs("attention", q, k, v, scale, mask, chunk_size)
-        fast = blocked._use_fast(spec)
+        fast = blocked._use_fast(spec, dt)
         kernel = not fast and blocked.uses_cuda_kernels(spec, dt, kernels)
         n_blocks = 0 if fast or kernel else len(blocked.plan_blocks(spec))
     return {

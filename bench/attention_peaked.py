@@ -33,7 +33,7 @@ def measure(mags: list[float], T: int) -> list[dict]:
     blocked.uses_cuda_kernels = lambda spec, dtype, kernels: (
         kernels is not False and _cuda.supports(spec, dtype)
     )
-    blocked._use_fast = lambda spec: False
+    blocked._use_fast = lambda spec, dtype: False
 
     def grads(fn, q, k, v, ct, **kw):
         o, g = mx.vjp(lambda *a: [fn(*a, **kw)], [q, k, v], [ct])

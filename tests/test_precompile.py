@@ -289,7 +289,7 @@ def test_cuda_precompiled_kernels_equal_mlx_s(monkeypatch, tmp_path):
     from chunkscan.ops.attention import blocked
 
     monkeypatch.setattr(_backend, "_CUDA_KERNELS", {})
-    monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)  # the kernels at T = 256
+    monkeypatch.setattr(blocked, "_use_fast", lambda spec, dtype: False)  # the kernels at T = 256
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback warns: none may
         # chunk_size=128 runs the state pass alone, as meant, and gated_delta_rule warns

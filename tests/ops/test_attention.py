@@ -508,14 +508,17 @@ def test_plan_blocks_takes_at_least_one_row(monkeypatch):
     assert blocks[-1][1] == 300 and all(t1 > t0 for t0, t1, _ in blocks)
 
 
-def test_short_calls_go_to_mx_fast_in_float32(monkeypatch):
-    """Below FAST_MAX_SCORES a call is mx.fast's, a bfloat16 / float16 one on its float32
-    upcast, the output in the input dtype: MLX's attention rounds its scores to the input
-    dtype (on the CPU, found by probing; on CUDA in its backward: ``dq`` 0.35 off in the
-    test below, run 127); float16 scores past 65504 gave NaN outputs there (found by
-    probing). The short low-precision calls keep mx.fast's ``mx.vmap`` and ``mx.jvp``
-    (the blocked form and the CUDA kernels have neither). Negative control: on the CPU,
-    mx.fast on the float16 inputs themselves gives NaN (not on CUDA, run 128)."""
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_short_calls_go_to_mx_fast_in_float32(device, monkeypatch):
+    """Below FAST_MAX_SCORES a float32 call is mx.fast's; on a GPU a bfloat16 / float16
+    one too, on its float32 upcast, the output in the input dtype: MLX's attention rounds
+    its scores to the input dtype (on CUDA in its backward: ``dq`` 0.35 off in the test
+    below, run 127), and the upcast keeps mx.fast's ``mx.vmap`` and ``mx.jvp``, which the
+    CUDA kernels lack. On the CPU such a call takes the blocked form (MLX's CPU attention
+    rounds the scores too, and the upcast was slower and larger there than the blocks;
+    review, session 49). float16 scores past 65504 gave NaN outputs through mx.fast on the
+    CPU (found by probing). The device is faked for the routing (``mx.default_device``):
+    where no GPU is, mx.fast runs on the CPU all the same."""
     calls = []
     real = mx.fast.scaled_dot_product_attention
 
@@ -526,19 +529,24 @@ def test_short_calls_go_to_mx_fast_in_float32(monkeypatch):
 
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
     monkeypatch.setattr(blocked, "FAST_MAX_SCORES", FAST_MAX_SCORES)  # the default
+    if device == "gpu" and mx.default_device() == mx.cpu:
+        monkeypatch.setattr(blocked.mx, "default_device", lambda: mx.gpu)
+    on_gpu = blocked.mx.default_device() != mx.cpu
     q, k, v, _ = make_inputs(1, 2, 1, 40, 40, 16)
     for dtype in (mx.float32, mx.bfloat16, mx.float16):
         o = chunkscan.attention(*(x.astype(dtype) for x in (q, k, v)), scale=0.25)
         assert o.dtype == dtype
-    assert calls == [mx.float32] * 3
+    assert calls == [mx.float32] * (3 if on_gpu else 1)
     big = [(200 * x).astype(mx.float16) for x in (q, k)] + [v.astype(mx.float16)]
     assert not mx.isnan(chunkscan.attention(*big, scale=0.25)).any().item()
     if mx.default_device() == mx.cpu:  # there MLX's own float16 scores overflow
         assert mx.isnan(real(*big, scale=0.25)).any().item()
-    half = [x.astype(mx.bfloat16) for x in (q, k, v)]
-    two = mx.stack([half[0], 2 * half[0]])  # vmapped over a leading axis
-    mx.eval(mx.vmap(lambda q: chunkscan.attention(q, *half[1:], scale=0.25))(two))
-    mx.eval(mx.jvp(lambda q: chunkscan.attention(q, *half[1:], scale=0.25), [half[0]], [half[0]]))
+    if on_gpu:  # mx.fast's transforms (the blocked form has them within one block)
+        half = [x.astype(mx.bfloat16) for x in (q, k, v)]
+        two = mx.stack([half[0], 2 * half[0]])  # vmapped over a leading axis
+        mx.eval(mx.vmap(lambda q: chunkscan.attention(q, *half[1:], scale=0.25))(two))
+        mx.eval(mx.jvp(lambda q: chunkscan.attention(q, *half[1:], scale=0.25), [half[0]],
+                       [half[0]]))  # fmt: skip
 
 
 def test_fused_forward_setting_is_checked(monkeypatch):

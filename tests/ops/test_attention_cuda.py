@@ -227,7 +227,7 @@ def test_emulated_kernels_against_the_upcast_oracle(case, monkeypatch):
     monkeypatch.setattr(_backend, "RUNNER", cuda_emulator().run)
     monkeypatch.setattr(blocked, "uses_cuda_kernels", lambda spec, dtype, kernels: (
         kernels is not False and _cuda.supports(spec, dtype)))  # fmt: skip
-    monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)
+    monkeypatch.setattr(blocked, "_use_fast", lambda spec, dtype: False)
     used = []
     real = _cuda.backward
     monkeypatch.setattr(_cuda, "backward", lambda *a: used.append(1) or real(*a))
@@ -259,7 +259,7 @@ def test_emulated_kernels_read_inputs_at_an_odd_offset(monkeypatch):
     monkeypatch.setattr(_backend, "RUNNER", emu.run)
     monkeypatch.setattr(blocked, "uses_cuda_kernels", lambda spec, dtype, kernels: (
         kernels is not False and _cuda.supports(spec, dtype)))  # fmt: skip
-    monkeypatch.setattr(blocked, "_use_fast", lambda spec: False)
+    monkeypatch.setattr(blocked, "_use_fast", lambda spec, dtype: False)
     B, Hq, Hkv, T, S, D, Dv, mask = EMULATED_CASES[0]
     q, k, v, ct = make_inputs(B, Hq, Hkv, T, S, D, Dv, dtype=mx.bfloat16)
     grads = functools.partial(_grads, dict(scale=D**-0.5, mask=mask), blocked.blocked_attention)

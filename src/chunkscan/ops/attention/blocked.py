@@ -55,7 +55,7 @@ MAX_ROWS = 1024
 MIN_ROWS = 16
 #: Calls with ``T * S`` at most this (per batch row and head) and a mask MLX treats as
 #: we do (None, or "causal" with ``T <= S``) go to ``mx.fast.scaled_dot_product_attention``
-#: (bfloat16 / float16 ones on their float32 upcast, :func:`_fast`): there its
+#: (bfloat16 / float16 ones on a GPU, on their float32 upcast, :func:`_fast`): there its
 #: backward's ``T x S`` scores are small, and it takes ``mx.vmap`` and ``mx.jvp``, which
 #: the blocked form does not. Speed: on the GPU MLX's kernels are faster at every
 #: length; on the CPU one block was up to 1.14x slower than MLX (it
@@ -93,7 +93,8 @@ def attention(
     ``O(T * S)``. Works eagerly, under ``mx.compile`` and ``nn.value_and_grad``;
     under ``mx.vmap`` and ``mx.jvp`` only where the call goes to ``mx.fast`` (at most
     ``FAST_MAX_SCORES`` scores per head, no mask or a causal one; a bfloat16 / float16
-    call on its float32 upcast, as MLX's attention rounds the scores to the input dtype),
+    call on a GPU on its float32 upcast, as MLX's attention rounds the scores to the
+    input dtype, and on the CPU not at all),
     or for the values only where it is one block:
     the blocked form's ordering edges (between blocks, and in its backward) have
     neither in MLX ("Not implemented for Depends"). Not under
@@ -136,7 +137,8 @@ def attention(
     The scores are a float32 product of the upcast ``q`` and ``k`` (exact for bfloat16
     and float16 inputs), scaled in float32, for a float32 softmax and its statistics;
     the other matrix products run in the input dtype (tensor cores for bfloat16), and
-    ``dk``/``dv`` accumulate in float32.
+    ``dk``/``dv`` accumulate in float32 (a short call on a GPU that goes to ``mx.fast``
+    on the float32 upcast runs all of them in float32).
 
     Example:
         >>> o = chunkscan.attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
@@ -151,7 +153,7 @@ def attention(
     _check_knobs()
     if (empty := empty_result(spec, q)) is not None:
         return empty
-    if _use_fast(spec):
+    if _use_fast(spec, q.dtype):
         return _fast(q, k, v, spec.scale, mask)
     return _blocked(spec, q, k, v, mask, kernels)
 
@@ -217,11 +219,16 @@ def _check_knobs() -> None:
             )
 
 
-def _use_fast(spec: Spec) -> bool:
+def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
     """Whether the call goes to ``mx.fast`` (:func:`_fast`): a short call with no mask
-    or a causal one (``T <= S``)."""
+    or a causal one (``T <= S``); in bfloat16 / float16 not on the CPU, where the
+    blocked form, faster than ``mx.fast`` from T = 512 in float32 already, keeps float32
+    scores in its 1 MiB blocks (the float32 upcast there was up to 2.5x slower and 8.6x
+    larger at T = 1024: review, session 49)."""
     simple = spec.mask_kind == "none" or (spec.mask_kind == "causal" and spec.T <= spec.S)
-    return simple and spec.T * spec.S <= FAST_MAX_SCORES
+    if not (simple and spec.T * spec.S <= FAST_MAX_SCORES):
+        return False
+    return dtype == F32 or mx.default_device() != mx.cpu
 
 
 def _fast(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
