@@ -1908,6 +1908,14 @@ def test_rg_lru_calls_the_op_cannot_take_stay_mlx_lms(diagonal_spy):
     h0 = mx.random.normal((2, 4), key=keys[2])
     calls = [(x[:, :1], a[:, :1], h0), (x, a, h0.astype(mx.float64))]
     _stays_stock(lambda *args: rg.rnn_scan(*args), calls, diagonal_spy)
+    # an a of another dtype than x: mlx-lm's function asserts they match, and so the
+    # patched call (it trained such a model, which failed at its first decoding step;
+    # found by probing, session 49)
+    with cmlx.patch():
+        del diagonal_spy[:]
+        with pytest.raises(AssertionError):
+            rg.rnn_scan(x.astype(mx.bfloat16), a, h0)
+    assert diagonal_spy == []
 
 
 def test_rg_lru_seam_that_changed_is_left_alone(monkeypatch):

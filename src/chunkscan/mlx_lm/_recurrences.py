@@ -759,15 +759,19 @@ def _chunked_rnn_scan(x, a, h0):
 
 
 def _rnn_scan_takes(x: Any, a: Any, h0: Any) -> bool:
-    """More than one token of ``[B, T, D]`` in a float dtype, ``a`` of its shape, and no
-    state or one of ``[B, D]`` in a float dtype the op takes (a float64 one, which
-    mlx-lm's loop promotes, raised naming ``initial_state``; found by probing)."""
+    """More than one token of ``[B, T, D]`` in a float dtype, ``a`` of its shape and
+    dtype, and no state or one of ``[B, D]`` in a float dtype the op takes (a float64
+    one, which mlx-lm's loop promotes, raised naming ``initial_state``; found by
+    probing). An ``a`` of another dtype goes to mlx-lm's function, which asserts they
+    match: the patch trained such a model, which then failed at its first decoding step
+    (found by probing, session 49)."""
     return (
         isinstance(x, mx.array)
         and isinstance(a, mx.array)
         and x.ndim == 3
         and x.shape[1] > 1
         and tuple(a.shape) == tuple(x.shape)
+        and a.dtype == x.dtype
         and _op_dtypes(x, a, h0)
         and (
             h0 is None or (isinstance(h0, mx.array) and tuple(h0.shape) == (x.shape[0], x.shape[2]))
