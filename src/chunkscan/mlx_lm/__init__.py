@@ -700,11 +700,10 @@ def patch(
     :func:`chunkscan.attention`, in eval mode too (validation; the values agree but
     for rows that attend to no key); calls with a cache (generation) are untouched.
     The Lightning, Mamba2, Mamba, RWKV-7 and RG-LRU seams (module docstring) route every
-    call of more than one token they can take (see docs/mlx_lm.md for each: a padding
-    mask, for one, where their mlx-lm function gets one; RWKV-7's with ``r``, ``k``,
-    ``v`` of one dtype), a prompt's prefill included, and leave the rest (one-token
-    steps) to mlx-lm; ``chunk_size`` is the Gated DeltaNet op's only (the others take their op's
-    default).
+    call of more than one token they can take (docs/mlx_lm.md lists each seam's
+    conditions; RWKV-7's, for one, need ``r``, ``k``, ``v`` of one dtype), a prompt's
+    prefill included, and leave the rest (one-token steps) to mlx-lm; ``chunk_size`` is
+    the Gated DeltaNet op's only (the others take their op's default).
     Models already loaded are covered too (the name is looked up at call time); a
     step compiled with ``mx.compile`` keeps the path it was traced with (traced before
     the patch: mlx-lm's own, and its memory; inside it: chunkscan's, after ``undo()``
