@@ -75,8 +75,9 @@ def captured_modules(f: Any, params: Any = None) -> list[tuple[list[str], nn.Mod
     ``functools.partial(f, m=lin)``. A module is reported, not walked
     into (its submodules are part of it). ``f`` itself being a module is reported
     with the path ``["f"]``. ``params``, where it is an ``nn.Module`` (what ``scan``
-    passes ``f``), is not reported, but the ``__call__`` of its class (not MLX's or
-    mlx-lm's) is walked, with the methods it calls off ``self``, by the path
+    passes ``f``), is not reported, but the ``__call__`` of its class (and of a base's
+    that it calls through ``super``; not MLX's or mlx-lm's) is walked, with the methods
+    it calls off ``self``, by the path
     ``[PARAMS_CALL, "<Class>.__call__", ...]``: a global module read there got no gradient
     and no warning (found by probing, session 49). Not where that ``__call__`` is
     running (``scan`` called from inside it, ``params=self``): what it reads outside

@@ -223,8 +223,8 @@ def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
     """Whether the call goes to ``mx.fast`` (:func:`_fast`): a short call with no mask
     or a causal one (``T <= S``); in bfloat16 / float16 not on the CPU, where the
     blocked form, faster than ``mx.fast`` from T = 512 in float32 already, keeps float32
-    scores in its 1 MiB blocks (the float32 upcast there was up to 2.5x slower and 8.6x
-    larger at T = 1024: review, session 49)."""
+    scores in its 1 MiB blocks (the float32 upcast was slower there and several times
+    larger: review, session 49)."""
     simple = spec.mask_kind == "none" or (spec.mask_kind == "causal" and spec.T <= spec.S)
     if not (simple and spec.T * spec.S <= FAST_MAX_SCORES):
         return False
@@ -232,15 +232,15 @@ def _use_fast(spec: Spec, dtype: mx.Dtype) -> bool:
 
 
 def _fast(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None) -> mx.array:
-    """``mx.fast.scaled_dot_product_attention``, a bfloat16 / float16 call on its
-    float32 upcast, the output rounded back: MLX's attention rounds the scores to the
-    input dtype (on the CPU; on CUDA in its backward), and at scores of a few hundred
-    units its bfloat16 outputs were off by 11% of their largest value, ``dq`` by 35% and
-    ``dk`` by 50% (the blocked form and the CUDA kernels: under 1%), and float16 scores
-    past 65504 gave NaN outputs (found by probing on the CPU, session 41, where such
-    calls then took the blocked form; on an H100 by run 127, session 49). On the upcast
-    they keep ``mx.fast``'s transforms (``mx.vmap``, ``mx.jvp``, second derivatives),
-    which the blocked form and the CUDA kernels lack, and its speed at these lengths."""
+    """``mx.fast.scaled_dot_product_attention``, a bfloat16 / float16 call (on a GPU:
+    :func:`_use_fast`) on its float32 upcast, the output rounded back: MLX's attention
+    rounds the scores to the input dtype (on CUDA in its backward), and at scores of a
+    few hundred units its bfloat16 ``dq`` was off by 35% of its largest value (run 127
+    on an H100, session 49; the CUDA kernels and the blocked form: under 1%; on the CPU
+    the outputs 11%, ``dk`` 50%, and float16 scores past 65504 gave NaN outputs, found by
+    probing). On the upcast they keep ``mx.fast``'s transforms (``mx.vmap`` of a
+    gradient, ``mx.jvp``, second derivatives), which the CUDA kernels lack, at about its
+    speed on these lengths (docs/attention.md, "Short sequences")."""
     if q.dtype == F32:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     up = [x.astype(F32) for x in (q, k, v)]
