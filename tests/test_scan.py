@@ -1954,6 +1954,20 @@ class _SubNotCallingSuper(_BaseReadingAGlobal):
         return mx.tanh(self.lin(h) + x)
 
 
+class _BaseWithAct(_BaseReadingAGlobal):  # its __call__ reads _AUX
+    def act(self, h):
+        return mx.tanh(h)
+
+
+class _SubUsingSuperForAct(_BaseWithAct):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def __call__(self, h, x):  # super(), but not its __call__ (review)
+        return super().act(self.lin(h) + x)
+
+
 def _cell_body(self, h, x, act):
     return act(self.lin(h) + x)
 
@@ -1981,13 +1995,14 @@ _CycleCall.__call__.__wrapped__ = _CycleCall.__call__  # a __wrapped__ cycle
 def test_odd_params_module_calls_neither_raise_nor_warn():
     """``inspect.unwrap`` raised out of scan on a ``__wrapped__`` cycle, and on a
     wrapper of a ``functools.partial`` (no ``__code__``); a base's ``__call__`` that the
-    class's own never calls (no ``super``) warned of the global it reads (review,
-    session 49). None of them reads a module it does not hold: silent."""
+    class's own never calls (no ``super``, or ``super`` for another method) warned of
+    the global it reads (reviews, session 49). None of them reads a module it does not
+    hold: silent."""
     xs, h0 = mx.random.normal((6, 3), key=mx.random.key(0)), mx.zeros((3,))
     step = chunkscan.stepwise(lambda h, x, m: (m(h, x),) * 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for cell in (_SubNotCallingSuper(), _PartialCall(), _CycleCall()):
+        for cell in (_SubNotCallingSuper(), _SubUsingSuperForAct(), _PartialCall(), _CycleCall()):
             chunkscan.scan(step, h0, xs, chunk_size=2, params=cell)
 
 

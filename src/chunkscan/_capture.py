@@ -248,7 +248,8 @@ class _Walk:
                 break
             calls.append((c.__name__, call))
             code = _wrapped_codes(call)[-1]
-            if "super" not in code.co_names and "__class__" not in code.co_freevars:
+            uses_super = "super" in code.co_names or "__class__" in code.co_freevars
+            if not (uses_super and "__call__" in code.co_names):
                 break  # (a base's __call__ that never ran warned falsely; review)
         if not calls:
             return

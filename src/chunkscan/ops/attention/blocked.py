@@ -124,8 +124,9 @@ def attention(
             or ``"causal"`` with ``T <= S``; other calls, ``kernels=False`` and the
             environment variable ``CHUNKSCAN_CUDA_KERNELS=0`` use the blocked ops.
             ``True``: the kernels where they apply whatever that variable says (on a
-            machine without a CUDA GPU, none: the blocked ops, no error). Default:
-            ``None`` (automatic).
+            machine without a CUDA GPU, none: the blocked ops, no error). Calls below
+            :data:`FAST_MAX_SCORES` go to ``mx.fast`` whatever this says (set it to 0
+            for the kernels at every length). Default: ``None`` (automatic).
 
     Returns:
         array: ``[B, Hq, T, Dv]`` in the dtype of ``q``. A query row that sees no key
@@ -238,9 +239,9 @@ def _fast(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | None)
     few hundred units its bfloat16 ``dq`` was off by 35% of its largest value (run 127
     on an H100, session 49; the CUDA kernels and the blocked form: under 1%; on the CPU
     the outputs 11%, ``dk`` 50%, and float16 scores past 65504 gave NaN outputs, found by
-    probing). On the upcast they keep ``mx.fast``'s transforms (``mx.vmap`` of a
-    gradient, ``mx.jvp``, second derivatives), which the CUDA kernels lack, at about its
-    speed on these lengths (docs/attention.md, "Short sequences")."""
+    probing). On the upcast they keep ``mx.fast``'s transforms (``mx.vmap``, ``mx.jvp``:
+    tested on an H100, run 128), which the CUDA kernels lack, at about its speed on these
+    lengths (docs/attention.md, "Short sequences")."""
     if q.dtype == F32:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     up = [x.astype(F32) for x in (q, k, v)]
