@@ -388,7 +388,7 @@ def _bench_on_path() -> None:
         sys.path.insert(0, str(ROOT / "bench"))
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     _bench_on_path()  # _common, for the parser too
     parser = build_parser()
     args = parser.parse_args(argv)
