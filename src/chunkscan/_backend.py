@@ -129,20 +129,27 @@ def plain_int(text: str) -> int:
     return int(text)
 
 
-def env_int(name: str, fn: str, what: str) -> int | None:
-    """The environment variable ``name`` as an int (``None`` where unset or empty);
-    anything else raises a ``ValueError`` that names the variable, ``fn`` and ``what``
-    it means (e.g. ``"a whole number of MiB such as 1024"``)."""
+def env_int(name: str, fn: str, what: str, allowed: tuple[int, ...] | None = None) -> int | None:
+    """The environment variable ``name`` as an int (``None`` where unset or empty), one
+    of ``allowed`` where given; anything else raises a ``ValueError`` that names the
+    variable, ``fn`` and ``what`` it means (e.g. ``"a whole number of MiB such as
+    1024"``, ``"32, 64 or 128"``)."""
     text = getenv(name, "").strip()
     if not text:
         return None
     try:
-        return plain_int(text)
+        value = plain_int(text)
     except ValueError:
         raise ValueError(
             f"[{fn}] the environment variable {name} must be {what} but is {text!r}. "
             f"Set it to such a number, or unset it for the default."
         ) from None
+    if allowed is not None and value not in allowed:
+        raise ValueError(
+            f"[{fn}] the environment variable {name} must be {what} but is {value}. "
+            f"Set it to one of those, or unset it for the default."
+        )
+    return value
 
 
 def env_group_mib(name: str, fn: str) -> int | None:

@@ -2041,10 +2041,8 @@ def threads(
     heads would not fit 128 registers a thread, :func:`_loop_fits_512`), or
     ``CHUNKSCAN_GDN_NT`` where set (256 or 512; ``input_grads``, given ``Dk`` and ``Dv``,
     keeps 256 where its loop does not fit 512: the launch would fail)."""
-    env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512")
+    env = env_int("CHUNKSCAN_GDN_NT", "gated_delta_rule", "256 or 512", allowed=(256, 512))
     if env is not None:
-        if env not in (256, 512):
-            raise ValueError(_knob_message("CHUNKSCAN_GDN_NT", "256 or 512", env))
         if env == 512 and which in _KEY_LANES and Dk is not None and Dv is not None:
             return env if _loop_fits_512(which, C, Dk, Dv) else NT
         return env
@@ -2091,19 +2089,10 @@ def slice_columns(Dv: int, C: int | None = None, Dk: int | None = None) -> int:
 
 def _forced_slice_columns() -> int | None:
     """``CHUNKSCAN_GDN_TV`` (32, 64 or 128), ``None`` where unset."""
-    env = env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128")
-    if env is not None and env not in (32, 64, WIDE_TV):
-        raise ValueError(_knob_message("CHUNKSCAN_GDN_TV", "32, 64 or 128", env))
-    return env
-
-
-def _knob_message(name: str, allowed: str, value: int) -> str:
-    """The error for a tuning variable set to a number it does not take (it named
-    neither the environment nor the fix, unlike the others; found by probing)."""
-    return (
-        f"[gated_delta_rule] the environment variable {name} must be {allowed} but is "
-        f"{value}. Set it to one of those, or unset it for the default."
-    )
+    # (a number out of the three named neither the environment nor the fix, unlike the
+    # others, until env_int took the allowed values; found by probing)
+    return env_int("CHUNKSCAN_GDN_TV", "gated_delta_rule", "32, 64 or 128",
+                   allowed=(32, 64, WIDE_TV))  # fmt: skip
 
 
 def _default_slice_columns(Dv: int, C: int | None, Dk: int | None) -> int:
@@ -2125,9 +2114,8 @@ def output_step_columns(tv: int) -> int:
     """Columns of ``Dv`` per step of an ``output`` block of ``tv`` columns (its ``TH``, a
     divisor of ``tv``): :data:`OUT_TH`, or ``CHUNKSCAN_GDN_OUT_TH`` where set (32, 64 or
     128); ``tv`` where that is narrower or not a multiple."""
-    env = env_int("CHUNKSCAN_GDN_OUT_TH", "gated_delta_rule", "32, 64 or 128")
-    if env is not None and env not in (32, 64, WIDE_TV):
-        raise ValueError(_knob_message("CHUNKSCAN_GDN_OUT_TH", "32, 64 or 128", env))
+    env = env_int("CHUNKSCAN_GDN_OUT_TH", "gated_delta_rule", "32, 64 or 128",
+                  allowed=(32, 64, WIDE_TV))  # fmt: skip
     th = OUT_TH if env is None else env
     return th if th <= tv and tv % th == 0 else tv
 
