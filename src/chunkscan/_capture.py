@@ -246,20 +246,19 @@ class _Walk:
                 continue
             if type(call) is not types.FunctionType or _ours(call.__module__):
                 break
-            calls.append((c.__name__, call))
-            code = _wrapped_codes(call)[-1]
+            code = _wrapped_codes(call)[-1]  # the function itself, not a wrapper
+            calls.append((c.__name__, call, code))
             uses_super = "super" in code.co_names or "__class__" in code.co_freevars
             if not (uses_super and "__call__" in code.co_names):
                 break  # (a base's __call__ that never ran warned falsely; review)
         if not calls:
             return
-        running = _wrapped_codes(calls[0][1])[-1]  # the function itself, not a wrapper
         frame = sys._getframe(1)
         while frame is not None:
-            if frame.f_code is running:
+            if frame.f_code is calls[0][2]:
                 return
             frame = frame.f_back
-        for owner, call in calls:
+        for owner, call, _ in calls:
             here = path + [f"{owner}.__call__"]
             self.visit(call, here, depth)
             self._visit_methods_called(module, call, here, depth + 1)
