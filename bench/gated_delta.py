@@ -307,9 +307,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from chunkscan.commands.measure import run_isolated
 
     env = {}
-    blas = _find_openblas(args.openblas)
-    if blas:
-        env["LD_PRELOAD"] = blas
+    if args.openblas:  # (the library main found and checked)
+        env["LD_PRELOAD"] = args.openblas
     from _common import child_env
 
     env.update(child_env())
@@ -328,7 +327,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 cfg = dict(config, save=save)
                 row = run_isolated("bench.gated_delta:measure", cfg, timeout=args.timeout, env=env)
                 row.update({k: v for k, v in cfg.items() if k not in row})
-                row["openblas"] = blas
+                row["openblas"] = args.openblas or None
                 rows.append(row)
                 _print_row(row)
     _add_ratios(rows)
