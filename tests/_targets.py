@@ -175,8 +175,15 @@ def attention_backward_peak(
     its ordering edges) or ``"mlx_fast"`` (``mx.fast.scaled_dot_product_attention``,
     whose backward keeps the scores); ``no_edge``: one ordering rule of the blocked op
     switched off (:func:`without`), a negative control."""
+    import os
+
     from chunkscan.ops.attention import blocked
 
+    # The bounds and controls were measured with the products split across two CPU
+    # threads (CI's default on two cores); with CHUNKSCAN_CPU_THREADS=1 in the caller's
+    # environment the tape's order kept rule 2's control's blocks apart (8.8 MB against
+    # the 19.4 it must pass), so the measurement pins its own setting.
+    os.environ["CHUNKSCAN_CPU_THREADS"] = "2"
     blocked.SCRATCH_BYTES = int(scratch_mib * (1 << 20))
     blocked.FAST_MAX_SCORES = 0
     if impl == "chunkscan_unordered":
