@@ -51,6 +51,7 @@ import sys
 import tempfile
 import types
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -568,21 +569,29 @@ def _not_finite_loss(info: dict[str, Any], args: types.SimpleNamespace) -> str:
 
 
 @contextlib.contextmanager
+def _rebound(module: Any, name: str, wrap: Callable[[Any], Any]):
+    """``module.<name>`` rebound to ``wrap(original)`` inside the block, restored on exit."""
+    original = getattr(module, name)
+    setattr(module, name, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
 def _report_peak_memory(lora: Any, args: types.SimpleNamespace, routes: _Routes | None = None):
     """Rebind ``mlx_lm.lora.get_reporting_callbacks`` (restored on exit).
 
     ``mlx_lm.lora.run`` ignores its ``training_callback`` argument and builds one from
     ``--report-to``, so this is the only way in.
     """
-    original = lora.get_reporting_callbacks
-    lora.get_reporting_callbacks = lambda *a, **k: _Reports(original(*a, **k), args, routes)
-    try:
-        yield
-    finally:
-        lora.get_reporting_callbacks = original
+    return _rebound(
+        lora,
+        "get_reporting_callbacks",
+        lambda original: lambda *a, **k: _Reports(original(*a, **k), args, routes),
+    )
 
 
-@contextlib.contextmanager
 def _lora_keys_must_name_modules(lora: Any):
     """Rebind ``mlx_lm.lora.linear_to_lora_layers`` (restored on exit) to check, once
     the model has loaded, that the ``lora_parameters`` keys name modules of the layers
@@ -590,9 +599,8 @@ def _lora_keys_must_name_modules(lora: Any):
     with none left ``mx.grad`` failed with "Must specify at least one argument" (found
     by probing). A key naming nothing while others do is warned about (a typo trains
     fewer adapters than asked)."""
-    original = lora.linear_to_lora_layers
 
-    def checked(model, num_layers, config, *args, **kwargs):
+    def checked(original, model, num_layers, config, *args, **kwargs):
         keys = config.get("keys") if isinstance(config, dict) else None
         if keys:
             wrapped = model.layers[-max(num_layers, 0) :]
@@ -623,11 +631,9 @@ def _lora_keys_must_name_modules(lora: Any):
                 )
         return original(model, num_layers, config, *args, **kwargs)
 
-    lora.linear_to_lora_layers = checked
-    try:
-        yield
-    finally:
-        lora.linear_to_lora_layers = original
+    return _rebound(
+        lora, "linear_to_lora_layers", lambda original: functools.partial(checked, original)
+    )
 
 
 DEMO_MARKER = ".chunkscan-demo"
