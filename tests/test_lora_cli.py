@@ -1391,3 +1391,27 @@ def test_demo_counts_the_layers_of_the_model_it_is_about_to_write(tmp_path, no_l
         lora.main([*demo, "--num-layers", "1"])
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main([*demo, "--num-layers", "4"])
+
+
+# ------------------------------------------------------------- session 50's probe findings
+
+
+def test_fewer_iters_than_grad_accumulation_steps_are_refused():
+    """mlx-lm updates the weights where ``it % grad_accumulation_steps == 0``: ``--iters
+    3 --grad-accumulation-steps 4`` updated nothing and saved untrained adapters, exit 0
+    (found by probing, session 50). Refused; ``--iters`` not a multiple warns of the
+    batches whose gradients are never applied; a multiple passes."""
+    msg = ("chunkscan lora: --iters 3 is less than --grad-accumulation-steps 4: mlx-lm "
+           "updates the weights once every 4 iterations")  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["--train", "--iters", "3", "--grad-accumulation-steps", "4"])
+    with pytest.warns(UserWarning, match=re.escape(
+        "--iters 10 is not a multiple of --grad-accumulation-steps 4: the gradients of the "
+        "last 2 iterations are never applied (mlx-lm updates the weights at every 4th). "
+        "Pass --iters 8 or 12"
+    )):  # fmt: skip
+        lora.resolve_args(["--train", "--iters", "10", "--grad-accumulation-steps", "4"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lora.resolve_args(["--train", "--iters", "8", "--grad-accumulation-steps", "4"])
+        lora.resolve_args(["--test", "--iters", "3", "--grad-accumulation-steps", "4"])

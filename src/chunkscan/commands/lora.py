@@ -318,6 +318,8 @@ def _check_numbers(args: dict) -> None:
     seed = args.get("seed")
     if isinstance(seed, int) and seed > _MAX_SEED:
         raise SystemExit(f"{PROG}: --seed{source} must be at most 2**32 - 1, not {seed}.")
+    if args.get("train"):
+        _check_grad_accumulation(args["iters"], args["grad_accumulation_steps"], source)
     _check_lora_parameters(args)
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
@@ -325,6 +327,32 @@ def _check_numbers(args: dict) -> None:
             raise SystemExit(
                 f"{PROG}: --learning-rate{source} must be a number of at least 0, not {rate!r}."
             )
+
+
+def _check_grad_accumulation(iters: int, steps: int, source: str) -> None:
+    """mlx-lm applies the summed gradients at the iterations that are multiples of
+    ``--grad-accumulation-steps`` (``it % steps == 0`` in its ``train``): with fewer
+    ``--iters`` no update ran and the untrained adapters were saved, exit 0 (found by
+    probing); refused. Where ``--iters`` is no multiple, the last ``iters % steps``
+    batches' gradients are never applied: a warning."""
+    if iters < steps:
+        raise SystemExit(
+            f"{PROG}: --iters {iters} is less than --grad-accumulation-steps {steps}"
+            f"{source}: mlx-lm updates the weights once every {steps} iterations, so this "
+            f"run would update nothing and save untrained adapters. Pass --iters {steps} or "
+            f"more (a multiple of {steps}), or a smaller --grad-accumulation-steps."
+        )
+    left = iters % steps
+    if left:
+        warnings.warn(
+            f"{PROG}: --iters {iters} is not a multiple of --grad-accumulation-steps "
+            f"{steps}{source}: the gradients of the last {left} iteration"
+            f"{'s' if left > 1 else ''} are never applied (mlx-lm updates the weights at "
+            f"every {steps}th). Pass --iters {iters - left} or {iters - left + steps} to use "
+            f"every batch.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _check_lora_parameters(args: dict) -> None:
