@@ -716,6 +716,48 @@ def test_training_calls_of_mixed_or_float64_dtypes(spy):
                  stock=lambda *args: STOCK(*args, use_kernel=False))  # fmt: skip
 
 
+def test_training_calls_broadcast_over_the_batch(spy, no_stock_loop):
+    """A state shared over the batch (``[1, Hv, Dv, Dk]``: a learned initial state) and
+    a gate ``a`` of one row, which mlx-lm's loop broadcasts, run the op broadcast (they
+    raised in it, naming ``initial_state``; found by probing, session 50): outputs,
+    final states and the gradients of the shared state, ``a`` and ``q`` within 2.5e-6
+    of stock's (about 10x the measured 8.4e-8 to 2.3e-7). Shapes that do not broadcast
+    go to mlx-lm's function."""
+    B, T, Hk, Hv, Dk, Dv = 2, 11, 1, 2, 8, 4
+    ks = mx.random.split(mx.random.key(9), 6)
+    q = mx.random.normal((B, T, Hk, Dk), key=ks[0]) * Dk**-0.5
+    k = mx.random.normal((B, T, Hk, Dk), key=ks[1])
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    v = mx.random.normal((B, T, Hv, Dv), key=ks[2])
+    a = mx.random.normal((1, T, Hv), key=ks[3])
+    b = mx.random.normal((B, T, Hv), key=ks[4])
+    shared = mx.random.normal((1, Hv, Dv, Dk), key=ks[5])
+    gates = (mx.zeros(Hv), mx.ones(Hv))
+    w = mx.random.normal((B, T, Hv, Dv), key=mx.random.key(10))
+
+    def loss(update, state, a, q):
+        y, s = update(q, k, v, a, b, *gates, state, None, use_kernel=False)
+        return mx.sum(y * w) + mx.sum(s * s)
+
+    def outputs_and_grads(update):
+        y, s = update(q, k, v, a, b, *gates, shared, None, use_kernel=False)
+        grads = mx.grad(functools.partial(loss, update), argnums=(0, 1, 2))(shared, a, q)
+        return [y, s, *grads]
+
+    want = outputs_and_grads(STOCK)
+    with cmlx.patch(chunk_size=4):
+        no_stock_loop()
+        del spy[:]  # (the probe's calls)
+        got = outputs_and_grads(cmlx.gated_delta_update)
+        assert spy == [4, 4]  # the values and the gradients' forward
+    for name, x, y in zip(("o", "state", "d_shared", "d_a", "d_q"), got, want):
+        assert x.shape == y.shape and rel(x, y) <= 2.5e-6, (name, rel(x, y))
+    # a gate one token short, a state of the wrong head count: mlx-lm's function
+    assert cmlx._call_shaped(q, k, v, a[:, :-1], b, shared) is None
+    assert cmlx._call_shaped(q, k, v, a, b, shared[:, :1].reshape(1, 1, Dv, Dk, 1)) is None
+    assert cmlx._call_shaped(q, k, v, a, b, mx.zeros((1, 3, Dv, Dk))) is None
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_kimi_linear_lora_grads_match_stock(compiled, spy, no_stock_loop):
     """mlx-lm's kimi_linear (KDA layer 1, MoE) trains patched with the loss and LoRA

@@ -346,14 +346,49 @@ def gated_delta_update(
     probing). A call with any array in float64 (CPU only), which the op does not take,
     goes to mlx-lm's function (a float64 state came back float32; found by review).
     """
-    if use_kernel or not _op_dtypes(q, k, v, a, b, A_log, dt_bias, state):
+    shaped = None if use_kernel else _call_shaped(q, k, v, a, b, state)
+    if shaped is None or not _op_dtypes(q, k, v, a, b, A_log, dt_bias, state):
         stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
         return stock(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, **options)
+    q, k, v, a, b, state = shaped
     dtype, out_dtype = mx.result_type(q, k, v), q.dtype
     q, k, v = (x.astype(dtype) for x in (q, k, v))
     routed_calls["chunkscan.gated_delta_rule"] += 1
     out, state = _chunked_update(q, k, v, a, b, A_log, dt_bias, state, mask, options=options)
     return out.astype(out_dtype), state
+
+
+def _call_shaped(q, k, v, a, b, state) -> tuple | None:
+    """``(q, k, v, a, b, state)`` broadcast to the call's own sizes (``q``, ``k``
+    ``[B, T, Hk, Dk]``, ``v`` ``[B, T, Hv, Dv]``, ``a`` ``[B, T, Hv(, Dk)]``, ``b``
+    ``[B, T, Hv]``, ``state`` ``[B, Hv, Dv, Dk]``; ``B`` the largest batch among them),
+    as mlx-lm's loop broadcasts them: a state shared over the batch (``[1, Hv, Dv, Dk]``,
+    a learned initial state) or a gate ``[1, T, Hv]`` raised in the op, naming
+    ``initial_state`` or ``g`` (found by probing, session 50). Its gradient sums over
+    the batch (``mx.broadcast_to``'s). ``None`` (mlx-lm's function) where they do not
+    broadcast so, or are not arrays of four, four, four, three or four, three and four
+    dimensions."""
+    arrays = (q, k, v, a, b) if state is None else (q, k, v, a, b, state)
+    if not all(isinstance(x, mx.array) for x in arrays):
+        return None
+    if (q.ndim, k.ndim, v.ndim, b.ndim) != (4, 4, 4, 3) or a.ndim not in (3, 4):
+        return None
+    if state is not None and state.ndim != 4:
+        return None
+    B = max(x.shape[0] for x in arrays)
+    T, Hk, Dk = q.shape[1], q.shape[2], q.shape[3]
+    Hv, Dv = v.shape[2], v.shape[3]
+    wanted = [(B, T, Hk, Dk), (B, T, Hk, Dk), (B, T, Hv, Dv), (B, T, Hv, Dk)[: a.ndim],
+              (B, T, Hv), (B, Hv, Dv, Dk)]  # fmt: skip
+    out = []
+    for x, shape in zip(arrays, wanted):
+        if x.shape != shape:
+            try:
+                x = mx.broadcast_to(x, shape)
+            except ValueError:
+                return None
+        out.append(x)
+    return (*out, None) if state is None else tuple(out)
 
 
 def _stock_function(kept: dict[str, Any], module: str, name: str) -> Any:
