@@ -1415,3 +1415,30 @@ def test_fewer_iters_than_grad_accumulation_steps_are_refused():
         warnings.simplefilter("error")
         lora.resolve_args(["--train", "--iters", "8", "--grad-accumulation-steps", "4"])
         lora.resolve_args(["--test", "--iters", "3", "--grad-accumulation-steps", "4"])
+
+
+def test_a_learning_rate_float32_cannot_hold_is_refused():
+    """``--learning-rate 1e39`` is finite to Python but inf in MLX's float32 optimizer:
+    NaN adapters were saved, exit 0 (found by probing, session 50)."""
+    msg = "--learning-rate must be at most float32's largest value (3.402823e+38; MLX's"
+    for rate in ("1e39", "inf"):
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            lora.resolve_args(["--train", "--learning-rate", rate])
+    assert lora.resolve_args(["--train", "--learning-rate", "3e38"]).learning_rate == 3e38
+
+
+def test_adapters_saved_with_values_that_are_not_finite_fail_the_run(tmp_path):
+    """The loss check sees each report's loss, computed before that step's update: one
+    SGD step at a learning rate near float32's largest made every ``lora_b`` inf or NaN
+    after a finite loss, and the adapters were saved, exit 0 (found by probing, session
+    50). The saved file is read back; the run fails naming it."""
+    model_path = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=2)
+    adapters = tmp_path / "adapters"
+    argv = ["lora", "--model", str(model_path), "--data", str(data), "--train",
+            "--iters", "1", "--batch-size", "2", "--num-layers", "-1",
+            "--max-seq-length", "32", "--val-batches", "1", "--optimizer", "sgd",
+            "--learning-rate", "3e38", "--adapter-path", str(adapters)]  # fmt: skip
+    file = adapters / "adapters.safetensors"
+    with pytest.raises(SystemExit, match=re.escape(f"the adapters saved in {file} hold NaN or")):
+        cli.main(argv)

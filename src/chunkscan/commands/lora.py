@@ -296,6 +296,7 @@ _WHOLE_NUMBERS = {
     "seed": (0, None, None),  # numpy's seed, mlx_lm.lora.run's first line (probing)
 }
 _MAX_SEED = 2**32 - 1  # numpy's largest seed
+_FLOAT32_MAX = float(mx.finfo(mx.float32).max)
 
 
 def _check_numbers(args: dict) -> None:
@@ -323,9 +324,16 @@ def _check_numbers(args: dict) -> None:
     _check_lora_parameters(args)
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
-        if not _is_number(rate) or not 0 <= rate < math.inf:
+        if not _is_number(rate) or not 0 <= rate:
             raise SystemExit(
                 f"{PROG}: --learning-rate{source} must be a number of at least 0, not {rate!r}."
+            )
+        # MLX's optimizers hold it as a float32: 1e39, finite to Python, was inf there,
+        # and NaN adapters were saved, exit 0 (found by probing)
+        if not rate <= _FLOAT32_MAX:
+            raise SystemExit(
+                f"{PROG}: --learning-rate{source} must be at most float32's largest value "
+                f"({_FLOAT32_MAX:.7g}; MLX's optimizers hold it as a float32), not {rate!r}."
             )
 
 
@@ -1544,9 +1552,31 @@ def run(args: types.SimpleNamespace) -> None:
             _say_what_a_failure_left(args, before),
         ):
             lora.run(args)
+    if args.train:
+        _check_saved_adapters(args)
 
 
 _ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
+
+
+def _check_saved_adapters(args: types.SimpleNamespace) -> None:
+    """Raise ``SystemExit`` where the adapters a training run saved hold a value that is
+    not finite. The loss check (:class:`_Reports`) sees each report's loss, computed
+    before that step's update, so a divergence in the last steps was saved as NaN
+    adapters, exit 0 (found by probing). A missing file is mlx-lm's to explain."""
+    path = pathlib.Path(args.adapter_path, _ADAPTER_FILES[0])
+    if not path.is_file():
+        return
+    saved = mx.load(str(path))
+    bad = [name for name, value in saved.items() if not mx.isfinite(value).all().item()]
+    if bad:
+        shown = ", ".join(sorted(bad)[:3]) + (", ..." if len(bad) > 3 else "")
+        raise SystemExit(
+            f"{PROG}: the adapters saved in {path} hold NaN or inf values ({len(bad)} of "
+            f"{len(saved)} tensors: {shown}): training diverged after the last loss report. "
+            f"Do not use them; train again with a lower --learning-rate (or lr_schedule), "
+            f"or a float32 model where this one is float16."
+        )
 
 
 def _adapter_stamps(args: types.SimpleNamespace) -> tuple | None:
