@@ -854,6 +854,21 @@ def test_attention_false_keeps_mlx(attn_spy):
     assert attn_spy == []
 
 
+def test_a_module_imported_while_patched_is_listed(monkeypatch):
+    """A model module imported inside ``patch()`` (as ``mlx_lm.load`` does) imports the
+    replacement from ``base`` and is listed by :func:`attention_patched_modules` (it was
+    not: the list was the modules patched at the start; found by probing), and not
+    after the patch is undone."""
+    name = "mlx_lm.models.gemma3_text"
+    monkeypatch.delitem(sys.modules, name, raising=False)  # restored after the test
+    with cmlx.patch():
+        module = importlib.import_module(name)
+        assert module.scaled_dot_product_attention is cmlx._INSTALLED_ATTENTION
+        assert "gemma3_text" in cmlx.attention_patched_modules()
+    assert module.scaled_dot_product_attention is STOCK_ATTN
+    assert cmlx.attention_patched_modules() == ()
+
+
 def test_attention_nesting(attn_spy):
     with cmlx.patch(attention=False):
         with cmlx.patch() as inner:

@@ -1080,7 +1080,7 @@ def _rebind_everywhere(name: str, stock_for: Callable[[Any], Any]) -> None:
 
 
 def _model_modules() -> list[tuple[str, ModuleType]]:
-
+    """The ``mlx_lm.models`` modules imported so far, by full name."""
     return [
         (name, module)
         for name, module in list(sys.modules.items())
@@ -1089,8 +1089,17 @@ def _model_modules() -> list[tuple[str, ModuleType]]:
 
 
 def attention_patched_modules() -> tuple[str, ...]:
-    """Names of the ``mlx_lm.models`` modules whose attention is patched now."""
-    return tuple(sorted(n.rsplit(".", 1)[1] for n in _attn_saved))
+    """Names of the ``mlx_lm.models`` modules whose attention is patched now: those that
+    hold the replacement, the ones imported while patched too (they import it from
+    ``base`` by name; the list named only those patched at the start: found by
+    probing, session 50)."""
+    return tuple(
+        sorted(
+            name.rsplit(".", 1)[1]
+            for name, module in _model_modules()
+            if getattr(module, _ATTN, None) is _INSTALLED_ATTENTION
+        )
+    )
 
 
 # The rebound recurrences live in their own module; they use the names above, so they
