@@ -489,7 +489,7 @@ def test_what_the_probe_found_is_said_before_loading(tmp_path, monkeypatch, no_l
     # the adapters' paths too: mlx-lm wrote '~/out' into ./~/out and failed to open a
     # '~/...' --resume-adapter-file that the check had found (found by probing)
     (tmp_path / "first").mkdir()
-    (tmp_path / "first" / "adapters.safetensors").write_bytes(b"")
+    mx.save_safetensors(str(tmp_path / "first" / "adapters.safetensors"), {})
     args = lora.resolve_args(["--model", "~/my model", "--data", "~/data", "--train",
                               "--num-layers", "-1", "--adapter-path", "~/out",
                               "--resume-adapter-file", "~/first/adapters.safetensors"])  # fmt: skip
@@ -812,7 +812,7 @@ def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, m
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    (earlier / "adapters.safetensors").write_bytes(b"")
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), {})
     config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 4, "scale": 20.0}}
     (earlier / "adapter_config.json").write_text(json.dumps(config))
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
@@ -1114,7 +1114,7 @@ def test_demo_runs_the_checks_made_without_it(tmp_path, monkeypatch, no_load):
     model = small_model(tmp_path / "model")
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    (earlier / "adapters.safetensors").write_bytes(b"")
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), {})
     config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 8, "scale": 20.0}}
     (earlier / "adapter_config.json").write_text(json.dumps(config))
     cfg = tmp_path / "rank4.yaml"
@@ -1442,3 +1442,56 @@ def test_adapters_saved_with_values_that_are_not_finite_fail_the_run(tmp_path):
     file = adapters / "adapters.safetensors"
     with pytest.raises(SystemExit, match=re.escape(f"the adapters saved in {file} hold NaN or")):
         cli.main(argv)
+
+
+def test_resumed_adapters_that_do_not_fit_the_model_are_refused_once_it_loads(
+    tmp_path, monkeypatch
+):
+    """``--resume-adapter-file`` of another model: mlx-lm loads it with ``strict=False``,
+    so tensors of names the model lacks were dropped in silence, exit 0, and tensors of
+    other shapes failed with a ``[matmul]`` traceback mid-training; the run's
+    ``adapter_config.json`` as the file was ``[load] Unknown file format json`` after the
+    model loaded (found by probing, session 50). Checked against the wrapped model
+    before mlx-lm loads the file (LoRA and full); the model's own adapters pass."""
+    trained = []
+    monkeypatch.setattr(mlx_lm.lora, "train", lambda **k: trained.append(k))  # no steps
+    model_path = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=2)
+    model, _ = mlx_lm.load(str(model_path))
+    mlx_lm.tuner.utils.linear_to_lora_layers(model, 2, {"rank": 8, "scale": 20.0, "dropout": 0.0})
+    own = dict(tree_flatten(model.trainable_parameters()))
+    resume = tmp_path / "earlier" / "adapters.safetensors"
+    resume.parent.mkdir()
+    argv = ["--model", str(model_path), "--data", str(data), "--train", "--iters", "1",
+            "--batch-size", "2", "--num-layers", "-1", "--max-seq-length", "32",
+            "--adapter-path", str(tmp_path / "a"),
+            "--resume-adapter-file", str(resume)]  # fmt: skip
+    where = f"--resume-adapter-file {resume} does not fit --model {model_path} as this run "
+    where += "wraps it: "
+    name = next(n for n in own if n.endswith("mlp.up_proj.lora_a"))
+    stranger = name.replace("up_proj", "nope_proj")
+    wide = mx.zeros((own[name].shape[0] + 1, own[name].shape[1]))
+    for tensors, msg in (
+        ({**own, stranger: own[name]}, f"1 of its {len(own) + 1} tensors name no parameter of "
+         f"the model ({stranger}), which mlx-lm would drop in silence"),
+        ({**own, name: wide}, f"1 of its {len(own)} tensors have another shape than the "
+         f"model's ({name}: {list(wide.shape)} in the file, {list(own[name].shape)} in the "
+         "model)"),
+    ):  # fmt: skip
+        mx.save_safetensors(str(resume), tensors)
+        with pytest.raises(SystemExit, match=re.escape(where + msg)):
+            lora.main(argv)
+    assert not (tmp_path / "a" / "adapter_config.json").exists()  # before mlx-lm wrote it
+    weight = name.replace(".lora_a", ".weight")
+    mx.save_safetensors(str(resume), {weight: mx.zeros((3, 3))})
+    with pytest.raises(SystemExit, match=re.escape(f"{weight}: [3, 3] in the file")):
+        lora.main([*argv, "--fine-tune-type", "full"])
+    config = tmp_path / "earlier" / "adapter_config.json"
+    config.write_text("{}")
+    msg = f"--resume-adapter-file {config} is not a weights file mlx-lm can load ([load] Unkno"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main([*argv[:-1], str(config)])
+    assert not trained
+    # the negative control: the model's own adapters go on to training
+    mx.save_safetensors(str(resume), own)
+    assert lora.main(argv) == 0 and len(trained) == 1

@@ -672,6 +672,81 @@ def _lora_keys_must_name_modules(lora: Any):
     )
 
 
+@contextlib.contextmanager
+def _resumed_weights_must_fit(lora: Any, args: types.SimpleNamespace):
+    """Check a ``--resume-adapter-file`` against the model it is about to be loaded into
+    (:func:`_check_resumed_weights_fit`), where the wrapped model exists and the file
+    is not loaded yet: after ``mlx_lm.lora.linear_to_lora_layers`` (LoRA, DoRA), and on
+    entering ``mlx_lm.lora.train_model`` for ``full`` (no conversion). Both rebound inside
+    the block, restored on exit."""
+    if not args.train or args.resume_adapter_file is None:
+        yield
+        return
+
+    def converted(original, model, *a, **k):
+        out = original(model, *a, **k)
+        _check_resumed_weights_fit(model, args)
+        return out
+
+    def train_model(original, run_args, model, *a, **k):
+        if run_args.fine_tune_type == "full":
+            _check_resumed_weights_fit(model, args)
+        return original(run_args, model, *a, **k)
+
+    with (
+        _rebound(lora, "linear_to_lora_layers", lambda f: functools.partial(converted, f)),
+        _rebound(lora, "train_model", lambda f: functools.partial(train_model, f)),
+    ):
+        yield
+
+
+def _check_resumed_weights_fit(model: nn.Module, args: types.SimpleNamespace) -> None:
+    """Every tensor of the resumed safetensors file (its header) names a parameter of
+    ``model`` as this run wraps it, with that parameter's shape; else ``SystemExit``.
+    mlx-lm loads the file with ``strict=False``: adapters of another model lost the
+    tensors whose names it lacks in silence, exit 0, and tensors of other shapes failed
+    with a ``[matmul]`` traceback mid-training (found by probing). The checks before
+    loading catch what the file and its ``adapter_config.json`` tell; this one, what
+    only the model tells."""
+    from mlx.utils import tree_flatten
+
+    resume = args.resume_adapter_file
+    header = _tensor_header(pathlib.Path(resume))
+    params = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
+    dropped = sorted(name for name in header if name not in params)
+    shapes = {n: tuple(header[n].get("shape") or ()) for n in header if n in params}
+    mismatched = sorted(n for n, shape in shapes.items() if shape != params[n])
+    if not dropped and not mismatched:
+        return
+    problems = []
+    if dropped:
+        problems.append(
+            f"{len(dropped)} of its {len(header)} tensors name no parameter of the model "
+            f"({_some(dropped)}), which mlx-lm would drop in silence"
+        )
+    if mismatched:
+        shown = "; ".join(f"{n}: {list(shapes[n])} in the file, {list(params[n])} in the "
+                          f"model" for n in mismatched[:2])  # fmt: skip
+        problems.append(
+            f"{len(mismatched)} of its {len(header)} tensors have another shape than the "
+            f"model's ({shown}"
+            f"{'; ...' if len(mismatched) > 2 else ''}), which would fail mid-training"
+        )
+    trained_on = _model_config(pathlib.Path(resume).parent, "adapter_config.json").get("model")
+    on = f" (its adapter_config.json says they were trained on {trained_on})" if trained_on else ""
+    raise SystemExit(
+        f"{PROG}: --resume-adapter-file {resume} does not fit --model {args.model} as this "
+        f"run wraps it{on}: {'; '.join(problems)} (mlx-lm loads it with strict=False). "
+        f"Resume adapters trained on this model with this run's settings, or start without "
+        f"--resume-adapter-file."
+    )
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    """The first ``n`` of ``names``, then ``...`` where there are more."""
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
+
+
 DEMO_MARKER = ".chunkscan-demo"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -1014,10 +1089,11 @@ def _check_layers(args: types.SimpleNamespace) -> None:
         )
 
 
-def _model_config(model: Any) -> dict:
-    """A local model folder's ``config.json`` (``{}`` where it cannot be read)."""
+def _model_config(model: Any, name: str = "config.json") -> dict:
+    """A local model folder's ``config.json`` (or another JSON file ``name`` there) as a
+    mapping (``{}`` where it cannot be read)."""
     try:
-        with open(pathlib.Path(model, "config.json")) as f:
+        with open(pathlib.Path(model, name)) as f:
             config = json.load(f)
     except (OSError, ValueError, TypeError):
         return {}
@@ -1100,6 +1176,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
             f"chunkscan lora: --resume-adapter-file {resume}: no such file. Pass the "
             f"adapters.safetensors of an earlier run."
         )
+    _check_loadable(resume, path)
     try:
         with open(path.parent / "adapter_config.json") as f:
             saved = json.load(f)
@@ -1146,6 +1223,26 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
             f"start without --resume-adapter-file."
         )
     _check_resumed_coverage(args, resume, header, lora_parameters)
+
+
+def _check_loadable(resume: Any, path: pathlib.Path) -> None:
+    """``path`` loads as mlx-lm loads it (``mx.load``, which reads the header alone and
+    picks the format by the file's extension) into named tensors: the run's
+    ``adapter_config.json`` given instead was ``ValueError: [load] Unknown file format
+    json`` after the model loaded (found by probing)."""
+    try:
+        loaded = mx.load(str(path))
+    except (ValueError, RuntimeError, OSError) as e:
+        problem = str(e)
+    else:
+        if isinstance(loaded, dict):
+            return
+        problem = "it holds one array, not named tensors"
+    raise SystemExit(
+        f"chunkscan lora: --resume-adapter-file {resume} is not a weights file mlx-lm can "
+        f"load ({problem}). Pass the adapters.safetensors of an earlier run (not its "
+        f"adapter_config.json)."
+    )
 
 
 def _check_resumed_coverage(
@@ -1549,6 +1646,7 @@ def run(args: types.SimpleNamespace) -> None:
         with (
             _report_peak_memory(lora, args, routes),
             _lora_keys_must_name_modules(lora),
+            _resumed_weights_must_fit(lora, args),
             _say_what_a_failure_left(args, before),
         ):
             lora.run(args)
