@@ -1495,3 +1495,29 @@ def test_resumed_adapters_that_do_not_fit_the_model_are_refused_once_it_loads(
     # the negative control: the model's own adapters go on to training
     mx.save_safetensors(str(resume), own)
     assert lora.main(argv) == 0 and len(trained) == 1
+
+
+def test_resumed_adapters_of_another_lora_scale_are_refused_before_loading(tmp_path, no_load):
+    """Adapters trained with ``lora_parameters.scale`` 1 resumed at mlx-lm's default 20:
+    training went on from another model than the one trained, in silence (found by
+    probing, session 50). Compared where the adapters' ``adapter_config.json`` says;
+    the same scale reaches the run."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), {})
+    config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 8, "scale": 1.0}}
+    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+            "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
+    msg = ("was trained with scale 1.0 ({}), this run asks for 20.0: mlx-lm would load it "
+           "anyway (strict=False) and start from another model than the one trained (the "
+           "scale multiplies the adapters' output). Give this run the same scale "
+           "(lora_parameters in -c)").format(earlier / "adapter_config.json")  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(argv)
+    cfg = tmp_path / "scale1.yaml"
+    cfg.write_text("lora_parameters: {rank: 8, scale: 1, dropout: 0.0}\n")
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*argv, "-c", str(cfg)])

@@ -1162,11 +1162,12 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
 
 
 def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
-    """``--resume-adapter-file`` must exist, and where an ``adapter_config.json`` lies
-    beside it, have this run's fine-tune type and LoRA rank: mlx-lm loads it with
-    ``strict=False``, so adapters of another rank were loaded with their own shapes,
-    trained, and saved beside a config of this run's rank, which then failed to load
-    (found by probing)."""
+    """``--resume-adapter-file`` must exist, load (:func:`_check_loadable`), and where an
+    ``adapter_config.json`` lies beside it, have this run's fine-tune type, LoRA rank and
+    scale: mlx-lm loads it with ``strict=False``, so adapters of another rank were
+    loaded with their own shapes, trained, and saved beside a config of this run's rank,
+    which then failed to load; at another scale training went on from another model than
+    the one trained (found by probing)."""
     resume = getattr(args, "resume_adapter_file", None)
     if not getattr(args, "train", False) or resume is None:
         return
@@ -1188,17 +1189,25 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     saved_lora = saved.get("lora_parameters")
     saved_lora = saved_lora if isinstance(saved_lora, dict) else {}
     header = _tensor_header(path)
-    pairs = [("fine_tune_type", saved.get("fine_tune_type"), args.fine_tune_type)]
+    unloadable = "save adapters that do not load"
+    pairs = [("fine_tune_type", saved.get("fine_tune_type"), args.fine_tune_type, unloadable)]
     if args.fine_tune_type != "full":
-        pairs.append(("rank", saved_lora.get("rank"), lora_parameters.get("rank")))
-    for what, before, now in pairs:
+        pairs.append(("rank", saved_lora.get("rank"), lora_parameters.get("rank"), unloadable))
+        # the scale multiplies the adapters' output: resumed at another, training went on
+        # from another model than the one trained, in silence (found by probing)
+        pairs.append(("scale", saved_lora.get("scale"), lora_parameters.get("scale"),
+                      "start from another model than the one trained (the scale multiplies "
+                      "the adapters' output)"))  # fmt: skip
+    for what, before, now, consequence in pairs:
         if before is not None and now is not None and before != now:
             raise SystemExit(
                 f"chunkscan lora: --resume-adapter-file {resume} was trained with {what} "
                 f"{before!r} ({path.parent / 'adapter_config.json'}), this run asks for "
-                f"{now!r}: mlx-lm would load it anyway (strict=False) and save adapters "
-                f"that do not load. Give this run the same {what} (-c or its flag), or "
-                f"start without --resume-adapter-file."
+                f"{now!r}: mlx-lm would load it anyway (strict=False) and {consequence}. "
+                f"Give this run the same {what} ("
+                f"{'--fine-tune-type' if what == 'fine_tune_type' else 'lora_parameters in -c'}"
+                f"), or start without "
+                f"--resume-adapter-file."
             )
     # the file's own tensor names: without its adapter_config.json a LoRA file resumed
     # as full or DoRA, or a DoRA file as LoRA, lost its adapters or their magnitudes in
