@@ -2730,6 +2730,36 @@ def test_vmap_jvp_and_shapeless_compile_fail_loudly():
         mx.compile(run, shapeless=True)(x[0])
 
 
+def test_vmap_and_jvp_of_a_carryless_scan_in_one_chunk():
+    """docs/design.md: a scan without a carry whose ``T`` fits in one chunk orders
+    nothing, and ``mx.vmap`` and ``mx.jvp`` run it with the loop's values (the claim was
+    untested until session 50), ``mx.vmap`` only where every xs leaf is differentiated:
+    a constant leaf (integer ids here, or one ``xs_grad`` leaves out) is captured by the
+    scan's custom function, and MLX's vmap stops at it with its own message (found by
+    probing, session 50; the docs claimed it ran). ``mx.jvp`` runs either way."""
+    x = mx.random.normal((3, 8, 2), key=mx.random.key(5))
+    ids = mx.array([[0, 1, 1, 0, 1, 0, 0, 1]] * 3)
+    table = mx.random.normal((2, 2), key=mx.random.key(6))
+
+    def floats(x):
+        return chunkscan.scan(lambda _, xs: (None, mx.tanh(xs[0]) * 2), None, (x,), chunk_size=8)[1]
+
+    def with_ids(x, i):
+        def f(_, xs):
+            return None, mx.tanh(xs[0]) * table[xs[1]]
+
+        return chunkscan.scan(f, None, (x, i), chunk_size=8)[1]
+
+    assert max_rel(mx.vmap(floats)(x), mx.tanh(x) * 2) == 0
+    slope = 1 - mx.tanh(x[0]) ** 2
+    _, (t,) = mx.jvp(floats, [x[0]], [mx.ones_like(x[0])])
+    assert max_rel(t, 2 * slope) <= 1e-6
+    _, (t,) = mx.jvp(lambda x: with_ids(x, ids[0]), [x[0]], [mx.ones_like(x[0])])
+    assert max_rel(t, slope * table[ids[0]]) <= 1e-6
+    with pytest.raises(RuntimeError, match=re.escape("Attempting to eval an array without")):
+        mx.eval(mx.vmap(with_ids)(x, ids))
+
+
 # ------------------------------------------------------------------ random ops in f
 
 T_RND, B_RND = 8, 4

@@ -94,7 +94,10 @@ def scan(
     Not supported, and failing at the first call with MLX's message (never silently):
     ``mx.vmap`` and ``mx.jvp`` (``Not implemented for Depends``: put a batch axis into
     ``init`` and ``xs`` instead; a scan without a carry whose ``T`` fits in one chunk
-    has nothing to order and runs them, with the loop's values) and
+    has nothing to order and runs them, with the loop's values, ``mx.vmap`` only where
+    every xs leaf is differentiated: a constant one, integer, boolean or left out by
+    ``xs_grad``, stops it with MLX's ``Attempting to eval an array without a
+    primitive``) and
     ``mx.compile(..., shapeless=True)`` (``Slice cannot infer output shapes``: the chunk
     boundaries depend on the shapes).
 
