@@ -188,6 +188,11 @@ def test_compiled_stepwise_without_an_axis_reused_along_another_axis_raises(monk
     run(hidden, axis=0, x=other)
     with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
         run(hidden)
+    # behind functools.partial (found by probing, session 50: silent, off by 2.5)
+    partial = functools.partial(mx.compile(chunkscan.stepwise(step)))
+    run(partial, axis=0, x=other)
+    with pytest.raises(ValueError, match=r"that ran at these shapes with axis 0 before"):
+        run(partial)
     # the compiled function called directly (outside scan: axis 0) at a chunk's shapes,
     # then given to a scan along axis 1 (found by probing, session 46: silent)
     direct = mx.compile(chunkscan.stepwise(step))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -66,14 +67,18 @@ def _compiled_stepwise(f: Callable) -> Any:
     MLX's (``mx.compile``'s or ``mx.checkpoint``'s, one type) does not forward them, the
     one function it holds (read by the garbage collector's traversal, which runs
     nothing of the user's): ``mx.checkpoint(mx.compile(stepwise(step)))`` was not seen
-    (found by probing). An ``mx.checkpoint`` taken for an ``mx.compile`` costs nothing:
-    its Python runs at every call, so no stale axis is ever found."""
+    (found by probing); and a ``functools.partial``'s function (a partial of a compiled
+    one ran its stale trace along the other axis, outputs off by 2.5, no error; found
+    by probing, session 50). An ``mx.checkpoint`` taken for an ``mx.compile`` costs
+    nothing: its Python runs at every call, so no stale axis is ever found."""
     node, compiled = f, False
     for _ in range(16):
         compiled = compiled or isinstance(node, MLX_WRAPPER)
         if getattr(node, "_chunkscan_runs", None) is not None:
             return node if compiled or _compiled(node) else None
         nxt = getattr(node, "__wrapped__", None)
+        if nxt is None and isinstance(node, functools.partial):
+            nxt = node.func
         if nxt is None:
             held = mlx_wrapped(node) or []
             nxt = held[0] if len(held) == 1 else None
