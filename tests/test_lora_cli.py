@@ -1521,3 +1521,29 @@ def test_resumed_adapters_of_another_lora_scale_are_refused_before_loading(tmp_p
     cfg.write_text("lora_parameters: {rank: 8, scale: 1, dropout: 0.0}\n")
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main([*argv, "-c", str(cfg)])
+
+
+def test_a_folder_named_as_an_adapter_file_is_refused_before_loading(tmp_path, capsys, no_load):
+    """A folder ``adapters.safetensors`` in ``--adapter-path``: the run trained to the end
+    and failed at the final save, then called the folder "an earlier run's" weights
+    (found by probing, session 50). Refused before loading; the failure message no
+    longer takes a folder for weights."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    out = tmp_path / "out"
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
+            "--adapter-path", str(out)]  # fmt: skip
+    for name, when in (("adapters.safetensors", " at its end"), ("adapter_config.json", "")):
+        (out / name).mkdir(parents=True)
+        msg = f"--adapter-path {out}: {out / name} is a folder, where training writes its {name}"
+        with pytest.raises(SystemExit, match=re.escape(msg + when)):
+            lora.main(argv)
+        (out / name).rmdir()
+    (out / "adapters.safetensors").mkdir()
+    args = types.SimpleNamespace(train=True, adapter_path=str(out))
+    before = lora._adapter_stamps(args)
+    with pytest.raises(IsADirectoryError):
+        with lora._say_what_a_failure_left(args, before):
+            (out / "adapter_config.json").write_text("{}")  # this run's config, then
+            raise IsADirectoryError(str(out / "adapters.safetensors"))  # the failed save
+    assert "earlier run's" not in capsys.readouterr().err

@@ -47,6 +47,7 @@ import math
 import os
 import pathlib
 import re
+import stat
 import sys
 import tempfile
 import types
@@ -1150,6 +1151,7 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
                         f"training writes its adapters there. Pass a writable folder."
                     )
                 break
+        _check_adapter_files(path)
     elif args.test:
         missing = [f for f in ("adapters.safetensors", "adapter_config.json")
                    if not (where / f).is_file()]  # fmt: skip
@@ -1158,6 +1160,23 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
                 f"chunkscan lora: --test reads a trained run's adapters from --adapter-path "
                 f"{path}, which holds no {' or '.join(missing)}. Pass the folder of a "
                 f"trained run, or --adapter-path '' to test the model without adapters."
+            )
+
+
+def _check_adapter_files(path: str) -> None:
+    """The files a training run writes in ``--adapter-path`` are files where they exist:
+    a folder named ``adapters.safetensors`` let the run train to the end and lose it at
+    the final save (found by probing), and ``adapter_config.json`` is written first."""
+    for name in _ADAPTER_FILES:
+        p = pathlib.Path(path, name)
+        if p.exists() and not p.is_file():
+            kind = "a folder" if p.is_dir() else "not a regular file"
+            weights = name == _ADAPTER_FILES[0]
+            when = " at its end (the trained run would be lost)" if weights else ""
+            raise SystemExit(
+                f"chunkscan lora: --adapter-path {path}: {p} is {kind}, where training "
+                f"writes its {name}{when}. Remove or rename it, or pass another "
+                f"--adapter-path."
             )
 
 
@@ -1696,9 +1715,13 @@ def _adapter_stamps(args: types.SimpleNamespace) -> tuple | None:
 
 
 def _stamp(path: pathlib.Path) -> tuple[int, int] | None:
+    """A file's time and size; ``None`` for no file (a folder of that name was called
+    an earlier run's weights; found by probing)."""
     try:
         st = path.stat()
     except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
         return None
     return st.st_mtime_ns, st.st_size
 
