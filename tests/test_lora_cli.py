@@ -1547,3 +1547,32 @@ def test_a_folder_named_as_an_adapter_file_is_refused_before_loading(tmp_path, c
             (out / "adapter_config.json").write_text("{}")  # this run's config, then
             raise IsADirectoryError(str(out / "adapters.safetensors"))  # the failed save
     assert "earlier run's" not in capsys.readouterr().err
+
+
+def test_empty_examples_are_refused_naming_file_and_line(tmp_path, no_load):
+    """``{"text": ""}``, ``{"text": "   "}`` (with a word-level tokenizer) and
+    ``{"messages": []}`` passed the data checks and failed after the model loaded, an
+    ``IndexError`` or transformers' "empty conversation" (found by probing, session
+    50). Whitespace-only text is refused only where the model's ``tokenizer.json`` makes
+    no tokens of it (a byte-level BPE makes tokens of spaces, and mlx-lm trains on
+    them); where it cannot be read up front, it is left to mlx-lm."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    train = (data / "train.jsonl").read_text()
+    chat = json.dumps({"messages": [{"role": "user", "content": "one two"}]}) + "\n"
+    where = f"chunkscan lora: --data {data}: train.jsonl line 5: "
+    for content, msg in (
+        (train + '{"text": ""}\n', "'text' is empty; mlx-lm makes no tokens of it"),
+        (train + '{"text": " \\t "}\n', f"'text' is only whitespace, of which --model {model}'s "
+         "tokenizer makes no tokens"),
+        (chat * 4 + '{"messages": []}\n', "'messages' is an empty list; mlx-lm's chat template"),
+    ):  # fmt: skip
+        (data / "train.jsonl").write_text(content)
+        with pytest.raises(SystemExit, match=re.escape(where + msg)):
+            lora.main(argv)
+    # a tokenizer not read up front (no tokenizer.json): whitespace is left to mlx-lm
+    (model / "tokenizer.json").rename(model / "tokenizer.json.away")
+    (data / "train.jsonl").write_text(train + '{"text": "   "}\n')
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)

@@ -1443,6 +1443,7 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
                 )
             if keys:
                 _check_example_values(where, number, example, needed, chat)
+                _check_example_not_empty(where, number, example, needed, chat, args.model)
     if blank is not None and count:  # blank lines at the end (all blank: "is empty")
         _blank_line(where, blank)
     return count
@@ -1484,6 +1485,62 @@ def _check_example_values(where: str, number: int, example: dict, needed, chat: 
                 f"{where} line {number}: {key!r} is a JSON {kind}, not a "
                 f"{'list of messages' if want is list else 'string'}, which mlx-lm reads."
             )
+
+
+def _check_example_not_empty(
+    where: str, number: int, example: dict, needed, chat: str, model: Any
+) -> None:
+    """An example mlx-lm cannot make a sequence of, refused (found by probing: each
+    failed mid-training, after the model loaded): a chat of no messages (transformers:
+    "Cannot apply chat template to an empty conversation"), an empty ``text`` (no tokens
+    for most tokenizers: an ``IndexError`` in mlx-lm's ``TextDataset``; a lone BOS for
+    the rest), and a whitespace-only ``text`` where the local model's ``tokenizer.json``
+    makes no tokens of it (a word-level one, as the demo's; a byte-level BPE makes
+    tokens of spaces, and mlx-lm trains on them: left to it). ``prompt`` /
+    ``completion`` go through the chat template, which adds its own text: not checked."""
+    if needed == (chat,):
+        if not example[chat]:
+            raise SystemExit(
+                f"{where} line {number}: {chat!r} is an empty list; mlx-lm's chat template "
+                f"takes at least one message. Remove the line or give it messages."
+            )
+        return
+    if len(needed) != 1:
+        return
+    (key,) = needed
+    value = example[key]
+    if value == "":
+        raise SystemExit(
+            f"{where} line {number}: {key!r} is empty; mlx-lm makes no tokens of it (an "
+            f"IndexError mid-training). Remove the line or give it text."
+        )
+    if value.isspace() and _tokenizer_ids(model, value) == []:
+        raise SystemExit(
+            f"{where} line {number}: {key!r} is only whitespace, of which --model {model}'s "
+            f"tokenizer makes no tokens (mlx-lm: an IndexError mid-training). Remove the "
+            f"line or give it text."
+        )
+
+
+def _tokenizer_ids(model: Any, text: str) -> list[int] | None:
+    """The token ids a local model folder's ``tokenizer.json`` gives ``text`` (special
+    tokens added, as mlx-lm's ``tokenizer.encode``); ``None`` where it cannot be read."""
+    path = pathlib.Path(str(model)).expanduser() / "tokenizer.json"
+    stamp = _stamp(path)
+    tokenizer = None if stamp is None else _local_tokenizer(str(path), stamp)
+    return None if tokenizer is None else tokenizer.encode(text).ids
+
+
+@functools.lru_cache(maxsize=4)
+def _local_tokenizer(path: str, stamp: tuple[int, int]):
+    """``path`` read as a ``tokenizers`` tokenizer (once per ``stamp``); ``None`` where
+    it cannot be."""
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(path)
+    except Exception:  # noqa: BLE001 (another format, no package: left to mlx-lm)
+        return None
 
 
 def _blank_line(where: str, number: int) -> None:
