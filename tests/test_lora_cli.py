@@ -1576,3 +1576,20 @@ def test_empty_examples_are_refused_naming_file_and_line(tmp_path, no_load):
     (data / "train.jsonl").write_text(train + '{"text": "   "}\n')
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main(argv)
+
+
+def test_report_to_names_a_service_whose_package_is_installed(monkeypatch):
+    """``--report-to foo`` was mlx-lm's ``ValueError`` traceback, ``--report-to wandb``
+    without the package its ``ImportError`` (found by probing, session 50): one line,
+    read as mlx-lm reads the value (comma-separated, any case)."""
+    from mlx_lm.tuner import callbacks
+
+    monkeypatch.setattr(callbacks, "wandb", None)
+    monkeypatch.setattr(callbacks, "swanlab", object())  # taken as installed
+    msg = "--report-to swanlab,foo: 'foo' is no service mlx-lm reports to; it takes wandb, swan"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["--test", "--report-to", "swanlab,foo"])
+    msg = "--report-to SwanLab, WandB: the wandb package is not installed (mlx-lm reports to"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["--train", "--report-to", "SwanLab, WandB"])
+    assert lora.resolve_args(["--train", "--report-to", "SwanLab"]).report_to == "SwanLab"

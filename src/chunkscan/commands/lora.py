@@ -273,7 +273,39 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     except (TypeError, ValueError) as e:
         raise SystemExit(f"{PROG}: gdn_chunk_size (from -c {args.get('config')}): {e}") from None
     _check_numbers(args)
+    _check_report_to(args)
     return types.SimpleNamespace(**args)
+
+
+def _check_report_to(args: dict) -> None:
+    """``--report-to`` names services mlx-lm reports to, whose packages are installed:
+    ``foo`` was mlx-lm's ``ValueError`` traceback, ``wandb`` without the package its
+    ``ImportError`` (found by probing). Read as mlx-lm's ``get_reporting_callbacks``
+    reads it (comma-separated, stripped, lower-cased), against its ``SUPPORT_CALLBACK``
+    and the packages its module imported (``None`` where missing); read in any run."""
+    value = args.get("report_to")
+    if not isinstance(value, str) or not value:
+        return
+    try:
+        from mlx_lm.tuner import callbacks
+    except ImportError:  # pragma: no cover - mlx-lm without it: left to mlx-lm
+        return
+    known = getattr(callbacks, "SUPPORT_CALLBACK", None)
+    if not isinstance(known, dict):
+        return
+    source = f" (from the command line or -c {args['config']})" if args.get("config") else ""
+    for name in (item.strip().lower() for item in value.split(",") if item.strip()):
+        if name not in known:
+            raise SystemExit(
+                f"{PROG}: --report-to {value}{source}: {name!r} is no service mlx-lm reports "
+                f"to; it takes {', '.join(known)} (several: comma-separated)."
+            )
+        if hasattr(callbacks, name) and getattr(callbacks, name) is None:
+            raise SystemExit(
+                f"{PROG}: --report-to {value}{source}: the {name} package is not installed "
+                f"(mlx-lm reports to {name} with it): pip install {name}, or leave out "
+                f"--report-to."
+            )
 
 
 # The numbers mlx_lm.lora takes unchecked: the least each may be, the one other value
