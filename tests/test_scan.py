@@ -2408,6 +2408,84 @@ def test_a_method_warns_about_what_it_reads_off_self(name, warned):
         assert len(messages) == 1 and f"captures the nn.Module {warned}" in messages[0], messages
 
 
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 3)
+        self.w = mx.ones((3,))
+
+
+class _Trainer:
+    """A plain object holding a model, ``f`` one of its methods reading ``self.model``'s
+    parts, ``params=self.model.cell``."""
+
+    def __init__(self):
+        self.model = _Model()
+
+    def cell_only(self, s, xs, _):
+        ys = []
+        for t in range(xs.shape[0]):
+            s = mx.tanh(self.model.cell(s) + xs[t])
+            ys.append(s)
+        return s, mx.stack(ys)
+
+    def with_head(self, s, xs, p):
+        return self.cell_only(s, xs, p)[0], self.model.head(xs)
+
+    def with_array(self, s, xs, p):
+        return self.cell_only(s, xs, p)[0], xs * self.model.w
+
+    def whole(self, s, xs, p):
+        return self.cell_only(s, xs, p)[0], xs * len(self.model)
+
+    def run(self, name, xs):
+        return chunkscan.scan(getattr(self, name), mx.zeros((3,)), xs, chunk_size=2,
+                              params=self.model.cell)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, warned",
+    [
+        ("cell_only", None),  # warned about the whole self.model (found by probing)
+        ("with_head", "'self.model.head' (Linear) through self.model.head; "),
+        ("with_array", "'self.model' (_Model) through self.model; "),  # an array of it
+        ("whole", "'self.model' (_Model) through self.model; "),  # passed on
+    ],
+)
+def test_a_method_warns_about_the_submodules_it_reads(name, warned):
+    """Two attributes down (``self.model.cell``): the walk follows each run of attribute
+    reads to the child modules it ends at, so ``params=self.model.cell`` with ``f``
+    reading only that is no capture (it warned about the whole ``self.model``; found by
+    probing, session 50), and the cell's gradient is the loop's; ``self.model.head``
+    read too warns about that head; an array of the model, or the model used otherwise,
+    the whole model."""
+    trainer = _Trainer()
+    xs = mx.random.normal((4, 3), key=mx.random.key(0))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        mx.eval(trainer.run(name, xs)[0])
+    messages = [str(w.message) for w in record if w.category is chunkscan.ClosureCaptureWarning]
+    if warned is not None:
+        assert len(messages) == 1 and f"captures the nn.Module {warned}" in messages[0], messages
+        return
+    assert messages == []
+    cell = trainer.model.cell
+
+    def loss(p, how):
+        cell.update(p)
+        if how == "scan":
+            return trainer.run(name, xs)[0].sum()
+        return trainer.cell_only(mx.zeros((3,)), xs, None)[0].sum()
+
+    p = cell.trainable_parameters()
+    got, want = mx.grad(loss)(p, "scan"), mx.grad(loss)(p, "loop")
+    cell.update(p)
+    # measured: equal, bit for bit (the same products, one chunk's worth at a time)
+    for (_, a), (_, b) in zip(tree_flatten(got), tree_flatten(want)):
+        assert mx.array_equal(a, b).item()
+
+
 def test_frozen_module_does_not_warn():
     lin = nn.Linear(3, 3)
     lin.freeze()

@@ -371,6 +371,9 @@ class _Reads(NamedTuple):
     self_attributes: tuple[str, ...]  # read off the first argument: ``self.g``
     # (local, attribute) for each ``name.attr`` read off a local or closure variable
     local_attributes: tuple[tuple[str, str], ...]
+    # (local, attributes) for each run of attribute reads off one: ``self.model.cell``
+    # gives ``("self", ("model", "cell"))``, a ``self.model`` used otherwise ``("model",)``
+    local_chains: tuple[tuple[str, tuple[str, ...]], ...]
     # the locals and closure variables used otherwise (passed, called, stored to or
     # replaced, their attributes set): what they hold may be read in any way
     escaping: frozenset[str]
@@ -398,19 +401,29 @@ def _reads(code: types.CodeType) -> _Reads:
     names: dict[str, None] = {}
     pairs: dict[tuple[str, str], None] = {}
     local_pairs: dict[tuple[str, str], None] = {}
+    chains: dict[tuple[str, tuple[str, ...]], None] = {}
     escaping: set[str] = set()
     stack = [code]
     while stack:
         c = stack.pop()
         prev = None  # the global the previous instruction loaded
         prev_local = None  # the local (or closure variable) it loaded
+        chain: tuple[str, tuple[str, ...]] | None = None  # attributes read off it in a row
         for ins in dis.get_instructions(c):
             attr = ins.argval if isinstance(ins.argval, str) else None
-            if ins.opname in _ATTRIBUTE_READS and attr is not None:
+            reads_attribute = ins.opname in _ATTRIBUTE_READS and attr is not None
+            if chain is not None and reads_attribute and prev_local is None:
+                chain = (chain[0], chain[1] + (attr,))  # the run goes on: ``self.a.b``
+                continue
+            if chain is not None:
+                chains[chain] = None
+                chain = None
+            if reads_attribute:
                 if prev is not None:
                     pairs[(prev, attr)] = None
                 if prev_local is not None:
                     local_pairs[(prev_local, attr)] = None
+                    chain = (prev_local, (attr,))
             elif prev_local is not None:  # loaded for another use: passed, called, ...
                 escaping.add(prev_local)
             prev, prev_local = None, None
@@ -427,12 +440,16 @@ def _reads(code: types.CodeType) -> _Reads:
                 prev_local = loaded[-1]
         if prev_local is not None:
             escaping.add(prev_local)
+        if chain is not None:
+            chains[chain] = None
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     if _IMPLICIT_READS.intersection(names):
         escaping.update(name for name, _ in local_pairs)
         escaping.update(code.co_varnames + code.co_freevars + code.co_cellvars)
     own = tuple(a for name, a in local_pairs if name == first)
-    return _Reads(tuple(names), tuple(pairs), own, tuple(local_pairs), frozenset(escaping))
+    return _Reads(
+        tuple(names), tuple(pairs), own, tuple(local_pairs), tuple(chains), frozenset(escaping)
+    )
 
 
 #: How many methods of a holder :func:`_attributes_read` follows before giving up.
@@ -475,6 +492,7 @@ def _attributes_read(
         return None
     own = dict(attrs or ())
     out: dict[str, Any] = {}
+    tails: dict[str, set[tuple[str, ...]]] = {}  # per attribute, what is read further off it
     methods: list[tuple[str, types.FunctionType]] = []
     todo, done = list(readers), set()
     while todo:
@@ -490,6 +508,9 @@ def _attributes_read(
         )  # fmt: skip
         if var is None or var in reads.escaping:
             return None
+        for local, chain in reads.local_chains:
+            if local == var:
+                tails.setdefault(chain[0], set()).add(chain[1:])
         for local, attr in reads.local_attributes:
             if local != var or attr in out:
                 continue
@@ -523,7 +544,39 @@ def _attributes_read(
         issubclass(type(v), containers) and not issubclass(type(v), nn.Module) for v in out.values()
     ):
         return None
-    return list(out.items()) + methods
+    read = [
+        item
+        for attr, v in out.items()
+        for item in _submodules_read(attr, v, tails.get(attr, set()))
+    ]
+    return read + methods
+
+
+def _submodules_read(path: str, value: Any, tails: set[tuple[str, ...]]) -> list[tuple[str, Any]]:
+    """``[(path, value)]``, or, where ``value`` is an ``nn.Module`` every read of which
+    goes on to one of its child modules (``tails``: the attributes read further off it,
+    ``()`` for a read that stops at it), those children by their paths, and so on down:
+    ``self.model.cell`` with ``params=self.model.cell`` warned about the whole
+    ``self.model`` (found by probing, session 50). An array, a method or anything else
+    read off it takes it whole."""
+    if not issubclass(type(value), nn.Module) or not tails or () in tails:
+        return [(path, value)]
+    children = {tail[0] for tail in tails}
+    if not all(
+        dict.__contains__(value, child)
+        and issubclass(type(dict.__getitem__(value, child)), nn.Module)
+        for child in children
+    ):
+        return [(path, value)]
+    return [
+        item
+        for child in sorted(children)
+        for item in _submodules_read(
+            f"{path}.{child}",
+            dict.__getitem__(value, child),
+            {tail[1:] for tail in tails if tail[0] == child},
+        )  # fmt: skip
+    ]
 
 
 # What an ``nn.Module`` of MLX's gives that holds no array: read off a module, nothing
