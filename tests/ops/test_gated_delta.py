@@ -650,6 +650,20 @@ def test_a_numpy_float_cu_seqlens_is_named_as_given():
         gated_delta_rule(q, k, v, g, beta, cu_seqlens=np.array([0.0, 5.0, 10.0]))
 
 
+def test_malformed_cu_seqlens_and_initial_state_name_the_fix():
+    """Float offsets, a 2-D array, a list of mx.array scalars (what iterating an mx.array
+    gives) and a NumPy initial state named no fix (found by probing, session 50)."""
+    np = pytest.importorskip("numpy")
+    q, k, v, g, beta = [x[:1] for x in _good()]
+    for cu in ([0.0, 4.0, 10.0], mx.array([[0, 4, 10]]), list(mx.array([0, 4, 10])),
+               np.array([0.0, 4.0, 10.0])):  # fmt: skip
+        with pytest.raises((TypeError, ValueError), match=re.escape("cu_seqlens=[0, 5, 12]")):
+            gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    state = np.zeros((1, v.shape[2], v.shape[3], k.shape[3]), dtype=np.float32)
+    with pytest.raises(TypeError, match=re.escape("Wrap it with mx.array(...)")):
+        gated_delta_rule(q, k, v, g, beta, initial_state=state)
+
+
 @pytest.mark.parametrize("T, like", [(1, "[0, 1]"), (3, "[0, 1, 3]")])
 def test_bad_cu_seqlens_example_is_valid(T, like):
     """The error's example is itself a valid packing of T tokens; with T = 0 there is

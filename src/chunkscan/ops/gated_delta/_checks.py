@@ -146,7 +146,7 @@ def check_inputs(
         if not isinstance(initial_state, mx.array):
             raise TypeError(
                 f"[{fn}] initial_state must be an mx.array or None but got "
-                f"{type(initial_state).__name__}."
+                f"{type(initial_state).__name__}. Wrap it with mx.array(...)."
             )
         want = (n_states, Hv, Dv, Dk)
         if _shape(initial_state) != want:
@@ -163,6 +163,13 @@ def check_inputs(
     return Spec(B, T, Hk, Hv, Dk, Dv, float(scale), chunk_size, seqs, channel)
 
 
+# What each malformed cu_seqlens is told (found by probing, session 50: they named none).
+_OFFSETS_FIX = (
+    "Pass the sequences' start offsets and the total as whole numbers, e.g. "
+    "cu_seqlens=[0, 5, 12] (an mx.array's .tolist() gives them; cast floats to int)."
+)
+
+
 def _check_cu_seqlens(
     fn: str, cu_seqlens: object, B: int, T: int
 ) -> tuple[tuple[int, int], ...] | None:
@@ -172,14 +179,14 @@ def _check_cu_seqlens(
         if cu_seqlens.dtype.kind not in "iu":  # named before MLX's conversion renames it
             raise ValueError(
                 f"[{fn}] cu_seqlens must be a 1-D integer array or a list of ints but got "
-                f"a NumPy array of dtype {cu_seqlens.dtype}."
+                f"a NumPy array of dtype {cu_seqlens.dtype}. {_OFFSETS_FIX}"
             )
         cu_seqlens = mx.array(cu_seqlens)  # read as MLX's
     if isinstance(cu_seqlens, mx.array):
         if cu_seqlens.ndim != 1 or not mx.issubdtype(cu_seqlens.dtype, mx.integer):
             raise ValueError(
                 f"[{fn}] cu_seqlens must be a 1-D integer array or a list of ints but got "
-                f"shape {_shape(cu_seqlens)} and dtype {cu_seqlens.dtype}."
+                f"shape {_shape(cu_seqlens)} and dtype {cu_seqlens.dtype}. {_OFFSETS_FIX}"
             )
         try:
             offsets = [int(x) for x in cu_seqlens.tolist()]
@@ -198,7 +205,7 @@ def _check_cu_seqlens(
     else:
         raise TypeError(
             f"[{fn}] cu_seqlens must be a list of ints, a 1-D integer mx.array or None but "
-            f"got {cu_seqlens!r}."
+            f"got {cu_seqlens!r}. {_OFFSETS_FIX}"
         )
     if B != 1:
         raise ValueError(

@@ -140,7 +140,8 @@ def gated_delta_rule(
             Every decay of the chunk form is then a product of exactly the factors
             ``exp(g_s)`` it spans (no ``exp(-cumsum)``, no quotient), so any gates
             ``<= 0`` down to ``-inf`` (a reset of one column) are exact to float32
-            rounding; the chunk size is rounded up to a multiple of 8 (sub-chunks).
+            rounding; a chunk of more than 8 steps is rounded up to a multiple of 8
+            (sub-chunks; also where it is the longest sequence's length: 12 -> 16).
             Positive per-channel gates: the same limits as above
             (``bench/growth_gates.py --channel``).
             The sequential passes use the CUDA kernel as for the scalar gate.
@@ -262,7 +263,7 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
             raise ValueError(
                 f"[default_chunk_size] {name} must be an int of at least 0 (a head size) "
-                f"but got {size!r}."
+                f"but got {size!r}. Pass the head size as an int, e.g. {name}=128."
             )
     if not _passes.cuda_device():
         return 32 if mx.default_device() == mx.cpu else 64
