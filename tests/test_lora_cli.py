@@ -1593,3 +1593,33 @@ def test_report_to_names_a_service_whose_package_is_installed(monkeypatch):
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.resolve_args(["--train", "--report-to", "SwanLab, WandB"])
     assert lora.resolve_args(["--train", "--report-to", "SwanLab"]).report_to == "SwanLab"
+
+
+def test_an_lr_schedule_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
+    """``lr_schedule: {name: cosine, ...}`` (an ``AttributeError``) or one without
+    ``arguments`` (a ``KeyError``) failed after the model had loaded and mlx-lm had
+    rewritten ``adapter_config.json`` (found by probing, session 50). Checked as mlx-lm's
+    ``build_schedule`` reads it, then built; a schedule mlx-lm builds passes."""
+    cfg = tmp_path / "c.yaml"
+    where = f"chunkscan lora: lr_schedule (from -c {cfg})"
+    for schedule, msg in (
+        ("{name: cosine, arguments: [1.0e-5, 100]}", ": name must be one of mlx.optimizers."
+         "schedulers' exponential_decay, step_decay, cosine_decay, join_schedules, "
+         "linear_schedule, not 'cosine'."),
+        ("{name: cosine_decay}", ": arguments must be the list of cosine_decay's arguments"),
+        ("[cosine_decay]", " must be a mapping such as {name: cosine_decay, arguments: ["),
+        ("{name: cosine_decay, arguments: [1.0e-5]}", ": mlx-lm's build_schedule fails on "
+         "{'name': 'cosine_decay', 'arguments': [1e-05]} (TypeError: cosine_decay() missing"),
+        ("{name: cosine_decay, arguments: [1.0e-5, 100], warmup: -3}",
+         ": mlx-lm's build_schedule fails on {'name': 'cosine_decay', 'arguments': [1e-05, "
+         "100], 'warmup': -3} (ValueError: steps must be greater than 0, but got -3.). Give "
+         "it the arguments mlx.optimizers.schedulers.cosine_decay takes, and a warmup of"),
+        ("{name: cosine_decay, arguments: [1.0e39, 100]}",
+         ": the learning rate at step 0 is inf; give a finite one."),
+    ):  # fmt: skip
+        cfg.write_text(f"lr_schedule: {schedule}\n")
+        with pytest.raises(SystemExit, match=re.escape(where + msg)):
+            lora.resolve_args(["-c", str(cfg), "--train"])
+        lora.resolve_args(["-c", str(cfg), "--test"])  # only training builds it
+    cfg.write_text("lr_schedule: {name: cosine_decay, arguments: [1.0e-5, 100], warmup: 10}\n")
+    lora.resolve_args(["-c", str(cfg), "--train"])

@@ -355,6 +355,8 @@ def _check_numbers(args: dict) -> None:
     if args.get("train"):
         _check_grad_accumulation(args["iters"], args["grad_accumulation_steps"], source)
     _check_lora_parameters(args)
+    if args.get("train") and args.get("lr_schedule"):  # mlx-lm's test: its truth
+        _check_lr_schedule(args["lr_schedule"], args.get("config"))
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
         if not _is_number(rate) or not 0 <= rate:
@@ -368,6 +370,50 @@ def _check_numbers(args: dict) -> None:
                 f"{PROG}: --learning-rate{source} must be at most float32's largest value "
                 f"({_FLOAT32_MAX:.7g}; MLX's optimizers hold it as a float32), not {rate!r}."
             )
+
+
+def _check_lr_schedule(schedule: Any, config: str | None) -> None:
+    """With ``--train``, ``lr_schedule`` (YAML only) has the shape mlx-lm's
+    ``build_schedule`` reads: a ``name`` of a schedule in ``mlx.optimizers.schedulers``,
+    a list of ``arguments`` (its first the initial rate), optional ``warmup`` steps and
+    ``warmup_init``; then it is built as mlx-lm builds it, and its rate at step 0 must be
+    finite. Found by probing: ``name: cosine`` (an ``AttributeError``) or no
+    ``arguments`` (a ``KeyError``) failed after the model had loaded and mlx-lm had
+    rewritten ``adapter_config.json``."""
+    import inspect
+
+    from mlx.optimizers import schedulers
+
+    where = f"{PROG}: lr_schedule (from -c {config})"
+    names = [n for n, f in vars(schedulers).items() if not n.startswith("_")
+             and inspect.isfunction(f) and f.__module__ == schedulers.__name__]  # fmt: skip
+    example = "{name: cosine_decay, arguments: [1.0e-5, 1000], warmup: 100}"
+    if not isinstance(schedule, dict):
+        raise SystemExit(f"{where} must be a mapping such as {example}, not {schedule!r}.")
+    name = schedule.get("name")
+    if name not in names:
+        raise SystemExit(
+            f"{where}: name must be one of mlx.optimizers.schedulers' "
+            f"{', '.join(names)}, not {name!r}. Such as {example}."
+        )
+    arguments = schedule.get("arguments")
+    if not isinstance(arguments, list) or not arguments:
+        raise SystemExit(
+            f"{where}: arguments must be the list of {name}'s arguments (the first, the "
+            f"initial learning rate), not {arguments!r}. Such as {example}."
+        )
+    try:
+        from mlx_lm.tuner.utils import build_schedule
+
+        rate = build_schedule(schedule)(mx.array(0)).item()
+    except Exception as e:  # noqa: BLE001 (any of the schedule's own errors)
+        raise SystemExit(
+            f"{where}: mlx-lm's build_schedule fails on {schedule!r} ({type(e).__name__}: "
+            f"{e}). Give it the arguments mlx.optimizers.schedulers.{name} takes, and a "
+            f"warmup of at least 1 step or none."
+        ) from None
+    if not math.isfinite(rate):
+        raise SystemExit(f"{where}: the learning rate at step 0 is {rate}; give a finite one.")
 
 
 def _check_grad_accumulation(iters: int, steps: int, source: str) -> None:
