@@ -1623,3 +1623,21 @@ def test_an_lr_schedule_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
         lora.resolve_args(["-c", str(cfg), "--test"])  # only training builds it
     cfg.write_text("lr_schedule: {name: cosine_decay, arguments: [1.0e-5, 100], warmup: 10}\n")
     lora.resolve_args(["-c", str(cfg), "--train"])
+
+
+def test_resume_adapter_file_without_train_is_refused(tmp_path, no_load):
+    """``--test --resume-adapter-file F`` (even a missing F) tested the adapters of
+    ``--adapter-path`` and ignored F, exit 0 (found by probing, session 50)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--test", "--adapter-path", "",
+            "--resume-adapter-file", "/no/such/adapters.safetensors"]  # fmt: skip
+    msg = (
+        "--resume-adapter-file /no/such/adapters.safetensors is read only with --train "
+        "(training resumes from it); --test alone reads the adapters in --adapter-path "
+        "(''). Pass --train, or pass the adapters' folder as --adapter-path instead."
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(argv)
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv[:-2])

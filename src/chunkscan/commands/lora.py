@@ -1266,8 +1266,15 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     which then failed to load; at another scale training went on from another model than
     the one trained (found by probing)."""
     resume = getattr(args, "resume_adapter_file", None)
-    if not getattr(args, "train", False) or resume is None:
+    if resume is None:
         return
+    if not getattr(args, "train", False):  # ignored by mlx-lm, exit 0 (found by probing)
+        raise SystemExit(
+            f"chunkscan lora: --resume-adapter-file {resume} is read only with --train "
+            f"(training resumes from it); --test alone reads the adapters in "
+            f"--adapter-path ({args.adapter_path!r}). Pass --train, or pass the adapters' "
+            f"folder as --adapter-path instead."
+        )
     path = pathlib.Path(str(resume)).expanduser()
     if not path.is_file():
         raise SystemExit(
