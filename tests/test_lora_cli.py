@@ -1641,3 +1641,34 @@ def test_resume_adapter_file_without_train_is_refused(tmp_path, no_load):
         lora.main(argv)
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main(argv[:-2])
+
+
+@pytest.mark.parametrize("plain_print", [False, True], ids=["say", "plain-print-control"])
+def test_a_closed_stdout_does_not_stop_the_run(plain_print, tmp_path):
+    """``chunkscan lora --demo | head -1`` died with a ``BrokenPipeError`` traceback at
+    the banner (found by probing, session 50): the command's own lines now go through
+    ``say`` (as ``chunkscan repro``'s), which sends stdout to ``os.devnull`` once the
+    reader has gone, and the run ends as usual. Here the reader is gone before the first
+    line; mlx-lm's run is a no-op. Control: ``lora.say`` as a plain print raises."""
+    import subprocess
+    import sys
+
+    prelude = "import mlx_lm.lora as m; m.run = lambda args: None; "
+    if plain_print:
+        prelude += "import chunkscan.commands.lora as l; l.say = lambda t: print(t, flush=True); "
+    code = prelude + "import sys, chunkscan.commands.cli as c; sys.exit(c.main(sys.argv[1:]))"
+    argv = ["lora", "--demo", "--iters", "1", "--model", str(tmp_path / "m"),
+            "--data", str(tmp_path / "d"), "--adapter-path", str(tmp_path / "a")]  # fmt: skip
+    read, write = os.pipe()
+    os.close(read)  # the reader has left
+    try:
+        env = dict(os.environ, CHUNKSCAN_CPU_THREADS="1")
+        proc = subprocess.run([sys.executable, "-c", code, *argv], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=env)  # fmt: skip
+    finally:
+        os.close(write)
+    if plain_print:
+        assert proc.returncode != 0 and "BrokenPipeError" in proc.stderr
+    else:
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert (tmp_path / "m" / "config.json").is_file()

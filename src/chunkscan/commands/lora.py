@@ -62,6 +62,7 @@ from .._backend import plain_int
 from .._tree import with_article
 from ..ops.gated_delta.chunk import SAVE_MODES
 from ..split import check_chunk_size
+from ._stdout import say
 
 MiB = 1024.0 * 1024.0
 
@@ -593,12 +594,11 @@ class _Reports:
     def on_train_loss_report(self, info: dict[str, Any]) -> None:
         if not self.routes_printed:
             self.routes_printed = True
-            print(_routes_line(self.routes), flush=True)
-        print(
+            say(_routes_line(self.routes))
+        say(
             f"  iter {info['iteration']:>4}: loss {info['train_loss']:.3f}, "
             f"{info['tokens_per_second']:,.0f} tok/s, "
-            f"process peak memory so far {mx.get_peak_memory() / MiB:,.0f} MiB",
-            flush=True,
+            f"process peak memory so far {mx.get_peak_memory() / MiB:,.0f} MiB"
         )
         if self.inner is not None:
             self.inner.on_train_loss_report(info)
@@ -1810,7 +1810,7 @@ def run(args: types.SimpleNamespace) -> None:
                 f"{routes.model_type} does not call mlx-lm's scaled_dot_product_attention "
                 f"(its attention, if any, trains as in mlx-lm)"
             )
-        print(f"chunkscan: {gdn}; {attention}", flush=True)
+        say(f"chunkscan: {gdn}; {attention}")
         seam.routed_calls.clear()  # patch()'s own probes called the paths
         before = _adapter_stamps(args)
         with (
@@ -2016,12 +2016,13 @@ def main(argv: list[str] | None = None) -> int:
         _check_local_inputs(args)
         if adapters is not None:
             _mark_demo_folder(adapters)
-        print(_demo_banner(args.model), flush=True)
+        # stdout's prints by say(): `chunkscan lora --demo | head -1` raised
+        # BrokenPipeError at the next line and lost the run (found by probing)
+        say(_demo_banner(args.model))
         run(args)
         where = _demo_kept(args, demo_dir)
-        print(
+        say(
             f"chunkscan lora --demo: done; process peak memory "
-            f"{mx.get_peak_memory() / MiB:,.0f} MiB; {where}",
-            flush=True,
+            f"{mx.get_peak_memory() / MiB:,.0f} MiB; {where}"
         )
     return 0

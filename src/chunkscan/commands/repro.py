@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from .._backend import plain_int
 from . import measure as _measure
+from ._stdout import say as _say  # (a closed stdout: | head; tests rebind repro._say)
 from .reporter import GRADS, MODES, gradient_fn, make_inputs
 
 
@@ -304,19 +305,6 @@ def _measure_all(args, configs, modes, grads_cases, Ts, ref_dir) -> tuple[list, 
         status = res.get("error") or f"{res['peak_mib']:8.1f} MiB {res['seconds']:7.3f} s"
         _say(f"[{n:>2}/{len(configs)}] {grads:<5} {mode:<20} T={T:<6} {status}")
     return rows, ref_failed
-
-
-def _say(text: str) -> None:
-    """Print ``text`` to stdout, flushed; once the reader has closed it (``| head``),
-    stdout goes to ``os.devnull`` and the run goes on: the progress line raised
-    ``BrokenPipeError`` and every configuration measured was lost, ``repro.json``
-    unwritten (found by probing, session 49)."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def format_table(rows: list[dict], Ts: list[int]) -> str:
