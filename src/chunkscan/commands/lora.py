@@ -30,11 +30,15 @@ Face repo id (``namespace/name``), that every data file there reads as mlx-lm re
 :func:`_read_examples`) and none is empty, that the numbers
 mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-layers``,
 ``--val-batches``, ``--learning-rate``, ...: :data:`_WHOLE_NUMBERS`; ``--batch-size -2``
-hung mlx-lm for ever, ``--num-layers 0`` trained every layer), that the YAML file
-parses and that a ``--resume-adapter-file`` exists with this run's fine-tune type and
-rank, its layers and projections among those this run wraps
-(:func:`_check_resumed_adapters`), and says what is wrong; a failed Hub download
-is reported in one line, not as a traceback.
+hung mlx-lm for ever, ``--num-layers 0`` trained every layer; ``--iters`` at least
+``--grad-accumulation-steps``), that an ``lr_schedule`` builds and ``--report-to`` names
+installed services, that the YAML file parses and that a ``--resume-adapter-file`` comes
+with ``--train``, loads, and has this run's fine-tune type, rank and scale, its layers
+and projections among those this run wraps (:func:`_check_resumed_adapters`), and says
+what is wrong; a failed Hub download is reported in one line, not as a traceback. Once
+the model is wrapped, a resumed file's tensors must all name its parameters, with their
+shapes (:func:`_check_resumed_weights_fit`); after training, the saved adapters must be
+finite (:func:`_check_saved_adapters`).
 """
 
 from __future__ import annotations
