@@ -32,6 +32,18 @@ def small_model(path):
     return write_model(path, small_config(vocab_size=256))
 
 
+def earlier_adapters(tmp_path, tensors=None, config=None) -> pathlib.Path:
+    """An earlier run's ``adapters.safetensors`` in ``tmp_path / "earlier"`` (its path):
+    ``tensors`` (default none), with ``config`` as its ``adapter_config.json`` where
+    given."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    mx.save_safetensors(str(earlier / "adapters.safetensors"), tensors or {})
+    if config is not None:
+        (earlier / "adapter_config.json").write_text(json.dumps(config))
+    return earlier / "adapters.safetensors"
+
+
 def test_parser_wraps_mlx_lm():
     ours = {a.dest for a in lora.build_parser()._actions}
     theirs = {a.dest for a in mlx_lm.lora.build_parser()._actions}
@@ -748,12 +760,9 @@ def test_the_prechecks_leave_to_mlx_lm_what_it_accepts(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=re.escape("train.jsonl line 5 lacks 'text'")):
         lora.main([*argv, "--train"])
     (data / "train.jsonl").write_text(train)
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
     names = [f"model.layers.{i}.mlp.up_proj.lora_{ab}" for i in (0, 1) for ab in "ab"]
-    mx.save_safetensors(str(earlier / "adapters.safetensors"), {n: mx.zeros((2,)) for n in names})
-    resume = [*argv[:4], "--train", "--num-layers", "1", "--resume-adapter-file",
-              str(earlier / "adapters.safetensors")]  # fmt: skip
+    earlier = earlier_adapters(tmp_path, {n: mx.zeros((2,)) for n in names})
+    resume = [*argv[:4], "--train", "--num-layers", "1", "--resume-adapter-file", str(earlier)]
     with pytest.raises(SystemExit, match=re.escape("holds adapters of layer 0, which")):
         lora.main(resume)
     (model / "config.json").write_text(json.dumps(dict(config, num_layers=1)))
@@ -810,13 +819,10 @@ def test_resumed_adapters_of_another_rank_are_refused_before_loading(tmp_path, m
     monkeypatch.setattr(lora, "run", lambda args: ran.append(args))
     model = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    mx.save_safetensors(str(earlier / "adapters.safetensors"), {})
     config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 4, "scale": 20.0}}
-    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    earlier = earlier_adapters(tmp_path, config=config)
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
-            "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
+            "--resume-adapter-file", str(earlier)]  # fmt: skip
     with pytest.raises(SystemExit, match=re.escape("was trained with rank 4 (")):
         lora.main(argv)
     with pytest.raises(SystemExit, match=re.escape("was trained with fine_tune_type 'lora'")):
@@ -1112,15 +1118,12 @@ def test_demo_runs_the_checks_made_without_it(tmp_path, monkeypatch, no_load):
     load (exit status 0), a missing resume file and an empty valid.jsonl of a --data
     folder were mlx-lm's tracebacks (found by probing)."""
     model = small_model(tmp_path / "model")
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    mx.save_safetensors(str(earlier / "adapters.safetensors"), {})
     config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 8, "scale": 20.0}}
-    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    earlier = earlier_adapters(tmp_path, config=config)
     cfg = tmp_path / "rank4.yaml"
     cfg.write_text("lora_parameters: {rank: 4, scale: 20.0, dropout: 0.0}\n")
     demo = ["--demo", "--iters", "1", "--model", str(model), "--adapter-path", str(tmp_path / "a")]
-    resume = ["--resume-adapter-file", str(earlier / "adapters.safetensors")]
+    resume = ["--resume-adapter-file", str(earlier)]
     with pytest.raises(SystemExit, match=re.escape("was trained with rank 8 (")):
         lora.main([*demo, *resume, "-c", str(cfg)])
     with pytest.raises(SystemExit, match=re.escape("none.safetensors: no such file")):
@@ -1504,17 +1507,14 @@ def test_resumed_adapters_of_another_lora_scale_are_refused_before_loading(tmp_p
     the same scale reaches the run."""
     model = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    mx.save_safetensors(str(earlier / "adapters.safetensors"), {})
     config = {"fine_tune_type": "lora", "lora_parameters": {"rank": 8, "scale": 1.0}}
-    (earlier / "adapter_config.json").write_text(json.dumps(config))
+    earlier = earlier_adapters(tmp_path, config=config)
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1",
-            "--resume-adapter-file", str(earlier / "adapters.safetensors")]  # fmt: skip
+            "--resume-adapter-file", str(earlier)]  # fmt: skip
     msg = ("was trained with scale 1.0 ({}), this run asks for 20.0: mlx-lm would load it "
            "anyway (strict=False) and start from another model than the one trained (the "
            "scale multiplies the adapters' output). Give this run the same scale "
-           "(lora_parameters in -c)").format(earlier / "adapter_config.json")  # fmt: skip
+           "(lora_parameters in -c)").format(earlier.parent / "adapter_config.json")  # fmt: skip
     with pytest.raises(SystemExit, match=re.escape(msg)):
         lora.main(argv)
     cfg = tmp_path / "scale1.yaml"
