@@ -1649,13 +1649,17 @@ def test_a_closed_stdout_does_not_stop_the_run(plain_print, tmp_path):
     the banner (found by probing, session 50): the command's own lines now go through
     ``say`` (as ``chunkscan repro``'s), which sends stdout to ``os.devnull`` once the
     reader has gone, and the run ends as usual. Here the reader is gone before the first
-    line; mlx-lm's run is a no-op. Control: ``lora.say`` as a plain print raises."""
+    line; mlx-lm's run is a no-op. Control: ``lora.say`` as a plain print, without the
+    command's stdout guard, raises."""
     import subprocess
     import sys
 
     prelude = "import mlx_lm.lora as m; m.run = lambda args: None; "
     if plain_print:
-        prelude += "import chunkscan.commands.lora as l; l.say = lambda t: print(t, flush=True); "
+        prelude += (
+            "import contextlib, chunkscan.commands.lora as l; l.say = lambda t: "
+            "print(t, flush=True); l.guarded_stdout = contextlib.nullcontext; "
+        )
     code = prelude + "import sys, chunkscan.commands.cli as c; sys.exit(c.main(sys.argv[1:]))"
     argv = ["lora", "--demo", "--iters", "1", "--model", str(tmp_path / "m"),
             "--data", str(tmp_path / "d"), "--adapter-path", str(tmp_path / "a")]  # fmt: skip
@@ -1672,3 +1676,68 @@ def test_a_closed_stdout_does_not_stop_the_run(plain_print, tmp_path):
     else:
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert (tmp_path / "m" / "config.json").is_file()
+
+
+# mlx-lm's training run as a stand-in: it waits for the reader of stdout to leave, then
+# prints through mlx-lm's own paths (rprint, flushed as PYTHONUNBUFFERED=1 makes it, and
+# the rich console, which flushes) and saves adapters of one value (sys.argv[-1]: the path
+# the parent makes once it has closed its end of the pipe)
+_FAKE_MLX_LM_RUN = """
+import math, os, sys, time
+import mlx.core as mx, mlx_lm.lora as m
+from mlx_lm.cli_ui import make_console
+def run(args):
+    while not os.path.exists(os.environ["READER_GONE"]):
+        time.sleep(0.02)
+    m.rprint("Loading pretrained model", flush=True)
+    make_console().print("[ui.strong]mlx_lm.lora[/ui.strong] " + "-" * 20000)
+    print("Training")
+    os.makedirs(args.adapter_path, exist_ok=True)
+    value = float(os.environ["ADAPTER_VALUE"])
+    mx.save_safetensors(os.path.join(args.adapter_path, "adapters.safetensors"),
+                        {"w": mx.array([value])})
+m.run = run
+import chunkscan.commands.cli as c
+sys.exit(c.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "unbuffered, value", [(False, "1.0"), (True, "nan")], ids=["buffered", "unbuffered-nan"]
+)
+def test_a_closed_stdout_does_not_stop_mlx_lm_printing(unbuffered, value, tmp_path):
+    """``chunkscan lora ... | head -1`` (no ``--demo``): after the banner the reader left,
+    and mlx-lm's own ``rprint`` raised ``BrokenPipeError`` (its rich console: rich's
+    ``SystemExit(1)``), no adapters saved; ``say`` guarded chunkscan's lines alone (found
+    by review, session 50). Now the whole command's stdout is guarded: the run ends, its
+    adapters saved, and the post-run check reads them (NaN adapters: exit 1, naming
+    them); no "Exception ignored" at Python's flush of stdout on exit."""
+    import subprocess
+    import sys
+
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    adapters = tmp_path / "adapters"
+    gone = tmp_path / "reader-gone"
+    argv = ["lora", "--model", str(model), "--data", str(data), "--train", "--iters", "1",
+            "--batch-size", "2", "--num-layers", "-1", "--adapter-path", str(adapters)]  # fmt: skip
+    env = dict(os.environ, CHUNKSCAN_CPU_THREADS="1", READER_GONE=str(gone),
+               ADAPTER_VALUE=value)  # fmt: skip
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_MLX_LM_RUN, *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().startswith("chunkscan: ")  # the banner, then
+        proc.stdout.close()  # the reader leaves
+        gone.touch()
+        err = proc.stderr.read()
+    finally:
+        code = proc.wait(timeout=120)
+    assert "BrokenPipeError" not in err and "Exception ignored" not in err, err
+    assert (adapters / "adapters.safetensors").is_file()
+    if value == "nan":
+        assert code == 1 and "hold NaN or inf values (1 of 1 tensors: w)" in err, err
+    else:
+        assert code == 0 and "Traceback" not in err, err

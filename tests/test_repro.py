@@ -627,12 +627,14 @@ def test_a_closed_stdout_does_not_stop_the_run(tmp_path):
     """``chunkscan repro | head -1``: the progress line after the reader left raised
     ``BrokenPipeError``, and the configurations measured were lost, no ``repro.json``
     (found by probing, session 49). Now stdout goes to ``os.devnull`` and the run ends
-    as usual. Negative control: ``repro._say`` as a plain print raises again."""
+    as usual. Negative control: ``repro._say`` as a plain print, without the command's
+    stdout guard, raises again."""
 
     def run(plain_print: bool) -> tuple[int, bool, str]:
         out = tmp_path / ("plain" if plain_print else "said") / "out"
-        prelude = ("import chunkscan.commands.repro as r; r._say = lambda t: print(t, "
-                   "flush=True); " if plain_print else "")  # fmt: skip
+        prelude = ("import contextlib, chunkscan.commands.repro as r; r._say = lambda t: "
+                   "print(t, flush=True); r.guarded_stdout = contextlib.nullcontext; "
+                   if plain_print else "")  # fmt: skip
         code = prelude + "import sys, chunkscan.commands.cli as c; sys.exit(c.main(sys.argv[1:]))"
         argv = ["repro", "--T", "4", "--H", "1", "--D", "2", "--modes", "cs.scan", "--grads",
                 "qkv", "--no-plot", "--out", str(out)]  # fmt: skip

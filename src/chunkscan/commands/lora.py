@@ -66,7 +66,7 @@ from .._backend import plain_int
 from .._tree import with_article
 from ..ops.gated_delta.chunk import SAVE_MODES
 from ..split import check_chunk_size
-from ._stdout import say
+from ._stdout import guarded_stdout, say
 
 MiB = 1024.0 * 1024.0
 
@@ -1976,8 +1976,15 @@ def _layer_modules(model_class: type) -> list[types.ModuleType]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``chunkscan lora``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of ``chunkscan lora``. Its stdout is guarded for the whole command
+    (:func:`guarded_stdout`): a reader that leaves (``| head -1``) ends neither
+    chunkscan's lines nor mlx-lm's (its ``print`` and rich console wrote to the closed
+    pipe and lost the run; found by review, session 50); they go to ``os.devnull``."""
+    with guarded_stdout():
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # a user's setting kept (probing)
     if not argv:
         build_parser().print_usage(sys.stderr)

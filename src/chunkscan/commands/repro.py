@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from .._backend import plain_int
 from . import measure as _measure
+from ._stdout import guarded_stdout
 from ._stdout import say as _say  # (a closed stdout: | head; tests rebind repro._say)
 from .reporter import GRADS, MODES, gradient_fn, make_inputs
 
@@ -197,7 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration; 0 when all succeeded, 1 when any failed or its
     gradient is NaN or off plain autograd's (:data:`GRAD_TOLERANCE`), 2 (argparse) for
-    bad arguments or an output folder that cannot be written."""
+    bad arguments or an output folder that cannot be written. Stdout is guarded for the
+    whole command (:func:`guarded_stdout`, as ``chunkscan lora``'s): a reader that
+    leaves (``| head -1``) stops no line."""
+    with guarded_stdout():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.out = os.path.expanduser(args.out)  # '~/x' was a folder named ~ here (probing)
