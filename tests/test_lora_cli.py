@@ -1549,13 +1549,38 @@ def test_a_folder_named_as_an_adapter_file_is_refused_before_loading(tmp_path, c
     assert "earlier run's" not in capsys.readouterr().err
 
 
+def _add_bos(model: pathlib.Path) -> None:
+    """The ``tokenizer.json`` of the model folder ``model`` made to add a ``<bos>`` token
+    before every text (a ``TemplateProcessing`` post-processor)."""
+    path = model / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    bos = len(tokenizer["model"]["vocab"])
+    tokenizer["model"]["vocab"]["<bos>"] = bos
+    tokenizer["added_tokens"].append({"id": bos, "content": "<bos>", "single_word": False,
+                                      "lstrip": False, "rstrip": False, "normalized": False,
+                                      "special": True})  # fmt: skip
+    first = [
+        {"SpecialToken": {"id": "<bos>", "type_id": 0}},
+        {"Sequence": {"id": "A", "type_id": 0}},
+    ]
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": first,
+        "pair": [*first, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [bos], "tokens": ["<bos>"]}},
+    }
+    path.write_text(json.dumps(tokenizer))
+
+
 def test_empty_examples_are_refused_naming_file_and_line(tmp_path, no_load):
     """``{"text": ""}``, ``{"text": "   "}`` (with a word-level tokenizer) and
     ``{"messages": []}`` passed the data checks and failed after the model loaded, an
     ``IndexError`` or transformers' "empty conversation" (found by probing, session
-    50). Whitespace-only text is refused only where the model's ``tokenizer.json`` makes
-    no tokens of it (a byte-level BPE makes tokens of spaces, and mlx-lm trains on
-    them); where it cannot be read up front, it is left to mlx-lm."""
+    50). Empty and whitespace-only text are refused only where the model's
+    ``tokenizer.json`` makes no tokens of them: a tokenizer that adds a BOS token makes
+    BOS + EOS of ``""`` and mlx-lm trains on it (refused before; found by review, session
+    50), a byte-level BPE makes tokens of spaces; where the tokenizer cannot be read up
+    front, both are left to mlx-lm."""
     model = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
@@ -1563,7 +1588,8 @@ def test_empty_examples_are_refused_naming_file_and_line(tmp_path, no_load):
     chat = json.dumps({"messages": [{"role": "user", "content": "one two"}]}) + "\n"
     where = f"chunkscan lora: --data {data}: train.jsonl line 5: "
     for content, msg in (
-        (train + '{"text": ""}\n', "'text' is empty; mlx-lm makes no tokens of it"),
+        (train + '{"text": ""}\n', f"'text' is empty, of which --model {model}'s tokenizer "
+         "makes no tokens (mlx-lm: an IndexError mid-training)"),
         (train + '{"text": " \\t "}\n', f"'text' is only whitespace, of which --model {model}'s "
          "tokenizer makes no tokens"),
         (chat * 4 + '{"messages": []}\n', "'messages' is an empty list; mlx-lm's chat template"),
@@ -1571,11 +1597,17 @@ def test_empty_examples_are_refused_naming_file_and_line(tmp_path, no_load):
         (data / "train.jsonl").write_text(content)
         with pytest.raises(SystemExit, match=re.escape(where + msg)):
             lora.main(argv)
-    # a tokenizer not read up front (no tokenizer.json): whitespace is left to mlx-lm
-    (model / "tokenizer.json").rename(model / "tokenizer.json.away")
-    (data / "train.jsonl").write_text(train + '{"text": "   "}\n')
+    # a tokenizer that adds a BOS token: "" is BOS + EOS to mlx-lm, which trains on it
+    _add_bos(model)
+    (data / "train.jsonl").write_text(train + '{"text": ""}\n')
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main(argv)
+    # a tokenizer not read up front (no tokenizer.json): "" and whitespace left to mlx-lm
+    (model / "tokenizer.json").rename(model / "tokenizer.json.away")
+    for text in ("", "   "):
+        (data / "train.jsonl").write_text(train + json.dumps({"text": text}) + "\n")
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main(argv)
 
 
 def test_report_to_names_a_service_whose_package_is_installed(monkeypatch):

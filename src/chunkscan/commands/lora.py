@@ -1581,11 +1581,13 @@ def _check_example_not_empty(
 ) -> None:
     """An example mlx-lm cannot make a sequence of, refused (found by probing: each
     failed mid-training, after the model loaded): a chat of no messages (transformers:
-    "Cannot apply chat template to an empty conversation"), an empty ``text`` (no tokens
-    for most tokenizers: an ``IndexError`` in mlx-lm's ``TextDataset``; a lone BOS for
-    the rest), and a whitespace-only ``text`` where the local model's ``tokenizer.json``
-    makes no tokens of it (a word-level one, as the demo's; a byte-level BPE makes
-    tokens of spaces, and mlx-lm trains on them: left to it). ``prompt`` /
+    "Cannot apply chat template to an empty conversation"), and an empty or
+    whitespace-only ``text`` where the local model's ``tokenizer.json`` makes no tokens
+    of it (an ``IndexError`` in mlx-lm's ``TextDataset``: a word-level tokenizer, as the
+    demo's). A tokenizer that adds a BOS token makes BOS + EOS of ``""``, and a
+    byte-level BPE tokens of spaces: mlx-lm trains on them, and so does this command
+    (an empty ``text`` was refused for every tokenizer; found by review, session 50);
+    where ``tokenizer.json`` cannot be read up front, it is left to mlx-lm. ``prompt`` /
     ``completion`` go through the chat template, which adds its own text: not checked."""
     if needed == (chat,):
         if not example[chat]:
@@ -1598,14 +1600,10 @@ def _check_example_not_empty(
         return
     (key,) = needed
     value = example[key]
-    if value == "":
+    if (value == "" or value.isspace()) and _tokenizer_ids(model, value) == []:
+        what = "empty" if value == "" else "only whitespace"
         raise SystemExit(
-            f"{where} line {number}: {key!r} is empty; mlx-lm makes no tokens of it (an "
-            f"IndexError mid-training). Remove the line or give it text."
-        )
-    if value.isspace() and _tokenizer_ids(model, value) == []:
-        raise SystemExit(
-            f"{where} line {number}: {key!r} is only whitespace, of which --model {model}'s "
+            f"{where} line {number}: {key!r} is {what}, of which --model {model}'s "
             f"tokenizer makes no tokens (mlx-lm: an IndexError mid-training). Remove the "
             f"line or give it text."
         )
