@@ -784,34 +784,36 @@ def _resumed_weights_must_fit(lora: Any, args: types.SimpleNamespace):
 
 
 def _check_resumed_weights_fit(model: nn.Module, args: types.SimpleNamespace) -> None:
-    """Every tensor of the resumed safetensors file (its header) names a parameter of
-    ``model`` as this run wraps it, with that parameter's shape; else ``SystemExit``.
+    """Every tensor of the resumed file (read as mlx-lm reads it: :func:`_resumed_shapes`,
+    safetensors or ``.npz``) names a parameter of ``model`` as this run wraps it, with
+    that parameter's shape; else ``SystemExit``.
     mlx-lm loads the file with ``strict=False``: adapters of another model lost the
     tensors whose names it lacks in silence, exit 0, and tensors of other shapes failed
     with a ``[matmul]`` traceback mid-training (found by probing). The checks before
     loading catch what the file and its ``adapter_config.json`` tell; this one, what
-    only the model tells."""
+    only the model tells. (It read a safetensors header, which an ``.npz`` file has
+    not: such a file's foreign tensors were dropped in silence; found by review.)"""
     from mlx.utils import tree_flatten
 
     resume = args.resume_adapter_file
-    header = _tensor_header(pathlib.Path(resume))
+    tensors = _resumed_shapes(resume, pathlib.Path(resume))
     params = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
-    dropped = sorted(name for name in header if name not in params)
-    shapes = {n: tuple(header[n].get("shape") or ()) for n in header if n in params}
+    dropped = sorted(name for name in tensors if name not in params)
+    shapes = {n: tensors[n] for n in tensors if n in params}
     mismatched = sorted(n for n, shape in shapes.items() if shape != params[n])
     if not dropped and not mismatched:
         return
     problems = []
     if dropped:
         problems.append(
-            f"{len(dropped)} of its {len(header)} tensors name no parameter of the model "
+            f"{len(dropped)} of its {len(tensors)} tensors name no parameter of the model "
             f"({_some(dropped)}), which mlx-lm would drop in silence"
         )
     if mismatched:
         shown = "; ".join(f"{n}: {list(shapes[n])} in the file, {list(params[n])} in the "
                           f"model" for n in mismatched[:2])  # fmt: skip
         problems.append(
-            f"{len(mismatched)} of its {len(header)} tensors have another shape than the "
+            f"{len(mismatched)} of its {len(tensors)} tensors have another shape than the "
             f"model's ({shown}"
             f"{'; ...' if len(mismatched) > 2 else ''}), which would fail mid-training"
         )
@@ -1263,7 +1265,7 @@ def _check_adapter_files(path: str) -> None:
 
 
 def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
-    """``--resume-adapter-file`` must exist, load (:func:`_check_loadable`), and where an
+    """``--resume-adapter-file`` must exist, load (:func:`_resumed_shapes`), and where an
     ``adapter_config.json`` lies beside it, have this run's fine-tune type, LoRA rank and
     scale: mlx-lm loads it with ``strict=False``, so adapters of another rank were
     loaded with their own shapes, trained, and saved beside a config of this run's rank,
@@ -1285,7 +1287,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
             f"chunkscan lora: --resume-adapter-file {resume}: no such file. Pass the "
             f"adapters.safetensors of an earlier run."
         )
-    _check_loadable(resume, path)
+    tensors = _resumed_shapes(resume, path)
     try:
         with open(path.parent / "adapter_config.json") as f:
             saved = json.load(f)
@@ -1296,7 +1298,6 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     lora_parameters = args.lora_parameters if isinstance(args.lora_parameters, dict) else {}
     saved_lora = saved.get("lora_parameters")
     saved_lora = saved_lora if isinstance(saved_lora, dict) else {}
-    header = _tensor_header(path)
     unloadable = "save adapters that do not load"
     pairs = [("fine_tune_type", saved.get("fine_tune_type"), args.fine_tune_type, unloadable)]
     if args.fine_tune_type != "full":
@@ -1320,7 +1321,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     # the file's own tensor names: without its adapter_config.json a LoRA file resumed
     # as full or DoRA, or a DoRA file as LoRA, lost its adapters or their magnitudes in
     # silence (found by probing: a LoRA file resumed as full restarted from the base)
-    kind = _tensor_fine_tune_type(header)
+    kind = _tensor_fine_tune_type(tensors)
     if saved.get("fine_tune_type") is None and kind is not None and kind != args.fine_tune_type:
         raise SystemExit(
             f"chunkscan lora: --resume-adapter-file {resume} holds {kind} weights (its "
@@ -1328,7 +1329,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
             f"mlx-lm would load it anyway (strict=False) and drop what this run does not "
             f"train. Pass --fine-tune-type {kind}, or start without --resume-adapter-file."
         )
-    ranks, now = _lora_ranks(header), lora_parameters.get("rank")
+    ranks, now = _lora_ranks(tensors), lora_parameters.get("rank")
     # the file's own shapes: a file without its adapter_config.json beside it went
     # unchecked (found by probing: rank 4 resumed at 8, exit 0, adapters that do not load)
     if args.fine_tune_type != "full" and ranks and isinstance(now, int) and ranks != {now}:
@@ -1339,21 +1340,24 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
             f"that do not load. Give this run the same rank (lora_parameters in -c), or "
             f"start without --resume-adapter-file."
         )
-    _check_resumed_coverage(args, resume, header, lora_parameters)
+    _check_resumed_coverage(args, resume, tensors, lora_parameters)
 
 
-def _check_loadable(resume: Any, path: pathlib.Path) -> None:
-    """``path`` loads as mlx-lm loads it (``mx.load``, which reads the header alone and
-    picks the format by the file's extension) into named tensors: the run's
-    ``adapter_config.json`` given instead was ``ValueError: [load] Unknown file format
-    json`` after the model loaded (found by probing)."""
+def _resumed_shapes(resume: Any, path: pathlib.Path) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of the tensors in ``path``, loaded as mlx-lm loads it
+    (``mx.load``, which picks the format by the file's extension: safetensors, ``.npz``,
+    ...; lazy: no tensor's data is read until it is evaluated, and none is here); else
+    ``SystemExit``: the run's ``adapter_config.json`` given instead was ``ValueError:
+    [load] Unknown file format json`` after the model loaded (found by probing). One
+    reader for every check of the file (a safetensors header reader left an ``.npz``
+    file's tensors unchecked; found by review)."""
     try:
         loaded = mx.load(str(path))
     except (ValueError, RuntimeError, OSError) as e:
         problem = str(e)
     else:
         if isinstance(loaded, dict):
-            return
+            return {name: tuple(value.shape) for name, value in loaded.items()}
         problem = "it holds one array, not named tensors"
     raise SystemExit(
         f"chunkscan lora: --resume-adapter-file {resume} is not a weights file mlx-lm can "
@@ -1363,9 +1367,9 @@ def _check_loadable(resume: Any, path: pathlib.Path) -> None:
 
 
 def _check_resumed_coverage(
-    args: types.SimpleNamespace, resume: Any, header: dict, lora_parameters: dict
+    args: types.SimpleNamespace, resume: Any, tensors: dict, lora_parameters: dict
 ) -> None:
-    """The resumed adapters' layers (read off the tensor names in the file's header)
+    """The resumed adapters' layers (read off the file's tensor names, ``tensors``)
     are among the last ``--num-layers`` this run wraps (or, ``full``, trains), and
     their modules among this run's ``lora_parameters.keys`` where it lists them: mlx-lm
     loads the file with ``strict=False``, so adapters of a layer or module this run
@@ -1385,11 +1389,11 @@ def _check_resumed_coverage(
     wrapped = args.num_layers if args.num_layers != -1 else count
     keys = lora_parameters.get("keys") if args.fine_tune_type != "full" else None
     keys = set(keys) if isinstance(keys, list) else None
-    modules = _lora_modules(header)
+    modules = _lora_modules(tensors)
     # mlx-lm also wraps a module its full path names in keys, in any layer (a review
     # found such a resume refused): its tensors are no layer's to count
     whole = {full for _, full in modules if keys is not None and full in keys}
-    layers = _tensor_layers({n: v for n, v in header.items() if n.rpartition(".")[0] not in whole})
+    layers = _tensor_layers({n: v for n, v in tensors.items() if n.rpartition(".")[0] not in whole})
     # Said only where the count is surely the layers mlx-lm builds: not where the
     # config's num_layers disagrees (LongCat-Flash builds num_layers, half of
     # num_hidden_layers) or a tensor names a layer past it (found by review).
@@ -1422,34 +1426,18 @@ def _check_resumed_coverage(
             )
 
 
-def _tensor_header(path: pathlib.Path) -> dict:
-    """A safetensors file's header (tensor name -> its dtype, shape and offsets; no
-    ``__metadata__``), read alone; empty where it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 0 < size <= 1 << 26:
-                return {}
-            header = json.loads(f.read(size))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(header, dict):
-        return {}
-    return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
-
-
-def _tensor_layers(header: dict) -> set[int]:
-    """The layer indices (``...layers.<i>.``) in a header's tensor names."""
-    found = (_LAYER_NAME.search(name) for name in header)
+def _tensor_layers(tensors: dict) -> set[int]:
+    """The layer indices (``...layers.<i>.``) in a file's tensor names."""
+    found = (_LAYER_NAME.search(name) for name in tensors)
     return {int(m.group(1)) for m in found if m}
 
 
-def _lora_modules(header: dict) -> set[tuple[str, str]]:
-    """The modules a header's LoRA / DoRA tensors adapt, as ``(name within its layer,
+def _lora_modules(tensors: dict) -> set[tuple[str, str]]:
+    """The modules a file's LoRA / DoRA tensors adapt, as ``(name within its layer,
     full path)``, the two names ``lora_parameters`` keys may give (``self_attn.q_proj``;
     ``model.layers.0.self_attn.q_proj``, or ``lm_head`` outside the layers)."""
     modules = set()
-    for name in header:
+    for name in tensors:
         module, _, leaf = name.rpartition(".")
         if leaf in ("lora_a", "lora_b", "m") and module:
             m = _LAYER_NAME.search(module + ".")
@@ -1457,33 +1445,31 @@ def _lora_modules(header: dict) -> set[tuple[str, str]]:
     return modules
 
 
-def _tensor_fine_tune_type(header: dict) -> str | None:
-    """The fine-tune type a header's tensor names show: ``dora`` where a module holds
+def _tensor_fine_tune_type(tensors: dict) -> str | None:
+    """The fine-tune type a file's tensor names show: ``dora`` where a module holds
     ``lora_a`` / ``lora_b`` and a magnitude ``m``, ``lora`` where those alone, ``full``
     where no module does (the layers' own weights); ``None`` for no tensors."""
-    if not header:
+    if not tensors:
         return None
     adapted = set()  # lora_a / lora_b may be lists (afm7's fused LoRA: lora_a.0, ...)
-    for name in header:
+    for name in tensors:
         parts = name.split(".")
         at = [i for i, part in enumerate(parts) if part in ("lora_a", "lora_b")]
         if at:
             adapted.add(".".join(parts[: at[0]]))
     if not adapted:
         return "full"
-    return "dora" if any(f"{module}.m" in header for module in adapted) else "lora"
+    return "dora" if any(f"{module}.m" in tensors for module in adapted) else "lora"
 
 
-def _lora_ranks(header: dict) -> set[int]:
-    """The ranks of a header's LoRA / DoRA adapters, from the shapes of their
-    ``lora_b``: ``[r, out]``, or ``[experts, out, r]`` (mlx-lm's SwitchLinear)."""
+def _lora_ranks(tensors: dict[str, tuple[int, ...]]) -> set[int]:
+    """The ranks of a file's LoRA / DoRA adapters (``tensors``: tensor name -> shape),
+    from the shapes of their ``lora_b``: ``[r, out]``, or ``[experts, out, r]``
+    (mlx-lm's SwitchLinear)."""
     ranks = set()
-    for name, info in header.items():
-        shape = info.get("shape")
-        if name.endswith(".lora_b") and isinstance(shape, list) and len(shape) in (2, 3):
-            rank = shape[0] if len(shape) == 2 else shape[-1]
-            if isinstance(rank, int):
-                ranks.add(rank)
+    for name, shape in tensors.items():
+        if name.endswith(".lora_b") and len(shape) in (2, 3):
+            ranks.add(shape[0] if len(shape) == 2 else shape[-1])
     return ranks
 
 
