@@ -1643,7 +1643,8 @@ def test_an_lr_schedule_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
     """``lr_schedule: {name: cosine, ...}`` (an ``AttributeError``) or one without
     ``arguments`` (a ``KeyError``) failed after the model had loaded and mlx-lm had
     rewritten ``adapter_config.json`` (found by probing, session 50). Checked as mlx-lm's
-    ``build_schedule`` reads it, then built; a schedule mlx-lm builds passes."""
+    ``build_schedule`` reads it, then built, and its rate at every step up to ``--iters``
+    must be finite and not negative; a schedule mlx-lm builds and trains with passes."""
     cfg = tmp_path / "c.yaml"
     where = f"chunkscan lora: lr_schedule (from -c {cfg})"
     for schedule, msg in (
@@ -1658,8 +1659,20 @@ def test_an_lr_schedule_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
          ": mlx-lm's build_schedule fails on {'name': 'cosine_decay', 'arguments': [1e-05, "
          "100], 'warmup': -3} (ValueError: steps must be greater than 0, but got -3.). Give "
          "it the arguments mlx.optimizers.schedulers.cosine_decay takes, and a warmup of"),
-        ("{name: cosine_decay, arguments: [1.0e39, 100]}",
-         ": the learning rate at step 0 is inf; give a finite one."),
+        ("{name: cosine_decay, arguments: [1.0e39, 100]}", ": the learning rate at step 0 is "
+         "inf; at every step up to --iters 1000 it must be finite, at least 0 and at most "
+         "float32's largest value (3.402823e+38; MLX's optimizers hold it as a float32). "
+         "Change the schedule's arguments (or warmup_init)."),
+        # step 0 alone was read: a warmup hid an infinite rate (NaN mid-training), and a
+        # negative rate or a linear_schedule ending at 1e39 passed (found by review)
+        ("{name: cosine_decay, arguments: [1.0e39, 100], warmup: 10}",
+         ": the learning rate at step 4 is inf; at every step up to --iters 1000"),
+        ("{name: cosine_decay, arguments: [-1.0e-3, 100]}",
+         ": the learning rate at step 0 is -0.001; at every step"),
+        ("{name: linear_schedule, arguments: [1.0e-5, 1.0e39, 100]}",
+         ": the learning rate at step 35 is inf"),
+        ("{name: cosine_decay, arguments: [1.0e-5, 100], warmup: 10, warmup_init: 1.0e39}",
+         ": the learning rate at step 0 is inf"),
     ):  # fmt: skip
         cfg.write_text(f"lr_schedule: {schedule}\n")
         with pytest.raises(SystemExit, match=re.escape(where + msg)):
@@ -1667,6 +1680,11 @@ def test_an_lr_schedule_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
         lora.resolve_args(["-c", str(cfg), "--test"])  # only training builds it
     cfg.write_text("lr_schedule: {name: cosine_decay, arguments: [1.0e-5, 100], warmup: 10}\n")
     lora.resolve_args(["-c", str(cfg), "--train"])
+    # a rate that leaves the bounds after --iters is never read: not refused
+    cfg.write_text("lr_schedule: {name: exponential_decay, arguments: [1.0e-5, 2.0]}\n")
+    with pytest.raises(SystemExit, match=re.escape(": the learning rate at step 128 is inf")):
+        lora.resolve_args(["-c", str(cfg), "--train", "--iters", "200"])
+    lora.resolve_args(["-c", str(cfg), "--train", "--iters", "100"])
 
 
 def test_resume_adapter_file_without_train_is_refused(tmp_path, no_load):

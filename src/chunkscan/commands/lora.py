@@ -31,7 +31,8 @@ Face repo id (``namespace/name``), that every data file there reads as mlx-lm re
 mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-layers``,
 ``--val-batches``, ``--learning-rate``, ...: :data:`_WHOLE_NUMBERS`; ``--batch-size -2``
 hung mlx-lm for ever, ``--num-layers 0`` trained every layer; ``--iters`` at least
-``--grad-accumulation-steps``), that an ``lr_schedule`` builds and ``--report-to`` names
+``--grad-accumulation-steps``), that an ``lr_schedule`` builds, its rate within
+``--learning-rate``'s bounds at every step up to ``--iters``, and ``--report-to`` names
 installed services, that the YAML file parses and that a ``--resume-adapter-file`` comes
 with ``--train``, loads, and has this run's fine-tune type, rank and scale, its layers
 and projections among those this run wraps (:func:`_check_resumed_adapters`), and says
@@ -361,7 +362,7 @@ def _check_numbers(args: dict) -> None:
         _check_grad_accumulation(args["iters"], args["grad_accumulation_steps"], source)
     _check_lora_parameters(args)
     if args.get("train") and args.get("lr_schedule"):  # mlx-lm's test: its truth
-        _check_lr_schedule(args["lr_schedule"], args.get("config"))
+        _check_lr_schedule(args["lr_schedule"], args.get("config"), args["iters"])
     if args.get("train") and not args.get("lr_schedule"):
         rate = args.get("learning_rate")
         if not _is_number(rate) or not 0 <= rate:
@@ -377,14 +378,15 @@ def _check_numbers(args: dict) -> None:
             )
 
 
-def _check_lr_schedule(schedule: Any, config: str | None) -> None:
+def _check_lr_schedule(schedule: Any, config: str | None, iters: int) -> None:
     """With ``--train``, ``lr_schedule`` (YAML only) has the shape mlx-lm's
     ``build_schedule`` reads: a ``name`` of a schedule in ``mlx.optimizers.schedulers``,
     a list of ``arguments`` (its first the initial rate), optional ``warmup`` steps and
-    ``warmup_init``; then it is built as mlx-lm builds it, and its rate at step 0 must be
-    finite. Found by probing: ``name: cosine`` (an ``AttributeError``) or no
-    ``arguments`` (a ``KeyError``) failed after the model had loaded and mlx-lm had
-    rewritten ``adapter_config.json``."""
+    ``warmup_init``; then it is built as mlx-lm builds it, and its rate at every step
+    from 0 to ``iters`` must be within ``--learning-rate``'s bounds
+    (:func:`_check_schedule_rates`). Found by probing: ``name: cosine`` (an
+    ``AttributeError``) or no ``arguments`` (a ``KeyError``) failed after the model had
+    loaded and mlx-lm had rewritten ``adapter_config.json``."""
     import inspect
 
     from mlx.optimizers import schedulers
@@ -410,15 +412,39 @@ def _check_lr_schedule(schedule: Any, config: str | None) -> None:
     try:
         from mlx_lm.tuner.utils import build_schedule
 
-        rate = build_schedule(schedule)(mx.array(0)).item()
+        built = build_schedule(schedule)
+        built(mx.array(0, mx.uint64)).item()  # (the errors of a call, said here)
     except Exception as e:  # noqa: BLE001 (any of the schedule's own errors)
         raise SystemExit(
             f"{where}: mlx-lm's build_schedule fails on {schedule!r} ({type(e).__name__}: "
             f"{e}). Give it the arguments mlx.optimizers.schedulers.{name} takes, and a "
             f"warmup of at least 1 step or none."
         ) from None
-    if not math.isfinite(rate):
-        raise SystemExit(f"{where}: the learning rate at step 0 is {rate}; give a finite one.")
+    _check_schedule_rates(built, iters, where)
+
+
+def _check_schedule_rates(built: Callable, iters: int, where: str) -> None:
+    """The rate of the schedule ``built`` at every step from 0 to ``iters`` is finite,
+    at least 0 and at most float32's largest value (``--learning-rate``'s bounds); else
+    ``SystemExit`` naming the first step outside them and its rate. Step 0 alone was
+    read: a warmup hid a rate of inf (NaN mid-training), and a negative rate or a
+    linear_schedule ending at 1e39 passed (found by review, session 50). Evaluated as
+    the optimizer calls it (a ``uint64`` step; mlx's schedules take arrays), a block
+    of steps at a time, so the memory stays bounded for any ``--iters``."""
+    block = 1 << 20
+    for start in range(0, iters + 1, block):
+        steps = mx.arange(start, min(start + block, iters + 1), dtype=mx.uint64)
+        rates = mx.broadcast_to(built(steps), steps.shape)
+        bad = mx.logical_not(mx.isfinite(rates) & (rates >= 0))
+        if bad.any().item():
+            at = int(mx.argmax(bad).item())
+            raise SystemExit(
+                f"{where}: the learning rate at step {start + at} is "
+                f"{rates[at].item():.7g}; at every step up to --iters {iters} it must be "
+                f"finite, at least 0 and at most float32's largest value "
+                f"({_FLOAT32_MAX:.7g}; MLX's optimizers hold it as a float32). Change the "
+                f"schedule's arguments (or warmup_init)."
+            )
 
 
 def _check_grad_accumulation(iters: int, steps: int, source: str) -> None:
