@@ -1689,7 +1689,8 @@ def test_an_lr_schedule_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
 
 def test_resume_adapter_file_without_train_is_refused(tmp_path, no_load):
     """``--test --resume-adapter-file F`` (even a missing F) tested the adapters of
-    ``--adapter-path`` and ignored F, exit 0 (found by probing, session 50)."""
+    ``--adapter-path`` and ignored F, exit 0 (found by probing, session 50): refused
+    where F comes from the command line; from ``-c`` a warning says it is not read."""
     model = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     argv = ["--model", str(model), "--data", str(data), "--test", "--adapter-path", "",
@@ -1703,6 +1704,18 @@ def test_resume_adapter_file_without_train_is_refused(tmp_path, no_load):
         lora.main(argv)
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main(argv[:-2])
+    # from -c, as mlx-lm runs it: not refused (it was, naming the flag; found by review),
+    # a warning that it is not read; with --train it is read, and checked
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("resume_adapter_file: /no/such/adapters.safetensors\n")
+    warned = "resume_adapter_file /no/such/adapters.safetensors (from -c {}) is read only "
+    warned += "with --train (training resumes from it); this run does not train, so it is not "
+    with pytest.warns(UserWarning, match=re.escape(warned.format(cfg))):
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main([*argv[:-2], "-c", str(cfg)])
+    with pytest.raises(SystemExit, match=re.escape("/no/such/adapters.safetensors: no such")):
+        lora.main([*argv[:-5], "-c", str(cfg), "--train", "--num-layers", "-1",
+                   "--adapter-path", str(tmp_path / "a")])  # fmt: skip
 
 
 @pytest.mark.parametrize("plain_print", [False, True], ids=["say", "plain-print-control"])

@@ -34,8 +34,9 @@ hung mlx-lm for ever, ``--num-layers 0`` trained every layer; ``--iters`` at lea
 ``--grad-accumulation-steps``), that an ``lr_schedule`` builds, its rate within
 ``--learning-rate``'s bounds at every step up to ``--iters``, and ``--report-to`` names
 installed services, that the YAML file parses and that a ``--resume-adapter-file`` comes
-with ``--train``, loads, and has this run's fine-tune type, rank and scale, its layers
-and projections among those this run wraps (:func:`_check_resumed_adapters`), and says
+with ``--train`` (one from ``-c`` without it: a warning that it is not read), loads,
+and has this run's fine-tune type, rank and scale, its layers and projections among
+those this run wraps (:func:`_check_resumed_adapters`), and says
 what is wrong; a failed Hub download is reported in one line, not as a traceback. Once
 the model is wrapped, a resumed file's tensors must all name its parameters, with their
 shapes (:func:`_check_resumed_weights_fit`); after training, the saved adapters must be
@@ -235,6 +236,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     lora = _mlx_lm_lora()
     parser = build_parser()
     args = vars(parser.parse_args(argv))
+    given = {k for k, v in args.items() if v is not None}  # the command line's
     if args.get("config"):
         args["config"] = os.path.expanduser(args["config"])  # '~/x.yaml' unread (probing)
         try:
@@ -261,6 +263,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
         for k, v in config.items():
             if args.get(k) is None:
                 args[k] = v
+        _unread_resume_from_config(args, given)
     if args.get("demo") and demo_dir is not None:
         demo = dict(DEMO_DEFAULTS)
         demo["model"] = str(pathlib.Path(demo_dir, "model"))
@@ -281,6 +284,31 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     _check_numbers(args)
     _check_report_to(args)
     return types.SimpleNamespace(**args)
+
+
+def _unread_resume_from_config(args: dict, given: set[str]) -> None:
+    """A ``resume_adapter_file`` from ``-c`` (not in ``given``, the command line's) in a
+    run that does not train is not read: mlx-lm reads it only when training, and runs a
+    ``--test`` whose config names one. So it is not refused (that came with a message
+    naming a flag the user never passed; found by review, session 50): a warning says
+    it is not read, and it is dropped. ``--resume-adapter-file`` on the command line
+    without ``--train`` is refused (:func:`_check_resumed_adapters`)."""
+    resume = args.get("resume_adapter_file")
+    if resume is None or "resume_adapter_file" in given:
+        return
+    train = args.get("train")
+    if train is None:  # not set: the demo's default (it trains), else mlx-lm's (false)
+        train = bool(args.get("demo")) and DEMO_DEFAULTS["train"]
+    if train:
+        return
+    warnings.warn(
+        f"{PROG}: resume_adapter_file {resume} (from -c {args['config']}) is read only "
+        f"with --train (training resumes from it); this run does not train, so it is not "
+        f"read (as in mlx_lm.lora).",
+        UserWarning,
+        stacklevel=3,
+    )
+    args["resume_adapter_file"] = None
 
 
 def _check_report_to(args: dict) -> None:
@@ -1300,7 +1328,9 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     resume = getattr(args, "resume_adapter_file", None)
     if resume is None:
         return
-    if not getattr(args, "train", False):  # ignored by mlx-lm, exit 0 (found by probing)
+    # ignored by mlx-lm, exit 0 (found by probing); only a command line's reaches here
+    # without --train (one from -c is warned about and dropped: resolve_args)
+    if not getattr(args, "train", False):
         raise SystemExit(
             f"chunkscan lora: --resume-adapter-file {resume} is read only with --train "
             f"(training resumes from it); --test alone reads the adapters in "
