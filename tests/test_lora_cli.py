@@ -1816,3 +1816,49 @@ def test_a_closed_stdout_does_not_stop_mlx_lm_printing(unbuffered, value, tmp_pa
         assert code == 1 and "hold NaN or inf values (1 of 1 tensors: w)" in err, err
     else:
         assert code == 0 and "Traceback" not in err, err
+
+
+def test_lists_of_names_and_the_command_name_come_from_one_place(tmp_path, monkeypatch):
+    """Messages that list some of many names go through ``_some``, and name the command
+    by ``PROG``: the saved adapters' check, the lora keys' and the resumed layers' and
+    modules' messages had each written the list out, and ``_check_adapter_files`` spelled
+    out ``chunkscan lora`` (found by review, session 50). With both replaced, each
+    message carries the replacements."""
+    import mlx.nn as nn
+
+    monkeypatch.setattr(lora, "_some", lambda names, n=3: f"<{n} of {len(names)}>")
+    monkeypatch.setattr(lora, "PROG", "PROG")
+    out = tmp_path / "out"
+    out.mkdir()
+    nan = mx.array([float("nan")])
+    mx.save_safetensors(str(out / "adapters.safetensors"), {"a": nan, "b": nan, "c": nan[:0]})
+    with pytest.raises(SystemExit, match=re.escape("(2 of 3 tensors: <3 of 2>): training")):
+        lora._check_saved_adapters(types.SimpleNamespace(adapter_path=str(out)))
+    (out / "adapter_config.json").mkdir()
+    with pytest.raises(SystemExit, match=re.escape(f"PROG: --adapter-path {out}: ")):
+        lora._check_adapter_files(str(out))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(2, 2)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = [Block()]
+
+    mlx_lm_lora = types.SimpleNamespace(linear_to_lora_layers=lambda *a, **k: None)
+    with lora._lora_keys_must_name_modules(mlx_lm_lora):
+        with pytest.raises(SystemExit, match=re.escape("Give keys such as <8 of 1> (-c).")):
+            mlx_lm_lora.linear_to_lora_layers(Model(), 1, {"keys": ["nope"]})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    args = types.SimpleNamespace(model=str(model), num_layers=1, fine_tune_type="lora")
+    tensors = {"model.layers.0.mlp.up_proj.lora_a": (2, 8)}
+    with pytest.raises(SystemExit, match=re.escape("holds adapters of layer <8 of 1>, which")):
+        lora._check_resumed_coverage(args, "F", tensors, {})
+    args.num_layers = 2
+    with pytest.raises(SystemExit, match=re.escape("holds adapters of <6 of 1>, which this")):
+        lora._check_resumed_coverage(args, "F", tensors, {"keys": ["self_attn.q_proj"]})

@@ -787,7 +787,7 @@ def _lora_keys_must_name_modules(lora: Any):
                     if wrapped
                     else ()
                 )
-                shown = ", ".join(some[:8]) + (", ..." if len(some) > 8 else "")
+                shown = _some(some, 8)
                 what = (
                     f"lora_parameters keys {unknown!r} name no module of the "
                     f"{len(wrapped)} layers this run wraps (nor of the model, by full path)"
@@ -882,7 +882,8 @@ def _check_resumed_weights_fit(model: nn.Module, args: types.SimpleNamespace) ->
 
 
 def _some(names: list[str], n: int = 3) -> str:
-    """The first ``n`` of ``names``, then ``...`` where there are more."""
+    """The first ``n`` of ``names``, then ``...`` where there are more: every message
+    that lists some of many names says it so (four had written it out; review)."""
     return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
@@ -1312,7 +1313,7 @@ def _check_adapter_files(path: str) -> None:
             weights = name == _ADAPTER_FILES[0]
             when = " at its end (the trained run would be lost)" if weights else ""
             raise SystemExit(
-                f"chunkscan lora: --adapter-path {path}: {p} is {kind}, where training "
+                f"{PROG}: --adapter-path {path}: {p} is {kind}, where training "
                 f"writes its {name}{when}. Remove or rename it, or pass another "
                 f"--adapter-path."
             )
@@ -1460,7 +1461,7 @@ def _check_resumed_coverage(
         first = count - wrapped
         outside = sorted(i for i in layers if i < first)
         if outside:
-            shown = ", ".join(map(str, outside[:8])) + (", ..." if len(outside) > 8 else "")
+            shown = _some([str(i) for i in outside], 8)
             raise SystemExit(
                 f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
                 f"layer{'s' if len(outside) > 1 else ''} {shown}, which --num-layers "
@@ -1475,7 +1476,7 @@ def _check_resumed_coverage(
         if dropped:
             raise SystemExit(
                 f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
-                f"{', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}, which this "
+                f"{_some(dropped, 6)}, which this "
                 f"run's lora_parameters keys {sorted(keys)!r} leave out: mlx-lm would load it "
                 f"anyway (strict=False) and drop those adapters. Give this run keys that "
                 f"cover them (-c), or start without --resume-adapter-file."
@@ -1882,12 +1883,11 @@ def _check_saved_adapters(args: types.SimpleNamespace) -> None:
     saved = mx.load(str(path))
     bad = [name for name, value in saved.items() if not mx.isfinite(value).all().item()]
     if bad:
-        shown = ", ".join(sorted(bad)[:3]) + (", ..." if len(bad) > 3 else "")
         raise SystemExit(
             f"{PROG}: the adapters saved in {path} hold NaN or inf values ({len(bad)} of "
-            f"{len(saved)} tensors: {shown}): training diverged after the last loss report. "
-            f"Do not use them; train again with a lower --learning-rate (or lr_schedule), "
-            f"or a float32 model where this one is float16."
+            f"{len(saved)} tensors: {_some(sorted(bad))}): training diverged after the last "
+            f"loss report. Do not use them; train again with a lower --learning-rate (or "
+            f"lr_schedule), or a float32 model where this one is float16."
         )
 
 
