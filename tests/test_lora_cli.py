@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan.commands import cli, lora  # noqa: E402
+from chunkscan.commands import _lora_adapters, cli, lora  # noqa: E402
 from chunkscan.commands.demo_model import write_dataset, write_model  # noqa: E402
 
 
@@ -302,7 +302,7 @@ def test_an_adapter_path_that_is_not_writable_is_refused(tmp_path, monkeypatch, 
     folder = tmp_path / "out"
     folder.mkdir()
     real = os.access
-    monkeypatch.setattr(lora.os, "access", lambda p, mode: p != folder and real(p, mode))
+    monkeypatch.setattr(_lora_adapters.os, "access", lambda p, mode: p != folder and real(p, mode))
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
     with pytest.raises(SystemExit, match=f"--adapter-path {folder / 'a'}: {folder} is not w"):
         lora.main([*argv, "--adapter-path", str(folder / "a")])
@@ -1553,9 +1553,9 @@ def test_a_folder_named_as_an_adapter_file_is_refused_before_loading(tmp_path, c
         (out / name).rmdir()
     (out / "adapters.safetensors").mkdir()
     args = types.SimpleNamespace(train=True, adapter_path=str(out))
-    before = lora._adapter_stamps(args)
+    before = _lora_adapters._adapter_stamps(args)
     with pytest.raises(IsADirectoryError):
-        with lora._say_what_a_failure_left(args, before):
+        with _lora_adapters._say_what_a_failure_left(args, before):
             (out / "adapter_config.json").write_text("{}")  # this run's config, then
             raise IsADirectoryError(str(out / "adapters.safetensors"))  # the failed save
     assert "earlier run's" not in capsys.readouterr().err

@@ -27,7 +27,7 @@ anything is loaded, the command checks that there is something to do (``--train`
 ``--test``) and that ``--model`` and ``--data`` name an existing folder or a Hugging
 Face repo id (``namespace/name``), that every data file there reads as mlx-lm reads it
 (one JSON example per line, none blank, each with the first line's keys:
-:func:`_read_examples`) and none is empty, that the numbers
+:func:`chunkscan.commands._lora_data._read_examples`) and none is empty, that the numbers
 mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-layers``,
 ``--val-batches``, ``--learning-rate``, ...: :data:`_WHOLE_NUMBERS`; ``--batch-size -2``
 hung mlx-lm for ever, ``--num-layers 0`` trained every layer; ``--iters`` at least
@@ -36,24 +36,24 @@ hung mlx-lm for ever, ``--num-layers 0`` trained every layer; ``--iters`` at lea
 installed services, that the YAML file parses and that a ``--resume-adapter-file`` comes
 with ``--train`` (one from ``-c`` without it: a warning that it is not read), loads,
 and has this run's fine-tune type, rank and scale, its layers and projections among
-those this run wraps (:func:`_check_resumed_adapters`), and says
-what is wrong; a failed Hub download is reported in one line, not as a traceback. Once
-the model is wrapped, a resumed file's tensors must all name its parameters, with their
-shapes (:func:`_check_resumed_weights_fit`); after training, the saved adapters must be
-finite (:func:`_check_saved_adapters`).
+those this run wraps (:func:`chunkscan.commands._lora_adapters._check_resumed_adapters`),
+and says what is wrong; a failed Hub download is reported in one line, not as a
+traceback. Once the model is wrapped, a resumed file's tensors must all name its
+parameters, with their shapes
+(:func:`chunkscan.commands._lora_adapters._check_resumed_weights_fit`); after training,
+the saved adapters must be finite
+(:func:`chunkscan.commands._lora_adapters._check_saved_adapters`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
 import os
 import pathlib
 import re
-import stat
 import sys
 import tempfile
 import types
@@ -68,6 +68,24 @@ from .._backend import plain_int
 from .._tree import with_article
 from ..ops.gated_delta.chunk import SAVE_MODES
 from ..split import check_chunk_size
+from ._lora_adapters import (
+    _adapter_stamps,
+    _check_adapter_paths,
+    _check_resumed_adapters,
+    _check_saved_adapters,
+    _resumed_weights_must_fit,
+    _say_what_a_failure_left,
+)
+from ._lora_common import (
+    PROG,
+    _is_number,
+    _is_whole,
+    _layer_count,
+    _model_config,
+    _rebound,
+    _some,
+)
+from ._lora_data import _check_data
 from ._stdout import guarded_stdout, say
 
 MiB = 1024.0 * 1024.0
@@ -123,7 +141,6 @@ def op_default_chunk_size() -> int:
     return default_chunk_size()
 
 
-PROG = "chunkscan lora"
 _OLD_FLAG, _OLD_KEY = "--scan-chunk-size", "scan_chunk_size"
 
 
@@ -292,7 +309,8 @@ def _unread_resume_from_config(args: dict, given: set[str]) -> None:
     ``--test`` whose config names one. So it is not refused (that came with a message
     naming a flag the user never passed; found by review, session 50): a warning says
     it is not read, and it is dropped. ``--resume-adapter-file`` on the command line
-    without ``--train`` is refused (:func:`_check_resumed_adapters`)."""
+    without ``--train`` is refused
+    (:func:`chunkscan.commands._lora_adapters._check_resumed_adapters`)."""
     resume = args.get("resume_adapter_file")
     if resume is None or "resume_adapter_file" in given:
         return
@@ -546,14 +564,6 @@ def _check_lora_parameters(args: dict) -> None:
         raise SystemExit(f"{PROG}: lora_parameters{source}: {'; '.join(problems)}.")
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _is_whole(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 # Keys mlx-lm reads from its options without a flag or a default of their own
 # (mlx_lm/tuner/datasets.py, with getattr): the warning called them ignored (found by
 # probing; without the feature names a dataset of other columns fails to load).
@@ -741,17 +751,6 @@ def _not_finite_loss(info: dict[str, Any], args: types.SimpleNamespace) -> str:
     )
 
 
-@contextlib.contextmanager
-def _rebound(module: Any, name: str, wrap: Callable[[Any], Any]):
-    """``module.<name>`` rebound to ``wrap(original)`` inside the block, restored on exit."""
-    original = getattr(module, name)
-    setattr(module, name, wrap(original))
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
 def _report_peak_memory(lora: Any, args: types.SimpleNamespace, routes: _Routes | None = None):
     """Rebind ``mlx_lm.lora.get_reporting_callbacks`` (restored on exit).
 
@@ -807,84 +806,6 @@ def _lora_keys_must_name_modules(lora: Any):
     return _rebound(
         lora, "linear_to_lora_layers", lambda original: functools.partial(checked, original)
     )
-
-
-@contextlib.contextmanager
-def _resumed_weights_must_fit(lora: Any, args: types.SimpleNamespace):
-    """Check a ``--resume-adapter-file`` against the model it is about to be loaded into
-    (:func:`_check_resumed_weights_fit`), where the wrapped model exists and the file
-    is not loaded yet: after ``mlx_lm.lora.linear_to_lora_layers`` (LoRA, DoRA), and on
-    entering ``mlx_lm.lora.train_model`` for ``full`` (no conversion). Both rebound inside
-    the block, restored on exit."""
-    if not args.train or args.resume_adapter_file is None:
-        yield
-        return
-
-    def converted(original, model, *a, **k):
-        out = original(model, *a, **k)
-        _check_resumed_weights_fit(model, args)
-        return out
-
-    def train_model(original, run_args, model, *a, **k):
-        if run_args.fine_tune_type == "full":
-            _check_resumed_weights_fit(model, args)
-        return original(run_args, model, *a, **k)
-
-    with (
-        _rebound(lora, "linear_to_lora_layers", lambda f: functools.partial(converted, f)),
-        _rebound(lora, "train_model", lambda f: functools.partial(train_model, f)),
-    ):
-        yield
-
-
-def _check_resumed_weights_fit(model: nn.Module, args: types.SimpleNamespace) -> None:
-    """Every tensor of the resumed file (read as mlx-lm reads it: :func:`_resumed_shapes`,
-    safetensors or ``.npz``) names a parameter of ``model`` as this run wraps it, with
-    that parameter's shape; else ``SystemExit``.
-    mlx-lm loads the file with ``strict=False``: adapters of another model lost the
-    tensors whose names it lacks in silence, exit 0, and tensors of other shapes failed
-    with a ``[matmul]`` traceback mid-training (found by probing). The checks before
-    loading catch what the file and its ``adapter_config.json`` tell; this one, what
-    only the model tells. (It read a safetensors header, which an ``.npz`` file has
-    not: such a file's foreign tensors were dropped in silence; found by review.)"""
-    from mlx.utils import tree_flatten
-
-    resume = args.resume_adapter_file
-    tensors = _resumed_shapes(resume, pathlib.Path(resume))
-    params = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
-    dropped = sorted(name for name in tensors if name not in params)
-    shapes = {n: tensors[n] for n in tensors if n in params}
-    mismatched = sorted(n for n, shape in shapes.items() if shape != params[n])
-    if not dropped and not mismatched:
-        return
-    problems = []
-    if dropped:
-        problems.append(
-            f"{len(dropped)} of its {len(tensors)} tensors name no parameter of the model "
-            f"({_some(dropped)}), which mlx-lm would drop in silence"
-        )
-    if mismatched:
-        shown = "; ".join(f"{n}: {list(shapes[n])} in the file, {list(params[n])} in the "
-                          f"model" for n in mismatched[:2])  # fmt: skip
-        problems.append(
-            f"{len(mismatched)} of its {len(tensors)} tensors have another shape than the "
-            f"model's ({shown}"
-            f"{'; ...' if len(mismatched) > 2 else ''}), which would fail mid-training"
-        )
-    trained_on = _model_config(pathlib.Path(resume).parent, "adapter_config.json").get("model")
-    on = f" (its adapter_config.json says they were trained on {trained_on})" if trained_on else ""
-    raise SystemExit(
-        f"{PROG}: --resume-adapter-file {resume} does not fit --model {args.model} as this "
-        f"run wraps it{on}: {'; '.join(problems)} (mlx-lm loads it with strict=False). "
-        f"Resume adapters trained on this model with this run's settings, or start without "
-        f"--resume-adapter-file."
-    )
-
-
-def _some(names: list[str], n: int = 3) -> str:
-    """The first ``n`` of ``names``, then ``...`` where there are more: every message
-    that lists some of many names says it so (four had written it out; review)."""
-    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
 DEMO_MARKER = ".chunkscan-demo"
@@ -1096,7 +1017,8 @@ def _check_something_to_do(args: types.SimpleNamespace) -> None:
 def _check_local_inputs(args: types.SimpleNamespace) -> None:
     """What can be told of a local ``--data`` and ``--model`` folder before anything
     loads (with and without ``--demo``, whose folders may be the user's: it skipped
-    these before; found by probing): :func:`_check_data` and :func:`_check_layers`."""
+    these before; found by probing): :func:`chunkscan.commands._lora_data._check_data` and
+    :func:`_check_layers`."""
     if not getattr(args, "hf_dataset", None) and pathlib.Path(args.data).is_dir():
         _check_data(args)
     _check_model_type(args)
@@ -1165,50 +1087,6 @@ def _check_tokenizer_files(model: str) -> None:
         )
 
 
-def _check_data(args: types.SimpleNamespace) -> None:
-    """The data folder holds the splits this run reads, none of them empty, and each
-    split a batch reads holds at least ``--batch-size`` examples (mlx-lm: an
-    ``IndexError`` for an empty one, a ``ValueError`` traceback after the model loaded
-    for a short one; found by probing)."""
-    data = pathlib.Path(args.data)
-    for wanted, split in ((args.train, "train"), (args.test, "test")):
-        if wanted and not (data / f"{split}.jsonl").is_file():
-            raise SystemExit(
-                f"chunkscan lora: --data {args.data} has no {split}.jsonl, which "
-                f"--{split} reads (mlx_lm.lora reads train.jsonl, valid.jsonl and "
-                f"test.jsonl from the folder). Add it, or pass another folder."
-            )
-    # the splits read in batches of --batch-size: train and (for validation) valid with
-    # --train, test with --test
-    batched = {"train": args.train, "valid": args.train and args.val_batches != 0,
-               "test": args.test}  # fmt: skip
-    # the splits whose examples this run reads (mlx-lm parses every file's lines, but
-    # takes an example's keys only when it reads the example)
-    read = {split for split, wanted in batched.items() if wanted}
-    for split in ("train", "valid", "test"):
-        path = data / f"{split}.jsonl"
-        if path.exists() and not path.is_file():  # mlx-lm opens it (found by probing)
-            raise SystemExit(
-                f"chunkscan lora: --data {args.data}: {split}.jsonl is not a file; mlx-lm "
-                f"reads every split file of the folder. Remove or rename it."
-            )
-        if not path.is_file():
-            continue
-        examples = _read_examples(path, args, keys=split in read)
-        if examples == 0:
-            raise SystemExit(
-                f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
-                f"holds an example). Add examples, or remove the file."
-            )
-        if batched[split] and examples < args.batch_size:
-            raise SystemExit(
-                f"chunkscan lora: --data {args.data}: {split}.jsonl holds {examples} "
-                f"example{'s' if examples != 1 else ''}, fewer than --batch-size "
-                f"{args.batch_size} (mlx-lm makes no batch of them). Pass --batch-size "
-                f"{examples} or less, or add examples."
-            )
-
-
 def _check_layers(args: types.SimpleNamespace) -> None:
     """With ``--train``, ``--num-layers`` (mlx_lm.lora's default: 16) at most the layers
     of a local model folder, as its ``config.json`` counts them (``num_hidden_layers``,
@@ -1227,519 +1105,6 @@ def _check_layers(args: types.SimpleNamespace) -> None:
             f"num_hidden_layers in its config.json). Pass --num-layers {count} or less, "
             f"or -1 for all of them."
         )
-
-
-def _model_config(model: Any, name: str = "config.json") -> dict:
-    """A local model folder's ``config.json`` (or another JSON file ``name`` there) as a
-    mapping (``{}`` where it cannot be read)."""
-    try:
-        with open(pathlib.Path(model, name)) as f:
-            config = json.load(f)
-    except (OSError, ValueError, TypeError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def _layer_count(config: dict) -> int | None:
-    """The model's layers (``num_hidden_layers``, or its ``text_config``'s); ``None``
-    where the config does not say."""
-    text = config.get("text_config")
-    count = config.get("num_hidden_layers")
-    if count is None and isinstance(text, dict):
-        count = text.get("num_hidden_layers")
-    return count if _is_whole(count) else None
-
-
-def _check_adapter_paths(args: types.SimpleNamespace) -> None:
-    """``~`` expanded in ``--adapter-path`` and ``--resume-adapter-file``, as in
-    ``--model`` and ``--data`` (mlx-lm opened '~/...' as written and wrote into ./~);
-    then ``--adapter-path``: training makes a folder there (a file, a broken link or a
-    file above it was mlx-lm's error after the model loaded), and ``--test`` alone
-    reads a trained run's adapters from it (``adapters.safetensors`` and
-    ``adapter_config.json``; found by probing)."""
-    for name in ("adapter_path", "resume_adapter_file"):
-        value = getattr(args, name, None)
-        if isinstance(value, str) and value.startswith("~"):
-            setattr(args, name, os.path.expanduser(value))
-    path = getattr(args, "adapter_path", None)
-    if path == "" and args.train:  # mlx-lm wrote into the working folder (probing)
-        raise SystemExit(
-            "chunkscan lora: --adapter-path '' means no adapters (--test of the model "
-            "alone); training writes its adapters into a folder. Pass one."
-        )
-    if not isinstance(path, str) or path == "":
-        return
-    where = pathlib.Path(path)
-    if args.train:
-        for p in (where, *where.parents):
-            if p.is_symlink() and not p.exists():
-                raise SystemExit(
-                    f"chunkscan lora: --adapter-path {path}: {p} is a broken link; "
-                    f"training makes a folder there. Pass another folder."
-                )
-            if p.exists():
-                if not p.is_dir():
-                    raise SystemExit(
-                        f"chunkscan lora: --adapter-path {path}: {p} is a file; training "
-                        f"writes its adapters into a folder there. Pass a folder."
-                    )
-                # mlx-lm's PermissionError came after the model had loaded (probing)
-                if not os.access(p, os.W_OK | os.X_OK):
-                    raise SystemExit(
-                        f"chunkscan lora: --adapter-path {path}: {p} is not writable; "
-                        f"training writes its adapters there. Pass a writable folder."
-                    )
-                break
-        _check_adapter_files(path)
-    elif args.test:
-        missing = [f for f in ("adapters.safetensors", "adapter_config.json")
-                   if not (where / f).is_file()]  # fmt: skip
-        if missing:
-            raise SystemExit(
-                f"chunkscan lora: --test reads a trained run's adapters from --adapter-path "
-                f"{path}, which holds no {' or '.join(missing)}. Pass the folder of a "
-                f"trained run, or --adapter-path '' to test the model without adapters."
-            )
-
-
-def _check_adapter_files(path: str) -> None:
-    """The files a training run writes in ``--adapter-path`` are files where they exist:
-    a folder named ``adapters.safetensors`` let the run train to the end and lose it at
-    the final save (found by probing), and ``adapter_config.json`` is written first."""
-    for name in _ADAPTER_FILES:
-        p = pathlib.Path(path, name)
-        if p.exists() and not p.is_file():
-            kind = "a folder" if p.is_dir() else "not a regular file"
-            weights = name == _ADAPTER_FILES[0]
-            when = " at its end (the trained run would be lost)" if weights else ""
-            raise SystemExit(
-                f"{PROG}: --adapter-path {path}: {p} is {kind}, where training "
-                f"writes its {name}{when}. Remove or rename it, or pass another "
-                f"--adapter-path."
-            )
-
-
-def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
-    """``--resume-adapter-file`` must exist, load (:func:`_resumed_shapes`), and where an
-    ``adapter_config.json`` lies beside it, have this run's fine-tune type, LoRA rank and
-    scale: mlx-lm loads it with ``strict=False``, so adapters of another rank were
-    loaded with their own shapes, trained, and saved beside a config of this run's rank,
-    which then failed to load; at another scale training went on from another model than
-    the one trained (found by probing)."""
-    resume = getattr(args, "resume_adapter_file", None)
-    if resume is None:
-        return
-    # ignored by mlx-lm, exit 0 (found by probing); only a command line's reaches here
-    # without --train (one from -c is warned about and dropped: resolve_args)
-    if not getattr(args, "train", False):
-        raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume} is read only with --train "
-            f"(training resumes from it); --test alone reads the adapters in "
-            f"--adapter-path ({args.adapter_path!r}). Pass --train, or pass the adapters' "
-            f"folder as --adapter-path instead."
-        )
-    path = pathlib.Path(str(resume)).expanduser()
-    if not path.is_file():
-        raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume}: no such file. Pass the "
-            f"adapters.safetensors of an earlier run."
-        )
-    tensors = _resumed_shapes(resume, path)
-    try:
-        with open(path.parent / "adapter_config.json") as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        saved = {}  # the layers are still read off the file's tensor names
-    if not isinstance(saved, dict):
-        saved = {}
-    lora_parameters = args.lora_parameters if isinstance(args.lora_parameters, dict) else {}
-    saved_lora = saved.get("lora_parameters")
-    saved_lora = saved_lora if isinstance(saved_lora, dict) else {}
-    unloadable = "save adapters that do not load"
-    pairs = [("fine_tune_type", saved.get("fine_tune_type"), args.fine_tune_type, unloadable)]
-    if args.fine_tune_type != "full":
-        pairs.append(("rank", saved_lora.get("rank"), lora_parameters.get("rank"), unloadable))
-        # the scale multiplies the adapters' output: resumed at another, training went on
-        # from another model than the one trained, in silence (found by probing)
-        pairs.append(("scale", saved_lora.get("scale"), lora_parameters.get("scale"),
-                      "start from another model than the one trained (the scale multiplies "
-                      "the adapters' output)"))  # fmt: skip
-    for what, before, now, consequence in pairs:
-        if before is not None and now is not None and before != now:
-            raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} was trained with {what} "
-                f"{before!r} ({path.parent / 'adapter_config.json'}), this run asks for "
-                f"{now!r}: mlx-lm would load it anyway (strict=False) and {consequence}. "
-                f"Give this run the same {what} ("
-                f"{'--fine-tune-type' if what == 'fine_tune_type' else 'lora_parameters in -c'}"
-                f"), or start without "
-                f"--resume-adapter-file."
-            )
-    # the file's own tensor names: without its adapter_config.json a LoRA file resumed
-    # as full or DoRA, or a DoRA file as LoRA, lost its adapters or their magnitudes in
-    # silence (found by probing: a LoRA file resumed as full restarted from the base)
-    kind = _tensor_fine_tune_type(tensors)
-    if saved.get("fine_tune_type") is None and kind is not None and kind != args.fine_tune_type:
-        raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume} holds {kind} weights (its "
-            f"tensor names), this run asks for --fine-tune-type {args.fine_tune_type}: "
-            f"mlx-lm would load it anyway (strict=False) and drop what this run does not "
-            f"train. Pass --fine-tune-type {kind}, or start without --resume-adapter-file."
-        )
-    ranks, now = _lora_ranks(tensors), lora_parameters.get("rank")
-    # the file's own shapes: a file without its adapter_config.json beside it went
-    # unchecked (found by probing: rank 4 resumed at 8, exit 0, adapters that do not load)
-    if args.fine_tune_type != "full" and ranks and isinstance(now, int) and ranks != {now}:
-        raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume} holds adapters of rank "
-            f"{', '.join(map(str, sorted(ranks)))} (its tensors' shapes), this run asks for "
-            f"rank {now}: mlx-lm would load them anyway (strict=False) and save adapters "
-            f"that do not load. Give this run the same rank (lora_parameters in -c), or "
-            f"start without --resume-adapter-file."
-        )
-    _check_resumed_coverage(args, resume, tensors, lora_parameters)
-
-
-def _resumed_shapes(resume: Any, path: pathlib.Path) -> dict[str, tuple[int, ...]]:
-    """The names and shapes of the tensors in ``path``, loaded as mlx-lm loads it
-    (``mx.load``, which picks the format by the file's extension: safetensors, ``.npz``,
-    ...; lazy: no tensor's data is read until it is evaluated, and none is here); else
-    ``SystemExit``: the run's ``adapter_config.json`` given instead was ``ValueError:
-    [load] Unknown file format json`` after the model loaded (found by probing). One
-    reader for every check of the file (a safetensors header reader left an ``.npz``
-    file's tensors unchecked; found by review)."""
-    try:
-        loaded = mx.load(str(path))
-    except (ValueError, RuntimeError, OSError) as e:
-        problem = str(e)
-    else:
-        if isinstance(loaded, dict):
-            return {name: tuple(value.shape) for name, value in loaded.items()}
-        problem = "it holds one array, not named tensors"
-    raise SystemExit(
-        f"chunkscan lora: --resume-adapter-file {resume} is not a weights file mlx-lm can "
-        f"load ({problem}). Pass the adapters.safetensors of an earlier run (not its "
-        f"adapter_config.json)."
-    )
-
-
-def _check_resumed_coverage(
-    args: types.SimpleNamespace, resume: Any, tensors: dict, lora_parameters: dict
-) -> None:
-    """The resumed adapters' layers (read off the file's tensor names, ``tensors``)
-    are among the last ``--num-layers`` this run wraps (or, ``full``, trains), and
-    their modules among this run's ``lora_parameters.keys`` where it lists them: mlx-lm
-    loads the file with ``strict=False``, so adapters of a layer or module this run
-    does not wrap were dropped, trained no further and left out of the saved file, with
-    no message (found by probing: a run resumed with ``--num-layers 1`` lost the other
-    layers' adapters, LoRA or full; one with keys listed lost the adapters of the
-    default keys)."""
-    config = _model_config(args.model)
-    if not config and getattr(args, "demo", False):
-        # the demo writes its model after these checks: the config it will write (the
-        # layers went uncounted, and a resume with --num-layers 1 lost the others'
-        # adapters, exit 0; found by probing, session 49)
-        from . import demo_model
-
-        config = demo_model.tiny_config()
-    count = _layer_count(config)
-    wrapped = args.num_layers if args.num_layers != -1 else count
-    keys = lora_parameters.get("keys") if args.fine_tune_type != "full" else None
-    keys = set(keys) if isinstance(keys, list) else None
-    modules = _lora_modules(tensors)
-    # mlx-lm also wraps a module its full path names in keys, in any layer (a review
-    # found such a resume refused): its tensors are no layer's to count
-    whole = {full for _, full in modules if keys is not None and full in keys}
-    layers = _tensor_layers({n: v for n, v in tensors.items() if n.rpartition(".")[0] not in whole})
-    # Said only where the count is surely the layers mlx-lm builds: not where the
-    # config's num_layers disagrees (LongCat-Flash builds num_layers, half of
-    # num_hidden_layers) or a tensor names a layer past it (found by review).
-    other = config.get("num_layers", count)
-    if other != count or (layers and count is not None and max(layers) >= count):
-        count = None
-    if count is not None and wrapped is not None and layers:
-        first = count - wrapped
-        outside = sorted(i for i in layers if i < first)
-        if outside:
-            shown = _some([str(i) for i in outside], 8)
-            raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
-                f"layer{'s' if len(outside) > 1 else ''} {shown}, which --num-layers "
-                f"{args.num_layers} does not wrap (the last {wrapped} of the model's "
-                f"{count}: from layer {first}): mlx-lm would load "
-                f"it anyway (strict=False) and drop them. Pass --num-layers "
-                f"{count - outside[0]} or more (-1: all), or start without "
-                f"--resume-adapter-file."
-            )
-    if keys is not None:
-        dropped = sorted({inner for inner, full in modules if not {inner, full} & keys})
-        if dropped:
-            raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
-                f"{_some(dropped, 6)}, which this "
-                f"run's lora_parameters keys {sorted(keys)!r} leave out: mlx-lm would load it "
-                f"anyway (strict=False) and drop those adapters. Give this run keys that "
-                f"cover them (-c), or start without --resume-adapter-file."
-            )
-
-
-def _tensor_layers(tensors: dict) -> set[int]:
-    """The layer indices (``...layers.<i>.``) in a file's tensor names."""
-    found = (_LAYER_NAME.search(name) for name in tensors)
-    return {int(m.group(1)) for m in found if m}
-
-
-def _lora_modules(tensors: dict) -> set[tuple[str, str]]:
-    """The modules a file's LoRA / DoRA tensors adapt, as ``(name within its layer,
-    full path)``, the two names ``lora_parameters`` keys may give (``self_attn.q_proj``;
-    ``model.layers.0.self_attn.q_proj``, or ``lm_head`` outside the layers)."""
-    modules = set()
-    for name in tensors:
-        module, _, leaf = name.rpartition(".")
-        if leaf in ("lora_a", "lora_b", "m") and module:
-            m = _LAYER_NAME.search(module + ".")
-            modules.add((module[m.end() :] if m else module, module))
-    return modules
-
-
-def _tensor_fine_tune_type(tensors: dict) -> str | None:
-    """The fine-tune type a file's tensor names show: ``dora`` where a module holds
-    ``lora_a`` / ``lora_b`` and a magnitude ``m``, ``lora`` where those alone, ``full``
-    where no module does (the layers' own weights); ``None`` for no tensors."""
-    if not tensors:
-        return None
-    adapted = set()  # lora_a / lora_b may be lists (afm7's fused LoRA: lora_a.0, ...)
-    for name in tensors:
-        parts = name.split(".")
-        at = [i for i, part in enumerate(parts) if part in ("lora_a", "lora_b")]
-        if at:
-            adapted.add(".".join(parts[: at[0]]))
-    if not adapted:
-        return "full"
-    return "dora" if any(f"{module}.m" in tensors for module in adapted) else "lora"
-
-
-def _lora_ranks(tensors: dict[str, tuple[int, ...]]) -> set[int]:
-    """The ranks of a file's LoRA / DoRA adapters (``tensors``: tensor name -> shape),
-    from the shapes of their ``lora_b``: ``[r, out]``, or ``[experts, out, r]``
-    (mlx-lm's SwitchLinear)."""
-    ranks = set()
-    for name, shape in tensors.items():
-        if name.endswith(".lora_b") and len(shape) in (2, 3):
-            ranks.add(shape[0] if len(shape) == 2 else shape[-1])
-    return ranks
-
-
-_LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool = True) -> int:
-    """The examples of a data file, read as mlx-lm reads them (every line one JSON
-    object; the first line's keys choose the format: ``prompt`` and ``completion``,
-    ``messages`` or ``text``, under their ``*_feature`` names; with ``keys``, for a split
-    this run reads, every line then needs that format's keys); 0 for a file of blank
-    lines only. Else the command stops naming the file and the line, before the model
-    loads: mlx-lm parsed each line with ``json.loads`` after loading the model, so one
-    blank line (a trailing empty line too) was a ``JSONDecodeError`` naming neither,
-    and a missing key a ``KeyError`` (found by probing). Read a line at a time."""
-    prompt = getattr(args, "prompt_feature", None) or "prompt"
-    completion = getattr(args, "completion_feature", None) or "completion"
-    chat = getattr(args, "chat_feature", None) or "messages"
-    text = getattr(args, "text_feature", None) or "text"
-    where = f"chunkscan lora: --data {args.data}: {path.name}"
-    needed: tuple[str, ...] = ()
-    blank = None  # the first blank line: an error unless every line is blank
-    count = 0
-    # as mlx-lm iterates it (text mode: lines end at \n, \r\n or \r, where
-    # str.splitlines would also cut at a U+2028 inside a JSON string)
-    # strictly decoded, as mlx-lm decodes it (errors="replace" passed a file that is not
-    # UTF-8, then mlx-lm's UnicodeDecodeError came after loading; found by probing)
-    with open(path, encoding="utf-8") as f:
-        for number, line in _numbered_lines(f, where):
-            if not line.strip():
-                blank = blank or number
-                continue
-            if blank is not None:  # a blank line before an example (the first too)
-                _blank_line(where, blank)
-            count += 1
-            example = _parse_example(where, number, line)
-            if count == 1:
-                needed = _example_format(where, example, prompt, completion, chat, text, args)
-                if keys and needed != (text,):
-                    _check_chat_template(where, needed, args)
-            lacking = [k for k in needed if k not in example] if keys else []
-            if lacking:
-                raise SystemExit(
-                    f"{where} line {number} lacks {' and '.join(map(repr, lacking))}, which "
-                    f"line 1 has: mlx-lm reads every example in line 1's format."
-                )
-            if keys:
-                _check_example_values(where, number, example, needed, chat)
-                _check_example_not_empty(where, number, example, needed, chat, args.model)
-    if blank is not None and count:  # blank lines at the end (all blank: "is empty")
-        _blank_line(where, blank)
-    return count
-
-
-def _numbered_lines(f, where: str):
-    """``(number, line)`` of a text file opened strictly as UTF-8; bytes that do not
-    decode stop the command naming their line (counted in the raw bytes: the text
-    layer decodes a chunk of lines at a time)."""
-    try:
-        yield from enumerate(f, 1)
-    except UnicodeDecodeError:
-        with open(f.name, "rb") as raw:
-            data = raw.read()
-        try:
-            data.decode("utf-8")
-            at = len(data)  # (not reached: the same bytes failed above)
-        except UnicodeDecodeError as e:
-            at = e.start
-        # lines as the text layer ends them: at \r\n, \n or a lone \r (a review
-        # found the line of a \r-ended file miscounted)
-        line = len(re.findall(rb"\r\n|\r|\n", data[:at])) + 1
-        raise SystemExit(
-            f"{where} line {line} is not UTF-8 (byte {at} of the "
-            f"file); mlx-lm reads the file as UTF-8. Convert the file."
-        ) from None
-
-
-def _check_example_values(where: str, number: int, example: dict, needed, chat: str) -> None:
-    """The values of an example's format keys have the type mlx-lm's tokenizer calls
-    take (a string; the chat's messages, a list): ``{"text": null}`` failed mid-training
-    (found by probing)."""
-    for key in needed:
-        value, want = example[key], (list if key == chat else str)
-        if not isinstance(value, want):
-            kind = {type(None): "null", bool: "boolean", int: "number", float: "number",
-                    dict: "object"}.get(type(value), type(value).__name__)  # fmt: skip
-            raise SystemExit(
-                f"{where} line {number}: {key!r} is a JSON {kind}, not a "
-                f"{'list of messages' if want is list else 'string'}, which mlx-lm reads."
-            )
-
-
-def _check_example_not_empty(
-    where: str, number: int, example: dict, needed, chat: str, model: Any
-) -> None:
-    """An example mlx-lm cannot make a sequence of, refused (found by probing: each
-    failed mid-training, after the model loaded): a chat of no messages (transformers:
-    "Cannot apply chat template to an empty conversation"), and an empty or
-    whitespace-only ``text`` where the local model's ``tokenizer.json`` makes no tokens
-    of it (an ``IndexError`` in mlx-lm's ``TextDataset``: a word-level tokenizer, as the
-    demo's). A tokenizer that adds a BOS token makes BOS + EOS of ``""``, and a
-    byte-level BPE tokens of spaces: mlx-lm trains on them, and so does this command
-    (an empty ``text`` was refused for every tokenizer; found by review, session 50);
-    where ``tokenizer.json`` cannot be read up front, it is left to mlx-lm. ``prompt`` /
-    ``completion`` go through the chat template, which adds its own text: not checked."""
-    if needed == (chat,):
-        if not example[chat]:
-            raise SystemExit(
-                f"{where} line {number}: {chat!r} is an empty list; mlx-lm's chat template "
-                f"takes at least one message. Remove the line or give it messages."
-            )
-        return
-    if len(needed) != 1:
-        return
-    (key,) = needed
-    value = example[key]
-    if (value == "" or value.isspace()) and _tokenizer_ids(model, value) == []:
-        what = "empty" if value == "" else "only whitespace"
-        raise SystemExit(
-            f"{where} line {number}: {key!r} is {what}, of which --model {model}'s "
-            f"tokenizer makes no tokens (mlx-lm: an IndexError mid-training). Remove the "
-            f"line or give it text."
-        )
-
-
-def _tokenizer_ids(model: Any, text: str) -> list[int] | None:
-    """The token ids a local model folder's ``tokenizer.json`` gives ``text`` (special
-    tokens added, as mlx-lm's ``tokenizer.encode``); ``None`` where it cannot be read."""
-    path = pathlib.Path(str(model)).expanduser() / "tokenizer.json"
-    stamp = _stamp(path)
-    tokenizer = None if stamp is None else _local_tokenizer(str(path), stamp)
-    return None if tokenizer is None else tokenizer.encode(text).ids
-
-
-@functools.lru_cache(maxsize=4)
-def _local_tokenizer(path: str, stamp: tuple[int, int]):
-    """``path`` read as a ``tokenizers`` tokenizer (once per ``stamp``); ``None`` where
-    it cannot be."""
-    try:
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(path)
-    except Exception:  # noqa: BLE001 (another format, no package: left to mlx-lm)
-        return None
-
-
-def _blank_line(where: str, number: int) -> None:
-    raise SystemExit(
-        f"{where} line {number} is blank; mlx-lm reads every line as one JSON example. "
-        "Remove the line."
-    )
-
-
-def _parse_example(where: str, number: int, line: str) -> dict:
-    """One line of a data file as the JSON object it must be."""
-    try:
-        example = json.loads(line)
-    except ValueError as e:
-        raise SystemExit(f"{where} line {number} is not valid JSON ({e}).") from None
-    if not isinstance(example, dict):
-        raise SystemExit(
-            f"{where} line {number} is a JSON {type(example).__name__}, not an object "
-            f"of an example's fields."
-        )
-    return example
-
-
-def _example_format(where, example, prompt, completion, chat, text, args) -> tuple[str, ...]:
-    """The keys of the format mlx-lm picks from the first example (as its
-    ``create_dataset``)."""
-    if prompt in example and completion in example:
-        return (prompt, completion)
-    if chat in example:
-        return (chat,)
-    if text not in example:
-        raise SystemExit(
-            f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} "
-            f"and {completion!r}; or {chat!r}; its keys: {sorted(example)!r}). See "
-            "mlx-lm's LORA.md, section Data."
-        )
-    if getattr(args, "mask_prompt", False):
-        raise SystemExit(
-            f"{where} holds {text!r} examples, which have no prompt to mask: "
-            f"--mask-prompt takes {prompt!r} / {completion!r} or {chat!r} examples."
-        )
-    return (text,)
-
-
-def _check_chat_template(where: str, needed: tuple[str, ...], args: types.SimpleNamespace) -> None:
-    """``prompt`` / ``completion`` and chat examples go through the tokenizer's chat
-    template: a local model folder whose tokenizer has none (the demo's had none) was a
-    traceback after the model loaded (found by probing). Not asked of a Hub model."""
-    model = pathlib.Path(str(args.model)).expanduser()
-    if not model.is_dir() or _has_chat_template(model):
-        return
-    raise SystemExit(
-        f"{where} holds {' / '.join(map(repr, needed))} examples, which mlx-lm formats with "
-        f"the tokenizer's chat template, but --model {args.model} has none (no "
-        f"chat_template in tokenizer_config.json, no chat_template.jinja). Use 'text' "
-        f"examples, or a model whose tokenizer has a chat template."
-    )
-
-
-def _has_chat_template(model: pathlib.Path) -> bool:
-    """Whether a local model folder's tokenizer has a chat template (the places
-    transformers reads it from)."""
-    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
-        return True
-    try:
-        config = json.loads((model / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return True  # unread: left to mlx-lm
-    return not isinstance(config, dict) or bool(config.get("chat_template"))
 
 
 def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> str:
@@ -1867,73 +1232,6 @@ def run(args: types.SimpleNamespace) -> None:
             lora.run(args)
     if args.train:
         _check_saved_adapters(args)
-
-
-_ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
-
-
-def _check_saved_adapters(args: types.SimpleNamespace) -> None:
-    """Raise ``SystemExit`` where the adapters a training run saved hold a value that is
-    not finite. The loss check (:class:`_Reports`) sees each report's loss, computed
-    before that step's update, so a divergence in the last steps was saved as NaN
-    adapters, exit 0 (found by probing). A missing file is mlx-lm's to explain."""
-    path = pathlib.Path(args.adapter_path, _ADAPTER_FILES[0])
-    if not path.is_file():
-        return
-    saved = mx.load(str(path))
-    bad = [name for name, value in saved.items() if not mx.isfinite(value).all().item()]
-    if bad:
-        raise SystemExit(
-            f"{PROG}: the adapters saved in {path} hold NaN or inf values ({len(bad)} of "
-            f"{len(saved)} tensors: {_some(sorted(bad))}): training diverged after the last "
-            f"loss report. Do not use them; train again with a lower --learning-rate (or "
-            f"lr_schedule), or a float32 model where this one is float16."
-        )
-
-
-def _adapter_stamps(args: types.SimpleNamespace) -> tuple | None:
-    """The size and time of ``adapters.safetensors`` and ``adapter_config.json`` in the
-    folder a training run writes, as they are now (``None`` for a missing file)."""
-    path = getattr(args, "adapter_path", None)
-    if not args.train or not isinstance(path, str) or path == "":
-        return None
-    return tuple(_stamp(pathlib.Path(path, name)) for name in _ADAPTER_FILES)
-
-
-def _stamp(path: pathlib.Path) -> tuple[int, int] | None:
-    """A file's time and size; ``None`` for no file (a folder of that name was called
-    an earlier run's weights; found by probing)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
-@contextlib.contextmanager
-def _say_what_a_failure_left(args: types.SimpleNamespace, before: tuple | None):
-    """Where a training run fails after mlx-lm has written its ``adapter_config.json``
-    (first) and before the weights (at the end), an earlier run's weights are left
-    beside this run's config, which ``--test`` or ``mlx_lm.load`` would read as this
-    run's: say so on stderr (found by probing)."""
-    try:
-        yield
-    except BaseException:
-        if before is not None:
-            weights, config = before
-            now_weights, now_config = _adapter_stamps(args)
-            if weights is not None and now_weights == weights and now_config != config:
-                print(
-                    f"{PROG}: this run failed before saving its weights: "
-                    f"{pathlib.Path(args.adapter_path, _ADAPTER_FILES[0])} is still an "
-                    f"earlier run's, beside this run's {_ADAPTER_FILES[1]} (delete both, "
-                    f"or train again, before testing or loading them).",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        raise
 
 
 class _Routes(NamedTuple):
