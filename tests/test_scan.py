@@ -2811,10 +2811,10 @@ def test_vmap_jvp_and_shapeless_compile_fail_loudly():
 def test_vmap_and_jvp_of_a_carryless_scan_in_one_chunk():
     """docs/design.md: a scan without a carry whose ``T`` fits in one chunk orders
     nothing, and ``mx.vmap`` and ``mx.jvp`` run it with the loop's values (the claim was
-    untested until session 50), ``mx.vmap`` only where every xs leaf is differentiated:
-    a constant leaf (integer ids here, or one ``xs_grad`` leaves out) is captured by the
-    scan's custom function, and MLX's vmap stops at it with its own message (found by
-    probing, session 50; the docs claimed it ran). ``mx.jvp`` runs either way."""
+    untested until session 50), also with a constant xs leaf (integer ids here): it was
+    captured by the scan's custom function, and MLX's vmap stopped at it with
+    "Attempting to eval an array without a primitive" (found by probing, session 50);
+    it is a primal now, behind a stop_gradient."""
     x = mx.random.normal((3, 8, 2), key=mx.random.key(5))
     ids = mx.array([[0, 1, 1, 0, 1, 0, 0, 1]] * 3)
     table = mx.random.normal((2, 2), key=mx.random.key(6))
@@ -2834,8 +2834,17 @@ def test_vmap_and_jvp_of_a_carryless_scan_in_one_chunk():
     assert max_rel(t, 2 * slope) <= 1e-6
     _, (t,) = mx.jvp(lambda x: with_ids(x, ids[0]), [x[0]], [mx.ones_like(x[0])])
     assert max_rel(t, slope * table[ids[0]]) <= 1e-6
-    with pytest.raises(RuntimeError, match=re.escape("Attempting to eval an array without")):
-        mx.eval(mx.vmap(with_ids)(x, ids))
+    assert max_rel(mx.vmap(with_ids)(x, ids), mx.tanh(x) * table[ids]) == 0
+    # xs_grad=False: every xs leaf a constant, params unmapped
+    w = mx.random.normal((2,), key=mx.random.key(7))
+
+    def frozen(x):
+        def f(_, xs, w):
+            return None, mx.tanh(xs[0]) * w
+
+        return chunkscan.scan(f, None, (x,), chunk_size=8, params=w, xs_grad=False)[1]
+
+    assert max_rel(mx.vmap(frozen)(x), mx.tanh(x) * w) == 0
 
 
 # ------------------------------------------------------------------ random ops in f

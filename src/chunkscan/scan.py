@@ -94,10 +94,7 @@ def scan(
     Not supported, and failing at the first call with MLX's message (never silently):
     ``mx.vmap`` and ``mx.jvp`` (``Not implemented for Depends``: put a batch axis into
     ``init`` and ``xs`` instead; a scan without a carry whose ``T`` fits in one chunk
-    has nothing to order and runs them, with the loop's values, ``mx.vmap`` only where
-    every xs leaf is differentiated: a constant one, integer, boolean or left out by
-    ``xs_grad``, stops it with MLX's ``Attempting to eval an array without a
-    primitive``) and
+    has nothing to order and runs them, with the loop's values) and
     ``mx.compile(..., shapeless=True)`` (``Slice cannot infer output shapes``: the chunk
     boundaries depend on the shapes).
 
@@ -185,12 +182,17 @@ def scan(
         bounds=chunk_bounds(length, chunk_size),
         p_def=p_def,
         axis=axis,
-        constants=[mx.stop_gradient(x) for x, g in zip(xs_leaves, grad_mask) if not g],
     )
     whole = mx.custom_function(plan.forward)
     whole.vjp(plan.backward)
     diff_xs = [x for x, g in zip(xs_leaves, grad_mask) if g]
-    outs = _tree.as_list(whole(*init_leaves, *diff_xs, *p_leaves))
+    # The constant xs leaves (integer, boolean, or left out by xs_grad) are primals too,
+    # behind a stop_gradient, last: held by the plan instead, they were captured arrays
+    # of the custom function, which mx.vmap cannot map (a one-chunk carryless scan over
+    # token ids failed with "Attempting to eval an array without a primitive"; found by
+    # probing, session 50), and they kept the graph that made them alive with the vjp.
+    consts = [mx.stop_gradient(x) for x, g in zip(xs_leaves, grad_mask) if not g]
+    outs = _tree.as_list(whole(*init_leaves, *diff_xs, *p_leaves, *consts))
     n_init, n_ys = len(init_leaves), plan.n_ys(len(outs))
     carry_out = _tree.unflatten(init_def, outs[:n_init])
     ys_out = _tree.unflatten(plan.ys_spec.treedef, outs[n_init : n_init + n_ys])
@@ -201,7 +203,8 @@ class _Plan:
     """Everything about one ``scan`` call except the arrays it differentiates.
 
     ``forward`` and ``backward`` are the custom function and its vjp over the flat
-    primals ``init leaves + differentiable xs leaves + params leaves``. The forward
+    primals ``init leaves + differentiable xs leaves + params leaves + constant xs
+    leaves`` (the last behind a ``stop_gradient``; zero cotangents). The forward
     returns ``final carry + ys + the carries entering chunks 1..n-1``, the latter
     stacked in blocks of about ``sqrt(n)`` chunks (per block, one array per carry leaf
     with the block's chunks on a new leading axis): every output of a primitive lists
@@ -226,7 +229,6 @@ class _Plan:
         bounds,
         p_def,
         axis,
-        constants,
     ):
         self.f, self.has_params, self.module = f, has_params, module
         # Modules f reaches without params (_capture): the recomputation runs them on
@@ -252,8 +254,8 @@ class _Plan:
         self.n_init, self.n_dx = len(init_specs), sum(grad_mask)
         diff_axes = [ax for ax, g in zip(axes, grad_mask) if g]
         const_axes = [ax for ax, g in zip(axes, grad_mask) if not g]
-        self.diff_axes = diff_axes
-        self.const_chunks = self.chunked(constants, const_axes)
+        self.diff_axes, self.const_axes = diff_axes, const_axes
+        self.n_const = len(const_axes)
         self.ys_spec = _YsSpec()
         # Per chunk, the global random key its forward call started from, where it drew
         # from it (_random): the recomputation draws the same numbers.
@@ -289,6 +291,12 @@ class _Plan:
                 for j in range(hi - lo)
             )
         return out
+
+    def without_constants(self, primals: list) -> tuple[list, list[mx.array]]:
+        """The custom function's primals split into ``init + diff xs + params`` and the
+        constant xs leaves."""
+        cut = len(primals) - self.n_const
+        return primals[:cut], primals[cut:]
 
     def split_primals(self, primals: list) -> tuple[list, list, list]:
         n0, n1 = self.n_init, self.n_init + self.n_dx
@@ -409,7 +417,11 @@ class _Plan:
         return _modules_set(sets, everything=True)
 
     def forward(self, *primals: mx.array) -> list[mx.array]:
-        carry, diff_xs, p = self.split_primals(list(primals))
+        primals, consts = self.without_constants(list(primals))
+        # stop_gradient again inside: mx.jvp of the custom function sends tangents to
+        # every primal, and one used as indices raised (gather has no jvp there)
+        const_chunks = self.chunked([mx.stop_gradient(c) for c in consts], self.const_axes)
+        carry, diff_xs, p = self.split_primals(primals)
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
         ys_per_chunk, saved, block = [], [], []
         ys: list[mx.array] = []
@@ -424,7 +436,7 @@ class _Plan:
                 # only once it exists, so the block's separate carries are freed now
                 # rather than all at the end of the forward.
                 carry = _ordering.carry_after_outputs(carry, stacked)
-            xs_i = self.xs_chunk([c[i] for c in diff_chunks], [c[i] for c in self.const_chunks])
+            xs_i = self.xs_chunk([c[i] for c in diff_chunks], [c[i] for c in const_chunks])
             # Rule 5: the chunk's inputs wait for the carry entering it, so that the
             # work f does on the inputs alone (dplr_delta_rule's pairwise decays and
             # triangular inverse) runs chunk by chunk, not every chunk's up front, all
@@ -459,6 +471,8 @@ class _Plan:
         outputs = _tree.as_list(outputs)
         n_init = self.n_init
         n_ys = self.n_ys(len(outputs))
+        primals, consts = self.without_constants(primals)
+        const_chunks = self.chunked(consts, self.const_axes)
         init, diff_xs, p = self.split_primals(primals)
         carries_in = [init, *self.unstacked(outputs[n_init + n_ys :])]
         ct_carry = cotangents[:n_init]
@@ -483,14 +497,17 @@ class _Plan:
         # differentiated (found by probing). They get zero cotangents.
         floats = [mx.issubdtype(a.dtype, mx.inexact) for a in init + diff_xs + p]
         with self.captured_set():
-            return self._backward_chunks(
+            grads = self._backward_chunks(
                 init, diff_xs, p, carries_in, ct_carry, ct_saved, ct_ys_chunks, diff_chunks,
-                floats,
+                const_chunks, floats,
             )  # fmt: skip
+        # the constants' cotangents, one per primal as the custom function requires:
+        # zeros that nothing evaluates (the constants sit behind a stop_gradient)
+        return grads + [mx.zeros_like(c) for c in consts]
 
     def _backward_chunks(
         self, init, diff_xs, p, carries_in, ct_carry, ct_saved, ct_ys_chunks, diff_chunks,
-        floats,
+        const_chunks, floats,
     ) -> list[mx.array]:  # fmt: skip
         """:meth:`backward`'s reverse loop over the chunks."""
         n_dx, n_chunks = self.n_dx, len(self.bounds)
@@ -514,7 +531,7 @@ class _Plan:
             # is never merged). Not in ``waited``: outputs of one Depends are siblings,
             # and mx.vjp differentiates the siblings of a primal too. Anchored on
             # themselves (:func:`chunkscan._ordering.keep_apart`).
-            consts = [c[i] for c in self.const_chunks]
+            consts = [c[i] for c in const_chunks]
             if _ANCHOR_CONSTANTS_ON_INIT:  # the tests' negative control
                 consts = _ordering._after(consts, init)
             else:
