@@ -156,6 +156,21 @@ def _meta(argv: list[str]) -> dict[str, Any]:
     return meta(argv=["python", "bench/attention.py"] + argv)
 
 
+def scratch_mib_arg(text: str) -> float:
+    """argparse ``type=`` for ``--scratch-mib``: a number > 0 that is at least one byte
+    once in bytes (``int(mib * 2**20)``, what :func:`measure` sets): ``0.0000001`` was
+    taken, set a scratch of 0 bytes, and every chunkscan row failed while the run exited 0
+    (found by probing)."""
+    from _common import positive_float
+
+    value = positive_float(text)
+    if int(value * 1024 * 1024) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least one byte (1 / 1048576 MiB) but got {text!r}, which is 0 bytes"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from _common import Once, non_negative_int, positive_float, positive_int
 
@@ -177,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--mask", default=None, choices=["causal", "none"])
     p.add_argument("--chunk-size", type=positive_int, default=None)
-    p.add_argument("--scratch-mib", type=positive_float, nargs="+", action=Once, default=None,
+    p.add_argument("--scratch-mib", type=scratch_mib_arg, nargs="+", action=Once, default=None,
                    help="chunkscan's SCRATCH_BYTES in MiB (default: the device's, "
                         "CPU_SCRATCH_BYTES or GPU_SCRATCH_BYTES); several values: each "
                         "chunkscan impl at each, in turn, at every T")  # fmt: skip

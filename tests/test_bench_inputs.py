@@ -209,6 +209,18 @@ def test_attention_heads_must_divide(argv, message, bench, tmp_path, capsys, no_
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("mib", ["0.0000001", "1e-300"])
+def test_attention_scratch_below_a_byte_is_refused(mib, bench, tmp_path, capsys, no_measuring):
+    """``attention.py --scratch-mib 0.0000001`` set a scratch of 0 bytes: every chunkscan
+    row failed and the run exited 0 (found by probing). It stops at parse time now; one
+    byte's worth is taken."""
+    argv = ["--T", "16", "--scratch-mib", mib, "--json", str(tmp_path / "a.json")]
+    err = refused(bench("attention"), argv, capsys)
+    assert "argument --scratch-mib: must be at least one byte" in err and mib in err, err
+    assert not list(tmp_path.iterdir())
+    assert bench("attention").scratch_mib_arg(str(1 / 2**20)) == 1 / 2**20
+
+
 def test_attention_kib_per_token_counts_the_batch(bench):
     """``kib_per_token`` divided the peak by T, so ``--B 4`` read about 4x the B = 1
     figure: it is per token of the whole batch (``tokens`` = B x T)."""
