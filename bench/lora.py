@@ -318,17 +318,22 @@ def _config_overrides(text: str) -> dict[str, Any]:
 def _check_config_fields(parser: argparse.ArgumentParser, config: dict | None) -> None:
     """``--config``'s keys must be fields of the model's ``ModelArgs``: mlx-lm's
     ``from_dict`` drops the others, so a misspelt key measured the default model
-    (found by probing)."""
+    (found by probing). Its ``model_type`` must be ``qwen3_next``, the model this script
+    measures: the stub replaces ``qwen3_next.gated_delta_update`` only and the titles name
+    Qwen3-Next, so another model type ran its own recurrence under "stub" (qwen3_5: a
+    negative patched - stub share) or none at all (llama: every ratio 1.000), with exit
+    status 0 (found by probing)."""
     if not config:
         return
     import dataclasses
     import importlib
 
     model_type = config.get("model_type", "qwen3_next")
-    try:
-        arch = importlib.import_module(f"mlx_lm.models.{model_type}")
-    except ImportError:
-        parser.error(f"argument --config: mlx-lm has no model_type {model_type!r}")
+    if model_type != "qwen3_next":
+        parser.error(f"argument --config: model_type {model_type!r} is not supported: this "
+                     "script stubs and labels qwen3_next only; leave model_type out or set "
+                     "it to 'qwen3_next'")  # fmt: skip
+    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
     fields = {f.name for f in dataclasses.fields(arch.ModelArgs)}
     unknown = sorted(set(config) - fields - {"model_type"})
     if unknown:
