@@ -74,7 +74,12 @@ def measure(mode: str, B: int, T: int, Hk: int, Hv: int, D: int, C: int, gate: s
         t0 = time.perf_counter()
         mx.eval(fn(*inputs))
         times.append(time.perf_counter() - t0)
+    # the chunk the op ran at (cut to T, whole sub-chunks of 8 for a per-channel gate):
+    # the rows held the --C asked alone (C = 16 at T = 8; found by probing)
+    from _common import gdn_chunking
+
     return {"first_seconds": times[0], "second_seconds": times[1],
+            "chunk_run": gdn_chunking(q, k, v, g, beta, chunk_size=C).C,
             "device": str(mx.default_device())}  # fmt: skip
 
 

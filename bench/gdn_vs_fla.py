@@ -108,7 +108,8 @@ def measure_mlx(
         "impl": impl, "T": T, "compiled": compiled, "ms": seconds * 1e3,
         "kib_per_token": peak / KiB / T, "first_call_s": first, "chunk_size": chunk_size,
         # the chunk the op ran at (cut to T; found by probing, as in gated_delta.py)
-        "chunk_run": gdn_chunking(*xs[:5], chunk_size=chunk_size).C,
+        # (with the impl's kernels: chunkscan-portable's are off)
+        "chunk_run": gdn_chunking(*xs[:5], chunk_size=chunk_size, kernels=kernels).C,
         "group_mib": group_mib,
         "memory_limit_mib": memory_limit_mib, "save": chunk_module._saved_states(save),
         "kernel_used": bool(kernels is None and _passes.use_kernels(None)),
@@ -245,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _line(row: dict[str, Any]) -> str:
-    head = f"{row['impl']:>18} T={row['T']:>6} C={row.get('chunk_size', '')!s:>4} " + (
+    # the chunk run, and the one asked where they differ: the line printed the asked
+    # C = 128 of a T = 64 run at 64 (found by probing)
+    asked, ran = row.get("chunk_size", ""), row.get("chunk_run", row.get("chunk_size", ""))
+    chunk = f"C={ran!s:>4}" + (f" (asked {asked})" if ran != asked else "")
+    head = f"{row['impl']:>18} T={row['T']:>6} {chunk} " + (
         "compiled" if row.get("compiled") else "eager   "
     )
     if "error" in row:

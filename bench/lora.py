@@ -139,11 +139,16 @@ def measure(
         handle.undo()
     if base == "stub":  # (a process of its own under main; a test's process goes on)
         qwen3_next.gated_delta_update = stock_update
+    # the chunk the patched op ran at (stock and stub run no op: no chunk_run)
+    ran = {}
+    if base == "patched":
+        ran["chunk_run"] = _chunk_run(config, batch, T, chunk_size, dtype)
     return {
         "mode": mode,
         "T": T,
         "batch": batch,
         "chunk_size": chunk_size,
+        **ran,
         "loss": loss.item(),
         "peak_mib": peak / MiB,
         "mib_per_token": peak / MiB / (batch * T),
@@ -158,6 +163,23 @@ def measure(
         "save_states": None if handle is None else handle.save_states,
         "memory_limit_mib": memory_limit_mib,
     }
+
+
+def _chunk_run(config: dict[str, Any], batch: int, T: int, chunk_size: int | None,
+               dtype: str) -> int:  # fmt: skip
+    """The chunk the patched op runs at for the model's Gated DeltaNet layers at ``T``
+    (``_common.gdn_chunking``: the op's default where ``chunk_size`` is None, cut to
+    ``T``). The rows held the chunk asked alone, ``None`` or 64 at T = 16 (found by
+    probing); the stock and stub rows run no op and record none."""
+    import mlx.core as mx
+    from _common import gdn_chunking
+
+    Hk, Hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    Dk, Dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    qk = mx.zeros((batch, T, Hk, Dk), getattr(mx, dtype))
+    v = mx.zeros((batch, T, Hv, Dv), getattr(mx, dtype))
+    gate = mx.zeros((batch, T, Hv), mx.float32)  # (the seam's log gate and beta)
+    return gdn_chunking(qk, qk, v, gate, gate, chunk_size=chunk_size).C
 
 
 def _ptx_cache_files(env: dict[str, str]) -> int:
@@ -422,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from chunkscan.commands.measure import run_isolated
 
-    env = child_env()
+    env = child_env(bench=True)  # (measure imports _common)
     run_meta = provenance()  # once: git and nvidia-smi
     commit = run_meta.get("commit")  # per row: --merge keeps rows of other runs
     rows: list[dict[str, Any]] = []

@@ -254,6 +254,46 @@ def test_gated_delta_rows_record_the_chunk_run(impl, T, asked, gate, ran, bench)
     assert row["chunk_size"] == gated_delta._chunk_used(impl, asked)
 
 
+@pytest.mark.parametrize("T,asked,gate,ran", [(8, 16, "head", 8), (20, 12, "channel", 16)])
+def test_first_call_rows_record_the_chunk_run(T, asked, gate, ran, bench):
+    """``first_call.py --T 8 --C 16`` recorded ``C: 16`` alone, where the op ran at 8
+    (found by probing): ``chunk_run`` is the chunk it ran at."""
+    row = bench("first_call").measure("fwd", 1, T, 1, 1, 8, asked, gate)
+    assert row["chunk_run"] == ran
+
+
+def test_lora_patched_rows_record_the_chunk_run(bench, monkeypatch):
+    """``lora.py``'s rows held the chunk asked (``None``: the op's default) alone; the
+    patched rows record the one the op ran at for their T, the stub rows none (they run
+    no op)."""
+    import mlx_lm.models.qwen3_next as qwen3_next
+
+    from chunkscan.commands.demo_model import tiny_config
+
+    # measure() swaps the recurrence in this process: restored however the test ends
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", qwen3_next.gated_delta_update)
+    lora = bench("lora")
+    config = {"hidden_size": 32, "intermediate_size": 32, "vocab_size": 16}
+    row = lora.measure("patched", 8, chunk_size=16, repeats=1, config=config)
+    assert (row["chunk_size"], row["chunk_run"]) == (16, 8)
+    assert "chunk_run" not in lora.measure("stub", 8, chunk_size=16, repeats=1, config=config)
+    default = lora._chunk_run(tiny_config(), 1, 4096, None, "float32")
+    from chunkscan.ops.gated_delta import chunk
+
+    assert default == chunk.default_chunk_size(None, 128, 128)
+
+
+def test_gdn_vs_fla_prints_the_chunk_run(bench):
+    """``gdn_vs_fla.py``'s line printed the ``C=`` asked (128 at T = 64, where the op
+    ran at 64; found by probing): the chunk run, and the one asked where they differ."""
+    line = bench("gdn_vs_fla")._line
+    row = {"impl": "chunkscan", "T": 64, "chunk_size": 128, "chunk_run": 64, "ms": 1.0,
+           "kib_per_token": 2.0}  # fmt: skip
+    assert "C=  64 (asked 128) " in line(row)
+    assert "C= 128 eager" in line(dict(row, T=256, chunk_run=128))
+    assert "C=  64 eager" in line({"impl": "fla", "T": 64, "chunk_size": 64, "error": "x"})
+
+
 def test_memory_breakdown_prints_the_chunk_the_kernels_ran_at(bench, tmp_path, capsys):
     """At ``--T 20`` the header said ``C=64`` where the kernels ran ``C=32``."""
     out = tmp_path / "mb.json"
