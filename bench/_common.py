@@ -306,15 +306,30 @@ def meta(**extra: Any) -> dict[str, Any]:
     versions), plus ``scripts_commit`` where the benchmark scripts' checkout is not
     chunkscan's or differs from it (:func:`~chunkscan.commands.measure.git_commit` of
     this file: a clone's edited script, run with another checkout's chunkscan, recorded
-    that checkout's clean commit; found by probing), plus ``extra``."""
+    that checkout's clean commit; found by probing), plus ``extra``. With
+    ``CHUNKSCAN_COMMIT`` set too (a copied ``src/`` measured, as bench/results/README.md
+    describes): ``scripts_commit`` was dropped there (found by probing, session 50); it
+    is kept where git knows the scripts (not on the device, whose tree has no git
+    metadata) and their commit or state is not the one ``commit`` names."""
     from chunkscan.commands.measure import git_commit, provenance
 
     out = provenance()
-    if not os.environ.get("CHUNKSCAN_COMMIT"):
-        scripts = git_commit(str(pathlib.Path(__file__).resolve()))
-        if scripts != out["commit"] or _checkout(__file__) != _checkout(chunkscan_src()):
-            out["scripts_commit"] = f"{scripts} ({ROOT})"
+    scripts = git_commit(str(pathlib.Path(__file__).resolve()))
+    if scripts == "unknown" and os.environ.get("CHUNKSCAN_COMMIT"):
+        return {**out, **extra}  # (the device: nothing known of the scripts' checkout)
+    elsewhere = _checkout(__file__) != _checkout(chunkscan_src())
+    if _names_another(scripts, out["commit"]) or elsewhere:
+        out["scripts_commit"] = f"{scripts} ({ROOT})"
     return {**out, **extra}
+
+
+def _names_another(scripts: str, commit: str) -> bool:
+    """Whether ``scripts`` (``git_commit``'s: a full hash, ``+dirty`` where changed) is
+    another commit or state than ``commit`` names (``CHUNKSCAN_COMMIT`` may give a short
+    hash), as ``provenance`` tells its ``git_commit`` apart."""
+    head, _, state = scripts.partition("+")
+    given, _, given_state = commit.partition("+")
+    return not (given and head.startswith(given)) or state != given_state
 
 
 def _checkout(path: str) -> str | None:

@@ -412,6 +412,33 @@ def test_meta_names_the_scripts_checkout_where_it_is_not_chunkscans(bench, monke
     assert common.meta()["commit"] == "b" * 40
 
 
+def test_meta_names_the_scripts_checkout_with_chunkscan_commit_set(bench, monkeypatch):
+    """With ``CHUNKSCAN_COMMIT`` set (a copied ``src/`` measured, as
+    bench/results/README.md describes) ``scripts_commit`` was never recorded (found by
+    probing): it is where the scripts' commit or state is not the one named, or their
+    checkout is not chunkscan's; not where they agree, nor where git does not know the
+    scripts (the device's tree)."""
+    from chunkscan.commands import measure
+
+    common = bench("_common")
+    monkeypatch.setattr(measure, "device", lambda: "cpu")
+    monkeypatch.setattr(common, "_checkout", lambda path: "/checkout")  # one checkout
+    scripts = "a" * 40
+    monkeypatch.setattr(measure, "git_commit", lambda path: scripts)
+    monkeypatch.setenv("CHUNKSCAN_COMMIT", "f25e49f")
+    assert common.meta()["scripts_commit"] == f"{'a' * 40} ({common.ROOT})"
+    assert common.meta()["commit"] == "f25e49f"
+    monkeypatch.setenv("CHUNKSCAN_COMMIT", "aaaaaaa")  # the scripts' commit, short
+    assert "scripts_commit" not in common.meta()
+    scripts = "a" * 40 + "+dirty"  # the scripts' checkout changed since
+    assert common.meta()["scripts_commit"] == f"{scripts} ({common.ROOT})"
+    monkeypatch.setattr(common, "_checkout", lambda path: path if "src" in path else "/x")
+    scripts = "a" * 40  # the same commit, but chunkscan imported from elsewhere
+    assert "scripts_commit" in common.meta()
+    scripts = "unknown"  # no git metadata (the device): nothing known, nothing recorded
+    assert "scripts_commit" not in common.meta()
+
+
 def test_cuda_scripts_write_under_the_checkouts_bench_out(bench):
     """``state_pass.py`` and ``tc_probe.py`` wrote to ``bench-out/`` of the folder run
     from; the others (and now they) to the checkout's (``_common.OUT``)."""
