@@ -301,12 +301,18 @@ def stop_without_cuda(script: str, mlx: bool = True, torch: bool = False) -> boo
     return why is not None
 
 
-def meta(**extra: Any) -> dict[str, Any]:
+def meta(script: str | None = None, argv: list[str] | None = None, **extra: Any
+         ) -> dict[str, Any]:  # fmt: skip
     """:func:`chunkscan.commands.measure.provenance` (argv, commit, date, device,
-    versions), plus ``scripts_commit`` where the benchmark scripts' checkout is not
-    chunkscan's or differs from it (:func:`~chunkscan.commands.measure.git_commit` of
-    this file: a clone's edited script, run with another checkout's chunkscan, recorded
-    that checkout's clean commit; found by probing), plus ``extra``. With
+    versions), its ``argv`` the one the script's ``main(argv)`` parsed where ``script``
+    (its ``__file__``) is given: ``["python", "bench/<script>.py", *argv]``, ``argv``
+    ``sys.argv[1:]`` where None, as ``python bench/<script>.py ...`` runs it.
+    ``provenance`` records ``sys.argv``: a ``main(argv)`` called in-process (by a test,
+    by another script) recorded its caller's command line (found by probing). Plus
+    ``scripts_commit`` where the benchmark scripts' checkout is not chunkscan's or
+    differs from it (:func:`~chunkscan.commands.measure.git_commit` of this file: a
+    clone's edited script, run with another checkout's chunkscan, recorded that
+    checkout's clean commit; found by probing), plus ``extra``. With
     ``CHUNKSCAN_COMMIT`` set too (a copied ``src/`` measured, as bench/results/README.md
     describes): ``scripts_commit`` was dropped there (found by probing, session 50); it
     is kept where git knows the scripts (not on the device, whose tree has no git
@@ -314,6 +320,9 @@ def meta(**extra: Any) -> dict[str, Any]:
     from chunkscan.commands.measure import git_commit, provenance
 
     out = provenance()
+    if script is not None:
+        ran = sys.argv[1:] if argv is None else argv
+        out["argv"] = ["python", f"bench/{pathlib.Path(script).name}", *ran]
     scripts = git_commit(str(pathlib.Path(__file__).resolve()))
     if scripts == "unknown" and os.environ.get("CHUNKSCAN_COMMIT"):
         return {**out, **extra}  # (the device: nothing known of the scripts' checkout)
@@ -592,11 +601,13 @@ def exit_status(rows: list[dict[str, Any]], script: str) -> int:
 
 
 def run_side_by_side(parser, args, target: str, config: dict[str, Any], title: str,
-                     baseline: str) -> list[dict[str, Any]]:  # fmt: skip
+                     baseline: str, script: str | None = None,
+                     argv: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Measure ``target`` (``"bench.<script>:measure"``) for each ``--T`` and ``--impls``
     in a fresh process, ``config`` added to each configuration; print each row, add each
     one's ``speedup`` against ``baseline``'s row at its T, print and write the table
-    (``--md``) and the rows (``--json``, with :func:`meta`). Returns the rows."""
+    (``--md``) and the rows (``--json``, with :func:`meta` of ``script`` and the ``argv``
+    its main parsed). Returns the rows."""
     from chunkscan.commands.measure import run_isolated
 
     check_outputs(parser, {"--json": args.json, "--md": args.md}, optional=("--json", "--md"))
@@ -618,7 +629,7 @@ def run_side_by_side(parser, args, target: str, config: dict[str, Any], title: s
     print()
     print(md)
     if args.json:
-        write_json(args.json, meta(), rows)
+        write_json(args.json, meta(script, argv), rows)
     if args.md:
         pathlib.Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.md).write_text(md)

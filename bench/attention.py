@@ -153,7 +153,7 @@ def measure(
 def _meta(argv: list[str]) -> dict[str, Any]:
     from _common import meta
 
-    return meta(argv=["python", "bench/attention.py"] + argv)
+    return meta(__file__, argv)
 
 
 def scratch_mib_arg(text: str) -> float:

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.json:
-        m = meta(argv=["python", "bench/attention_kernels.py"] + argv)
+        m = meta(__file__, argv)
         pathlib.Path(args.json).write_text(json_text({"meta": m, "rows": rows}))
     return 0
 

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     check_outputs(p, {"--json": args.json})
     rows = measure(args.mags, args.T)
-    write_json(args.json, meta(T=args.T, mags=args.mags), rows)
+    write_json(args.json, meta(__file__, argv, T=args.T, mags=args.mags), rows)
     print(f"{'mag':>5}  {'path':<24}" + "".join(f"{n:>18}" for n in ("o", "dq", "dk", "dv")))
     for r in rows:
         errs = "".join(

@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"dplr_delta_rule alone (RWKV-7's recurrence; B=1, {args.heads} heads of "
              f"{args.head_dim}, {args.dtype}), fwd+bwd"
              f"{' compiled' if args.compiled else ''}, all six gradients")  # fmt: skip
-    rows = run_side_by_side(parser, args, "bench.dplr_delta:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(
+        parser, args, "bench.dplr_delta:measure", config, title, "mlx_lm", __file__, argv
+    )
     return exit_status(rows, "dplr_delta.py")
 
 

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row.get('second_seconds', float('nan')):6.3f} s {row.get('error', '')}",
             flush=True,
         )
-    write_json(args.json, meta(), rows)
+    write_json(args.json, meta(__file__, argv), rows)
     return exit_status(rows, "first_call.py")
 
 

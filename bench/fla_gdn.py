@@ -346,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
 
     versions_ = versions()
     device = f"{versions_.get('gpu', 'cuda')}, {platform.machine()}"
-    meta: dict[str, Any] = {"argv": sys.argv, "commit": _commit(), "device": device,
+    # the argv main parsed, as _common.meta records it: sys.argv was the caller's where
+    # main(argv) ran in-process (found by probing)
+    ran = ["python", "bench/fla_gdn.py", *(sys.argv[1:] if argv is None else argv)]
+    meta: dict[str, Any] = {"argv": ran, "commit": _commit(), "device": device,
                             "shape": shape, "versions": versions_}  # fmt: skip
     meta["hopper_guard"] = lift_hopper_guard() if args.lift_hopper_guard else "kept"
     print(json.dumps(meta), flush=True)

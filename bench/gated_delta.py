@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from _common import meta
 
-        rows, info = run(args), meta()
+        rows, info = run(args), meta(__file__, argv)
         blas = "OpenBLAS preloaded" if args.openblas else "bundled BLAS"
         gate = ", per-channel gate" if args.gate == "channel" else ""
         title = f"Gated DeltaNet layer (B=1, Hk=16, Hv=32, D=128, {args.dtype}{gate}), {blas}"

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     tv = cc.slice_columns(D, C, D)
     threads = {w: cc.threads(w, C, D, D, tv) for w in cc._KERNELS}
-    info = meta(shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}, threads=threads,
+    info = meta(__file__, argv, shape={"B": B, "Hk": Hk, "Hv": Hv, "D": D, "C": C}, threads=threads,
                 tv=tv, profile=args.profile)  # fmt: skip
     if args.profile:
         del stages["forward_pass"], stages["reverse_pass"]

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<26} {ms:9.2f} ms per group  {share * ms:9.2f} ms in all")
     print(f"  {'sum of the phases':<26} {'':>22} {row['phases_ms_all_groups']:9.2f} ms")
     print(f"  {'the whole op, fwd+bwd':<26} {'':>22} {row['whole_op_ms']:9.2f} ms")
-    write_json(args.json, meta(), [row])
+    write_json(args.json, meta(__file__, argv), [row])
     return 0
 
 

@@ -200,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     from chunkscan.commands.measure import run_isolated
 
     started, rows = time.perf_counter(), []
-    info = meta(shape={"B": 1, "Hk": 16, "Hv": 32, "Dk": 128, "Dv": 128, "dtype": "bfloat16"})
+    info = meta(
+        __file__,
+        argv,
+        shape={"B": 1, "Hk": 16, "Hv": 32, "Dk": 128, "Dv": 128, "dtype": "bfloat16"},
+    )
     configs = []
     for harness, T in itertools.product(args.harness, args.T):
         for impl in args.impls:

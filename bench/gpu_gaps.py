@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         row = profile_mode(label, fn, xs, args.kernels)
         if row is not None:
             rows.append(dict(row, T=args.T, harness=args.harness))
-    write_json(args.json, meta(), rows)
+    write_json(args.json, meta(__file__, argv), rows)
     return 0
 
 

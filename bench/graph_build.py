@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(min {row['min_ms']:.2f}, 10th percentile {row['p10_ms']:.2f}; "
         f"{args.repeats} builds)"
     )
-    write_json(args.json, meta(), [row])
+    write_json(args.json, meta(__file__, argv), [row])
     return 0
 
 

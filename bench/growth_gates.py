@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         cells += [f"{r['o']:.1e}", f"{r['final']:.1e}", f"{worst:.1e}"]
         cells.append(str(r["non_finite_grads"]))
         print("| " + " | ".join(cells) + " |")
-    write_json(args.json, meta(), rows)
+    write_json(args.json, meta(__file__, argv), rows)
     return 0
 
 

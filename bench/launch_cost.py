@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.real:
         print("the op's kernels' binaries:")
         extra["op_binaries"] = real_sizes()
-    write_json(args.json, meta(**extra), rows)
+    write_json(args.json, meta(__file__, argv, **extra), rows)
     return 0
 
 

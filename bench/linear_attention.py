@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     md = f"{title}\n\n{table(rows)}\n"
     print()
     print(md)
-    info = meta()
+    info = meta(__file__, argv)
     if args.json:
         write_json(args.json, info, rows)
     if args.md:

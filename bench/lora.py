@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     from chunkscan.commands.measure import run_isolated
 
     env = child_env(bench=True)  # (measure imports _common)
-    run_meta = provenance()  # once: git and nvidia-smi
+    run_meta = provenance(__file__, argv)  # once: git and nvidia-smi
     commit = run_meta.get("commit")  # per row: --merge keeps rows of other runs
     rows: list[dict[str, Any]] = []
     stock_per_token = None
@@ -505,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     from chunkscan.commands.demo_model import tiny_config
 
     meta = {
-        "commands": commands
-        + ["python bench/lora.py " + " ".join(argv if argv is not None else sys.argv[1:])],
+        # this run's command as meta.argv records it (the argv main parsed)
+        "commands": commands + [" ".join(run_meta["argv"])],
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm.__version__,
         "machine": platform.platform(),

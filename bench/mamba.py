@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
               "dt_rank": args.dt_rank, "chunk_size": args.chunk_size}  # fmt: skip
     title = (f"Mamba layer (B=1, hidden {args.hidden}, {args.channels} channels, state "
              f"{args.state}, dt rank {args.dt_rank}, {args.dtype}), fwd+bwd")  # fmt: skip
-    rows = run_side_by_side(parser, args, "bench.mamba:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(
+        parser, args, "bench.mamba:measure", config, title, "mlx_lm", __file__, argv
+    )
     return exit_status(rows, "mamba.py")
 
 

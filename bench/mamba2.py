@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
              "groups": args.groups}  # fmt: skip
     title = (f"Mamba2 SSD (B=1, {args.heads} heads of {args.head_dim}, state {args.state}, "
              f"{args.groups} groups, {args.dtype}), fwd+bwd")  # fmt: skip
-    rows = run_side_by_side(parser, args, "bench.mamba2:measure", shape, title, "mlx_lm")
+    rows = run_side_by_side(
+        parser, args, "bench.mamba2:measure", shape, title, "mlx_lm", __file__, argv
+    )
     return exit_status(rows, "mamba2.py")
 
 

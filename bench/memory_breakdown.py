@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r["kib_per_token"] for r in rows)
     # written before the table, which a pipe may cut (`| head -1` in run 99 did);
     # chunk_size as asked, chunk_run as run
-    write_json(args.json, meta(T=args.T, chunk_size=args.chunk_size, chunk_run=ran,
+    write_json(args.json, meta(__file__, argv, T=args.T, chunk_size=args.chunk_size, chunk_run=ran,
                                groups=groups, save_states=save, total_kib_per_token=total),
                rows)  # fmt: skip
     asked = f" (--chunk-size {args.chunk_size} cut to T, to a size the kernels take)"

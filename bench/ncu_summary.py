@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.by_name:
         rows = by_name(rows)
     if args.json:  # before printing: a closed pipe (| head) stopped it being written
-        write_json(args.json, meta(input=args.csv), rows)
+        write_json(args.json, meta(__file__, argv, input=args.csv), rows)
     total = sum(r["us"] or 0 for r in rows)
     print(f"{len(raw)} kernels, {total / 1e3:.2f} ms in all")
     head = "  ".join(h.rjust(w) for h, w in

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         top = ", ".join(f"{k} {v}" for k, v in list(r["by_kind"].items())[:8])
         print(f"T={r['T']} C={r['C']} groups={r['groups']}: {r['launches']} launches, "
               f"{r['views']} views ({top})")  # fmt: skip
-    write_json(args.json, meta(), rows)
+    write_json(args.json, meta(__file__, argv), rows)
     return 0
 
 

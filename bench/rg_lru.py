@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     config = {"width": args.width, "heads": args.heads, "chunk_size": args.chunk_size}
     title = (f"RecurrentGemma recurrent block (B=1, width {args.width}, {args.heads} heads, "
              f"{args.dtype}), fwd+bwd")  # fmt: skip
-    rows = run_side_by_side(parser, args, "bench.rg_lru:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(
+        parser, args, "bench.rg_lru:measure", config, title, "mlx_lm", __file__, argv
+    )
     return exit_status(rows, "rg_lru.py")
 
 

@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     config = {"hidden": args.hidden, "head_dim": args.head_dim, "chunk_size": args.chunk_size}
     title = (f"RWKV-7 time mixing (B=1, hidden {args.hidden}, heads of {args.head_dim}, "
              f"{args.dtype}), fwd+bwd")  # fmt: skip
-    rows = run_side_by_side(parser, args, "bench.rwkv7:measure", config, title, "mlx_lm")
+    rows = run_side_by_side(
+        parser, args, "bench.rwkv7:measure", config, title, "mlx_lm", __file__, argv
+    )
     return exit_status(rows, "rwkv7.py")
 
 

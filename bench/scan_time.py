@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         # in "device" (found by probing)
         from _common import json_text, meta
 
-        info = meta(H=args.H, D=args.D, chunk=args.chunk, rounds=args.rounds,
+        info = meta(__file__, argv, H=args.H, D=args.D, chunk=args.chunk, rounds=args.rounds,
                     compiled=args.compile)  # fmt: skip
         with open(args.json, "w") as fh:
             fh.write(json_text({"meta": info, "rows": rows}))

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     # argv, commit (CHUNKSCAN_COMMIT where the tree is a copy), date, versions, and the
     # CHUNKSCAN_* / MLX_* variables set (CHUNKSCAN_PASS_TC picks the kernel)
     meta = {
-        **provenance(),
+        **provenance(__file__, argv),
         "device_info": _device(),
         "shape": {"L": args.L, "R": args.R, "Dk": args.Dk, "C": args.C},
     }

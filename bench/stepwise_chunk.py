@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {T} | {chunk} | {res['error']} | |", flush=True)
         else:
             print(f"| {T} | {chunk} | {res['seconds']:.2f} | {res['rss_mib']:.0f} |", flush=True)
-    write_json(args.json, meta(), rows)
+    write_json(args.json, meta(__file__, argv), rows)
     return exit_status(rows, "stepwise_chunk.py")
 
 

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{np.median(err):.2e}, max {err.max():.2e}; below it {np.mean(d < exact):.3f}, "
           f"above {np.mean(d > exact):.3f}")  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-    np.savez_compressed(args.out, a=a, b=b, c=c, d=d, meta=np.array(repr(meta())))
+    np.savez_compressed(args.out, a=a, b=b, c=c, d=d, meta=np.array(repr(meta(__file__, argv))))
     print(f"wrote {args.out}")
     return 0
 

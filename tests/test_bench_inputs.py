@@ -439,6 +439,47 @@ def test_meta_names_the_scripts_checkout_with_chunkscan_commit_set(bench, monkey
     assert "scripts_commit" not in common.meta()
 
 
+def test_meta_records_the_argv_main_parsed(bench, monkeypatch, tmp_path):
+    """A script's ``main(argv)`` called in-process (by a test, by another script)
+    recorded the caller's ``sys.argv`` as ``meta.argv`` (found by probing): it records
+    ``["python", "bench/<script>.py", *argv]``, and ``lora.py``'s ``meta.commands`` the
+    same command."""
+    monkeypatch.setattr("sys.argv", ["the-caller", "--its-own", "options"])
+    argv = ["--T", "16", "--gates", "0.5", "--chunk-sizes", "8", "--json",
+            str(tmp_path / "gg.json")]  # fmt: skip
+    assert bench("growth_gates").main(argv) == 0
+    meta = json.loads((tmp_path / "gg.json").read_text())["meta"]
+    assert meta["argv"] == ["python", "bench/growth_gates.py", *argv]
+    import mlx_lm.models.qwen3_next as qwen3_next
+
+    # lora's stub swaps the recurrence in this process (its measure runs here): restored
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", qwen3_next.gated_delta_update)
+    from chunkscan.commands import measure
+
+    lora = bench("lora")
+    monkeypatch.setattr(measure, "run_isolated", lambda target, cfg, **k: lora.measure(**{
+        k: v for k, v in cfg.items() if k != "repeats"}, repeats=1))  # fmt: skip
+    argv = ["--T", "8", "--modes", "stub", "--repeats", "1", "--json", str(tmp_path / "l.json")]
+    assert lora.main(argv) == 0
+    meta = json.loads((tmp_path / "l.json").read_text())["meta"]
+    assert meta["argv"] == ["python", "bench/lora.py", *argv]
+    assert meta["commands"] == [" ".join(meta["argv"])]
+    # and every script passes its own: meta(__file__, argv), run_side_by_side(...,
+    # __file__, argv), never sys.argv
+    import ast
+
+    for path in sorted(BENCH.glob("*.py")):
+        text = path.read_text()
+        assert '"argv": sys.argv' not in text, path.name
+        if path.name == "_common.py":
+            continue
+        for call in ast.walk(ast.parse(text)):
+            name = getattr(getattr(call, "func", None), "id", None)
+            if name in ("meta", "provenance", "run_side_by_side"):
+                given = [getattr(a, "id", None) for a in call.args][-2:]
+                assert given == ["__file__", "argv"], (path.name, call.lineno)
+
+
 def test_cuda_scripts_write_under_the_checkouts_bench_out(bench):
     """``state_pass.py`` and ``tc_probe.py`` wrote to ``bench-out/`` of the folder run
     from; the others (and now they) to the checkout's (``_common.OUT``)."""
