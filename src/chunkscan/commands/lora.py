@@ -666,7 +666,7 @@ class _Reports:
         say(
             f"  iter {info['iteration']:>4}: loss {info['train_loss']:.3f}, "
             f"{info['tokens_per_second']:,.0f} tok/s, "
-            f"process peak memory so far {mx.get_peak_memory() / MiB:,.0f} MiB"
+            f"MLX peak memory so far {mx.get_peak_memory() / MiB:,.0f} MiB"
         )
         if self.inner is not None:
             self.inner.on_train_loss_report(info)
@@ -723,7 +723,14 @@ def _routes_line(routes: _Routes | None = None) -> str:
     # the other recurrences take every call without a cache, validation's too (it said
     # attention's alone; found by probing)
     counted = "attention's and the recurrences'" if recurrences else "attention's"
-    validation = ", which runs Gated DeltaNet through mlx-lm's inference kernel" if has_gdn else ""
+    # mlx-lm's Metal kernel on an Apple GPU, its per-token loop elsewhere (the note named
+    # a kernel, where a CPU or CUDA run went through the loop; found by probing)
+    validation = (
+        ", which runs Gated DeltaNet through mlx-lm's own path: its Metal kernel on an Apple "
+        "GPU, its per-token loop elsewhere"
+        if has_gdn
+        else ""
+    )
     return (
         f"chunkscan: where the calls went so far (per Python call: a compiled step counts "
         f"once, a checkpointed layer twice; {counted} include validation's{validation}): "
@@ -1371,7 +1378,7 @@ def _main(argv: list[str]) -> int:
         run(args)
         where = _demo_kept(args, demo_dir)
         say(
-            f"chunkscan lora --demo: done; process peak memory "
+            f"chunkscan lora --demo: done; MLX peak memory "
             f"{mx.get_peak_memory() / MiB:,.0f} MiB; {where}"
         )
     return 0
