@@ -315,8 +315,9 @@ def meta(script: str | None = None, argv: list[str] | None = None, **extra: Any
     checkout's clean commit; found by probing), plus ``extra``. With
     ``CHUNKSCAN_COMMIT`` set too (a copied ``src/`` measured, as bench/results/README.md
     describes): ``scripts_commit`` was dropped there (found by probing, session 50); it
-    is kept where git knows the scripts (not on the device, whose tree has no git
-    metadata) and their commit or state is not the one ``commit`` names."""
+    is kept where git knows the scripts and their commit or state is not the one
+    ``commit`` names (on the device, where the copied tree carries the checkout's git
+    metadata, that is the session's start, as ``git_commit`` records it)."""
     from chunkscan.commands.measure import git_commit, provenance
 
     out = provenance()
