@@ -400,7 +400,6 @@ def _reads(code: types.CodeType) -> _Reads:
     first = code.co_varnames[0] if code.co_argcount else None
     names: dict[str, None] = {}
     pairs: dict[tuple[str, str], None] = {}
-    local_pairs: dict[tuple[str, str], None] = {}
     chains: dict[tuple[str, tuple[str, ...]], None] = {}
     escaping: set[str] = set()
     stack = [code]
@@ -422,7 +421,6 @@ def _reads(code: types.CodeType) -> _Reads:
                 if prev is not None:
                     pairs[(prev, attr)] = None
                 if prev_local is not None:
-                    local_pairs[(prev_local, attr)] = None
                     chain = (prev_local, (attr,))
             elif prev_local is not None:  # loaded for another use: passed, called, ...
                 escaping.add(prev_local)
@@ -443,6 +441,8 @@ def _reads(code: types.CodeType) -> _Reads:
         if chain is not None:
             chains[chain] = None
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    # each ``name.attr`` read off a local: the first step of its runs, in order
+    local_pairs = dict.fromkeys((local, chain[0]) for local, chain in chains)
     if _IMPLICIT_READS.intersection(names):
         escaping.update(name for name, _ in local_pairs)
         escaping.update(code.co_varnames + code.co_freevars + code.co_cellvars)
