@@ -255,7 +255,6 @@ class _Plan:
         diff_axes = [ax for ax, g in zip(axes, grad_mask) if g]
         const_axes = [ax for ax, g in zip(axes, grad_mask) if not g]
         self.diff_axes, self.const_axes = diff_axes, const_axes
-        self.n_const = len(const_axes)
         self.ys_spec = _YsSpec()
         # Per chunk, the global random key its forward call started from, where it drew
         # from it (_random): the recomputation draws the same numbers.
@@ -295,7 +294,7 @@ class _Plan:
     def without_constants(self, primals: list) -> tuple[list, list[mx.array]]:
         """The custom function's primals split into ``init + diff xs + params`` and the
         constant xs leaves."""
-        cut = len(primals) - self.n_const
+        cut = len(primals) - len(self.const_axes)
         return primals[:cut], primals[cut:]
 
     def split_primals(self, primals: list) -> tuple[list, list, list]:
