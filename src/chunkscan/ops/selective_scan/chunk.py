@@ -42,14 +42,17 @@ def default_chunk_size() -> int:
 
 
 def _chunk(h, xs, params):
-    """One chunk: the state leaving it and its outputs (float32, without ``D x``)."""
+    """One chunk: the state leaving it and its outputs (float32; ``params`` is ``(A,)``,
+    or ``(A, D)`` with the skip term ``D x``)."""
     x, dt, B, C = (v.astype(F32) for v in xs)
-    (A,) = params
+    A, *D = params
     a = mx.exp(dt[..., None] * A)
     b = (dt * x)[..., None] * B[:, :, None, :]
     decay, states = inclusive_scan(a, b)
     states = states + decay * h[:, None]
     y = (states * C[:, :, None, :]).sum(-1)
+    if D:
+        y = y + D[0] * x
     return states[:, -1], y
 
 
@@ -110,8 +113,10 @@ def selective_scan(
     # A in float32 before the scan, as the oracle: its gradient is summed over the chunks
     # in float32 and rounded once (found by probing, session 49: a bfloat16 A's gradient
     # summed chunk by chunk in bfloat16 lost a quarter of itself over 1024 chunks).
-    A32 = A.astype(F32)
-    h, y = scan(_chunk, h0, (x, dt, B, C), chunk_size=chunk_size, params=(A32,), axis=1)
-    if D is not None:
-        y = y + D.astype(F32) * x.astype(F32)
+    # D x inside the chunk, with D a float32 parameter as A, so that x is read once and
+    # its gradient rounded once to its dtype (found by probing, session 51: D x outside the
+    # scan added two gradients of a bfloat16 x, each rounded, off by up to its own size
+    # where they cancel).
+    params = (A.astype(F32),) if D is None else (A.astype(F32), D.astype(F32))
+    h, y = scan(_chunk, h0, (x, dt, B, C), chunk_size=chunk_size, params=params, axis=1)
     return y.astype(x.dtype), h
