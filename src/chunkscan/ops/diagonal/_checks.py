@@ -20,7 +20,9 @@ def check_inputs(fn, x, a, initial_state, chunk_size) -> tuple[int, ...]:
     check_float_dtypes(fn, {**named, "initial_state": initial_state})
     if x.ndim < 2:
         raise ValueError(
-            f"[{fn}] x must have at least 2 dimensions [B, T, ...] but got shape {shape(x)}."
+            f"[{fn}] x must have at least 2 dimensions [B, T, ...] but got shape "
+            f"{shape(x)}. Reshape x to [B, T, ...] (x[None] for one sequence of T steps). "
+            f"The layout: {LAYOUT}."
         )
     if shape(a) != shape(x):
         raise ValueError(
