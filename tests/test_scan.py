@@ -1420,6 +1420,34 @@ def test_captured_module_warns_through_defaults_containers_and_functors():
         assert len(record) == 1 and f"captures the nn.Module {named}" in str(record[0].message)
 
 
+def test_captured_module_warns_through_a_weakref_or_a_mapping_proxy():
+    """A module reached through a ``weakref.ref`` or a ``types.MappingProxyType`` warns,
+    naming the way (both were a zero gradient with no warning; found by probing,
+    session 51). Negative control: without the walk's branch for either, no warning."""
+    import types
+    import weakref
+
+    lin = nn.Linear(3, 3)
+    ref, view = weakref.ref(lin), types.MappingProxyType({"net": lin})
+
+    def step_r(s, x):
+        s = mx.tanh(ref()(s) + x)
+        return s, s
+
+    def step_v(s, x):
+        s = mx.tanh(view["net"](s) + x)
+        return s, s
+
+    cases = {
+        "'ref()' (Linear) through step -> ref()": step_r,
+        "\"view['net']\" (Linear) through step -> view['net']": step_v,
+    }
+    for named, step in cases.items():
+        with pytest.warns(chunkscan.ClosureCaptureWarning) as record:
+            _scan_loss(chunkscan.stepwise(step))()
+        assert len(record) == 1 and f"captures the nn.Module {named}" in str(record[0].message)
+
+
 def test_methods_that_call_one_another_are_walked_once():
     """A functor whose call reaches five methods that each call the four others, and a
     module held by the functor: each method was walked once per path there (a fresh
@@ -2746,6 +2774,31 @@ def test_module_params_through_a_flattening_wrapper_raises_saying_why(monkeypatc
                         lambda e, m: None)  # fmt: skip
     with pytest.raises(TypeError, match="^'dict' object is not callable"):
         chunkscan.scan(mx.compile(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=lin)
+
+
+def test_a_dict_attribute_error_is_explained_only_for_the_flattened_module():
+    """The flattening explanation is for the module's own dict: ``mod.layers`` on a
+    compiled step's flattened ``nn.Sequential`` is explained; ``cfg.scale`` on the user's
+    config dict (a typo for ``cfg["scale"]``) keeps its ``AttributeError`` unchanged, as
+    without a module (it was rewritten into the wrapper advice as a ``TypeError``; found
+    by probing, session 51)."""
+    seq = nn.Sequential(nn.Linear(3, 3))
+    h0, xs = mx.zeros((3,)), mx.ones((4, 3))
+
+    def step(h, x, mod):
+        h = mx.tanh(mod.layers[0](h) + x)
+        return h, h
+
+    with pytest.raises(TypeError, match="f failed on a plain dict, probably where it used"):
+        chunkscan.scan(mx.compile(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=seq)
+    cfg = {"scale": 0.5}
+
+    def typo(h, x, mod):
+        h = mx.tanh(mod(h) + x * cfg.scale)
+        return h, h
+
+    with pytest.raises(AttributeError, match="^'dict' object has no attribute 'scale'$"):
+        chunkscan.scan(chunkscan.stepwise(typo), h0, xs, chunk_size=2, params=nn.Linear(3, 3))
 
 
 def test_integer_carry_and_params_leaves_used_as_indices():

@@ -49,6 +49,7 @@ import inspect
 import itertools
 import sys
 import types
+import weakref
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -204,6 +205,17 @@ class _Walk:
             maps = dict(attributes(obj) or ()).get("maps")
             for i, mapping in enumerate(maps[:MAX_ITEMS] if type(maps) is list else []):
                 self.visit(mapping, _index(path, f".maps[{i}]"), nxt)
+        elif kind is weakref.ReferenceType:
+            # A weakref.ref: its referent (calling a plain ref runs nothing of the user's;
+            # a module behind one was missed, found by probing, session 51).
+            self.visit(obj(), _index(path, "()"), nxt)
+        elif kind is types.MappingProxyType:
+            # A read-only view (a class's __dict__, MappingProxyType(d)): the plain dict
+            # it shows, reached as the garbage collector does (its items() would run a
+            # mapping subclass's code; missed before, found by probing, session 51).
+            for mapping in gc.get_referents(obj):
+                if type(mapping) is dict:
+                    self.visit(mapping, path, nxt)
         elif _stdlib_object(obj):
             # A logger, a lock, a file: holds no model, and a logger reaches them all.
             # But a functools.cache / lru_cache wrapper: the function it wraps (a helper

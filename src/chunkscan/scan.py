@@ -123,10 +123,11 @@ def scan(
             replaced warns (``UserWarning``; harmless for values derived again at each
             call, such as a layer under ``nn.utils.checkpoint``), and an in-place
             update (``self.pos += 1``) is lost unseen. ``scan`` warns
-            (:class:`ClosureCaptureWarning`) about every ``nn.Module`` with trainable
+            (:class:`ClosureCaptureWarning`) about each ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, ``stepwise``'s step, or the
-            ``__call__`` of the ``params`` module's class. With
+            ``__call__`` of the ``params`` module's class (a bounded walk; what it does
+            not follow: ``docs/design.md``, "Known limits"). With
             ``params``, ``f`` (or the step) must take a third argument. A module
             cannot be called through a wrapper that flattens its arguments
             (``mx.compile``, ``mx.checkpoint``, ``chunkscan.checkpoint`` around ``f``
@@ -315,8 +316,8 @@ class _Plan:
         (see :meth:`modules_set`)."""
         # f gets handles of its own on the carry and xs leaves: an in-place update in f
         # (``c += ...``, ``c[...] = ...``) rebinds the handle it was given, and the
-        # forward keeps the carry handles that enter each chunk for the backward, and
-        # the constant xs chunks for the recomputation. With the shared handles the
+        # forward keeps the carry handles that enter each chunk for the backward (the
+        # recomputation cuts its xs chunks again from the primals). With the shared handles the
         # backward recomputed from the updated carry (found by probing: wrong
         # gradients, no error, from three chunks on). The params leaves too: an update
         # of one in f reached the next chunk's forward but not the recomputation (found
@@ -662,11 +663,17 @@ def _explain_flattened_module(error: Exception, module: nn.Module) -> None:
     and ``chunkscan.checkpoint`` refuses a module. The error was MLX's "'dict' object is
     not callable" from the user's step, or chunkscan.checkpoint's advice to pass
     ``params=module``, which was given (found by probing). A wrapped ``f`` that reads
-    the dict by key works, and is left alone (review)."""
+    the dict by key works, and is left alone (review). An attribute error of a dict that
+    is not the module's (its keys not the module's, or the attribute not one the module
+    has: ``cfg.scale`` on a config dict) is the user's own and stays as it was (it was
+    rewritten into this advice, as a ``TypeError``; found by probing, session 51)."""
     text = str(error)
     flattened = "'dict' object" in text or (
         text.startswith("[checkpoint]") and "is an nn.Module" in text
     )
+    obj, name = getattr(error, "obj", None), getattr(error, "name", None)
+    if isinstance(error, AttributeError) and isinstance(obj, dict) and isinstance(name, str):
+        flattened = set(obj) <= set(module) and hasattr(module, name)
     if not flattened or text.startswith("[scan] f failed on a plain dict"):  # nested scans
         return
     raise TypeError(
