@@ -373,6 +373,24 @@ def test_compiled_matches_eager():
     assert_close(compiled, ref, F32_TOL, "compiled vs naive")
 
 
+def test_a_stream_argument_runs_the_call_there():
+    """``stream=``, as ``mx.fast.scaled_dot_product_attention`` takes it (it raised a
+    ``TypeError`` for the unexpected keyword; found by probing, session 51): the call
+    runs under ``mx.stream(stream)``, with the default stream's values and gradients
+    (the same ops on this device: bit for bit), a long call and a short one (mx.fast's
+    path); another kind of value raises, naming the argument."""
+    for T in (53, 8):
+        q, k, v, ct = make_inputs(1, 2, 2, T, T, 8)
+        kw = dict(scale=0.25, mask="causal", chunk_size=16)
+        ref = outputs_and_grads(chunkscan.attention, q, k, v, ct, **kw)
+        device = mx.default_device()
+        for where in (device, mx.new_stream(device)):
+            got = outputs_and_grads(chunkscan.attention, q, k, v, ct, stream=where, **kw)
+            assert_close(got, ref, {n: 0.0 for n in NAMES}, f"stream={where}")
+    with pytest.raises(TypeError, match=r"\[attention\] stream must be an mx.Stream"):
+        chunkscan.attention(q, k, v, scale=0.25, stream="gpu")
+
+
 def test_value_and_grad_of_a_module_loss():
     """nn.value_and_grad through the op (how mlx-lm trains), against the oracle."""
     import mlx.nn as nn

@@ -79,6 +79,7 @@ def attention(
     mask: str | mx.array | None = None,
     chunk_size: int | None = None,
     kernels: bool | None = None,
+    stream: mx.Stream | mx.Device | None = None,
 ) -> mx.array:
     """Drop-in for ``mx.fast.scaled_dot_product_attention`` in training.
 
@@ -127,6 +128,9 @@ def attention(
             machine without a CUDA GPU, none: the blocked ops, no error). Calls below
             :data:`FAST_MAX_SCORES` go to ``mx.fast`` whatever this says (set it to 0
             for the kernels at every length). Default: ``None`` (automatic).
+        stream (Stream or Device, optional): Where the call runs, as in ``mx.fast``
+            (the whole call under ``mx.stream(stream)``: its choice of kernels and
+            block size follow that device). Default: ``None`` (the default stream).
 
     Returns:
         array: ``[B, Hq, T, Dv]`` in the dtype of ``q``. A query row that sees no key
@@ -144,6 +148,18 @@ def attention(
     Example:
         >>> o = chunkscan.attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
     """
+    if stream is not None:  # (mx.fast's argument; it was refused, found by probing)
+        try:
+            where = mx.stream(stream)
+        except TypeError as e:
+            raise TypeError(
+                f"[attention] stream must be an mx.Stream or an mx.Device, as in mx.fast "
+                f"(mx.cpu, mx.new_stream(mx.gpu)), but got {type(stream).__name__}."
+            ) from e
+        with where:
+            return attention(
+                q, k, v, scale=scale, mask=mask, chunk_size=chunk_size, kernels=kernels
+            )
     spec = check_inputs("attention", q, k, v, scale, mask, chunk_size)
     check_kernels("attention", kernels)
     # Read, and so check, the settings of the blocked path before the shortcut: a bad
