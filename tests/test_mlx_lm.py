@@ -681,6 +681,19 @@ def test_per_channel_gate_runs_the_op(spy, no_stock_loop):
     assert spy.count(8) == 3
 
 
+def test_an_unknown_option_raises_in_training_as_stock():
+    """``lower_bnd=-5.0`` (a typo of ``lower_bound``): mlx-lm's function raises, in both
+    modes; the drop-in's training path dropped it and trained with no bound (found by
+    probing, session 51). Now its ``TypeError``, in both modes, before any op runs."""
+    B, T, H, D = 1, 5, 2, 8
+    args = [mx.zeros((B, T, H, D))] * 3 + [mx.zeros((B, T, H))] * 2 + [mx.zeros((H,))] * 2
+    for use_kernel in (False, True):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'lower_bnd'"):
+            STOCK(*args, use_kernel=use_kernel, lower_bnd=-5.0)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'lower_bnd'"):
+            cmlx.gated_delta_update(*args, use_kernel=use_kernel, lower_bnd=-5.0)
+
+
 @float64_on_cpu
 def test_training_calls_of_mixed_or_float64_dtypes(spy):
     """The drop-in's training path with ``q``, ``k``, ``v`` of mixed dtypes promotes

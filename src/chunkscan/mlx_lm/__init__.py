@@ -8,9 +8,11 @@ RecurrentGemma families for :func:`chunkscan.linear_attention`,
 :func:`chunkscan.selective_scan`, :func:`chunkscan.dplr_delta_rule` and
 :func:`chunkscan.diagonal_recurrence` (below); and, with ``attention=True``, every
 attention call without a cache, in eval mode too, for :func:`chunkscan.attention`.
-Generation's one-token steps are left alone (the Gated DeltaNet and attention seams
-leave every call with a cache alone; the rebound recurrences, whose functions have no
-sign of training, take a prompt's prefill too)::
+Generation in eval mode, as mlx-lm generates, is left alone but for a prompt's prefill
+in the rebound recurrences (whose functions have no sign of training): the Gated
+DeltaNet seam routes by mode (``use_kernel=False``, train mode, a call with a cache
+too: generation under ``model.train()`` runs the op, with stock's values), the
+attention seam leaves every call with a cache alone::
 
     import chunkscan.mlx_lm
 
@@ -346,6 +348,10 @@ def gated_delta_update(
     probing). A call with any array in float64 (CPU only), which the op does not take,
     goes to mlx-lm's function (a float64 state came back float32; found by review).
     """
+    unknown = [name for name in options if name not in _KNOWN_OPTIONS]
+    if unknown:  # as mlx-lm's own function raises (the training path dropped them: a
+        # misspelt lower_bnd=-5.0 trained with no bound; found by probing, session 51)
+        raise TypeError(f"gated_delta_update() got an unexpected keyword argument {unknown[0]!r}")
     shaped = None if use_kernel else _call_shaped(q, k, v, a, b, state)
     if shaped is None or not _op_dtypes(q, k, v, a, b, A_log, dt_bias, state):
         stock = _stock_function(_stock, "mlx_lm.models.gated_delta", _NAME)
@@ -733,7 +739,9 @@ def patch(
     Gated DeltaNet path only calls with ``use_kernel=False`` (modules in training mode)
     change; with ``attention=True`` every attention call without a cache goes to
     :func:`chunkscan.attention`, in eval mode too (validation; the values agree but
-    for rows that attend to no key); calls with a cache (generation) are untouched.
+    for rows that attend to no key); attention calls with a cache (generation) are
+    untouched, and Gated DeltaNet calls in eval mode (``use_kernel=True``) with or
+    without one.
     The Lightning, Mamba2, Mamba, RWKV-7 and RG-LRU seams (module docstring) route every
     call of more than one token they can take (docs/mlx_lm.md lists each seam's
     conditions; RWKV-7's, for one, need ``r``, ``k``, ``v`` of one dtype), a prompt's
