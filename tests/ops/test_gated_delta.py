@@ -552,6 +552,11 @@ def _good():
             TypeError,
             f"{FN} q must be an mx.array but got list.",
         ),
+        (  # read as linear_attention's no-beta case, then an AttributeError (probing)
+            lambda a: a.update(beta=None),
+            TypeError,
+            f"{FN} beta must be an mx.array but got NoneType.",
+        ),
         (
             lambda a: a.update(scale=float("nan")),
             ValueError,
@@ -593,6 +598,7 @@ def _good():
         "state-int",
         "packed-B2",
         "not-array",
+        "beta-none",
         "scale-nan",
         "scale-past-float32",
         "scale-past-float",

@@ -54,6 +54,10 @@ class Spec:
         return self.B if self.seqs is None else len(self.seqs)
 
 
+#: ``check_inputs``' ``beta`` for an op that has none (``linear_attention``).
+NO_BETA = object()
+
+
 def check_inputs(
     fn: str,
     q: object,
@@ -70,10 +74,12 @@ def check_inputs(
     state_note: str = "Note the layout: value dim before key dim, as in mlx-lm.",
 ) -> Spec:
     """Check every argument; return the shapes. Raises ``TypeError``/``ValueError``.
-    ``beta=None``: an op with no ``beta`` (:func:`chunkscan.linear_attention`, which
-    gives its own ``state_note``, the end of a wrong ``initial_state`` shape's message)."""
+    ``beta=NO_BETA``: an op with no ``beta`` (:func:`chunkscan.linear_attention`, which
+    gives its own ``state_note``, the end of a wrong ``initial_state`` shape's message).
+    A ``beta`` of ``None`` is refused as any other non-array (it was read as that op's
+    case, and failed later with an ``AttributeError``; found by probing, session 51)."""
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
-    if beta is None:
+    if beta is NO_BETA:
         del named["beta"]
     check_arrays(fn, named)
     check_bool(fn, "normalize_qk", normalize_qk)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..gated_delta._checks import Spec
+from ..gated_delta._checks import NO_BETA, Spec
 from ..gated_delta._checks import check_inputs as _check_gdn_inputs
 
 F32 = mx.float32
@@ -29,6 +29,6 @@ def check_inputs(fn, q, k, v, g, scale, initial_state, chunk_size) -> tuple[Spec
         "key dim first: pass h.swapaxes(-1, -2))."
     )
     spec = _check_gdn_inputs(
-        fn, q, k, v, g, None, scale, initial_state, chunk_size, None, state_note=note
+        fn, q, k, v, g, NO_BETA, scale, initial_state, chunk_size, None, state_note=note
     )
     return spec, g
