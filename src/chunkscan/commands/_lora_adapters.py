@@ -42,7 +42,7 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
     path = getattr(args, "adapter_path", None)
     if path == "" and args.train:  # mlx-lm wrote into the working folder (probing)
         raise SystemExit(
-            "chunkscan lora: --adapter-path '' means no adapters (--test of the model "
+            f"{PROG}: --adapter-path '' means no adapters (--test of the model "
             "alone); training writes its adapters into a folder. Pass one."
         )
     if not isinstance(path, str) or path == "":
@@ -52,19 +52,19 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
         for p in (where, *where.parents):
             if p.is_symlink() and not p.exists():
                 raise SystemExit(
-                    f"chunkscan lora: --adapter-path {path}: {p} is a broken link; "
+                    f"{PROG}: --adapter-path {path}: {p} is a broken link; "
                     f"training makes a folder there. Pass another folder."
                 )
             if p.exists():
                 if not p.is_dir():
                     raise SystemExit(
-                        f"chunkscan lora: --adapter-path {path}: {p} is a file; training "
+                        f"{PROG}: --adapter-path {path}: {p} is a file; training "
                         f"writes its adapters into a folder there. Pass a folder."
                     )
                 # mlx-lm's PermissionError came after the model had loaded (probing)
                 if not os.access(p, os.W_OK | os.X_OK):
                     raise SystemExit(
-                        f"chunkscan lora: --adapter-path {path}: {p} is not writable; "
+                        f"{PROG}: --adapter-path {path}: {p} is not writable; "
                         f"training writes its adapters there. Pass a writable folder."
                     )
                 break
@@ -74,7 +74,7 @@ def _check_adapter_paths(args: types.SimpleNamespace) -> None:
                    if not (where / f).is_file()]  # fmt: skip
         if missing:
             raise SystemExit(
-                f"chunkscan lora: --test reads a trained run's adapters from --adapter-path "
+                f"{PROG}: --test reads a trained run's adapters from --adapter-path "
                 f"{path}, which holds no {' or '.join(missing)}. Pass the folder of a "
                 f"trained run, or --adapter-path '' to test the model without adapters."
             )
@@ -111,7 +111,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     # without --train (one from -c is warned about and dropped: resolve_args)
     if not getattr(args, "train", False):
         raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume} is read only with --train "
+            f"{PROG}: --resume-adapter-file {resume} is read only with --train "
             f"(training resumes from it); --test alone reads the adapters in "
             f"--adapter-path ({args.adapter_path!r}). Pass --train, or pass the adapters' "
             f"folder as --adapter-path instead."
@@ -119,7 +119,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     path = pathlib.Path(str(resume)).expanduser()
     if not path.is_file():
         raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume}: no such file. Pass the "
+            f"{PROG}: --resume-adapter-file {resume}: no such file. Pass the "
             f"adapters.safetensors of an earlier run."
         )
     tensors = _resumed_shapes(resume, path)
@@ -145,7 +145,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     for what, before, now, consequence in pairs:
         if before is not None and now is not None and before != now:
             raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} was trained with {what} "
+                f"{PROG}: --resume-adapter-file {resume} was trained with {what} "
                 f"{before!r} ({path.parent / 'adapter_config.json'}), this run asks for "
                 f"{now!r}: mlx-lm would load it anyway (strict=False) and {consequence}. "
                 f"Give this run the same {what} ("
@@ -159,7 +159,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     kind = _tensor_fine_tune_type(tensors)
     if saved.get("fine_tune_type") is None and kind is not None and kind != args.fine_tune_type:
         raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume} holds {kind} weights (its "
+            f"{PROG}: --resume-adapter-file {resume} holds {kind} weights (its "
             f"tensor names), this run asks for --fine-tune-type {args.fine_tune_type}: "
             f"mlx-lm would load it anyway (strict=False) and drop what this run does not "
             f"train. Pass --fine-tune-type {kind}, or start without --resume-adapter-file."
@@ -169,7 +169,7 @@ def _check_resumed_adapters(args: types.SimpleNamespace) -> None:
     # unchecked (found by probing: rank 4 resumed at 8, exit 0, adapters that do not load)
     if args.fine_tune_type != "full" and ranks and isinstance(now, int) and ranks != {now}:
         raise SystemExit(
-            f"chunkscan lora: --resume-adapter-file {resume} holds adapters of rank "
+            f"{PROG}: --resume-adapter-file {resume} holds adapters of rank "
             f"{', '.join(map(str, sorted(ranks)))} (its tensors' shapes), this run asks for "
             f"rank {now}: mlx-lm would load them anyway (strict=False) and save adapters "
             f"that do not load. Give this run the same rank (lora_parameters in -c), or "
@@ -195,7 +195,7 @@ def _resumed_shapes(resume: Any, path: pathlib.Path) -> dict[str, tuple[int, ...
             return {name: tuple(value.shape) for name, value in loaded.items()}
         problem = "it holds one array, not named tensors"
     raise SystemExit(
-        f"chunkscan lora: --resume-adapter-file {resume} is not a weights file mlx-lm can "
+        f"{PROG}: --resume-adapter-file {resume} is not a weights file mlx-lm can "
         f"load ({problem}). Pass the adapters.safetensors of an earlier run (not its "
         f"adapter_config.json)."
     )
@@ -241,7 +241,7 @@ def _check_resumed_coverage(
         if outside:
             shown = _some([str(i) for i in outside], 8)
             raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
+                f"{PROG}: --resume-adapter-file {resume} holds adapters of "
                 f"layer{'s' if len(outside) > 1 else ''} {shown}, which --num-layers "
                 f"{args.num_layers} does not wrap (the last {wrapped} of the model's "
                 f"{count}: from layer {first}): mlx-lm would load "
@@ -253,7 +253,7 @@ def _check_resumed_coverage(
         dropped = sorted({inner for inner, full in modules if not {inner, full} & keys})
         if dropped:
             raise SystemExit(
-                f"chunkscan lora: --resume-adapter-file {resume} holds adapters of "
+                f"{PROG}: --resume-adapter-file {resume} holds adapters of "
                 f"{_some(dropped, 6)}, which this "
                 f"run's lora_parameters keys {sorted(keys)!r} leave out: mlx-lm would load it "
                 f"anyway (strict=False) and drop those adapters. Give this run keys that "

@@ -13,7 +13,7 @@ import re
 import types
 from typing import Any
 
-from ._lora_common import _stamp
+from ._lora_common import PROG, _stamp
 
 
 def _check_data(args: types.SimpleNamespace) -> None:
@@ -25,7 +25,7 @@ def _check_data(args: types.SimpleNamespace) -> None:
     for wanted, split in ((args.train, "train"), (args.test, "test")):
         if wanted and not (data / f"{split}.jsonl").is_file():
             raise SystemExit(
-                f"chunkscan lora: --data {args.data} has no {split}.jsonl, which "
+                f"{PROG}: --data {args.data} has no {split}.jsonl, which "
                 f"--{split} reads (mlx_lm.lora reads train.jsonl, valid.jsonl and "
                 f"test.jsonl from the folder). Add it, or pass another folder."
             )
@@ -40,7 +40,7 @@ def _check_data(args: types.SimpleNamespace) -> None:
         path = data / f"{split}.jsonl"
         if path.exists() and not path.is_file():  # mlx-lm opens it (found by probing)
             raise SystemExit(
-                f"chunkscan lora: --data {args.data}: {split}.jsonl is not a file; mlx-lm "
+                f"{PROG}: --data {args.data}: {split}.jsonl is not a file; mlx-lm "
                 f"reads every split file of the folder. Remove or rename it."
             )
         if not path.is_file():
@@ -48,12 +48,12 @@ def _check_data(args: types.SimpleNamespace) -> None:
         examples = _read_examples(path, args, keys=split in read)
         if examples == 0:
             raise SystemExit(
-                f"chunkscan lora: --data {args.data}: {split}.jsonl is empty (no line "
+                f"{PROG}: --data {args.data}: {split}.jsonl is empty (no line "
                 f"holds an example). Add examples, or remove the file."
             )
         if batched[split] and examples < args.batch_size:
             raise SystemExit(
-                f"chunkscan lora: --data {args.data}: {split}.jsonl holds {examples} "
+                f"{PROG}: --data {args.data}: {split}.jsonl holds {examples} "
                 f"example{'s' if examples != 1 else ''}, fewer than --batch-size "
                 f"{args.batch_size} (mlx-lm makes no batch of them). Pass --batch-size "
                 f"{examples} or less, or add examples."
@@ -73,7 +73,7 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
     completion = getattr(args, "completion_feature", None) or "completion"
     chat = getattr(args, "chat_feature", None) or "messages"
     text = getattr(args, "text_feature", None) or "text"
-    where = f"chunkscan lora: --data {args.data}: {path.name}"
+    where = f"{PROG}: --data {args.data}: {path.name}"
     needed: tuple[str, ...] = ()
     blank = None  # the first blank line: an error unless every line is blank
     count = 0

@@ -123,7 +123,7 @@ def _mlx_lm_lora():
         import mlx_lm
 
         raise SystemExit(
-            f"chunkscan lora: mlx_lm.lora {getattr(mlx_lm, '__version__', '?')} has no "
+            f"{PROG}: mlx_lm.lora {getattr(mlx_lm, '__version__', '?')} has no "
             f"{', '.join(missing)}, which chunkscan lora wraps (written for mlx-lm 0.32.x). "
             f"Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33'), or train with "
             f"chunkscan.mlx_lm.patch() around your own mlx-lm code."
@@ -1004,7 +1004,7 @@ def _check_datasets_installed(args: types.SimpleNamespace) -> None:
     if importlib.util.find_spec("datasets") is None:
         source = "hf_dataset" if getattr(args, "hf_dataset", None) else f"--data {args.data}"
         raise SystemExit(
-            f"chunkscan lora: {source} is a Hugging Face dataset, which mlx-lm reads with "
+            f"{PROG}: {source} is a Hugging Face dataset, which mlx-lm reads with "
             f"the datasets package, not installed here: pip install datasets (or "
             f"'mlx-lm[train]'), or pass a local data folder."
         )
@@ -1016,7 +1016,7 @@ def _check_something_to_do(args: types.SimpleNamespace) -> None:
     if not args.train and not args.test:
         demo = "" if getattr(args, "demo", False) else "; or --demo for an offline demo"
         raise SystemExit(
-            "chunkscan lora: nothing to do: pass --train (finetune) and/or --test "
+            f"{PROG}: nothing to do: pass --train (finetune) and/or --test "
             f"(evaluate), as with mlx_lm.lora{demo}."
         )
 
@@ -1042,10 +1042,10 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
         return
     if not any(path.parent.glob("model*.safetensors")):  # mlx-lm's error after the checks
         raise SystemExit(
-            f"chunkscan lora: --model {args.model} holds no model*.safetensors (the "
+            f"{PROG}: --model {args.model} holds no model*.safetensors (the "
             f"weights mlx-lm loads). Pass a converted MLX model folder (mlx_lm.convert)."
         )
-    where = f"chunkscan lora: --model {args.model}: config.json"
+    where = f"{PROG}: --model {args.model}: config.json"
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
@@ -1088,7 +1088,7 @@ def _check_tokenizer_files(model: str) -> None:
     folder = pathlib.Path(model)
     if not any(next(folder.glob(pattern), None) for pattern in _TOKENIZER_FILES):
         raise SystemExit(
-            f"chunkscan lora: --model {model} holds no tokenizer files (tokenizer.json, "
+            f"{PROG}: --model {model} holds no tokenizer files (tokenizer.json, "
             f"tokenizer.model, vocab.json, ...: mlx-lm loads the tokenizer from the model "
             f"folder). Copy them from the model's source, or pass the source's name."
         )
@@ -1106,7 +1106,7 @@ def _check_layers(args: types.SimpleNamespace) -> None:
     if count is not None and args.num_layers > count:
         default = args.num_layers == _mlx_lm_lora().CONFIG_DEFAULTS.get("num_layers")
         raise SystemExit(
-            f"chunkscan lora: --num-layers {args.num_layers}"
+            f"{PROG}: --num-layers {args.num_layers}"
             f"{' (mlx_lm.lora default)' if default else ''} "
             f"asks for more layers than --model {args.model} has ({count}: "
             f"num_hidden_layers in its config.json). Pass --num-layers {count} or less, "
@@ -1124,14 +1124,14 @@ def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> st
     if p.is_dir():
         if model and not (p / "config.json").is_file():
             raise SystemExit(
-                f"chunkscan lora: {flag} {value} is a folder without config.json; pass "
+                f"{PROG}: {flag} {value} is a folder without config.json; pass "
                 f"{folder} (config.json, *.safetensors, tokenizer files) or a Hugging "
                 f"Face repo id."
             )
         if model and (p / DEMO_MARKER).is_file() and _reads_as_repo_id(value):
             # a demo written at a repo id's path stood in for that repo (probing)
             print(
-                f"chunkscan lora: {flag} {value} is the local folder of a tiny random "
+                f"{PROG}: {flag} {value} is the local folder of a tiny random "
                 f"model that chunkscan lora --demo wrote (its {DEMO_MARKER}), not the "
                 f"Hugging Face repo of that name; delete or rename the folder to use the "
                 f"repo.",
@@ -1140,16 +1140,16 @@ def _check_source(flag: str, value: Any, folder: str, model: bool = False) -> st
             )
         return str(p)
     if p.exists():
-        raise SystemExit(f"chunkscan lora: {flag} {value} is a file; pass {folder}.")
+        raise SystemExit(f"{PROG}: {flag} {value} is a file; pass {folder}.")
     if not _reads_as_repo_id(value):
         raise SystemExit(
-            f"chunkscan lora: {flag} {value}: no such folder (and not a Hugging Face repo "
+            f"{PROG}: {flag} {value}: no such folder (and not a Hugging Face repo "
             f"id, namespace/name). Pass {folder} that exists, or a repo id such as "
             f"mlx-community/...; or try chunkscan lora --demo."
         )
     if model and _hub_offline() and not _in_hub_cache(value, "config.json"):
         raise SystemExit(
-            f"chunkscan lora: {flag} {value} is not a local folder and not in the local "
+            f"{PROG}: {flag} {value} is not a local folder and not in the local "
             f"Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot be downloaded. "
             f"Unset HF_HUB_OFFLINE, or pass {folder} that exists."
         )
@@ -1334,7 +1334,7 @@ def _main(argv: list[str]) -> int:
     if not argv:
         build_parser().print_usage(sys.stderr)
         print(
-            "chunkscan lora: no arguments. Pass --model (a folder or a Hugging Face repo "
+            f"{PROG}: no arguments. Pass --model (a folder or a Hugging Face repo "
             "id), --data and --train, plus any mlx_lm.lora flag; or try --demo (offline).",
             file=sys.stderr,
         )
@@ -1347,7 +1347,7 @@ def _main(argv: list[str]) -> int:
         except _hub_errors() as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SystemExit(
-                f"chunkscan lora: a Hugging Face Hub lookup failed for --model "
+                f"{PROG}: a Hugging Face Hub lookup failed for --model "
                 f"{args.model} or --data {args.data} ({type(e).__name__}: {first}). "
                 "Check the repo id and the network, or pass local folders."
             ) from None
