@@ -103,14 +103,33 @@ def test_error_not_callable():
         chunkscan.checkpoint(3)
 
 
-def test_error_non_array_output():
+def test_non_array_output_leaves_pass_through_as_from_mx_checkpoint():
+    """A block returning ``{"y": ..., "n_tokens": 3, "aux": 0.0, "tag": "a"}``: the
+    non-array leaves come back as the forward returned them, the arrays' values and
+    gradients as ``mx.checkpoint``'s (measured: equal); they raised a ``TypeError``
+    (found by probing, session 51). A module among the outputs still raises."""
+    x = mx.random.normal((4, 3), key=mx.random.key(0))
+    w = mx.random.normal((3, 3), key=mx.random.key(1))
+
+    def block(x, w):
+        return {"y": mx.tanh(x @ w), "n_tokens": x.shape[0], "aux": 0.0, "tag": ["a", x * 2]}
+
+    outs = {}
+    for name, ck in (("mx", mx.checkpoint), ("chunkscan", chunkscan.checkpoint)):
+        out = ck(block)(x, w)
+        loss = lambda w: (ck(block)(x, w)["y"] ** 2).sum()  # noqa: E731, B023
+        outs[name] = (out, mx.grad(loss)(w))
+    (got, g_got), (ref, g_ref) = outs["chunkscan"], outs["mx"]
+    assert (got["n_tokens"], got["aux"], got["tag"][0]) == (4, 0.0, "a")
+    assert mx.array_equal(got["y"], ref["y"]) and mx.array_equal(got["tag"][1], ref["tag"][1])
+    assert mx.array_equal(g_got, g_ref)
     with pytest.raises(
         TypeError, match=re.escape("[checkpoint] every leaf of the output must be an mx.array")
     ):
-        chunkscan.checkpoint(lambda x: (x, 1.0))(mx.zeros((2,)))
+        chunkscan.checkpoint(lambda x: (x, nn.Linear(2, 2)))(mx.zeros((2,)))
 
 
-@pytest.mark.parametrize("out", [None, (), {"a": None}])
+@pytest.mark.parametrize("out", [None, (), {"a": None}, 1.0])
 def test_error_no_array_output(out):
     """A function that returns no array raises (before session 27: MLX's custom function
     of no outputs crashed the process, as ``mx.checkpoint`` does)."""

@@ -24,6 +24,10 @@ from . import _ordering, _random, _tree
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: Where an output leaf is an array (the others are kept as the forward returned them).
+_ARRAY = object()
+
+
 def checkpoint(fun: F) -> F:
     """Checkpoint ``fun`` like ``mx.checkpoint``, keeping backward memory bounded.
 
@@ -39,13 +43,16 @@ def checkpoint(fun: F) -> F:
             (ints, floats, strings) are passed through unchanged as constants; integer
             and boolean arrays (indices, masks) are constants of the recomputation
             (their gradient is zero). An ``nn.Module`` argument (or one inside a tree
-            argument) raises: capture it in ``fun`` instead (it then gets no gradient), or
-            use :func:`chunkscan.scan` with ``params=`` for its weights' gradients.
+            argument) raises: capture it in ``fun`` instead (it then gets no gradient),
+            or use :func:`chunkscan.scan` with ``params=`` for its weights' gradients.
             Any other object (a dataclass, a ``SimpleNamespace``) is passed as a
             constant, as by ``mx.checkpoint``, its arrays without a gradient; where
             its attributes hold arrays or modules, a ``UserWarning`` says so (pass
             them as arrays or in a list, tuple or dict to differentiate them, or
             capture the object in ``fun``'s closure to keep them constant).
+            Non-array leaves of what ``fun`` returns (a count, a string) come back as
+            the forward returned them, as from ``mx.checkpoint``; at least one leaf
+            must be an array, and none an ``nn.Module``.
 
     Returns:
         callable: With the signature of ``fun``.
@@ -108,14 +115,21 @@ def checkpoint(fun: F) -> F:
                 full[i] = a
             a_args, a_kwargs = _tree.unflatten(treedef, full)
             out = fun(*a_args, **a_kwargs)
-            out_leaves, out_def = _tree.require_arrays("checkpoint", "the output", out)
-            if not out_leaves:  # MLX's custom function of no outputs crashes the process
+            out_leaves, out_def = _tree.flatten(out)
+            if any(isinstance(leaf, nn.Module) for leaf in out_leaves):
+                _tree.require_arrays("checkpoint", "the output", out)  # raises, naming it
+            # Other non-array leaves (a token count, a string) pass through as the
+            # forward returned them, as from mx.checkpoint (they raised; found by
+            # probing, session 51).
+            out_arrays = [leaf for leaf in out_leaves if isinstance(leaf, mx.array)]
+            if not out_arrays:  # MLX's custom function of no outputs crashes the process
                 raise ValueError(
                     f"[checkpoint] fun must return at least one array but returned {out!r}. "
                     "Return what the rest of the computation uses."
                 )
-            out_defs.append(out_def)
-            return _ordering.all_together(out_leaves)
+            kept = [_ARRAY if isinstance(leaf, mx.array) else leaf for leaf in out_leaves]
+            out_defs.append((out_def, kept))
+            return _ordering.all_together(out_arrays)
 
         @mx.custom_function
         def forward(*primals):
@@ -150,8 +164,9 @@ def checkpoint(fun: F) -> F:
             grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals, diff)]
             return _ordering.all_together(grads)
 
-        outs = forward(*arrays)
-        return _tree.unflatten(out_defs[0], _tree.as_list(outs))
+        outs = iter(_tree.as_list(forward(*arrays)))
+        out_def, kept = out_defs[0]
+        return _tree.unflatten(out_def, [next(outs) if k is _ARRAY else k for k in kept])
 
     return checkpointed  # type: ignore[return-value]
 
