@@ -1421,17 +1421,37 @@ def test_captured_module_warns_through_defaults_containers_and_functors():
 
 
 def test_captured_module_warns_through_a_weakref_or_a_mapping_proxy():
-    """A module reached through a ``weakref.ref`` or a ``types.MappingProxyType`` warns,
-    naming the way (both were a zero gradient with no warning; found by probing,
-    session 51). Negative control: without the walk's branch for either, no warning."""
+    """A module reached through a ``weakref.ref``, a ``WeakMethod`` or a
+    ``types.MappingProxyType`` (of a dict subclass whose ``items()`` raises: the walk
+    runs none of the user's code) warns, naming the way (all were a zero gradient with
+    no warning; found by probing and review, session 51). Negative control: without the
+    walk's branch for each, no warning (the dict subclass's ``items()`` raised out of
+    ``scan`` before the walk read dicts through ``dict.items``)."""
     import types
     import weakref
 
-    lin = nn.Linear(3, 3)
-    ref, view = weakref.ref(lin), types.MappingProxyType({"net": lin})
+    class Cell(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def run(self, s):
+            return self.lin(s)
+
+    class Table(dict):
+        def items(self):
+            raise RuntimeError("the user's items() ran")
+
+    lin, cell = nn.Linear(3, 3), Cell()
+    ref, method = weakref.ref(lin), weakref.WeakMethod(cell.run)
+    view = types.MappingProxyType(Table(net=lin))
 
     def step_r(s, x):
         s = mx.tanh(ref()(s) + x)
+        return s, s
+
+    def step_m(s, x):
+        s = mx.tanh(method()(s) + x)
         return s, s
 
     def step_v(s, x):
@@ -1440,6 +1460,7 @@ def test_captured_module_warns_through_a_weakref_or_a_mapping_proxy():
 
     cases = {
         "'ref()' (Linear) through step -> ref()": step_r,
+        "'method()' (Cell) through step -> method()": step_m,
         "\"view['net']\" (Linear) through step -> view['net']": step_v,
     }
     for named, step in cases.items():
@@ -2777,28 +2798,32 @@ def test_module_params_through_a_flattening_wrapper_raises_saying_why(monkeypatc
 
 
 def test_a_dict_attribute_error_is_explained_only_for_the_flattened_module():
-    """The flattening explanation is for the module's own dict: ``mod.layers`` on a
-    compiled step's flattened ``nn.Sequential`` is explained; ``cfg.scale`` on the user's
-    config dict (a typo for ``cfg["scale"]``) keeps its ``AttributeError`` unchanged, as
-    without a module (it was rewritten into the wrapper advice as a ``TypeError``; found
-    by probing, session 51)."""
+    """The flattening explanation is for a flattened module's dict: ``mod.layers`` on a
+    compiled step's flattened ``nn.Sequential`` and ``mod["layers"][0].weight`` on a
+    submodule's are explained (the second was not in a first cut: review); ``cfg.scale``
+    and ``cfg.weight`` on the user's config dict (typos for ``cfg["scale"]``) keep their
+    ``AttributeError`` unchanged, as without a module (they were rewritten into the
+    wrapper advice as a ``TypeError``; found by probing and review, session 51)."""
     seq = nn.Sequential(nn.Linear(3, 3))
     h0, xs = mx.zeros((3,)), mx.ones((4, 3))
+    reads = (lambda mod, h: mod.layers[0](h), lambda mod, h: h @ mod["layers"][0].weight)
+    for read in reads:
 
-    def step(h, x, mod):
-        h = mx.tanh(mod.layers[0](h) + x)
-        return h, h
+        def step(h, x, mod, read=read):
+            h = mx.tanh(read(mod, h) + x)
+            return h, h
 
-    with pytest.raises(TypeError, match="f failed on a plain dict, probably where it used"):
-        chunkscan.scan(mx.compile(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=seq)
-    cfg = {"scale": 0.5}
+        with pytest.raises(TypeError, match="f failed on a plain dict, probably where it used"):
+            chunkscan.scan(mx.compile(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=seq)
+    cfg = {"scale": 0.5, "weight": 2.0}
+    for name in ("scale", "weight"):
 
-    def typo(h, x, mod):
-        h = mx.tanh(mod(h) + x * cfg.scale)
-        return h, h
+        def typo(h, x, mod, name=name):
+            h = mx.tanh(mod(h) + x * getattr(cfg, name))
+            return h, h
 
-    with pytest.raises(AttributeError, match="^'dict' object has no attribute 'scale'$"):
-        chunkscan.scan(chunkscan.stepwise(typo), h0, xs, chunk_size=2, params=nn.Linear(3, 3))
+        with pytest.raises(AttributeError, match=f"^'dict' object has no attribute '{name}'$"):
+            chunkscan.scan(chunkscan.stepwise(typo), h0, xs, chunk_size=2, params=nn.Linear(3, 3))
 
 
 def test_integer_carry_and_params_leaves_used_as_indices():

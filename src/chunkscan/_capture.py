@@ -186,11 +186,15 @@ class _Walk:
         elif kind is staticmethod or kind is classmethod:  # the object itself as f
             self.visit(obj.__func__, path, nxt)
         elif issubclass(kind, (list, tuple)):
-            for i, item in enumerate(obj[:MAX_ITEMS]):
+            # Read through list's / tuple's own iterator, and dict's own items() below: a
+            # subclass's __getitem__ or items() is the user's code (a dict subclass's
+            # items() that raised came out of scan; review, session 51).
+            base = list if issubclass(kind, list) else tuple
+            for i, item in enumerate(itertools.islice(base.__iter__(obj), MAX_ITEMS)):
                 if type(item) not in _SCALARS:  # (skipped before the path is built)
                     self.visit(item, _index(path, f"[{i}]"), nxt)
         elif issubclass(kind, dict):
-            for k, item in list(obj.items())[:MAX_ITEMS]:
+            for k, item in itertools.islice(dict.items(obj), MAX_ITEMS):
                 if type(item) not in _SCALARS:
                     self.visit(item, _index(path, f"[{k!r}]"), nxt)
         elif issubclass(kind, collections.deque):
@@ -205,16 +209,20 @@ class _Walk:
             maps = dict(attributes(obj) or ()).get("maps")
             for i, mapping in enumerate(maps[:MAX_ITEMS] if type(maps) is list else []):
                 self.visit(mapping, _index(path, f".maps[{i}]"), nxt)
-        elif kind is weakref.ReferenceType:
-            # A weakref.ref: its referent (calling a plain ref runs nothing of the user's;
-            # a module behind one was missed, found by probing, session 51).
-            self.visit(obj(), _index(path, "()"), nxt)
+        elif issubclass(kind, weakref.ref):
+            # A weakref.ref (a WeakMethod, a KeyedRef): its referent, read by ref's own
+            # __call__ (a subclass's runs the user's code), and a subclass's attributes
+            # (WeakMethod's reference to its function). A module behind one was missed
+            # (found by probing, session 51; the subclasses by review).
+            self.visit(weakref.ref.__call__(obj), _index(path, "()"), nxt)
+            for k, item in (attributes(obj) or [])[:MAX_ITEMS]:
+                self.visit(item, path + [k], nxt)
         elif kind is types.MappingProxyType:
-            # A read-only view (a class's __dict__, MappingProxyType(d)): the plain dict
-            # it shows, reached as the garbage collector does (its items() would run a
-            # mapping subclass's code; missed before, found by probing, session 51).
+            # A read-only view (a class's __dict__, MappingProxyType(d)): the mapping it
+            # shows, reached as the garbage collector does, walked where it is a dict
+            # (missed before, found by probing, session 51).
             for mapping in gc.get_referents(obj):
-                if type(mapping) is dict:
+                if issubclass(type(mapping), dict):
                     self.visit(mapping, path, nxt)
         elif _stdlib_object(obj):
             # A logger, a lock, a file: holds no model, and a logger reaches them all.

@@ -664,16 +664,16 @@ def _explain_flattened_module(error: Exception, module: nn.Module) -> None:
     not callable" from the user's step, or chunkscan.checkpoint's advice to pass
     ``params=module``, which was given (found by probing). A wrapped ``f`` that reads
     the dict by key works, and is left alone (review). An attribute error of a dict that
-    is not the module's (its keys not the module's, or the attribute not one the module
-    has: ``cfg.scale`` on a config dict) is the user's own and stays as it was (it was
-    rewritten into this advice, as a ``TypeError``; found by probing, session 51)."""
+    is not a flattened module (:func:`_flattened_module`: ``cfg.scale`` on a config dict)
+    is the user's own and stays as it was (it was rewritten into this advice, as a
+    ``TypeError``; found by probing, session 51)."""
     text = str(error)
     flattened = "'dict' object" in text or (
         text.startswith("[checkpoint]") and "is an nn.Module" in text
     )
     obj, name = getattr(error, "obj", None), getattr(error, "name", None)
     if isinstance(error, AttributeError) and isinstance(obj, dict) and isinstance(name, str):
-        flattened = set(obj) <= set(module) and hasattr(module, name)
+        flattened = _flattened_module(obj, name, module)
     if not flattened or text.startswith("[scan] f failed on a plain dict"):  # nested scans
         return
     raise TypeError(
@@ -685,6 +685,22 @@ def _explain_flattened_module(error: Exception, module: nn.Module) -> None:
         "around the whole loss instead; or pass params=module.trainable_parameters() and "
         f"call module.update(params) in f. ({type(error).__name__}: {text})"
     ) from error
+
+
+def _flattened_module(obj: dict, name: str, module: nn.Module) -> bool:
+    """Whether ``obj``, a dict on which the attribute ``name`` was not found, is
+    ``module`` or one of its submodules flattened into its arrays: its values arrays or
+    containers (a config dict's are not), its keys among that module's, and ``name`` an
+    attribute of that module (``mod.layers``, ``mod["proj"].weight``, ``mod.children``),
+    read without running the user's code (``hasattr`` ran a property; review)."""
+    if not all(isinstance(v, (mx.array, dict, list, tuple)) for v in obj.values()):
+        return False
+    missing = object()
+    return any(
+        set(obj) <= set(m)
+        and (name in m or inspect.getattr_static(m, name, missing) is not missing)
+        for _, m in module.named_modules()
+    )
 
 
 def _check_arity(f: Callable, has_params: bool) -> None:
