@@ -123,10 +123,9 @@ def test_non_array_output_leaves_pass_through_as_from_mx_checkpoint():
     assert (got["n_tokens"], got["aux"], got["tag"][0]) == (4, 0.0, "a")
     assert mx.array_equal(got["y"], ref["y"]) and mx.array_equal(got["tag"][1], ref["tag"][1])
     assert mx.array_equal(g_got, g_ref)
-    with pytest.raises(
-        TypeError, match=re.escape("[checkpoint] every leaf of the output must be an mx.array")
-    ):
-        chunkscan.checkpoint(lambda x: (x, nn.Linear(2, 2)))(mx.zeros((2,)))
+    msg = "[checkpoint] no leaf of the output may be an nn.Module: the output[2] (Linear)."
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        chunkscan.checkpoint(lambda x: (x, 3, nn.Linear(2, 2)))(mx.zeros((2,)))
 
 
 @pytest.mark.parametrize("out", [None, (), {"a": None}, 1.0])

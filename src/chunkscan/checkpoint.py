@@ -116,8 +116,16 @@ def checkpoint(fun: F) -> F:
             a_args, a_kwargs = _tree.unflatten(treedef, full)
             out = fun(*a_args, **a_kwargs)
             out_leaves, out_def = _tree.flatten(out)
-            if any(isinstance(leaf, nn.Module) for leaf in out_leaves):
-                _tree.require_arrays("checkpoint", "the output", out)  # raises, naming it
+            modules = [
+                f"{path} ({type(leaf).__name__})"
+                for path, leaf in zip(_tree.paths(out_def, "the output"), out_leaves)
+                if isinstance(leaf, nn.Module)
+            ]
+            if modules:
+                raise TypeError(
+                    f"[checkpoint] no leaf of the output may be an nn.Module: "
+                    f"{', '.join(modules)}. Return the module's output arrays, not the module."
+                )
             # Other non-array leaves (a token count, a string) pass through as the
             # forward returned them, as from mx.checkpoint (they raised; found by
             # probing, session 51).
