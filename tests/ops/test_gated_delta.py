@@ -555,7 +555,7 @@ def _good():
         (  # read as linear_attention's no-beta case, then an AttributeError (probing)
             lambda a: a.update(beta=None),
             TypeError,
-            f"{FN} beta must be an mx.array but got NoneType.",
+            f"{FN} beta must be an mx.array but got None: beta is required here.",
         ),
         (
             lambda a: a.update(scale=float("nan")),

@@ -24,8 +24,14 @@ def shape(x: mx.array) -> tuple[int, ...]:
 
 
 def check_arrays(fn: str, named: dict[str, object]) -> None:
-    """Each value is an ``mx.array``."""
+    """Each value is an ``mx.array``. (``None`` is told it is required: ``mx.array(None)``
+    is no fix; review, session 51.)"""
     for name, x in named.items():
+        if x is None:
+            raise TypeError(
+                f"[{fn}] {name} must be an mx.array but got None: {name} is required "
+                f"here. Pass the array."
+            )
         if not isinstance(x, mx.array):
             raise TypeError(
                 f"[{fn}] {name} must be an mx.array but got {type(x).__name__}. "
