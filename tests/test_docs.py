@@ -24,6 +24,6 @@ def test_the_docs_have_python_blocks():
     assert len(list(_blocks())) >= 8  # the README's and every op doc's
 
 
-@pytest.mark.parametrize("source", _blocks())
+@pytest.mark.parametrize("source", list(_blocks()))
 def test_python_block_compiles(source):
     compile(source, "<doc block>", "exec")
