@@ -348,11 +348,13 @@ def linear_attention_backward_peak(
     one_group: bool = False,
     no_edge: str | None = None,
     compiled: bool = False,
+    q_only: bool = False,
 ) -> dict[str, Any]:
     """Peak bytes above the inputs of all five gradients of ``linear_attention``
-    (``compiled``: under ``mx.compile``); the negative controls: ``one_group``, the
-    whole sequence one group (no budget, no cap on the chunks per group), or
-    ``no_edge``, one ordering rule of the op switched off (:func:`without`)."""
+    (``compiled``: under ``mx.compile``; ``q_only``: the gradient of ``q`` alone); the
+    negative controls: ``one_group``, the whole sequence one group (no budget, no cap
+    on the chunks per group), or ``no_edge``, one ordering rule of the op switched off
+    (:func:`without`)."""
     from chunkscan.ops.linear_attention import chunk as chunk_module
 
     if one_group:
@@ -368,7 +370,7 @@ def linear_attention_backward_peak(
         o, st = chunkscan.linear_attention(q, k, v, g, initial_state=h0, chunk_size=C)
         return mx.sum(o * w) + mx.sum(st)
 
-    grad = mx.grad(loss, argnums=tuple(range(5)))
+    grad = mx.grad(loss, argnums=0 if q_only else tuple(range(5)))
     if compiled:
         grad = mx.compile(grad)
     _, peak = peak_above_active(lambda: grad(q, k, v, g, h0))

@@ -236,11 +236,17 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
             _, n, C = groups[gi]
             if gi + 1 < len(groups):  # the state leaving the group was saved: its cotangent
                 d_state = d_state + states(ct_saved[gi].astype(F32))
-            xs = [p[gi] for p in pieces]
+            # Rule 2: recompute the group only once the cotangent flowing into it exists
+            # (without it, a gradient of q alone ran every group's cotangent-free work
+            # first: 4.5 KiB/token where all five gradients took 2.0; found by probing,
+            # session 51).
+            *xs, s_in = _ordering.recompute_after_cotangent(
+                [*(p[gi] for p in pieces), s0 if gi == 0 else saved[gi - 1]], [d_state]
+            )
             x = heads_first(*xs[:4], n, C)
             d_o = xs[4].astype(F32).reshape(B, n, C, Hk, G, Dv).transpose(0, 3, 4, 1, 2, 5)
             d_o = mx.where(per_head_mask(bad_pieces[gi], n, C), 0.0, d_o)  # NaN outputs
-            s_in = states(s0 if gi == 0 else saved[gi - 1])
+            s_in = states(s_in)
             d_q, d_k, d_v, d_g, d_state = _backward_group(x, s_in, d_o, d_state, scale)
             d_xs = [
                 tokens_first(d_q, q.dtype),
