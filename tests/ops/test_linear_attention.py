@@ -198,12 +198,12 @@ def test_empty_sizes():
 def test_backward_memory_is_one_group():
     """Peak growth of all five gradients from T = 256 to 1024 (fresh processes; C = 4,
     groups of four chunks) within the inputs' gradients, the output and its cotangent,
-    the state kept per group and slack of four states: measured 1.81 MiB eager, 1.40
+    the state kept per group and slack of four states: measured 1.79 MiB eager, 1.40
     under mx.compile, against a bound of 2.32 (session 51, with rule 2). The negative
-    controls: the whole sequence one group (31.0 MiB); the ordering rules of
+    controls: the whole sequence one group (30.8 MiB); the ordering rules of
     chunkscan._ordering switched off one at a time: the state leaving a group before its
-    outputs exist (rule 1: 5.22), the cotangent leaving a group before its gradients
-    (rule 3: 8.03). (Rule 5,
+    outputs exist (rule 1: 5.28), the cotangent leaving a group before its gradients
+    (rule 3: 8.06). (Rule 5,
     a group's forward after the state entering it, measured no effect on this op, eager
     or compiled, and it does not take it; rule 2: the next test.)"""
     C = 4
@@ -229,7 +229,7 @@ def test_backward_memory_of_q_alone_is_one_group():
     chunks, 4 to 16 of them), within ``dq``, the output and its cotangent, the state
     kept per group and four states of slack: measured 3.42 MiB eager, 3.46 compiled,
     against a bound of 4.00. Negative control: rule 2 off (a group's recomputation
-    before the cotangent entering it exists) 5.96 eager, 8.04 compiled: with ``q``'s
+    before the cotangent entering it exists) 5.94 eager, 8.04 compiled: with ``q``'s
     gradient alone MLX ran every group's cotangent-free work first (found by probing,
     session 51: 4.5 KiB/token at T = 16384 and C = 64, where all five gradients took
     2.0; all five do not show it at this shape, 5.32 against their own bound)."""
