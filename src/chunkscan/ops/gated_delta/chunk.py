@@ -682,7 +682,10 @@ def _group_size(
     """Chunks per group: a group's scratch (about twenty ``[C, D]``, ``[C, C]`` or
     ``[D, D]`` float32 arrays per chunk and value head; with the fused kernels, what
     :mod:`._chunk_cuda` writes; with ``save="groups"`` the recomputed entering states;
-    default :func:`_saved_states`) stays near ``budget`` bytes (default ``_GROUP_BYTES``)."""
+    default :func:`_saved_states`) stays near ``budget`` bytes (default ``_GROUP_BYTES``):
+    an estimate, near it at the model shapes and above it at small heads (``D = 32``,
+    where the terms above undercount; found by probing, session 51). The peak stays
+    one group's either way."""
     D = max(spec.Dk, spec.Dv)
     per_chunk = 4 * spec.B * spec.Hv * (12 * C * max(D, C) + 6 * D * D)
     if fused:
