@@ -693,11 +693,11 @@ def _flattened_module(obj: dict, name: str, module: nn.Module) -> bool:
     containers (a config dict's are not), its keys among that module's, and ``name`` an
     attribute of that module (``mod.layers``, ``mod["proj"].weight``, ``mod.children``),
     read without running the user's code (``hasattr`` ran a property; review)."""
-    if not all(isinstance(v, (mx.array, dict, list, tuple)) for v in obj.values()):
+    if not all(isinstance(v, (mx.array, dict, list, tuple)) for v in dict.values(obj)):
         return False
-    missing = object()
+    keys, missing = set(dict.keys(obj)), object()  # (dict's own: a subclass's are the user's)
     return any(
-        set(obj) <= set(m)
+        keys <= set(m)
         and (name in m or inspect.getattr_static(m, name, missing) is not missing)
         for _, m in module.named_modules()
     )

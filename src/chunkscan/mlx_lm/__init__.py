@@ -8,11 +8,10 @@ RecurrentGemma families for :func:`chunkscan.linear_attention`,
 :func:`chunkscan.selective_scan`, :func:`chunkscan.dplr_delta_rule` and
 :func:`chunkscan.diagonal_recurrence` (below); and, with ``attention=True``, every
 attention call without a cache, in eval mode too, for :func:`chunkscan.attention`.
-Generation in eval mode, as mlx-lm generates, is left alone but for a prompt's prefill
-in the rebound recurrences (whose functions have no sign of training): the Gated
-DeltaNet seam routes by mode (``use_kernel=False``, train mode, a call with a cache
-too: generation under ``model.train()`` runs the op, with stock's values), the
-attention seam leaves every call with a cache alone::
+Generation as mlx-lm runs it (eval mode) is left alone, but for a prompt's prefill in
+the rebound recurrences, whose functions have no sign of training. The Gated DeltaNet
+seam routes by mode, not by cache: under ``model.train()`` a call with a cache runs the
+op too (with stock's values); the attention seam leaves every call with a cache alone::
 
     import chunkscan.mlx_lm
 
