@@ -697,8 +697,7 @@ def _flattened_module(obj: dict, name: str, module: nn.Module) -> bool:
         return False
     keys, missing = set(dict.keys(obj)), object()  # (dict's own: a subclass's are the user's)
     return any(
-        keys <= set(m)
-        and (name in m or inspect.getattr_static(m, name, missing) is not missing)
+        keys <= set(m) and (name in m or inspect.getattr_static(m, name, missing) is not missing)
         for _, m in module.named_modules()
     )
 
