@@ -86,18 +86,42 @@ def no_measuring(monkeypatch):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--T", "0"], "argument --T: must be a positive integer but got 0"),
-        (["--T", "64", "-5"], "argument --T: must be a positive integer but got -5"),
+        (["--T", "0"], "argument --T: must be a positive integer below 2**31 but got 0"),
+        (["--T", "64", "-5"], "argument --T: must be a positive integer below 2**31 but got -5"),
         (["--chunk", "0"], "argument --chunk: must be a positive integer but got 0"),
         (["--repeats", "0"], "argument --repeats: must be a positive integer but got 0"),
-        (["--H", "0"], "argument --H: must be a positive integer but got 0"),
-        (["--D", "two"], "argument --D: must be a positive integer but got 'two'"),
+        (["--H", "0"], "argument --H: must be a positive integer below 2**31 but got 0"),
+        (["--D", "two"], "argument --D: must be a positive integer below 2**31 but got 'two'"),
         (["--check-max-T", "-1"], "argument --check-max-T: must be an integer >= 0 but got -1"),
-        (["--timeout", "0"], "argument --timeout: must be a positive finite number but got 0.0"),
-        (["--timeout", "inf"], "argument --timeout: must be a positive finite number but got inf"),
+        (
+            ["--timeout", "0"],
+            "argument --timeout: must be a positive number of seconds up to 2000000 but got 0.0",
+        ),
+        (
+            ["--timeout", "inf"],
+            "argument --timeout: must be a positive number of seconds up to 2000000 but got inf",
+        ),
+        # past subprocess's limit: an OverflowError at the first configuration (probing)
+        (
+            ["--timeout", "1e9"],
+            "argument --timeout: must be a positive number of seconds up to "
+            "2000000 but got 1000000000.0",
+        ),
+        # past MLX's 32-bit shapes: every configuration failed (probing)
+        (
+            ["--T", str(2**31)],
+            f"argument --T: must be a positive integer below 2**31 but got {2**31}",
+        ),
+        (
+            ["--D", "3000000000"],
+            "argument --D: must be a positive integer below 2**31 but got 3000000000",
+        ),
         # int() reads these as 50 and 3 (found by probing)
-        (["--T", "5_0"], "argument --T: must be a positive integer but got '5_0'"),
-        (["--T", "\u0663"], "argument --T: must be a positive integer but got '\u0663'"),
+        (["--T", "5_0"], "argument --T: must be a positive integer below 2**31 but got '5_0'"),
+        (
+            ["--T", "\u0663"],
+            "argument --T: must be a positive integer below 2**31 but got '\u0663'",
+        ),
     ],
     ids=[
         "T0",
@@ -109,6 +133,9 @@ def no_measuring(monkeypatch):
         "check-neg",
         "timeout0",
         "inf",
+        "timeout-overflow",
+        "T-32-bit",
+        "D-32-bit",
         "underscore",
         "arabic-indic",
     ],  # fmt: skip
@@ -130,6 +157,41 @@ def test_unwritable_out_fails_before_measuring(tmp_path, capsys, no_measuring):
         f"chunkscan repro: error: argument --out: cannot write to '{blocker / 'out'}' "
         "(NotADirectoryError: Not a directory)"
     ) in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_says_out_names_a_folder(tmp_path, capsys, no_measuring):
+    """``--out afile`` said only "FileExistsError: File exists" (found by probing)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit) as info:
+        repro.main(["--T", "8", "--out", str(afile)])
+    assert info.value.code == 2
+    assert f"{afile} is not a folder; --out names the folder the report goes into" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_checkout_changed_during_the_run_is_recorded(tmp_path, monkeypatch, capsys):
+    """The commit is read before the configurations run, and again after: where they
+    differ the JSON keeps both and the run says so (it read the commit after the run,
+    naming code that measured none of the rows before a commit made meanwhile; found
+    by probing, session 51)."""
+    ran = []  # a commit made while the configurations run
+
+    def measured(*args, **kwargs):
+        ran.append(1)
+        return {"peak_mib": 1.0, "seconds": 0.1}
+
+    monkeypatch.setattr(measure, "git_commit", lambda path: "2222222" if ran else "1111111")
+    monkeypatch.delenv("CHUNKSCAN_COMMIT", raising=False)
+    monkeypatch.setattr(measure, "run_isolated", measured)
+    argv = ["--T", "8", "--modes", "cs.scan", "--grads", "state", "--no-plot"]
+    assert repro.main(argv + ["--out", str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "repro.json").read_text())["meta"]
+    assert (meta["commit"], meta["git_commit_after"]) == ("1111111", "2222222")
+    assert "the checkout changed during the run (1111111 before, 2222222 after)" in (
+        capsys.readouterr().err
+    )
 
 
 def test_out_under_the_home_folder_is_expanded(tmp_path, monkeypatch, capsys):

@@ -111,8 +111,16 @@ def _number_arg(kind: type, rule: str, ok: Callable[[Any], bool]) -> Callable[[s
 
 # ASCII digits only: int() read --T 5_0 as 50 (found by probing)
 _positive_int = _number_arg(plain_int, "a positive integer", lambda v: v >= 1)
+# Sizes MLX takes (shapes are 32-bit: --T 2**31 failed in every measuring process, with
+# a traceback's line; found by probing, session 51).
+_size = _number_arg(plain_int, "a positive integer below 2**31", lambda v: 1 <= v < 2**31)
 _non_negative_int = _number_arg(plain_int, "an integer >= 0", lambda v: v >= 0)
-_positive_float = _number_arg(float, "a positive finite number", lambda v: 0 < v < math.inf)
+# Python's subprocess timeouts overflow past about 24.8 days (2**31 ms): --timeout 1e9
+# ended the run with an OverflowError at its first configuration (probing, session 51).
+MAX_TIMEOUT = 2_000_000.0
+_timeout = _number_arg(
+    float, f"a positive number of seconds up to {MAX_TIMEOUT:.0f}", lambda v: 0 < v <= MAX_TIMEOUT
+)
 
 
 REPORT, PLOT = "repro.json", "repro.png"
@@ -129,6 +137,8 @@ def check_out_dir(path: str) -> str | None:
     :data:`OUTPUTS` there is a file (not a link) or absent (a folder named
     ``repro.json`` failed the run only after every configuration had been measured);
     the problem, or None."""
+    if os.path.lexists(path) and not os.path.isdir(path):  # (FileExistsError: probing)
+        return f"{path} is not a folder; --out names the folder the report goes into"
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
@@ -155,15 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--T",
-        type=_positive_int,
+        type=_size,
         nargs="+",
         default=[256, 512, 1024],
         help="sequence lengths (default: 256 512 1024)",
     )
-    p.add_argument(
-        "--H", type=_positive_int, default=8, help="heads; the reporter used 32 (default: 8)"
-    )
-    p.add_argument("--D", type=_positive_int, default=128, help="head dimension (default: 128)")
+    p.add_argument("--H", type=_size, default=8, help="heads; the reporter used 32 (default: 8)")
+    p.add_argument("--D", type=_size, default=128, help="head dimension (default: 128)")
     p.add_argument("--chunk", type=_positive_int, default=32, help="steps per chunk (default: 32)")
     p.add_argument(
         "--modes",
@@ -180,17 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="gradient cases (default: state qkv)",
     )
     p.add_argument("--compile", action="store_true", help="mx.compile the value-and-grad step")
-    p.add_argument("--repeats", type=_positive_int, default=1, help="timed runs per configuration")
+    p.add_argument(
+        "--repeats", type=_positive_int, default=1, help="timed runs per configuration (default: 1)"
+    )
     p.add_argument(
         "--check-max-T",
         type=_non_negative_int,
         default=1024,
         help="compare gradients with plain autograd up to this T (default: 1024)",
     )
-    p.add_argument("--out", default="repro-out", help=f"folder for {REPORT} and {PLOT}")
+    p.add_argument(
+        "--out", default="repro-out", help=f"folder for {REPORT} and {PLOT} (default: repro-out)"
+    )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument(
-        "--timeout", type=_positive_float, default=600.0, help="seconds per configuration"
+        "--timeout", type=_timeout, default=600.0, help="seconds per configuration (default: 600)"
     )
     return p
 
@@ -222,6 +234,11 @@ def _main(argv: list[str] | None) -> int:
         f"{len(configs)} configurations, each in a fresh process"
     )
     started = time.perf_counter()
+    # The code measured: read before the run (it was read after: a commit made while
+    # the fresh processes ran was recorded for every row; found by probing, session 51)
+    # and again after it, both kept where they differ.
+    provenance = _measure.provenance()
+    code_before = _measure.git_commit(os.path.abspath(_measure.__file__))
     ref_dir = tempfile.mkdtemp(prefix="chunkscan-repro-")
     try:  # the plain gradients kept for the comparison go, Ctrl-C too (probing)
         rows, ref_failed = _measure_all(args, configs, modes, grads_cases, Ts, ref_dir)
@@ -230,8 +247,16 @@ def _main(argv: list[str] | None) -> int:
     _say(f"done in {time.perf_counter() - started:.0f} s\n")
     _say(format_table(rows, Ts))
     os.makedirs(args.out, exist_ok=True)
+    code_after = _measure.git_commit(os.path.abspath(_measure.__file__))
+    if code_after != code_before:
+        provenance["git_commit_after"] = code_after
+        print(
+            f"chunkscan repro: the checkout changed during the run ({code_before} before, "
+            f"{code_after} after): its rows may measure either; run it again",
+            file=sys.stderr,
+        )
     meta = {
-        **_measure.provenance(),  # its device names the machine too; mlx in versions
+        **provenance,  # its device names the machine too; mlx in versions
         "H": args.H,
         "D": args.D,
         "chunk": args.chunk,
