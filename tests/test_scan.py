@@ -2815,14 +2815,22 @@ def test_a_dict_attribute_error_is_explained_only_for_the_flattened_module():
 
         with pytest.raises(TypeError, match="f failed on a plain dict, probably where it used"):
             chunkscan.scan(mx.compile(chunkscan.stepwise(step)), h0, xs, chunk_size=2, params=seq)
-    cfg = {"scale": 0.5, "weight": 2.0}
-    for name in ("scale", "weight"):
 
-        def typo(h, x, mod, name=name):
-            h = mx.tanh(mod(h) + x * getattr(cfg, name))
+    class Cfg(dict):  # its own keys() / values() / iteration raise: not run (review)
+        def keys(self):
+            raise RuntimeError("the user's keys() ran")
+
+        values = __iter__ = keys
+
+    cfg, typed = {"scale": 0.5, "weight": 2.0}, Cfg(scale=0.5)
+    for name, holder in (("scale", cfg), ("weight", cfg), ("scale", typed)):
+
+        def typo(h, x, mod, name=name, holder=holder):
+            h = mx.tanh(mod(h) + x * getattr(holder, name))
             return h, h
 
-        with pytest.raises(AttributeError, match=f"^'dict' object has no attribute '{name}'$"):
+        kind = type(holder).__name__
+        with pytest.raises(AttributeError, match=f"^'{kind}' object has no attribute '{name}'$"):
             chunkscan.scan(chunkscan.stepwise(typo), h0, xs, chunk_size=2, params=nn.Linear(3, 3))
 
 
