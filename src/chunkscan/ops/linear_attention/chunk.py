@@ -238,8 +238,8 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
                 d_state = d_state + states(ct_saved[gi].astype(F32))
             # Rule 2: recompute the group only once the cotangent flowing into it exists
             # (without it, a gradient of q alone ran every group's cotangent-free work
-            # first: 4.5 KiB/token where all five gradients took 2.0; found by probing,
-            # session 51).
+            # first, past what all five gradients keep; found by probing, session 51:
+            # test_backward_memory_of_q_alone_is_within_all_fives).
             *xs, s_in = _ordering.recompute_after_cotangent(
                 [*(p[gi] for p in pieces), s0 if gi == 0 else saved[gi - 1]], [d_state]
             )
