@@ -198,12 +198,12 @@ def test_empty_sizes():
 def test_backward_memory_is_one_group():
     """Peak growth of all five gradients from T = 256 to 1024 (fresh processes; C = 4,
     groups of four chunks) within the inputs' gradients, the output and its cotangent,
-    the state kept per group and slack of four states: measured 1.79 MiB eager, 1.40
+    the state kept per group and slack of four states: measured 1.81 MiB eager, 1.40
     under mx.compile, against a bound of 2.32 (session 51, with rule 2). The negative
-    controls: the whole sequence one group (30.8 MiB); the ordering rules of
+    controls: the whole sequence one group (30.0 MiB); the ordering rules of
     chunkscan._ordering switched off one at a time: the state leaving a group before its
     outputs exist (rule 1: 5.28), the cotangent leaving a group before its gradients
-    (rule 3: 8.06). (Rule 5,
+    (rule 3: 8.03). (Rule 5,
     a group's forward after the state entering it, measured no effect on this op, eager
     or compiled, and it does not take it; rule 2: the next test.)"""
     C = 4
@@ -228,10 +228,11 @@ def test_backward_memory_of_q_alone_is_within_all_fives():
     """The gradient of ``q`` alone keeps at most what all five gradients may
     (``test_backward_memory_is_one_group``'s bound: the inputs' gradients, the output and
     its cotangent, the state kept per group, four states of slack), at C = 8 (T = 1024
-    to 4096) and C = 64, the CPU's default (2048 to 8192), eager and compiled; measured
-    in the figures of docs/linear_attention.md. Negative control: rule 2 off (a group's
-    recomputation before the cotangent entering it exists) at C = 64, where MLX then ran
-    every group's cotangent-free work first (found by probing, session 51). (At C = 8
+    to 4096) and C = 64, the CPU's default (2048 to 8192), eager and compiled: measured
+    5.18 / 4.93 MiB against 6.86 and 4.53 / 4.51 against 12.18. Negative control: rule 2
+    off (a group's recomputation before the cotangent entering it exists) at C = 64,
+    24.2 / 24.7: MLX then ran every group's cotangent-free work first (found by probing,
+    session 51). (At C = 8
     rule 2 costs q alone what all five take, more than without it: review, session 51.)"""
     shape = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, q_only=True)
     state = 4 * shape["Hv"] * shape["Dv"] * shape["Dk"]
