@@ -203,9 +203,9 @@ def test_backward_memory_is_one_group():
     controls: the whole sequence one group (30.0 MiB); the ordering rules of
     chunkscan._ordering switched off one at a time: the state leaving a group before its
     outputs exist (rule 1: 5.28), the cotangent leaving a group before its gradients
-    (rule 3: 8.03). (Rule 5,
-    a group's forward after the state entering it, measured no effect on this op, eager
-    or compiled, and it does not take it; rule 2: the next test.)"""
+    (rule 3: 8.03). (Rule 5, a group's forward after the state entering it, measured no
+    effect on this op, eager or compiled, and it does not take it; rule 2: the next
+    test.)"""
     C = 4
     shape = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, C=C)
     state = 4 * shape["Hv"] * shape["Dv"] * shape["Dk"]
@@ -232,8 +232,8 @@ def test_backward_memory_of_q_alone_is_within_all_fives():
     5.18 / 4.93 MiB against 6.86 and 4.53 / 4.51 against 12.18. Negative control: rule 2
     off (a group's recomputation before the cotangent entering it exists) at C = 64,
     24.2 / 24.7: MLX then ran every group's cotangent-free work first (found by probing,
-    session 51). (At C = 8
-    rule 2 costs q alone what all five take, more than without it: review, session 51.)"""
+    session 51). (At C = 8 rule 2 costs q alone what all five take, more than without
+    it: review, session 51.)"""
     shape = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, q_only=True)
     state = 4 * shape["Hv"] * shape["Dv"] * shape["Dk"]
     inputs_ = 4 * (2 * shape["Hk"] * shape["Dk"] + shape["Hv"] * shape["Dv"] + shape["Hv"])
