@@ -195,6 +195,20 @@ def test_empty_sizes():
     assert o.shape == (1, 0, 2, 4) and mx.array_equal(s, h0).item()
 
 
+_MEMORY_SHAPE = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32)
+
+
+def _all_gradients_bound(C: int, lengths: tuple[int, int]) -> float:
+    """The growth all five gradients may take at :data:`_MEMORY_SHAPE` from
+    ``lengths[0]`` to ``lengths[1]``: the inputs' gradients, the output and its
+    cotangent, the state kept per group of ``C`` chunks of ``C``, four states of slack."""
+    sh = _MEMORY_SHAPE
+    state = 4 * sh["Hv"] * sh["Dv"] * sh["Dk"]
+    inputs_ = 4 * (2 * sh["Hk"] * sh["Dk"] + sh["Hv"] * sh["Dv"] + sh["Hv"])
+    output = 4 * sh["Hv"] * sh["Dv"]
+    return (lengths[1] - lengths[0]) * (inputs_ + 2 * output + state / C**2) + 4 * state
+
+
 def test_backward_memory_is_one_group():
     """Peak growth of all five gradients from T = 256 to 1024 (fresh processes; C = 4,
     groups of four chunks) within the inputs' gradients, the output and its cotangent,
@@ -206,12 +220,8 @@ def test_backward_memory_is_one_group():
     (rule 3: 8.03). (Rule 5, a group's forward after the state entering it, measured no
     effect on this op, eager or compiled, and it does not take it; rule 2: the next
     test.)"""
-    C = 4
-    shape = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, C=C)
-    state = 4 * shape["Hv"] * shape["Dv"] * shape["Dk"]
-    inputs_ = 4 * (2 * shape["Hk"] * shape["Dk"] + shape["Hv"] * shape["Dv"] + shape["Hv"])
-    output = 4 * shape["Hv"] * shape["Dv"]
-    bound = (1024 - 256) * (inputs_ + 2 * output + state / C**2) + 4 * state
+    shape = dict(_MEMORY_SHAPE, C=4)
+    bound = _all_gradients_bound(4, (256, 1024))
     for compiled in (False, True):
         growth = peak_growth("linear_attention_backward_peak", dict(shape, compiled=compiled))
         assert growth <= bound, f"grew by {growth / 2**20:.2f} > {bound / 2**20:.2f} MiB"
@@ -234,25 +244,20 @@ def test_backward_memory_of_q_alone_is_within_all_fives():
     24.2 / 24.7: MLX then ran every group's cotangent-free work first (found by probing,
     session 51). (At C = 8 rule 2 costs q alone what all five take, more than without
     it: review, session 51.)"""
-    shape = dict(B=1, Hk=2, Hv=4, Dk=32, Dv=32, q_only=True)
-    state = 4 * shape["Hv"] * shape["Dv"] * shape["Dk"]
-    inputs_ = 4 * (2 * shape["Hk"] * shape["Dk"] + shape["Hv"] * shape["Dv"] + shape["Hv"])
-    output = 4 * shape["Hv"] * shape["Dv"]
-
-    def bound(C, lengths):
-        return (lengths[1] - lengths[0]) * (inputs_ + 2 * output + state / C**2) + 4 * state
-
+    shape = dict(_MEMORY_SHAPE, q_only=True)
     for C, lengths in ((8, (1024, 4096)), (64, (2048, 8192))):
         for compiled in (False, True):
             config = dict(shape, C=C, compiled=compiled)
             growth = peak_growth("linear_attention_backward_peak", config, lengths=lengths)
-            limit = bound(C, lengths)
+            limit = _all_gradients_bound(C, lengths)
             assert growth <= limit, f"C={C}: grew by {growth / 2**20:.2f} > {limit / 2**20:.2f} MiB"
     lengths = (2048, 8192)
     for compiled in (False, True):
         config = dict(shape, C=64, compiled=compiled, no_edge="recompute_after_cotangent")
         grew = peak_growth("linear_attention_backward_peak", config, lengths=lengths)
-        assert grew > bound(64, lengths), f"rule 2 off grew by {grew / 2**20:.2f} MiB only"
+        assert grew > _all_gradients_bound(64, lengths), (
+            f"rule 2 off grew by {grew / 2**20:.2f} MiB only"
+        )
 
 
 @pytest.mark.parametrize("name, value", [("k", math.nan), ("v", math.inf), ("g", math.nan),
