@@ -307,6 +307,27 @@ def test_float16_gradients_do_not_depend_on_the_blocks(chunk_size):
         assert max_rel(a, b) <= 5e-3, (name, max_rel(a, b))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("chunk_size", [None, 16], ids=["one-block", "blocks-of-16"])
+def test_float16_dq_is_finite_wherever_it_is_in_range(chunk_size, seed):
+    """float16 with large keys and a loss-scaled cotangent: every true ``|dq|`` is below
+    float16's 65504 (15k-26k) but above ``65504 * scale`` (11.6k at D = 32). The
+    backward formed ``ds k`` in float16 and scaled it after, so 8-19 of those ``dq``
+    came out inf (found by probing, session 52); the scale is in ``ds`` now, before
+    its rounding. Measured max relative error against the float32 call on the rounded
+    inputs: 6.3e-4 (three seeds, both block sizes); bound 5x that."""
+    T, D = 64, 32
+    q, k, v, ct = make_inputs(1, 2, 1, T, T, D, seed=seed)
+    rounded = [x.astype(mx.float16) for x in (0.01 * q, 100.0 * k, v, 100.0 * ct)]
+    kw = dict(scale=D**-0.5, mask="causal")
+    got = outputs_and_grads(chunkscan.attention, *rounded, chunk_size=chunk_size, **kw)
+    ref = outputs_and_grads(naive_attention, *[x.astype(mx.float32) for x in rounded], **kw)
+    assert 65504 * D**-0.5 < mx.abs(ref[1]).max().item() < 65504
+    for name, a, b in zip(NAMES, got, ref):
+        assert mx.all(mx.isfinite(a)).item(), name
+        assert max_rel(a, b) <= 3.2e-3, (name, max_rel(a, b))
+
+
 def test_a_non_finite_additive_mask_entry_is_nan_in_both_forms():
     """An additive mask with NaN or +inf makes its row NaN (``s + m`` and ``inf - inf``,
     as in MLX's attention) in the op and in the oracle; the oracle used to read a NaN
@@ -660,7 +681,8 @@ def test_errors_are_pinned():
     _raises(ValueError, "[attention] scale must be finite but got inf: every output would be "
             "NaN or inf.", q, k, v, scale=math.inf)  # fmt: skip
     _raises(ValueError, "[attention] q must hold at least one head but got Hq=0 (q shape (1, 0, "
-            "8, 16)).", q[:, :0], k, v, scale=1.0)  # fmt: skip
+            "8, 16)). Pass q as [B, Hq, T, D] with Hq >= 1.",
+            q[:, :0], k, v, scale=1.0)  # fmt: skip
     _raises(TypeError, "[attention] kernels must be True, False or None but got 'no' (str).",
             q, k, v, scale=1.0, kernels="no")  # fmt: skip
     _raises(ValueError, "[attention] an array mask must be boolean (True = attend) or floating "

@@ -83,7 +83,8 @@ def check_inputs(
         )
     if Hq < 1:
         raise ValueError(
-            f"[{fn}] q must hold at least one head but got Hq={Hq} (q shape {_shape(q)})."
+            f"[{fn}] q must hold at least one head but got Hq={Hq} (q shape {_shape(q)}). "
+            "Pass q as [B, Hq, T, D] with Hq >= 1."
         )
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(

@@ -436,7 +436,6 @@ def _make_core(
             ins = _ordering.recompute_after_cotangent(ins, [do] if dk is None else [dk, dv])
             qb, dob = ins
             rows = qb.reshape(B, Hkv, G * r, D)
-            qr = rows * scale
             dor = dob.reshape(B, Hkv, G * r, Dv)
             kp, vp = k[:, :, :kend], v[:, :, :kend]
             p = probs(rows, kp, blk, mask)
@@ -453,9 +452,13 @@ def _make_core(
             # dp each rounded to the input dtype on their own) a peaked softmax's
             # dp - delta was their rounding: in bfloat16 dq off by 0.32 where mx.fast's
             # was 0.023 (found by probing; test_a_peaked_softmax_keeps_dq_as_mx_fast_does).
-            ds = _scores_gradient(p, dp).reshape(B, Hkv, G * r, kend).astype(dtype)
-            dq_b = (matmul(ds, kp) * scale).reshape(B, Hkv, G, r, D)
-            dk_b = matmul(ds.swapaxes(-1, -2), qr)  # qr carries the scale
+            # The scale goes into ds in float32, before its rounding: ds k and ds^T q are
+            # then dq and dk themselves. dq was (ds k) * scale, its product rounded to
+            # the input dtype unscaled: in float16 every |dq| above 65504 * scale came
+            # out inf (most of float16's range at D = 128; found by probing, session 52).
+            ds = _scores_gradient(p, dp, scale).reshape(B, Hkv, G * r, kend).astype(dtype)
+            dq_b = matmul(ds, kp).reshape(B, Hkv, G, r, D)
+            dk_b = matmul(ds.swapaxes(-1, -2), rows)
             dv_b = matmul(p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2), dor)
             dk, dv = _accumulate(dk, dk_b, kend), _accumulate(dv, dv_b, kend)
             # Rule 3: the accumulators move on only after this block's dq.
@@ -471,8 +474,8 @@ def _make_core(
     return core
 
 
-def _scores_gradient(p: mx.array, dp: mx.array) -> mx.array:
-    """``ds = p * (dp - delta)`` of a block in float32, from the float32 probabilities
+def _scores_gradient(p: mx.array, dp: mx.array, scale: float) -> mx.array:
+    """``ds = scale * p * (dp - delta)`` of a block in float32, from the float32 probabilities
     ``p`` and ``dp = do v^T``, with ``delta = sum_j p_j dp_j`` over its rows' keys (a
     block holds every key of its rows); zero where ``p`` is zero (not NaN), whatever
     ``dp`` and ``delta`` are there."""
@@ -481,7 +484,7 @@ def _scores_gradient(p: mx.array, dp: mx.array) -> mx.array:
     delta = mx.sum(mx.where(keep, p * dp, 0.0), axis=-1, keepdims=True)
     # (where dp was zeroed instead of ds, a non-finite delta reached masked keys as
     # 0 * (0 - delta) = NaN, in a pattern that followed the blocks: found by review)
-    return mx.where(keep, p * (dp - delta), 0.0)
+    return mx.where(keep, (scale * p) * (dp - delta), 0.0)
 
 
 def _accumulate(acc: mx.array | None, part: mx.array, kend: int) -> mx.array:

@@ -20,7 +20,7 @@ def naive_attention(
 ) -> mx.array:
     """Attention with the whole ``[B, Hq, T, S]`` score matrix, in float32.
 
-    The arguments (but ``kernels``), shapes and conventions of
+    The arguments (but ``kernels`` and ``stream``), shapes and conventions of
     :func:`chunkscan.attention` (``chunk_size`` is checked and otherwise ignored)::
 
         s = scale * q @ k^T (+ mask, or -inf where a boolean mask is False)
