@@ -103,8 +103,9 @@ def dplr_delta_rule(
     chunk's recomputation.
 
     Per head, with the state ``S`` of shape ``[Dv, Dk]``, values and gradients match,
-    to float32 rounding for contracting transitions such as RWKV-7's, this loop
-    (:func:`naive_recurrent_dplr_delta_rule`)::
+    to float32 rounding for contracting transitions such as RWKV-7's (but the initial
+    state's gradient at key heads well below the chunk: docs/dplr_delta.md, "Limitations"),
+    this loop (:func:`naive_recurrent_dplr_delta_rule`)::
 
         for t in range(T):
             S = S * exp(g[t])[None, :] + outer(S @ a[t], b[t]) + outer(v[t], k[t])
