@@ -187,6 +187,9 @@ def test_group_budget_setting(monkeypatch):
         monkeypatch.setenv("CHUNKSCAN_LA_GROUP_MIB", bad)
         with pytest.raises(ValueError, match="CHUNKSCAN_LA_GROUP_MIB"):
             linear_attention(*xs[:4], chunk_size=4)
+        # at T = 0 too, as gated_delta_rule's (it passed there: found by review)
+        with pytest.raises(ValueError, match="CHUNKSCAN_LA_GROUP_MIB"):
+            linear_attention(*(x[:, :0] for x in xs[:4]), chunk_size=4)
 
 
 def test_empty_sizes():

@@ -132,6 +132,9 @@ def linear_attention(
     if chunk_size is None:
         chunk_size = default_chunk_size()
     spec, g = check_inputs(fn, q, k, v, g, scale, initial_state, chunk_size)
+    # Read, and so checked, before a call of no tokens returns (as gated_delta_rule
+    # does; a bad value passed at T = 0 and raised at the first real call: review).
+    _group_mib_setting()
     if (empty := empty_result(spec, q, initial_state)) is not None:
         return empty
     s0 = mx.zeros((spec.B, spec.Hv, spec.Dv, spec.Dk), dtype=F32)
