@@ -1816,3 +1816,215 @@ def test_a_closed_stdout_does_not_stop_mlx_lm_printing(unbuffered, value, tmp_pa
         assert code == 1 and "hold NaN or inf values (1 of 1 tensors: w)" in err, err
     else:
         assert code == 0 and "Traceback" not in err, err
+
+
+def test_chat_messages_and_tools_the_chat_template_cannot_take_are_refused(tmp_path, no_load):
+    """``{"messages": ["one two", "three four"]}`` passed the data check (a list) and
+    transformers' ``apply_chat_template`` raised a ``TypeError`` mid-training (it takes
+    each message as a dict); so did ``"tools": 5``, and ``"tools": "x"`` its
+    ``ValueError`` (it iterates the tools and takes each as a JSON schema, a dict; found
+    by probing, session 52). What mlx-lm trains on passes: a message without ``role``
+    (the chat template's to say), ``tools`` null, empty or a list of objects, and a
+    ``text`` example's ``tools``, which mlx-lm never reads."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    where = f"chunkscan lora: --data {data}: train.jsonl line 1: "
+    user = {"role": "user", "content": "one two"}
+    pairs = {"prompt": "one two", "completion": "three"}
+    for example, msg in (
+        ({"messages": ["one two", "three four"]}, "message 1 of 'messages' is a JSON string, "
+         'not an object such as {"role": "user", "content": "..."}, which the chat template '
+         "takes. Make each message an object."),
+        ({"messages": [user, 5]}, "message 2 of 'messages' is a JSON number, not an object"),
+        ({"messages": [[user]]}, "message 1 of 'messages' is a JSON list, not an object"),
+        (dict(pairs, tools=5), "'tools' is a JSON number, not a list of tools (JSON schema "
+         "objects), which the chat template iterates. Make it a list, or remove it."),
+        ({"messages": [user], "tools": "x"}, "'tools' is a JSON string, not a list of tools"),
+        ({"messages": [user], "tools": [{"type": "function"}, "x"]},
+         "tool 2 of 'tools' is a JSON string, not an object (a tool's JSON schema)"),
+    ):  # fmt: skip
+        (data / "train.jsonl").write_text((json.dumps(example) + "\n") * 4)
+        with pytest.raises(SystemExit, match=re.escape(where + msg)):
+            lora.main(argv)
+    tool = {"type": "function", "function": {"name": "f", "description": "d",
+            "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+    for example in (
+        {"messages": [{"content": "one two"}]},
+        {"messages": [user], "tools": None},
+        {"messages": [user], "tools": []},
+        {"messages": [user], "tools": ""},  # transformers iterates it: no tools
+        dict(pairs, tools=[tool]),
+        {"text": "one two", "tools": 5},  # TextDataset reads no tools
+    ):
+        (data / "train.jsonl").write_text((json.dumps(example) + "\n") * 4)
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main(argv)
+
+
+def test_a_one_message_chat_with_mask_prompt_is_refused(tmp_path, no_load):
+    """With ``--mask-prompt`` (or ``mask_prompt: true`` in ``-c``) mlx-lm runs the chat
+    template on the messages before the last: a chat of one message failed mid-training
+    with transformers' "Cannot apply chat template to an empty conversation" (found by
+    probing, session 52). Without ``--mask-prompt``, or with two messages, it trains."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    one = {"messages": [{"role": "assistant", "content": "one two"}]}
+    two = {"messages": [{"role": "user", "content": "one"}, *one["messages"]]}
+    for split in ("valid", "test"):  # --mask-prompt takes no text examples
+        (data / f"{split}.jsonl").write_text((json.dumps(two) + "\n") * 4)
+    (data / "train.jsonl").write_text((json.dumps(one) + "\n") * 4)
+    msg = (
+        f"chunkscan lora: --data {data}: train.jsonl line 1: 'messages' holds one message; "
+        "with --mask-prompt mlx-lm runs the chat template on the messages before the last"
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main([*argv, "--mask-prompt"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mask_prompt: true\n")
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main([*argv, "-c", str(cfg)])
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)
+    (data / "train.jsonl").write_text((json.dumps(two) + "\n") * 4)
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*argv, "--mask-prompt"])
+
+
+def test_an_optimizer_config_mlx_lm_cannot_build_is_refused_before_loading(tmp_path):
+    """mlx-lm builds the optimizer as ``<class>(learning_rate=...,
+    **optimizer_config.get(<--optimizer>, {}))`` after the model loaded and after it wrote
+    ``adapter_config.json``: ``optimizer_config: 5`` (an ``AttributeError``), an
+    unknown keyword or a ``learning_rate`` there (``TypeError``s) failed then (found by
+    probing, session 52). Checked as mlx-lm reads it, the class built with those
+    keywords; what mlx-lm does not read (another optimizer's entry, any entry without
+    ``--train``) is not checked, and a key naming no optimizer warns that it is unread."""
+    cfg = tmp_path / "c.yaml"
+    where = f"chunkscan lora: optimizer_config (from -c {cfg})"
+    for text, msg in (
+        ("optimizer_config: 5", " must be a mapping of optimizer names to their settings, "
+         "such as {adamw: {weight_decay: 0.01}}, not 5."),
+        ("optimizer_config: {adam: {bogus: 1}}", ": mlx-lm's mlx.optimizers.Adam("
+         "learning_rate=..., **{'bogus': 1}) fails (TypeError: Adam.__init__() got an "
+         "unexpected keyword argument 'bogus'). Give it the keywords (and values) Adam takes."),
+        ("optimizer_config: {adam: {learning_rate: 0.1}}", ": adam sets learning_rate, which "
+         "mlx-lm passes itself (from --learning-rate or lr_schedule). Remove it; set "
+         "--learning-rate (YAML: learning_rate) instead."),
+        ("optimizer_config: {adam: null}", ": adam (this run's --optimizer) must be a mapping "
+         "of Adam's keywords (or be left out), not None."),
+        ("optimizer: SGD\noptimizer_config: {sgd: {nesterov: true}}",
+         ": mlx-lm's mlx.optimizers.SGD(learning_rate=..., **{'nesterov': True}) fails "
+         "(ValueError: Nesterov momentum requires"),
+    ):  # fmt: skip
+        cfg.write_text(text + "\n")
+        with pytest.raises(SystemExit, match=re.escape(where + msg)):
+            lora.resolve_args(["-c", str(cfg), "--train"])
+        lora.resolve_args(["-c", str(cfg), "--test"])  # only training builds it
+    cfg.write_text("optimizer_config: {adam: {bogus: 1}}\n")
+    lora.resolve_args(["-c", str(cfg), "--train", "--optimizer", "adamw"])  # not read
+    cfg.write_text("optimizer: adamw\noptimizer_config: {adamw: {weight_decay: 0.1}}\n")
+    args = lora.resolve_args(["-c", str(cfg), "--train"])
+    assert args.optimizer_config == {"adamw": {"weight_decay": 0.1}}
+    cfg.write_text("optimizer_config: {Adam: {betas: [0.8, 0.9]}}\n")
+    with pytest.warns(UserWarning, match=re.escape(where + ": 'Adam' names no optimizer mlx-lm")):
+        lora.resolve_args(["-c", str(cfg), "--train"])
+
+
+def test_demo_checks_what_depends_on_iters_with_its_own_iters(tmp_path, no_load):
+    """``--demo`` trains 30 steps, but the first of its two argument passes checked
+    ``--grad-accumulation-steps`` and an ``lr_schedule`` against mlx-lm's default
+    ``--iters 1000``, and the second pass's warnings were silenced: 30 % 4 left no
+    warning, 30 % 3 warned of ``--iters 1000``, and a schedule fine for 30 steps was
+    refused (found by probing, session 52). Now both passes read the demo's settings:
+    one warning, of the demo's numbers."""
+    argv = ["--demo", "--grad-accumulation-steps", "4", "--model", str(tmp_path / "m")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+            lora.main(argv)
+    said = [str(w.message) for w in caught if "grad-accumulation" in str(w.message)]
+    assert len(said) == 1, said
+    right = "--iters 30 is not a multiple of --grad-accumulation-steps 4: the gradients of "
+    assert right + "the last 2 iterations" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lora.resolve_args(["--demo", "--grad-accumulation-steps", "3"]).iters == 30
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("lr_schedule: {name: exponential_decay, arguments: [1.0e-4, 1.2]}\n")
+    lora.resolve_args(["--demo", "-c", str(cfg)])  # 1e-4 * 1.2**30: within bounds
+    with pytest.raises(SystemExit, match=re.escape("the learning rate at step 487 is inf")):
+        lora.resolve_args(["--demo", "-c", str(cfg), "--iters", "1000"])
+
+
+def test_a_tokenizer_config_alone_is_no_tokenizer(tmp_path, no_load):
+    """A model folder whose only tokenizer file was ``tokenizer_config.json`` passed the
+    tokenizer-files check (its pattern ``tokenizer*``), then transformers failed with a
+    30-line traceback while mlx-lm loaded the tokenizer (found by probing, session 52)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    kept = (model / "tokenizer.json").read_bytes()
+    for path in model.glob("tokenizer*"):
+        if path.name != "tokenizer_config.json":
+            path.unlink()
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    msg = (
+        f"chunkscan lora: --model {model} holds no tokenizer files (tokenizer.json, "
+        "tokenizer.model, vocab.json, ...; its tokenizer_config.json holds settings, not a "
+        "tokenizer: mlx-lm loads"
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.main(argv)
+    (model / "tokenizer.json").write_bytes(kept)
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main(argv)
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    """A ``-c`` file with a Latin-1 comment was a ``UnicodeDecodeError`` traceback
+    (found by probing, session 52); one line now, naming the line and byte as counted in
+    the file (past the text layer's first chunk too)."""
+    import codecs
+    import locale
+
+    if codecs.lookup(locale.getpreferredencoding(False)).name != "utf-8":
+        pytest.skip("open() reads another encoding than UTF-8 here")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"# caf\xe9\niters: 5\n")
+    msg = (
+        f"chunkscan lora: -c {cfg}: the config file is not UTF-8 text at line 1 (byte 5 of "
+        "the file); mlx_lm.lora reads it as UTF-8. Convert the file, or pass another file."
+    )
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        lora.resolve_args(["-c", str(cfg), "--train"])
+    cfg.write_bytes(b"# a comment\n" * 3000 + b"iters: 5 # caf\xe9\n")
+    with pytest.raises(SystemExit, match=re.escape("at line 3001 (byte 36014 of the file)")):
+        lora.resolve_args(["-c", str(cfg), "--train"])
+    cfg.write_bytes("# café\niters: 5\n".encode())
+    assert lora.resolve_args(["-c", str(cfg), "--train"]).iters == 5
+
+
+@pytest.mark.parametrize("value", ["null", '""', "5"])
+def test_a_feature_name_that_names_no_key_is_refused(value, tmp_path, no_load):
+    """``text_feature: null`` or ``""`` in ``-c``: the data check read the default name
+    (``text``) and passed, mlx-lm read the value as given, found no such key and its
+    ``create_dataset`` failed after the model loaded (found by probing, session 52)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    cfg = tmp_path / "c.yaml"
+    for key, default in (("text_feature", "text"), ("chat_feature", "messages")):
+        cfg.write_text(f"{key}: {value}\n")
+        msg = (
+            f"chunkscan lora: -c {cfg}: {key} must name the examples' key (a string such as "
+            f"{default!r}, the default where it is left out), not "
+        )
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            lora.main([*argv, "-c", str(cfg)])
+    # a feature name the examples use passes
+    for split in ("train", "valid", "test"):
+        lines = (data / f"{split}.jsonl").read_text().replace('"text"', '"body"')
+        (data / f"{split}.jsonl").write_text(lines)
+    cfg.write_text("text_feature: body\n")
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*argv, "-c", str(cfg)])

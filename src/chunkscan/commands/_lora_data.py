@@ -69,10 +69,12 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
     loads: mlx-lm parsed each line with ``json.loads`` after loading the model, so one
     blank line (a trailing empty line too) was a ``JSONDecodeError`` naming neither,
     and a missing key a ``KeyError`` (found by probing). Read a line at a time."""
-    prompt = getattr(args, "prompt_feature", None) or "prompt"
-    completion = getattr(args, "completion_feature", None) or "completion"
-    chat = getattr(args, "chat_feature", None) or "messages"
-    text = getattr(args, "text_feature", None) or "text"
+    # read as mlx-lm reads them (a null or "" one, read here as the default name, passed
+    # and failed in mlx-lm; found by probing, session 52; the YAML check refuses them)
+    prompt = getattr(args, "prompt_feature", "prompt")
+    completion = getattr(args, "completion_feature", "completion")
+    chat = getattr(args, "chat_feature", "messages")
+    text = getattr(args, "text_feature", "text")
     where = f"{PROG}: --data {args.data}: {path.name}"
     needed: tuple[str, ...] = ()
     blank = None  # the first blank line: an error unless every line is blank
@@ -102,7 +104,7 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
                 )
             if keys:
                 _check_example_values(where, number, example, needed, chat)
-                _check_example_not_empty(where, number, example, needed, chat, args.model)
+                _check_example_not_empty(where, number, example, needed, chat, args)
     if blank is not None and count:  # blank lines at the end (all blank: "is empty")
         _blank_line(where, blank)
     return count
@@ -133,21 +135,60 @@ def _numbered_lines(f, where: str):
 
 def _check_example_values(where: str, number: int, example: dict, needed, chat: str) -> None:
     """The values of an example's format keys have the type mlx-lm's tokenizer calls
-    take (a string; the chat's messages, a list): ``{"text": null}`` failed mid-training
-    (found by probing)."""
+    take (a string; the chat's messages, a list of objects): ``{"text": null}`` failed
+    mid-training (found by probing). So do a message that is not an object
+    (transformers' ``apply_chat_template`` takes each as a dict: ``"messages": ["one
+    two"]`` was its ``TypeError`` mid-training; found by probing, session 52; which keys
+    a message needs, ``role`` and ``content`` or others, is the chat template's to say,
+    not checked) and, in the formats that go through the chat template, a ``tools`` that
+    is not a list of objects (transformers iterates it and takes each tool as a JSON
+    schema, a dict: ``"tools": 5`` or ``"x"`` failed mid-training, the same session).
+    ``tools: null`` is none, as mlx-lm reads it; an empty string or object, which
+    transformers iterates as no tools, passes as in mlx-lm."""
     for key in needed:
         value, want = example[key], (list if key == chat else str)
         if not isinstance(value, want):
-            kind = {type(None): "null", bool: "boolean", int: "number", float: "number",
-                    dict: "object"}.get(type(value), type(value).__name__)  # fmt: skip
             raise SystemExit(
-                f"{where} line {number}: {key!r} is a JSON {kind}, not a "
+                f"{where} line {number}: {key!r} is a JSON {_kind(value)}, not a "
                 f"{'list of messages' if want is list else 'string'}, which mlx-lm reads."
+            )
+        if key == chat:
+            for i, message in enumerate(value, 1):
+                if not isinstance(message, dict):
+                    raise SystemExit(
+                        f"{where} line {number}: message {i} of {key!r} is a JSON "
+                        f'{_kind(message)}, not an object such as {{"role": "user", '
+                        f'"content": "..."}}, which the chat template takes. Make '
+                        f"each message an object."
+                    )
+    if len(needed) == 1 and needed[0] != chat:
+        return  # text examples: mlx-lm's TextDataset reads no tools
+    tools = example.get("tools")
+    if tools is None or (isinstance(tools, (str, dict)) and not tools):
+        return
+    if not isinstance(tools, list):
+        raise SystemExit(
+            f"{where} line {number}: 'tools' is a JSON {_kind(tools)}, not a list of "
+            f"tools (JSON schema objects), which the chat template iterates. Make it a "
+            f"list, or remove it."
+        )
+    for i, tool in enumerate(tools, 1):
+        if not isinstance(tool, dict):
+            raise SystemExit(
+                f"{where} line {number}: tool {i} of 'tools' is a JSON {_kind(tool)}, not "
+                f"an object (a tool's JSON schema), which the chat template takes."
             )
 
 
+def _kind(value: Any) -> str:
+    """The JSON type of a parsed value, as the messages name it."""
+    kinds = {type(None): "null", bool: "boolean", int: "number", float: "number",
+             dict: "object", list: "list", str: "string"}  # fmt: skip
+    return kinds.get(type(value), type(value).__name__)
+
+
 def _check_example_not_empty(
-    where: str, number: int, example: dict, needed, chat: str, model: Any
+    where: str, number: int, example: dict, needed, chat: str, args: types.SimpleNamespace
 ) -> None:
     """An example mlx-lm cannot make a sequence of, refused (found by probing: each
     failed mid-training, after the model loaded): a chat of no messages (transformers:
@@ -158,12 +199,23 @@ def _check_example_not_empty(
     byte-level BPE tokens of spaces: mlx-lm trains on them, and so does this command
     (an empty ``text`` was refused for every tokenizer; found by review, session 50);
     where ``tokenizer.json`` cannot be read up front, it is left to mlx-lm. ``prompt`` /
-    ``completion`` go through the chat template, which adds its own text: not checked."""
+    ``completion`` go through the chat template, which adds its own text: not checked.
+    With ``--mask-prompt``, a chat of one message: mlx-lm templates the messages before
+    the last (the prompt it masks), none, and transformers raised the same "empty
+    conversation" mid-training (found by probing, session 52)."""
+    model = args.model
     if needed == (chat,):
         if not example[chat]:
             raise SystemExit(
                 f"{where} line {number}: {chat!r} is an empty list; mlx-lm's chat template "
                 f"takes at least one message. Remove the line or give it messages."
+            )
+        if len(example[chat]) == 1 and getattr(args, "mask_prompt", False):
+            raise SystemExit(
+                f"{where} line {number}: {chat!r} holds one message; with --mask-prompt "
+                f"mlx-lm runs the chat template on the messages before the last (the prompt "
+                f"it masks), and it takes at least one. Give the line a prompt's messages "
+                f"before the last, or remove it (or leave out --mask-prompt)."
             )
         return
     if len(needed) != 1:

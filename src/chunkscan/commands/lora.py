@@ -33,8 +33,10 @@ mlx-lm takes unchecked are in range (``--batch-size``, ``--iters``, ``--num-laye
 hung mlx-lm for ever, ``--num-layers 0`` trained every layer; ``--iters`` at least
 ``--grad-accumulation-steps``), that an ``lr_schedule`` builds, its rate within
 ``--learning-rate``'s bounds at every step up to ``--iters``, and ``--report-to`` names
-installed services, that the YAML file parses and that a ``--resume-adapter-file`` comes
-with ``--train`` (one from ``-c`` without it: a warning that it is not read), loads,
+installed services, that the YAML file decodes and parses, its ``optimizer_config``
+builds the optimizer mlx-lm builds (:func:`_check_optimizer_config`), and that a
+``--resume-adapter-file`` comes with ``--train`` (one from ``-c`` without it: a warning
+that it is not read), loads,
 and has this run's fine-tune type, rank and scale, its layers and projections among
 those this run wraps (:func:`chunkscan.commands._lora_adapters._check_resumed_adapters`),
 and says what is wrong; a failed Hub download is reported in one line, not as a
@@ -264,6 +266,8 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
                 f"{PROG}: -c {args['config']}: the config file cannot be read "
                 f"({e.strerror or e}). Pass the path of a YAML file."
             ) from None
+        except UnicodeDecodeError as e:  # a traceback (found by probing, session 52)
+            raise SystemExit(_not_text(args["config"], e)) from None
         except lora.yaml.YAMLError as e:  # a traceback before (found by probing)
             where = getattr(e, "problem_mark", None)
             at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -274,6 +278,7 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
             ) from None
         config = _check_config(args["config"], config, args, lora.CONFIG_DEFAULTS)
         _check_config_values(args["config"], config, parser, args)
+        _check_feature_names(args["config"], config)
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
             config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
@@ -281,11 +286,16 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
             if args.get(k) is None:
                 args[k] = v
         _unread_resume_from_config(args, given)
-    if args.get("demo") and demo_dir is not None:
+    # The demo's settings in both passes of _main (its folders only once they exist):
+    # the first pass, without them, checked the grad-accumulation remainder and an
+    # lr_schedule up to mlx-lm's --iters 1000, not the demo's 30, and the second pass's
+    # warnings are silenced (found by probing, session 52)
+    if args.get("demo"):
         demo = dict(DEMO_DEFAULTS)
-        demo["model"] = str(pathlib.Path(demo_dir, "model"))
-        demo["data"] = str(pathlib.Path(demo_dir, "data"))
-        demo["adapter_path"] = str(pathlib.Path(demo_dir, "adapters"))
+        if demo_dir is not None:
+            demo["model"] = str(pathlib.Path(demo_dir, "model"))
+            demo["data"] = str(pathlib.Path(demo_dir, "data"))
+            demo["adapter_path"] = str(pathlib.Path(demo_dir, "adapters"))
         for k, v in demo.items():
             if args.get(k) is None:
                 args[k] = v
@@ -299,8 +309,34 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
     except (TypeError, ValueError) as e:
         raise SystemExit(f"{PROG}: gdn_chunk_size (from -c {args.get('config')}): {e}") from None
     _check_numbers(args)
+    _check_optimizer_config(args)
     _check_report_to(args)
     return types.SimpleNamespace(**args)
+
+
+def _not_text(path: str, error: UnicodeDecodeError) -> str:
+    """The message for a ``-c`` file whose bytes do not decode as the text ``open``
+    reads (the locale's encoding, as ``mlx_lm.lora`` opens it; UTF-8 almost everywhere):
+    a Latin-1 comment was a ``UnicodeDecodeError`` traceback (found by probing, session
+    52). Its line and byte are counted in the raw bytes (the text layer decodes a chunk
+    at a time, so the error's position is the chunk's)."""
+    try:
+        with open(path, "rb") as raw:
+            data = raw.read()
+        data.decode(error.encoding)
+        at = None
+    except (OSError, LookupError):
+        at = None
+    except UnicodeDecodeError as e:
+        at = e.start
+    where, encoding = "", error.encoding.upper()  # (utf-8: UTF-8)
+    if at is not None:
+        line = len(re.findall(rb"\r\n|\r|\n", data[:at])) + 1
+        where = f" at line {line} (byte {at} of the file)"
+    return (
+        f"{PROG}: -c {path}: the config file is not {encoding} text{where}; "
+        f"mlx_lm.lora reads it as {encoding}. Convert the file, or pass another file."
+    )
 
 
 def _unread_resume_from_config(args: dict, given: set[str]) -> None:
@@ -564,6 +600,71 @@ def _check_lora_parameters(args: dict) -> None:
         raise SystemExit(f"{PROG}: lora_parameters{source}: {'; '.join(problems)}.")
 
 
+def _optimizer_classes() -> dict[str, type]:
+    """The optimizer classes ``mlx_lm.lora``'s ``train_model`` builds, by the names it
+    reads (its ``--optimizer`` choices, lower-cased)."""
+    import mlx.optimizers as optim
+
+    return {"adam": optim.Adam, "adamw": optim.AdamW, "muon": optim.Muon, "sgd": optim.SGD,
+            "adafactor": optim.Adafactor}  # fmt: skip
+
+
+def _check_optimizer_config(args: dict) -> None:
+    """With ``--train``, ``optimizer_config`` (YAML only; it replaces mlx-lm's whole) as
+    mlx-lm's ``train_model`` reads it: ``optimizer_config.get(<--optimizer, lower-cased>,
+    {})``, then ``<its class>(learning_rate=..., **that)``. So it must be a mapping, the
+    chosen optimizer's entry a mapping that sets no ``learning_rate`` (mlx-lm passes its
+    own), and the class must take its keywords: built here with a stand-in rate (cheap).
+    Found by probing, session 52: ``5``, ``{adam: {bogus: 1}}`` and ``{adam:
+    {learning_rate: 0.1}}`` failed after the model loaded and after mlx-lm had rewritten
+    ``adapter_config.json``. A key that names no optimizer (``Adam``: mlx-lm looks up
+    the lower-cased name) is never read: a warning. The other optimizers' entries are
+    not read either, nor checked."""
+    if not args.get("train"):
+        return
+    config, name = args.get("optimizer_config"), args.get("optimizer")
+    classes = _optimizer_classes()
+    if not isinstance(name, str) or name.lower() not in classes:
+        return  # (a YAML optimizer is checked with its flag's choices; left to mlx-lm)
+    name = name.lower()
+    where = f"{PROG}: optimizer_config (from -c {args.get('config')})"
+    example = "{adamw: {weight_decay: 0.01}}"
+    if not isinstance(config, dict):
+        raise SystemExit(
+            f"{where} must be a mapping of optimizer names to their settings, such as "
+            f"{example}, not {config!r}."
+        )
+    unread = [repr(key) for key in config if key not in classes]
+    if unread and config is not _mlx_lm_lora().CONFIG_DEFAULTS.get("optimizer_config"):
+        warnings.warn(
+            f"{where}: {_some(unread)} name{'s' if len(unread) == 1 else ''} no optimizer "
+            f"mlx-lm builds ({', '.join(classes)}, lower-case), so "
+            f"{'it is' if len(unread) == 1 else 'they are'} not read.",
+            UserWarning,
+            stacklevel=3,
+        )
+    settings = config.get(name, {})
+    if not isinstance(settings, dict):
+        raise SystemExit(
+            f"{where}: {name} (this run's --optimizer) must be a mapping of "
+            f"{classes[name].__name__}'s keywords (or be left out), not {settings!r}."
+        )
+    if "learning_rate" in settings:
+        raise SystemExit(
+            f"{where}: {name} sets learning_rate, which mlx-lm passes itself (from "
+            f"--learning-rate or lr_schedule). Remove it; set --learning-rate (YAML: "
+            f"learning_rate) instead."
+        )
+    try:
+        classes[name](learning_rate=1e-5, **settings)
+    except Exception as e:  # noqa: BLE001 (any of the class's own errors)
+        raise SystemExit(
+            f"{where}: mlx-lm's mlx.optimizers.{classes[name].__name__}(learning_rate=..., "
+            f"**{settings!r}) fails ({type(e).__name__}: {e}). Give it the keywords (and "
+            f"values) {classes[name].__name__} takes."
+        ) from None
+
+
 # Keys mlx-lm reads from its options without a flag or a default of their own
 # (mlx_lm/tuner/datasets.py, with getattr): the warning called them ignored (found by
 # probing; without the feature names a dataset of other columns fails to load).
@@ -608,6 +709,25 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
                 f"{PROG}: -c {path}: {key} must be true or false (unquoted), not {value!r}."
             )
     return config
+
+
+def _check_feature_names(path: str, config: dict) -> None:
+    """The YAML's ``text_feature`` / ``prompt_feature`` / ``completion_feature`` /
+    ``chat_feature`` (mlx-lm's data keys, :data:`_MLX_LM_DATA_KEYS`) name a key of the
+    examples: a string, not empty. mlx-lm reads them as given (``getattr(args,
+    "text_feature", "text")``), so a null or ``""`` one found no key and its
+    ``create_dataset`` failed after the model loaded, while the data check read the
+    default name (found by probing, session 52)."""
+    for key in sorted(_MLX_LM_DATA_KEYS - {"hf_dataset"}):
+        if key not in config:
+            continue
+        value = config[key]
+        if not isinstance(value, str) or not value:
+            default = key.split("_")[0].replace("chat", "messages")
+            raise SystemExit(
+                f"{PROG}: -c {path}: {key} must name the examples' key (a string such as "
+                f"{default!r}, the default where it is left out), not {value!r}."
+            )
 
 
 def _check_config_values(
@@ -1078,19 +1198,26 @@ def _check_model_type(args: types.SimpleNamespace) -> None:
 # (tekken.json: Mistral's, which transformers reads with mistral-common; review)
 _TOKENIZER_FILES = ("tokenizer*", "tekken*", "*.tiktoken", "*.model", "vocab*", "merges*",
                     "spiece*")  # fmt: skip
+# ... but not these, which the patterns match and which hold a tokenizer's settings, not
+# the tokenizer: a folder with tokenizer_config.json alone passed, then transformers
+# failed with a 30-line traceback while mlx-lm loaded it (found by probing, session 52)
+_TOKENIZER_SETTINGS = frozenset({"tokenizer_config.json"})
 
 
 def _check_tokenizer_files(model: str) -> None:
-    """A local model folder holds some tokenizer's files: with none, mlx-lm loaded a
-    tokenizer that turned every example into no tokens, and training stopped at its
-    first batch with an ``IndexError`` traceback from mlx-lm's data set (found by
-    probing, session 40)."""
+    """A local model folder holds some tokenizer's files (its settings alone,
+    :data:`_TOKENIZER_SETTINGS`, are none): with none, mlx-lm loaded a tokenizer that
+    turned every example into no tokens, and training stopped at its first batch with an
+    ``IndexError`` traceback from mlx-lm's data set (found by probing, session 40)."""
     folder = pathlib.Path(model)
-    if not any(next(folder.glob(pattern), None) for pattern in _TOKENIZER_FILES):
+    found = (p for pattern in _TOKENIZER_FILES for p in folder.glob(pattern))
+    if not any(p.name not in _TOKENIZER_SETTINGS for p in found):
+        settings = sorted(p.name for p in folder.glob("*") if p.name in _TOKENIZER_SETTINGS)
+        only = f"; its {', '.join(settings)} holds settings, not a tokenizer" if settings else ""
         raise SystemExit(
             f"{PROG}: --model {model} holds no tokenizer files (tokenizer.json, "
-            f"tokenizer.model, vocab.json, ...: mlx-lm loads the tokenizer from the model "
-            f"folder). Copy them from the model's source, or pass the source's name."
+            f"tokenizer.model, vocab.json, ...{only}: mlx-lm loads the tokenizer from the "
+            f"model folder). Copy them from the model's source, or pass the source's name."
         )
 
 
@@ -1354,7 +1481,8 @@ def _main(argv: list[str]) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="chunkscan-lora-demo-") as demo_dir:
-        with warnings.catch_warnings():  # the first resolve_args gave its warnings
+        with warnings.catch_warnings():  # the first resolve_args gave its warnings (the
+            # same: it read the demo's settings too)
             warnings.simplefilter("ignore")
             args = resolve_args(argv, demo_dir)
         # ~ expanded as without --demo (_check_source): '~/dm/model' from -c or quoted
