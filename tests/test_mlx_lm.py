@@ -534,6 +534,37 @@ def test_loud_failure_name_not_imported(monkeypatch):
     _expect_incompatible("mlx_lm.models.qwen3_next.gated_delta_update is")
 
 
+def _copy_of(fn):
+    """Another function object of ``fn``'s code, module and name: what a family module
+    holds after ``importlib.reload(mlx_lm.models.gated_delta)``."""
+    import types
+
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["wrapper", "reloaded", "replaced"])
+def test_a_name_other_code_rebound_is_not_called_a_version_mismatch(monkeypatch, kind):
+    """On the very mlx-lm the patch was written for, a family's name wrapped (a
+    profiler's ``functools.wraps``), another copy of mlx-lm's function (a reload) or
+    replaced: the error said the version did not match, that qwen3_next imported no
+    such name, and to pin mlx-lm (found by probing, session 52). It names what
+    happened and the fix that works; mlx-lm's own other function is still a version
+    mismatch."""
+    bound = {"wrapper": functools.wraps(STOCK)(lambda *a, **k: STOCK(*a, **k)),
+             "reloaded": _copy_of(STOCK), "replaced": lambda *a, **k: None}[kind]  # fmt: skip
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", bound)
+    what = {"wrapper": "a wrapper", "reloaded": "another copy of mlx_lm.models.gated_delta",
+            "replaced": "(other code replaced it)"}[kind]  # fmt: skip
+    fix = "Call chunkscan.mlx_lm.patch() before other code wraps or replaces"
+    _expect_incompatible("has the seam this patch was written for", what, fix)
+    with pytest.raises(cmlx.IncompatibleMlxLmError) as info:
+        cmlx.patch()
+    assert "Pin mlx-lm" not in str(info.value) and "neither imports" not in str(info.value)
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", gd.compute_g)  # mlx-lm's own
+    _expect_incompatible("does not match the seam", "Pin mlx-lm to a version with this seam.")
+
+
 def test_loud_failure_changed_semantics(monkeypatch):
     """Same signature, different convention (no folded q scale): the probe catches it."""
     sig = inspect.signature(STOCK)
@@ -972,6 +1003,15 @@ def test_attention_loud_failure_changed_signature(monkeypatch):
 def test_attention_loud_failure_name_not_imported(monkeypatch):
     monkeypatch.setattr(llama, "scaled_dot_product_attention", lambda *a, **k: None)
     _expect_attention_incompatible("mlx_lm.models.llama.scaled_dot_product_attention is")
+
+
+def test_attention_name_other_code_wrapped_is_not_called_a_version_mismatch(monkeypatch):
+    """The attention seam's name wrapped by other code (a profiler): the error said to
+    pin mlx-lm (found by probing, session 52); it names the wrapper and the fix."""
+    wrapped = functools.wraps(STOCK_ATTN)(lambda *a, **k: STOCK_ATTN(*a, **k))
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", wrapped)
+    _expect_attention_incompatible("has the attention seam this patch was written for",
+                                   "a wrapper", "Call chunkscan.mlx_lm.patch() before")  # fmt: skip
 
 
 def test_attention_loud_failure_changed_semantics(monkeypatch):

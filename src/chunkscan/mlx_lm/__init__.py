@@ -211,15 +211,52 @@ def _mlx_lm_version() -> str:
 
 
 def _seam_error(
-    seam: str, written_for: str, problems: list[str], fix: str
+    seam: str, written_for: str, problems: list[str], fix: str, rebound: bool = False
 ) -> IncompatibleMlxLmError:
     """The error of a seam check: ``seam`` ("the seam", "the attention seam") is not
-    what this patch was written for (``written_for``, as in mlx-lm 0.32.x)."""
+    what this patch was written for (``written_for``, as in mlx-lm 0.32.x); or, with
+    ``rebound``, it is, but other code has rebound its function in some modules
+    (:func:`_not_mlx_lms`)."""
     bullets = "\n".join(f"  * {p};" for p in problems)
+    version = _mlx_lm_version()
+    if rebound:
+        return IncompatibleMlxLmError(
+            f"[chunkscan.mlx_lm.patch] the installed mlx-lm {version} has {seam} this "
+            f"patch was written for ({written_for}), but other code has rebound its "
+            f"function:\n{bullets}\n{fix}"
+        )
     return IncompatibleMlxLmError(
-        f"[chunkscan.mlx_lm.patch] the installed mlx-lm {_mlx_lm_version()} does not "
+        f"[chunkscan.mlx_lm.patch] the installed mlx-lm {version} does not "
         f"match {seam} this patch was written for (mlx-lm 0.32.x: {written_for}), but "
         f"they differ:\n{bullets}\n{fix}"
+    )
+
+
+def _not_mlx_lms(module: str, attr: str, bound: Any, home: str) -> tuple[str, bool]:
+    """``module.attr`` (``bound``), which is not mlx-lm's function ``home.attr``, as a
+    problem to report, and whether other code rebound it: a wrapper (``__wrapped__``),
+    another copy of it (``home`` reloaded after the import), or an object from outside
+    mlx-lm; mlx-lm's own other object is a version mismatch. All were reported as an
+    mlx-lm of another version, with "pin mlx-lm" for a fix (found by probing, session
+    52: a profiler's wrapper, or ``importlib.reload`` of ``mlx_lm.models.gated_delta``,
+    on the very version the patch was written for)."""
+    where = f"{module}.{attr}"
+    origin = getattr(bound, "__module__", None) or ""
+    if getattr(bound, "__wrapped__", None) is not None:
+        return f"{where} is {bound!r}, a wrapper (other code wrapped {home}.{attr})", True
+    if origin == home and getattr(bound, "__qualname__", None) == attr:
+        return f"{where} is another copy of {home}.{attr} (a module was reloaded)", True
+    if origin == "mlx_lm" or origin.startswith("mlx_lm."):
+        return f"{where} is {bound!r}, not {home}.{attr}", False
+    return f"{where} is {bound!r}, not {home}.{attr} (other code replaced it)", True
+
+
+def _rebound_fix(home: str, attr: str) -> str:
+    """The fix where every problem is a rebound name (:func:`_not_mlx_lms`)."""
+    return (
+        f"Call chunkscan.mlx_lm.patch() before other code wraps or replaces {attr} (or undo "
+        f"that first); after importlib.reload({home}) reload the modules that import it "
+        f"too, or restart Python."
     )
 
 
@@ -240,13 +277,14 @@ def _differences(pairs, prefix: str = "") -> list[str]:
     return problems
 
 
-def _fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
+def _fail(problems: list[str], fix: str, rebound: bool = False) -> IncompatibleMlxLmError:
     return _seam_error(
         "the seam",
         f"mlx_lm.models.gated_delta.{_NAME}(q, k, v, a, b, A_log, dt_bias, state=None, "
         f"mask=None, *, use_kernel=True, ...), imported by name into each family's module",
         problems,
         fix,
+        rebound,
     )
 
 
@@ -494,15 +532,18 @@ def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
     modules = _family_modules(gd)
     problems = []
     usable = {}
+    rebound = True  # every problem a name other code rebound (none yet)
     for name, module in modules.items():
         bound = getattr(module, _NAME, None)
         if bound is stock or bound is gated_delta_update or bound is _INSTALLED_GDN:
             usable[name] = module
         else:
-            problems.append(f"{name}.{_NAME} is {bound!r}, not mlx_lm.models.gated_delta.{_NAME}")
+            problem, by_others = _not_mlx_lms(name, _NAME, bound, gd.__name__)
+            problems.append(problem)
+            rebound = rebound and by_others
     for family in REQUIRED_FAMILIES:
-        try:
-            ok = _covered(family, usable)
+        try:  # (a module that imports the name covers it; a rebound one is reported above)
+            ok = _covered(family, modules)
         except ImportError as e:
             problems.append(f"mlx_lm.models.{family} cannot be imported ({e})")
             continue
@@ -511,6 +552,8 @@ def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
                 f"mlx_lm.models.{family} neither imports {_NAME} by name nor builds "
                 "on a module that does"
             )
+    if problems and rebound and len(problems) == len(modules) - len(usable):
+        raise _fail(problems, _rebound_fix(gd.__name__, _NAME), rebound=True)
     if problems:
         raise _fail(problems, "Pin mlx-lm to a version with this seam.")
     return usable
@@ -951,13 +994,14 @@ def scaled_dot_product_attention(
     return _attention_op()(queries, keys, values, scale=scale, mask=mask)
 
 
-def _attention_fail(problems: list[str], fix: str) -> IncompatibleMlxLmError:
+def _attention_fail(problems: list[str], fix: str, rebound: bool = False) -> IncompatibleMlxLmError:
     return _seam_error(
         "the attention seam",
         f"mlx_lm.models.base.{_ATTN}(queries, keys, values, cache, scale, mask, "
         f"sinks=None), imported by name into each model module",
         problems,
         f"{fix} Or pass attention=False to keep mlx-lm's attention.",
+        rebound,
     )
 
 
@@ -982,15 +1026,21 @@ def _check_attention_seam(verify: bool) -> None:
             "Pin mlx-lm to a version with this seam, or update chunkscan.mlx_lm.",
         )  # fmt: skip
     problems = []
+    rebound = True  # every problem a name other code rebound (none yet)
     for family in REQUIRED_ATTENTION_MODULES:
         name = f"mlx_lm.models.{family}"
         try:
             bound = getattr(importlib.import_module(name), _ATTN, None)
         except ImportError as e:
+            rebound = False
             problems.append(f"{name} cannot be imported ({e})")
             continue
         if all(bound is not f for f in (stock, scaled_dot_product_attention, _INSTALLED_ATTENTION)):
-            problems.append(f"{name}.{_ATTN} is {bound!r}, not mlx_lm.models.base.{_ATTN}")
+            problem, by_others = _not_mlx_lms(name, _ATTN, bound, base.__name__)
+            problems.append(problem)
+            rebound = rebound and by_others
+    if problems and rebound:
+        raise _attention_fail(problems, _rebound_fix(base.__name__, _ATTN), rebound=True)
     if problems:
         raise _attention_fail(problems, "Pin mlx-lm to a version with this seam.")
     if verify and "attention" not in _verified:
