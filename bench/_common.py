@@ -320,7 +320,11 @@ def meta(script: str | None = None, argv: list[str] | None = None, **extra: Any
     metadata, that is the session's start, as ``git_commit`` records it)."""
     from chunkscan.commands.measure import git_commit, provenance
 
-    out = provenance()
+    out = provenance(_CODE_AT_START)
+    if "git_commit_after" in out:
+        print(f"{pathlib.Path(script or sys.argv[0]).name}: the checkout changed during the run "
+              f"({_CODE_AT_START} before, {out['git_commit_after']} after): its rows may "
+              "measure either; run it again", file=sys.stderr)  # fmt: skip
     if script is not None:
         ran = sys.argv[1:] if argv is None else argv
         out["argv"] = ["python", f"bench/{pathlib.Path(script).name}", *ran]
@@ -331,6 +335,20 @@ def meta(script: str | None = None, argv: list[str] | None = None, **extra: Any
     if _names_another(scripts, out["commit"]) or elsewhere:
         out["scripts_commit"] = f"{scripts} ({ROOT})"
     return {**out, **extra}
+
+
+def _code_at_start() -> str | None:
+    """The commit of the chunkscan measured (``code_commit()``), read as a script starts
+    (its argument parser imports this module), for :func:`meta` to record it, not the one
+    read after measuring: a commit made while a CPU run measured was credited with every
+    row (noted in sessions 51 and 52). ``None`` in the measuring processes, which record
+    nothing."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == "chunkscan.commands.measure":
+        return None
+    from chunkscan.commands.measure import code_commit
+
+    return code_commit()
 
 
 def _names_another(scripts: str, commit: str) -> bool:
@@ -673,3 +691,6 @@ def randomize_zeros(module, scale: float) -> None:
 
     zeros = [(k, v) for k, v in tree_flatten(module.parameters()) if not mx.any(v != 0).item()]
     module.update(tree_unflatten([(k, scale * mx.random.normal(v.shape)) for k, v in zeros]))
+
+
+_CODE_AT_START = _code_at_start()  # (a module-level read: see _code_at_start)

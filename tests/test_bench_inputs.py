@@ -408,8 +408,30 @@ def test_meta_names_the_scripts_checkout_where_it_is_not_chunkscans(bench, monke
         return "a" * 40 + "+dirty" if path == str(pathlib.Path(scripts).resolve()) else "b" * 40
 
     monkeypatch.setattr(measure, "git_commit", commits)
+    monkeypatch.setattr(common, "_CODE_AT_START", None)  # (read as now)
     assert common.meta()["scripts_commit"] == f"{'a' * 40}+dirty ({common.ROOT})"
     assert common.meta()["commit"] == "b" * 40
+
+
+def test_meta_records_the_commit_read_as_the_script_started(bench, monkeypatch, capsys):
+    """``_common.meta()``, called after measuring, recorded the commit read then: a
+    commit made while a CPU run measured was credited with every row (noted in sessions
+    51 and 52). It records the one read as the script started (``_common``'s import), and
+    the other as ``git_commit_after`` where they differ, saying so on stderr."""
+    from chunkscan.commands import measure
+
+    common = bench("_common")
+    monkeypatch.delenv("CHUNKSCAN_COMMIT", raising=False)
+    monkeypatch.setattr(measure, "device", lambda: "cpu")
+    assert common._CODE_AT_START == measure.code_commit()  # read at the import
+    assert "git_commit_after" not in common.meta()
+    monkeypatch.setattr(common, "_CODE_AT_START", "1" * 40)
+    monkeypatch.setattr(measure, "git_commit", lambda path: "2" * 40)
+    got = common.meta()
+    assert (got["commit"], got["git_commit_after"]) == ("1" * 40, "2" * 40)
+    assert f"the checkout changed during the run ({'1' * 40} before, {'2' * 40} after)" in (
+        capsys.readouterr().err
+    )
 
 
 def test_meta_names_the_scripts_checkout_with_chunkscan_commit_set(bench, monkeypatch):
@@ -425,6 +447,7 @@ def test_meta_names_the_scripts_checkout_with_chunkscan_commit_set(bench, monkey
     monkeypatch.setattr(common, "_checkout", lambda path: "/checkout")  # one checkout
     scripts = "a" * 40
     monkeypatch.setattr(measure, "git_commit", lambda path: scripts)
+    monkeypatch.setattr(common, "_CODE_AT_START", None)  # (read as now)
     monkeypatch.setenv("CHUNKSCAN_COMMIT", "f25e49f")
     assert common.meta()["scripts_commit"] == f"{'a' * 40} ({common.ROOT})"
     assert common.meta()["commit"] == "f25e49f"

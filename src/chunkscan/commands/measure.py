@@ -60,16 +60,28 @@ _RECORDED_ENV = ("CHUNKSCAN_", "MLX_")
 _OUTPUT_EXTS = ("json", "md", "txt", "log", "png", "gz", "csv")
 
 
-def provenance() -> dict[str, Any]:
+def code_commit() -> str:
+    """:func:`git_commit` of the chunkscan checkout this process imports (what
+    :func:`provenance` records): read it before a run, for ``provenance(code_before=)``."""
+    return git_commit(os.path.abspath(__file__))
+
+
+def provenance(code_before: str | None = None) -> dict[str, Any]:
     """What a measurement file records about its run: argv, git commit (or
     ``CHUNKSCAN_COMMIT`` where set, for a tree copied without its git metadata; where git
     knows the tree and names another commit or state, that one too as ``git_commit``),
     date, device (with the GPU's name where ``nvidia-smi`` knows it), versions, the
     ``CHUNKSCAN_*`` / ``MLX_*`` environment variables set (they change what runs) and the
-    threads the CPU products use (:func:`chunkscan.ops._cpu_threads.threads`)."""
+    threads the CPU products use (:func:`chunkscan.ops._cpu_threads.threads`).
+
+    ``code_before``: :func:`code_commit` read when the run began. The commit recorded is
+    that one, and where git reads another now, that one too as ``git_commit_after`` (a
+    run that read the commit after measuring credited a commit made meanwhile with every
+    row; found by probing, sessions 51 and 52)."""
     import platform
 
-    here = git_commit(os.path.abspath(__file__))
+    now = code_commit()
+    here = now if code_before is None else code_before
     commit = os.environ.get("CHUNKSCAN_COMMIT") or here
     versions = {"python": platform.python_version(), "mlx": mx.__version__}
     # The copy imported here (an installed distribution's metadata can name another).
@@ -88,6 +100,7 @@ def provenance() -> dict[str, Any]:
         "argv": list(sys.argv),
         "commit": commit,
         **({"git_commit": here} if disagrees else {}),
+        **({"git_commit_after": now} if now != here else {}),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "device": device(),
         "versions": versions,

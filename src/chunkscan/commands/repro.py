@@ -237,8 +237,7 @@ def _main(argv: list[str] | None) -> int:
     # The code measured: read before the run (it was read after: a commit made while
     # the fresh processes ran was recorded for every row; found by probing, session 51)
     # and again after it, both kept where they differ.
-    provenance = _measure.provenance()
-    code_before = _measure.git_commit(os.path.abspath(_measure.__file__))
+    code_before = _measure.code_commit()
     ref_dir = tempfile.mkdtemp(prefix="chunkscan-repro-")
     try:  # the plain gradients kept for the comparison go, Ctrl-C too (probing)
         rows, ref_failed = _measure_all(args, configs, modes, grads_cases, Ts, ref_dir)
@@ -247,12 +246,12 @@ def _main(argv: list[str] | None) -> int:
     _say(f"done in {time.perf_counter() - started:.0f} s\n")
     _say(format_table(rows, Ts))
     os.makedirs(args.out, exist_ok=True)
-    code_after = _measure.git_commit(os.path.abspath(_measure.__file__))
-    if code_after != code_before:
-        provenance["git_commit_after"] = code_after
+    provenance = _measure.provenance(code_before)
+    if "git_commit_after" in provenance:
         print(
             f"chunkscan repro: the checkout changed during the run ({code_before} before, "
-            f"{code_after} after): its rows may measure either; run it again",
+            f"{provenance['git_commit_after']} after): its rows may measure either; run it "
+            "again",
             file=sys.stderr,
         )
     meta = {
