@@ -410,25 +410,32 @@ def selective_scan_backward_peak(
     return _state_op_backward_peak(chunkscan.selective_scan, args, (B, T, Dc), C, compiled)
 
 
-def scan_input_work_peak(T: int, C: int, D: int, no_edge: str | None = None) -> dict[str, Any]:
+def scan_input_work_peak(
+    T: int, C: int, D: int, no_edge: str | None = None, state_only: bool = False,
+    gate_constants: bool = True, with_params: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Peak bytes above the inputs of the gradients (``q``, ``g``, ``h0``) of a ``scan``
     whose chunk function does most of its work on its inputs alone, as chunkwise delta
     rules do: pairwise decays ``[L, L + 1, D]`` within the chunk and a triangular
     inverse of a matrix built from them (the project's ``unit_lower_inverse``); only
     then the carry. ``no_edge``: one of ``scan``'s ordering rules switched off (rule 5:
     without it MLX ran every chunk's input work first and kept it; found by probing,
-    session 46)."""
+    session 46). ``state_only``: ``xs_grad=False``, the gradient of ``h0`` alone;
+    ``gate_constants=False``: the backward's constant xs chunks not gated by rule 2
+    (``scan._GATE_CONSTANTS``, the negative control; found by probing, session 52)."""
     from chunkscan.ops.gated_delta._triangular import unit_lower_inverse
 
+    scan_module = importlib.import_module("chunkscan.scan")
     if no_edge:
-        importlib.import_module("chunkscan.scan")._ordering = without(no_edge)
+        scan_module._ordering = without(no_edge)
+    scan_module._GATE_CONSTANTS = gate_constants
     q = mx.random.normal((T, D), key=mx.random.key(0))
     g = -0.5 * mx.random.uniform(shape=(T, D), key=mx.random.key(1))
     w = mx.random.normal((T, D), key=mx.random.key(2))
     h0 = mx.zeros((D,))
     mx.eval(q, g, w, h0)
 
-    def chunk(h, xs):
+    def chunk(h, xs, p=1.0):
         q, g = xs
         L = q.shape[0]
         after = mx.arange(L)[:, None] > mx.arange(-1, L)[None, :]  # [L, L + 1]
@@ -436,14 +443,16 @@ def scan_input_work_peak(T: int, C: int, D: int, no_edge: str | None = None) -> 
         qd = q[:, None] * decays  # [L, L + 1, D]: no carry yet
         below = mx.arange(L)[:, None] > mx.arange(L)[None]
         inv = unit_lower_inverse(mx.where(below, 0.1 * qd[:, 1:].sum(-1), 0.0))
-        y = qd[:, 0] * h + inv @ (q * h)
+        y = qd[:, 0] * h * p + inv @ (q * h)
         return h * decays[-1, 0] + (q * decays[-1, 1:]).sum(0), y
 
+    params = {"params": mx.array(0.3)} if with_params else {}
+
     def loss(q, g, h0):
-        h, y = chunkscan.scan(chunk, h0, (q, g), chunk_size=C)
+        h, y = chunkscan.scan(chunk, h0, (q, g), chunk_size=C, xs_grad=not state_only, **params)
         return mx.sum(y * w) + mx.sum(h)
 
-    grad = mx.grad(loss, argnums=(0, 1, 2))
+    grad = mx.grad(loss, argnums=2 if state_only else (0, 1, 2))
     _, peak = peak_above_active(lambda: grad(q, g, h0))
     return {"peak": peak}
 

@@ -84,6 +84,26 @@ def test_a_chunks_input_work_waits_for_its_carry():
     assert control > bound, f"without rule 5 grew by {control / MiB:.2f} MiB only"
 
 
+def test_constant_inputs_wait_for_the_cotangent_in_the_backward():
+    """Rule 2 in ``scan``'s backward for the constant xs (``xs_grad=False``: state-only
+    training, token ids): the chunk function of the test above, with a param, the
+    gradient of ``h0`` alone. The constant xs chunks were anchored on themselves only,
+    and their input work ran for nearly every chunk up front (found by probing, session
+    52: 16 MiB from T = 128 to 2048, one chunk's scratch 0.26). Growth from T = 256 to
+    1024 within 1.5x the per-token terms (``y`` and its cotangent) and a carry per
+    chunk: measured -0.16 MiB against 0.57; with the constants anchored on themselves
+    (``scan._GATE_CONSTANTS`` off) 4.92, the control."""
+    from helpers import peak_growth
+
+    Dm, Cm = 64, 32
+    bound = 1.5 * (1024 - 256) * (2 * 4 * Dm + 4 * Dm / Cm)
+    config = dict(C=Cm, D=Dm, state_only=True, with_params=True)
+    growth = peak_growth("scan_input_work_peak", config)
+    assert growth <= bound, f"grew by {growth / MiB:.2f} > {bound / MiB:.2f} MiB"
+    control = peak_growth("scan_input_work_peak", dict(config, gate_constants=False))
+    assert control > bound, f"without the edge grew by {control / MiB:.2f} MiB only"
+
+
 def test_a_scan_without_a_carry_runs_its_chunks_in_turn():
     """A chunked cross-entropy as a ``scan`` with ``init=None`` (no carry; chunks of 32
     tokens, a vocabulary of 2048): every ordering edge was anchored on the carry, and

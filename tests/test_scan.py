@@ -3309,9 +3309,11 @@ def test_second_derivative_from_two_grad_calls_with_constant_xs(monkeypatch):
     """``xs_grad=False`` and a second derivative built from two ``mx.grad`` calls on the
     same input. The constant xs chunks were anchored (a ``Depends``) on the initial
     carry, a differentiated primal, and MLX's vjp through that gave exactly half (found
-    by probing). They are now anchored on themselves. Against the loop (measured 1.8e-12
-    relative; bound 1e-5); with the old anchor, half: 50% off (the bound: 40%). And an
-    integer xs leaf used as indices, which raised there, now differentiates twice."""
+    by probing); since session 52 they wait for the cotangent flowing in (rule 2) and
+    enter the recomputation's vjp as primals. Against the loop (measured 1.8e-12
+    relative; bound 1e-5); captured by the recomputed function behind that edge
+    instead, half: 50% off (the bound: 40%). And an integer xs leaf used as indices,
+    which raised with the first anchor, differentiates twice."""
     xs = mx.random.normal((4, 3), key=mx.random.key(8))
     h0 = mx.random.normal((3,), key=mx.random.key(7))
 
@@ -3332,9 +3334,9 @@ def test_second_derivative_from_two_grad_calls_with_constant_xs(monkeypatch):
     ref = twice(by_loop)
     assert max_rel(twice(by_scan), ref) <= 1e-5
     scan_module = importlib.import_module("chunkscan.scan")
-    monkeypatch.setattr(scan_module, "_ANCHOR_CONSTANTS_ON_INIT", True)
+    monkeypatch.setattr(scan_module, "_CONSTANTS_AS_PRIMALS", False)
     assert max_rel(twice(by_scan), ref) > 0.4
-    monkeypatch.setattr(scan_module, "_ANCHOR_CONSTANTS_ON_INIT", False)
+    monkeypatch.setattr(scan_module, "_CONSTANTS_AS_PRIMALS", True)
 
     emb = mx.random.normal((10, 3), key=mx.random.key(6))
     ids = mx.array([1, 5, 2, 9, 0, 3])

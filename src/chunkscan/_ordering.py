@@ -22,10 +22,11 @@ uses it for exactly five rules, each a function below:
 2. :func:`recompute_after_cotangent` (backward): the recomputation of chunk ``i``
    waits for the cotangent flowing into chunk ``i``, so chunks are recomputed one at
    a time, last to first, instead of all at once up front. It gates the chunk's
-   carry *and* its inputs: ``Depends`` is never merged by ``mx.compile``'s
-   common-subexpression elimination, so the recomputation cannot be merged with the
-   forward's work on the same inputs (which would keep the forward's per-chunk values
-   alive until the backward).
+   carry *and* its inputs (in ``scan`` the constant ones too, since session 52, in a
+   ``Depends`` of their own: see :func:`keep_apart`): ``Depends`` is never merged by
+   ``mx.compile``'s common-subexpression elimination, so the recomputation cannot be
+   merged with the forward's work on the same inputs (which would keep the forward's
+   per-chunk values alive until the backward).
 3. :func:`cotangent_after_gradients` (backward): the cotangent leaving chunk ``i``
    waits for all of chunk ``i``'s input and parameter gradients, so chunk ``i``'s
    recomputed intermediates are consumed and freed before chunk ``i - 1`` starts.
@@ -97,7 +98,11 @@ def keep_apart(arrays: Sequence[mx.array]) -> list[mx.array]:
     merged). Anchored on nothing else: ``scan`` had anchored its constant inputs on the
     initial carry, a differentiated primal, and a second derivative taken as the
     product of two ``mx.grad`` calls came out half (MLX's vjp through that
-    ``Depends``; found by probing), and an integer input used as indices raised."""
+    ``Depends``; found by probing), and an integer input used as indices raised. Since
+    session 52 ``scan`` gates them by rule 2 instead (anchored on themselves, their
+    input-only work ran for nearly every chunk up front) and passes them to the
+    recomputation's vjp as primals, which keeps that second derivative whole; this is
+    the tests' negative control (``scan._GATE_CONSTANTS`` off)."""
     return _after(arrays, arrays)
 
 

@@ -526,15 +526,21 @@ class _Plan:
             waited = _ordering.recompute_after_cotangent(
                 carries_in[i] + [c[i] for c in diff_chunks], flowing_in
             )
-            # The constant inputs pass through a Depends of their own: it keeps
-            # mx.compile from merging their recomputation with the forward's (a Depends
-            # is never merged). Not in ``waited``: outputs of one Depends are siblings,
-            # and mx.vjp differentiates the siblings of a primal too. Anchored on
-            # themselves (:func:`chunkscan._ordering.keep_apart`).
+            # The constant inputs wait for it too, in a Depends of their own (rule 2; a
+            # Depends is never merged, so mx.compile cannot merge their recomputation
+            # with the forward's). Not in ``waited``: outputs of one Depends are
+            # siblings, and mx.vjp differentiates the siblings of a primal too. They
+            # were anchored on themselves only (keep_apart), and the work a chunk does
+            # on them alone (with xs_grad=False, or token ids: decays, a triangular
+            # inverse) ran for nearly every chunk up front: the peak grew 16 MiB from
+            # T = 128 to 2048 where one chunk's scratch is 0.26 (found by probing,
+            # session 52). They enter the vjp below as primals: captured by chunk_fn
+            # behind this edge, a second derivative built from two mx.grad calls came
+            # out half (the same probing; docs/design.md, "Known limits").
             consts = [c[i] for c in const_chunks]
-            if _ANCHOR_CONSTANTS_ON_INIT:  # the tests' negative control
-                consts = _ordering._after(consts, init)
-            else:
+            if _GATE_CONSTANTS:
+                consts = _ordering.recompute_after_cotangent(consts, flowing_in)
+            else:  # the tests' negative control: the edge before session 52
                 consts = _ordering.keep_apart(consts)
 
             # With no carry the params wait too: a chunk whose work reads no
@@ -557,11 +563,19 @@ class _Plan:
             # Every primal enters the vjp, the integer and boolean ones behind a
             # stop_gradient inside: captured by chunk_fn instead (a step counter in the
             # carry), a second derivative built from two mx.grad calls came out wrong
-            # (found by probing, session 42; chunkscan.checkpoint alike).
-            def chunk_fn(*args: mx.array, i: int = i, consts: list = consts) -> list[mx.array]:
-                full = [a if d else mx.stop_gradient(a) for a, d in zip(args, floats)]
+            # (found by probing, session 42; chunkscan.checkpoint alike). The constant
+            # xs chunks too (after the differentiated ones, their gradients dropped).
+            n_main = len(primals_i)
+            captured = [] if _CONSTANTS_AS_PRIMALS else consts  # (the negative control)
+
+            def chunk_fn(
+                *args: mx.array, i: int = i, captured: list = captured, n: int = n_main
+            ) -> list[mx.array]:
+                full = [a if d else mx.stop_gradient(a) for a, d in zip(args[:n], floats)]
+                const_in = [mx.stop_gradient(a) for a in args[n:]] + captured
                 c, dx, pp = self.split_primals(full)
-                new_c, ys = self.call_chunk(i, c, self.xs_chunk(dx, consts), pp, recompute=True)
+                xs_i = self.xs_chunk(dx, const_in)
+                new_c, ys = self.call_chunk(i, c, xs_i, pp, recompute=True)
                 return _distinct(new_c + ys)
 
             # scan_axis around the whole vjp, not only the call: a wrapper's own backward
@@ -573,8 +587,10 @@ class _Plan:
             grads = primals_i  # (no float leaf: zeros for every one, below)
             if any(floats):
                 cts = ct_carry + [c[i] for c in ct_ys_chunks]
+                vjp_primals = primals_i + (consts if _CONSTANTS_AS_PRIMALS else [])
                 with _random.replaying(self.keys.get(i)), axis_held:
-                    _, grads = mx.vjp(chunk_fn, primals_i, cts)
+                    _, grads = mx.vjp(chunk_fn, vjp_primals, cts)
+                grads = grads[:n_main]
             grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals_i, floats)]
             d_carry, d_x, d_p_i = self.split_primals(grads)
             d_p = [a + b for a, b in zip(d_p, d_p_i)] if d_p else d_p_i
@@ -598,9 +614,12 @@ class _Plan:
 # the tests switch it off as the negative control.
 _FRESH_HANDLES = True
 
-# Whether the constant xs chunks are anchored on the initial carry, as before session
-# 30 (see _Plan.backward); the tests' negative control.
-_ANCHOR_CONSTANTS_ON_INIT = False
+# Whether the backward's constant xs chunks wait for the cotangent flowing into their
+# chunk (rule 2; else anchored on themselves, as before session 52), and whether they
+# enter the recomputation's vjp as primals (else captured by its function): see
+# _Plan._backward_chunks; the tests' negative controls.
+_GATE_CONSTANTS = True
+_CONSTANTS_AS_PRIMALS = True
 
 # Whether scan's axis holds through the whole vjp of a chunk in the backward (see there);
 # the tests switch it off as the negative control.
