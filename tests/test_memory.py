@@ -91,8 +91,9 @@ def test_constant_inputs_wait_for_the_cotangent_in_the_backward():
     and their input work ran for nearly every chunk up front (found by probing, session
     52: 16 MiB from T = 128 to 2048, one chunk's scratch 0.26). Growth from T = 256 to
     1024 within 1.5x the per-token terms (``y`` and its cotangent) and a carry per
-    chunk: measured -0.16 MiB against 0.57; with the constants anchored on themselves
-    (``scan._GATE_CONSTANTS`` off) 4.92, the control."""
+    chunk: measured -0.34 MiB against 0.57; with the constants anchored on themselves
+    (``scan._GATE_CONSTANTS`` off) 4.92, the control
+    (``bench/results/cpu/memory_tests_scan_constants_ea009c7.jsonl``)."""
     from helpers import peak_growth
 
     Dm, Cm = 64, 32
