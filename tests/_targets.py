@@ -412,7 +412,8 @@ def selective_scan_backward_peak(
 
 def scan_input_work_peak(
     T: int, C: int, D: int, no_edge: str | None = None, state_only: bool = False,
-    gate_constants: bool = True, with_params: bool = False,
+    gate_constants: bool = True, with_params: bool = False, checkpoint_loop: bool = False,
+    inputs_together: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Peak bytes above the inputs of the gradients (``q``, ``g``, ``h0``) of a ``scan``
     whose chunk function does most of its work on its inputs alone, as chunkwise delta
@@ -422,13 +423,17 @@ def scan_input_work_peak(
     without it MLX ran every chunk's input work first and kept it; found by probing,
     session 46). ``state_only``: ``xs_grad=False``, the gradient of ``h0`` alone;
     ``gate_constants=False``: the backward's constant xs chunks not gated by rule 2
-    (``scan._GATE_CONSTANTS``, the negative control; found by probing, session 52)."""
+    (``scan._GATE_CONSTANTS``, the negative control; found by probing, session 52).
+    ``checkpoint_loop``: the same chunks as a hand-written loop of ``chunkscan.split``
+    and ``chunkscan.checkpoint``; ``inputs_together=False``: without its rule 5
+    (``checkpoint._INPUTS_TOGETHER``, the negative control; the same session)."""
     from chunkscan.ops.gated_delta._triangular import unit_lower_inverse
 
     scan_module = importlib.import_module("chunkscan.scan")
     if no_edge:
         scan_module._ordering = without(no_edge)
     scan_module._GATE_CONSTANTS = gate_constants
+    importlib.import_module("chunkscan.checkpoint")._INPUTS_TOGETHER = inputs_together
     q = mx.random.normal((T, D), key=mx.random.key(0))
     g = -0.5 * mx.random.uniform(shape=(T, D), key=mx.random.key(1))
     w = mx.random.normal((T, D), key=mx.random.key(2))
@@ -448,8 +453,18 @@ def scan_input_work_peak(
 
     params = {"params": mx.array(0.3)} if with_params else {}
 
+    def looped(q, g, h0):
+        step, h, ys = chunkscan.checkpoint(chunk), h0, []
+        for qc, gc in zip(chunkscan.split(q, C), chunkscan.split(g, C)):
+            h, y = step(h, (qc, gc))
+            ys.append(y)
+        return h, mx.concatenate(ys)
+
     def loss(q, g, h0):
-        h, y = chunkscan.scan(chunk, h0, (q, g), chunk_size=C, xs_grad=not state_only, **params)
+        if checkpoint_loop:
+            h, y = looped(q, g, h0)
+        else:
+            h, y = chunkscan.scan(chunk, h0, (q, g), chunk_size=C, xs_grad=not state_only, **params)
         return mx.sum(y * w) + mx.sum(h)
 
     grad = mx.grad(loss, argnums=2 if state_only else (0, 1, 2))

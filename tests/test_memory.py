@@ -84,6 +84,28 @@ def test_a_chunks_input_work_waits_for_its_carry():
     assert control > bound, f"without rule 5 grew by {control / MiB:.2f} MiB only"
 
 
+def test_a_checkpoint_loops_input_work_waits_for_its_carry():
+    """Rule 5 in a hand-written loop of ``chunkscan.split`` and ``chunkscan.checkpoint``
+    (the chunk function of the test above): ``checkpoint`` cannot tell the carry from
+    the other arguments, so each call's arguments wait for one another. Without it MLX
+    ran every call's input work first in the forward, and a training step grew as
+    ``scan``'s did before rule 5 (found by probing, session 52: 3.92 to 8.11 MiB from
+    T = 256 to 2048, where ``scan`` took 3.35 to 4.65). Growth from T = 256 to 1024
+    within the per-token terms of ``scan``'s test above (without its 1.5x: the control
+    is nearer): measured 0.58 MiB against 1.13; without the edge
+    (``checkpoint._INPUTS_TOGETHER`` off) 2.10, the control
+    (``bench/results/cpu/memory_tests_checkpoint_rule5_<commit>.jsonl``)."""
+    from helpers import peak_growth
+
+    Dm, Cm = 64, 32
+    bound = (1024 - 256) * (6 * 4 * Dm + 4 * Dm / Cm)
+    config = dict(C=Cm, D=Dm, checkpoint_loop=True)
+    growth = peak_growth("scan_input_work_peak", config)
+    assert growth <= bound, f"grew by {growth / MiB:.2f} > {bound / MiB:.2f} MiB"
+    control = peak_growth("scan_input_work_peak", dict(config, inputs_together=False))
+    assert control > bound, f"without the edge grew by {control / MiB:.2f} MiB only"
+
+
 def test_constant_inputs_wait_for_the_cotangent_in_the_backward():
     """Rule 2 in ``scan``'s backward for the constant xs (``xs_grad=False``: state-only
     training, token ids): the chunk function of the test above, with a param, the

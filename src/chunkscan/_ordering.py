@@ -41,7 +41,8 @@ uses it for exactly five rules, each a function below:
    session 46: without it the state-independent part of a chunk function, such as
    ``dplr_delta_rule``'s pairwise decays and triangular inverse, ran for every chunk
    first: its backward's peak grew 3.61 MiB from T = 256 to 1024 at chunks of 32, 1.31
-   with the edge, ``tests/ops/test_dplr_delta.py``).
+   with the edge, ``tests/ops/test_dplr_delta.py``). ``checkpoint`` makes each call's
+   arguments wait for one another (:func:`all_together`): it cannot tell the carry.
 
 All helpers accept and return flat lists of arrays. Empty dependency lists are a
 no-op, so callers never special-case them.
@@ -107,11 +108,12 @@ def keep_apart(arrays: Sequence[mx.array]) -> list[mx.array]:
 
 
 def all_together(arrays: Sequence[mx.array]) -> list[mx.array]:
-    """Rules 1 and 3 when a function does not say which output is the carry.
+    """Rules 1, 3 and 5 when a function does not say which output is the carry.
 
     Every returned array waits for all of ``arrays``. Used by
-    :func:`chunkscan.checkpoint`, whose outputs (forward) and input gradients
-    (backward) are opaque tuples.
+    :func:`chunkscan.checkpoint`, whose outputs (forward), input gradients (backward)
+    and arguments (forward, rule 5 since session 52: a loop's call waits for the carry
+    from the call before, whichever argument it is) are opaque tuples.
 
     In ``checkpoint``'s forward (its rule 1) MLX 0.32.4 does not need it: no test
     shape or form (eager, compiled, ``grad``, a second derivative, forward only) moved
