@@ -32,6 +32,35 @@ def max_rel(a: mx.array, b: mx.array) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def initial_state_gradient_errors(
+    ops: tuple, args: list, transitions: list, seed: int, Dv: int = 4, **kwargs: Any
+) -> list[float]:
+    """Max relative errors of the initial state's gradient of each op in ``ops`` (called
+    as ``op(*args, initial_state=h0, **kwargs)``, the loss ``sum(final_state * W)``)
+    against float64: the loss is linear in the initial state ``h0 [1, 1, Dv, Dk]``, its
+    gradient ``W P^T`` with ``P`` the product of the per-token ``transitions`` (float64
+    ``[Dk, Dk]`` NumPy arrays, ``S <- S M_t``). ``args``: float64 NumPy arrays;
+    ``kwargs`` go to the last op only (the chunk form; the first, the loop)."""
+    import numpy as np
+
+    Dk = transitions[0].shape[0]
+    rng = np.random.default_rng(seed + 1000)
+    h0, W = rng.standard_normal((1, 1, Dv, Dk)), rng.standard_normal((1, 1, Dv, Dk))
+    P = np.eye(Dk)
+    for M in transitions:
+        P = P @ M
+    ref = np.einsum("bhvk,jk->bhvj", W, P)
+    xs = [mx.array(x.astype(np.float32)) for x in args]
+    Wf = mx.array(W.astype(np.float32))
+
+    def error(op, **kw):
+        loss = lambda h: (op(*xs, initial_state=h, **kw)[1] * Wf).sum()  # noqa: E731
+        got = np.array(mx.grad(loss)(mx.array(h0.astype(np.float32))))
+        return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+    return [error(op, **(kwargs if i == len(ops) - 1 else {})) for i, op in enumerate(ops)]
+
+
 def rel_rmse(a: mx.array, b: mx.array) -> float:
     """``||a - b|| / ||b||`` (Frobenius norms, float32): the relative RMS error."""
     a, b = a.astype(mx.float32), b.astype(mx.float32)

@@ -95,7 +95,9 @@ def gated_delta_rule(
     """Gated DeltaNet over a whole sequence, chunkwise, with a bounded-memory backward.
 
     Per value head, with the state ``S`` of shape ``[Dv, Dk]``, values and gradients
-    match, to float tolerance, this loop (:func:`naive_recurrent_gated_delta_rule`)::
+    match, to float tolerance (but what a chunk carries of its entering state at key
+    heads well below the chunk: docs/gated_delta.md, "Numerics"), this loop
+    (:func:`naive_recurrent_gated_delta_rule`)::
 
         for t in range(T):
             S = exp(g[t]) * S             # per-channel g[t] [Dk]: S * exp(g[t])[None, :]
@@ -260,8 +262,12 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
     probing)."""
     _backend.check_kernels("default_chunk_size", kernels)
     for name, size in (("Dk", Dk), ("Dv", Dv)):
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
-            raise ValueError(
+        # (the wrong type a TypeError, as the package's other checks raise it: a
+        # ValueError before; found by probing, session 52)
+        an_int = isinstance(size, numbers.Integral) and not isinstance(size, bool)
+        error = ValueError if an_int else TypeError
+        if not an_int or size < 0:
+            raise error(
                 f"[default_chunk_size] {name} must be an int of at least 0 (a head size) "
                 f"but got {size!r}. Pass the head size as an int, e.g. {name}=128."
             )
