@@ -533,3 +533,14 @@ def diagonal_backward_peak(
 
     args = diagonal_inputs(B, T, D)
     return _state_op_backward_peak(chunkscan.diagonal_recurrence, args, (B, T, D), C, compiled)
+
+
+def linear_attention_unordered_zeros_peak(T: int, **config: Any) -> dict[str, Any]:
+    """:func:`linear_attention_backward_peak` with the backward's blocks of the saved
+    states' cotangents (MLX's zeros in a first derivative) not waiting for the cotangent
+    flowing into their last group (``chunk._WAIT_SAVED_COTANGENTS`` off): the negative
+    control of that edge."""
+    from chunkscan.ops.linear_attention import chunk as chunk_module
+
+    chunk_module._WAIT_SAVED_COTANGENTS = False
+    return linear_attention_backward_peak(T, **config)

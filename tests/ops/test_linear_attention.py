@@ -216,13 +216,16 @@ def test_backward_memory_is_one_group():
     """Peak growth of all five gradients from T = 256 to 1024 (fresh processes; C = 4,
     groups of four chunks) within the inputs' gradients, the output and its cotangent,
     the state kept per group and slack of four states: measured 1.81 MiB eager, 1.40
-    under mx.compile, against a bound of 2.32 (session 51, with rule 2). The negative
-    controls: the whole sequence one group (30.0 MiB); the ordering rules of
-    chunkscan._ordering switched off one at a time: the state leaving a group before its
-    outputs exist (rule 1: 5.28), the cotangent leaving a group before its gradients
-    (rule 3: 8.03). (Rule 5, a group's forward after the state entering it, measured no
-    effect on this op, eager or compiled, and it does not take it; rule 2: the next
-    test.)"""
+    under mx.compile, against a bound of 2.32 (session 51, with rule 2); 1.67-1.70 and
+    1.33-1.36 with the saved states in blocks (session 52). The negative controls: the
+    whole sequence one group (30.0 MiB); the ordering rules of chunkscan._ordering
+    switched off one at a time: the state leaving a group before its outputs exist (rule
+    1: 5.28), the cotangent leaving a group before its gradients (rule 3: 8.03); and,
+    eager, the blocks of the saved states' cotangents (MLX's zeros here) not waiting for
+    the cotangent flowing into their last group (2.70: MLX materialized every block's
+    zeros up front; compiled 1.69, under the bound: not checked there). (Rule 5, a
+    group's forward after the state entering it, measured no effect on this op, eager
+    or compiled, and it does not take it; rule 2 of the groups: the next test.)"""
     shape = dict(_MEMORY_SHAPE, C=4)
     bound = _all_gradients_bound(4, (256, 1024))
     for compiled in (False, True):
@@ -235,6 +238,8 @@ def test_backward_memory_is_one_group():
     ):
         grew = peak_growth("linear_attention_backward_peak", dict(shape, **control))
         assert grew > bound, f"{control} grew by {grew / 2**20:.2f} MiB only"
+    grew = peak_growth("linear_attention_unordered_zeros_peak", shape)
+    assert grew > bound, f"unordered zeros grew by {grew / 2**20:.2f} MiB only"
 
 
 def test_backward_memory_of_q_alone_is_within_all_fives():
@@ -363,6 +368,30 @@ def test_second_derivative_matches_the_oracle():
         chunk._CHUNKS_PER_C = saved
     for name, a, b in zip("qkvg", got, ref):
         assert max_rel(a, b) <= SECOND_TOL, name
+
+
+def test_many_groups_keep_outputs_per_primitive_bounded():
+    """One group per token (C = 1, tiny heads): the states the forward keeps for the
+    backward leave its custom function stacked in about sqrt(n) blocks of about sqrt(n),
+    not as one output per group. Every output of a primitive lists its siblings in MLX,
+    so n outputs cost O(n^2) host time and memory, outside MLX's allocator (which
+    ``mx.get_peak_memory`` does not see, and which RSS or time in a fresh process would
+    measure only flakily): the count of outputs is the check. Found by probing, session
+    52: the forward at T = 8192 took 14.3 s and 2738 MiB RSS with one output per group,
+    7.1 s and 686 MiB in blocks (docs/linear_attention.md). The forward's widest
+    primitive has 10 and 18 outputs at 64 and 256 groups, 65 and 257 before (the
+    negative control: the previous chunk.py fails this); with the gradients, at most
+    those or the 16 pieces of :func:`chunkscan.split`'s tree (the backward's cuts).
+    Values and gradients against the oracle at 256 (blocks of 16, the last one short)."""
+    from helpers import max_outputs_of_one_primitive
+
+    for T in (64, 256):
+        xs = inputs(1, T, 1, 1, 2, 2)
+        got = outputs_and_grads(linear_attention, *xs, chunk_size=1)
+        bound = 2 + math.isqrt(T) + 1
+        assert max_outputs_of_one_primitive(got[:2]) <= bound, T
+        assert max_outputs_of_one_primitive(got) <= max(bound, 16), T
+    assert_close(got, outputs_and_grads(naive_recurrent_linear_attention, *xs))
 
 
 @pytest.mark.parametrize("family", ["bailing_moe_linear", "bailing_hybrid"])

@@ -34,13 +34,14 @@ one group's scratch; groups are sized by a byte budget and ordered by the rules 
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import mlx.core as mx
 
 from ... import _ordering
 from ..._backend import env_group_mib
-from ...split import slices_at, split_at
+from ...split import chunk_bounds, slices_at, split_at
 from .._finite import bad_rows, finite, finite_gate
 from ..gated_delta._checks import empty_result
 from ..gated_delta.chunk import _non_finite_reach
@@ -65,6 +66,10 @@ _GPU_GROUP_BYTES = 256 << 20
 # one [n, n] by [n, Dv * Dk] product per head, whose work per token grows with n (at
 # n = C it is that of the product of the queries with the states).
 _CHUNKS_PER_C = 1
+# Whether the backward's block of the saved states' cotangents waits for the cotangent
+# flowing into the block's last group (rule 2); the tests switch it off as the negative
+# control (test_backward_memory_is_one_group).
+_WAIT_SAVED_COTANGENTS = True
 
 
 def default_chunk_size() -> int:
@@ -175,10 +180,11 @@ def _group_mib_setting() -> int | None:
 
 
 def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
-    """The custom function ``(q, k, v, g, s0, o_bad) -> [o, final, *entering]``: the
+    """The custom function ``(q, k, v, g, s0, o_bad) -> [o, final, *blocks]``: the
     inputs in the op's layout, ``s0`` ``[B, Hv, Dv, Dk]`` float32, ``o_bad [B, T, Hv]``
     where the outputs are NaN (:func:`_non_finite_reach`); after ``o`` and the final
-    state the state entering each group after the first, kept for the backward."""
+    state the state entering each group after the first, kept for the backward, stacked
+    in blocks (:func:`_saved_blocks`)."""
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     scale = spec.scale
     cuts = [t0 for t0, _, _ in groups[1:]]
@@ -208,9 +214,25 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
     def states(s):  # [B, Hv, Dv, Dk] <-> [B, Hk, G, Dv, Dk]
         return s.reshape(B, Hk, G, Dv, Dk)
 
+    # The states entering groups 1..n-1 leave the forward stacked in about sqrt(n)
+    # blocks of about sqrt(n) (as scan's saved carries): every output of a primitive
+    # lists its siblings in MLX, so one output per group cost O(n^2) host time and
+    # memory outside MLX's allocator (found by probing, session 52: at C = 1, Hv = 1,
+    # Dk = Dv = 2, the forward at T = 8192 took 14.3 s and 2738 MiB RSS, 7.1 s and 686
+    # MiB in blocks). Not one stack of them all: in a first derivative its cotangent is
+    # MLX's zeros of its whole size, materialized when indexed, which would double the
+    # saved states in the backward; a block's is alive only while its groups are
+    # processed (rule 2, in the backward below).
+    blocks = _saved_blocks(len(groups) - 1)
+    block_ends = {hi - 1 for _, hi in blocks}  # index of the last saved state of a block
+
+    def unstacked(stacked: mx.array, j: int) -> mx.array:
+        """Entry ``j`` ``[B, Hv, Dv, Dk]`` of a stacked block (a slice, as scan's)."""
+        return stacked[j : j + 1].reshape(B, Hv, Dv, Dk)
+
     @mx.custom_function
     def core(q, k, v, g, s0, o_bad):
-        outs, saved = [], []
+        outs, saved, block = [], [], []
         state = states(s0)
         for gi, piece in enumerate(zip(*(slices_at(x, cuts, 1) for x in (q, k, v, g, o_bad)))):
             _, n, C = groups[gi]
@@ -220,14 +242,32 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
             state = _ordering.carry_after_outputs([state], [o])[0]
             outs.append(o)
             if gi + 1 < len(groups):
-                saved.append(state.reshape(B, Hv, Dv, Dk))
+                block.append(state.reshape(B, Hv, Dv, Dk))
+            if gi in block_ends:
+                saved.append(mx.stack(block))
+                block = []
+                # Rule 1 again: the stacked block is an output; the chain moves on only
+                # once it exists, so the block's separate states are freed now rather
+                # than all at the end of the forward.
+                state = _ordering.carry_after_outputs([state], saved[-1:])[0]
         return [_join(outs), state.reshape(B, Hv, Dv, Dk), *saved]
 
     @core.vjp
     def core_vjp(primals, cotangents, outputs):
         q, k, v, g, s0, o_bad = primals
         ct_o, ct_final = cotangents[0], cotangents[1]
-        ct_saved, saved = cotangents[2:], outputs[2:]
+        saved = [
+            unstacked(x, j) for x, (lo, hi) in zip(outputs[2:], blocks) for j in range(hi - lo)
+        ]
+        # The saved states are outputs too: a second derivative sends them cotangents,
+        # which join the state's where it was saved. In a first derivative they are
+        # MLX's zeros, one block of them alive while its groups are processed: each
+        # block's waits for the cotangent flowing into its last group (rule 2). Without
+        # that edge MLX materialized every block's zeros up front: growth 2.74 MiB in
+        # test_backward_memory_is_one_group, eager, against 1.73 with it and 1.79 with one
+        # output per group (session 52).
+        ct_blocks = list(cotangents[2:])
+        block_of = [b for b, (lo, hi) in enumerate(blocks) for _ in range(lo, hi)]
         d_state = states(ct_final.astype(F32))
         # Groups cut with split_at (a concatenate as its vjp): a second derivative
         # differentiates this backward, where a slice's vjp is a zero-padded buffer of
@@ -238,7 +278,11 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
         for gi in reversed(range(len(groups))):
             _, n, C = groups[gi]
             if gi + 1 < len(groups):  # the state leaving the group was saved: its cotangent
-                d_state = d_state + states(ct_saved[gi].astype(F32))
+                b = block_of[gi]
+                lo, hi = blocks[b]
+                if gi == hi - 1 and _WAIT_SAVED_COTANGENTS:
+                    ct_blocks[b] = _ordering.recompute_after_cotangent([ct_blocks[b]], [d_state])[0]
+                d_state = d_state + states(unstacked(ct_blocks[b], gi - lo).astype(F32))
             # Rule 2: recompute the group only once the cotangent flowing into it exists
             # (without it, a gradient of q alone ran every group's cotangent-free work
             # first, past what all five gradients keep; found by probing, session 51:
@@ -266,6 +310,14 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
         return d_inputs + [d_state.reshape(B, Hv, Dv, Dk), mx.zeros_like(o_bad)]
 
     return core
+
+
+def _saved_blocks(n_saved: int) -> list[tuple[int, int]]:
+    """The blocks ``[(lo, hi), ...]`` of the ``n_saved`` states the forward keeps: about
+    ``sqrt(n_saved)`` blocks of about ``sqrt(n_saved)`` (``scan``'s split of its saved
+    carries), so the custom function's outputs, and their sibling lists, stay ``O(n)``."""
+    per_block = math.isqrt(n_saved - 1) + 1 if n_saved else 1
+    return chunk_bounds(n_saved, per_block)
 
 
 def _join(parts: list[mx.array]) -> mx.array:
