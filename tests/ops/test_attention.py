@@ -328,6 +328,25 @@ def test_float16_dq_is_finite_wherever_it_is_in_range(chunk_size, seed):
         assert max_rel(a, b) <= 3.2e-3, (name, max_rel(a, b))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float16_small_gradients_of_diffuse_rows_keep_their_precision(seed):
+    """float16, attention spread over S = 2048 keys and a small cotangent: the true
+    ``dq`` (~4e-4) is a normal float16 number, but ``scale * ds`` rounded to float16
+    (the fix of the test above, first form) fell into float16's subnormals: ``dq`` 7.8e-3
+    off where it had been 8.7e-4 (found by review, session 52). float16's products take
+    float32 operands now. Measured max relative error of ``dq`` / ``dk`` against the
+    float32 call on the rounded inputs: 3.5e-4 / 5.6e-4 (two seeds; 6.2e-3 / 1.5e-3 with
+    ds rounded); bound 5x."""
+    D, S = 128, 2048
+    q, k, v, ct = make_inputs(1, 2, 2, 16, S, D, seed=seed)
+    rounded = [x.astype(mx.float16) for x in (q, k, v, 0.003 * ct)]
+    kw = dict(scale=D**-0.5)
+    got = outputs_and_grads(chunkscan.attention, *rounded, **kw)
+    ref = outputs_and_grads(naive_attention, *[x.astype(mx.float32) for x in rounded], **kw)
+    errors = {n: max_rel(a, b) for n, a, b in zip(NAMES, got, ref)}
+    assert errors["dq"] <= 5 * 3.5e-4 and errors["dk"] <= 5 * 5.6e-4, errors
+
+
 def test_a_non_finite_additive_mask_entry_is_nan_in_both_forms():
     """An additive mask with NaN or +inf makes its row NaN (``s + m`` and ``inf - inf``,
     as in MLX's attention) in the op and in the oracle; the oracle used to read a NaN

@@ -141,7 +141,8 @@ def attention(
 
     The scores are a float32 product of the upcast ``q`` and ``k`` (exact for bfloat16
     and float16 inputs), scaled in float32, for a float32 softmax and its statistics;
-    the other matrix products run in the input dtype (tensor cores for bfloat16), and
+    the other matrix products run in the input dtype (tensor cores for bfloat16; but
+    float16's ``dq`` and ``dk`` products take float32 operands, for float16's range), and
     ``dk``/``dv`` accumulate in float32 (a short call on a GPU that goes to ``mx.fast``
     on the float32 upcast runs all of them in float32).
 
@@ -452,13 +453,21 @@ def _make_core(
             # dp each rounded to the input dtype on their own) a peaked softmax's
             # dp - delta was their rounding: in bfloat16 dq off by 0.32 where mx.fast's
             # was 0.023 (found by probing; test_a_peaked_softmax_keeps_dq_as_mx_fast_does).
-            # The scale goes into ds in float32, before its rounding: ds k and ds^T q are
-            # then dq and dk themselves. dq was (ds k) * scale, its product rounded to
-            # the input dtype unscaled: in float16 every |dq| above 65504 * scale came
-            # out inf (most of float16's range at D = 128; found by probing, session 52).
-            ds = _scores_gradient(p, dp, scale).reshape(B, Hkv, G * r, kend).astype(dtype)
-            dq_b = matmul(ds, kp).reshape(B, Hkv, G, r, D)
-            dk_b = matmul(ds.swapaxes(-1, -2), rows)
+            # The scale goes into ds in float32: ds k and ds^T q are dq and dk themselves.
+            # dq was (ds k) * scale, its product rounded to the input dtype unscaled: in
+            # float16 every |dq| above 65504 * scale came out inf (most of float16's
+            # range at D = 128; found by probing, session 52). In float16 the two
+            # products take float32 operands: ds rounded to float16 after the scale
+            # fell into float16's subnormals where the attention is diffuse over long
+            # rows (S = 4096, small cotangents: dq 10x further off; found by review,
+            # the same session). bfloat16 has float32's range: its ds is rounded.
+            ds = _scores_gradient(p, dp, scale).reshape(B, Hkv, G * r, kend)
+            if dtype == mx.float16:
+                kp_in, rows_in = kp.astype(F32), rows.astype(F32)
+            else:
+                ds, kp_in, rows_in = ds.astype(dtype), kp, rows
+            dq_b = matmul(ds, kp_in).astype(dtype).reshape(B, Hkv, G, r, D)
+            dk_b = matmul(ds.swapaxes(-1, -2), rows_in)
             dv_b = matmul(p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2), dor)
             dk, dv = _accumulate(dk, dk_b, kend), _accumulate(dv, dv_b, kend)
             # Rule 3: the accumulators move on only after this block's dq.
