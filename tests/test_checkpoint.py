@@ -359,6 +359,18 @@ def test_vmap_and_jvp_of_one_output_only():
     c = chunkscan.checkpoint(one)
     assert mx.array_equal(mx.vmap(c)(x), mx.vmap(one)(x))
     assert mx.array_equal(mx.jvp(c, [x], [t])[1][0], mx.jvp(one, [x], [t])[1][0])
+    # with two array arguments too, called again (rule 5's edge between its arguments,
+    # session 52, made these raise: found by review; it is for funs of several outputs)
+
+    def layer(a, w):
+        return mx.tanh(a @ w)
+
+    w, c = mx.random.normal((4, 4)), chunkscan.checkpoint(layer)
+    for _ in range(2):
+        mapped = [mx.vmap(f, in_axes=(0, None))(x, w) for f in (c, layer)]
+        assert mx.allclose(*mapped).item()
+        got, want = mx.jvp(c, [x, w], [t, w])[1][0], mx.jvp(layer, [x, w], [t, w])[1][0]
+        assert mx.allclose(got, want).item()
     c2 = chunkscan.checkpoint(two)
     for name, run in (("vmap", lambda: mx.vmap(c2)(x)), ("jvp", lambda: mx.jvp(c2, [x], [t]))):
         with pytest.raises(ValueError, match=re.escape(f"[Primitive::{name}] Not implemented")):

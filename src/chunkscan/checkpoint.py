@@ -91,6 +91,9 @@ def checkpoint(fun: F) -> F:
     """
     if not callable(fun):
         raise TypeError(f"[checkpoint] fun must be callable but got {type(fun).__name__}.")
+    # Whether an earlier call returned several arrays (a carry and outputs): from then
+    # on each call's arguments wait for one another (rule 5, below).
+    several_outputs = [False]
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
@@ -137,6 +140,7 @@ def checkpoint(fun: F) -> F:
                 )
             kept = [_ARRAY if isinstance(leaf, mx.array) else leaf for leaf in out_leaves]
             out_defs.append((out_def, kept))
+            several_outputs[0] = several_outputs[0] or len(out_arrays) > 1
             return _ordering.all_together(out_arrays)
 
         @mx.custom_function
@@ -146,8 +150,13 @@ def checkpoint(fun: F) -> F:
             # them, so a loop's call runs its work on its inputs alone (decays, a
             # triangular inverse) only once the carry from the call before exists (MLX
             # ran that part of every call first and kept it: found by probing, session
-            # 52, as in scan before session 46).
-            waited = _ordering.all_together(list(primals)) if _INPUTS_TOGETHER else list(primals)
+            # 52, as in scan before session 46). Only for a fun seen returning several
+            # arrays (a loop's carry and outputs; the first call has no call before):
+            # the Depends has no vmap or jvp rule, which a one-output fun keeps (found
+            # by review, the same session).
+            waited = list(primals)
+            if several_outputs[0] and _INPUTS_TOGETHER:
+                waited = _ordering.all_together(waited)
             outs = call(waited)
             start_key[0] = _random.drawn_from(before)
             return outs
