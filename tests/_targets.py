@@ -544,3 +544,22 @@ def linear_attention_unordered_zeros_peak(T: int, **config: Any) -> dict[str, An
 
     chunk_module._WAIT_SAVED_COTANGENTS = False
     return linear_attention_backward_peak(T, **config)
+
+
+def selective_scan_matrix_chunk_peak(T: int, **config: Any) -> dict[str, Any]:
+    """:func:`selective_scan_backward_peak` with the chunk's log-depth scan replaced by a
+    chunk-parallel form with a matrix of decays ``[B, L, L, Dc, N]`` (as
+    ``linear_attention`` has, one per channel and state index here; its values are not
+    checked): the negative control of the chunk's memory test."""
+    from chunkscan.ops.selective_scan import chunk as chunk_module
+
+    def matrix_scan(a: mx.array, b: mx.array) -> tuple[mx.array, mx.array]:
+        L = a.shape[1]
+        logs = mx.cumsum(mx.log(a), axis=1)
+        below = (mx.arange(L)[:, None] >= mx.arange(L)[None, :])[None, :, :, None, None]
+        spans = mx.minimum(logs[:, :, None] - logs[:, None, :], 0.0)
+        weights = mx.where(below, mx.exp(spans), 0.0)
+        return mx.exp(logs), (weights * b[:, None]).sum(2)
+
+    chunk_module.inclusive_scan = matrix_scan
+    return selective_scan_backward_peak(T, **config)

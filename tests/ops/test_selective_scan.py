@@ -164,6 +164,37 @@ def test_backward_memory_is_one_chunk():
     assert grew > bound, f"one chunk grew by {grew / 2**20:.2f} MiB only"
 
 
+def test_a_chunks_recomputation_holds_a_few_dozen_chunk_arrays():
+    """The memory of one chunk's recomputation, in arrays of ``[B, L, Dc, N]`` float32
+    (``L`` the chunk): the peak of all seven gradients with the whole sequence one chunk
+    (``T = L``, nothing else of that size), as its growth from ``T = 1`` (fresh
+    processes, medians of three; ``pytest -s`` prints it; 64 channels, a state of 16).
+    The docs said ``4 ceil(log2 L)`` (12 at L = 8, 32 at 256); measured by probing,
+    session 52, about ``28 + 2 log2 L`` eager and 5 more compiled from L = 32 to 256
+    (2 more per doubling: one more round of the scan), 11 to 42 at L <= 16, varying
+    between processes of one configuration there (docs/selective_scan.md; this test:
+    27-32 eager and 13-20 compiled at L = 8, 38-40 / 44-47 at 64, 44 / 51 at 256).
+    Bound ``40 + 4 log2 L``, loose, against a regression of the form. Negative control:
+    the chunk as a product with a matrix of decays ``[L, L, Dc, N]`` (the form the docs
+    explain the log-depth scan avoids): 545 arrays at L = 64."""
+    shape = dict(B=1, Dc=64, N=16, C=4096)  # C >= T: the whole sequence one chunk
+
+    def arrays(target: str, L: int, **config) -> float:
+        growth = peak_growth(target, dict(shape, **config), lengths=(1, L))
+        return growth / (4 * shape["B"] * L * shape["Dc"] * shape["N"])
+
+    for L in (8, 64, 256):
+        bound = 40 + 4 * math.log2(L)
+        for compiled in (False, True):
+            got = arrays("selective_scan_backward_peak", L, compiled=compiled)
+            mode = "compiled" if compiled else "eager"
+            print(f"\nL={L} {mode}: {got:.1f} arrays (bound {bound:.0f})")
+            assert got <= bound, (L, compiled, got)
+    got = arrays("selective_scan_matrix_chunk_peak", 64)
+    print(f"\nL=64 matrix of decays (the control): {got:.1f} arrays")
+    assert got > 40 + 4 * math.log2(64), got
+
+
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
 def test_a_half_precision_A_is_summed_over_the_chunks_in_float32(dtype):
     """A's gradient gathers a share from every chunk: summed in A's own dtype chunk by
