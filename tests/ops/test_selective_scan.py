@@ -172,8 +172,9 @@ def test_a_chunks_recomputation_holds_a_few_dozen_chunk_arrays():
     The docs said ``4 ceil(log2 L)`` (12 at L = 8, 32 at 256); measured by probing,
     session 52, about ``28 + 2 log2 L`` eager and 5 more compiled from L = 32 to 256
     (2 more per doubling: one more round of the scan), 11 to 42 at L <= 16, varying
-    between processes of one configuration there (docs/selective_scan.md; this test:
-    27-32 eager and 13-20 compiled at L = 8, 38-40 / 44-47 at 64, 44 / 51 at 256).
+    between processes of one configuration there (docs/selective_scan.md; this test,
+    five runs: 27-32 eager and 13-27 compiled at L = 8, 38-40 / 44-47 at 64, 44 / 51
+    at 256; recorded: bench/results/cpu/memory_tests_selective_scan_chunk_0a52f06.jsonl).
     Bound ``40 + 4 log2 L``, loose, against a regression of the form. Negative control:
     the chunk as a product with a matrix of decays ``[L, L, Dc, N]`` (the form the docs
     explain the log-depth scan avoids): 545 arrays at L = 64."""
