@@ -2006,25 +2006,100 @@ def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("value", ["null", '""', "5"])
 def test_a_feature_name_that_names_no_key_is_refused(value, tmp_path, no_load):
-    """``text_feature: null`` or ``""`` in ``-c``: the data check read the default name
-    (``text``) and passed, mlx-lm read the value as given, found no such key and its
-    ``create_dataset`` failed after the model loaded (found by probing, session 52)."""
+    """A ``*_feature: null``, ``""`` or ``5`` in ``-c`` is read as mlx-lm reads it, as
+    given, and mlx-lm's ``create_dataset`` looks up only the format's names it reaches:
+    for the format the data is in, it found no key and failed after the model loaded
+    while the data check read the default name (found by probing, session 52): refused
+    before loading, naming the setting. For a format the data is not in, mlx-lm trains:
+    the run goes on (refused in ``-c``, found by review, session 52)."""
     model = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
     argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
     cfg = tmp_path / "c.yaml"
-    for key, default in (("text_feature", "text"), ("chat_feature", "messages")):
+    shown = {"null": "null", '""': '""', "5": "a YAML number (5)"}[value]
+    then = {
+        "null": "no key is looked up for {}",
+        '""': "the empty key is looked up for {}",
+        "5": "it is no key of the example (JSON keys are strings): none is found for {}",
+    }[value]
+    text = (data / "train.jsonl").read_text()
+    pairs = json.dumps({"prompt": "one two", "completion": "three"}) + "\n"
+    chat = json.dumps({"messages": [{"role": "user", "content": "one two"}]}) + "\n"
+    where = f"chunkscan lora: --data {data}: train.jsonl line 1 has none of the keys mlx-lm reads"
+
+    def put(lines):  # every split: mlx-lm picks each file's format from its first line
+        for split in ("train", "valid", "test"):
+            (data / f"{split}.jsonl").write_text(lines)
+
+    # settings for formats the data is not in: never looked up, mlx-lm trains; the run
+    # goes on (text data with the other three, chat data with text_feature, ...)
+    for lines, keys in (
+        (text, ("prompt_feature", "completion_feature", "chat_feature")),
+        (chat * 4, ("prompt_feature", "completion_feature", "text_feature")),
+        (pairs * 4, ("chat_feature", "text_feature")),
+    ):
+        put(lines)
+        for key in keys:
+            cfg.write_text(f"{key}: {value}\n")
+            with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+                lora.main([*argv, "-c", str(cfg)])
+    # ... for the format in use: refused before loading, naming the setting (and what
+    # its default reads)
+    for lines, key, what, default in (
+        (text, "text_feature", "text examples", "text"),
+        (chat * 4, "chat_feature", "chats", "messages"),
+        (pairs * 4, "prompt_feature", "the prompts", "prompt"),
+        (pairs * 4, "completion_feature", "the completions", "completion"),
+    ):
+        put(lines)
         cfg.write_text(f"{key}: {value}\n")
         msg = (
-            f"chunkscan lora: -c {cfg}: {key} must name the examples' key (a string such as "
-            f"{default!r}, the default where it is left out), not "
+            f": {key} is {shown} in -c {cfg}, so {then.format(what)}. Leave {key} out "
+            f"(mlx-lm then reads line 1's {default!r}), or set it to the examples' key."
         )
-        with pytest.raises(SystemExit, match=re.escape(msg)):
+        with pytest.raises(SystemExit, match=re.escape(where)) as e:
             lora.main([*argv, "-c", str(cfg)])
+        assert msg in str(e.value)
+    # ... both names of prompt / completion examples: both named
+    cfg.write_text(f"prompt_feature: {value}\ncompletion_feature: {value}\n")
+    with pytest.raises(SystemExit, match=re.escape(where)) as e:
+        lora.main([*argv, "-c", str(cfg)])
+    assert (
+        "Leave prompt_feature and completion_feature out (mlx-lm then reads line 1's "
+        "'prompt' and 'completion'), or set them to the examples' keys."
+    ) in str(e.value)
     # a feature name the examples use passes
-    for split in ("train", "valid", "test"):
-        lines = (data / f"{split}.jsonl").read_text().replace('"text"', '"body"')
-        (data / f"{split}.jsonl").write_text(lines)
+    put(text.replace('"text"', '"body"'))
     cfg.write_text("text_feature: body\n")
     with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
         lora.main([*argv, "-c", str(cfg)])
+
+
+def test_a_feature_name_that_cannot_be_looked_up_is_refused_where_mlx_lm_looks(tmp_path, no_load):
+    """A ``*_feature`` that is a YAML list or mapping: mlx-lm's ``create_dataset`` fails
+    on it (``TypeError``: unhashable) where its lookup reaches it, after the model
+    loaded: refused there, before loading. Where it is never reached (a
+    ``completion_feature`` with text data: its lookup comes after a ``prompt`` found),
+    mlx-lm trains, and so does this command."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=4)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--num-layers", "-1"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("completion_feature: [a]\n")
+    with pytest.raises(AssertionError, match="mlx_lm.lora.run was called"):
+        lora.main([*argv, "-c", str(cfg)])
+    where = f"chunkscan lora: --data {data}: train.jsonl line 1: "
+    for key, value, kind, default in (
+        ("chat_feature", "[a]", "list (['a'])", "messages"),
+        ("text_feature", "{a: 1}", "mapping ({'a': 1})", "text"),
+        ("prompt_feature", "[a]", "list (['a'])", "prompt"),
+    ):
+        cfg.write_text(f"{key}: {value}\n")
+        msg = (
+            f"{key} is a YAML {kind} in -c {cfg}, not a key's name; mlx-lm's create_dataset "
+            f"looks it up in the example and fails (TypeError: unhashable type: "
+            f"'{'list' if kind.startswith('list') else 'dict'}'). Name the examples' key, or "
+            f"leave {key} out (mlx-lm then reads {default!r})."
+        )
+        with pytest.raises(SystemExit, match=re.escape(where + msg)):
+            lora.main([*argv, "-c", str(cfg)])

@@ -69,8 +69,10 @@ def _read_examples(path: pathlib.Path, args: types.SimpleNamespace, keys: bool =
     loads: mlx-lm parsed each line with ``json.loads`` after loading the model, so one
     blank line (a trailing empty line too) was a ``JSONDecodeError`` naming neither,
     and a missing key a ``KeyError`` (found by probing). Read a line at a time."""
-    # read as mlx-lm reads them (a null or "" one, read here as the default name, passed
-    # and failed in mlx-lm; found by probing, session 52; the YAML check refuses them)
+    # read as mlx-lm reads them, a YAML null or "" as given (read here as the default
+    # name, one passed and failed in mlx-lm; found by probing, session 52): one that
+    # names the format in use is refused by _example_format, one that does not is never
+    # looked up, and mlx-lm trains (refused in -c before; found by review, session 52)
     prompt = getattr(args, "prompt_feature", "prompt")
     completion = getattr(args, "completion_feature", "completion")
     chat = getattr(args, "chat_feature", "messages")
@@ -274,17 +276,44 @@ def _parse_example(where: str, number: int, line: str) -> dict:
 
 
 def _example_format(where, example, prompt, completion, chat, text, args) -> tuple[str, ...]:
-    """The keys of the format mlx-lm picks from the first example (as its
-    ``create_dataset``)."""
-    if prompt in example and completion in example:
+    """The keys of the format mlx-lm picks from the first example, looked up as its
+    ``create_dataset`` looks them up: ``prompt`` (then ``completion``), ``chat``,
+    ``text``, each name as given, so a YAML null, ``""`` or number matters only for the
+    format it names (``chat_feature: null`` with text examples: mlx-lm trains; refused
+    in ``-c`` before, found by review, session 52). A setting that cannot be looked up
+    (a YAML list or mapping: ``in`` raises ``TypeError``) is refused where mlx-lm
+    reaches it; where no format matches, the message names the null, empty or
+    non-string settings that are why (:func:`_feature_causes`)."""
+
+    def has(setting: str, key: Any) -> bool:
+        try:
+            return key in example
+        except TypeError:  # unhashable: mlx-lm's lookup fails the same, after loading
+            raise SystemExit(
+                f"{where} line 1: {_feature_setting(setting, key, args)}, not a key's "
+                f"name; mlx-lm's create_dataset looks it up in the example and fails "
+                f"(TypeError: unhashable type: {type(key).__name__!r}). Name the examples' "
+                f"key, or leave {setting} out (mlx-lm then reads {_FEATURES[setting]!r})."
+            ) from None
+
+    if has("prompt_feature", prompt) and has("completion_feature", completion):
         return (prompt, completion)
-    if chat in example:
+    if has("chat_feature", chat):
         return (chat,)
-    if text not in example:
+    if not has("text_feature", text):
+        msg = (
+            f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} and "
+            f"{completion!r}; or {chat!r}; its keys: {sorted(example)!r})"
+        )
+        causes = _feature_causes(example, args)
+        if not causes:
+            raise SystemExit(f"{msg}. See mlx-lm's LORA.md, section Data.")
+        why = "; ".join(_feature_setting(s, getattr(args, s), args, why=True) for s in causes)
+        defaults = " and ".join(repr(_FEATURES[s]) for s in causes)
         raise SystemExit(
-            f"{where} line 1 has none of the keys mlx-lm reads ({text!r}; {prompt!r} "
-            f"and {completion!r}; or {chat!r}; its keys: {sorted(example)!r}). See "
-            "mlx-lm's LORA.md, section Data."
+            f"{msg}: {why}. Leave {' and '.join(causes)} out (mlx-lm then reads line 1's "
+            f"{defaults}), or set {'them' if len(causes) > 1 else 'it'} to the examples' "
+            f"key{'s' if len(causes) > 1 else ''}."
         )
     if getattr(args, "mask_prompt", False):
         raise SystemExit(
@@ -292,6 +321,46 @@ def _example_format(where, example, prompt, completion, chat, text, args) -> tup
             f"--mask-prompt takes {prompt!r} / {completion!r} or {chat!r} examples."
         )
     return (text,)
+
+
+# mlx-lm's data key settings (YAML only, no flag), in the order its create_dataset looks
+# them up, with their defaults and what each names
+_FEATURES = {"prompt_feature": "prompt", "completion_feature": "completion",
+             "chat_feature": "messages", "text_feature": "text"}  # fmt: skip
+_FEATURE_NAMES = {"prompt_feature": "the prompts", "completion_feature": "the completions",
+                  "chat_feature": "chats", "text_feature": "text examples"}  # fmt: skip
+
+
+def _feature_causes(example: dict, args: types.SimpleNamespace) -> list[str]:
+    """The null, empty or non-string feature settings that are why the first example
+    matched no format: those of the format that the defaults in their place match
+    (none where the defaults match none either: then the data's keys are why)."""
+    names = {s: getattr(args, s, d) for s, d in _FEATURES.items()}
+    bad = [s for s, v in names.items() if not (isinstance(v, str) and v)]
+    fixed = {s: (_FEATURES[s] if s in bad else v) for s, v in names.items()}
+    for settings in (("prompt_feature", "completion_feature"), ("chat_feature",),
+                     ("text_feature",)):  # fmt: skip
+        if all(fixed[s] in example for s in settings):
+            return [s for s in settings if s in bad]
+    return []
+
+
+def _feature_setting(setting: str, value: Any, args, why: bool = False) -> str:
+    """``<setting> is <value> in -c <file>``; with ``why``, and what mlx-lm then looks
+    up for the examples it names."""
+    config = getattr(args, "config", None)
+    source = f" in -c {config}" if config else ""
+    what = _FEATURE_NAMES[setting]
+    if value is None:
+        is_, then = "null", f"no key is looked up for {what}"
+    elif isinstance(value, str):  # (the empty one: others match or name no format)
+        is_, then = '""', f"the empty key is looked up for {what}"
+    else:
+        kind = {bool: "boolean", int: "number", float: "number", list: "list",
+                dict: "mapping", set: "set"}.get(type(value), type(value).__name__)  # fmt: skip
+        is_ = f"a YAML {kind} ({value!r})"
+        then = f"it is no key of the example (JSON keys are strings): none is found for {what}"
+    return f"{setting} is {is_}{source}" + (f", so {then}" if why else "")
 
 
 def _check_chat_template(where: str, needed: tuple[str, ...], args: types.SimpleNamespace) -> None:

@@ -278,7 +278,6 @@ def resolve_args(argv: list[str], demo_dir: str | None = None) -> types.SimpleNa
             ) from None
         config = _check_config(args["config"], config, args, lora.CONFIG_DEFAULTS)
         _check_config_values(args["config"], config, parser, args)
-        _check_feature_names(args["config"], config)
         if _OLD_KEY in config:
             _warn_renamed(f"the YAML key {_OLD_KEY}", "gdn_chunk_size")
             config.setdefault("gdn_chunk_size", config.pop(_OLD_KEY))
@@ -709,25 +708,6 @@ def _check_config(path: str, config: Any, args: dict, defaults: dict) -> dict:
                 f"{PROG}: -c {path}: {key} must be true or false (unquoted), not {value!r}."
             )
     return config
-
-
-def _check_feature_names(path: str, config: dict) -> None:
-    """The YAML's ``text_feature`` / ``prompt_feature`` / ``completion_feature`` /
-    ``chat_feature`` (mlx-lm's data keys, :data:`_MLX_LM_DATA_KEYS`) name a key of the
-    examples: a string, not empty. mlx-lm reads them as given (``getattr(args,
-    "text_feature", "text")``), so a null or ``""`` one found no key and its
-    ``create_dataset`` failed after the model loaded, while the data check read the
-    default name (found by probing, session 52)."""
-    for key in sorted(_MLX_LM_DATA_KEYS - {"hf_dataset"}):
-        if key not in config:
-            continue
-        value = config[key]
-        if not isinstance(value, str) or not value:
-            default = key.split("_")[0].replace("chat", "messages")
-            raise SystemExit(
-                f"{PROG}: -c {path}: {key} must name the examples' key (a string such as "
-                f"{default!r}, the default where it is left out), not {value!r}."
-            )
 
 
 def _check_config_values(
