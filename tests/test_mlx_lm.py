@@ -561,8 +561,24 @@ def test_a_name_other_code_rebound_is_not_called_a_version_mismatch(monkeypatch,
     with pytest.raises(cmlx.IncompatibleMlxLmError) as info:
         cmlx.patch()
     assert "Pin mlx-lm" not in str(info.value) and "neither imports" not in str(info.value)
-    monkeypatch.setattr(qwen3_next, "gated_delta_update", gd.compute_g)  # mlx-lm's own
-    _expect_incompatible("does not match the seam", "Pin mlx-lm to a version with this seam.")
+    # mlx-lm's own other function, a wrapper of one, a missing name: a version mismatch
+    # (the first form of this check called them rebound: found by review, session 52)
+    version = ("does not match the seam", "Pin mlx-lm to a version with this seam.")
+    for other in (gd.compute_g, functools.wraps(gd.compute_g)(lambda *a, **k: None), None):
+        monkeypatch.setattr(qwen3_next, "gated_delta_update", other)
+        _expect_incompatible(*version)
+
+
+def test_a_wrapped_seam_function_at_its_home_is_named(monkeypatch):
+    """``mlx_lm.models.gated_delta.gated_delta_update`` itself wrapped (the families
+    keep mlx-lm's function): named as the wrapper at home, not as every family holding
+    "another copy" (found by review, session 52)."""
+    monkeypatch.setattr(gd, "gated_delta_update", functools.wraps(STOCK)(lambda *a, **k: None))
+    held = "a wrapper of what mlx_lm.models.qwen3_next.gated_delta_update holds"
+    _expect_incompatible("mlx_lm.models.gated_delta.gated_delta_update is <function", held)
+    with pytest.raises(cmlx.IncompatibleMlxLmError) as info:
+        cmlx.patch()
+    assert "another copy" not in str(info.value)
 
 
 def test_loud_failure_changed_semantics(monkeypatch):

@@ -232,23 +232,42 @@ def _seam_error(
     )
 
 
-def _not_mlx_lms(module: str, attr: str, bound: Any, home: str) -> tuple[str, bool]:
-    """``module.attr`` (``bound``), which is not mlx-lm's function ``home.attr``, as a
-    problem to report, and whether other code rebound it: a wrapper (``__wrapped__``),
-    another copy of it (``home`` reloaded after the import), or an object from outside
-    mlx-lm; mlx-lm's own other object is a version mismatch. All were reported as an
-    mlx-lm of another version, with "pin mlx-lm" for a fix (found by probing, session
-    52: a profiler's wrapper, or ``importlib.reload`` of ``mlx_lm.models.gated_delta``,
-    on the very version the patch was written for)."""
+def _not_mlx_lms(module: str, attr: str, bound: Any, home: str, stock: Any) -> tuple[str, bool]:
+    """``module.attr`` (``bound``), which is not ``stock`` (what ``home.attr`` holds), as a
+    problem to report, and whether other code rebound a name of mlx-lm's seam: ``bound``
+    a wrapper of ``stock``'s function (``__wrapped__``), another copy of it (the same
+    code: a module reloaded after the import), what ``stock`` wraps (other code wrapped
+    ``home.attr`` itself), or a function from outside mlx-lm (a replacement); else a
+    version mismatch (a missing name, mlx-lm's own other function). All were reported
+    as an mlx-lm of another version, with "pin mlx-lm" for a fix (found by probing,
+    session 52: a profiler's wrapper, or ``importlib.reload`` of
+    ``mlx_lm.models.gated_delta``, on the very version the patch was written for); the
+    first form of this check called a missing name and mlx-lm's own other function
+    rebound (found by review, the same session)."""
     where = f"{module}.{attr}"
+    original = _unwrapped(stock)
+    code = getattr(original, "__code__", None)
+    if callable(bound) and bound is not original:
+        inner = _unwrapped(bound)
+        if inner is original or (code is not None and getattr(inner, "__code__", None) == code):
+            if inner is bound:
+                return f"{where} is another copy of {home}.{attr} (a module was reloaded)", True
+            return f"{where} is {bound!r}, a wrapper (other code wrapped {home}.{attr})", True
+    if bound is original:  # stock itself is a wrapper: home.attr was rebound
+        wrapped = f"a wrapper of what {where} holds (other code wrapped it)"
+        return f"{home}.{attr} is {stock!r}, {wrapped}", True
     origin = getattr(bound, "__module__", None) or ""
-    if getattr(bound, "__wrapped__", None) is not None:
-        return f"{where} is {bound!r}, a wrapper (other code wrapped {home}.{attr})", True
-    if origin == home and getattr(bound, "__qualname__", None) == attr:
-        return f"{where} is another copy of {home}.{attr} (a module was reloaded)", True
-    if origin == "mlx_lm" or origin.startswith("mlx_lm."):
-        return f"{where} is {bound!r}, not {home}.{attr}", False
-    return f"{where} is {bound!r}, not {home}.{attr} (other code replaced it)", True
+    if callable(bound) and origin != "mlx_lm" and not origin.startswith("mlx_lm."):
+        return f"{where} is {bound!r}, not {home}.{attr} (other code replaced it)", True
+    return f"{where} is {bound!r}, not {home}.{attr}", False
+
+
+def _unwrapped(fn: Any) -> Any:
+    """``inspect.unwrap(fn)``; ``fn`` itself where its ``__wrapped__`` chain loops."""
+    try:
+        return inspect.unwrap(fn)
+    except ValueError:
+        return fn
 
 
 def _rebound_fix(home: str, attr: str) -> str:
@@ -538,7 +557,7 @@ def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
         if bound is stock or bound is gated_delta_update or bound is _INSTALLED_GDN:
             usable[name] = module
         else:
-            problem, by_others = _not_mlx_lms(name, _NAME, bound, gd.__name__)
+            problem, by_others = _not_mlx_lms(name, _NAME, bound, gd.__name__, stock)
             problems.append(problem)
             rebound = rebound and by_others
     for family in REQUIRED_FAMILIES:
@@ -1036,7 +1055,7 @@ def _check_attention_seam(verify: bool) -> None:
             problems.append(f"{name} cannot be imported ({e})")
             continue
         if all(bound is not f for f in (stock, scaled_dot_product_attention, _INSTALLED_ATTENTION)):
-            problem, by_others = _not_mlx_lms(name, _ATTN, bound, base.__name__)
+            problem, by_others = _not_mlx_lms(name, _ATTN, bound, base.__name__, stock)
             problems.append(problem)
             rebound = rebound and by_others
     if problems and rebound:
