@@ -3,7 +3,8 @@
 #   a: what session 52 changed that runs on the GPU, memory tests aside: attention's
 #      tests (the blocked backward's scale in ds), checkpoint's (rule 5 on its
 #      arguments), scan's (its constant xs gated by rule 2 and passed to the vjp), the
-#      initial-state gradient tests of gated_delta_rule and dplr_delta_rule;
+#      initial-state gradient tests of gated_delta_rule and dplr_delta_rule, and
+#      linear_attention's (its saved states in ~sqrt(n) blocks);
 #   bc: run 119's parts b and c one after the other in one call (fla side by side at
 #      16384 and 65536 and the portable path; the LoRA step at 8192 and the first step
 #      at 2048): bench/results/h200/logs/run119_commands.sh.
@@ -21,6 +22,7 @@ a)
     "tests/ops/test_gated_delta.py::test_initial_state_gradient_at_model_heads" \
     "tests/ops/test_gated_delta.py::test_initial_state_gradient_at_a_small_key_head" \
     "tests/ops/test_dplr_delta.py::test_initial_state_gradient_at_rwkv7s_heads" \
+    tests/ops/test_linear_attention.py \
     2>&1 | tee $S/tests_gpu_session52.txt | tail -15
   pack
   ;;
