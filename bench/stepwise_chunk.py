@@ -1,4 +1,5 @@
-"""Cost of one ``scan(stepwise(step))`` gradient against the chunk length.
+"""Cost of one ``scan(stepwise(step))`` gradient against the chunk length (or of
+``linear_attention`` at a chunk size: ``--op linear_attention``).
 
 Each configuration runs in a fresh process (``chunkscan.commands.measure.run_isolated``):
 wall seconds of one gradient (after nothing: the first call, as a user sees it) and
@@ -8,10 +9,16 @@ lists), which is what this guards (see docs/design.md, "Many outputs").
 
     python bench/stepwise_chunk.py --T 500 1000 2000 20000            # one chunk each
     python bench/stepwise_chunk.py --T 1000 2000 4000 --chunk 1       # many chunks
+    python bench/stepwise_chunk.py --op linear_attention --T 2048 8192 --chunk 1 --H 1 \
+        --D 2 [--forward]         # one group per token (its saved states' outputs)
 
 ``--json`` (default ``bench-out/stepwise_chunk.json``) writes the rows of the table
-(``T``, ``chunk``, ``H``, ``D``, ``seconds``, ``rss_mib`` or ``error``; ``chunk`` the one
-scan ran at, ``--chunk`` cut to ``T``) and the run's provenance (``bench/_common.py``).
+(``T``, ``chunk``, ``H``, ``D``, ``op``, ``forward``, ``seconds``, ``rss_mib`` or
+``error``; ``chunk`` the one scan ran at, ``--chunk`` cut to ``T``) and the run's
+provenance (``bench/_common.py``). ``linear_attention``: ``q``, ``k``, ``v`` of
+``[1, T, H, D]``, ``g = -0.05``, the gradients of all four (``--forward``: the forward
+alone, evaluated), ``chunk_size = --chunk``; run another checkout's code with
+``PYTHONPATH=<it>/src`` (its commit is recorded).
 """
 
 from __future__ import annotations
@@ -46,19 +53,33 @@ def _vm_hwm() -> int:
     raise RuntimeError("no VmHWM")
 
 
-def measure(T: int, chunk: int, H: int, D: int) -> dict:
-    s0, q, k, v = reporter.make_inputs(T, H, D)
+def measure(
+    T: int, chunk: int, H: int, D: int, op: str = "stepwise", forward: bool = False
+) -> dict:  # fmt: skip
+    if op == "linear_attention":
+        s0 = -0.05 * mx.ones((1, T, H))  # (the gates, in the first argument's place)
+        q, k, v = (mx.random.normal((1, T, H, D), key=mx.random.key(i)) for i in range(3))
+    else:
+        s0, q, k, v = reporter.make_inputs(T, H, D)
     mx.eval(s0, q, k, v)
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak RSS
     before = _vm_hwm()
 
+    def run(s0, q, k, v):
+        if op == "linear_attention":
+            y, s = chunkscan.linear_attention(q, k, v, s0, chunk_size=chunk)
+        else:
+            step = chunkscan.stepwise(reporter.step)
+            s, y = chunkscan.scan(step, s0, (q, k, v), chunk_size=chunk)
+        return y, s
+
     def loss(s0, q, k, v):
-        s, y = chunkscan.scan(chunkscan.stepwise(reporter.step), s0, (q, k, v), chunk_size=chunk)
+        y, s = run(s0, q, k, v)
         return y.sum() + s.sum()
 
     t0 = time.perf_counter()
-    mx.eval(mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v))
+    mx.eval(run(s0, q, k, v) if forward else mx.grad(loss, argnums=(0, 1, 2, 3))(s0, q, k, v))
     return {"seconds": time.perf_counter() - t0, "rss_mib": (_vm_hwm() - before) / 2**20}
 
 
@@ -70,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                    "as T)")  # fmt: skip
     p.add_argument("--H", type=positive_int, default=2)
     p.add_argument("--D", type=positive_int, default=8)
+    p.add_argument("--op", choices=("stepwise", "linear_attention"), default="stepwise")
+    p.add_argument("--forward", action="store_true", help="the forward alone")
     p.add_argument("--timeout", type=positive_float, default=600.0)
     p.add_argument("--json", default=str(OUT / "stepwise_chunk.json"))
     args = p.parse_args(argv)
@@ -80,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         # the chunk scan runs at: it cuts one to T, and the rows recorded --chunk 100 at
         # T = 8 (found by probing)
         chunk = min(args.chunk or T, T)
-        cfg = dict(T=T, chunk=chunk, H=args.H, D=args.D)
+        cfg = dict(T=T, chunk=chunk, H=args.H, D=args.D, op=args.op, forward=args.forward)
         res = run_isolated(
             "stepwise_chunk:measure", cfg, timeout=args.timeout, env=child_env(bench=True)
         )
