@@ -793,9 +793,10 @@ def test_stepwise_chunk_writes_its_rows_with_provenance(bench, monkeypatch, tmp_
     assert stepwise_chunk.main(argv) == 0
     data = json.loads(out.read_text())
     assert PROVENANCE <= set(data["meta"])
+    cfg = {"chunk": 4, "H": 1, "D": 2, "op": "stepwise", "forward": False}
     assert data["rows"] == [
-        {"T": 20, "chunk": 4, "H": 1, "D": 2, "seconds": 0.5, "rss_mib": 12.0},
-        {"T": 30, "chunk": 4, "H": 1, "D": 2, "error": "timed out"},
+        {"T": 20, **cfg, "seconds": 0.5, "rss_mib": 12.0},
+        {"T": 30, **cfg, "error": "timed out"},
     ]
     assert [t for t, _ in ran] == ["stepwise_chunk:measure"] * 2
     default = pathlib.Path(stepwise_chunk.OUT) / "stepwise_chunk.json"
