@@ -371,6 +371,18 @@ def test_vmap_and_jvp_of_one_output_only():
         assert mx.allclose(*mapped).item()
         got, want = mx.jvp(c, [x, w], [t, w])[1][0], mx.jvp(layer, [x, w], [t, w])[1][0]
         assert mx.allclose(got, want).item()
+
+    # after a call of the same function returning two arrays (a switch): the one-output
+    # call keeps them (one flag per function kept the edge; found by review, session 52)
+    def switched(a, b, both=False):
+        z = mx.sin(a) * b
+        return (z, z + 1) if both else z
+
+    c = chunkscan.checkpoint(switched)
+    mx.eval(c(x, x, both=True))
+    assert mx.allclose(mx.vmap(c)(x, x), mx.vmap(switched)(x, x)).item()
+    tangents = [mx.jvp(f, [x, x], [t, t])[1][0] for f in (c, switched)]
+    assert mx.allclose(*tangents).item()
     c2 = chunkscan.checkpoint(two)
     for name, run in (("vmap", lambda: mx.vmap(c2)(x)), ("jvp", lambda: mx.jvp(c2, [x], [t]))):
         with pytest.raises(ValueError, match=re.escape(f"[Primitive::{name}] Not implemented")):

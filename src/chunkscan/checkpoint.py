@@ -91,9 +91,12 @@ def checkpoint(fun: F) -> F:
     """
     if not callable(fun):
         raise TypeError(f"[checkpoint] fun must be callable but got {type(fun).__name__}.")
-    # Whether an earlier call returned several arrays (a carry and outputs): from then
-    # on each call's arguments wait for one another (rule 5, below).
-    several_outputs = [False]
+    # Whether an earlier call of the same structure (the arguments' tree and non-array
+    # leaves) returned several arrays (a carry and outputs): such calls' arguments then
+    # wait for one another (rule 5, below). Per structure, not per function: one flag
+    # kept the edge for a later one-output call (a ``both=True`` switch), and its
+    # ``mx.vmap`` failed (found by review, session 52). At most _STRUCTURES kept.
+    several_outputs: dict[Any, bool] = {}
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
@@ -108,6 +111,7 @@ def checkpoint(fun: F) -> F:
         # the non-array leaves: a reference to an argument array would keep the graph
         # that produced it alive, one chunk's worth per call.
         template = [None if isinstance(leaf, mx.array) else leaf for leaf in leaves]
+        structure = _structure(treedef, template)
         del leaves, args, kwargs
         out_defs: list[tuple] = []
         start_key: list[Any] = [None]  # the global random key, if the forward drew (_random)
@@ -140,7 +144,11 @@ def checkpoint(fun: F) -> F:
                 )
             kept = [_ARRAY if isinstance(leaf, mx.array) else leaf for leaf in out_leaves]
             out_defs.append((out_def, kept))
-            several_outputs[0] = several_outputs[0] or len(out_arrays) > 1
+            if structure is not None:
+                several_outputs.pop(structure, None)  # (the newest last)
+                several_outputs[structure] = len(out_arrays) > 1
+                while len(several_outputs) > _STRUCTURES:
+                    several_outputs.pop(next(iter(several_outputs)))
             return _ordering.all_together(out_arrays)
 
         @mx.custom_function
@@ -155,7 +163,7 @@ def checkpoint(fun: F) -> F:
             # the Depends has no vmap or jvp rule, which a one-output fun keeps (found
             # by review, the same session).
             waited = list(primals)
-            if several_outputs[0] and _INPUTS_TOGETHER:
+            if several_outputs.get(structure, False) and _INPUTS_TOGETHER:
                 waited = _ordering.all_together(waited)
             outs = call(waited)
             start_key[0] = _random.drawn_from(before)
@@ -192,6 +200,17 @@ def checkpoint(fun: F) -> F:
         return _tree.unflatten(out_def, [next(outs) if k is _ARRAY else k for k in kept])
 
     return checkpointed  # type: ignore[return-value]
+
+
+def _structure(treedef: tuple, template: list) -> tuple | None:
+    """A call's structure (its arguments' tree, its non-array leaves), hashable, or
+    ``None`` where a leaf is not (such calls get no rule-5 edge)."""
+    key = (treedef, tuple(template))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _is_method(fun: Callable) -> bool:
@@ -302,3 +321,5 @@ def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:
 # Whether each call's arguments wait for one another in the forward (rule 5 above);
 # the tests' negative control.
 _INPUTS_TOGETHER = True
+# How many call structures a checkpointed function remembers for it (the oldest goes).
+_STRUCTURES = 64
