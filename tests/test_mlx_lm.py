@@ -576,6 +576,16 @@ def test_a_wrapped_seam_function_at_its_home_is_named(monkeypatch):
     monkeypatch.setattr(gd, "gated_delta_update", functools.wraps(STOCK)(lambda *a, **k: None))
     held = "a wrapper of what mlx_lm.models.qwen3_next.gated_delta_update holds"
     _expect_incompatible("mlx_lm.models.gated_delta.gated_delta_update is <function", held)
+    # replaced there, not wrapped (with mlx-lm's signature): the same (it was called a
+    # version mismatch; found by review, session 52)
+
+    def own_fix(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True,
+                lower_bound=None, allow_neg_eigval=False):  # fmt: skip
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(gd, "gated_delta_update", own_fix)
+    held = "not mlx-lm's, which mlx_lm.models.qwen3_next.gated_delta_update holds"
+    _expect_incompatible("has the seam this patch was written for", held)
     with pytest.raises(cmlx.IncompatibleMlxLmError) as info:
         cmlx.patch()
     assert "another copy" not in str(info.value)

@@ -256,10 +256,22 @@ def _not_mlx_lms(module: str, attr: str, bound: Any, home: str, stock: Any) -> t
     if bound is original:  # stock itself is a wrapper: home.attr was rebound
         wrapped = f"a wrapper of what {where} holds (other code wrapped it)"
         return f"{home}.{attr} is {stock!r}, {wrapped}", True
-    origin = getattr(bound, "__module__", None) or ""
-    if callable(bound) and origin != "mlx_lm" and not origin.startswith("mlx_lm."):
+    mlx_lms = (
+        getattr(bound, "__module__", None) == home and getattr(bound, "__qualname__", None) == attr
+    )
+    if mlx_lms and not _from_mlx_lm(original):
+        # home.attr replaced (found by review, session 52): the module keeps mlx-lm's
+        replaced = f"not mlx-lm's, which {where} holds (other code replaced it)"
+        return f"{home}.{attr} is {stock!r}, {replaced}", True
+    if callable(bound) and not _from_mlx_lm(bound):
         return f"{where} is {bound!r}, not {home}.{attr} (other code replaced it)", True
     return f"{where} is {bound!r}, not {home}.{attr}", False
+
+
+def _from_mlx_lm(obj: Any) -> bool:
+    """Whether ``obj`` was defined in mlx-lm (its ``__module__``)."""
+    origin = getattr(obj, "__module__", None) or ""
+    return origin == "mlx_lm" or origin.startswith("mlx_lm.")
 
 
 def _unwrapped(fn: Any) -> Any:
