@@ -92,9 +92,9 @@ def test_a_checkpoint_loops_input_work_waits_for_its_carry():
     ``scan``'s did before rule 5 (found by probing, session 52: 3.92 to 8.11 MiB from
     T = 256 to 2048, where ``scan`` took 3.35 to 4.65). Growth from T = 256 to 1024
     within the per-token terms of ``scan``'s test above (without its 1.5x: the control
-    is nearer): measured 0.55 MiB against 1.13; without the edge
+    is nearer): measured 0.57 MiB against 1.13; without the edge
     (``checkpoint._INPUTS_TOGETHER`` off) 2.10, the control
-    (``bench/results/cpu/memory_tests_checkpoint_rule5_079cabf.jsonl``)."""
+    (``bench/results/cpu/memory_tests_checkpoint_rule5_cdeac32.jsonl``)."""
     from helpers import peak_growth
 
     Dm, Cm = 64, 32
