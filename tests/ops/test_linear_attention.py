@@ -377,8 +377,9 @@ def test_many_groups_keep_outputs_per_primitive_bounded():
     so n outputs cost O(n^2) host time and memory, outside MLX's allocator (which
     ``mx.get_peak_memory`` does not see, and which RSS or time in a fresh process would
     measure only flakily): the count of outputs is the check. Found by probing, session
-    52: the forward at T = 8192 took 14.3 s and 2738 MiB RSS with one output per group,
-    7.1 s and 686 MiB in blocks (docs/linear_attention.md). The forward's widest
+    52: the forward at T = 8192 took 13.0 s and 2709 MiB of peak RSS with one output
+    per group, 6.6 s and 657 MiB in blocks (docs/linear_attention.md,
+    ``bench/results/cpu/many_groups_linear_attention_fwd_*.json``). The forward's widest
     primitive has 10 and 18 outputs at 64 and 256 groups, 65 and 257 before (the
     negative control: the previous chunk.py fails this); with the gradients, at most
     those or the 16 pieces of :func:`chunkscan.split`'s tree (the backward's cuts).

@@ -218,11 +218,11 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
     # blocks of about sqrt(n) (as scan's saved carries): every output of a primitive
     # lists its siblings in MLX, so one output per group cost O(n^2) host time and
     # memory outside MLX's allocator (found by probing, session 52: at C = 1, Hv = 1,
-    # Dk = Dv = 2, the forward at T = 8192 took 14.3 s and 2738 MiB RSS, 7.1 s and 686
-    # MiB in blocks). Not one stack of them all: in a first derivative its cotangent is
-    # MLX's zeros of its whole size, materialized when indexed, which would double the
-    # saved states in the backward; a block's is alive only while its groups are
-    # processed (rule 2, in the backward below).
+    # Dk = Dv = 2, the forward at T = 8192 took 13.0 s and 2709 MiB RSS, 6.6 s and 657
+    # MiB in blocks; docs/linear_attention.md). Not one stack of them all: in a first
+    # derivative its cotangent is MLX's zeros of its whole size, materialized when
+    # indexed, which would double the saved states in the backward; a block's is alive
+    # only while its groups are processed (rule 2, in the backward below).
     blocks = _saved_blocks(len(groups) - 1)
     block_ends = {hi - 1 for _, hi in blocks}  # index of the last saved state of a block
 
