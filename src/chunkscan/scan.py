@@ -532,11 +532,12 @@ class _Plan:
             # siblings, and mx.vjp differentiates the siblings of a primal too. They
             # were anchored on themselves only (keep_apart), and the work a chunk does
             # on them alone (with xs_grad=False, or token ids: decays, a triangular
-            # inverse) ran for nearly every chunk up front: the peak grew 16 MiB from
-            # T = 128 to 2048 where one chunk's scratch is 0.26 (found by probing,
-            # session 52). They enter the vjp below as primals: captured by chunk_fn
-            # behind this edge, a second derivative built from two mx.grad calls came
-            # out half (the same probing; docs/design.md, "Known limits").
+            # inverse) ran for nearly every chunk up front: 4.92 MiB of growth from
+            # T = 256 to 1024 against -0.34 gated (found by probing, session 52;
+            # tests/test_memory.py's constant-inputs test). They enter the vjp below as
+            # primals: captured by chunk_fn behind this edge, a second derivative built
+            # from two mx.grad calls came out half (the same probing; docs/design.md,
+            # "Known limits").
             consts = [c[i] for c in const_chunks]
             if _GATE_CONSTANTS:
                 consts = _ordering.recompute_after_cotangent(consts, flowing_in)
