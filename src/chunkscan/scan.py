@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from .split import (
     np_bool,
     slices_at,
     split_at,
+    sqrt_blocks,
 )
 from .stepwise import check_compiled_axis, scan_axis
 
@@ -249,8 +249,7 @@ class _Plan:
         n_saved = len(bounds) - 1
         # Blocks of saved carries (chunk indices 1..n-1): about sqrt(n) blocks of
         # about sqrt(n) carries keep the outputs, and their sibling lists, O(n) in all.
-        per_block = max(1, math.isqrt(n_saved - 1) + 1) if n_saved else 1
-        self.saved_blocks = [(lo + 1, hi + 1) for lo, hi in chunk_bounds(n_saved, per_block)]
+        self.saved_blocks = [(lo + 1, hi + 1) for lo, hi in sqrt_blocks(n_saved)]
         self.block_ends = {hi - 1 for _, hi in self.saved_blocks}
         self.n_init, self.n_dx = len(init_specs), sum(grad_mask)
         diff_axes = [ax for ax, g in zip(axes, grad_mask) if g]

@@ -19,6 +19,7 @@ equivalent multi-output primitives in the wrong direction (``tape_order`` in
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import sys
 
@@ -30,6 +31,15 @@ from . import _tree
 def chunk_bounds(length: int, chunk_size: int) -> list[tuple[int, int]]:
     """``[(lo, hi), ...]`` covering ``range(length)``; the last chunk may be short."""
     return [(lo, min(lo + chunk_size, length)) for lo in range(0, length, chunk_size)]
+
+
+def sqrt_blocks(n: int) -> list[tuple[int, int]]:
+    """:func:`chunk_bounds` of ``n`` items in about ``sqrt(n)`` blocks of about
+    ``sqrt(n)``: how ``scan`` (its saved carries) and ``linear_attention`` (its saved
+    group states) stack the arrays their custom functions return, so that the outputs,
+    and the sibling list MLX gives each (docs/design.md, "Many outputs"), stay ``O(n)``
+    in all."""
+    return chunk_bounds(n, math.isqrt(n - 1) + 1 if n else 1)
 
 
 def check_chunk_size(

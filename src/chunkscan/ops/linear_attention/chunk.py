@@ -34,14 +34,13 @@ one group's scratch; groups are sized by a byte budget and ordered by the rules 
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import mlx.core as mx
 
 from ... import _ordering
 from ..._backend import env_group_mib
-from ...split import chunk_bounds, slices_at, split_at
+from ...split import slices_at, split_at, sqrt_blocks
 from .._finite import bad_rows, finite, finite_gate
 from ..gated_delta._checks import empty_result
 from ..gated_delta.chunk import _non_finite_reach
@@ -184,7 +183,7 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
     inputs in the op's layout, ``s0`` ``[B, Hv, Dv, Dk]`` float32, ``o_bad [B, T, Hv]``
     where the outputs are NaN (:func:`_non_finite_reach`); after ``o`` and the final
     state the state entering each group after the first, kept for the backward, stacked
-    in blocks (:func:`_saved_blocks`)."""
+    in blocks (:func:`chunkscan.split.sqrt_blocks`)."""
     B, Hk, G, Hv, Dk, Dv = spec.B, spec.Hk, spec.G, spec.Hv, spec.Dk, spec.Dv
     scale = spec.scale
     cuts = [t0 for t0, _, _ in groups[1:]]
@@ -223,7 +222,7 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
     # derivative its cotangent is MLX's zeros of its whole size, materialized when
     # indexed, which would double the saved states in the backward; a block's is alive
     # only while its groups are processed (rule 2, in the backward below).
-    blocks = _saved_blocks(len(groups) - 1)
+    blocks = sqrt_blocks(len(groups) - 1)
     block_ends = {hi - 1 for _, hi in blocks}  # index of the last saved state of a block
 
     def unstacked(stacked: mx.array, j: int) -> mx.array:
@@ -310,14 +309,6 @@ def _make_core(spec, groups: list[tuple[int, int, int]], out_dtype: mx.Dtype):
         return d_inputs + [d_state.reshape(B, Hv, Dv, Dk), mx.zeros_like(o_bad)]
 
     return core
-
-
-def _saved_blocks(n_saved: int) -> list[tuple[int, int]]:
-    """The blocks ``[(lo, hi), ...]`` of the ``n_saved`` states the forward keeps: about
-    ``sqrt(n_saved)`` blocks of about ``sqrt(n_saved)`` (``scan``'s split of its saved
-    carries), so the custom function's outputs, and their sibling lists, stay ``O(n)``."""
-    per_block = math.isqrt(n_saved - 1) + 1 if n_saved else 1
-    return chunk_bounds(n_saved, per_block)
 
 
 def _join(parts: list[mx.array]) -> mx.array:
