@@ -182,10 +182,11 @@ def _check_example_values(where: str, number: int, example: dict, needed, chat: 
             )
 
 
-def _kind(value: Any) -> str:
-    """The JSON type of a parsed value, as the messages name it."""
+def _kind(value: Any, yaml: bool = False) -> str:
+    """The JSON type of a parsed value, as the messages name it (``yaml``: a dict is a
+    YAML mapping)."""
     kinds = {type(None): "null", bool: "boolean", int: "number", float: "number",
-             dict: "object", list: "list", str: "string"}  # fmt: skip
+             dict: "mapping" if yaml else "object", list: "list", str: "string"}  # fmt: skip
     return kinds.get(type(value), type(value).__name__)
 
 
@@ -356,9 +357,7 @@ def _feature_setting(setting: str, value: Any, args, why: bool = False) -> str:
     elif isinstance(value, str):  # (the empty one: others match or name no format)
         is_, then = '""', f"the empty key is looked up for {what}"
     else:
-        kind = {bool: "boolean", int: "number", float: "number", list: "list",
-                dict: "mapping", set: "set"}.get(type(value), type(value).__name__)  # fmt: skip
-        is_ = f"a YAML {kind} ({value!r})"
+        is_ = f"a YAML {_kind(value, yaml=True)} ({value!r})"
         then = f"it is no key of the example (JSON keys are strings): none is found for {what}"
     return f"{setting} is {is_}{source}" + (f", so {then}" if why else "")
 
