@@ -631,14 +631,20 @@ _SPLIT_IN_BACKWARD = True
 
 
 def _distinct(arrays: list[mx.array]) -> list[mx.array]:
-    """``arrays`` with all but the first passed through a ``Depends`` each. ``mx.vjp``
-    keeps one cotangent per output array, so where ``f`` returns one array in two places
-    (a carry ``(h, h)``, or ``h`` as the carry and as the output) the second place's
-    cotangent was dropped (found by probing: half the gradient, no error). The
-    ``Depends`` hands its cotangent on to the array, where MLX adds the two. All, not
-    only the repeats of a Python object: two Python handles can hold one array
-    (``h.astype(h.dtype)`` is ``h``), and Python cannot tell them apart."""
-    return arrays[:1] + [mx.depends([a], [a])[0] for a in arrays[1:]]
+    """``arrays`` passed through a ``Depends`` each. ``mx.vjp`` keeps one cotangent per
+    output array, so where ``f`` returns one array in two places (a carry ``(h, h)``, or
+    ``h`` as the carry and as the output) the second place's cotangent was dropped
+    (found by probing: half the gradient, no error). The ``Depends`` hands its cotangent
+    on to the array, where MLX adds the two. All, not only the repeats of a Python
+    object: two Python handles can hold one array (``h.astype(h.dtype)`` is ``h``), and
+    Python cannot tell them apart. The first too: MLX 0.32.4's ``mx.vjp`` leaves out an
+    output made by ``mx.stop_gradient`` and pairs the cotangents after it with the
+    outputs before (``vjp(lambda x: [stop_gradient(x), 2 * x], [x], [0, 1])`` is 0), so a
+    first output under ``stop_gradient`` (an online softmax's running max, an integer
+    carry leaf passed on, which scan stops itself) shifted every other output's
+    cotangent by one: wrong gradients, no error, or a shape error from MLX (found by
+    probing, session 53)."""
+    return [mx.depends([a], [a])[0] for a in arrays]
 
 
 def _check_params_kept(module: nn.Module, p: list[mx.array], p_def: tuple) -> None:
