@@ -81,8 +81,11 @@ def checkpoint(fun: F) -> F:
 
         Unlike ``mx.checkpoint``, random ops in ``fun`` that draw from MLX's global
         key (``nn.Dropout``, ``mx.random.*`` without ``key=``) draw the same numbers
-        in the recomputation as in the forward, and the backward leaves the global
-        key as it found it.
+        in the recomputation (and in the forward's second run under ``mx.jvp`` or
+        ``mx.vmap``) as in the forward; the recomputation leaves the global key as it
+        found it (draws of the backward itself, in a custom vjp, take from it). Reading
+        the key without drawing from it is not noticed (``docs/design.md``, "Random
+        ops in a recomputed function").
 
     Example:
         >>> step = chunkscan.checkpoint(run_chunk)    # run_chunk(s, q, k, v) -> (s, y)
@@ -114,7 +117,7 @@ def checkpoint(fun: F) -> F:
         structure = _structure(treedef, template)
         del leaves, args, kwargs
         out_defs: list[tuple] = []
-        start_key: list[Any] = [None]  # the global random key, if the forward drew (_random)
+        starts = _random.Starts()  # the global random key, if the forward drew from it
 
         def call(values: list[mx.array]) -> list[mx.array]:
             full = list(template)
@@ -153,7 +156,6 @@ def checkpoint(fun: F) -> F:
 
         @mx.custom_function
         def forward(*primals):
-            before = _random.key()
             # Rule 5 without knowing which argument is the carry: each waits for all of
             # them, so a loop's call runs its work on its inputs alone (decays, a
             # triangular inverse) only once the carry from the call before exists (MLX
@@ -165,9 +167,8 @@ def checkpoint(fun: F) -> F:
             waited = list(primals)
             if several_outputs.get(structure, False) and _INPUTS_TOGETHER:
                 waited = _ordering.all_together(waited)
-            outs = call(waited)
-            start_key[0] = _random.drawn_from(before)
-            return outs
+            with starts.forward():  # (run again by mx.jvp and mx.vmap: replayed)
+                return call(waited)
 
         @forward.vjp
         def backward(primals, cotangents, outputs):
@@ -188,9 +189,11 @@ def checkpoint(fun: F) -> F:
             # stop_gradient inside: captured by ``recompute`` instead, a second derivative
             # built from two mx.grad calls came out wrong (found by probing, session 42).
             def recompute(*values: mx.array) -> list[mx.array]:
-                return call([a if d else mx.stop_gradient(a) for a, d in zip(values, diff)])
+                outs = call([a if d else mx.stop_gradient(a) for a, d in zip(values, diff)])
+                forward_done()
+                return outs
 
-            with _random.replaying(start_key[0]):
+            with starts.recompute() as forward_done:
                 _, grads = mx.vjp(recompute, primals, cotangents)
             grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals, diff)]
             return _ordering.all_together(grads)

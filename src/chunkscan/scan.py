@@ -85,7 +85,10 @@ def scan(
 
     Random ops in ``f`` that draw from MLX's global key (``nn.Dropout``,
     ``mx.random.*`` without ``key=``) draw the same numbers when the backward recomputes
-    a chunk as in its forward; the backward leaves the global key as it found it.
+    a chunk (and in a second run of the forward under ``mx.jvp`` or ``mx.vmap``) as in
+    its forward; the recomputation leaves the global key as it found it (draws of the
+    backward itself, in a custom vjp, take from it). Reading the key without drawing
+    from it is not noticed (``docs/design.md``, "Random ops in a recomputed function").
 
     Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
     ``nn.value_and_grad``), also nested (second derivatives, whose memory grows with T
@@ -258,7 +261,7 @@ class _Plan:
         self.ys_spec = _YsSpec()
         # Per chunk, the global random key its forward call started from, where it drew
         # from it (_random): the recomputation draws the same numbers.
-        self.keys: dict[int, Any] = {}
+        self.starts = _random.Starts()
 
     def n_ys(self, n_outputs: int) -> int:
         return n_outputs - self.n_init * (1 + len(self.saved_blocks))
@@ -448,10 +451,8 @@ class _Plan:
             # backward grew 6.60 MiB from T = 256 to 1024 without the edges, -0.32 with
             # them: tests/test_memory.py, memory_tests_carryless_d845282.jsonl).
             xs_i = _ordering.prepare_after_carry(xs_i, carry if carry else ys)
-            before = _random.key()
-            carry, ys = self.call_chunk(i, carry, xs_i, p)
-            if (drew := _random.drawn_from(before)) is not None:
-                self.keys[i] = drew
+            with self.starts.forward(i):  # (run again by mx.jvp and mx.vmap: replayed)
+                carry, ys = self.call_chunk(i, carry, xs_i, p)
             # Rule 1: the carry leaves the chunk only after the chunk's outputs exist.
             # (Not in the recomputation: its outgoing carry is never used, and the
             # Depends would make the vjp recompute ys a state-only gradient never needs.)
@@ -576,6 +577,7 @@ class _Plan:
                 c, dx, pp = self.split_primals(full)
                 xs_i = self.xs_chunk(dx, const_in)
                 new_c, ys = self.call_chunk(i, c, xs_i, pp, recompute=True)
+                forward_done()
                 return _distinct(new_c + ys)
 
             # scan_axis around the whole vjp, not only the call: a wrapper's own backward
@@ -588,7 +590,7 @@ class _Plan:
             if any(floats):
                 cts = ct_carry + [c[i] for c in ct_ys_chunks]
                 vjp_primals = primals_i + (consts if _CONSTANTS_AS_PRIMALS else [])
-                with _random.replaying(self.keys.get(i)), axis_held:
+                with self.starts.recompute(i) as forward_done, axis_held:
                     _, grads = mx.vjp(chunk_fn, vjp_primals, cts)
                 grads = grads[:n_main]
             grads = [g if d else mx.zeros_like(a) for g, a, d in zip(grads, primals_i, floats)]
