@@ -347,6 +347,62 @@ def test_float16_small_gradients_of_diffuse_rows_keep_their_precision(seed):
     assert errors["dq"] <= 5 * 3.5e-4 and errors["dk"] <= 5 * 5.6e-4, errors
 
 
+def _sink_inputs(S, seed):
+    """``[q, k, v, ct]`` (T = 8, Hq = 2, Hkv = 1, D = 16) whose every row puts almost all
+    its weight on key 0, an attention sink (its score ~16 above the others', its value
+    0), and spreads the rest over the other keys at ``p ~ 1e-7`` each (float16
+    subnormals). The values are scaled by 8 so that ``o`` (~8e-5 at S = 64) is a normal
+    float16 number; the cotangent by 100, as a loss scale would."""
+    q, k, v, ct = make_inputs(1, 2, 1, 8, S, 16, seed=seed)
+    sink = (mx.arange(S) == 0)[:, None]  # [S, 1]: key 0
+    q = mx.concatenate([mx.full(q[..., :1].shape, 4.0), 0.3 * q[..., 1:]], axis=-1)
+    k0 = mx.broadcast_to(mx.where(sink, 16.0, 0.0), k[..., :1].shape)  # 4 * 16 / 4 = 16
+    k = mx.concatenate([k0, 0.3 * k[..., 1:]], axis=-1)
+    v = mx.where(sink, 0.0, 8.0 * (v + 1.0))
+    return [q, k, v, 100.0 * ct]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    "dtype, control", [(mx.float16, False), (mx.float16, True), (mx.bfloat16, False)],
+    ids=["f16", "f16-control-p-rounded", "bf16"],
+)  # fmt: skip
+def test_a_sink_rows_diffuse_rest_keeps_o_and_dv_in_low_precision(dtype, control, seed,
+                                                                  monkeypatch):  # fmt: skip
+    """Rows with an attention sink (:func:`_sink_inputs`, S = 64): the other keys'
+    probabilities (~1e-7) rounded to float16 before ``p v`` and ``p^T do`` fell into its
+    subnormals (an absolute step of 6e-8), so ``o`` and the other keys' ``dv`` came out
+    far off (found by probing at S = 2048, session 53; the sink's own ``dv``, far larger,
+    hides theirs in a max over every key, so ``dv`` is compared over keys 1.. here). In
+    float16 those products take float32 operands now (:func:`blocked._operands`).
+    Measured max relative error against the float32 oracle on the same rounded inputs
+    (three seeds; ``-s`` prints them): float16 ``o`` 4.0e-4, ``dv`` 3.6e-4, the same
+    as ``naive_attention``'s (its output rounding); the control (every weight rounded to
+    the input dtype before its product, as before) ``o`` 0.10-0.13, ``dv`` 0.17-0.21
+    (``mx.fast``'s on the CPU, printed beside: the same). bfloat16, whose range is
+    float32's, keeps its rounded ``p``: ``o`` 3.4e-3, ``dv`` 5.0e-3 (``naive_attention``
+    3.2e-3, 2.7e-3). Bounds: 5x the largest measured error per dtype; the control must
+    exceed float16's on both."""
+    if control:
+        monkeypatch.setattr(blocked, "_operands", lambda dt, w, *xs: (w.astype(dt), *xs))
+    rounded = [x.astype(dtype) for x in _sink_inputs(64, seed)]
+    kw = dict(scale=16**-0.5)
+    ref = outputs_and_grads(naive_attention, *[x.astype(mx.float32) for x in rounded], **kw)
+    errors = {}
+    fast = mx.fast.scaled_dot_product_attention
+    for name, fn in (("attention", chunkscan.attention), ("naive", naive_attention),
+                     ("mx.fast", fast)):  # fmt: skip
+        o, _, _, dv = outputs_and_grads(fn, *rounded, **kw)
+        errors[name] = {"o": max_rel(o, ref[0]), "dv": max_rel(dv[:, :, 1:], ref[3][:, :, 1:])}
+    shown = {f"{a} {b}": f"{e:.1e}" for a, d in errors.items() for b, e in d.items()}
+    print(f"\n{dtype}, seed {seed}, control {control}:", shown)
+    bound = 5 * (4.0e-4 if dtype == mx.float16 else 5.0e-3)
+    if control:
+        assert min(errors["attention"].values()) > bound, errors
+    else:
+        assert max(errors["attention"].values()) <= bound, errors
+
+
 def test_a_non_finite_additive_mask_entry_is_nan_in_both_forms():
     """An additive mask with NaN or +inf makes its row NaN (``s + m`` and ``inf - inf``,
     as in MLX's attention) in the op and in the oracle; the oracle used to read a NaN

@@ -141,8 +141,9 @@ def attention(
 
     The scores are a float32 product of the upcast ``q`` and ``k`` (exact for bfloat16
     and float16 inputs), scaled in float32, for a float32 softmax and its statistics;
-    the other matrix products run in the input dtype (tensor cores for bfloat16; but
-    float16's ``dq`` and ``dk`` products take float32 operands, for float16's range), and
+    the other matrix products run in the input dtype (tensor cores for bfloat16; but in
+    float16 the products of the probabilities and of their gradient, for ``o``, ``dv``,
+    ``dq`` and ``dk``, take float32 operands, for float16's range), and
     ``dk``/``dv`` accumulate in float32 (a short call on a GPU that goes to ``mx.fast``
     on the float32 upcast runs all of them in float32).
 
@@ -401,8 +402,8 @@ def _make_core(
             # run (and free their scratch) one after the other, not level by level.
             qb = _ordering.carry_after_outputs([qg[:, :, :, t0:t1]], prev)[0]
             p = probs(qb.reshape(B, Hkv, G * (t1 - t0), D), k[:, :, :kend], blk, mask)
-            o_b = matmul(p.reshape(B, Hkv, G * (t1 - t0), kend).astype(dtype), v[:, :, :kend])
-            o_b = o_b.reshape(B, Hkv, G, t1 - t0, Dv)
+            pp, vp = _operands(dtype, p.reshape(B, Hkv, G * (t1 - t0), kend), v[:, :, :kend])
+            o_b = matmul(pp, vp).astype(dtype).reshape(B, Hkv, G, t1 - t0, Dv)
             outs.append(o_b)
             prev = [o_b]
         if empty_rows:
@@ -456,19 +457,17 @@ def _make_core(
             # The scale goes into ds in float32: ds k and ds^T q are dq and dk themselves.
             # dq was (ds k) * scale, its product rounded to the input dtype unscaled: in
             # float16 every |dq| above 65504 * scale came out inf (most of float16's
-            # range at D = 128; found by probing, session 52). In float16 the two
-            # products take float32 operands: ds rounded to float16 after the scale
-            # fell into float16's subnormals where the attention is diffuse over long
-            # rows (S = 4096, small cotangents: dq 10x further off; found by review,
-            # the same session). bfloat16 has float32's range: its ds is rounded.
+            # range at D = 128; found by probing, session 52). In float16 the products
+            # of ds (and of p: _operands) take float32 operands: ds rounded to float16
+            # after the scale fell into float16's subnormals where the attention is
+            # diffuse over long rows (S = 4096, small cotangents: dq 10x further off;
+            # found by review, the same session).
             ds = _scores_gradient(p, dp, scale).reshape(B, Hkv, G * r, kend)
-            if dtype == mx.float16:
-                kp_in, rows_in = kp.astype(F32), rows.astype(F32)
-            else:
-                ds, kp_in, rows_in = ds.astype(dtype), kp, rows
+            ds, kp_in, rows_in = _operands(dtype, ds, kp, rows)
             dq_b = matmul(ds, kp_in).astype(dtype).reshape(B, Hkv, G, r, D)
             dk_b = matmul(ds.swapaxes(-1, -2), rows_in)
-            dv_b = matmul(p.reshape(B, Hkv, G * r, kend).astype(dtype).swapaxes(-1, -2), dor)
+            pp, dor_in = _operands(dtype, p.reshape(B, Hkv, G * r, kend), dor)
+            dv_b = matmul(pp.swapaxes(-1, -2), dor_in)
             dk, dv = _accumulate(dk, dk_b, kend), _accumulate(dv, dv_b, kend)
             # Rule 3: the accumulators move on only after this block's dq.
             dk, dv = _ordering.cotangent_after_gradients([dk, dv], [dq_b])
@@ -481,6 +480,26 @@ def _make_core(
         return [dq, dk.astype(k.dtype), dv.astype(v.dtype)] + d_masks
 
     return core
+
+
+def _operands(dtype: mx.Dtype, w: mx.array, *xs: mx.array) -> tuple[mx.array, ...]:
+    """The operands of the products of a block's float32 weights ``w`` (the
+    probabilities ``p``, or the score gradient ``ds``) with ``xs`` (``v``, ``do``; ``k``,
+    ``q``) for inputs of ``dtype``. In float16 ``w`` stays float32 and ``xs`` are
+    upcast: float16's subnormals (below 6.1e-5, an absolute step of 6e-8) took the small
+    weights of rows spread over many keys. A row whose weight sits on one key (an
+    attention sink) and spreads the rest at ``p ~ 1e-7`` lost its ``o`` and the other
+    keys' ``dv`` (10-21% off, 4e-4 now:
+    ``test_a_sink_rows_diffuse_rest_keeps_o_and_dv_in_low_precision``; found by probing,
+    session 53), a diffuse row its ``dq`` through ``ds``
+    (``test_float16_small_gradients_of_diffuse_rows_keep_their_precision``, session 52).
+    In bfloat16 ``w`` is rounded to it (tensor cores): its range is float32's, so small
+    weights keep their relative precision (the sink test's bfloat16 case). A float32
+    product costs more than a float16 one where float16 has faster units: on CUDA
+    float16 runs these blocked ops (unmeasured)."""
+    if dtype == mx.float16:
+        return (w, *(x.astype(F32) for x in xs))
+    return (w.astype(dtype), *xs)
 
 
 def _scores_gradient(p: mx.array, dp: mx.array, scale: float) -> mx.array:
