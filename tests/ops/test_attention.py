@@ -762,8 +762,9 @@ def test_errors_are_pinned():
             q, k, v, scale=1.0, kernels="no")  # fmt: skip
     _raises(ValueError, "[attention] an array mask must be boolean (True = attend) or floating "
             "(added to the scores; float32, float16 or bfloat16) but got dtype mlx.core.int32. "
-            "Pass mask.astype(mx.bool_) or mask.astype(mx.float32).", q, k, v, scale=1.0,
-            mask=mx.ones((8, 8), mx.int32))  # fmt: skip
+            "Pass mask.astype(mx.bool_) for a 0/1 mask (nonzero = attend) or "
+            "mask.astype(mx.float32) for an additive one (added to the scores).", q, k, v,
+            scale=1.0, mask=mx.ones((8, 8), mx.int32))  # fmt: skip
     # a complex mask or input: no cast suggested, it would drop the imaginary part
     # (found by probing, session 48)
     _raises(ValueError, "but got dtype mlx.core.complex64. Complex numbers are not supported",
@@ -783,6 +784,37 @@ def test_errors_are_pinned():
             scale=1.0, mask=mx.ones((2, 8, 8), mx.bool_))  # fmt: skip
     with pytest.raises(ValueError, match=re.escape("[naive_attention] the only mask string")):
         naive_attention(q, k, v, scale=1.0, mask="upper")
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32], ids=["f16", "f32"])
+def test_a_mask_of_another_dtype_is_refused_with_a_fix_that_keeps_it(dtype):
+    """A float64 additive mask (0 / -inf, e.g. built with NumPy) is refused, and the
+    message offers only floating casts: it offered ``mask.astype(mx.bool_)`` first,
+    which reads 0 as masked and -inf as attend, the causal mask inverted (found by
+    probing, session 53). An integer (uint8) 0/1 mask: the boolean cast, named as such.
+    Each suggested cast, applied, gives the call with ``mask="causal"``."""
+    T, D = 8, 16
+    q, k, v, _ = make_inputs(1, 2, 1, T, T, D, dtype=dtype)
+    kw = dict(scale=D**-0.5)
+    causal = chunkscan.attention(q, k, v, mask="causal", **kw)
+    keep = mx.tril(mx.ones((T, T), mx.bool_))
+    with mx.stream(mx.cpu):  # MLX's GPUs have no float64
+        mask64 = mx.where(keep, 0.0, -mx.inf).astype(mx.float64)
+        as_bool = mask64.astype(mx.bool_)
+    alt = "" if dtype == mx.float32 else " (or mask.astype(mx.float16), q's dtype)"
+    _raises(ValueError, "but got dtype mlx.core.float64. It is added to the scores: pass "
+            f"mask.astype(mx.float32){alt}, not a boolean cast, which would read its 0 as "
+            "masked and -inf as attend.", q, k, v, mask=mask64, **kw)  # fmt: skip
+    assert mx.array_equal(as_bool, ~keep).item()  # the old first fix: the mask inverted
+    for cast in (mx.float32, dtype):
+        with mx.stream(mx.cpu):
+            fixed = mask64.astype(cast)
+        assert max_rel(chunkscan.attention(q, k, v, mask=fixed, **kw), causal) == 0, cast
+    mask8 = keep.astype(mx.uint8)
+    _raises(ValueError, "but got dtype mlx.core.uint8. Pass mask.astype(mx.bool_) for a 0/1 "
+            "mask (nonzero = attend)", q, k, v, mask=mask8, **kw)  # fmt: skip
+    fixed = mask8.astype(mx.bool_)
+    assert max_rel(chunkscan.attention(q, k, v, mask=fixed, **kw), causal) == 0
 
 
 @pytest.mark.parametrize("fn", [chunkscan.attention, blocked.blocked_attention, naive_attention])

@@ -120,15 +120,10 @@ def _check_mask(
     elif mask.dtype in FLOAT_DTYPES:
         kind = "additive"
     else:
-        fix = (
-            dtype_fix("mask", mask.dtype)
-            if mx.issubdtype(mask.dtype, mx.complexfloating)
-            else f"Pass mask.astype(mx.bool_) or "
-            f"mask.astype({str(dtype).replace('mlx.core.', 'mx.')})."
-        )
         raise ValueError(
             f"[{fn}] an array mask must be boolean (True = attend) or floating (added to "
-            f"the scores; float32, float16 or bfloat16) but got dtype {mask.dtype}. {fix}"
+            f"the scores; float32, float16 or bfloat16) but got dtype {mask.dtype}. "
+            f"{_mask_dtype_fix(mask.dtype, dtype)}"
         )
     shape = _shape(mask)
     ok = mask.ndim <= 4
@@ -142,3 +137,29 @@ def _check_mask(
             f"shape [T, S], [B, 1, T, S] or [B, Hq, T, S]."
         )
     return kind, shape
+
+
+def _mask_dtype_fix(mask_dtype: mx.Dtype, dtype: mx.Dtype) -> str:
+    """The fix for an array mask of a dtype the op does not take (``dtype``: q's). A
+    floating mask (float64) is additive, so only a floating cast keeps it: the message
+    offered ``mask.astype(mx.bool_)`` first, which reads an additive mask's 0 as masked
+    and its ``-inf`` as attend, the mask inverted (found by probing, session 53). An
+    integer mask (uint8, int32) may be a 0/1 mask or an additive one: both casts, each
+    named. A complex one: no cast (:func:`dtype_fix`)."""
+    if mx.issubdtype(mask_dtype, mx.complexfloating):
+        return dtype_fix("mask", mask_dtype)
+    if mx.issubdtype(mask_dtype, mx.floating):
+        alt = "" if dtype == mx.float32 else f" (or mask.astype({_mx_name(dtype)}), q's dtype)"
+        return (
+            f"It is added to the scores: pass mask.astype(mx.float32){alt}, not a boolean "
+            f"cast, which would read its 0 as masked and -inf as attend."
+        )
+    return (
+        "Pass mask.astype(mx.bool_) for a 0/1 mask (nonzero = attend) or "
+        "mask.astype(mx.float32) for an additive one (added to the scores)."
+    )
+
+
+def _mx_name(dtype: mx.Dtype) -> str:
+    """``mlx.core.float16`` as ``mx.float16``."""
+    return str(dtype).replace("mlx.core.", "mx.")
