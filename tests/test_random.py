@@ -6,6 +6,7 @@ and draws of the backward itself. The plain recomputation's replay is tested in
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 import chunkscan
@@ -17,11 +18,12 @@ def _dropout(x):
     return x * mx.random.bernoulli(0.5, x.shape).astype(x.dtype)
 
 
-def _one_chunk_scan(x):
-    return chunkscan.scan(lambda _, xc: (None, _dropout(xc)), None, x, chunk_size=16)[1]
+def _scan_of(fun):
+    """``fun`` in a scan with no carry whose ``T`` fits in one chunk."""
+    return lambda x: chunkscan.scan(lambda _, xc: (None, fun(xc)), None, x, chunk_size=16)[1]
 
 
-_WRAPPED = {"checkpoint": chunkscan.checkpoint(_dropout), "one-chunk scan": _one_chunk_scan}
+_WRAPPED = {"checkpoint": chunkscan.checkpoint(_dropout), "one-chunk scan": _scan_of(_dropout)}
 
 
 def _transformed(transform: str, fn, x):
@@ -50,6 +52,26 @@ def test_jvp_and_vmap_replay_the_forwards_draws(wrapper, transform, monkeypatch)
     monkeypatch.setattr(_random, "_REPLAY_FORWARD_RERUNS", False)
     got = _transformed(transform, _WRAPPED[wrapper], x)
     assert not any(mx.array_equal(a, b).item() for a, b in zip(got, ref))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "vmap"])
+@pytest.mark.parametrize("wrapper", ["checkpoint", "one-chunk scan"])
+def test_a_key_f_holds_keeps_its_value_under_jvp_and_vmap(wrapper, transform):
+    """``f`` keeps the key after its draw (to log it) and the loss draws after the call:
+    the replayed second run gave the global key its value back in place, into the key
+    array that run had read, so the held key changed (found by review, session 53;
+    fails with the restore in place). Compared by value (numpy) with the key as read."""
+    held = []
+
+    def fun(x):
+        y = _dropout(x)
+        held.append((mx.random.state[0], np.array(mx.random.state[0])))
+        return y
+
+    wrapped = {"checkpoint": chunkscan.checkpoint(fun), "one-chunk scan": _scan_of(fun)}[wrapper]
+    x = mx.arange(1.0, 33.0).reshape(4, 8)
+    _transformed(transform, lambda x: wrapped(x) + mx.random.uniform(shape=x.shape), x)
+    assert len(held) == 2 and all((np.array(k) == v).all() for k, v in held)
 
 
 _D, _C = 4, 4

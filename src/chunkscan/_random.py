@@ -9,7 +9,7 @@ each call started from when the call drew from it, and the recomputation starts 
 that key again; the global key gets its value back afterwards, so the recomputation
 takes nothing from the user's stream. Draws of the backward itself (a custom vjp that
 draws gradient noise) come after the recomputed forward and take from the user's
-stream, as in a plain backward (:func:`replaying`'s ``forward_done``).
+stream (:func:`replaying`'s ``forward_done``), in the order of each chunk's vjp.
 
 A later run of the forward is a recomputation too: MLX has no rule of ours for
 ``mx.jvp`` and ``mx.vmap`` of a custom function and runs its Python forward again under
@@ -39,7 +39,7 @@ def drawn_from(before: Any) -> Any:
 @contextlib.contextmanager
 def replaying(start: Any) -> Iterator[Callable[[], None]]:
     """Run the block from the global key ``start`` (``None``: as it is), then give the
-    global key back the value it had before.
+    global key back the value it had before (unless ``forward_done`` ran: below).
 
     MLX has no setter for its key (``mx.random.state`` is read-only), so the key array
     is assigned in place (``key[...] = start``), the same update ``mx.compile`` makes
@@ -49,8 +49,8 @@ def replaying(start: Any) -> Iterator[Callable[[], None]]:
     Yields ``forward_done``: a recomputation inside ``mx.vjp`` calls it once its forward
     has run, and the block's later draws (the vjp's backward: a custom vjp that draws
     noise) take from the user's key, which they move on, as a plain backward's would.
-    Replayed instead, every chunk's backward drew the numbers of the chunk after it
-    (found by probing, session 53)."""
+    Replayed instead, every chunk's backward drew from the key the next chunk's forward
+    started from (found by probing, session 53)."""
     if start is None:
         yield _nothing
         return
@@ -67,8 +67,8 @@ def replaying(start: Any) -> Iterator[Callable[[], None]]:
     try:
         yield forward_done
     finally:
-        if not handed_back:
-            mx.random.state[0][...] = before
+        if not handed_back:  # (into a key of our own: f may hold the block's last one)
+            _set(before)
 
 
 def _set(value: mx.array) -> None:

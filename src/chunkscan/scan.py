@@ -85,7 +85,8 @@ def scan(
 
     Random ops in ``f`` that draw from MLX's global key (``nn.Dropout``,
     ``mx.random.*`` without ``key=``) draw the same numbers when the backward recomputes
-    a chunk (and in a second run of the forward under ``mx.jvp`` or ``mx.vmap``) as in
+    a chunk (and in the forward's second run under ``mx.jvp`` or ``mx.vmap``, which run a
+    scan with no carry in one chunk) as in
     its forward; the recomputation leaves the global key as it found it (draws of the
     backward itself, in a custom vjp, take from it). Reading the key without drawing
     from it is not noticed (``docs/design.md``, "Random ops in a recomputed function").
