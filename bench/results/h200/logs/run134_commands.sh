@@ -1,10 +1,14 @@
-# Run 134 (session 52). After the set-up call, `bash <this> <part> <commit> 1b133f9`;
+# Run 134 (session 52; not run then, part a extended in session 53). After the set-up
+# call, `bash <this> <part> <commit> 1b133f9`;
 # outputs in $OUT/run134<part>.tgz (part a) or $OUT/run119<part>.tgz (b, c):
-#   a: what session 52 changed that runs on the GPU, memory tests aside: attention's
-#      tests (the blocked backward's scale in ds), checkpoint's (rule 5 on its
-#      arguments), scan's (its constant xs gated by rule 2 and passed to the vjp), the
-#      initial-state gradient tests of gated_delta_rule and dplr_delta_rule, and
-#      linear_attention's (its saved states in ~sqrt(n) blocks);
+#   a: what sessions 52 and 53 changed that runs on the GPU, memory tests aside:
+#      attention's tests (the blocked backward's scale in ds; session 53: float16's
+#      products of p and ds with float32 operands, the mask dtype message),
+#      checkpoint's (rule 5 on its arguments), scan's (its constant xs gated by rule 2
+#      and passed to the vjp; session 53: every output through a Depends), the random
+#      key's (session 53: tests/test_random.py), the initial-state gradient tests of
+#      gated_delta_rule and dplr_delta_rule, and linear_attention's (its saved states
+#      in ~sqrt(n) blocks);
 #   bc: run 119's parts b and c one after the other in one call (fla side by side at
 #      16384 and 65536 and the portable path; the LoRA step at 8192 and the first step
 #      at 2048): bench/results/h200/logs/run119_commands.sh.
@@ -18,7 +22,7 @@ case "$RUN_PART" in
 a)
   st session52_tests
   timeout 420 python3 -m pytest -q -p no:cacheprovider -rf --tb=short -k "not memory" \
-    tests/ops/test_attention.py tests/test_checkpoint.py tests/test_scan.py \
+    tests/ops/test_attention.py tests/test_checkpoint.py tests/test_scan.py tests/test_random.py \
     "tests/ops/test_gated_delta.py::test_initial_state_gradient_at_model_heads" \
     "tests/ops/test_gated_delta.py::test_initial_state_gradient_at_a_small_key_head" \
     "tests/ops/test_dplr_delta.py::test_initial_state_gradient_at_rwkv7s_heads" \
