@@ -274,7 +274,7 @@ def _dropout_chunk(h, x, w):
 def test_random_ops_draw_the_same_numbers_in_the_recomputation():
     """A dropout in the checkpointed function: its recomputation starts from the global
     key its forward started from (``chunkscan._random``), so the gradient is the plain
-    loop's under the same seed, and the backward takes nothing from the user's stream
+    loop's under the same seed, and the recomputation takes nothing from the user's stream
     (``mx.checkpoint`` recomputes with new masks: a different gradient, no error)."""
     xs = mx.random.normal((6, 4), key=mx.random.key(1))
     w = mx.random.normal((4,), key=mx.random.key(2))

@@ -3032,7 +3032,7 @@ def test_random_ops_in_f_draw_the_same_numbers_in_the_recomputation(compiled):
     from the global key its forward started from (``chunkscan._random``), so value and
     gradient are the plain loop's under the same seed (measured difference 6e-8; before,
     the recomputation drew new masks: gradient [1.70, 1.16, 1.28, 0.42] against the
-    loop's [0.73, 1.44, 0.65, 0.42]). The backward takes nothing from the user's stream
+    loop's [0.73, 1.44, 0.65, 0.42]). The recomputation takes nothing from the user's stream
     (the next draw is the loop's next draw) and changes no key array a user holds.
     Compiled with ``mx.random.state`` as input and output, twice (the second call
     replays the trace)."""

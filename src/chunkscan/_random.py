@@ -39,7 +39,8 @@ def drawn_from(before: Any) -> Any:
 @contextlib.contextmanager
 def replaying(start: Any) -> Iterator[Callable[[], None]]:
     """Run the block from the global key ``start`` (``None``: as it is), then give the
-    global key back the value it had before (unless ``forward_done`` ran: below).
+    global key back the value it had before: when ``forward_done`` is called (below),
+    else on exit.
 
     MLX has no setter for its key (``mx.random.state`` is read-only), so the key array
     is assigned in place (``key[...] = start``), the same update ``mx.compile`` makes

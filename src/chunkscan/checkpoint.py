@@ -83,9 +83,9 @@ def checkpoint(fun: F) -> F:
         key (``nn.Dropout``, ``mx.random.*`` without ``key=``) draw the same numbers
         in the recomputation (and in the forward's second run under ``mx.jvp`` or
         ``mx.vmap``) as in the forward; the recomputation leaves the global key as it
-        found it (draws of the backward itself, in a custom vjp, take from it). Reading
-        the key without drawing from it is not noticed (``docs/design.md``, "Random
-        ops in a recomputed function").
+        found it, and draws of the backward itself (in a custom vjp) take from the
+        user's key. Reading the key without drawing from it is not noticed
+        (``docs/design.md``, "Random ops in a recomputed function").
 
     Example:
         >>> step = chunkscan.checkpoint(run_chunk)    # run_chunk(s, q, k, v) -> (s, y)

@@ -85,10 +85,10 @@ def scan(
 
     Random ops in ``f`` that draw from MLX's global key (``nn.Dropout``,
     ``mx.random.*`` without ``key=``) draw the same numbers when the backward recomputes
-    a chunk (and in the forward's second run under ``mx.jvp`` or ``mx.vmap``, which run a
-    scan with no carry in one chunk) as in
-    its forward; the recomputation leaves the global key as it found it (draws of the
-    backward itself, in a custom vjp, take from it). Reading the key without drawing
+    a chunk as in its forward (and in the forward's second run under ``mx.jvp`` or
+    ``mx.vmap``, where those run: a scan with no carry whose ``T`` fits in one chunk);
+    the recomputation leaves the global key as it found it, and draws of the backward
+    itself (in a custom vjp) take from the user's key. Reading the key without drawing
     from it is not noticed (``docs/design.md``, "Random ops in a recomputed function").
 
     Supported transforms: reverse mode (``mx.grad``, ``mx.vjp``, ``mx.value_and_grad``,
@@ -641,8 +641,9 @@ def _distinct(arrays: list[mx.array]) -> list[mx.array]:
     on to the array, where MLX adds the two. All, not only the repeats of a Python
     object: two Python handles can hold one array (``h.astype(h.dtype)`` is ``h``), and
     Python cannot tell them apart. The first too: MLX 0.32.4's ``mx.vjp`` leaves out an
-    output made by ``mx.stop_gradient`` and pairs the cotangents after it with the
-    outputs before (``vjp(lambda x: [stop_gradient(x), 2 * x], [x], [0, 1])`` is 0), so a
+    output made by ``mx.stop_gradient`` and gives each later output the cotangent of the
+    one before it, the last dropped (``vjp(lambda x: [stop_gradient(x), 2 * x], [x],
+    [0, 1])`` is 0), so a
     first output under ``stop_gradient`` (an online softmax's running max, an integer
     carry leaf passed on, which scan stops itself) shifted every other output's
     cotangent by one: wrong gradients, no error, or a shape error from MLX (found by

@@ -791,7 +791,7 @@ def test_errors_are_pinned():
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.float32], ids=["f16", "f32"])
 def test_a_mask_of_another_dtype_is_refused_with_a_fix_that_keeps_it(dtype):
-    """A float64 additive mask (0 / -inf, e.g. built with NumPy) is refused, and the
+    """A float64 additive mask (0 / -inf) is refused, and the
     message offers only floating casts: it offered ``mask.astype(mx.bool_)`` first,
     which reads 0 as masked and -inf as attend, the causal mask inverted (found by
     probing, session 53). An integer (uint8) 0/1 mask: the boolean cast, named as such.
