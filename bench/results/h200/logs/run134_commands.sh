@@ -9,6 +9,9 @@
 #      key's (session 53: tests/test_random.py), the initial-state gradient tests of
 #      gated_delta_rule and dplr_delta_rule, and linear_attention's (its saved states
 #      in ~sqrt(n) blocks);
+#   s53: session 53's tests alone (a short call where little device time is left):
+#      tests/test_random.py, attention's float16 and mask-dtype tests, scan's
+#      stopped-first-output, two-places and random-key tests;
 #   bc: run 119's parts b and c one after the other in one call (fla side by side at
 #      16384 and 65536 and the portable path; the LoRA step at 8192 and the first step
 #      at 2048): bench/results/h200/logs/run119_commands.sh.
@@ -28,6 +31,14 @@ a)
     "tests/ops/test_dplr_delta.py::test_initial_state_gradient_at_rwkv7s_heads" \
     tests/ops/test_linear_attention.py \
     2>&1 | tee $S/tests_gpu_session52.txt | tail -15
+  pack
+  ;;
+s53)
+  st session53_tests
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/test_random.py \
+    tests/ops/test_attention.py tests/test_scan.py \
+    -k "random or key or sink_rows or mask_of_another or low_precision or float16 or stopped_first or two_places" \
+    2>&1 | tee $S/tests_gpu_session53.txt | tail -15
   pack
   ;;
 esac
