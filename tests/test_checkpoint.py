@@ -344,6 +344,24 @@ def test_second_derivatives_match_plain_autograd():
     assert err <= 1e-5, err
 
 
+def test_jvp_with_an_integer_argument_used_as_indices():
+    """mx.jvp of a one-output checkpoint sends a tangent to every argument, and gather
+    raised "Cannot calculate JVP with respect to indices" (as mx.checkpoint does; found
+    by probing, session 53): integer arguments are constants of the call, stopped. The
+    plain function's tangent, exactly (fails without the stop)."""
+    x = mx.random.normal((3, 4), key=mx.random.key(0))
+    idx = mx.array([3, 0, 1])
+
+    def fun(x, idx):
+        return mx.tanh(mx.take_along_axis(x, idx[:, None], axis=1))
+
+    tangents = [
+        mx.jvp(lambda x, fn=fn: fn(x, idx), [x], [mx.ones_like(x)])[1][0]
+        for fn in (chunkscan.checkpoint(fun), fun)
+    ]
+    assert mx.array_equal(*tangents).item()
+
+
 def test_vmap_and_jvp_of_one_output_only():
     """docs/design.md's transforms table: ``mx.vmap`` and ``mx.jvp`` of a one-output
     ``fun`` give ``fun``'s values; with two outputs (their ``Depends``) MLX raises, never

@@ -2975,6 +2975,26 @@ def test_vmap_jvp_and_shapeless_compile_fail_loudly():
         mx.compile(run, shapeless=True)(x[0])
 
 
+def test_jvp_of_a_carryless_scan_with_indices_in_params():
+    """An integer params leaf used as indices: MLX's jvp of the custom function sends a
+    tangent to every primal, and gather raised "Cannot calculate JVP with respect to
+    indices" (found by probing, session 53); integer leaves enter f stopped now. The
+    loop's tangent, exactly (fails without the stop)."""
+    x = mx.random.normal((4, 3), key=mx.random.key(0))
+    p = {"w": mx.array([1.0, 2.0, 3.0]), "idx": mx.array([2, 0, 1])}
+
+    def f(_, xs, p):
+        return None, mx.tanh(xs[:, p["idx"]]) * p["w"]
+
+    def scanned(x):
+        return chunkscan.scan(f, None, x, chunk_size=4, params=p)[1]
+
+    tangents = [
+        mx.jvp(fn, [x], [mx.ones_like(x)])[1][0] for fn in (scanned, lambda x: f(None, x, p)[1])
+    ]
+    assert mx.array_equal(*tangents).item()
+
+
 def test_vmap_and_jvp_of_a_carryless_scan_in_one_chunk():
     """docs/design.md: a scan without a carry whose ``T`` fits in one chunk orders
     nothing, and ``mx.vmap`` and ``mx.jvp`` run it with the loop's values (the claim was

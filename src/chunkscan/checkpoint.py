@@ -163,8 +163,12 @@ def checkpoint(fun: F) -> F:
             # 52, as in scan before session 46). Only for a fun seen returning several
             # arrays (a loop's carry and outputs; the first call has no call before):
             # the Depends has no vmap or jvp rule, which a one-output fun keeps (found
-            # by review, the same session).
-            waited = list(primals)
+            # by review, the same session). Integer and boolean arguments behind a
+            # stop_gradient: mx.jvp of the custom function sends tangents to every
+            # primal, and one used as indices raised ("Cannot calculate JVP with respect
+            # to indices"; found by probing, session 53).
+            waited = [a if mx.issubdtype(a.dtype, mx.inexact) else mx.stop_gradient(a)
+                      for a in primals]  # fmt: skip
             if several_outputs.get(structure, False) and _INPUTS_TOGETHER:
                 waited = _ordering.all_together(waited)
             with starts.forward():  # (run again by mx.jvp and mx.vmap: replayed)

@@ -422,7 +422,10 @@ class _Plan:
     def forward(self, *primals: mx.array) -> list[mx.array]:
         primals, consts = self.without_constants(list(primals))
         # stop_gradient again inside: mx.jvp of the custom function sends tangents to
-        # every primal, and one used as indices raised (gather has no jvp there)
+        # every primal, and one used as indices raised (gather has no jvp there); the
+        # integer and boolean carry and params leaves too (an index table in params
+        # raised so; found by probing, session 53)
+        primals = [_stopped_unless_float(a) for a in primals]
         const_chunks = self.chunked([mx.stop_gradient(c) for c in consts], self.const_axes)
         carry, diff_xs, p = self.split_primals(primals)
         diff_chunks = self.chunked(diff_xs, self.diff_axes)
@@ -631,6 +634,11 @@ _AXIS_IN_BACKWARD = True
 # Whether the backward cuts xs and the ys cotangents with split_at (a concatenate as
 # their vjp) rather than slices (see _Plan.backward); the tests' negative control.
 _SPLIT_IN_BACKWARD = True
+
+
+def _stopped_unless_float(a: mx.array) -> mx.array:
+    """``a``, behind a ``stop_gradient`` where it is not floating (indices, masks)."""
+    return a if mx.issubdtype(a.dtype, mx.inexact) else mx.stop_gradient(a)
 
 
 def _distinct(arrays: list[mx.array]) -> list[mx.array]:
