@@ -651,11 +651,10 @@ def _distinct(arrays: list[mx.array]) -> list[mx.array]:
     Python cannot tell them apart. The first too: MLX 0.32.4's ``mx.vjp`` leaves out an
     output made by ``mx.stop_gradient`` and gives each later output the cotangent of the
     one before it, the last dropped (``vjp(lambda x: [stop_gradient(x), 2 * x], [x],
-    [0, 1])`` is 0), so a
-    first output under ``stop_gradient`` (an online softmax's running max, an integer
-    carry leaf passed on, which scan stops itself) shifted every other output's
-    cotangent by one: wrong gradients, no error, or a shape error from MLX (found by
-    probing, session 53)."""
+    [0, 1])`` is 0), so a first output under ``stop_gradient`` (an online softmax's
+    running max, an integer carry leaf passed on, which scan stops itself) shifted every
+    other output's cotangent by one: wrong gradients, no error, or a shape error from
+    MLX (found by probing, session 53)."""
     return [mx.depends([a], [a])[0] for a in arrays]
 
 
