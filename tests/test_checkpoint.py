@@ -405,3 +405,38 @@ def test_vmap_and_jvp_of_one_output_only():
     for name, run in (("vmap", lambda: mx.vmap(c2)(x)), ("jvp", lambda: mx.jvp(c2, [x], [t]))):
         with pytest.raises(ValueError, match=re.escape(f"[Primitive::{name}] Not implemented")):
             mx.eval(run())
+
+
+@pytest.mark.xfail(strict=True, raises=IndexError, reason="MLX compile_simplify (docs/design.md)")
+def test_compiled_second_derivative_of_a_loop_returning_one_value_twice():
+    """The known limit of docs/design.md, "An MLX compile bug chunkscan works around": a
+    loop of two calls whose function returns, beside its carry, two equal computations
+    from one argument (``mx.broadcast_to(w, (1, D))`` twice); ``mx.compile`` of the
+    Hessian-vector product raises MLX's ``IndexError: _Map_base::at`` (found by a fuzz,
+    session 53), where eagerly it equals the loop without a checkpoint (measured: 0 and
+    2.3e-8; bound 1e-6, a reordered float32 sum)."""
+    D = 3
+    x = mx.random.normal((2, D), key=mx.random.key(0))
+    w = mx.random.normal((D,), key=mx.random.key(1))
+    w1, w3 = (mx.random.normal((2, D), key=mx.random.key(s)) for s in (4, 6))
+
+    def f(c, xc, w):
+        return mx.tanh(w * xc[0]), mx.broadcast_to(w, (1, D)), mx.broadcast_to(w, (1, D))
+
+    def hvp_of(step):
+        def loss(x, w):
+            c, y1s, y2s = mx.zeros((D,)), [], []
+            for i in range(2):
+                c, y1, y2 = step(c, x[i : i + 1], w)
+                y1s.append(y1)
+                y2s.append(y2)
+            y1, y2 = mx.concatenate(y1s), mx.concatenate(y2s)
+            return (w1 * y1 * y1).sum() + (w3 * y2 * y2).sum()
+
+        g = mx.grad(loss, argnums=(0, 1))
+        return mx.grad(lambda x, w: sum(a.sum() for a in g(x, w)), argnums=(0, 1))
+
+    ref = hvp_of(f)(x, w)
+    assert all(max_rel(a, b) <= 1e-6 for a, b in zip(hvp_of(chunkscan.checkpoint(f))(x, w), ref))
+    got = mx.compile(hvp_of(chunkscan.checkpoint(f)))(x, w)
+    assert all(max_rel(a, b) <= 1e-6 for a, b in zip(got, ref))
