@@ -23,7 +23,15 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 import chunkscan  # noqa: E402
 import chunkscan.mlx_lm as cmlx  # noqa: E402
-from chunkscan.commands import _lora_adapters, cli, lora  # noqa: E402
+from chunkscan.commands import (  # noqa: E402
+    _lora_adapters,
+    _lora_common,
+    _lora_demo,
+    _lora_inputs,
+    _lora_reports,
+    cli,
+    lora,
+)
 from chunkscan.commands.demo_model import write_dataset, write_model  # noqa: E402
 
 
@@ -216,7 +224,7 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
         cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, "causal")
         cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, mx.zeros((4, 4)))  # floating
         cmlx.scaled_dot_product_attention(q, q, q, None, 1.0, None, sinks=mx.zeros((2,)))
-    line = lora._routes_line()
+    line = _lora_reports._routes_line()
     assert "-> chunkscan.attention 1, mlx-lm's 2 (sinks, a floating mask" in line
     assert "-> chunkscan.gated_delta_rule 0;" in line
     assert "Mamba2" not in line
@@ -226,16 +234,19 @@ def test_the_routes_line_counts_where_attention_calls_went(monkeypatch):
         import mlx_lm.models.ssm as ssm
 
         ssm.ssm_attn(x, mx.zeros(2), bc, bc, mx.zeros(2), mx.zeros((1, 5, 2)), mx.zeros(2))
-    assert "; Mamba2 SSD without padding -> chunkscan.linear_attention 1" in lora._routes_line()
-    assert "selective_scan" not in lora._routes_line()
+    assert (
+        "; Mamba2 SSD without padding -> chunkscan.linear_attention 1"
+        in _lora_reports._routes_line()
+    )
+    assert "selective_scan" not in _lora_reports._routes_line()
     cmlx.routed_calls["chunkscan.selective_scan"] += 2  # (two Mamba layers' calls)
-    assert "; Mamba's selective scan -> chunkscan.selective_scan 2" in lora._routes_line()
-    assert "dplr_delta_rule" not in lora._routes_line()
+    assert "; Mamba's selective scan -> chunkscan.selective_scan 2" in _lora_reports._routes_line()
+    assert "dplr_delta_rule" not in _lora_reports._routes_line()
     cmlx.routed_calls["chunkscan.dplr_delta_rule"] += 3  # (three RWKV-7 layers' calls)
-    assert "; RWKV-7's recurrence -> chunkscan.dplr_delta_rule 3" in lora._routes_line()
-    assert "diagonal_recurrence" not in lora._routes_line()
+    assert "; RWKV-7's recurrence -> chunkscan.dplr_delta_rule 3" in _lora_reports._routes_line()
+    assert "diagonal_recurrence" not in _lora_reports._routes_line()
     cmlx.routed_calls["chunkscan.diagonal_recurrence"] += 2  # (two RG-LRU layers' calls)
-    assert "; RG-LRU's scan -> chunkscan.diagonal_recurrence 2" in lora._routes_line()
+    assert "; RG-LRU's scan -> chunkscan.diagonal_recurrence 2" in _lora_reports._routes_line()
 
 
 def test_the_routes_line_names_the_models_routes_even_at_zero(monkeypatch):
@@ -245,13 +256,13 @@ def test_the_routes_line_names_the_models_routes_even_at_zero(monkeypatch):
     validation note, which were printed for Mamba and RWKV models too (found by
     probing, session 47). A Gated DeltaNet model keeps both."""
     monkeypatch.setattr(cmlx, "routed_calls", collections.Counter())
-    mamba = lora._Routes("mamba", gated_deltanet=False, attention=False, mamba=True)
-    line = lora._routes_line(mamba)
+    mamba = _lora_reports._Routes("mamba", gated_deltanet=False, attention=False, mamba=True)
+    line = _lora_reports._routes_line(mamba)
     assert "; Mamba's selective scan -> chunkscan.selective_scan 0" in line
     assert "gated_delta_rule" not in line and "its per-token loop" not in line
     assert "dplr_delta_rule" not in line
-    qwen = lora._Routes("qwen3_next", gated_deltanet=True, attention=True)
-    line = lora._routes_line(qwen)
+    qwen = _lora_reports._Routes("qwen3_next", gated_deltanet=True, attention=True)
+    line = _lora_reports._routes_line(qwen)
     assert "gated_delta_rule 0" in line and "its per-token loop" in line
     assert "selective_scan" not in line
 
@@ -357,7 +368,7 @@ def test_demo_never_replaces_adapters_it_did_not_write(tmp_path, monkeypatch):
     assert not fresh.exists() and ran == []  # refused before writing anything
     ours = tmp_path / "ours"
     assert lora.main([*argv, str(ours)]) == 0
-    assert (ours / lora.DEMO_MARKER).is_file() and ran == [str(ours)]
+    assert (ours / _lora_demo.DEMO_MARKER).is_file() and ran == [str(ours)]
     assert lora.main([*argv, str(ours)]) == 0 and ran == [str(ours)] * 2
 
 
@@ -398,13 +409,15 @@ def test_demo_refuses_an_existing_folder_it_did_not_make(tmp_path, capsys):
 
 def test_demo_writes_new_folders_and_reuses_its_own(tmp_path):
     args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(tmp_path / "d"))
-    lora._write_demo(args)
+    _lora_demo._write_demo(args)
     for sub, key in (("m", "config.json"), ("d", "train.jsonl"), ("d", "test.jsonl")):
-        assert (tmp_path / sub / lora.DEMO_MARKER).is_file() and (tmp_path / sub / key).is_file()
+        assert (tmp_path / sub / _lora_demo.DEMO_MARKER).is_file() and (
+            tmp_path / sub / key
+        ).is_file()
     # Its own folder, incomplete: written again. A complete one: used as it is.
     (tmp_path / "m" / "config.json").unlink()
     (tmp_path / "d" / "train.jsonl").write_text("kept\n")
-    lora._write_demo(args)
+    _lora_demo._write_demo(args)
     assert (tmp_path / "m" / "config.json").is_file()
     assert (tmp_path / "d" / "train.jsonl").read_text() == "kept\n"
 
@@ -412,12 +425,12 @@ def test_demo_writes_new_folders_and_reuses_its_own(tmp_path):
 def test_demo_uses_a_complete_model_folder_without_writing(tmp_path):
     model = small_model(tmp_path / "user_model")
     before = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
-    lora._write_demo(types.SimpleNamespace(model=str(model), data=str(tmp_path / "d")))
+    _lora_demo._write_demo(types.SimpleNamespace(model=str(model), data=str(tmp_path / "d")))
     assert {p.name: p.stat().st_mtime_ns for p in model.iterdir()} == before
     # the banner says whose model it is (it named the user's "tiny random Qwen3-Next")
-    assert lora._demo_banner(str(model)).endswith("your model in " + str(model) + ", as it "
+    assert _lora_demo._demo_banner(str(model)).endswith("your model in " + str(model) + ", as it "
                                                   "is (not the demo's)")  # fmt: skip
-    assert "tiny random Qwen3-Next" in lora._demo_banner(str(tmp_path / "d"))
+    assert "tiny random Qwen3-Next" in _lora_demo._demo_banner(str(tmp_path / "d"))
 
 
 # --------------------------------------------- what is missing, said before loading
@@ -1065,7 +1078,7 @@ def test_hub_failure_is_one_line(monkeypatch):
 
     monkeypatch.setattr(mlx_lm.lora, "run", offline)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(lora, "_hub_offline", lambda: False)
+    monkeypatch.setattr(_lora_inputs, "_hub_offline", lambda: False)
     import importlib.util  # a Hub dataset needs the datasets package: taken as installed
 
     have = importlib.util.find_spec
@@ -1099,16 +1112,16 @@ def test_demo_adds_a_missing_split_and_keeps_the_others(tmp_path):
     (it rewrote the whole folder, the user's train.jsonl included; found by probing)."""
     data = tmp_path / "d"
     args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(data))
-    lora._write_demo(args)
+    _lora_demo._write_demo(args)
     fresh_test = (data / "test.jsonl").read_text()
     (data / "test.jsonl").unlink()
     (data / "train.jsonl").write_text("mine\n")
-    lora._write_demo(args)
+    _lora_demo._write_demo(args)
     assert (data / "train.jsonl").read_text() == "mine\n"
     assert (data / "test.jsonl").read_text() == fresh_test
 
 
-@pytest.mark.parametrize("name", lora._LORA_NAMES)
+@pytest.mark.parametrize("name", _lora_common._LORA_NAMES)
 def test_an_mlx_lm_without_what_lora_wraps_stops_with_one_line(monkeypatch, name):
     """A release of mlx-lm whose ``mlx_lm.lora`` lacks a name the command wraps ended in
     an AttributeError after the banner (found by probing)."""
@@ -1319,18 +1332,20 @@ def test_demo_refuses_a_broken_link_and_warns_of_a_repo_ids_form(tmp_path, capsy
     for path in (link, link / "model"):  # the link below the folder too (review)
         msg = f"--demo: --model {path}: {link} is a link to {tmp_path / 'nowhere'}, which"
         with pytest.raises(SystemExit, match=re.escape(msg)):
-            lora._demo_dir_needs_writing("--model", str(path), ("config.json",))
+            _lora_demo._demo_dir_needs_writing("--model", str(path), ("config.json",))
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=re.escape(f"{tmp_path / 'a_file'} is a file, so")):
-        lora._demo_dir_needs_writing("--data", str(tmp_path / "a_file" / "d"), ("train.jsonl",))
+        _lora_demo._demo_dir_needs_writing(
+            "--data", str(tmp_path / "a_file" / "d"), ("train.jsonl",)
+        )
     monkeypatch.chdir(tmp_path)
-    assert lora._demo_dir_needs_writing("--model", "org/repo", ("config.json",))
+    assert _lora_demo._demo_dir_needs_writing("--model", "org/repo", ("config.json",))
     assert "--model org/repo also reads as a Hugging Face repo id" in capsys.readouterr().err
-    assert lora._demo_dir_needs_writing("--model", "./org/repo", ("config.json",))
+    assert _lora_demo._demo_dir_needs_writing("--model", "./org/repo", ("config.json",))
     assert capsys.readouterr().err == ""
-    lora._write_demo(types.SimpleNamespace(model="org/repo", data="./data"))
+    _lora_demo._write_demo(types.SimpleNamespace(model="org/repo", data="./data"))
     capsys.readouterr()
-    assert lora._check_source("--model", "org/repo", "a model folder", model=True).endswith(
+    assert _lora_inputs._check_source("--model", "org/repo", "a model folder", model=True).endswith(
         "org/repo"
     )
     err = capsys.readouterr().err
@@ -1343,12 +1358,12 @@ def test_the_demos_last_line_says_what_it_keeps(tmp_path):
     temp = tmp_path / "temp"
     args = types.SimpleNamespace(model=str(tmp_path / "m"), data=str(temp / "data"),
                                  adapter_path=str(temp / "adapters"))  # fmt: skip
-    assert lora._demo_kept(args, str(temp)) == (
+    assert _lora_demo._demo_kept(args, str(temp)) == (
         f"kept: model in {tmp_path / 'm'}; the temporary directory (data, adapters) is removed "
         "now (pass --model, --data and --adapter-path to keep them)"
     )
     args.data, args.adapter_path = str(tmp_path / "d"), ""
-    assert lora._demo_kept(args, str(temp)) == (
+    assert _lora_demo._demo_kept(args, str(temp)) == (
         f"kept: model in {tmp_path / 'm'}, data in {tmp_path / 'd'}"
     )
 
@@ -1357,10 +1372,12 @@ def test_the_routes_line_says_the_recurrences_count_validation_too(monkeypatch):
     """The recurrences other than Gated DeltaNet take validation's calls too; the note
     said attention's alone did (found by probing, session 48)."""
     monkeypatch.setattr(cmlx, "routed_calls", collections.Counter())
-    mamba = lora._Routes("mamba", gated_deltanet=False, attention=False, mamba=True)
-    assert "attention's and the recurrences' include validation's" in lora._routes_line(mamba)
-    qwen = lora._Routes("qwen3_next", gated_deltanet=True, attention=True)
-    assert "; attention's include validation's, which runs" in lora._routes_line(qwen)
+    mamba = _lora_reports._Routes("mamba", gated_deltanet=False, attention=False, mamba=True)
+    assert "attention's and the recurrences' include validation's" in _lora_reports._routes_line(
+        mamba
+    )
+    qwen = _lora_reports._Routes("qwen3_next", gated_deltanet=True, attention=True)
+    assert "; attention's include validation's, which runs" in _lora_reports._routes_line(qwen)
 
 
 def test_demo_expands_a_tilde_in_model_and_data(tmp_path, monkeypatch, no_load):

@@ -382,7 +382,7 @@ def _check_resumed_weights_fit(model: nn.Module, args: types.SimpleNamespace) ->
 
 def _check_saved_adapters(args: types.SimpleNamespace) -> None:
     """Raise ``SystemExit`` where the adapters a training run saved hold a value that is
-    not finite. The loss check (:class:`chunkscan.commands.lora._Reports`) sees each
+    not finite. The loss check (:class:`chunkscan.commands._lora_reports._Reports`) sees each
     report's loss, computed before that step's update, so a divergence in the last steps
     was saved as NaN adapters, exit 0 (found by probing). A missing file is mlx-lm's to explain."""
     path = pathlib.Path(args.adapter_path, _ADAPTER_FILES[0])

@@ -1,6 +1,7 @@
 """Helpers that ``chunkscan lora`` (:mod:`chunkscan.commands.lora`) shares with its
 checks of data files (:mod:`chunkscan.commands._lora_data`) and of adapters
-(:mod:`chunkscan.commands._lora_adapters`): the command's name in messages, reading a
+(:mod:`chunkscan.commands._lora_adapters`) and the modules beside them: the command's name
+in messages, ``mlx_lm.lora`` with the names the command uses of it, reading a
 local model folder's ``config.json`` and its layer count, a file's time and size, a
 rebinding kept to a block, and the lists of names a message shows."""
 
@@ -14,6 +15,34 @@ from collections.abc import Callable
 from typing import Any
 
 PROG = "chunkscan lora"
+MiB = 1024.0 * 1024.0
+
+
+# What chunkscan lora uses of mlx_lm.lora (mlx-lm 0.32.x): a release without one of these
+# ended in an AttributeError after the banner (found by probing).
+_LORA_NAMES = ("build_parser", "CONFIG_DEFAULTS", "yaml", "yaml_loader", "run",
+               "get_reporting_callbacks")  # fmt: skip
+
+
+def _mlx_lm_lora():
+    try:
+        import mlx_lm.lora as lora
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise SystemExit(
+            f"chunkscan lora needs mlx-lm >= 0.32.2 (Python >= 3.11; pip install "
+            f"'chunkscan[lm]'): {e}"
+        ) from e
+    missing = [name for name in _LORA_NAMES if not hasattr(lora, name)]
+    if missing:
+        import mlx_lm
+
+        raise SystemExit(
+            f"{PROG}: mlx_lm.lora {getattr(mlx_lm, '__version__', '?')} has no "
+            f"{', '.join(missing)}, which chunkscan lora wraps (written for mlx-lm 0.32.x). "
+            f"Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33'), or train with "
+            f"chunkscan.mlx_lm.patch() around your own mlx-lm code."
+        )
+    return lora
 
 
 def _is_number(x: Any) -> bool:
