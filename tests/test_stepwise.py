@@ -409,3 +409,34 @@ def test_numpy_integers_and_bools_are_taken():
     want = mx.grad(run)(w, 1, False)
     for axis, xs_grad in ((np.int64(1), np.False_), (np.int32(-2), np.bool_(False))):
         assert mx.array_equal(mx.grad(run)(w, axis, xs_grad), want)
+
+
+@pytest.mark.parametrize("axis", [None, -1])
+def test_shapeless_compile_traced_at_one_step_raises(axis):
+    """Traced first at one step, a shapeless trace with no primitive for the steps was
+    reused at longer chunks: four steps ran as one, ``ys`` one step long, no error (found
+    by probing, session 54). One step now goes through ``split_at``'s custom function,
+    which raises there, as for several steps (docs/design.md, "Supported transforms")."""
+
+    def step(h, x):
+        return h + x, h * x + 1
+
+    def chunk(n):
+        x = mx.arange(3 * n, dtype=mx.float32).reshape(n, 3)
+        return x if axis is None else x.T
+
+    for first in (1, 4):
+        f = mx.compile(chunkscan.stepwise(step, axis=axis), shapeless=True)
+        with pytest.raises(ValueError, match="cannot infer output shapes"):
+            mx.eval(f(mx.zeros(3), chunk(first)))
+    # Without shapeless compilation it retraces per length, equal to the loop.
+    f = mx.compile(chunkscan.stepwise(step, axis=axis))
+    mx.eval(f(mx.zeros(3), chunk(1)))
+    h, ys = f(mx.zeros(3), chunk(4))
+    want_h, want_ys = mx.zeros(3), []
+    for t in range(4):
+        x_t = chunk(4)[t] if axis is None else chunk(4)[:, t]
+        want_h, y = step(want_h, x_t)
+        want_ys.append(y)
+    assert mx.array_equal(h, want_h)
+    assert mx.array_equal(ys, mx.stack(want_ys, 0 if axis is None else -1))

@@ -216,10 +216,10 @@ def stepwise(
             # shapes may now step along 0, and scan(axis=1) would run it (found by
             # probing, session 46: no error, wrong values after one direct call).
             axes_run.setdefault(_shapes(carry, xs_chunk), set()).add(0)
-        per_leaf = [
-            split_at(x, list(range(1, steps)), ax) if steps > 1 else [x]
-            for x, ax in zip(leaves, axes)
-        ]
+        # One step goes through split_at's custom function too (not as [x]): under
+        # mx.compile(shapeless=True) a trace with no primitive here was reused at longer
+        # chunks, silently one step (found by probing, session 54); as split's one piece
+        per_leaf = [split_at(x, list(range(1, steps)), ax) for x, ax in zip(leaves, axes)]
         ys: list[list[mx.array]] = []
         first: tuple | None = None
         for t in range(steps):
