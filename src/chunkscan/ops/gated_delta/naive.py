@@ -7,29 +7,35 @@ import math
 import mlx.core as mx
 
 from ..._backend import check_kernels
-from .._checks import F32_MAX
 from ._checks import check_inputs, empty_result
 
 L2_EPS = 1e-6
+# The largest square sum l2_normalize takes in the plain form: its derivative, s**-1.5,
+# stays a normal float32 (the negative control of the normalize_qk tests sets it to
+# F32_MAX / 4, the switch before session 54)
+_PLAIN_SQUARE_SUM_MAX = 2.0**80
 
 
 def l2_normalize(x: mx.array) -> mx.array:
     """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32.
 
-    Where ``sum(x**2)`` could overflow float32 (a finite row whose largest magnitude
-    passes ``sqrt(F32_MAX / D) / 2``, about 8e17 at ``D = 128``: the half leaves room for
-    the rounding of the squares and their sum, which made rows just under
-    ``sqrt(F32_MAX / D)`` overflow at some ``D``, found by review) the row is first divided
-    by that magnitude ``m`` (held constant: the result is the same function of ``x``
-    for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps / m**2)``; every other
-    row takes the plain form, ``m = 1`` exactly, so its values and gradients are
-    unchanged. (The plain form turned rows whose square sum overflowed into zeros.) A
-    row holding an infinity or a NaN keeps the plain form (non-finite, as before). Two
-    reductions: the largest magnitude, then the square sum (three, with the square sum
-    taken twice, before session 40)."""
+    A row whose largest magnitude passes ``2**40 / sqrt(D)`` (about 9.7e10 at ``D =
+    128``) is first divided by that magnitude ``m`` (held constant: the result is the
+    same function of ``x`` for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps
+    / m**2)``; every other row takes the plain form, ``m = 1`` exactly. Two reasons, both
+    float32's range: the derivative of the plain form (MLX's of ``rsqrt(s)``, ``-0.5 *
+    s**-1.5``) goes subnormal once ``s = sum(x**2)`` passes ``2**84``, and ``dq`` and
+    ``dk`` of rows of norm 1e14 to 1e18 were 1e-4 to 0.4 off with their values right
+    (found by probing, session 54; the switch was at ``sqrt(F32_MAX / D) / 2``, about
+    8e17 at ``D = 128``, until then); and ``sum(x**2)`` overflows for rows of norm above
+    about 1.8e19, which the plain form turned into zeros (the switch's first reason). At
+    ``2**40 / sqrt(D)`` the square sum is at most ``2**80``. A row holding an infinity or
+    a NaN keeps the plain form (non-finite, as before). Two reductions: the largest
+    magnitude, then the square sum (three, with the square sum taken twice, before
+    session 40)."""
     x = x.astype(mx.float32)
     big = mx.max(mx.abs(x), axis=-1, keepdims=True)
-    limit = 0.5 * math.sqrt(F32_MAX / max(1, x.shape[-1]))  # below, no square sum overflows
+    limit = _PLAIN_SQUARE_SUM_MAX**0.5 / math.sqrt(max(1, x.shape[-1]))  # s <= 2**80 below
     m = mx.stop_gradient(mx.where((big > limit) & mx.isfinite(big), big, 1.0))
     x = x / m
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS / (m * m))
