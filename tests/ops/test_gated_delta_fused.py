@@ -476,6 +476,9 @@ def test_default_chunk_size_follows_the_device(monkeypatch, kib, default):
     assert chunk_module.default_chunk_size(False) == 128
     if kib == 80:  # smaller heads still fit at C = 32
         assert chunk_module.default_chunk_size(None, 64, 64) == 32
+    # heads of a few key channels (the kernels take Dk >= 32): at most 4 Dk
+    assert chunk_module.default_chunk_size(False, 16, 16) == 64
+    assert chunk_module.default_chunk_size(None, 4, 64) == 16
 
 
 def test_a_chunk_size_the_kernels_skip_warns_once(monkeypatch):

@@ -108,7 +108,9 @@ def gated_delta_rule(
     is a few large batched products per group of chunks plus ``T / chunk_size``
     sequential state updates, and the backward is hand-derived: it keeps the
     ``T / chunk_size`` entering states (or one per group, ``save_states="groups"``)
-    plus one group's recomputation.
+    plus one group's recomputation. With ``cu_seqlens`` every sequence starts a chunk
+    of its own, so chunks (states and work) number ``sum(ceil(len_n / C))``, up to
+    ``T / C + N``: sequences much shorter than the chunk pay for its padding.
 
     Causal also for non-finite input: a NaN or infinity in ``k``, ``v``, ``beta`` or
     ``g`` (``g = +inf`` or NaN; ``g = -inf`` is a valid hard reset) at token ``t`` makes
@@ -151,14 +153,17 @@ def gated_delta_rule(
         scale (float, optional): Output scale. Default: ``Dk ** -0.5``.
         initial_state (array, optional): ``[B, Hv, Dv, Dk]`` (or ``[N, Hv, Dv, Dk]``
             with ``cu_seqlens``, one per sequence). Default: zeros.
-        chunk_size (int, optional): Steps per chunk; a performance knob only (need not
-            divide ``T``; larger than the longest sequence means one chunk).
+        chunk_size (int, optional): Steps per chunk; a performance knob (need not
+            divide ``T``; larger than the longest sequence means one chunk), and for
+            heads of a few key channels a precision one (``docs/gated_delta.md``,
+            "Small key heads": keep it near ``Dk``).
             Default: ``None``: :func:`default_chunk_size` (32 on the CPU, 64 on an
             Apple GPU; on CUDA 64, or 32 or 128 where the fused kernels do not take
-            64, and 128 with the kernels off). On CUDA the fused chunk kernels take
-            32 or 64 (32: faster, twice the saved states) where the GPU's shared memory
-            holds them; other sizes run the batched MLX ops, with a ``RuntimeWarning``
-            (once per size and head sizes) where another size is taken. Where the
+            64, and 128 with the kernels off; at most ``4 Dk``). On CUDA the fused
+            chunk kernels take 32 or 64 (32: faster, twice the saved states) where
+            the GPU's shared memory holds them; other sizes run the batched MLX ops,
+            with a ``RuntimeWarning`` (once per size and head sizes) where another
+            size is taken. Where the
             longest sequence is shorter than a chunk, the chunk is that sequence's
             length, but on the fused path the next size the kernels take (padded).
         normalize_qk (bool, optional): L2-normalise ``q`` and ``k`` over ``Dk`` first
@@ -245,7 +250,11 @@ def gated_delta_rule(
 
 def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128) -> int:
     """The ``chunk_size`` :func:`gated_delta_rule` uses when given none, for head sizes
-    ``Dk``, ``Dv``. On the CPU: 32 (fewer multiply-adds than 64, the chunk-local
+    ``Dk``, ``Dv``: the backend's size below, but at most ``4 Dk`` (rounded down to a
+    power of two) for heads of a few key channels, whose chunks lose precision in what
+    they carry of the state entering them (``docs/gated_delta.md``, "Small key heads";
+    until session 54 the default was 32 on the CPU for any ``Dk``, found by probing).
+    On the CPU: 32 (fewer multiply-adds than 64, the chunk-local
     ``[C, C]`` products shrinking with ``C``; at the Qwen3-Next layer shape, T = 1024,
     13.2x mlx-lm's loop measured in the same run against 10.8x with 64 on two cores,
     8.2x against 6.9x on one, for 109 / 90 KiB per token at T = 2048 / 8192 against
@@ -271,6 +280,10 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
                 f"[default_chunk_size] {name} must be an int of at least 0 (a head size) "
                 f"but got {size!r}. Pass the head size as an int, e.g. {name}=128."
             )
+    return min(_backend_chunk_size(kernels, Dk, Dv), _small_head_chunk_size(Dk))
+
+
+def _backend_chunk_size(kernels: bool | None, Dk: int, Dv: int) -> int:
     if not _passes.cuda_device():
         return 32 if mx.default_device() == mx.cpu else 64
     if not _passes.use_kernels(kernels, "gated_delta_rule"):
@@ -279,6 +292,23 @@ def default_chunk_size(kernels: bool | None = None, Dk: int = 128, Dv: int = 128
         if _chunk_cuda.supports(C, Dk, Dv, False, strict=True):
             return C
     return 128
+
+
+# The default chunk of heads of a few key channels: at most this many times Dk (a
+# power of two). Below, a chunk's product of transitions loses the relative precision of
+# what it carries of the entering state (docs/gated_delta.md, "Small key heads"): the
+# initial state's gradient at C = 4 Dk was within 5x of the float32 loop's, at Dk = 2 to
+# 16 (at Dk = 2: 2.5e-5 against 7.6e-6, and 0.12 at the CPU's 32 before session 54).
+_SMALL_HEAD_CHUNKS_PER_DK = 4
+_SMALL_HEAD_CHUNK_SIZE = True  # False: the backend's size alone (negative control)
+
+
+def _small_head_chunk_size(Dk: int) -> int:
+    """The largest power of two at most ``_SMALL_HEAD_CHUNKS_PER_DK * Dk`` (at least 2;
+    no bound for ``Dk = 0``, a call of no key channels)."""
+    if not _SMALL_HEAD_CHUNK_SIZE or Dk == 0:
+        return 1 << 30
+    return 1 << max(1, (_SMALL_HEAD_CHUNKS_PER_DK * Dk).bit_length() - 1)
 
 
 def _fused_sizes(spec: Spec, kernels: bool) -> tuple[int, ...]:
