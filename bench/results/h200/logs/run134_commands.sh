@@ -1,4 +1,5 @@
-# Run 134 (session 52; not run then, part a extended in session 53). After the set-up
+# Run 134 (session 52; not run then, part a extended in session 53, part s54 added in
+# session 54). After the set-up
 # call, `bash <this> <part> <commit> 1b133f9`;
 # outputs in $OUT/run134<part>.tgz (part a) or $OUT/run119<part>.tgz (b, c):
 #   a: what sessions 52 and 53 changed that runs on the GPU, memory tests aside:
@@ -12,6 +13,9 @@
 #   s53: session 53's tests alone (a short call where little device time is left):
 #      tests/test_random.py, attention's float16 and mask-dtype tests, scan's
 #      stopped-first-output, two-places and random-key tests;
+#   s54: session 54's tests alone (short): stepwise's shapeless compile at one step,
+#      gated_delta_rule's l2_normalize at huge norms and its default chunk at small
+#      key heads (on a CUDA GPU the default is the kernels' or 128, capped at 4 Dk);
 #   bc: run 119's parts b and c one after the other in one call (fla side by side at
 #      16384 and 65536 and the portable path; the LoRA step at 8192 and the first step
 #      at 2048): bench/results/h200/logs/run119_commands.sh.
@@ -39,6 +43,14 @@ s53)
     tests/ops/test_attention.py tests/test_scan.py \
     -k "random or key or sink_rows or mask_of_another or low_precision or float16 or stopped_first or two_places" \
     2>&1 | tee $S/tests_gpu_session53.txt | tail -15
+  pack
+  ;;
+s54)
+  st session54_tests
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/test_stepwise.py \
+    tests/ops/test_gated_delta.py tests/ops/test_gated_delta_fused.py \
+    -k "shapeless or normalize or l2_normalize or small_key or default_chunk" \
+    2>&1 | tee $S/tests_gpu_session54.txt | tail -15
   pack
   ;;
 esac
