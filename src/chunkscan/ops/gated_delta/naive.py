@@ -7,36 +7,40 @@ import math
 import mlx.core as mx
 
 from ..._backend import check_kernels
+from .._checks import F32_MAX
 from ._checks import check_inputs, empty_result
 
 L2_EPS = 1e-6
-# The largest square sum l2_normalize takes in the plain form: its derivative, s**-1.5,
-# stays a normal float32 (the negative control of the normalize_qk tests sets it to
-# F32_MAX / 4, the switch before session 54)
-_PLAIN_SQUARE_SUM_MAX = 2.0**80
+# Whether l2_normalize scales every row whose largest magnitude passes 1 (else only those
+# whose square sum would overflow, as before session 54: the tests' negative control)
+_SCALE_ROWS_ABOVE_ONE = True
 
 
 def l2_normalize(x: mx.array) -> mx.array:
     """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32.
 
-    A row whose largest magnitude passes ``2**40 / sqrt(D)`` (about 9.7e10 at ``D =
-    128``) is first divided by that magnitude ``m`` (held constant: the result is the
-    same function of ``x`` for any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps
-    / m**2)``; every other row takes the plain form, ``m = 1`` exactly. Two reasons, both
-    float32's range: the derivative of the plain form (MLX's of ``rsqrt(s)``, ``-0.5 *
-    s**-1.5``) goes subnormal once ``s = sum(x**2)`` passes ``2**84``, and ``dq`` and
-    ``dk`` of rows of norm 1e14 to 1e18 were 1e-4 to 0.4 off with their values right
-    (found by probing, session 54; the switch was at ``sqrt(F32_MAX / D) / 2``, about
-    8e17 at ``D = 128``, until then); and ``sum(x**2)`` overflows for rows of norm above
-    about 1.8e19, which the plain form turned into zeros (the switch's first reason). At
-    ``2**40 / sqrt(D)`` the square sum is at most ``2**80``. A row holding an infinity or
-    a NaN keeps the plain form (non-finite, as before). Two reductions: the largest
-    magnitude, then the square sum (three, with the square sum taken twice, before
-    session 40)."""
+    A finite row whose largest magnitude passes 1 is first divided by the power of two
+    ``m`` at or below it (held constant: the result is the same function of ``x`` for
+    any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps / m**2)``; the other rows
+    take the plain form, ``m = 1``. A power of two divides exactly, so the values are the
+    plain form's (to the rounding of ``rsqrt``), and the square sum of a scaled row is
+    between 1 and ``4 D``, where the derivatives of ``rsqrt`` (``s**-1.5``, ``s**-2.5``,
+    ...) of every order are normal float32 numbers. Until session 54 only rows whose
+    square sum overflows (norm above ~1.8e19, which the plain form turned into zeros)
+    were scaled, by their largest magnitude: the plain form's derivative went subnormal
+    from norms of ~5e12, and ``dq`` / ``dk`` of rows of norm 1e14 to 1e18 were 1e-4 to
+    0.4 off, their second derivatives from norms of ~2e9 (found by probing and by
+    review). A row holding an infinity or a NaN keeps the plain form (non-finite, as
+    before). Two reductions: the largest magnitude, then the square sum."""
     x = x.astype(mx.float32)
     big = mx.max(mx.abs(x), axis=-1, keepdims=True)
-    limit = _PLAIN_SQUARE_SUM_MAX**0.5 / math.sqrt(max(1, x.shape[-1]))  # s <= 2**80 below
-    m = mx.stop_gradient(mx.where((big > limit) & mx.isfinite(big), big, 1.0))
+    if _SCALE_ROWS_ABOVE_ONE:
+        scaled = (big > 1.0) & mx.isfinite(big)
+        power = mx.power(2.0, mx.floor(mx.log2(mx.where(scaled, big, 1.0))))
+    else:
+        scaled = (big > 0.5 * math.sqrt(F32_MAX / max(1, x.shape[-1]))) & mx.isfinite(big)
+        power = big
+    m = mx.stop_gradient(mx.where(scaled, power, 1.0))
     x = x / m
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2_EPS / (m * m))
 
