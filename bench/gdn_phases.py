@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     h0 = 0.1 * mx.random.normal((B, Hv, D, D), key=keys[5])
     mx.eval(q, k, v, g, beta, h0)
     kernels = {"auto": None, "off": False}[args.kernels]
-    C = args.chunk_size or op.default_chunk_size()
+    C = args.chunk_size or op.default_chunk_size(kernels, D, D)
     op._COMPILE_GROUPS = args.fused
 
     # The whole op, fwd+bwd of sum(o * w) + sum(state), for the comparison.
