@@ -431,6 +431,53 @@ def test_undo_leaves_a_module_that_imported_the_drop_ins_on_purpose(tmp_path, mo
     sys.modules.pop("user_dropin_mod", None)
 
 
+def test_undo_keeps_a_family_module_s_own_gdn_drop_in(monkeypatch):
+    """A family module given the public Gated DeltaNet drop-in by hand keeps it through
+    a patch and its undo (undo gave it mlx-lm's function back, silently: its model then
+    trained through mlx-lm's loop; found by probing, session 54), as attention's do."""
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", cmlx.gated_delta_update)
+    with cmlx.patch(verify=False):
+        assert qwen3_next.gated_delta_update is cmlx.gated_delta_update
+        assert "qwen3_next" in cmlx.patched_families()
+    assert qwen3_next.gated_delta_update is cmlx.gated_delta_update
+
+
+@pytest.mark.parametrize("seam", ["gdn", "attention"])
+def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam):
+    """The public drop-ins bound by hand in mlx-lm's own modules (``gated_delta``,
+    ``base``) found themselves there as "mlx-lm's function": with no patch, a call they
+    hand to mlx-lm (a cache, ``use_kernel=True``) called itself until Python's recursion
+    limit; ``patch()`` took the attention one as mlx-lm's (then every call with a cache
+    recursed) and called the Gated DeltaNet one another mlx-lm version (found by
+    probing, session 54). Both now say where it is bound and what to do."""
+    from mlx_lm.models import base, gated_delta
+    from mlx_lm.models.cache import KVCache
+
+    monkeypatch.setattr(cmlx, "_stock", {})  # as in a process with no patch() yet
+    monkeypatch.setattr(cmlx, "_attn_stock", {})
+    keys = mx.random.split(mx.random.key(5), 4)
+    if seam == "gdn":
+        monkeypatch.setattr(gated_delta, "gated_delta_update", cmlx.gated_delta_update)
+        q = mx.random.normal((1, 4, 2, 32), key=keys[0])
+        v = mx.random.normal((1, 4, 2, 16), key=keys[1])
+        a = mx.random.normal((1, 4, 2), key=keys[2])
+        args = (q, q, v, a, a, mx.zeros(2), mx.ones(2), None, None)
+        call = functools.partial(cmlx.gated_delta_update, *args, use_kernel=True)
+        where = "mlx_lm.models.gated_delta.gated_delta_update holds chunkscan.mlx_lm's"
+    else:
+        monkeypatch.setattr(base, "scaled_dot_product_attention", cmlx.scaled_dot_product_attention)
+        x = mx.random.normal((1, 2, 4, 32), key=keys[3])
+        cache = KVCache()
+        kk, vv = cache.update_and_fetch(x, x)
+        call = functools.partial(cmlx.scaled_dot_product_attention, x, kk, vv, cache, 0.2, "causal")
+        where = "mlx_lm.models.base.scaled_dot_product_attention holds chunkscan.mlx_lm's"
+    with pytest.raises(RuntimeError, match=re.escape(where)):
+        call()
+    with pytest.raises(cmlx.IncompatibleMlxLmError, match=re.escape(where)):
+        cmlx.patch(verify=False)
+    assert not cmlx.patched_families() and not cmlx.attention_patched_modules()
+
+
 def test_bad_chunk_size():
     fn = "[chunkscan.mlx_lm.patch]"
     with pytest.raises(

@@ -468,9 +468,38 @@ def _call_shaped(q, k, v, a, b, state) -> tuple | None:
 def _stock_function(kept: dict[str, Any], module: str, name: str) -> Any:
     """mlx-lm's own function: the one :func:`patch` kept, else (the public drop-ins
     imported and called with no patch ever made: a ``KeyError`` before; found by
-    probing) the module's, which holds mlx-lm's while nothing is patched."""
+    probing) the module's, which holds mlx-lm's while nothing is patched. Where that
+    module holds a drop-in of this module itself (bound there by hand), a
+    ``RuntimeError`` saying so: the drop-in called itself until Python's recursion
+    limit (found by probing, session 54)."""
     fn = kept.get("fn")
-    return getattr(importlib.import_module(module), name) if fn is None else fn
+    if fn is not None:
+        return fn
+    fn = getattr(importlib.import_module(module), name)
+    if _is_ours(fn):
+        problem, fix = _bound_at_home(module, name)
+        raise RuntimeError(f"[chunkscan.mlx_lm.{name}] {problem}. {fix}")
+    return fn
+
+
+def _is_ours(fn: Any) -> bool:
+    """Whether ``fn`` is a drop-in of this module or a wrapper :func:`patch` installs."""
+    ours = (gated_delta_update, _INSTALLED_GDN, scaled_dot_product_attention,
+            _INSTALLED_ATTENTION)  # fmt: skip
+    return any(fn is f for f in ours)
+
+
+def _bound_at_home(module: str, name: str) -> tuple[str, str]:
+    """What is wrong where ``module.name``, mlx-lm's own function, holds a drop-in of
+    this module (bound there by hand), and the fix."""
+    return (
+        f"{module}.{name} holds chunkscan.mlx_lm's {name}, not mlx-lm's function: the "
+        f"drop-in hands the calls it does not take (a KV cache, use_kernel=True, ...) to "
+        f"{module}.{name}, which would be itself",
+        f"Keep mlx-lm's function there and bind the drop-in in the model modules that "
+        f"import {name} by name (mlx_lm.models.llama, qwen3_next, ...), or let "
+        f"chunkscan.mlx_lm.patch() bind it.",
+    )
 
 
 # -------------------------------------------------------------------- seam checks
@@ -485,6 +514,9 @@ def _load_seam() -> tuple[Any, dict[str, Any]]:
             "Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33').",
         ) from e
     fn = _stock.get("fn") if _saved else getattr(gd, _NAME, None)
+    if _is_ours(fn):  # (its **options read as another version's; found by probing)
+        problem, fix = _bound_at_home(gd.__name__, _NAME)
+        raise _fail([problem], fix, rebound=True)
     if fn is None or not callable(fn):
         raise _fail(
             [f"'mlx_lm.models.gated_delta' has no function {_NAME!r}"],
@@ -908,7 +940,11 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
         _stock["fn"] = stock
         for name, module in modules.items():
             _saved[name] = getattr(module, _NAME)
-            setattr(module, _NAME, _INSTALLED_GDN)
+            # A module that holds the public drop-in (bound by hand) keeps it: it routes
+            # as the wrapper does, and undo restores only what holds the wrapper (it was
+            # given mlx-lm's function back; found by probing, session 54)
+            if _saved[name] is not gated_delta_update:
+                setattr(module, _NAME, _INSTALLED_GDN)
         for seam in _REBOUND.values():
             seam.install()
     for key, seam in _REBOUND.items():
@@ -1046,6 +1082,9 @@ def _check_attention_seam(verify: bool) -> None:
             "Install mlx-lm 0.32.x (pip install 'mlx-lm>=0.32.2,<0.33').",
         ) from e
     stock = _attn_stock["fn"] if _attn_saved else getattr(base, _ATTN, None)
+    if _is_ours(stock):  # (accepted, then every call with a cache recursed; probing)
+        problem, fix = _bound_at_home(base.__name__, _ATTN)
+        raise _attention_fail([problem], fix, rebound=True)
     if stock is None or not callable(stock):
         raise _attention_fail([f"'mlx_lm.models.base' has no function {_ATTN!r}"], "")
     sig = inspect.signature(stock)
