@@ -442,22 +442,27 @@ def test_undo_keeps_a_family_module_s_own_gdn_drop_in(monkeypatch):
     assert qwen3_next.gated_delta_update is cmlx.gated_delta_update
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("seam", ["gdn", "attention"])
-def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam):
+def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam, wrapped):
     """The public drop-ins bound by hand in mlx-lm's own modules (``gated_delta``,
     ``base``) found themselves there as "mlx-lm's function": with no patch, a call they
     hand to mlx-lm (a cache, ``use_kernel=True``) called itself until Python's recursion
     limit; ``patch()`` took the attention one as mlx-lm's (then every call with a cache
     recursed) and called the Gated DeltaNet one another mlx-lm version (found by
-    probing, session 54). Both now say where it is bound and what to do."""
+    probing, session 54). Both now say where it is bound and what to do; so for a
+    wrapper of a drop-in (a profiler's, ``functools.wraps``)."""
     from mlx_lm.models import base, gated_delta
     from mlx_lm.models.cache import KVCache
+
+    def bound(fn):
+        return functools.wraps(fn)(lambda *a, **k: fn(*a, **k)) if wrapped else fn
 
     monkeypatch.setattr(cmlx, "_stock", {})  # as in a process with no patch() yet
     monkeypatch.setattr(cmlx, "_attn_stock", {})
     keys = mx.random.split(mx.random.key(5), 4)
     if seam == "gdn":
-        monkeypatch.setattr(gated_delta, "gated_delta_update", cmlx.gated_delta_update)
+        monkeypatch.setattr(gated_delta, "gated_delta_update", bound(cmlx.gated_delta_update))
         q = mx.random.normal((1, 4, 2, 32), key=keys[0])
         v = mx.random.normal((1, 4, 2, 16), key=keys[1])
         a = mx.random.normal((1, 4, 2), key=keys[2])
@@ -465,7 +470,8 @@ def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam):
         call = functools.partial(cmlx.gated_delta_update, *args, use_kernel=True)
         where = "mlx_lm.models.gated_delta.gated_delta_update holds chunkscan.mlx_lm's"
     else:
-        monkeypatch.setattr(base, "scaled_dot_product_attention", cmlx.scaled_dot_product_attention)
+        attention = bound(cmlx.scaled_dot_product_attention)
+        monkeypatch.setattr(base, "scaled_dot_product_attention", attention)
         x = mx.random.normal((1, 2, 4, 32), key=keys[3])
         cache = KVCache()
         kk, vv = cache.update_and_fetch(x, x)

@@ -483,10 +483,10 @@ def _stock_function(kept: dict[str, Any], module: str, name: str) -> Any:
 
 
 def _is_ours(fn: Any) -> bool:
-    """Whether ``fn`` is a drop-in of this module or a wrapper :func:`patch` installs."""
-    ours = (gated_delta_update, _INSTALLED_GDN, scaled_dot_product_attention,
-            _INSTALLED_ATTENTION)  # fmt: skip
-    return any(fn is f for f in ours)
+    """Whether ``fn`` is a drop-in of this module, a wrapper :func:`patch` installs, or
+    a wrapper of either (``functools.wraps``: a profiler's)."""
+    ours = (gated_delta_update, scaled_dot_product_attention)
+    return any(fn is f or _unwrapped(fn) is f for f in ours)
 
 
 def _bound_at_home(module: str, name: str) -> tuple[str, str]:
