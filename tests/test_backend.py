@@ -296,3 +296,33 @@ def test_mlx_versions_are_read_as_releases(version, parsed, monkeypatch):
             _compat.check_mlx()
     else:
         _compat.check_mlx()
+
+
+def test_the_kernels_constant_inputs_are_usable_from_another_thread():
+    """The arrays every kernel launch takes (``UNUSED``, the packed-sequence index of an
+    unpacked call) were lazy ops made at import or first use: MLX evaluates an array
+    only in the thread whose stream made it, so a kernel call from a worker thread (a
+    trainer thread) raised "There is no Stream(cpu, 0) in current thread" (found by
+    probing, session 54). A fresh process, so that the main thread makes them first."""
+    import subprocess
+    import sys
+
+    code = """
+import threading
+import mlx.core as mx
+from chunkscan import _backend
+from chunkscan.ops.gated_delta import _rows_cuda
+_rows_cuda._sequence_of_tokens(None)  # made in the main thread, as at a first call
+errors = []
+def use():
+    try:
+        mx.eval(_backend.UNUSED + 0, _rows_cuda._sequence_of_tokens(None) + 0)
+    except Exception as e:
+        errors.append(repr(e))
+t = threading.Thread(target=use)
+t.start()
+t.join()
+print(errors or "ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr

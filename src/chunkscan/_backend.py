@@ -262,8 +262,11 @@ RUNNER = None
 
 # The kernels' inputs that carry nothing: one array for every launch and every call, so a
 # group adds no fill op (the slots a launch does not read: UNUSED), and one float32 scalar
-# array per value (a kernel's parameters: param).
-UNUSED = mx.zeros((4,), dtype=mx.float32)
+# array per value (a kernel's parameters: param). Made from Python data, so they hold
+# data and no graph: MLX evaluates an array only in the thread whose stream made it, and
+# a lazy mx.zeros made at import failed every kernel call of another thread (training in
+# a worker thread; found by probing, session 54).
+UNUSED = mx.array([0.0] * 4, dtype=mx.float32)
 _PARAMS: dict[float, mx.array] = {}
 
 

@@ -15,7 +15,8 @@
 #      stopped-first-output, two-places and random-key tests;
 #   s54: session 54's tests alone (short): stepwise's shapeless compile at one step,
 #      gated_delta_rule's l2_normalize at huge norms and its default chunk at small
-#      key heads (on a CUDA GPU the default is the kernels' or 128, capped at 4 Dk);
+#      key heads (on a CUDA GPU the default is the kernels' or 128, capped at 4 Dk),
+#      the kernels' constant inputs used from a worker thread (on the GPU's stream);
 #   bc: run 119's parts b and c one after the other in one call (fla side by side at
 #      16384 and 65536 and the portable path; the LoRA step at 8192 and the first step
 #      at 2048): bench/results/h200/logs/run119_commands.sh.
@@ -48,8 +49,8 @@ s53)
 s54)
   st session54_tests
   timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/test_stepwise.py \
-    tests/ops/test_gated_delta.py tests/ops/test_gated_delta_fused.py \
-    -k "shapeless or normalize or l2_normalize or small_key or default_chunk" \
+    tests/ops/test_gated_delta.py tests/ops/test_gated_delta_fused.py tests/test_backend.py \
+    -k "shapeless or normalize or l2_normalize or small_key or default_chunk or another_thread" \
     2>&1 | tee $S/tests_gpu_session54.txt | tail -15
   pack
   ;;

@@ -185,7 +185,8 @@ def non_finite_reach(
 @functools.lru_cache(maxsize=64)
 def _sequence_of_tokens(seqs: tuple[tuple[int, int], ...] | None) -> mx.array:
     """``[T]`` int32: each token's packed sequence (``[1]`` zeros without ``seqs``,
-    not read); an array with data and no graph, made once per layout."""
+    not read); an array with data and no graph (usable from any thread:
+    :data:`chunkscan._backend.UNUSED`), made once per layout."""
     if seqs is None:
-        return mx.zeros((1,), dtype=mx.int32)
+        return mx.array([0], dtype=mx.int32)
     return mx.array([i for i, (lo, hi) in enumerate(seqs) for _ in range(hi - lo)], dtype=mx.int32)
