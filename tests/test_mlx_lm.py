@@ -484,6 +484,34 @@ def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam, w
     assert not cmlx.patched_families() and not cmlx.attention_patched_modules()
 
 
+def test_a_reload_of_the_seam_while_patched_keeps_its_state():
+    """``importlib.reload(chunkscan.mlx_lm)`` (a notebook's autoreload) while a patch was
+    live lost the patch's records: ``undo()`` did nothing, mlx-lm stayed patched until
+    Python exited, and the next ``patch()`` called the wrappers it had installed other
+    code's (found by probing, session 54). A fresh process: a reload replaces the
+    module's functions and classes for every later test."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib
+import chunkscan.mlx_lm as cmlx
+from mlx_lm.models import base, gated_delta, llama, qwen3_next
+stock = (gated_delta.gated_delta_update, base.scaled_dot_product_attention)
+handle = cmlx.patch(verify=False)
+importlib.reload(cmlx)
+assert handle.active and "qwen3_next" in cmlx.patched_families(), "records lost"
+handle.undo()
+assert (qwen3_next.gated_delta_update, llama.scaled_dot_product_attention) == stock, "patched"
+with cmlx.patch(verify=False):
+    assert qwen3_next.gated_delta_update is not stock[0]
+assert (qwen3_next.gated_delta_update, llama.scaled_dot_product_attention) == stock
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr[-2000:]
+
+
 def test_bad_chunk_size():
     fn = "[chunkscan.mlx_lm.patch]"
     with pytest.raises(

@@ -189,16 +189,27 @@ class IncompatibleMlxLmError(RuntimeError):
 
 # --------------------------------------------------------------------------- state
 
-_lock = threading.RLock()
-_stack: list[Patch] = []  # live handles, innermost last
-_saved: dict[str, Any] = {}  # module name -> stock function, while patched
-_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's gated_delta_update
+
+def _kept(name: str, make: Callable[[], Any]) -> Any:
+    """The module's own ``name`` from an earlier run of this module, else ``make()``:
+    ``importlib.reload(chunkscan.mlx_lm)`` runs it again in its namespace, and a reload
+    while a patch was live lost its handles and records (``undo`` did nothing, mlx-lm
+    stayed patched, and ``patch()`` called the wrappers it had installed other code's;
+    found by probing, session 54). Every piece of state below is kept so."""
+    old = globals().get(name)
+    return make() if old is None else old
+
+
+_lock = _kept("_lock", threading.RLock)
+_stack: list[Patch] = _kept("_stack", list)  # live handles, innermost last
+_saved: dict[str, Any] = _kept("_saved", dict)  # module name -> stock function, while patched
+_stock: dict[str, Any] = _kept("_stock", dict)  # "fn" -> mlx-lm's gated_delta_update
 # The seams whose numerical probe ran while some handle is live ("gdn", "attention", and
 # the keys of _REBOUND: "lightning", "ssd", "mamba", "jamba", "rwkv7", "rg_lru"; a
 # rebound function that failed its probe is unbound, not kept):
 # a nested patch(verify=True) under a patch(verify=False) skipped its probe, the seam
 # being installed already (found by probing); emptied with the last handle's undo.
-_verified: set[str] = set()
+_verified: set[str] = _kept("_verified", set)
 
 
 def _mlx_lm_version() -> str:
@@ -994,8 +1005,8 @@ def patched_families() -> tuple[str, ...]:
 REQUIRED_ATTENTION_MODULES = ("llama", "qwen3_next")
 _ATTN = "scaled_dot_product_attention"
 _ATTN_PARAMS = ("queries", "keys", "values", "cache", "scale", "mask", "sinks")
-_attn_saved: dict[str, Any] = {}  # module name -> stock function, while patched
-_attn_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's base.scaled_dot_product_attention
+_attn_saved: dict[str, Any] = _kept("_attn_saved", dict)  # module name -> stock, while patched
+_attn_stock: dict[str, Any] = _kept("_attn_stock", dict)  # "fn" -> mlx-lm's base function
 # The training paths' calls by where they went: "chunkscan.gated_delta_rule",
 # "chunkscan.attention", and "mlx-lm's attention" for attention calls without a cache
 # that stay with mlx-lm (sinks, a floating mask, mixed dtypes). ``chunkscan lora``
@@ -1004,7 +1015,7 @@ _attn_stock: dict[str, Any] = {}  # "fn" -> mlx-lm's base.scaled_dot_product_att
 # passes a floating mask, gpt_oss's sinks: none reached chunkscan.attention under a
 # banner that named it; found by probing). Counted per Python call, so once per trace
 # under mx.compile.
-routed_calls: collections.Counter[str] = collections.Counter()
+routed_calls: collections.Counter[str] = _kept("routed_calls", collections.Counter)
 
 
 def _attention_op():
@@ -1183,8 +1194,11 @@ def _installed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return installed
 
 
-_INSTALLED_GDN = _installed(gated_delta_update, "_INSTALLED_GDN")
-_INSTALLED_ATTENTION = _installed(scaled_dot_product_attention, "_INSTALLED_ATTENTION")
+# (kept across a reload: what patch() bound is recognised by identity)
+_INSTALLED_GDN = _kept("_INSTALLED_GDN", lambda: _installed(gated_delta_update, "_INSTALLED_GDN"))
+_INSTALLED_ATTENTION = _kept(
+    "_INSTALLED_ATTENTION", lambda: _installed(scaled_dot_product_attention, "_INSTALLED_ATTENTION")
+)
 
 
 def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
