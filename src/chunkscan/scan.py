@@ -131,7 +131,10 @@ def scan(
             trainable parameter ``f`` changes does not reach the next chunk: one
             replaced warns (``UserWarning``; harmless for values derived again at each
             call, such as a layer under ``nn.utils.checkpoint``), and an in-place
-            update (``self.pos += 1``) is lost unseen. ``scan`` warns
+            update (``self.pos += 1``) is lost unseen. The module holds the chunk's
+            arrays while ``f`` runs and gets its own back after each chunk (forward
+            and backward): another thread must not update it (or a module ``f``
+            reaches) during the call, or the update is undone. ``scan`` warns
             (:class:`ClosureCaptureWarning`) about each ``nn.Module`` with trainable
             parameters that ``f`` reaches without it: through closures, globals,
             ``functools.partial``, bound methods, ``stepwise``'s step, or the
