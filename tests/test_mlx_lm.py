@@ -442,6 +442,24 @@ def test_undo_keeps_a_family_module_s_own_gdn_drop_in(monkeypatch):
     assert qwen3_next.gated_delta_update is cmlx.gated_delta_update
 
 
+def test_undo_unbinds_a_wrapper_of_what_patch_bound(monkeypatch):
+    """A profiler that wraps (``functools.wraps``) what ``patch()`` bound in a family
+    module kept routing to chunkscan after the undo, with no patch's settings (the
+    undo matched the wrapper it bound by identity; found by review, session 54). And a
+    module given the public attention drop-in by hand is listed as patched while a patch
+    is live, as such a Gated DeltaNet module is."""
+    stock = qwen3_next.gated_delta_update
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", cmlx.scaled_dot_product_attention)
+    with cmlx.patch(verify=False):
+        installed = qwen3_next.gated_delta_update
+        qwen3_next.gated_delta_update = functools.wraps(installed)(
+            lambda *a, **k: installed(*a, **k)
+        )
+        assert "llama" in cmlx.attention_patched_modules()
+    assert qwen3_next.gated_delta_update is stock
+    assert llama.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+
+
 @pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("seam", ["gdn", "attention"])
 def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam, wrapped):
@@ -488,8 +506,9 @@ def test_a_reload_of_the_seam_while_patched_keeps_its_state():
     """``importlib.reload(chunkscan.mlx_lm)`` (a notebook's autoreload) while a patch was
     live lost the patch's records: ``undo()`` did nothing, mlx-lm stayed patched until
     Python exited, and the next ``patch()`` called the wrappers it had installed other
-    code's (found by probing, session 54). A fresh process: a reload replaces the
-    module's functions and classes for every later test."""
+    code's (found by probing, session 54); and a drop-in bound by hand before a reload
+    was refused by ``patch()`` after it (found by review). A fresh process: a reload
+    replaces the module's functions and classes for every later test."""
     import subprocess
     import sys
 
@@ -506,6 +525,15 @@ assert (qwen3_next.gated_delta_update, llama.scaled_dot_product_attention) == st
 with cmlx.patch(verify=False):
     assert qwen3_next.gated_delta_update is not stock[0]
 assert (qwen3_next.gated_delta_update, llama.scaled_dot_product_attention) == stock
+# A drop-in bound by hand before a reload is still the drop-in after it (by its name)
+old_drop_in = cmlx.gated_delta_update
+qwen3_next.gated_delta_update = old_drop_in
+importlib.reload(cmlx)
+assert cmlx.gated_delta_update is not old_drop_in
+with cmlx.patch(verify=False):
+    assert qwen3_next.gated_delta_update is old_drop_in
+assert qwen3_next.gated_delta_update is old_drop_in, "undo took the drop-in"
+qwen3_next.gated_delta_update = stock[0]
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

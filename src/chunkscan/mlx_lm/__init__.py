@@ -488,32 +488,65 @@ def _stock_function(kept: dict[str, Any], module: str, name: str) -> Any:
         return fn
     fn = getattr(importlib.import_module(module), name)
     if _is_ours(fn):
-        problem, fix = _bound_at_home(module, name)
+        problem, fix = _bound_at_home(module, name, fn)
         raise RuntimeError(f"[chunkscan.mlx_lm.{name}] {problem}. {fix}")
     return fn
+
+
+# Each drop-in's name and the name of the wrapper patch() installs for it (_installed)
+_INSTALLED_NAMES = {"gated_delta_update": "_INSTALLED_GDN",
+                    "scaled_dot_product_attention": "_INSTALLED_ATTENTION"}  # fmt: skip
+
+
+def _drop_in(fn: Any, name: str, installed: bool = True) -> bool:
+    """Whether ``fn`` is this module's drop-in ``name`` (``"gated_delta_update"`` or
+    ``"scaled_dot_product_attention"``), or with ``installed`` the wrapper :func:`patch`
+    installs for it: by module and name, not identity, since
+    ``importlib.reload(chunkscan.mlx_lm)`` makes new functions while a user's modules
+    hold the old ones (found by review, session 54)."""
+    names = (name, _INSTALLED_NAMES[name]) if installed else (name,)
+    return (
+        getattr(fn, "__module__", None) == __name__ and getattr(fn, "__qualname__", None) in names
+    )
 
 
 def _is_ours(fn: Any) -> bool:
     """Whether ``fn`` is a drop-in of this module, a wrapper :func:`patch` installs, or
     a wrapper of either (``functools.wraps``: a profiler's)."""
-    ours = (gated_delta_update, scaled_dot_product_attention)
-    return any(fn is f or _unwrapped(fn) is f for f in ours)
+    return any(_drop_in(f, n) for f in (fn, _unwrapped(fn)) for n in _INSTALLED_NAMES)
 
 
-def _bound_at_home(module: str, name: str) -> tuple[str, str]:
-    """What is wrong where ``module.name``, mlx-lm's own function, holds a drop-in of
-    this module (bound there by hand), and the fix."""
+def _bound_at_home(module: str, name: str, fn: Any) -> tuple[str, str]:
+    """What is wrong where ``module.name``, mlx-lm's own function, holds ``fn``, a
+    drop-in of this module or a wrapper of one (bound there by hand), and the fix."""
+    what = f"chunkscan.mlx_lm's {name}"
+    if _unwrapped(fn) is not fn and not _drop_in(fn, name, installed=False):
+        what = f"{fn!r}, a wrapper of {what}"
+    if name == _NAME:
+        passed, families = "use_kernel=True: inference, validation", "qwen3_next, kimi_linear"
+    else:
+        passed, families = "a KV cache, sinks, a floating mask", "llama, qwen3_next"
     return (
-        f"{module}.{name} holds chunkscan.mlx_lm's {name}, not mlx-lm's function: the "
-        f"drop-in hands the calls it does not take (a KV cache, use_kernel=True, ...) to "
-        f"{module}.{name}, which would be itself",
+        f"{module}.{name} holds {what}, not mlx-lm's function: the drop-in hands the "
+        f"calls it does not take ({passed}) to {module}.{name}, which would be itself",
         f"Keep mlx-lm's function there and bind the drop-in in the model modules that "
-        f"import {name} by name (mlx_lm.models.llama, qwen3_next, ...), or let "
+        f"import {name} by name (mlx_lm.models.{families}, ...), or let "
         f"chunkscan.mlx_lm.patch() bind it.",
     )
 
 
 # -------------------------------------------------------------------- seam checks
+
+
+def _signature(fn: Any, where: str, fail: Callable[..., IncompatibleMlxLmError]) -> Any:
+    """``inspect.signature(fn)``; a wrapper chain that loops (``__wrapped__``), which
+    ``inspect`` cannot follow, raises the seam's error naming ``where`` (a bare
+    ``ValueError`` before; found by review, session 54)."""
+    try:
+        return inspect.signature(fn)
+    except ValueError as e:
+        raise fail([f"{where} is {fn!r}, whose signature cannot be read ({e})"],
+                   _rebound_fix(*where.rsplit(".", 1)), rebound=True) from None  # fmt: skip
 
 
 def _load_seam() -> tuple[Any, dict[str, Any]]:
@@ -526,14 +559,14 @@ def _load_seam() -> tuple[Any, dict[str, Any]]:
         ) from e
     fn = _stock.get("fn") if _saved else getattr(gd, _NAME, None)
     if _is_ours(fn):  # (its **options read as another version's; found by probing)
-        problem, fix = _bound_at_home(gd.__name__, _NAME)
+        problem, fix = _bound_at_home(gd.__name__, _NAME, fn)
         raise _fail([problem], fix, rebound=True)
     if fn is None or not callable(fn):
         raise _fail(
             [f"'mlx_lm.models.gated_delta' has no function {_NAME!r}"],
             "Use an mlx-lm whose Gated DeltaNet layers call gated_delta_update.",
         )
-    sig = inspect.signature(fn)
+    sig = _signature(fn, f"{gd.__name__}.{_NAME}", _fail)
     params = list(sig.parameters.values())
     problems = []
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -609,7 +642,7 @@ def _check_families(gd: ModuleType, stock: Any) -> dict[str, ModuleType]:
     rebound = True  # every problem a name other code rebound (none yet)
     for name, module in modules.items():
         bound = getattr(module, _NAME, None)
-        if bound is stock or bound is gated_delta_update or bound is _INSTALLED_GDN:
+        if bound is stock or _drop_in(bound, _NAME):
             usable[name] = module
         else:
             problem, by_others = _not_mlx_lms(name, _NAME, bound, gd.__name__, stock)
@@ -954,7 +987,7 @@ def _apply(chunk_size, verify, attention, save_states) -> Patch:
             # A module that holds the public drop-in (bound by hand) keeps it: it routes
             # as the wrapper does, and undo restores only what holds the wrapper (it was
             # given mlx-lm's function back; found by probing, session 54)
-            if _saved[name] is not gated_delta_update:
+            if not _drop_in(_saved[name], _NAME, installed=False):
                 setattr(module, _NAME, _INSTALLED_GDN)
         for seam in _REBOUND.values():
             seam.install()
@@ -1094,11 +1127,11 @@ def _check_attention_seam(verify: bool) -> None:
         ) from e
     stock = _attn_stock["fn"] if _attn_saved else getattr(base, _ATTN, None)
     if _is_ours(stock):  # (accepted, then every call with a cache recursed; probing)
-        problem, fix = _bound_at_home(base.__name__, _ATTN)
+        problem, fix = _bound_at_home(base.__name__, _ATTN, stock)
         raise _attention_fail([problem], fix, rebound=True)
     if stock is None or not callable(stock):
         raise _attention_fail([f"'mlx_lm.models.base' has no function {_ATTN!r}"], "")
-    sig = inspect.signature(stock)
+    sig = _signature(stock, f"{base.__name__}.{_ATTN}", _attention_fail)
     names = tuple(sig.parameters)
     if names != _ATTN_PARAMS or sig.parameters["sinks"].default is not None:
         raise _attention_fail(
@@ -1116,7 +1149,7 @@ def _check_attention_seam(verify: bool) -> None:
             rebound = False
             problems.append(f"{name} cannot be imported ({e})")
             continue
-        if all(bound is not f for f in (stock, scaled_dot_product_attention, _INSTALLED_ATTENTION)):
+        if bound is not stock and not _drop_in(bound, _ATTN):
             problem, by_others = _not_mlx_lms(name, _ATTN, bound, base.__name__, stock)
             problems.append(problem)
             rebound = rebound and by_others
@@ -1178,35 +1211,47 @@ def _sync_attention() -> None:
         _attn_saved.clear()
 
 
-def _installed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A function of its own that calls ``fn``: what :func:`patch` binds in mlx-lm's
+def _installed(target: str) -> Callable[..., Any]:
+    """A function of its own that calls the drop-in ``target`` (looked up in this
+    module when called, so that after ``importlib.reload(chunkscan.mlx_lm)`` the wrapper
+    kept across it runs the reloaded drop-in): what :func:`patch` binds in mlx-lm's
     modules, so that undoing it restores exactly what it bound, and not a module that
     imported the public drop-in (``from chunkscan.mlx_lm import gated_delta_update``) on
     purpose (it was switched back to mlx-lm's function by any patch and undo; found by
-    probing). ``name``: the module attribute that holds it, its ``__qualname__``, so
-    that pickle finds it (``functools.wraps`` gave it ``fn``'s)."""
+    probing). Its ``__qualname__`` is the module attribute that holds it
+    (:data:`_INSTALLED_NAMES`), so that pickle finds it (``functools.wraps`` gave it the
+    drop-in's)."""
+    module = globals()
 
-    @functools.wraps(fn)
+    @functools.wraps(module[target])
     def installed(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
+        return module[target](*args, **kwargs)
 
-    installed.__qualname__ = name
+    installed.__qualname__ = _INSTALLED_NAMES[target]
     return installed
 
 
-# (kept across a reload: what patch() bound is recognised by identity)
-_INSTALLED_GDN = _kept("_INSTALLED_GDN", lambda: _installed(gated_delta_update, "_INSTALLED_GDN"))
-_INSTALLED_ATTENTION = _kept(
-    "_INSTALLED_ATTENTION", lambda: _installed(scaled_dot_product_attention, "_INSTALLED_ATTENTION")
-)
+# (kept across a reload: what patch() bound is found by identity where it is restored)
+_INSTALLED_GDN = _kept("_INSTALLED_GDN", lambda: _installed(_NAME))
+_INSTALLED_ATTENTION = _kept("_INSTALLED_ATTENTION", lambda: _installed(_ATTN))
 
 
 def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
     """Bind ``stock`` to ``name`` in every imported module that binds ``installed``
-    (:func:`_installed`) there: mlx-lm's and any other that imported the name from
-    mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and such a
-    module kept the replacement)."""
-    _rebind_everywhere(name, lambda bound: stock if bound is installed else None)
+    (:func:`_installed`) there, or a wrapper of it (``functools.wraps`` gives a
+    wrapper its name: a profiler's of what patch() bound kept routing to chunkscan
+    after the undo; found by review, session 54): mlx-lm's and any other that imported
+    the name from mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and
+    such a module kept the replacement)."""
+    qualname = installed.__qualname__
+
+    def stock_for(bound: Any) -> Any:
+        ours = getattr(bound, "__module__", None) == __name__
+        if bound is installed or (ours and getattr(bound, "__qualname__", None) == qualname):
+            return stock
+        return None
+
+    _rebind_everywhere(name, stock_for)
 
 
 def _rebind_everywhere(name: str, stock_for: Callable[[Any], Any]) -> None:
@@ -1233,12 +1278,14 @@ def attention_patched_modules() -> tuple[str, ...]:
     """Names of the ``mlx_lm.models`` modules whose attention is patched now: those that
     hold the replacement, the ones imported while patched too (they import it from
     ``base`` by name; the list named only those patched at the start: found by
-    probing, session 50)."""
+    probing, session 50), and while patched those that hold the public drop-in (bound
+    by hand, as :func:`patched_families` lists such a Gated DeltaNet module)."""
     return tuple(
         sorted(
             name.rsplit(".", 1)[1]
             for name, module in _model_modules()
             if getattr(module, _ATTN, None) is _INSTALLED_ATTENTION
+            or (_attn_saved and _drop_in(getattr(module, _ATTN, None), _ATTN, installed=False))
         )
     )
 
