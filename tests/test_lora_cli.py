@@ -1317,6 +1317,15 @@ def test_lora_keys_that_name_no_module_are_refused_once_the_model_loads(tmp_path
     )):  # fmt: skip
         lora.main(argv)
     assert not (tmp_path / "a" / "adapter_config.json").exists()  # before mlx-lm wrote it
+    # A module mlx-lm cannot wrap: its ValueError was a traceback (found by probing,
+    # session 54); one line now, still before mlx-lm writes its adapter_config.json
+    cfg.write_text(lora_parameters % "[linear_attn.conv1d]")
+    with pytest.raises(SystemExit, match=re.escape(
+        "mlx-lm cannot wrap a layer this run asks for (Can't convert layer of type Conv1d "
+        "to LoRA): give lora_parameters keys (-c) that name linear layers, such as"
+    )):  # fmt: skip
+        lora.main(argv)
+    assert not (tmp_path / "a" / "adapter_config.json").exists()
     cfg.write_text(lora_parameters % "[mlp.up_proj, mlp.nonexistent]")
     with pytest.warns(UserWarning, match=re.escape("keys ['mlp.nonexistent'] name no module")):
         assert lora.main(argv) == 0
@@ -2120,3 +2129,27 @@ def test_a_feature_name_that_cannot_be_looked_up_is_refused_where_mlx_lm_looks(t
         )
         with pytest.raises(SystemExit, match=re.escape(where + msg)):
             lora.main([*argv, "-c", str(cfg)])
+
+
+def test_full_fine_tuning_of_a_quantized_model_is_refused_before_loading(tmp_path):
+    """``--fine-tune-type full`` on a quantized model: MLX cannot differentiate quantized
+    weights, and mlx-lm ran validation, wrote its ``adapter_config.json`` and failed at
+    the first step with a traceback (found by probing, session 54). Refused before
+    anything loads; lora on the same model, and full on the unquantized one, pass the
+    check (the negative control)."""
+    model = small_model(tmp_path / "model")
+    data = write_dataset(tmp_path / "data", n_train=4, n_valid=2)
+    argv = ["--model", str(model), "--data", str(data), "--train", "--iters", "1",
+            "--batch-size", "2", "--num-layers", "-1",
+            "--adapter-path", str(tmp_path / "a")]  # fmt: skip
+    lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "full"]))
+    config = json.loads((model / "config.json").read_text())
+    config["quantization"] = {"group_size": 64, "bits": 4}
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match=re.escape(
+        f"--fine-tune-type full on --model {model}, a quantized model (quantization in its "
+        "config.json): MLX cannot differentiate quantized weights."
+    )):  # fmt: skip
+        lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "full"]))
+    lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "lora"]))
+    assert not (tmp_path / "a").exists()

@@ -81,12 +81,30 @@ def _check_something_to_do(args: types.SimpleNamespace) -> None:
 def _check_local_inputs(args: types.SimpleNamespace) -> None:
     """What can be told of a local ``--data`` and ``--model`` folder before anything
     loads (with and without ``--demo``, whose folders may be the user's: it skipped
-    these before; found by probing): :func:`chunkscan.commands._lora_data._check_data` and
-    :func:`_check_layers`."""
+    these before; found by probing): :func:`chunkscan.commands._lora_data._check_data`,
+    :func:`_check_layers` and :func:`_check_full_fine_tune`."""
     if not getattr(args, "hf_dataset", None) and pathlib.Path(args.data).is_dir():
         _check_data(args)
     _check_model_type(args)
     _check_layers(args)
+    _check_full_fine_tune(args)
+
+
+def _check_full_fine_tune(args: types.SimpleNamespace) -> None:
+    """``--fine-tune-type full`` trains every weight, and MLX cannot differentiate a
+    quantized one (``QuantizedMatmul::vjp``): with a local model whose ``config.json``
+    says it is quantized, mlx-lm ran validation, wrote its ``adapter_config.json`` and
+    failed at the first step with a traceback (found by probing, session 54)."""
+    if not args.train or getattr(args, "fine_tune_type", None) != "full":
+        return
+    config = _model_config(args.model)
+    if config.get("quantization") or config.get("quantization_config"):
+        raise SystemExit(
+            f"{PROG}: --fine-tune-type full on --model {args.model}, a quantized model "
+            f"(quantization in its config.json): MLX cannot differentiate quantized "
+            f"weights. Train lora or dora adapters on it (QLoRA), or fully fine-tune the "
+            f"model before quantization."
+        )
 
 
 def _check_model_type(args: types.SimpleNamespace) -> None:

@@ -151,23 +151,28 @@ def _lora_keys_must_name_modules(lora: Any):
     it wraps (or of the model, by full path): mlx-lm skips a key that names none, and
     with none left ``mx.grad`` failed with "Must specify at least one argument" (found
     by probing). A key naming nothing while others do is warned about (a typo trains
-    fewer adapters than asked)."""
+    fewer adapters than asked). A layer mlx-lm cannot wrap (a key naming a ``Conv1d``;
+    DoRA on a mixture of experts' ``SwitchLinear``, which mlx-lm's default keys take)
+    stops the run with one line naming the fix, where mlx-lm's ``ValueError`` was a
+    traceback (found by probing, session 54)."""
+
+    def linear_layers(wrapped: list) -> str:
+        """Some linear layers of the last wrapped layer, for a message ('' for none)."""
+        if not wrapped:
+            return ""
+        linear = (nn.Linear, nn.QuantizedLinear)
+        names = {name for name, m in wrapped[-1].named_modules() if isinstance(m, linear)}
+        return _some(sorted(names), 8)
 
     def checked(original, model, num_layers, config, *args, **kwargs):
         keys = config.get("keys") if isinstance(config, dict) else None
+        wrapped = model.layers[-max(num_layers, 0) :]
         if keys:
-            wrapped = model.layers[-max(num_layers, 0) :]
             names = {name for layer in wrapped for name, _ in layer.named_modules()}
             names |= {name for name, _ in model.named_modules()}
             unknown = [key for key in keys if key not in names]
             if unknown:
-                linear = (nn.Linear, nn.QuantizedLinear)
-                some = sorted(
-                    {name for name, m in wrapped[-1].named_modules() if isinstance(m, linear)}
-                    if wrapped
-                    else ()
-                )
-                shown = _some(some, 8)
+                shown = linear_layers(wrapped)
                 what = (
                     f"lora_parameters keys {unknown!r} name no module of the "
                     f"{len(wrapped)} layers this run wraps (nor of the model, by full path)"
@@ -182,7 +187,16 @@ def _lora_keys_must_name_modules(lora: Any):
                     UserWarning,
                     stacklevel=2,
                 )
-        return original(model, num_layers, config, *args, **kwargs)
+        try:
+            return original(model, num_layers, config, *args, **kwargs)
+        except ValueError as e:  # mlx-lm's to_lora: a layer it cannot wrap
+            dora = kwargs.get("use_dora", args[0] if args else False)
+            other = "pass --fine-tune-type lora, or " if dora else ""
+            raise SystemExit(
+                f"{PROG}: mlx-lm cannot wrap a layer this run asks for ({e}): {other}give "
+                f"lora_parameters keys (-c) that name linear layers, such as "
+                f"{linear_layers(wrapped) or 'the names of its linear layers'}."
+            ) from None
 
     return _rebound(
         lora, "linear_to_lora_layers", lambda original: functools.partial(checked, original)
