@@ -452,12 +452,29 @@ def test_undo_unbinds_a_wrapper_of_what_patch_bound(monkeypatch):
     monkeypatch.setattr(llama, "scaled_dot_product_attention", cmlx.scaled_dot_product_attention)
     with cmlx.patch(verify=False):
         installed = qwen3_next.gated_delta_update
-        qwen3_next.gated_delta_update = functools.wraps(installed)(
-            lambda *a, **k: installed(*a, **k)
-        )
+        profiled = functools.wraps(installed)(lambda *a, **k: installed(*a, **k))
+        profiled.__qualname__ = "profiled"  # (the chain, not the name, tells)
+        qwen3_next.gated_delta_update = profiled
         assert "llama" in cmlx.attention_patched_modules()
     assert qwen3_next.gated_delta_update is stock
     assert llama.scaled_dot_product_attention is cmlx.scaled_dot_product_attention
+
+
+def test_a_wrapper_of_the_drop_in_is_not_taken_for_it(monkeypatch):
+    """A ``functools.wraps`` wrapper of the public drop-in has its name but code of its
+    own: one that routes to mlx-lm was taken for the drop-in, and the module listed as
+    patched while nothing reached chunkscan (found by review, session 54). It is other
+    code's, as any replacement is."""
+
+    @functools.wraps(cmlx.gated_delta_update)
+    def mine(*args, **kwargs):
+        return gd.gated_delta_update(*args, **kwargs)
+
+    monkeypatch.setattr(qwen3_next, "gated_delta_update", mine)
+    where = re.escape("mlx_lm.models.qwen3_next.gated_delta_update is")
+    with pytest.raises(cmlx.IncompatibleMlxLmError, match=where):
+        cmlx.patch(verify=False)
+    assert not cmlx.patched_families()
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
@@ -486,7 +503,7 @@ def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam, w
         a = mx.random.normal((1, 4, 2), key=keys[2])
         args = (q, q, v, a, a, mx.zeros(2), mx.ones(2), None, None)
         call = functools.partial(cmlx.gated_delta_update, *args, use_kernel=True)
-        where = "mlx_lm.models.gated_delta.gated_delta_update holds chunkscan.mlx_lm's"
+        where = "mlx_lm.models.gated_delta.gated_delta_update holds "
     else:
         attention = bound(cmlx.scaled_dot_product_attention)
         monkeypatch.setattr(base, "scaled_dot_product_attention", attention)
@@ -494,10 +511,12 @@ def test_a_drop_in_bound_where_mlx_lm_defines_it_is_refused(monkeypatch, seam, w
         cache = KVCache()
         kk, vv = cache.update_and_fetch(x, x)
         call = functools.partial(cmlx.scaled_dot_product_attention, x, kk, vv, cache, 0.2, "causal")
-        where = "mlx_lm.models.base.scaled_dot_product_attention holds chunkscan.mlx_lm's"
-    with pytest.raises(RuntimeError, match=re.escape(where)):
+        where = "mlx_lm.models.base.scaled_dot_product_attention holds "
+    what = r"<function \w+ at 0x\w+>, a wrapper of " if wrapped else ""
+    where = re.escape(where) + what + re.escape("chunkscan.mlx_lm's")
+    with pytest.raises(RuntimeError, match=where):
         call()
-    with pytest.raises(cmlx.IncompatibleMlxLmError, match=re.escape(where)):
+    with pytest.raises(cmlx.IncompatibleMlxLmError, match=where):
         cmlx.patch(verify=False)
     assert not cmlx.patched_families() and not cmlx.attention_patched_modules()
 

@@ -501,12 +501,19 @@ _INSTALLED_NAMES = {"gated_delta_update": "_INSTALLED_GDN",
 def _drop_in(fn: Any, name: str, installed: bool = True) -> bool:
     """Whether ``fn`` is this module's drop-in ``name`` (``"gated_delta_update"`` or
     ``"scaled_dot_product_attention"``), or with ``installed`` the wrapper :func:`patch`
-    installs for it: by module and name, not identity, since
-    ``importlib.reload(chunkscan.mlx_lm)`` makes new functions while a user's modules
-    hold the old ones (found by review, session 54)."""
-    names = (name, _INSTALLED_NAMES[name]) if installed else (name,)
+    installs for it: by module, name and code, not identity, since
+    ``importlib.reload(chunkscan.mlx_lm)`` makes new functions (of equal code) while a
+    user's modules hold the old ones (found by review, session 54); the code, since a
+    ``functools.wraps`` wrapper has the name of what it wraps but code of its own (one
+    that routes elsewhere was taken for the drop-in; review)."""
+    codes = {_INSTALLED_NAMES[name]: _INSTALLED_CODE, name: globals()[name].__code__}
+    if not installed:
+        del codes[_INSTALLED_NAMES[name]]
+    qualname = getattr(fn, "__qualname__", None)
     return (
-        getattr(fn, "__module__", None) == __name__ and getattr(fn, "__qualname__", None) in names
+        getattr(fn, "__module__", None) == __name__
+        and qualname in codes
+        and getattr(fn, "__code__", None) == codes[qualname]
     )
 
 
@@ -1234,24 +1241,29 @@ def _installed(target: str) -> Callable[..., Any]:
 # (kept across a reload: what patch() bound is found by identity where it is restored)
 _INSTALLED_GDN = _kept("_INSTALLED_GDN", lambda: _installed(_NAME))
 _INSTALLED_ATTENTION = _kept("_INSTALLED_ATTENTION", lambda: _installed(_ATTN))
+_INSTALLED_CODE = _INSTALLED_GDN.__code__  # (both wrappers' code: _installed's inner function)
 
 
 def _restore_everywhere(name: str, installed: Any, stock: Any) -> None:
     """Bind ``stock`` to ``name`` in every imported module that binds ``installed``
-    (:func:`_installed`) there, or a wrapper of it (``functools.wraps`` gives a
-    wrapper its name: a profiler's of what patch() bound kept routing to chunkscan
-    after the undo; found by review, session 54): mlx-lm's and any other that imported
-    the name from mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and
+    (:func:`_installed`) there, or a wrapper of it (its ``__wrapped__`` chain reaches
+    ``installed``: a profiler's of what patch() bound kept routing to chunkscan after
+    the undo; found by review, session 54): mlx-lm's and any other that imported the
+    name from mlx-lm while patched (before, only ``mlx_lm.models`` was searched, and
     such a module kept the replacement)."""
-    qualname = installed.__qualname__
+    _rebind_everywhere(name, lambda bound: stock if _wraps(bound, installed) else None)
 
-    def stock_for(bound: Any) -> Any:
-        ours = getattr(bound, "__module__", None) == __name__
-        if bound is installed or (ours and getattr(bound, "__qualname__", None) == qualname):
-            return stock
-        return None
 
-    _rebind_everywhere(name, stock_for)
+def _wraps(fn: Any, target: Any) -> bool:
+    """Whether ``fn`` is ``target`` or its ``__wrapped__`` chain passes ``target`` (at
+    most 100 links: a chain that loops ends there)."""
+    for _ in range(100):
+        if fn is target:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None:
+            return False
+    return False
 
 
 def _rebind_everywhere(name: str, stock_for: Callable[[Any], Any]) -> None:
