@@ -2135,20 +2135,27 @@ def test_full_fine_tuning_of_a_quantized_model_is_refused_before_loading(tmp_pat
     """``--fine-tune-type full`` on a quantized model: MLX cannot differentiate quantized
     weights, and mlx-lm ran validation, wrote its ``adapter_config.json`` and failed at
     the first step with a traceback (found by probing, session 54). Refused before
-    anything loads; lora on the same model, and full on the unquantized one, pass the
-    check (the negative control)."""
+    anything loads, as mlx-lm tells a quantized layer (its weights have ``scales``); lora
+    on the same model, and full on the unquantized one (whatever its config says:
+    a review found an fp8 ``quantization_config`` that mlx-lm dequantizes refused),
+    pass the check (the negative control)."""
     model = small_model(tmp_path / "model")
     data = write_dataset(tmp_path / "data", n_train=4, n_valid=2)
     argv = ["--model", str(model), "--data", str(data), "--train", "--iters", "1",
             "--batch-size", "2", "--num-layers", "-1",
             "--adapter-path", str(tmp_path / "a")]  # fmt: skip
-    lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "full"]))
     config = json.loads((model / "config.json").read_text())
-    config["quantization"] = {"group_size": 64, "bits": 4}
+    config["quantization_config"] = {"quant_method": "fp8"}
     (model / "config.json").write_text(json.dumps(config))
+    lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "full"]))
+    (weights,) = model.glob("model*.safetensors")
+    tensors = dict(mx.load(str(weights)))
+    name = next(n for n in tensors if n.endswith("up_proj.weight")).replace("weight", "scales")
+    tensors[name] = mx.ones((4, 2))
+    mx.save_safetensors(str(weights), tensors)
     with pytest.raises(SystemExit, match=re.escape(
-        f"--fine-tune-type full on --model {model}, a quantized model (quantization in its "
-        "config.json): MLX cannot differentiate quantized weights."
+        f"--fine-tune-type full on --model {model}, a quantized model ({weights.name} holds "
+        f"{name}): MLX cannot differentiate quantized weights."
     )):  # fmt: skip
         lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "full"]))
     lora.check_args(lora.resolve_args([*argv, "--fine-tune-type", "lora"]))

@@ -14,6 +14,8 @@ import sys
 import types
 from typing import Any
 
+import mlx.core as mx
+
 from ._lora_adapters import _check_adapter_paths, _check_resumed_adapters
 from ._lora_common import PROG, _layer_count, _mlx_lm_lora, _model_config
 from ._lora_data import _check_data
@@ -92,19 +94,28 @@ def _check_local_inputs(args: types.SimpleNamespace) -> None:
 
 def _check_full_fine_tune(args: types.SimpleNamespace) -> None:
     """``--fine-tune-type full`` trains every weight, and MLX cannot differentiate a
-    quantized one (``QuantizedMatmul::vjp``): with a local model whose ``config.json``
-    says it is quantized, mlx-lm ran validation, wrote its ``adapter_config.json`` and
-    failed at the first step with a traceback (found by probing, session 54)."""
+    quantized one (``QuantizedMatmul::vjp``): with a quantized local model mlx-lm ran
+    validation, wrote its ``adapter_config.json`` and failed at the first step with a
+    traceback (found by probing, session 54). Quantized as mlx-lm tells it: a layer
+    whose weights come with ``scales`` (its ``load_model`` quantizes those), read off
+    the tensor names of ``model*.safetensors`` (``mx.load`` is lazy: no data is read;
+    ``config.json``'s keys alone missed a nested ``quantization_config`` and refused an
+    fp8 one that mlx-lm dequantizes; review)."""
     if not args.train or getattr(args, "fine_tune_type", None) != "full":
         return
-    config = _model_config(args.model)
-    if config.get("quantization") or config.get("quantization_config"):
-        raise SystemExit(
-            f"{PROG}: --fine-tune-type full on --model {args.model}, a quantized model "
-            f"(quantization in its config.json): MLX cannot differentiate quantized "
-            f"weights. Train lora or dora adapters on it (QLoRA), or fully fine-tune the "
-            f"model before quantization."
-        )
+    for path in sorted(pathlib.Path(args.model).glob("model*.safetensors")):
+        try:
+            names = mx.load(str(path)).keys()
+        except Exception:  # noqa: BLE001 (an unreadable file is mlx-lm's to report)
+            return
+        scaled = next((n for n in names if n.endswith(".scales")), None)
+        if scaled is not None:
+            raise SystemExit(
+                f"{PROG}: --fine-tune-type full on --model {args.model}, a quantized model "
+                f"({path.name} holds {scaled}): MLX cannot differentiate quantized weights. "
+                f"Train lora or dora adapters on it (QLoRA), or fully fine-tune the model "
+                f"before quantization."
+            )
 
 
 def _check_model_type(args: types.SimpleNamespace) -> None:

@@ -187,6 +187,7 @@ def _lora_keys_must_name_modules(lora: Any):
                     UserWarning,
                     stacklevel=2,
                 )
+        shown = linear_layers(wrapped)  # (before mlx-lm wraps any: a LoRA layer's .linear)
         try:
             return original(model, num_layers, config, *args, **kwargs)
         except ValueError as e:  # mlx-lm's to_lora: a layer it cannot wrap
@@ -195,7 +196,7 @@ def _lora_keys_must_name_modules(lora: Any):
             raise SystemExit(
                 f"{PROG}: mlx-lm cannot wrap a layer this run asks for ({e}): {other}give "
                 f"lora_parameters keys (-c) that name linear layers, such as "
-                f"{linear_layers(wrapped) or 'the names of its linear layers'}."
+                f"{shown or 'the names of its linear layers'}."
             ) from None
 
     return _rebound(
