@@ -412,7 +412,7 @@ def selective_scan_backward_peak(
 
 def scan_input_work_peak(
     T: int, C: int, D: int, no_edge: str | None = None, state_only: bool = False,
-    gate_constants: bool = True, with_params: bool = False, checkpoint_loop: bool = False,
+    gate_constants: bool = True, with_params: bool = False, checkpoint_loop: bool | str = False,
     inputs_together: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Peak bytes above the inputs of the gradients (``q``, ``g``, ``h0``) of a ``scan``
@@ -425,8 +425,10 @@ def scan_input_work_peak(
     ``gate_constants=False``: the backward's constant xs chunks not gated by rule 2
     (``scan._GATE_CONSTANTS``, the negative control; found by probing, session 52).
     ``checkpoint_loop``: the same chunks as a hand-written loop of ``chunkscan.split``
-    and ``chunkscan.checkpoint``; ``inputs_together=False``: without its rule 5
-    (``checkpoint._INPUTS_TOGETHER``, the negative control; the same session)."""
+    and ``chunkscan.checkpoint`` (``True``), with each chunk's offset passed as a Python
+    int (``"int_offset"``), or with a checkpoint made anew per call (``"inline"``: both
+    lost the edge, found by probing, session 54); ``inputs_together=False``: without
+    its rule 5 (``checkpoint._INPUTS_TOGETHER``, the negative control; session 52)."""
     from chunkscan.ops.gated_delta._triangular import unit_lower_inverse
 
     scan_module = importlib.import_module("chunkscan.scan")
@@ -453,10 +455,19 @@ def scan_input_work_peak(
 
     params = {"params": mx.array(0.3)} if with_params else {}
 
+    def chunk_at(h, xs, offset):  # (the offset is read as a position would be)
+        return chunk(h, xs, p=1.0 + 0 * offset)
+
     def looped(q, g, h0):
         step, h, ys = chunkscan.checkpoint(chunk), h0, []
-        for qc, gc in zip(chunkscan.split(q, C), chunkscan.split(g, C)):
-            h, y = step(h, (qc, gc))
+        at = chunkscan.checkpoint(chunk_at)
+        for i, (qc, gc) in enumerate(zip(chunkscan.split(q, C), chunkscan.split(g, C))):
+            if checkpoint_loop == "int_offset":
+                h, y = at(h, (qc, gc), i * C)
+            elif checkpoint_loop == "inline":
+                h, y = chunkscan.checkpoint(chunk)(h, (qc, gc))
+            else:
+                h, y = step(h, (qc, gc))
             ys.append(y)
         return h, mx.concatenate(ys)
 

@@ -13,6 +13,7 @@ import functools
 import itertools
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -95,11 +96,13 @@ def checkpoint(fun: F) -> F:
     if not callable(fun):
         raise TypeError(f"[checkpoint] fun must be callable but got {type(fun).__name__}.")
     # Whether an earlier call of the same structure (the arguments' tree and non-array
-    # leaves) returned several arrays (a carry and outputs): such calls' arguments then
-    # wait for one another (rule 5, below). Per structure, not per function: one flag
-    # kept the edge for a later one-output call (a ``both=True`` switch), and its
-    # ``mx.vmap`` failed (found by review, session 52). At most _STRUCTURES kept.
-    several_outputs: dict[Any, bool] = {}
+    # leaves, numbers by their type) returned several arrays (a carry and outputs): such
+    # calls' arguments then wait for one another (rule 5, below). Per structure, not per
+    # function: one flag kept the edge for a later one-output call (a ``both=True``
+    # switch), and its ``mx.vmap`` failed (found by review, session 52). Shared by every
+    # checkpoint of one function (``checkpoint(fun)(...)`` made anew per call had no
+    # earlier call: found by probing, session 54). At most _STRUCTURES kept.
+    several_outputs = _outputs_seen(fun)
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
@@ -211,13 +214,38 @@ def checkpoint(fun: F) -> F:
 
 def _structure(treedef: tuple, template: list) -> tuple | None:
     """A call's structure (its arguments' tree, its non-array leaves), hashable, or
-    ``None`` where a leaf is not (such calls get no rule-5 edge)."""
-    key = (treedef, tuple(template))
+    ``None`` where a leaf is not (such calls get no rule-5 edge). An int or a float
+    counts by its type, not its value: a chunk's offset passed as a Python int (for
+    positions) made every call a structure never seen, and none got the rule-5 edge
+    (memory grew with T as without it; found by probing, session 54). Booleans,
+    strings and ``None`` count by their value (switches, which may change what ``fun``
+    returns)."""
+    numbers = (int, float)
+    key = (treedef, tuple(
+        type(leaf) if isinstance(leaf, numbers) and not isinstance(leaf, bool) else leaf
+        for leaf in template
+    ))  # fmt: skip
     try:
         hash(key)
     except TypeError:
         return None
     return key
+
+
+# Per function (weakly held), the structures its calls returned several arrays for (see
+# checkpoint); shared by every checkpoint of the function.
+_OUTPUTS_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _outputs_seen(fun: Callable) -> dict[Any, bool]:
+    """The dict of structures of :data:`_OUTPUTS_SEEN` for ``fun`` (a bound method's
+    function, since each attribute access makes a new bound method); a dict of this
+    checkpoint's own where ``fun`` takes no weak reference."""
+    key = getattr(fun, "__func__", fun)
+    try:
+        return _OUTPUTS_SEEN.setdefault(key, {})
+    except TypeError:
+        return {}
 
 
 def _is_method(fun: Callable) -> bool:
