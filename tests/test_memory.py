@@ -99,7 +99,7 @@ def test_a_checkpoint_loops_input_work_waits_for_its_carry(form):
     passing each chunk's offset as a Python int, or making the checkpoint anew per
     call, lost the edge (found by probing, session 54: the edge was kept per call
     structure, an int's value in it, and per checkpoint): 2.10 MiB each, the control's;
-    0.56 and 0.57 now (session 54, not recorded in a file)."""
+    0.56 and 0.57 now (``bench/results/cpu/memory_tests_checkpoint_forms_07055e5.jsonl``)."""
     from helpers import peak_growth
 
     Dm, Cm = 64, 32
