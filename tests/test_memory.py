@@ -84,7 +84,11 @@ def test_a_chunks_input_work_waits_for_its_carry():
     assert control > bound, f"without rule 5 grew by {control / MiB:.2f} MiB only"
 
 
-@pytest.mark.parametrize("form", [True, "int_offset", "inline"])
+@pytest.mark.parametrize(
+    "form",
+    [True, "int_offset", pytest.param("inline", marks=pytest.mark.xfail(
+        strict=True, reason="docs/design.md: a checkpoint made per call has no call before"))],
+)  # fmt: skip
 def test_a_checkpoint_loops_input_work_waits_for_its_carry(form):
     """Rule 5 in a hand-written loop of ``chunkscan.split`` and ``chunkscan.checkpoint``
     (the chunk function of the test above): ``checkpoint`` cannot tell the carry from
@@ -96,10 +100,12 @@ def test_a_checkpoint_loops_input_work_waits_for_its_carry(form):
     is nearer): measured 0.57 MiB against 1.13; without the edge
     (``checkpoint._INPUTS_TOGETHER`` off) 2.10, the control
     (``bench/results/cpu/memory_tests_checkpoint_rule5_cdeac32.jsonl``). The same loop
-    passing each chunk's offset as a Python int, or making the checkpoint anew per
-    call, lost the edge (found by probing, session 54: the edge was kept per call
-    structure, an int's value in it, and per checkpoint): 2.10 MiB each, the control's;
-    0.56 and 0.57 now (``bench/results/cpu/memory_tests_checkpoint_forms_07055e5.jsonl``)."""
+    passing each chunk's offset as a Python int lost the edge (found by probing, session
+    54: the edge was kept per call structure, the int's value in it): 2.10 MiB, the
+    control's. A checkpoint made anew per call has no call before and no edge (2.10
+    MiB: a strict xfail, the documented limit; a shared record of the calls, tried in
+    session 54, let a one-output call of another instance's method take the edge and
+    lose ``mx.vmap``, and kept arguments alive: review)."""
     from helpers import peak_growth
 
     Dm, Cm = 64, 32

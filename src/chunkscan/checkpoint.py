@@ -13,7 +13,6 @@ import functools
 import itertools
 import types
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -96,13 +95,16 @@ def checkpoint(fun: F) -> F:
     if not callable(fun):
         raise TypeError(f"[checkpoint] fun must be callable but got {type(fun).__name__}.")
     # Whether an earlier call of the same structure (the arguments' tree and non-array
-    # leaves, numbers by their type) returned several arrays (a carry and outputs): such
-    # calls' arguments then wait for one another (rule 5, below). Per structure, not per
-    # function: one flag kept the edge for a later one-output call (a ``both=True``
-    # switch), and its ``mx.vmap`` failed (found by review, session 52). Shared by every
-    # checkpoint of one function (``checkpoint(fun)(...)`` made anew per call had no
-    # earlier call: found by probing, session 54). At most _STRUCTURES kept.
-    several_outputs = _outputs_seen(fun)
+    # leaves) returned several arrays (a carry and outputs): such calls' arguments then
+    # wait for one another (rule 5, below). Per structure, not per function: one flag
+    # kept the edge for a later one-output call (a ``both=True`` switch), and its
+    # ``mx.vmap`` failed (found by review, session 52). A structure not seen yet takes
+    # the flag of its kind (the same, with ints and floats by their type) where every
+    # call of that kind returned several arrays: a loop passing each chunk's offset as
+    # a Python int made every call a structure never seen, and none got the edge (its
+    # memory grew with T; found by probing, session 54). At most _STRUCTURES of each kept.
+    several_outputs: dict[Any, bool] = {}
+    several_of_kind: dict[Any, bool] = {}
 
     @functools.wraps(fun)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
@@ -118,6 +120,7 @@ def checkpoint(fun: F) -> F:
         # that produced it alive, one chunk's worth per call.
         template = [None if isinstance(leaf, mx.array) else leaf for leaf in leaves]
         structure = _structure(treedef, template)
+        kind = _structure(treedef, template, numbers_by_type=True)
         del leaves, args, kwargs
         out_defs: list[tuple] = []
         starts = _random.Starts()  # the global random key, if the forward drew from it
@@ -150,11 +153,9 @@ def checkpoint(fun: F) -> F:
                 )
             kept = [_ARRAY if isinstance(leaf, mx.array) else leaf for leaf in out_leaves]
             out_defs.append((out_def, kept))
-            if structure is not None:
-                several_outputs.pop(structure, None)  # (the newest last)
-                several_outputs[structure] = len(out_arrays) > 1
-                while len(several_outputs) > _STRUCTURES:
-                    several_outputs.pop(next(iter(several_outputs)))
+            several = len(out_arrays) > 1
+            _remember(several_outputs, structure, several)
+            _remember(several_of_kind, kind, several and several_of_kind.get(kind, True))
             return _ordering.all_together(out_arrays)
 
         @mx.custom_function
@@ -172,7 +173,10 @@ def checkpoint(fun: F) -> F:
             # to indices"; found by probing, session 53).
             waited = [a if mx.issubdtype(a.dtype, mx.inexact) else mx.stop_gradient(a)
                       for a in primals]  # fmt: skip
-            if several_outputs.get(structure, False) and _INPUTS_TOGETHER:
+            seen = several_outputs.get(structure)
+            if seen is None:
+                seen = several_of_kind.get(kind, False)
+            if seen and _INPUTS_TOGETHER:
                 waited = _ordering.all_together(waited)
             with starts.forward():  # (run again by mx.jvp and mx.vmap: replayed)
                 return call(waited)
@@ -212,19 +216,14 @@ def checkpoint(fun: F) -> F:
     return checkpointed  # type: ignore[return-value]
 
 
-def _structure(treedef: tuple, template: list) -> tuple | None:
+def _structure(treedef: tuple, template: list, numbers_by_type: bool = False) -> tuple | None:
     """A call's structure (its arguments' tree, its non-array leaves), hashable, or
-    ``None`` where a leaf is not (such calls get no rule-5 edge). An int or a float
-    counts by its type, not its value: a chunk's offset passed as a Python int (for
-    positions) made every call a structure never seen, and none got the rule-5 edge
-    (memory grew with T as without it; found by probing, session 54). Booleans,
-    strings and ``None`` count by their value (switches, which may change what ``fun``
-    returns)."""
-    numbers = (int, float)
-    key = (treedef, tuple(
-        type(leaf) if isinstance(leaf, numbers) and not isinstance(leaf, bool) else leaf
-        for leaf in template
-    ))  # fmt: skip
+    ``None`` where a leaf is not (such calls get no rule-5 edge). ``numbers_by_type``:
+    its kind, with each int and float leaf by its type (bools by their value)."""
+    if numbers_by_type:
+        template = [type(leaf) if isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
+                    else leaf for leaf in template]  # fmt: skip
+    key = (treedef, tuple(template))
     try:
         hash(key)
     except TypeError:
@@ -232,20 +231,15 @@ def _structure(treedef: tuple, template: list) -> tuple | None:
     return key
 
 
-# Per function (weakly held), the structures its calls returned several arrays for (see
-# checkpoint); shared by every checkpoint of the function.
-_OUTPUTS_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _outputs_seen(fun: Callable) -> dict[Any, bool]:
-    """The dict of structures of :data:`_OUTPUTS_SEEN` for ``fun`` (a bound method's
-    function, since each attribute access makes a new bound method); a dict of this
-    checkpoint's own where ``fun`` takes no weak reference."""
-    key = getattr(fun, "__func__", fun)
-    try:
-        return _OUTPUTS_SEEN.setdefault(key, {})
-    except TypeError:
-        return {}
+def _remember(flags: dict[Any, bool], key: Any, value: bool) -> None:
+    """``flags[key] = value``, the newest last, at most ``_STRUCTURES`` kept (``None``, a
+    structure that cannot be hashed: not kept)."""
+    if key is None:
+        return
+    flags.pop(key, None)
+    flags[key] = value
+    while len(flags) > _STRUCTURES:
+        flags.pop(next(iter(flags)))
 
 
 def _is_method(fun: Callable) -> bool:
