@@ -426,8 +426,9 @@ def scan_input_work_peak(
     (``scan._GATE_CONSTANTS``, the negative control; found by probing, session 52).
     ``checkpoint_loop``: the same chunks as a hand-written loop of ``chunkscan.split``
     and ``chunkscan.checkpoint`` (``True``), with each chunk's offset passed as a Python
-    int (``"int_offset"``), or with a checkpoint made anew per call (``"inline"``: both
-    lost the edge, found by probing, session 54); ``inputs_together=False``: without
+    int (``"int_offset"``: it lost the edge until session 54, found by probing), or with
+    a checkpoint made anew per call (``"inline"``: no edge, a documented limit);
+    ``inputs_together=False``: without
     its rule 5 (``checkpoint._INPUTS_TOGETHER``, the negative control; session 52)."""
     from chunkscan.ops.gated_delta._triangular import unit_lower_inverse
 

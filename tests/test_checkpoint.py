@@ -440,3 +440,18 @@ def test_compiled_second_derivative_of_a_loop_returning_one_value_twice():
     assert all(max_rel(a, b) <= 1e-6 for a, b in zip(hvp_of(chunkscan.checkpoint(f))(x, w), ref))
     got = mx.compile(hvp_of(chunkscan.checkpoint(f)))(x, w)
     assert all(max_rel(a, b) <= 1e-6 for a, b in zip(got, ref))
+
+
+def test_the_kind_of_a_call_counts_numbers_by_type():
+    """Rule 5's flag of a structure not seen yet comes from its kind, where numbers
+    count by their type: a loop's per-chunk offset, a Python or a NumPy int (a NumPy int
+    was a new kind every call; found by review, session 54). Switches count by value."""
+    from chunkscan.checkpoint import _structure
+
+    def kind(leaf):
+        return _structure((), [leaf], numbers_by_type=True)
+
+    assert kind(3) == kind(5) and kind(2.5) == kind(0.5)
+    assert kind(np.int64(3)) == kind(np.int64(9)) and kind(np.float32(1)) == kind(np.float32(2))
+    assert kind(True) != kind(False) and kind(np.bool_(True)) != kind(np.bool_(False))
+    assert kind("a") != kind("b") and kind(None) != kind(3)

@@ -544,7 +544,8 @@ assert (qwen3_next.gated_delta_update, llama.scaled_dot_product_attention) == st
 with cmlx.patch(verify=False):
     assert qwen3_next.gated_delta_update is not stock[0]
 assert (qwen3_next.gated_delta_update, llama.scaled_dot_product_attention) == stock
-# A drop-in bound by hand before a reload is still the drop-in after it (by its name)
+# A drop-in bound by hand before a reload is still the drop-in after it (by module,
+# name and code)
 old_drop_in = cmlx.gated_delta_update
 qwen3_next.gated_delta_update = old_drop_in
 importlib.reload(cmlx)

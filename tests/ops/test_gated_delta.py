@@ -141,21 +141,16 @@ def test_normalize_qk_of_rows_of_huge_norms(q_factor, k_factor):
     assert_fp32_close(got, want)
 
 
-# l2_normalize(c x) = l2_normalize(x): c * grad(c x) against grad(x), and c**2 times the
-# Hessian-vector product at c x against the one at x. Measured at most 4.4e-7 and 9.3e-7
-# over the cases below (D = 8 and 128, three seeds each, c from 1e6 to 1e36); the bounds
-# are about 5x. The negative control (rows scaled only where their square sum overflows,
-# as before session 54) fails both: 0.43 and 1.2.
+# l2_normalize(c x) = l2_normalize(x): c * grad(c x) against grad(x) for c from 1e6 to
+# 1e36, and c**2 times the Hessian-vector product at c x against the one at x up to
+# 1e18 (beyond, it is below float32's range). Measured at most 4.4e-7 and 9.3e-7 (D = 8
+# and 128, three seeds each); the bounds are about 5x. The negative control (rows
+# scaled only where their square sum overflows, as before session 54) fails both.
 L2_SCALED_TOL = {"grad": 2e-6, "hvp": 5e-6}
 
 
-@pytest.mark.parametrize("D", [8, 128])
-def test_l2_normalize_derivatives_are_scale_invariant(D):
-    """``l2_normalize(c x)`` is ``l2_normalize(x)``, so ``c * grad(c x) = grad(x)`` and
-    ``c**2 H(c x) u = H(x) u`` at every scale ``c`` whose rows stay finite. The plain
-    form's derivatives of ``rsqrt`` (``s**-1.5``, ``s**-2.5``) went subnormal for large
-    rows: first derivatives of rows of norm 1e14 to 1e18 were 1e-4 to 0.4 off (found by
-    probing, session 54), second derivatives from ~2e9 (found by review)."""
+def _l2_scale_errors(D: int) -> dict[str, float]:
+    """The worst errors of the scale invariance above, first and second derivatives."""
     from chunkscan.ops.gated_delta.naive import l2_normalize
 
     errors: dict[str, list[float]] = {"grad": [], "hvp": []}
@@ -173,9 +168,27 @@ def test_l2_normalize_derivatives_are_scale_invariant(D):
         base, base_h = grad(x), hvp(x)
         for c in (1e6, 1e10, 1e12, 1e14, 1e15, 1e16, 1e17, 1e18, 1e24, 1e36):
             errors["grad"].append(max_rel(grad(x * c) * c, base))
-            errors["hvp"].append(max_rel(hvp(x * c) * (c * c), base_h))
-    worst = {k: max(v) for k, v in errors.items()}
+            if c <= 1e18:
+                errors["hvp"].append(max_rel(hvp(x * c) * (c * c), base_h))
+    assert all(math.isfinite(e) for v in errors.values() for e in v), errors
+    return {k: max(v) for k, v in errors.items()}
+
+
+@pytest.mark.parametrize("D", [8, 128])
+def test_l2_normalize_derivatives_are_scale_invariant(D, monkeypatch):
+    """``l2_normalize(c x)`` is ``l2_normalize(x)``, so ``c * grad(c x) = grad(x)`` and
+    ``c**2 H(c x) u = H(x) u`` at every scale ``c`` whose rows stay finite. The plain
+    form's derivatives of ``rsqrt`` (``s**-1.5``, ``s**-2.5``) went subnormal for large
+    rows: first derivatives of rows of norm 1e14 to 1e18 were 1e-4 to 0.4 off (found by
+    probing, session 54), second derivatives from ~2e9 (found by review). The negative
+    control, the scaling of before, is run too and must fail both."""
+    from chunkscan.ops.gated_delta import naive
+
+    worst = _l2_scale_errors(D)
     assert all(worst[k] <= L2_SCALED_TOL[k] for k in worst), worst
+    monkeypatch.setattr(naive, "_SCALE_ROWS_ABOVE_ONE", False)
+    control = _l2_scale_errors(D)
+    assert all(control[k] > L2_SCALED_TOL[k] for k in control), control
 
 
 @pytest.mark.parametrize("D", [96, 112, 128, 160])
@@ -1241,13 +1254,13 @@ def test_initial_state_gradient_at_model_heads(C):
 # The default chunk at heads of 2 to 16 key channels on the CPU (4 Dk, at most 32: 8,
 # 16, 32, 32): the initial state's gradient within 2.5e-5 / 2.7e-6 / 1.2e-6 / 6.6e-7
 # (three seeds) against the loop's 7.6e-6 / 5.0e-7 / 6.0e-7 / 4.9e-7; the bound is 4x
-# the worst. The negative control (32 for any Dk, as before session 54): 0.12 at Dk = 2,
-# 2.0e-5 at 4.
+# the worst. The negative control (32 for any Dk, as before session 54), run by the test
+# at Dk = 2 and 4, fails it.
 SMALL_HEAD_DEFAULT_TOL = {2: 1e-4, 4: 1.1e-5, 8: 5e-6, 16: 3e-6}
 
 
 @pytest.mark.parametrize("Dk", [2, 4, 8, 16])
-def test_default_chunk_size_keeps_small_key_heads_precise(Dk):
+def test_default_chunk_size_keeps_small_key_heads_precise(Dk, monkeypatch):
     """The documented limit of small key heads (below) is the default's too: on the CPU
     it was 32 for any ``Dk``, and the initial state's gradient at ``Dk = 2`` was 0.12 off
     (found by probing, session 54); the default now takes chunks of at most ``4 Dk``.
@@ -1257,6 +1270,11 @@ def test_default_chunk_size_keeps_small_key_heads_precise(Dk):
     loop, chunk = zip(*errors)
     print(f"\nDk={Dk} default C: loop {max(loop):.1e}, chunk {max(chunk):.1e}")
     assert max(chunk) <= SMALL_HEAD_DEFAULT_TOL[Dk], max(chunk)
+    if Dk <= 4:  # the negative control: the CPU's 32 for any Dk (no change from Dk = 8)
+        monkeypatch.setattr(chunk_module, "_SMALL_HEAD_CHUNK_SIZE", False)
+        with mx.stream(mx.cpu):
+            control = max(_initial_state_gradient_error(Dk, None, s)[1] for s in range(3))
+        assert control > SMALL_HEAD_DEFAULT_TOL[Dk], control
 
 
 @pytest.mark.xfail(strict=True, reason="docs/gated_delta.md, Numerics: small key heads")

@@ -167,12 +167,12 @@ def _lora_keys_must_name_modules(lora: Any):
     def checked(original, model, num_layers, config, *args, **kwargs):
         keys = config.get("keys") if isinstance(config, dict) else None
         wrapped = model.layers[-max(num_layers, 0) :]
+        shown = linear_layers(wrapped)  # (before mlx-lm wraps any: a LoRA layer's .linear)
         if keys:
             names = {name for layer in wrapped for name, _ in layer.named_modules()}
             names |= {name for name, _ in model.named_modules()}
             unknown = [key for key in keys if key not in names]
             if unknown:
-                shown = linear_layers(wrapped)
                 what = (
                     f"lora_parameters keys {unknown!r} name no module of the "
                     f"{len(wrapped)} layers this run wraps (nor of the model, by full path)"
@@ -187,7 +187,6 @@ def _lora_keys_must_name_modules(lora: Any):
                     UserWarning,
                     stacklevel=2,
                 )
-        shown = linear_layers(wrapped)  # (before mlx-lm wraps any: a LoRA layer's .linear)
         try:
             return original(model, num_layers, config, *args, **kwargs)
         except ValueError as e:  # mlx-lm's to_lora: a layer it cannot wrap

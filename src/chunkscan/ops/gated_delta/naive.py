@@ -19,12 +19,13 @@ _SCALE_ROWS_ABOVE_ONE = True
 def l2_normalize(x: mx.array) -> mx.array:
     """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float32.
 
-    A finite row whose largest magnitude passes 1 is first divided by the power of two
-    ``m`` at or below it (held constant: the result is the same function of ``x`` for
-    any ``m > 0``), as ``(x / m) / sqrt(sum((x / m)**2) + eps / m**2)``; the other rows
-    take the plain form, ``m = 1``. A power of two divides exactly, so the values are the
-    plain form's (to the rounding of ``rsqrt``), and the square sum of a scaled row is
-    between 1 and ``4 D``, where the derivatives of ``rsqrt`` (``s**-1.5``, ``s**-2.5``,
+    A finite row whose largest magnitude passes 1 is first divided by a power of two
+    ``m`` within a factor 2 of it (``2**floor(log2)``, whose float32 ``log2`` may round
+    up; held constant: the result is the same function of ``x`` for any ``m > 0``), as
+    ``(x / m) / sqrt(sum((x / m)**2) + eps / m**2)``; the other rows take the plain form,
+    ``m = 1``. A power of two divides exactly, so the values are the plain form's (to the
+    rounding of ``rsqrt``), and the square sum of a scaled row is between 1/4 and
+    ``4 D``, where the derivatives of ``rsqrt`` (``s**-1.5``, ``s**-2.5``,
     ...) of every order are normal float32 numbers. Until session 54 only rows whose
     square sum overflows (norm above ~1.8e19, which the plain form turned into zeros)
     were scaled, by their largest magnitude: the plain form's derivative went subnormal
