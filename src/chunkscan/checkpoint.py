@@ -221,8 +221,8 @@ def _structure(treedef: tuple, template: list, numbers_by_type: bool = False) ->
     """A call's structure (its arguments' tree, its non-array leaves), hashable, or
     ``None`` where a leaf is not (such calls get no rule-5 edge). ``numbers_by_type``:
     its kind, with each int and float leaf by its type (bools by their value)."""
-    if numbers_by_type:  # (NumPy's scalars too; not booleans, Python's or NumPy's)
-        template = [type(leaf) if isinstance(leaf, numbers.Real) and not _is_bool(leaf)
+    if numbers_by_type:  # (NumPy's numbers too; NumPy's booleans are no numbers.Real)
+        template = [type(leaf) if isinstance(leaf, numbers.Real) and not isinstance(leaf, bool)
                     else leaf for leaf in template]  # fmt: skip
     key = (treedef, tuple(template))
     try:
@@ -230,10 +230,6 @@ def _structure(treedef: tuple, template: list, numbers_by_type: bool = False) ->
     except TypeError:
         return None
     return key
-
-
-def _is_bool(leaf: Any) -> bool:
-    return isinstance(leaf, bool) or type(leaf).__name__ == "bool_"
 
 
 def _remember(flags: dict[Any, bool], key: Any, value: bool) -> None:
