@@ -413,7 +413,7 @@ def selective_scan_backward_peak(
 def scan_input_work_peak(
     T: int, C: int, D: int, no_edge: str | None = None, state_only: bool = False,
     gate_constants: bool = True, with_params: bool = False, checkpoint_loop: bool | str = False,
-    inputs_together: bool = True,
+    inputs_together: bool = True, by_kind: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Peak bytes above the inputs of the gradients (``q``, ``g``, ``h0``) of a ``scan``
     whose chunk function does most of its work on its inputs alone, as chunkwise delta
@@ -428,7 +428,8 @@ def scan_input_work_peak(
     and ``chunkscan.checkpoint`` (``True``), with each chunk's offset passed as a Python
     int (``"int_offset"``: it lost the edge until session 54, found by probing), or with
     a checkpoint made anew per call (``"inline"``: no edge, a documented limit);
-    ``inputs_together=False``: without
+    ``by_kind=False``: a structure not seen yet without its kind's flag (the int-offset
+    form's negative control, ``checkpoint._BY_KIND``); ``inputs_together=False``: without
     its rule 5 (``checkpoint._INPUTS_TOGETHER``, the negative control; session 52)."""
     from chunkscan.ops.gated_delta._triangular import unit_lower_inverse
 
@@ -437,6 +438,7 @@ def scan_input_work_peak(
         scan_module._ordering = without(no_edge)
     scan_module._GATE_CONSTANTS = gate_constants
     importlib.import_module("chunkscan.checkpoint")._INPUTS_TOGETHER = inputs_together
+    importlib.import_module("chunkscan.checkpoint")._BY_KIND = by_kind
     q = mx.random.normal((T, D), key=mx.random.key(0))
     g = -0.5 * mx.random.uniform(shape=(T, D), key=mx.random.key(1))
     w = mx.random.normal((T, D), key=mx.random.key(2))

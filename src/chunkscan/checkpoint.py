@@ -176,7 +176,7 @@ def checkpoint(fun: F) -> F:
                       for a in primals]  # fmt: skip
             seen = several_outputs.get(structure)
             if seen is None:
-                seen = several_of_kind.get(kind, False)
+                seen = several_of_kind.get(kind, False) and _BY_KIND
             if seen and _INPUTS_TOGETHER:
                 waited = _ordering.all_together(waited)
             with starts.forward():  # (run again by mx.jvp and mx.vmap: replayed)
@@ -351,5 +351,8 @@ def _warn_on_array_holder(fun: Callable, args: tuple, kwargs: dict) -> None:
 # Whether each call's arguments wait for one another in the forward (rule 5 above);
 # the tests' negative control.
 _INPUTS_TOGETHER = True
+# Whether a call structure not seen yet takes its kind's flag (numbers by type; see
+# checkpoint); the tests' negative control of the int-offset loop.
+_BY_KIND = True
 # How many call structures a checkpointed function remembers for it (the oldest goes).
 _STRUCTURES = 64

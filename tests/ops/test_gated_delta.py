@@ -144,8 +144,9 @@ def test_normalize_qk_of_rows_of_huge_norms(q_factor, k_factor):
 # l2_normalize(c x) = l2_normalize(x): c * grad(c x) against grad(x) for c from 1e6 to
 # 1e36, and c**2 times the Hessian-vector product at c x against the one at x up to
 # 1e18 (beyond, it is below float32's range). Measured at most 4.4e-7 and 9.3e-7 (D = 8
-# and 128, three seeds each); the bounds are about 5x. The negative control (rows
-# scaled only where their square sum overflows, as before session 54) fails both.
+# and 128, three seeds each; `pytest -s -k scale_invariant` prints them); the bounds are
+# about 5x. The negative control (rows scaled only where their square sum overflows, as
+# before session 54) fails both.
 L2_SCALED_TOL = {"grad": 2e-6, "hvp": 5e-6}
 
 
@@ -185,6 +186,7 @@ def test_l2_normalize_derivatives_are_scale_invariant(D, monkeypatch):
     from chunkscan.ops.gated_delta import naive
 
     worst = _l2_scale_errors(D)
+    print(f"\nD={D}: " + ", ".join(f"{k} {e:.1e}" for k, e in worst.items()))
     assert all(worst[k] <= L2_SCALED_TOL[k] for k in worst), worst
     monkeypatch.setattr(naive, "_SCALE_ROWS_ABOVE_ONE", False)
     control = _l2_scale_errors(D)
