@@ -101,8 +101,9 @@ def test_a_checkpoint_loops_input_work_waits_for_its_carry(form):
     (``checkpoint._INPUTS_TOGETHER`` off) 2.10, the control
     (``bench/results/cpu/memory_tests_checkpoint_rule5_cdeac32.jsonl``). The same loop
     passing each chunk's offset as a Python int lost the edge (found by probing, session
-    54: the edge was kept per call structure, the int's value in it); 0.56 now
-    (``bench/results/cpu/memory_tests_checkpoint_forms_0e9b6c1.jsonl``).
+    54: the edge was kept per call structure, the int's value in it); 0.56 now, 2.10
+    without the kind's flag (``checkpoint._BY_KIND`` off, its control)
+    (``bench/results/cpu/memory_tests_checkpoint_forms_47114c7.jsonl``).
     A checkpoint made anew per call has no call before and no edge (2.10
     MiB: a strict xfail, the documented limit; a shared record of the calls, tried in
     session 54, let a one-output call of another instance's method take the edge and
